@@ -1,0 +1,87 @@
+"""CUDA runtime (PyCUDA), deliberately thin: allocate, copy, get function, launch, time with events.
+
+Everything else (plans, views, argument binding, validation) is shared with OpenCL in
+dlcc.executor and tested there, because no machine of this project's CI has a GPU.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import CompileError, RuntimeBackendError
+
+
+def available() -> bool:
+    try:
+        import pycuda.driver as drv
+
+        drv.init()
+        return drv.Device.count() > 0
+    except Exception:
+        return False
+
+
+class CudaRuntime:
+    name = "cuda"
+    dialect = "cuda"
+
+    def __init__(self):
+        try:
+            import pycuda.autoinit  # noqa: F401
+            import pycuda.driver as drv
+        except ImportError:
+            raise RuntimeBackendError("the CUDA target needs pycuda and an NVIDIA driver: pip install 'dlcc[cuda]'") from None
+        except Exception as e:
+            raise RuntimeBackendError(f"no usable CUDA device: {e}") from None
+        self.drv = drv
+        self.dev = drv.Context.get_device()
+        self.module = None
+        self._fns = {}
+
+    @property
+    def device_name(self) -> str:
+        return self.dev.name()
+
+    def compute_capability(self) -> tuple[int, int]:
+        return self.dev.compute_capability()
+
+    def is_cpu(self) -> bool:
+        return False
+
+    def compile(self, source: str) -> None:
+        from pycuda.compiler import SourceModule
+
+        major, minor = self.compute_capability()
+        try:
+            self.module = SourceModule(source, no_extern_c=True, arch=f"sm_{major}{minor}", options=["-O3"])
+        except Exception as e:
+            raise CompileError(f"nvcc rejected the generated kernels (a dlcc bug):\n{e}") from None
+
+    def kernel(self, name: str):
+        if name not in self._fns:
+            self._fns[name] = self.module.get_function(name)
+        return self._fns[name]
+
+    def alloc(self, nbytes: int):
+        return self.drv.mem_alloc(max(int(nbytes), 4))
+
+    def view(self, buf, offset: int, nbytes: int):
+        return np.uintp(int(buf) + offset)
+
+    def write(self, buf, offset: int, data) -> None:
+        arr = np.frombuffer(data, np.uint8) if isinstance(data, (bytes, bytearray)) else np.ascontiguousarray(data)
+        if arr.nbytes:
+            self.drv.memcpy_htod(int(buf) + offset, arr)
+
+    def read(self, buf, offset: int, out: np.ndarray) -> None:
+        if out.nbytes:
+            self.drv.memcpy_dtoh(out, int(buf) + offset)
+
+    def launch(self, kernel, grid: int, block: int, args: list) -> None:
+        kernel(*[np.int32(a) if isinstance(a, int) else a for a in args], block=(block, 1, 1), grid=(grid, 1, 1))
+
+    def finish(self) -> None:
+        self.drv.Context.synchronize()
+
+    def timer(self):
+        """(start, stop) CUDA events for timing a run on the device."""
+        return self.drv.Event(), self.drv.Event()

@@ -1,0 +1,38 @@
+/* dlcc portable kernel dialect -> CUDA C++.
+ * Every kernel dlcc emits is written once against these macros; prelude_opencl.h maps the same
+ * names to OpenCL C, so the text that runs on PoCL in CI is the text nvcc compiles for the GPU. */
+#define KERNEL extern "C" __global__
+#define DEVICE static __device__ __forceinline__
+#define GPTR
+#define LPTR
+#define SHARED __shared__
+#define THREAD_ID ((int)threadIdx.x)
+#define BLOCK_ID ((int)blockIdx.x)
+#define BLOCK_DIM ((int)blockDim.x)
+#define GRID_DIM ((int)gridDim.x)
+#define BARRIER() __syncthreads()
+#define FENCE() __threadfence()
+#define ATOMIC_ADD_I32(p, v) atomicAdd((int*)(p), (v))
+typedef long long i64;
+typedef unsigned char u8;
+typedef signed char i8;
+#define DLCC_INF __int_as_float(0x7f800000)
+#define DLCC_NAN __int_as_float(0x7fffffff)
+#define F_EXP expf
+#define F_LOG logf
+#define F_SQRT sqrtf
+#define F_RSQRT rsqrtf
+#define F_POW powf
+#define F_TANH tanhf
+#define F_ERF erff
+#define F_FABS fabsf
+#define F_FLOOR floorf
+#define F_CEIL ceilf
+#define F_RINT rintf
+#define F_MIN fminf
+#define F_MAX fmaxf
+#define F_SIN sinf
+#define F_COS cosf
+#define F_FMOD fmodf
+#define F_ISNAN(x) isnan(x)
+#define F_ISINF(x) isinf(x)

@@ -1,0 +1,11 @@
+"""dlcc: a deep-learning compiler — ONNX in, CUDA/OpenCL kernels out.
+
+    import dlcc
+    model = dlcc.compile("model.onnx", shapes={"input": (1, 3, 224, 224)})
+    outputs = model({"input": x})
+    model.save("out/"); dlcc.load("out/")
+"""
+__version__ = "0.1.0"
+
+from .api import CompiledModel, compile, load  # noqa: E402,F401
+from .errors import DlccError  # noqa: E402,F401

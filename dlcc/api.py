@@ -1,0 +1,86 @@
+"""The Python API: `dlcc.compile(...)` returns a callable CompiledModel; `dlcc.load(dir)` reopens one."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .artifact import read_artifact, write_artifact
+from .backends.source import render
+from .executor import Executor, make_runtime, pick_target
+from .inputs import sample_inputs
+
+
+class CompiledModel:
+    """A compiled plan plus its kernels; runs on `target` (auto|cuda|opencl) when called."""
+
+    def __init__(self, plan: dict, weights: bytes, kernel_codes: list[str] | None = None,
+                 sources: dict[str, str] | None = None, target: str = "auto"):
+        self.plan = plan
+        self.weights = weights
+        self.kernel_codes = kernel_codes
+        self._sources = sources or {}
+        self.target = pick_target(target)
+        self._exec: Executor | None = None
+
+    @property
+    def inputs(self) -> list[dict]:
+        return self.plan["inputs"]
+
+    @property
+    def outputs(self) -> list[dict]:
+        return self.plan["outputs"]
+
+    @property
+    def stats(self) -> dict:
+        return self.plan["stats"]
+
+    def source(self, dialect: str) -> str:
+        if dialect not in self._sources:
+            self._sources[dialect] = render(self.kernel_codes, dialect)
+        return self._sources[dialect]
+
+    def executor(self) -> Executor:
+        if self._exec is None:
+            rt = make_runtime(self.target)
+            self._exec = Executor(self.plan, self.weights, self.source(rt.dialect), rt)
+        return self._exec
+
+    def __call__(self, inputs: dict | None = None, **kw) -> dict[str, np.ndarray]:
+        feeds = dict(inputs or {}, **kw)
+        return self.executor().run(feeds)
+
+    def sample_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
+        return sample_inputs(self.inputs, seed, self.plan.get("meta", {}).get("int_high"))
+
+    def save(self, out_dir: str | os.PathLike) -> Path:
+        if self.kernel_codes is None:
+            raise ValueError("this model was loaded from an artifact; copy the directory instead")
+        return write_artifact(out_dir, self.plan, self.weights, self.kernel_codes)
+
+
+def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shapes: dict | None = None,
+            target: str = "auto", pipeline: str = "baseline", device: str | None = None, steps=None) -> CompiledModel:
+    """Compile an ONNX file; writes the artifact directory when `out` is given."""
+    from .compiler import compile_model
+    from .frontend import parse_shape_binding
+
+    if isinstance(shapes, (list, tuple)):
+        shapes = dict(parse_shape_binding(s) for s in shapes)
+    shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
+    tgt = pick_target(target)
+    res = compile_model(model, shapes, target=tgt, pipeline=pipeline, device=device, steps=steps)
+    from .inputs import gather_bounds
+
+    res.plan["meta"]["int_high"] = gather_bounds(res.state.graph)
+    cm = CompiledModel(res.plan, res.weights, res.kernel_codes, target=tgt)
+    if out is not None:
+        cm.save(out)
+    return cm
+
+
+def load(path: str | os.PathLike, target: str = "auto") -> CompiledModel:
+    """Reopen an artifact directory written by `dlcc compile` or `CompiledModel.save`."""
+    plan, weights, sources = read_artifact(path)
+    return CompiledModel(plan, weights, None, sources, target=target)

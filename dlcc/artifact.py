@@ -1,0 +1,73 @@
+"""Artifact directories, written atomically: a temp directory beside the target, renamed into place.
+
+An interrupted or failed compile therefore never leaves a half-written artifact, and an existing
+artifact is replaced only once the new one is complete.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .backends.source import DIALECTS, file_name, render
+from .errors import DlccError
+
+LAUNCHER = '''#!/usr/bin/env python3
+"""Run this compiled dlcc artifact: python launcher.py [--inputs in.npz] [--outputs out.npz] [--target auto]"""
+import argparse, os, sys
+import numpy as np
+import dlcc
+
+p = argparse.ArgumentParser(description=__doc__)
+p.add_argument("--inputs"); p.add_argument("--outputs"); p.add_argument("--target", default="auto")
+a = p.parse_args()
+model = dlcc.load(os.path.dirname(os.path.abspath(__file__)), target=a.target)
+inputs = dict(np.load(a.inputs)) if a.inputs else model.sample_inputs()
+outs = model(inputs)
+if a.outputs:
+    np.savez(a.outputs, **outs)
+for k, v in outs.items():
+    print(k, v.shape, v.dtype)
+'''
+
+
+def write_artifact(out_dir: str | os.PathLike, plan: dict, weights: bytes, kernel_codes: list[str]) -> Path:
+    out = Path(out_dir).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        for d in DIALECTS:
+            (tmp / file_name(d)).write_text(render(kernel_codes, d))
+        (tmp / "weights.bin").write_bytes(weights)
+        (tmp / "plan.json").write_text(json.dumps(plan, indent=1))
+        (tmp / "launcher.py").write_text(LAUNCHER)
+        old = None
+        if out.exists():
+            if not (out / "plan.json").is_file():
+                raise DlccError(f"{out} exists and is not a dlcc artifact; refusing to replace it")
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, old / "a")
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def read_artifact(path: str | os.PathLike) -> tuple[dict, bytes, dict[str, str]]:
+    path = Path(path)
+    if not (path / "plan.json").is_file():
+        raise DlccError(f"{path}: not a dlcc artifact directory (no plan.json); create one with `dlcc compile`")
+    try:
+        plan = json.loads((path / "plan.json").read_text())
+    except json.JSONDecodeError as e:
+        raise DlccError(f"{path}/plan.json is corrupt: {e}") from None
+    sources = {d: (path / file_name(d)).read_text() for d in DIALECTS if (path / file_name(d)).is_file()}
+    weights = (path / "weights.bin").read_bytes()
+    if len(weights) != plan["storages"]["weights"]:
+        raise DlccError(f"{path}/weights.bin has {len(weights)} bytes, the plan expects {plan['storages']['weights']}")
+    return plan, weights, sources

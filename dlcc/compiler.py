@@ -1,0 +1,95 @@
+"""The compile driver: import → supported-op check → passes from the pipeline YAML → plan + sources."""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import __version__
+from . import ops as _ops  # noqa: F401  (registers every op)
+from .config import DeviceSpec, PipelineSpec, load_device, load_pipeline
+from .errors import UnsupportedOpsError
+from .frontend import ShapeBindings, dtype_problems, import_model
+from .ir import Graph
+from .ops.registry import lookup
+from .passes import PASSES, CompileState
+from .plan import build_plan, kernel_sources
+from .progress import Steps
+
+
+def check_supported(graph: Graph) -> None:
+    """One error listing every unsupported op type (count and first node) and unsupported dtype."""
+    bad: dict[str, tuple[int, str]] = {}
+    for n in graph.nodes:
+        if lookup(n.op_type, graph.opset, n.domain) is None:
+            key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
+            c, first = bad.get(key, (0, n.name))
+            bad[key] = (c + 1, first)
+    dt = dtype_problems(graph)
+    if bad or dt:
+        if not bad:
+            from .errors import ShapeError
+
+            raise ShapeError("the model uses tensor dtypes dlcc cannot compile yet:\n" + "\n".join(dt))
+        raise UnsupportedOpsError(bad, dt)
+
+
+def default_device(target: str) -> str:
+    if target == "cuda":
+        try:
+            from .backends.cuda import CudaRuntime
+
+            name = CudaRuntime().device_name.lower()
+            for key in ("h100", "a100", "v100", "2080"):
+                if key in name:
+                    return {"2080": "rtx2080ti"}.get(key, key)
+        except Exception:
+            pass
+        return "h100"
+    return "pocl-cpu"
+
+
+@dataclass
+class CompileResult:
+    plan: dict
+    weights: bytes
+    kernel_codes: list[str]
+    state: CompileState
+
+
+def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None, target: str = "opencl",
+                  pipeline: str | PipelineSpec = "baseline", device: str | DeviceSpec | None = None,
+                  steps: Steps | None = None) -> CompileResult:
+    steps = steps or Steps()
+    pipe = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
+    dev = device if isinstance(device, DeviceSpec) else load_device(device or default_device(target))
+    with steps.step("import + fold + infer shapes"):
+        graph = import_model(model, shapes)
+        check_supported(graph)
+    state = CompileState(graph=graph, device=dev)
+    for p in pipe.passes:
+        entry = PASSES[p.name]
+        opts = entry.check_options(p.options, f"pipeline {pipe.name}: pass {p.name}")
+        with steps.step(f"pass {p.name}"):
+            entry.run(state, opts)
+    if state.ctx is None or state.memory is None:
+        from .errors import ConfigError
+
+        raise ConfigError(f"pipeline {pipe.name!r} must include the 'lower' and 'memplan' passes")
+    digest = hashlib.sha256(Path(model).read_bytes()).hexdigest()[:16]
+    meta = {
+        "dlcc_version": __version__,
+        "model": os.path.basename(str(model)),
+        "model_sha256_16": digest,
+        "pipeline": pipe.name,
+        "device": dev.name,
+        "target": target,
+        "shapes": {k: list(v) for k, v in (shapes or {}).items()},
+        "opset": graph.opset,
+        "pass_log": state.log,
+        "compile_s": {k: round(v, 4) for k, v in steps.times.items()},
+    }
+    with steps.step("build plan"):
+        plan, weights = build_plan(state, meta)
+    return CompileResult(plan, weights, kernel_sources(state), state)

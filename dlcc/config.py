@@ -1,0 +1,129 @@
+"""YAML configs as pydantic models: devices, pipelines and batch manifests.
+
+Loading is `yaml.safe_load` into models that forbid unknown keys; every error names the file and
+the field (`pipelines/x.yaml: passes.0.name: ...`). Names resolve to the files shipped under
+configs/ (installed as dlcc.configs), and a path to a user's own file works wherever a name does.
+"""
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ConfigError
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DeviceSpec(Strict):
+    """What the planner and the cost model need to know about a target device."""
+
+    name: str
+    kind: Literal["gpu", "cpu"] = "gpu"
+    arch: str | None = Field(None, description="nvcc -arch value, e.g. sm_90 (GPUs only)")
+    sms: int = Field(gt=0, description="streaming multiprocessors (compute units on OpenCL)")
+    warp_size: int = Field(32, gt=0)
+    max_threads_per_sm: int = Field(gt=0)
+    max_blocks_per_sm: int = Field(gt=0)
+    max_threads_per_block: int = Field(1024, gt=0)
+    registers_per_sm: int = Field(gt=0)
+    max_registers_per_thread: int = Field(255, gt=0)
+    shared_mem_per_sm: int = Field(gt=0, description="bytes")
+    shared_mem_per_block: int = Field(gt=0, description="bytes usable by one block")
+    dram_bandwidth_gbps: float = Field(gt=0, description="GB/s (1e9 bytes per second)")
+    peak_tflops: dict[str, float] = Field(description="peak TFLOP/s per dtype, e.g. {float32: 67}")
+    launch_overhead_us: float = Field(ge=0, description="typical host cost of one kernel launch")
+    l2_bytes: int | None = None
+    notes: str = ""
+
+    def block_slots(self, tiling_threads: int = 256, smem_bytes: int = 0) -> int:
+        """Thread blocks resident at once (a simple occupancy bound: threads, blocks, shared memory)."""
+        per_sm = min(self.max_blocks_per_sm, max(1, self.max_threads_per_sm // max(1, tiling_threads)))
+        if smem_bytes:
+            per_sm = min(per_sm, max(1, self.shared_mem_per_sm // smem_bytes))
+        return self.sms * per_sm
+
+
+class PassSpec(Strict):
+    name: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class PipelineSpec(Strict):
+    """A named, ordered list of passes (TVM-style), validated against the pass registry."""
+
+    name: str
+    description: str = ""
+    passes: list[PassSpec]
+
+
+def _fmt_validation(path: str, err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (not a field of this config)"
+        lines.append(f"{path}: {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def load_yaml_model(path: str | Path, cls: type[BaseModel]) -> Any:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of {cls.__name__} fields at the top level")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_fmt_validation(str(path), e)) from None
+
+
+def builtin_dir(kind: str) -> Path:
+    return Path(str(resources.files("dlcc.configs").joinpath(kind)))
+
+
+def builtin_names(kind: str) -> list[str]:
+    d = builtin_dir(kind)
+    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+
+
+def resolve(kind: str, name_or_path: str | Path) -> Path:
+    """A built-in name (`h100`) or a path to a YAML file."""
+    s = str(name_or_path)
+    if s.endswith((".yaml", ".yml")) or "/" in s or Path(s).is_file():
+        return Path(s)
+    p = builtin_dir(kind) / f"{s}.yaml"
+    if not p.is_file():
+        raise ConfigError(f"unknown {kind[:-1]} {s!r}; built-in ones are: {', '.join(builtin_names(kind))} "
+                          f"(or pass a path to a .yaml file)")
+    return p
+
+
+def load_device(name_or_path: str | Path) -> DeviceSpec:
+    return load_yaml_model(resolve("devices", name_or_path), DeviceSpec)
+
+
+def load_pipeline(name_or_path: str | Path) -> PipelineSpec:
+    path = resolve("pipelines", name_or_path)
+    spec = load_yaml_model(path, PipelineSpec)
+    from .passes import PASSES
+
+    for k, p in enumerate(spec.passes):
+        if p.name not in PASSES:
+            raise ConfigError(f"{path}: passes.{k}.name: unknown pass {p.name!r}; registered passes are: "
+                              f"{', '.join(sorted(PASSES))}")
+        PASSES[p.name].check_options(p.options, f"{path}: passes.{k}.options")
+    return spec

@@ -1,0 +1,47 @@
+"""Errors a user can act on.
+
+Every failure that bad input can cause is one of these, so the CLI can print one clear paragraph
+and exit non-zero instead of a traceback. Anything else escaping is a dlcc bug.
+"""
+from __future__ import annotations
+
+
+class DlccError(Exception):
+    """Base class: the message is shown to the user as is."""
+
+    exit_code = 2
+
+
+class ModelError(DlccError):
+    """The ONNX file cannot be read, is malformed, cyclic, or refers to data it must not."""
+
+
+class ShapeError(DlccError):
+    """A dimension is unbound or a --shape binding does not fit the model."""
+
+
+class UnsupportedOpsError(DlccError):
+    """The graph uses ops dlcc cannot lower; lists every one of them at once."""
+
+    def __init__(self, ops: dict[str, tuple[int, str]], unsupported_dtypes: list[str] | None = None):
+        self.ops = ops
+        lines = [f"  {op:<24} x{count:<4} first node: {first!r}" for op, (count, first) in sorted(ops.items())]
+        msg = (
+            f"the model uses {len(ops)} op type(s) dlcc cannot compile yet "
+            f"({sum(c for c, _ in ops.values())} node(s)):\n" + "\n".join(lines)
+        )
+        if unsupported_dtypes:
+            msg += "\n" + "\n".join(unsupported_dtypes)
+        super().__init__(msg)
+
+
+class ConfigError(DlccError):
+    """A YAML config (device, pipeline, batch manifest) is missing, malformed or invalid."""
+
+
+class CompileError(DlccError):
+    """A backend compiler rejected generated code (a dlcc bug, reported with the log)."""
+
+
+class RuntimeBackendError(DlccError):
+    """The requested target cannot run here (no GPU, no OpenCL platform, missing package)."""

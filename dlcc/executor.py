@@ -1,0 +1,102 @@
+"""The launcher logic shared by every backend: storages, views, argument binding, input checks.
+
+A runtime (backends/opencl.py, backends/cuda.py) only provides alloc/view/write/read/launch;
+all of the plan interpretation lives here, so it is exercised by every OpenCL test.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .errors import DlccError
+
+
+class InputError(DlccError):
+    """Inputs given to a compiled model do not match its signature."""
+
+
+def make_runtime(target: str):
+    if target == "cuda":
+        from .backends.cuda import CudaRuntime
+
+        return CudaRuntime()
+    if target == "opencl":
+        from .backends.opencl import OpenCLRuntime
+
+        return OpenCLRuntime()
+    raise DlccError(f"unknown target {target!r}; use auto, cuda or opencl")
+
+
+def pick_target(target: str = "auto") -> str:
+    """auto → CUDA when PyCUDA sees a GPU, else OpenCL (PoCL on the CPU here)."""
+    if target != "auto":
+        return target
+    from .backends import cuda
+
+    return "cuda" if cuda.available() else "opencl"
+
+
+class Executor:
+    def __init__(self, plan: dict, weights: bytes, source: str, runtime):
+        self.plan = plan
+        self.rt = runtime
+        rt = runtime
+        rt.compile(source)
+        st = plan["storages"]
+        self.storages = {"arena": rt.alloc(st["arena"]), "weights": rt.alloc(st["weights"])}
+        rt.write(self.storages["weights"], 0, weights)
+        for k, t in enumerate(plan["inputs"]):
+            self.storages[f"input:{k}"] = rt.alloc(_nbytes(t))
+        for k, t in enumerate(plan["outputs"]):
+            self.storages[f"output:{k}"] = rt.alloc(_nbytes(t))
+        self.calls = []
+        for L in plan["launches"]:
+            args = [a["int"] if "int" in a else rt.view(self.storages[a["storage"]], a["offset"], a["nbytes"])
+                    for a in L["args"]]
+            self.calls.append((rt.kernel(L["kernel"]), L["grid"], L["block"], args))
+        rt.finish()
+
+    def check_inputs(self, inputs: dict) -> list[np.ndarray]:
+        sig = self.plan["inputs"]
+        names = [t["name"] for t in sig]
+        unknown = [k for k in inputs if k not in names]
+        missing = [n for n in names if n not in inputs]
+        if unknown or missing:
+            raise InputError(f"inputs do not match the model: missing {missing or 'none'}, unknown {unknown or 'none'}; "
+                             f"expected {names}")
+        arrays = []
+        for t in sig:
+            a = np.asarray(inputs[t["name"]])
+            if tuple(a.shape) != tuple(t["shape"]):
+                raise InputError(f"input {t['name']!r} has shape {list(a.shape)}, the model was compiled for "
+                                 f"{t['shape']} (recompile with --shape {t['name']}=...)")
+            if a.dtype != np.dtype(t["dtype"]):
+                if not np.can_cast(a.dtype, t["dtype"], casting="same_kind"):
+                    raise InputError(f"input {t['name']!r} has dtype {a.dtype}, expected {t['dtype']}")
+                a = a.astype(t["dtype"])
+            arrays.append(np.ascontiguousarray(a))
+        return arrays
+
+    def run(self, inputs: dict, timing: dict | None = None) -> dict[str, np.ndarray]:
+        rt = self.rt
+        arrays = self.check_inputs(inputs)
+        for k, a in enumerate(arrays):
+            rt.write(self.storages[f"input:{k}"], 0, a)
+        t0 = time.perf_counter()
+        for kernel, grid, block, args in self.calls:
+            rt.launch(kernel, grid, block, args)
+        rt.finish()
+        if timing is not None:
+            timing["run_s"] = time.perf_counter() - t0
+        outs = {}
+        for k, t in enumerate(self.plan["outputs"]):
+            arr = np.empty(t["shape"], dtype=t["dtype"])
+            rt.read(self.storages[f"output:{k}"], 0, arr)
+            outs[t["name"]] = arr
+        rt.finish()
+        return outs
+
+
+def _nbytes(t: dict) -> int:
+    return int(np.prod(t["shape"], dtype=np.int64)) * np.dtype(t["dtype"]).itemsize

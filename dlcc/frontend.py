@@ -1,0 +1,336 @@
+"""ONNX import: read safely, bind dynamic dims, fold constants, infer shapes, build the Graph IR.
+
+Folding uses onnxruntime at ORT_ENABLE_BASIC first (it folds Shape→Gather→Concat chains the way
+NNFusion relies on), then `onnx.reference.ReferenceEvaluator` for anything left whose inputs are
+all known. Shapes come from `onnx.shape_inference`. No op semantics are written by hand here.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper, shape_inference
+
+from .errors import ModelError, ShapeError
+from .ir import SUPPORTED_DTYPES, Graph, Node, Tensor
+
+ShapeBindings = dict[str, tuple[int, ...]]
+
+
+def parse_shape_binding(text: str) -> tuple[str, tuple[int, ...]]:
+    """Parse `NAME=1x3x224x224` (also `NAME=1,3,224,224`; `NAME=8` binds a symbolic dim)."""
+    if "=" not in text:
+        raise ShapeError(f"--shape {text!r}: expected NAME=DIMxDIMx..., for example input=1x3x224x224")
+    name, _, dims = text.rpartition("=")
+    try:
+        shape = tuple(int(d) for d in dims.replace(",", "x").split("x") if d != "")
+    except ValueError:
+        raise ShapeError(f"--shape {text!r}: dims must be positive integers separated by 'x'") from None
+    if not name or any(d <= 0 for d in shape):
+        raise ShapeError(f"--shape {text!r}: expected NAME=DIMxDIMx... with positive dims")
+    return name, shape
+
+
+def load_model(path: str | os.PathLike) -> onnx.ModelProto:
+    """Read an ONNX file; external data is accepted only from inside the model's own folder."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"{path}: no such file")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf DecodeError and friends
+        raise ModelError(f"{path}: not a readable ONNX model (truncated or not protobuf?): {e}") from None
+    if not model.HasField("graph") or len(model.graph.node) == 0 and len(model.graph.output) == 0:
+        raise ModelError(f"{path}: the file parsed but holds no ONNX graph (is it really an .onnx file?)")
+    base = path.resolve().parent
+    for init in _all_initializers(model):
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            loc = {e.key: e.value for e in init.external_data}.get("location", "")
+            target = (base / loc).resolve()
+            if os.path.isabs(loc) or not target.is_relative_to(base):
+                raise ModelError(
+                    f"{path}: initializer {init.name!r} points at external data {loc!r}, which lies outside "
+                    f"the model's folder {base}; dlcc only reads external data from inside that folder"
+                )
+            if not target.is_file():
+                raise ModelError(f"{path}: external data file {loc!r} for initializer {init.name!r} is missing")
+    try:
+        onnx.load_external_data_for_model(model, str(base))
+    except Exception as e:
+        raise ModelError(f"{path}: could not load external data: {e}") from None
+    try:
+        onnx.checker.check_model(model)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"{path}: the ONNX checker rejects this model: {first}") from None
+    _check_acyclic(model, path)
+    return model
+
+
+def _all_initializers(model: onnx.ModelProto):
+    yield from model.graph.initializer
+    for node in model.graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                yield a.t
+
+
+def _check_acyclic(model: onnx.ModelProto, path) -> None:
+    produced = {i.name for i in model.graph.input} | {i.name for i in model.graph.initializer}
+    for node in model.graph.node:
+        missing = [i for i in node.input if i and i not in produced]
+        if missing:
+            raise ModelError(
+                f"{path}: node {node.name!r} ({node.op_type}) reads {missing[0]!r} before anything produces it "
+                "(the graph is cyclic, not topologically sorted, or refers to a missing tensor)"
+            )
+        produced.update(o for o in node.output if o)
+
+
+def opset_of(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return 1
+
+
+def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: str = "model") -> onnx.ModelProto:
+    """Make every graph input static, from `shapes` (by input name or by symbolic dim name)."""
+    shapes = dict(shapes or {})
+    init_names = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in init_names]
+    input_names = [i.name for i in inputs]
+    symbols: dict[str, int] = {}
+    for key, val in list(shapes.items()):
+        if key not in input_names:
+            if len(val) == 1 and any(
+                d.dim_param == key for i in inputs for d in i.type.tensor_type.shape.dim
+            ):
+                symbols[key] = val[0]
+                del shapes[key]
+            else:
+                raise ShapeError(
+                    f"--shape names {key!r}, which is neither an input of {source} nor one of its symbolic "
+                    f"dims; inputs are: {', '.join(input_names) or '(none)'}"
+                )
+    # Symbols bound through a named input apply to every input sharing them (batch, seq, ...).
+    for inp in inputs:
+        if inp.name in shapes:
+            dims = inp.type.tensor_type.shape.dim
+            want = shapes[inp.name]
+            if len(dims) != len(want):
+                raise ShapeError(
+                    f"--shape {inp.name}: the input has rank {len(dims)}, the binding gives {len(want)} dims"
+                )
+            for d, w in zip(dims, want):
+                if d.dim_param:
+                    symbols.setdefault(d.dim_param, w)
+    for inp in inputs:
+        tt = inp.type.tensor_type
+        if not tt.HasField("shape"):
+            if inp.name not in shapes:
+                raise ShapeError(f"input {inp.name!r} of {source} has no shape at all; bind it with --shape {inp.name}=...")
+            for _ in shapes[inp.name]:
+                tt.shape.dim.add()
+        want = shapes.get(inp.name)
+        for k, d in enumerate(tt.shape.dim):
+            if want is not None:
+                if d.HasField("dim_value") and d.dim_value != want[k]:
+                    raise ShapeError(
+                        f"--shape {inp.name}: dim {k} is fixed to {d.dim_value} in the model, the binding says {want[k]}"
+                    )
+                d.Clear()
+                d.dim_value = want[k]
+            elif d.HasField("dim_value") and d.dim_value > 0:
+                continue
+            elif d.dim_param and d.dim_param in symbols:
+                d.Clear()
+                d.dim_value = symbols[d.dim_param]
+            else:
+                label = f"'{d.dim_param}'" if d.dim_param else "(unnamed)"
+                raise ShapeError(
+                    f"input {inp.name!r} of {source} has a dynamic dim {k} {label}; dlcc compiles static shapes, "
+                    f"so bind it, e.g. --shape {inp.name}=" + "x".join(
+                        str(x.dim_value) if x.HasField("dim_value") and x.dim_value > 0 else "N" for x in tt.shape.dim
+                    )
+                )
+    # Stale intermediate shapes would fight the new bindings during inference.
+    del model.graph.value_info[:]
+    return model
+
+
+def fold_with_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """Constant-fold with onnxruntime ORT_ENABLE_BASIC; None if ORT cannot load the model."""
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="dlcc-fold-") as tmp:
+        src = os.path.join(tmp, "in.onnx")
+        dst = os.path.join(tmp, "out.onnx")
+        large = model.ByteSize() > 1_800_000_000
+        onnx.save(model, src, save_as_external_data=large)
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        so.optimized_model_filepath = dst
+        so.log_severity_level = 3
+        if large:
+            so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "out.data")
+        try:
+            ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+        except Exception:
+            return None
+        out = onnx.load(dst)
+    if any(n.domain not in ("", "ai.onnx") for n in out.graph.node) and not any(
+        n.domain not in ("", "ai.onnx") for n in model.graph.node
+    ):
+        return None  # ORT introduced contrib ops; keep the portable graph
+    return out
+
+
+def infer_shapes(model: onnx.ModelProto, path) -> onnx.ModelProto:
+    try:
+        return shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+    except Exception as e:
+        msg = str(e).strip().splitlines()
+        raise ModelError(f"{path}: ONNX shape inference failed: {msg[0] if msg else e}") from None
+
+
+def _tensor_type_info(vi: onnx.ValueInfoProto):
+    tt = vi.type.tensor_type
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else None
+    if not tt.HasField("shape"):
+        return None, dtype
+    dims = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        else:
+            return None, dtype
+    return tuple(dims), dtype
+
+
+def _reference_fold(graph: Graph) -> None:
+    """Fold nodes whose inputs are all constants with onnx.reference (and Shape of static tensors)."""
+    from onnx.reference import ReferenceEvaluator
+
+    keep: list[Node] = []
+    for node in graph.nodes:
+        ins = [i for i in node.inputs if i]
+        if node.op_type == "Shape" and node.domain == "":
+            t = graph.tensors[node.inputs[0]]
+            shp = np.array(t.shape, dtype=np.int64)
+            start = node.attrs.get("start", 0)
+            end = node.attrs.get("end", None)
+            graph.tensors[node.outputs[0]].value = shp[start:end]
+            continue
+        if node.op_type == "Size" and node.domain == "":
+            graph.tensors[node.outputs[0]].value = np.array(graph.tensors[node.inputs[0]].size, dtype=np.int64)
+            continue
+        foldable = node.domain == "" and node.op_type not in ("RandomNormal", "RandomUniform", "RandomNormalLike",
+                                                                "RandomUniformLike", "Multinomial", "Bernoulli")
+        if foldable and all(graph.is_const(i) for i in ins):
+            onode = onnx.helper.make_node(node.op_type, node.inputs, node.outputs, **node.attrs)
+            feeds = {i: graph.tensors[i].value for i in ins}
+            vis = [onnx.helper.make_tensor_value_info(i, onnx.helper.np_dtype_to_tensor_dtype(feeds[i].dtype), feeds[i].shape) for i in ins]
+            outs = [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.outputs if o]
+            g = onnx.helper.make_graph([onode], "fold", vis, outs)
+            m = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", graph.opset)])
+            try:
+                results = ReferenceEvaluator(m).run(None, feeds)
+            except Exception:
+                keep.append(node)
+                continue
+            for o, v in zip([o for o in node.outputs if o], results):
+                graph.tensors[o].value = np.asarray(v)
+            continue
+        keep.append(node)
+    graph.nodes = keep
+
+
+def _eliminate_dead(graph: Graph) -> None:
+    live = set(graph.outputs)
+    kept = []
+    for node in reversed(graph.nodes):
+        if any(o in live for o in node.outputs):
+            kept.append(node)
+            live.update(i for i in node.inputs if i)
+    graph.nodes = list(reversed(kept))
+
+
+def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, fold: bool = True) -> Graph:
+    """ONNX file → static-shaped, folded Graph. Raises DlccError subclasses on bad input."""
+    path = Path(path)
+    model = load_model(path)
+    source_nodes = len(model.graph.node)
+    model = bind_shapes(model, shapes, source=str(path))
+    if fold:
+        folded = fold_with_onnxruntime(model)
+        if folded is not None:
+            model = folded
+    model = infer_shapes(model, path)
+    opset = opset_of(model)
+    g = model.graph
+
+    tensors: dict[str, Tensor] = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        shape, dtype = _tensor_type_info(vi)
+        if dtype is not None:
+            tensors[vi.name] = Tensor(vi.name, shape if shape is not None else None, dtype)  # type: ignore[arg-type]
+    for init in g.initializer:
+        arr = numpy_helper.to_array(init)
+        tensors[init.name] = Tensor(init.name, tuple(arr.shape), arr.dtype.name, arr)
+    nodes: list[Node] = []
+    for k, n in enumerate(g.node):
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
+            m = onnx.helper.make_model(onnx.helper.make_graph([n], "c", [], [onnx.helper.make_tensor_value_info(n.output[0], 0, None)]),
+                                       opset_imports=[onnx.helper.make_opsetid("", opset)])
+            from onnx.reference import ReferenceEvaluator
+
+            val = np.asarray(ReferenceEvaluator(m).run(None, {})[0])
+            tensors[n.output[0]] = Tensor(n.output[0], tuple(val.shape), val.dtype.name, val)
+            continue
+        for a in attrs.values():
+            if isinstance(a, onnx.GraphProto):
+                attrs = {**attrs}
+        nodes.append(Node(n.op_type, n.name or f"{n.op_type}_{k}", list(n.input), list(n.output), attrs, n.domain))
+        for o in n.output:
+            if o and o not in tensors:
+                tensors[o] = Tensor(o, None, "float32")  # type: ignore[arg-type]
+    init_names = {i.name for i in g.initializer}
+    graph = Graph(
+        name=g.name or path.stem,
+        nodes=nodes,
+        tensors=tensors,
+        inputs=[i.name for i in g.input if i.name not in init_names],
+        outputs=[o.name for o in g.output],
+        opset=opset,
+        source_node_count=source_nodes,
+    )
+    _reference_fold(graph)
+    _eliminate_dead(graph)
+    for t in graph.tensors.values():
+        if t.value is not None:
+            t.shape = tuple(t.value.shape)
+            t.dtype = t.value.dtype.name
+    for node in graph.nodes:
+        for o in node.outputs:
+            if o and graph.tensors[o].shape is None:
+                raise ShapeError(
+                    f"{path}: the shape of {o!r} (output of {node.op_type} node {node.name!r}) is still unknown after "
+                    "shape inference; bind the model's dynamic dims with --shape"
+                )
+    return graph
+
+
+def dtype_problems(graph: Graph) -> list[str]:
+    """Tensors with dtypes the backends cannot hold (float16, double, strings, ...)."""
+    bad: dict[str, str] = {}
+    for node in graph.nodes:
+        for name in list(node.inputs) + list(node.outputs):
+            t = graph.tensors.get(name) if name else None
+            if t is not None and t.dtype not in SUPPORTED_DTYPES and t.dtype not in bad:
+                bad[t.dtype] = f"  dtype {t.dtype}: first seen on {name!r} at node {node.name!r}"
+    return list(bad.values())

@@ -1,0 +1,94 @@
+"""The graph IR: static-shaped tensors and ONNX-level nodes after import and folding.
+
+Shapes are fully static at this level (Rammer's assumption, DESIGN.md §2); the frontend binds
+every dynamic dim before a Graph exists. ONNX names are kept as data only: anything that reaches
+generated source goes through `sanitize` first.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: ONNX dtypes dlcc can hold in buffers, mapped to numpy; anything else is an unsupported dtype.
+SUPPORTED_DTYPES = {
+    "float32": np.float32,
+    "int64": np.int64,
+    "int32": np.int32,
+    "bool": np.bool_,
+    "uint8": np.uint8,
+    "int8": np.int8,
+}
+
+
+@dataclass
+class Tensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # numpy dtype name, one of SUPPORTED_DTYPES
+    value: np.ndarray | None = None  # set for initializers / folded constants
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.itemsize
+
+
+@dataclass
+class Node:
+    op_type: str
+    name: str
+    inputs: list[str]  # "" marks an omitted optional input
+    outputs: list[str]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    domain: str = ""
+
+
+@dataclass
+class Graph:
+    name: str
+    nodes: list[Node]
+    tensors: dict[str, Tensor]
+    inputs: list[str]
+    outputs: list[str]
+    opset: int
+    source_node_count: int = 0  # ONNX nodes before folding, for reports
+
+    def is_const(self, name: str) -> bool:
+        t = self.tensors.get(name)
+        return t is not None and t.value is not None
+
+    def op_histogram(self) -> dict[str, int]:
+        hist: dict[str, int] = {}
+        for n in self.nodes:
+            hist[n.op_type] = hist.get(n.op_type, 0) + 1
+        return dict(sorted(hist.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+_IDENT_BAD = re.compile(r"[^A-Za-z0-9_]")
+
+
+def sanitize(name: str, prefix: str = "n") -> str:
+    """A C/OpenCL/Python-safe identifier derived from an arbitrary ONNX name.
+
+    Only [A-Za-z0-9_] survive, the result is truncated, and it never starts with a digit or
+    collides with reserved `__` names. Callers still add a unique suffix, since two ONNX names can
+    sanitize to the same string.
+    """
+    s = _IDENT_BAD.sub("_", name)[:40].strip("_")
+    s = re.sub(r"_+", "_", s)
+    if not s or s[0].isdigit():
+        s = prefix + "_" + s
+    return s

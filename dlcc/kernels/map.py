@@ -1,0 +1,134 @@
+"""Map kernels: out[i] = f(inputs at g(i)) — the index-expression form of memory-bound ops.
+
+Elementwise, broadcast and layout ops all lower to this form (DESIGN.md §2): a lowering supplies
+`body(v)`, which returns statements plus the value of one output element, reading inputs through
+`v.ld(k, coords)` with coordinates written as C expressions over the output coordinates `v.o`.
+That explicit index form is what AStitch later reasons about. One thread per output element,
+consecutive threads write consecutive elements (coalesced stores).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .program import ctype, literal
+
+BLOCK = 256
+
+
+def strides_of(shape) -> list[int]:
+    s, out = 1, []
+    for d in reversed(shape):
+        out.append(s)
+        s *= d
+    return list(reversed(out))
+
+
+def linear_index(coords: list[str], shape) -> str:
+    """C expression for the row-major offset of `coords` in a tensor of `shape`."""
+    terms = []
+    for c, d, st in zip(coords, shape, strides_of(shape)):
+        if d == 1 or c == "0":
+            continue
+        terms.append(f"({c})" if st == 1 else f"({c})*{st}")
+    return " + ".join(terms) or "0"
+
+
+def unravel(var: str, shape, prefix: str) -> tuple[list[str], list[str]]:
+    """Statements decomposing flat index `var` into per-dim coordinates named prefix0.."""
+    names, stmts = [], []
+    rem = var
+    n = len(shape)
+    for k in range(n - 1, -1, -1):
+        d = shape[k]
+        name = f"{prefix}{k}"
+        names.insert(0, name)
+        if d == 1:
+            stmts.append(f"const int {name} = 0;")
+            continue
+        if k == 0 or all(x == 1 for x in shape[:k]):
+            stmts.append(f"const int {name} = {rem};")
+            rem = "0"
+            continue
+        stmts.append(f"const int {name} = {rem} % {d};")
+        nxt = f"{prefix}r{k}"
+        stmts.append(f"const int {nxt} = {rem} / {d};")
+        rem = nxt
+    return names, stmts
+
+
+@dataclass
+class MapView:
+    o: list[str]  # output coordinate variables
+    i: str  # flat output index variable
+    out_shape: tuple
+    in_shapes: list[tuple]
+    in_names: list[str | None]  # param name, or None if the input is an inlined scalar literal
+    in_literals: list[str | None]
+
+    def ld(self, k: int, coords: list[str] | None = None) -> str:
+        """Load input k at coordinates (default: numpy-broadcast from the output coords)."""
+        if self.in_literals[k] is not None:
+            return self.in_literals[k]
+        if coords is None:
+            coords = self.bc(k)
+        return f"{self.in_names[k]}[{linear_index(coords, self.in_shapes[k])}]"
+
+    def ld_flat(self, k: int, flat: str) -> str:
+        if self.in_literals[k] is not None:
+            return self.in_literals[k]
+        return f"{self.in_names[k]}[{flat}]"
+
+    def bc(self, k: int) -> list[str]:
+        shp = self.in_shapes[k]
+        off = len(self.o) - len(shp)
+        return ["0" if d == 1 else self.o[off + j] for j, d in enumerate(shp)]
+
+    def x(self, k: int) -> str:
+        return self.ld(k)
+
+
+def emit_map(ctx, out: str, ins: list[str], body: Callable[[MapView], tuple[list[str], str]], hint: str,
+             flops_per_elem: int = 1, inline_scalars: bool = True, out_offset_arg: bool = False) -> None:
+    """Emit and launch one map kernel producing `out` from `ins` (omitted inputs as "")."""
+    out_shape = ctx.shape(out)
+    n = int(np.prod(out_shape)) if out_shape else 1
+    if n >= 2**31:
+        raise ctx.fail(f"{n} elements exceed the 32-bit index space of map kernels")
+    params, args, names, lits, shapes = [], [], [], [], []
+    for k, name in enumerate(ins):
+        if not name:
+            names.append(None), lits.append("0"), shapes.append(())
+            continue
+        shapes.append(ctx.shape(name))
+        val = ctx.const(name)
+        if inline_scalars and val is not None and val.size == 1 and ctx.dtype(name) in ("float32", "int64", "int32", "bool"):
+            names.append(None)
+            lits.append(literal(val.reshape(()).item(), ctx.dtype(name)))
+            continue
+        pname = f"x{k}"
+        names.append(pname)
+        lits.append(None)
+        params.append(f"GPTR const {ctype(ctx.dtype(name))}* {pname}")
+        args.append(name)
+    out_t = ctype(ctx.dtype(out))
+    params.append(f"GPTR {out_t}* y")
+    coords, unr = unravel("i", out_shape, "o")
+    v = MapView(coords, "i", tuple(out_shape), shapes, names, lits)
+    stmts, expr = body(v)
+    lines = unr + list(stmts) + [f"y[i] = ({out_t})({expr});"]
+
+    def make(kname: str) -> str:
+        inner = "\n        ".join(lines)
+        return (
+            f"KERNEL void {kname}({', '.join(params)}) {{\n"
+            f"    const int i = BLOCK_ID * BLOCK_DIM + THREAD_ID;\n"
+            f"    if (i < {n}) {{\n        {inner}\n    }}\n}}\n"
+        )
+
+    kname = ctx.program.add_kernel(hint, make, BLOCK, kind="map", pass_name=ctx.pass_name)
+    reads = [a for a in args]
+    ctx.launch(kname, (n + BLOCK - 1) // BLOCK, args + [out], reads=reads, writes=[out],
+               flops=n * flops_per_elem)

@@ -1,0 +1,88 @@
+"""Kernels and launches: what lowering produces and what the plan, emitters and runtimes consume.
+
+A Kernel is dialect source (see backends/prelude_*.h) for one `KERNEL` entry plus its device
+functions; identical text is emitted once and launched many times (e.g. every LSTM step). A
+Launch binds a kernel to tensors by internal tensor id; ONNX names never appear in source.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_CTYPE = {
+    "float32": "float",
+    "int64": "i64",
+    "int32": "int",
+    "bool": "u8",
+    "uint8": "u8",
+    "int8": "i8",
+}
+
+
+def ctype(dtype: str) -> str:
+    return _CTYPE[dtype]
+
+
+def literal(value, dtype: str = "float32") -> str:
+    """A C literal that means the same in CUDA and OpenCL C."""
+    if dtype == "float32":
+        v = float(value)
+        if np.isnan(v):
+            return "DLCC_NAN"
+        if np.isinf(v):
+            return "DLCC_INF" if v > 0 else "(-DLCC_INF)"
+        r = repr(float(np.float32(v)))
+        if "e" not in r and "." not in r:
+            r += ".0"
+        return f"{r}f"
+    if dtype == "bool":
+        return "1" if bool(value) else "0"
+    v = int(value)
+    if dtype == "int64":
+        return f"((i64){v}LL)" if abs(v) >= 2**31 - 1 else f"((i64){v})"
+    return str(v)
+
+
+@dataclass
+class Kernel:
+    name: str  # unique entry point, derived from the op type and a hash of the text
+    code: str
+    block: int
+    smem_bytes: int = 0
+    pass_name: str = "baseline"
+    kind: str = "map"  # map | reduce | gemm | conv | direct | ...
+    tiling: str = ""
+
+
+@dataclass
+class Launch:
+    kernel: str
+    grid: int
+    block: int
+    args: list[tuple[str, object]]  # ("t", tensor_id) | ("i", int)
+    reads: list[str]
+    writes: list[str]
+    node: str
+    op_type: str
+    flops: int = 0
+    dram_bytes: int = 0
+    pass_name: str = "baseline"
+    category: str = ""
+
+
+@dataclass
+class KernelProgram:
+    kernels: dict[str, Kernel] = field(default_factory=dict)
+    launches: list[Launch] = field(default_factory=list)
+
+    def add_kernel(self, hint: str, make_code, block: int, smem_bytes: int = 0, kind: str = "map", tiling: str = "",
+                   pass_name: str = "baseline") -> str:
+        """Register kernel text built by `make_code(name)`; identical text is shared."""
+        probe = make_code("KNAME")
+        digest = hashlib.sha1(probe.encode()).hexdigest()[:10]
+        name = f"{hint}_{digest}"
+        if name not in self.kernels:
+            self.kernels[name] = Kernel(name, make_code(name), block, smem_bytes, pass_name, kind, tiling)
+        return name

@@ -1,0 +1,203 @@
+"""Reduction templates: row (a block per output, shared-memory tree) and column (a thread per
+output, loads coalesced across threads), plus the row-structured Softmax and LayerNorm kernels.
+
+A reduction is described by the input shape and the reduced axes; the kept coordinates of an
+output element and the reduced coordinates of step r are both unravelled into an input offset,
+so any axis set works, and the common cases (contiguous suffix) collapse to `row*R + r`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .map import strides_of, unravel
+from .program import literal
+
+INIT = {"sum": "0.0f", "max": "(-DLCC_INF)", "min": "DLCC_INF", "prod": "1.0f"}
+COMBINE = {"sum": "({a} + {b})", "max": "F_MAX({a}, {b})", "min": "F_MIN({a}, {b})", "prod": "({a} * {b})"}
+
+
+def pick_block(n: int, cap: int = 256) -> int:
+    b = 32
+    while b < cap and b < n:
+        b *= 2
+    return b
+
+
+def block_reduce(var: str, op: str, block: int, buf: str = "red") -> list[str]:
+    """Tree-reduce `var` across the block through shared buffer `buf`; every thread gets the result."""
+    c = COMBINE[op].format(a=f"{buf}[tid]", b=f"{buf}[tid + s]")
+    return [
+        f"{buf}[tid] = {var};",
+        "BARRIER();",
+        f"for (int s = {block // 2}; s > 0; s >>= 1) {{",
+        f"    if (tid < s) {buf}[tid] = {c};",
+        "    BARRIER();",
+        "}",
+        f"{var} = {buf}[0];",
+        "BARRIER();",
+    ]
+
+
+class ReduceLayout:
+    """Offsets of kept (output) and reduced coordinates of an input tensor."""
+
+    def __init__(self, shape, axes):
+        self.shape = tuple(shape)
+        self.axes = sorted(set(axes))
+        self.kept = [a for a in range(len(shape)) if a not in self.axes]
+        self.R = int(np.prod([shape[a] for a in self.axes])) if self.axes else 1
+        self.O = int(np.prod([shape[a] for a in self.kept])) if self.kept else 1
+        st = strides_of(shape)
+        self.st = st
+        nz = [a for a in range(len(shape)) if shape[a] != 1]
+        # Row form: the reduced axes (ignoring size-1 dims) are exactly the innermost ones.
+        red_nz = [a for a in self.axes if shape[a] != 1]
+        self.row = bool(red_nz) and red_nz == nz[len(nz) - len(red_nz):]
+        # Column form with a single contiguous reduced block followed by kept inner dims.
+        inner = [a for a in nz if a > (max(red_nz) if red_nz else -1)]
+        self.inner = int(np.prod([shape[a] for a in inner])) if inner else 1
+        self.contiguous_block = bool(red_nz) and red_nz == list(range(red_nz[0], red_nz[-1] + 1))
+
+    def base(self, o: str) -> tuple[list[str], str]:
+        if self.row:
+            return [], f"{o} * {self.R}"
+        if self.contiguous_block:
+            return [], f"({o} / {self.inner}) * {self.R * self.inner} + ({o} % {self.inner})" if self.inner > 1 else f"{o} * {self.R}"
+        names, stmts = unravel(o, [self.shape[a] for a in self.kept], "k")
+        terms = [f"{n}*{self.st[a]}" for n, a in zip(names, self.kept) if self.shape[a] != 1]
+        return stmts, " + ".join(terms) or "0"
+
+    def offset(self, r: str) -> tuple[list[str], str]:
+        if self.row:
+            return [], r
+        if self.contiguous_block:
+            return [], f"{r} * {self.inner}" if self.inner > 1 else r
+        names, stmts = unravel(r, [self.shape[a] for a in self.axes], "q")
+        terms = [f"{n}*{self.st[a]}" for n, a in zip(names, self.axes) if self.shape[a] != 1]
+        return stmts, " + ".join(terms) or "0"
+
+
+def emit_reduce(ctx, out: str, x: str, axes, op: str, hint: str, pre: str = "v", post: str = "acc") -> None:
+    """out[o] = post(reduce_op over r of pre(x[o, r])) — `pre` uses `v`, `post` uses `acc` and `R`."""
+    lay = ReduceLayout(ctx.shape(x), axes)
+    R, O = lay.R, lay.O
+    post = post.replace("R_F", literal(float(R)))
+    bstmts, base = lay.base("o")
+    ostmts, off = lay.offset("r")
+    comb = COMBINE[op].format(a="acc", b=f"({pre})")
+    if lay.row or (lay.inner == 1):
+        block = pick_block(R)
+        body = [
+            "SHARED float red[%d];" % block,
+            "const int o = BLOCK_ID;",
+            "const int tid = THREAD_ID;",
+            *bstmts,
+            f"const int base = {base};",
+            f"float acc = {INIT[op]};",
+            f"for (int r = tid; r < {R}; r += {block}) {{",
+            *["    " + s for s in ostmts],
+            f"    const float v = x[base + {off}];",
+            f"    acc = {comb};",
+            "}",
+            *block_reduce("acc", op, block),
+            f"if (tid == 0) y[o] = {post};",
+        ]
+        grid, kind = O, "reduce_row"
+    else:
+        block = 256
+        body = [
+            "const int o = BLOCK_ID * BLOCK_DIM + THREAD_ID;",
+            f"if (o < {O}) {{",
+            *bstmts,
+            f"const int base = {base};",
+            f"float acc = {INIT[op]};",
+            f"for (int r = 0; r < {R}; ++r) {{",
+            *["    " + s for s in ostmts],
+            f"    const float v = x[base + {off}];",
+            f"    acc = {comb};",
+            "}",
+            f"y[o] = {post};",
+            "}",
+        ]
+        grid, kind = (O + block - 1) // block, "reduce_col"
+
+    def make(name):
+        return (f"KERNEL void {name}(GPTR const float* x, GPTR float* y) {{\n    "
+                + "\n    ".join(body) + "\n}\n")
+
+    k = ctx.program.add_kernel(hint, make, block, smem_bytes=4 * block if kind == "reduce_row" else 0, kind=kind,
+                               pass_name=ctx.pass_name)
+    ctx.launch(k, grid, [x, out], reads=[x], writes=[out], flops=R * O)
+
+
+def emit_softmax(ctx, out: str, x: str, rows: int, length: int, inner: int, log: bool, hint: str) -> None:
+    """Softmax over `length` elements of stride `inner`, for rows*inner independent vectors."""
+    final = "(v - m) - F_LOG(s)" if log else "F_EXP(v - m) / s"
+    if inner == 1:
+        block = pick_block(length)
+        body = [
+            f"SHARED float red[{block}];",
+            "const int tid = THREAD_ID;",
+            f"GPTR const float* xr = x + BLOCK_ID * {length};",
+            f"GPTR float* yr = y + BLOCK_ID * {length};",
+            "float m = (-DLCC_INF);",
+            f"for (int j = tid; j < {length}; j += {block}) m = F_MAX(m, xr[j]);",
+            *block_reduce("m", "max", block),
+            "float s = 0.0f;",
+            f"for (int j = tid; j < {length}; j += {block}) s += F_EXP(xr[j] - m);",
+            *block_reduce("s", "sum", block),
+            f"for (int j = tid; j < {length}; j += {block}) {{ const float v = xr[j]; yr[j] = {final}; }}",
+        ]
+        grid, kind, smem = rows, "softmax_row", 4 * block
+    else:
+        block = 256
+        body = [
+            "const int o = BLOCK_ID * BLOCK_DIM + THREAD_ID;",
+            f"if (o < {rows * inner}) {{",
+            f"const int base = (o / {inner}) * {length * inner} + (o % {inner});",
+            "float m = (-DLCC_INF);",
+            f"for (int j = 0; j < {length}; ++j) m = F_MAX(m, x[base + j * {inner}]);",
+            "float s = 0.0f;",
+            f"for (int j = 0; j < {length}; ++j) s += F_EXP(x[base + j * {inner}] - m);",
+            f"for (int j = 0; j < {length}; ++j) {{ const float v = x[base + j * {inner}]; y[base + j * {inner}] = {final}; }}",
+            "}",
+        ]
+        grid, kind, smem = (rows * inner + block - 1) // block, "softmax_col", 0
+
+    def make(name):
+        return f"KERNEL void {name}(GPTR const float* x, GPTR float* y) {{\n    " + "\n    ".join(body) + "\n}\n"
+
+    k = ctx.program.add_kernel(hint, make, block, smem_bytes=smem, kind=kind, pass_name=ctx.pass_name)
+    ctx.launch(k, grid, [x, out], reads=[x], writes=[out], flops=5 * rows * length * inner)
+
+
+def emit_layernorm(ctx, out: str, x: str, scale: str, bias: str, rows: int, length: int, eps: float,
+                   scale_mod: int, bias_mod: int, hint: str = "LayerNormalization") -> None:
+    """y = (x - mean) / sqrt(var + eps) * scale + bias over rows of `length` (two-pass variance)."""
+    block = pick_block(length)
+    sidx = "j" if scale_mod == length else ("0" if scale_mod == 1 else f"j % {scale_mod}")
+    bidx = "j" if bias_mod == length else ("0" if bias_mod == 1 else f"j % {bias_mod}")
+    bias_term = f" + b[{bidx}]" if bias else ""
+    params = "GPTR const float* x, GPTR const float* g, " + ("GPTR const float* b, " if bias else "") + "GPTR float* y"
+    body = [
+        f"SHARED float red[{block}];",
+        "const int tid = THREAD_ID;",
+        f"GPTR const float* xr = x + BLOCK_ID * {length};",
+        f"GPTR float* yr = y + BLOCK_ID * {length};",
+        "float s = 0.0f;",
+        f"for (int j = tid; j < {length}; j += {block}) s += xr[j];",
+        *block_reduce("s", "sum", block),
+        f"const float mean = s * {literal(1.0 / length)};",
+        "float q = 0.0f;",
+        f"for (int j = tid; j < {length}; j += {block}) {{ const float d = xr[j] - mean; q += d * d; }}",
+        *block_reduce("q", "sum", block),
+        f"const float rstd = F_RSQRT(q * {literal(1.0 / length)} + {literal(eps)});",
+        f"for (int j = tid; j < {length}; j += {block}) yr[j] = (xr[j] - mean) * rstd * g[{sidx}]{bias_term};",
+    ]
+
+    def make(name):
+        return f"KERNEL void {name}({params}) {{\n    " + "\n    ".join(body) + "\n}\n"
+
+    k = ctx.program.add_kernel(hint, make, block, smem_bytes=4 * block, kind="layernorm_row", pass_name=ctx.pass_name)
+    args = [x, scale] + ([bias] if bias else []) + [out]
+    ctx.launch(k, rows, args, reads=args[:-1], writes=[out], flops=8 * rows * length)

@@ -1,0 +1,91 @@
+"""LowerCtx: what an op's lowering function sees and the only way it emits work.
+
+Lowerings ask for shapes, dtypes and constant values, and emit kernels and launches through
+this object; they also declare views (`alias`) and scratch buffers (`temp`) so that memory
+planning sees every buffer and its lifetime.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import DlccError
+from ..ir import Graph, Node, Tensor
+from ..kernels.program import KernelProgram, Launch
+from .registry import lookup
+
+
+class LoweringError(DlccError):
+    """An op's attributes or shapes are outside what its lowering handles."""
+
+
+class LowerCtx:
+    def __init__(self, graph: Graph, device: Any = None, pass_name: str = "baseline"):
+        self.graph = graph
+        self.device = device
+        self.pass_name = pass_name
+        self.program = KernelProgram()
+        self.aliases: dict[str, str] = {}
+        self.node: Node | None = None
+        self._ntemp = 0
+
+    # -- queries ---------------------------------------------------------------------------
+    def tensor(self, name: str) -> Tensor:
+        return self.graph.tensors[name]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.graph.tensors[name].shape)
+
+    def dtype(self, name: str) -> str:
+        return self.graph.tensors[name].dtype
+
+    def const(self, name: str) -> np.ndarray | None:
+        if not name:
+            return None
+        t = self.graph.tensors.get(name)
+        return None if t is None else t.value
+
+    def attr(self, key: str, default=None):
+        v = self.node.attrs.get(key, default) if self.node else default
+        if isinstance(v, bytes):
+            v = v.decode()
+        return v
+
+    def fail(self, why: str) -> LoweringError:
+        n = self.node
+        return LoweringError(f"cannot lower {n.op_type} node {n.name!r}: {why}" if n else why)
+
+    def resolve(self, name: str) -> str:
+        while name in self.aliases:
+            name = self.aliases[name]
+        return name
+
+    # -- emission --------------------------------------------------------------------------
+    def alias(self, out: str, src: str) -> None:
+        """`out` is a view of `src` (same bytes, another shape): no kernel, no copy."""
+        self.aliases[out] = src
+
+    def temp(self, shape, dtype: str = "float32") -> str:
+        self._ntemp += 1
+        name = f"%tmp{self._ntemp}"
+        self.graph.tensors[name] = Tensor(name, tuple(int(d) for d in shape), dtype)
+        return name
+
+    def launch(self, kernel: str, grid: int, args: list, *, reads: list[str], writes: list[str],
+               flops: int = 0, dram_bytes: int | None = None, category: str | None = None) -> None:
+        k = self.program.kernels[kernel]
+        if dram_bytes is None:
+            dram_bytes = sum(self.tensor(t).nbytes for t in set(reads) | set(writes))
+        node = self.node
+        cat = category
+        if cat is None and node is not None:
+            d = lookup(node.op_type, self.graph.opset)
+            cat = d.category if d else ""
+        self.program.launches.append(Launch(
+            kernel=kernel, grid=max(1, int(grid)), block=k.block,
+            args=[("i", int(a)) if isinstance(a, (int, np.integer)) else ("t", a) for a in args],
+            reads=list(reads), writes=list(writes),
+            node=node.name if node else "", op_type=node.op_type if node else "",
+            flops=int(flops), dram_bytes=int(dram_bytes), pass_name=self.pass_name, category=cat or "",
+        ))

@@ -1,0 +1,205 @@
+"""Conv (implicit GEMM on the tiled template, or a direct kernel for depthwise), ConvTranspose,
+MaxPool and AveragePool. Spatial rank is generic (1-D, 2-D, 3-D)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels.gemm import GemmSpec, emit_gemm
+from ..kernels.map import emit_map, linear_index, unravel
+from ..kernels.program import literal
+from .registry import COMPUTE, LAYOUT, register
+
+
+def window_attrs(ctx, in_sp, k_sp, out_sp):
+    """strides, dilations and begin pads, resolving auto_pad the way the ONNX spec does."""
+    nd = len(k_sp)
+    strides = list(ctx.attr("strides", [1] * nd))
+    dil = list(ctx.attr("dilations", [1] * nd))
+    auto = ctx.attr("auto_pad", "NOTSET")
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        begin = []
+        for i, k, s, d, o in zip(in_sp, k_sp, strides, dil, out_sp):
+            total = max(0, (o - 1) * s + (k - 1) * d + 1 - i)
+            begin.append(total // 2 if auto == "SAME_UPPER" else total - total // 2)
+    elif auto == "VALID":
+        begin = [0] * nd
+    else:
+        begin = list(ctx.attr("pads", [0] * (2 * nd)))[:nd]
+    return strides, dil, begin
+
+
+def _window_coords(nd, od, kd, strides, dil, begin):
+    return [f"{od[j]} * {strides[j]} - {begin[j]} + {kd[j]} * {dil[j]}".replace(" * 1 ", " ").replace(" - 0 ", " ")
+            for j in range(nd)]
+
+
+@register("Conv", since=1, category=COMPUTE)
+def _conv(ctx, node):
+    x, w = node.inputs[:2]
+    bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else ""
+    out = node.outputs[0]
+    xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(out)
+    nd = len(xs) - 2
+    B, Cin, in_sp = xs[0], xs[1], list(xs[2:])
+    Cout, Cin_g, k_sp = ws[0], ws[1], list(ws[2:])
+    out_sp = list(ys[2:])
+    G = ctx.attr("group", 1)
+    Cout_g = Cout // G
+    strides, dil, begin = window_attrs(ctx, in_sp, k_sp, out_sp)
+    KS, IS, OS = int(np.prod(k_sp)), int(np.prod(in_sp)), int(np.prod(out_sp))
+
+    if Cin_g == 1 and G > 1:
+        return _conv_direct(ctx, node, x, w, bias, out, nd, Cin, Cout_g, k_sp, in_sp, strides, dil, begin)
+
+    K = Cin_g * KS
+    pointwise = KS == 1 and all(s == 1 for s in strides) and not any(begin) and in_sp == out_sp
+
+    def load_b(k, n):
+        if pointwise:
+            return [], f"X[xoff + {k} * {IS} + {n}]"
+        od, s1 = unravel(n, out_sp, "od")
+        kd, s2 = unravel("kr", k_sp, "kd")
+        ids = _window_coords(nd, od, kd, strides, dil, begin)
+        st = [f"const int ci = {k} / {KS}, kr = {k} % {KS};"] + s1 + s2
+        conds = []
+        for j in range(nd):
+            st.append(f"const int id{j} = {ids[j]};")
+            conds.append(f"id{j} >= 0 && id{j} < {in_sp[j]}")
+        idx = linear_index([f"id{j}" for j in range(nd)], in_sp)
+        return st, f"({' && '.join(conds)}) ? X[xoff + ci * {IS} + {idx}] : 0.0f"
+
+    bias_term = " + Bz[g * %d + m]" % Cout_g if bias else ""
+    params = ["GPTR const float* X", "GPTR const float* W"] + (["GPTR const float* Bz"] if bias else []) + ["GPTR float* Y"]
+    spec = GemmSpec(
+        batch=B * G, M=Cout_g, N=OS, K=K, params=params,
+        prologue=[f"const int img = bt / {G}, g = bt % {G};",
+                  f"const int xoff = (img * {Cin} + g * {Cin_g}) * {IS};",
+                  f"const int woff = g * {Cout_g * K};"],
+        load_a=lambda m, k: ([], f"W[woff + {m} * {K} + {k}]"),
+        load_b=load_b,
+        store=lambda m, n, acc: [f"Y[(img * {Cout} + g * {Cout_g} + {m}) * {OS} + {n}] = {acc}{bias_term};"],
+    )
+    ins = [x, w] + ([bias] if bias else [])
+    emit_gemm(ctx, "Conv", spec, ins + [out], reads=ins, writes=[out])
+
+
+def _conv_direct(ctx, node, x, w, bias, out, nd, Cin, Cout_g, k_sp, in_sp, strides, dil, begin):
+    """Depthwise (one input channel per group): a thread per output, loop over the window."""
+    KS, IS = int(np.prod(k_sp)), int(np.prod(in_sp))
+
+    def body(v):
+        od = v.o[2:]
+        kd, s2 = unravel("kr", k_sp, "kd")
+        ids = _window_coords(nd, od, kd, strides, dil, begin)
+        s = [f"const int g = {v.o[1]} / {Cout_g};",
+             f"GPTR const float* xp = x0 + ({v.o[0]} * {Cin} + g) * {IS};",
+             f"GPTR const float* wp = x1 + {v.o[1]} * {KS};",
+             f"float acc = {v.ld(2, [v.o[1]]) if bias else '0.0f'};",
+             f"for (int kr = 0; kr < {KS}; ++kr) {{", *["    " + t for t in s2]]
+        conds = []
+        for j in range(nd):
+            s.append(f"    const int id{j} = {ids[j]};")
+            conds.append(f"id{j} >= 0 && id{j} < {in_sp[j]}")
+        idx = linear_index([f"id{j}" for j in range(nd)], in_sp)
+        s += [f"    if ({' && '.join(conds)}) acc += wp[kr] * xp[{idx}];", "}"]
+        return s, "acc"
+
+    emit_map(ctx, out, [x, w] + ([bias] if bias else []), body, "ConvDepthwise", flops_per_elem=2 * KS,
+             inline_scalars=False)
+
+
+@register("ConvTranspose", since=1, category=COMPUTE)
+def _conv_transpose(ctx, node):
+    """Direct gather form: each output sums the inputs whose window covers it (no col2im scatter)."""
+    x, w = node.inputs[:2]
+    bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else ""
+    out = node.outputs[0]
+    xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(out)
+    nd = len(xs) - 2
+    Cin, in_sp = xs[1], list(xs[2:])
+    Cout_g, k_sp = ws[1], list(ws[2:])
+    G = ctx.attr("group", 1)
+    Cin_g = Cin // G
+    strides = list(ctx.attr("strides", [1] * nd))
+    dil = list(ctx.attr("dilations", [1] * nd))
+    if ctx.attr("auto_pad", "NOTSET") not in ("NOTSET", "VALID") or "output_shape" in node.attrs:
+        # Derive the begin pads from the inferred output shape.
+        outp = list(ctx.attr("output_padding", [0] * nd))
+        begin = []
+        for i, k, s, d, o, op in zip(in_sp, k_sp, strides, dil, ys[2:], outp):
+            total = s * (i - 1) + op + (k - 1) * d + 1 - o
+            upper = ctx.attr("auto_pad", "NOTSET") != "SAME_LOWER"
+            begin.append(total // 2 if upper else total - total // 2)
+    else:
+        begin = list(ctx.attr("pads", [0] * (2 * nd)))[:nd]
+    KS, IS = int(np.prod(k_sp)), int(np.prod(in_sp))
+
+    def body(v):
+        od = v.o[2:]
+        kd, s2 = unravel("kr", k_sp, "kd")
+        s = [f"const int g = {v.o[1]} / {Cout_g}, cg = {v.o[1]} % {Cout_g};",
+             f"float acc = {v.ld(2, [v.o[1]]) if bias else '0.0f'};",
+             f"for (int kr = 0; kr < {KS}; ++kr) {{", *["    " + t for t in s2]]
+        conds = []
+        for j in range(nd):
+            s.append(f"    const int t{j} = {od[j]} + {begin[j]} - kd{j} * {dil[j]};")
+            conds.append(f"t{j} >= 0 && t{j} % {strides[j]} == 0 && t{j} / {strides[j]} < {in_sp[j]}")
+        idx = linear_index([f"(t{j} / {strides[j]})" for j in range(nd)], in_sp)
+        s += [f"    if ({' && '.join(conds)}) {{",
+              f"        for (int c = 0; c < {Cin_g}; ++c) {{",
+              f"            const int ci = g * {Cin_g} + c;",
+              f"            acc += x0[({v.o[0]} * {Cin} + ci) * {IS} + {idx}] * x1[(ci * {Cout_g} + cg) * {KS} + kr];",
+              "        }", "    }", "}"]
+        return s, "acc"
+
+    emit_map(ctx, out, [x, w] + ([bias] if bias else []), body, "ConvTranspose", flops_per_elem=2 * KS * Cin_g,
+             inline_scalars=False)
+
+
+@register("MaxPool", "AveragePool", since=1, category=LAYOUT)
+def _pool(ctx, node):
+    x, out = node.inputs[0], node.outputs[0]
+    if len(node.outputs) > 1 and node.outputs[1]:
+        raise ctx.fail("the Indices output of MaxPool is not supported")
+    xs, ys = ctx.shape(x), ctx.shape(out)
+    nd = len(xs) - 2
+    k_sp = list(ctx.attr("kernel_shape"))
+    in_sp = list(xs[2:])
+    strides, dil, begin = window_attrs(ctx, in_sp, k_sp, list(ys[2:]))
+    if node.op_type == "AveragePool":
+        dil = [1] * nd
+    KS, IS = int(np.prod(k_sp)), int(np.prod(in_sp))
+    is_max = node.op_type == "MaxPool"
+    include_pad = ctx.attr("count_include_pad", 0)
+
+    def body(v):
+        od = v.o[2:]
+        kd, s2 = unravel("kr", k_sp, "kd")
+        ids = _window_coords(nd, od, kd, strides, dil, begin)
+        s = [f"GPTR const float* xp = x0 + ({v.o[0]} * {xs[1]} + {v.o[1]}) * {IS};",
+             f"float acc = {'(-DLCC_INF)' if is_max else '0.0f'}; int cnt = 0;",
+             f"for (int kr = 0; kr < {KS}; ++kr) {{", *["    " + t for t in s2]]
+        conds = []
+        for j in range(nd):
+            s.append(f"    const int id{j} = {ids[j]};")
+            conds.append(f"id{j} >= 0 && id{j} < {in_sp[j]}")
+        idx = linear_index([f"id{j}" for j in range(nd)], in_sp)
+        upd = f"acc = F_MAX(acc, xp[{idx}]);" if is_max else f"acc += xp[{idx}];"
+        s += [f"    if ({' && '.join(conds)}) {{ {upd} ++cnt; }}", "}"]
+        if is_max:
+            return s, "acc"
+        if include_pad:
+            # Count window positions inside the padded input (not past the implicit ceil_mode edge).
+            ends = list(ctx.attr("pads", [0] * (2 * nd)))[nd:] if ctx.attr("auto_pad", "NOTSET") == "NOTSET" else begin
+            s.append("int full = 1;")
+            for j in range(nd):
+                lo = f"({od[j]} * {strides[j]} - {begin[j]})"
+                s.append(f"{{ const int lo = {lo}; int hi = lo + {k_sp[j]}; "
+                         f"if (hi > {in_sp[j] + ends[j]}) hi = {in_sp[j] + ends[j]}; full *= hi - lo; }}")
+            return s, "acc / (float)full"
+        return s, "acc / (float)(cnt > 0 ? cnt : 1)"
+
+    emit_map(ctx, out, [x], body, node.op_type, flops_per_elem=KS, inline_scalars=False)
+
+
+__all__ = ["literal"]

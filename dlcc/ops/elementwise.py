@@ -1,0 +1,211 @@
+"""Elementwise ops (numpy broadcasting), each as a C expression over its inputs."""
+from __future__ import annotations
+
+from ..kernels.map import emit_map
+from ..kernels.program import literal
+from .registry import ELEMENTWISE, register
+
+# op -> (expression over `a`, flops per element). Float math goes through prelude macros.
+UNARY = {
+    "Relu": ("F_MAX(a, 0.0f)", 1),
+    "Sigmoid": ("1.0f / (1.0f + F_EXP(-a))", 4),
+    "Tanh": ("F_TANH(a)", 4),
+    "Exp": ("F_EXP(a)", 2),
+    "Log": ("F_LOG(a)", 2),
+    "Sqrt": ("F_SQRT(a)", 2),
+    "Reciprocal": ("1.0f / a", 1),
+    "Neg": ("-a", 1),
+    "Abs": ("F_FABS(a)", 1),
+    "Floor": ("F_FLOOR(a)", 1),
+    "Ceil": ("F_CEIL(a)", 1),
+    "Round": ("F_RINT(a)", 1),
+    "Erf": ("F_ERF(a)", 4),
+    "Sin": ("F_SIN(a)", 4),
+    "Cos": ("F_COS(a)", 4),
+    "Softplus": ("(a > 20.0f ? a : F_LOG(1.0f + F_EXP(a)))", 4),
+    "Softsign": ("a / (1.0f + F_FABS(a))", 3),
+    "Sign": ("(float)((a > 0.0f) - (a < 0.0f))", 1),
+    "HardSwish": ("a * F_MIN(F_MAX(a * (1.0f / 6.0f) + 0.5f, 0.0f), 1.0f)", 4),
+    "Mish": ("a * F_TANH(a > 20.0f ? a : F_LOG(1.0f + F_EXP(a)))", 6),
+    "Not": ("!a", 1),
+    "IsNaN": ("F_ISNAN(a)", 1),
+    "IsInf": ("F_ISINF(a)", 1),
+}
+INT_UNARY = {"Neg": "-a", "Abs": "(a < 0 ? -a : a)", "Sign": "((a > 0) - (a < 0))", "Relu": "(a > 0 ? a : 0)"}
+
+BINARY = {
+    "Add": "a + b", "Sub": "a - b", "Mul": "a * b", "Div": "a / b",
+    "Pow": "F_POW(a, b)",
+    "Equal": "a == b", "Less": "a < b", "Greater": "a > b", "LessOrEqual": "a <= b", "GreaterOrEqual": "a >= b",
+    "And": "a && b", "Or": "a || b", "Xor": "(a != 0) != (b != 0)",
+    "PRelu": "(a < 0 ? a * b : a)",
+}
+VARIADIC = {"Max": "F_MAX", "Min": "F_MIN", "Sum": "+", "Mean": "+"}
+
+
+def _unary(ctx, node):
+    dt = ctx.dtype(node.inputs[0])
+    if dt != "float32":
+        expr = INT_UNARY.get(node.op_type) if node.op_type not in ("Not", "IsNaN", "IsInf") else UNARY[node.op_type][0]
+        if expr is None:
+            raise ctx.fail(f"{node.op_type} on {dt} is not supported (float32 only)")
+        fl = 1
+    else:
+        expr, fl = UNARY[node.op_type]
+    emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([f"const {_ct(dt)} a = {v.x(0)};"], expr),
+             node.op_type, flops_per_elem=fl)
+
+
+def _ct(dt):
+    from ..kernels.program import ctype
+    return ctype(dt)
+
+
+for _op, _since in [("Relu", 6), ("Sigmoid", 6), ("Tanh", 6), ("Exp", 6), ("Log", 6), ("Sqrt", 6),
+                    ("Reciprocal", 6), ("Neg", 6), ("Abs", 6), ("Floor", 6), ("Ceil", 6), ("Round", 11),
+                    ("Erf", 9), ("Sin", 7), ("Cos", 7), ("Softplus", 1), ("Softsign", 1), ("Sign", 9),
+                    ("HardSwish", 14), ("Mish", 18), ("Not", 1), ("IsNaN", 9), ("IsInf", 10)]:
+    register(_op, since=_since, category=ELEMENTWISE)(_unary)
+
+
+@register("Add", "Sub", "Mul", "Div", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
+          "And", "Or", "Xor", "PRelu", since=7, category=ELEMENTWISE)
+def _binary(ctx, node):
+    a_dt, b_dt = ctx.dtype(node.inputs[0]), ctx.dtype(node.inputs[1])
+    expr = BINARY[node.op_type]
+    if node.op_type == "Div" and a_dt in ("int64", "int32"):
+        # ONNX integer Div truncates toward zero, which is what C does.
+        expr = "a / b"
+    if node.op_type == "Pow":
+        return _pow(ctx, node)
+    emit_map(ctx, node.outputs[0], node.inputs[:2],
+             lambda v: ([f"const {_ct(a_dt)} a = {v.x(0)};", f"const {_ct(b_dt)} b = {v.x(1)};"], expr),
+             node.op_type)
+
+
+@register("Pow", since=7, category=ELEMENTWISE)
+def _pow(ctx, node):
+    """x**2, x**0.5, x**1 and x**3 (common in exported LayerNorm/GELU) avoid powf."""
+    e = ctx.const(node.inputs[1])
+    special = {2.0: "a * a", 3.0: "a * a * a", 1.0: "a", 0.5: "F_SQRT(a)", -1.0: "1.0f / a"}
+    expr = "F_POW(a, b)"
+    ins = node.inputs[:2]
+    if e is not None and e.size == 1 and float(e.reshape(())) in special:
+        expr, ins = special[float(e.reshape(()))], [node.inputs[0], ""]
+    if ctx.dtype(node.inputs[0]) != "float32":
+        raise ctx.fail("Pow on integers is not supported")
+    emit_map(ctx, node.outputs[0], ins,
+             lambda v: ([f"const float a = {v.x(0)};"] + ([] if not ins[1] else [f"const float b = (float)({v.x(1)});"]), expr),
+             "Pow", flops_per_elem=4)
+
+
+@register("Mod", since=10, category=ELEMENTWISE)
+def _mod(ctx, node):
+    fmod = ctx.attr("fmod", 0)
+    dt = ctx.dtype(node.inputs[0])
+    if dt == "float32":
+        expr = "F_FMOD(a, b)" if fmod else "(F_FMOD(a, b) != 0.0f && ((F_FMOD(a, b) < 0.0f) != (b < 0.0f)) ? F_FMOD(a, b) + b : F_FMOD(a, b))"
+    else:
+        expr = "a % b" if fmod else "((a % b != 0 && ((a % b < 0) != (b < 0))) ? a % b + b : a % b)"
+    emit_map(ctx, node.outputs[0], node.inputs[:2],
+             lambda v: ([f"const {_ct(dt)} a = {v.x(0)};", f"const {_ct(dt)} b = {v.x(1)};"], expr), "Mod")
+
+
+@register("Max", "Min", "Sum", "Mean", since=8, category=ELEMENTWISE)
+def _variadic(ctx, node):
+    f = VARIADIC[node.op_type]
+    dt = ctx.dtype(node.outputs[0])
+    n = len(node.inputs)
+
+    def body(v):
+        vals = [f"(({_ct(dt)}){v.x(k)})" for k in range(n)]
+        acc = vals[0]
+        for x in vals[1:]:
+            if f == "+":
+                acc = f"({acc} + {x})"
+            elif dt == "float32":
+                acc = f"{f}({acc}, {x})"
+            else:
+                acc = f"({acc} {'>' if f == 'F_MAX' else '<'} {x} ? {acc} : {x})"
+        if node.op_type == "Mean":
+            acc = f"({acc}) / {literal(n)}"
+        return [], acc
+
+    emit_map(ctx, node.outputs[0], list(node.inputs), body, node.op_type, flops_per_elem=n)
+
+
+@register("Where", since=9, category=ELEMENTWISE)
+def _where(ctx, node):
+    emit_map(ctx, node.outputs[0], node.inputs[:3], lambda v: ([], f"({v.x(0)}) ? {v.x(1)} : {v.x(2)}"), "Where")
+
+
+@register("Clip", since=11, category=ELEMENTWISE)
+def _clip(ctx, node):
+    ins = [node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else "", node.inputs[2] if len(node.inputs) > 2 else ""]
+    dt = ctx.dtype(node.inputs[0])
+    if dt != "float32":
+        raise ctx.fail("Clip on integers is not supported")
+
+    def body(v):
+        s = [f"float a = {v.x(0)};"]
+        if ins[1]:
+            s.append(f"a = F_MAX(a, (float)({v.x(1)}));")
+        if ins[2]:
+            s.append(f"a = F_MIN(a, (float)({v.x(2)}));")
+        return s, "a"
+
+    emit_map(ctx, node.outputs[0], ins, body, "Clip", flops_per_elem=2)
+
+
+@register("Clip", since=6, category=ELEMENTWISE)
+def _clip6(ctx, node):
+    lo, hi = literal(ctx.attr("min", -3.4028234663852886e38)), literal(ctx.attr("max", 3.4028234663852886e38))
+    emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([], f"F_MIN(F_MAX({v.x(0)}, {lo}), {hi})"), "Clip")
+
+
+def _attr_unary(name, make_expr, since, fl=2):
+    @register(name, since=since, category=ELEMENTWISE)
+    def lower(ctx, node):
+        expr = make_expr(ctx)
+        emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([f"const float a = {v.x(0)};"], expr), name,
+                 flops_per_elem=fl)
+    return lower
+
+
+_attr_unary("LeakyRelu", lambda c: f"(a < 0.0f ? a * {literal(c.attr('alpha', 0.01))} : a)", 6)
+_attr_unary("Elu", lambda c: f"(a < 0.0f ? {literal(c.attr('alpha', 1.0))} * (F_EXP(a) - 1.0f) : a)", 6)
+_attr_unary("Selu", lambda c: f"{literal(c.attr('gamma', 1.0507009873554805))} * (a <= 0.0f ? "
+            f"{literal(c.attr('alpha', 1.6732632423543772))} * (F_EXP(a) - 1.0f) : a)", 6)
+_attr_unary("HardSigmoid", lambda c: f"F_MAX(0.0f, F_MIN(1.0f, {literal(c.attr('alpha', 0.2))} * a + "
+            f"{literal(c.attr('beta', 0.5))}))", 6)
+_attr_unary("ThresholdedRelu", lambda c: f"(a > {literal(c.attr('alpha', 1.0))} ? a : 0.0f)", 10)
+_attr_unary("Celu", lambda c: f"F_MAX(0.0f, a) + F_MIN(0.0f, {literal(c.attr('alpha', 1.0))} * "
+            f"(F_EXP(a / {literal(c.attr('alpha', 1.0))}) - 1.0f))", 12)
+_attr_unary("Gelu", lambda c: "0.5f * a * (1.0f + F_TANH(0.7978845608028654f * (a + 0.044715f * a * a * a)))"
+            if c.attr("approximate", "none") == "tanh" else "0.5f * a * (1.0f + F_ERF(a * 0.7071067811865476f))", 20, 6)
+
+
+@register("Cast", since=6, category=ELEMENTWISE)
+def _cast(ctx, node):
+    src, dst = ctx.dtype(node.inputs[0]), ctx.dtype(node.outputs[0])
+    if dst == "bool":
+        expr = "(a != 0)"
+    elif src == "float32" and dst != "float32":
+        expr = "a"  # C conversion truncates toward zero, as ONNX Cast does
+    else:
+        expr = "a"
+    emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([f"const {_ct(src)} a = {v.x(0)};"], expr), "Cast")
+
+
+@register("BatchNormalization", since=9, category=ELEMENTWISE)
+def _batchnorm(ctx, node):
+    """Inference-mode BN: y = (x - mean) * scale / sqrt(var + eps) + bias, per channel (axis 1)."""
+    x, scale, bias, mean, var = node.inputs[:5]
+    eps = literal(ctx.attr("epsilon", 1e-5))
+    rank = len(ctx.shape(x))
+
+    def body(v):
+        c = [v.o[1]] if rank > 1 else ["0"]
+        return [], (f"({v.x(0)} - {v.ld(3, c)}) * ({v.ld(1, c)} / F_SQRT({v.ld(4, c)} + {eps})) + {v.ld(2, c)}")
+
+    emit_map(ctx, node.outputs[0], [x, scale, bias, mean, var], body, "BatchNormalization", flops_per_elem=5)

@@ -1,0 +1,240 @@
+"""Layout and broadcast ops as index expressions (and zero-copy views where the bytes are the same)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels.map import emit_map, linear_index
+from .registry import ALIAS, LAYOUT, register
+
+
+@register("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", since=1, category=ALIAS)
+def _view(ctx, node):
+    """Row-major data is unchanged by these: the output is a view of the input's bytes."""
+    ctx.alias(node.outputs[0], node.inputs[0])
+
+
+@register("Dropout", since=1, category=ALIAS)
+def _dropout(ctx, node):
+    """Inference: Dropout is the identity (a mask output, if asked for, is not supported)."""
+    if len(node.outputs) > 1 and node.outputs[1]:
+        raise ctx.fail("the mask output of Dropout is not supported")
+    ctx.alias(node.outputs[0], node.inputs[0])
+
+
+def _axis(ax, rank):
+    return ax + rank if ax < 0 else ax
+
+
+@register("Transpose", since=1, category=LAYOUT)
+def _transpose(ctx, node):
+    rank = len(ctx.shape(node.inputs[0]))
+    perm = list(ctx.attr("perm", list(range(rank - 1, -1, -1))))
+
+    def body(v):
+        coords = [None] * rank
+        for j, p in enumerate(perm):
+            coords[p] = v.o[j]
+        return [], v.ld(0, coords)
+
+    emit_map(ctx, node.outputs[0], [node.inputs[0]], body, "Transpose", flops_per_elem=0)
+
+
+@register("Slice", since=1, category=LAYOUT)
+def _slice(ctx, node):
+    shape = ctx.shape(node.inputs[0])
+    rank = len(shape)
+    if ctx.graph.opset >= 10 or len(node.inputs) > 1:
+        vals = [ctx.const(n) if k < len(node.inputs) and node.inputs[k] else None for k, n in
+                enumerate(list(node.inputs[1:5]) + [""] * (5 - len(node.inputs)))]
+        starts, ends, axes, steps = vals[0], vals[1], vals[2], vals[3]
+        if starts is None or ends is None or (len(node.inputs) > 3 and node.inputs[3] and axes is None) \
+                or (len(node.inputs) > 4 and node.inputs[4] and steps is None):
+            raise ctx.fail("starts/ends/axes/steps must be constants after folding")
+    else:
+        starts, ends, axes, steps = ctx.attr("starts"), ctx.attr("ends"), ctx.attr("axes"), None
+    starts, ends = list(np.asarray(starts).reshape(-1)), list(np.asarray(ends).reshape(-1))
+    axes = list(range(len(starts))) if axes is None else [_axis(int(a), rank) for a in np.asarray(axes).reshape(-1)]
+    steps = [1] * len(starts) if steps is None else list(np.asarray(steps).reshape(-1))
+    begin, step = [0] * rank, [1] * rank
+    for a, s, e, st in zip(axes, starts, ends, steps):
+        s, e, st = int(s), int(e), int(st)
+        e = max(min(e, 2**62), -(2**62))
+        b, _, _ = slice(s, e, st).indices(shape[a])
+        begin[a], step[a] = b, st
+
+    def body(v):
+        coords = [f"{begin[j]} + {v.o[j]}*{step[j]}" if (begin[j] or step[j] != 1) else v.o[j] for j in range(rank)]
+        return [], v.ld(0, coords)
+
+    emit_map(ctx, node.outputs[0], [node.inputs[0]], body, "Slice", flops_per_elem=0)
+
+
+@register("Concat", since=4, category=LAYOUT)
+def _concat(ctx, node):
+    ins = [i for i in node.inputs if i and np.prod(ctx.shape(i)) > 0]
+    rank = len(ctx.shape(node.outputs[0]))
+    ax = _axis(ctx.attr("axis"), rank)
+
+    def body(v):
+        expr, bounds, start = None, [], 0
+        for k, name in enumerate(ins):
+            start_k = start
+            start += ctx.shape(name)[ax]
+            bounds.append((start_k, start))
+        parts = []
+        for k, (b0, b1) in enumerate(bounds):
+            coords = list(v.o)
+            coords[ax] = f"({v.o[ax]} - {b0})" if b0 else v.o[ax]
+            parts.append((b1, v.ld(k, coords)))
+        expr = parts[-1][1]
+        for b1, ld in reversed(parts[:-1]):
+            expr = f"({v.o[ax]} < {b1} ? {ld} : {expr})"
+        return [], expr
+
+    emit_map(ctx, node.outputs[0], ins, body, "Concat", flops_per_elem=0, inline_scalars=False)
+
+
+@register("Split", since=2, category=LAYOUT)
+def _split(ctx, node):
+    x = node.inputs[0]
+    rank = len(ctx.shape(x))
+    ax = _axis(ctx.attr("axis", 0), rank)
+    start = 0
+    for out in node.outputs:
+        n = ctx.shape(out)[ax]
+        if out:
+            def body(v, s=start):
+                coords = list(v.o)
+                coords[ax] = f"{v.o[ax]} + {s}" if s else v.o[ax]
+                return [], v.ld(0, coords)
+            emit_map(ctx, out, [x], body, "Split", flops_per_elem=0)
+        start += n
+
+
+@register("Gather", since=1, category=LAYOUT)
+def _gather(ctx, node):
+    data, idx = node.inputs[:2]
+    dshape, ishape = ctx.shape(data), ctx.shape(idx)
+    ax = _axis(ctx.attr("axis", 0), len(dshape))
+    q = len(ishape)
+    dim = dshape[ax]
+
+    def body(v):
+        icoords = v.o[ax:ax + q]
+        s = [f"i64 g = (i64)({v.ld(1, icoords)});", f"if (g < 0) g += {dim};"]
+        coords = v.o[:ax] + ["(int)g"] + v.o[ax + q:]
+        return s, v.ld(0, coords)
+
+    emit_map(ctx, node.outputs[0], [data, idx], body, "Gather", flops_per_elem=0, inline_scalars=False)
+
+
+@register("GatherElements", since=11, category=LAYOUT)
+def _gather_elements(ctx, node):
+    data, idx = node.inputs[:2]
+    dshape = ctx.shape(data)
+    ax = _axis(ctx.attr("axis", 0), len(dshape))
+
+    def body(v):
+        s = [f"i64 g = (i64)({v.ld(1, v.o)});", f"if (g < 0) g += {dshape[ax]};"]
+        coords = list(v.o)
+        coords[ax] = "(int)g"
+        return s, v.ld(0, coords)
+
+    emit_map(ctx, node.outputs[0], [data, idx], body, "GatherElements", flops_per_elem=0, inline_scalars=False)
+
+
+@register("Expand", since=8, category=LAYOUT)
+def _expand(ctx, node):
+    emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([], v.x(0)), "Expand", flops_per_elem=0,
+             inline_scalars=False)
+
+
+@register("Tile", since=6, category=LAYOUT)
+def _tile(ctx, node):
+    shape = ctx.shape(node.inputs[0])
+    emit_map(ctx, node.outputs[0], [node.inputs[0]],
+             lambda v: ([], v.ld(0, [f"{c} % {d}" if d != 1 else "0" for c, d in zip(v.o, shape)])),
+             "Tile", flops_per_elem=0, inline_scalars=False)
+
+
+@register("Pad", since=11, category=LAYOUT)
+def _pad(ctx, node):
+    x = node.inputs[0]
+    shape = ctx.shape(x)
+    rank = len(shape)
+    pads = ctx.const(node.inputs[1])
+    if pads is None:
+        raise ctx.fail("pads must be a constant after folding")
+    pads = [int(p) for p in pads.reshape(-1)]
+    axes = list(range(rank))
+    if len(node.inputs) > 3 and node.inputs[3]:
+        axes = [_axis(int(a), rank) for a in ctx.const(node.inputs[3]).reshape(-1)]
+    begin, _end = [0] * rank, [0] * rank
+    for k, a in enumerate(axes):
+        begin[a] = pads[k]
+    mode = ctx.attr("mode", "constant")
+    cval = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else ""
+
+    def body(v):
+        s, coords, conds = [], [], []
+        for j in range(rank):
+            c = f"p{j}"
+            s.append(f"int {c} = {v.o[j]} - {begin[j]};")
+            d = shape[j]
+            if mode == "edge":
+                s.append(f"{c} = {c} < 0 ? 0 : ({c} >= {d} ? {d - 1} : {c});")
+            elif mode == "reflect":
+                s.append(f"{c} = {c} < 0 ? -{c} : ({c} >= {d} ? {2 * d - 2} - {c} : {c});")
+            else:
+                conds.append(f"{c} >= 0 && {c} < {d}")
+            coords.append(c)
+        if mode in ("edge", "reflect"):
+            return s, v.ld(0, coords)
+        fill = v.x(1) if cval else "0"
+        return s, f"({' && '.join(conds) or '1'}) ? {v.ld(0, coords)} : {fill}"
+
+    ins = [x, cval] if cval else [x]
+    emit_map(ctx, node.outputs[0], ins, body, "Pad", flops_per_elem=0)
+
+
+@register("DepthToSpace", since=11, category=LAYOUT)
+def _depth_to_space(ctx, node):
+    n, c, h, w = ctx.shape(node.inputs[0])
+    b = ctx.attr("blocksize")
+    crd = ctx.attr("mode", "DCR") == "CRD"
+    oc = c // (b * b)
+
+    def body(v):
+        s = [f"const int bh = {v.o[2]} % {b}, bw = {v.o[3]} % {b};"]
+        ch = f"({v.o[1]} * {b * b} + bh * {b} + bw)" if crd else f"((bh * {b} + bw) * {oc} + {v.o[1]})"
+        return s, v.ld(0, [v.o[0], ch, f"{v.o[2]} / {b}", f"{v.o[3]} / {b}"])
+
+    emit_map(ctx, node.outputs[0], [node.inputs[0]], body, "DepthToSpace", flops_per_elem=0)
+
+
+@register("Trilu", since=14, category=LAYOUT)
+def _trilu(ctx, node):
+    k = 0
+    if len(node.inputs) > 1 and node.inputs[1]:
+        kv = ctx.const(node.inputs[1])
+        if kv is None:
+            raise ctx.fail("k must be a constant")
+        k = int(kv.reshape(()))
+    upper = ctx.attr("upper", 1)
+
+    def body(v):
+        r, c = v.o[-2], v.o[-1]
+        cond = f"{c} - {r} >= {k}" if upper else f"{c} - {r} <= {k}"
+        return [], f"({cond}) ? {v.x(0)} : 0"
+
+    emit_map(ctx, node.outputs[0], [node.inputs[0]], body, "Trilu", flops_per_elem=0)
+
+
+def identity_copy(ctx, out: str, src: str) -> None:
+    """A plain copy kernel (used where a view cannot be used, e.g. an output that is an input)."""
+    shape = ctx.shape(src)
+    emit_map(ctx, out, [src], lambda v: ([], v.ld(0, v.o) if shape == ctx.shape(out) else v.ld_flat(0, v.i)),
+             "Copy", flops_per_elem=0, inline_scalars=False)
+
+
+__all__ = ["identity_copy", "linear_index"]

@@ -1,0 +1,91 @@
+"""MatMul (batched, broadcasting, 1-D operands) and Gemm on the tiled GEMM template."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels.gemm import GemmSpec, emit_gemm
+from ..kernels.map import strides_of
+from ..kernels.program import literal
+from .registry import COMPUTE, register
+
+
+def batch_offsets(var: str, bshape, shape_op, prefix: str) -> list[str]:
+    """`const int {prefix}off = ...` for an operand whose batch dims broadcast against `bshape`."""
+    nb = len(bshape)
+    own = list(shape_op[:-2])
+    own = [1] * (nb - len(own)) + own
+    mat = int(np.prod(shape_op[-2:]))
+    st = strides_of(own) if own else []
+    terms, rem, stmts = [], var, []
+    for k in range(nb - 1, -1, -1):
+        d = bshape[k]
+        if d == 1:
+            continue
+        c = f"{prefix}c{k}"
+        stmts.append(f"const int {c} = {rem} % {d};")
+        stmts.append(f"const int {prefix}q{k} = {rem} / {d};")
+        rem = f"{prefix}q{k}"
+        if own[k] != 1:
+            terms.append(f"{c} * {st[k] * mat}")
+    stmts.append(f"const int {prefix}off = {' + '.join(terms) or '0'};")
+    return stmts
+
+
+@register("MatMul", since=1, category=COMPUTE)
+def _matmul(ctx, node):
+    a, b = node.inputs[:2]
+    out = node.outputs[0]
+    sa, sb = list(ctx.shape(a)), list(ctx.shape(b))
+    if ctx.dtype(a) != "float32" or ctx.dtype(b) != "float32":
+        raise ctx.fail("only float32 MatMul is supported")
+    if len(sa) == 1:
+        sa = [1] + sa
+    if len(sb) == 1:
+        sb = sb + [1]
+    M, K, N = sa[-2], sa[-1], sb[-1]
+    if len(sb) == 2 and len(sa) > 2:
+        # Weights without batch dims: fold A's batch into M (one big GEMM, better tiles).
+        M, sa = int(np.prod(sa[:-1])), [int(np.prod(sa[:-1])), K]
+    bshape = list(np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2])))
+    batch = int(np.prod(bshape)) if bshape else 1
+    prologue = batch_offsets("bt", bshape, sa, "a") + batch_offsets("bt", bshape, sb, "b")
+    spec = GemmSpec(
+        batch=batch, M=M, N=N, K=K,
+        params=["GPTR const float* A", "GPTR const float* B", "GPTR float* Y"],
+        prologue=prologue,
+        load_a=lambda m, k: ([], f"A[aoff + {m} * {K} + {k}]"),
+        load_b=lambda k, n: ([], f"B[boff + {k} * {N} + {n}]"),
+        store=lambda m, n, acc: [f"Y[bt * {M * N} + {m} * {N} + {n}] = {acc};"],
+    )
+    emit_gemm(ctx, "MatMul", spec, [a, b, out], reads=[a, b], writes=[out])
+
+
+@register("Gemm", since=7, category=COMPUTE)
+def _gemm(ctx, node):
+    a, b = node.inputs[:2]
+    c = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else ""
+    out = node.outputs[0]
+    ta, tb = ctx.attr("transA", 0), ctx.attr("transB", 0)
+    alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
+    sa, sb = ctx.shape(a), ctx.shape(b)
+    M, K = (sa[1], sa[0]) if ta else (sa[0], sa[1])
+    N = sb[0] if tb else sb[1]
+    params = ["GPTR const float* A", "GPTR const float* B"] + (["GPTR const float* C"] if c else []) + ["GPTR float* Y"]
+    cterm = ""
+    if c and beta != 0.0:
+        sc = list(ctx.shape(c))
+        sc = [1] * (2 - len(sc)) + sc
+        cm = "m" if sc[0] != 1 else "0"
+        cn = "n" if sc[1] != 1 else "0"
+        idx = " + ".join(x for x in ([f"{cm} * {sc[1]}" if cm != "0" else ""] + ([cn] if cn != "0" else [])) if x) or "0"
+        cterm = f" + {literal(beta)} * C[{idx}]" if beta != 1.0 else f" + C[{idx}]"
+    scale = f"{literal(alpha)} * " if alpha != 1.0 else ""
+    spec = GemmSpec(
+        batch=1, M=M, N=N, K=K, params=params,
+        load_a=lambda m, k: ([], f"A[{k} * {M} + {m}]" if ta else f"A[{m} * {K} + {k}]"),
+        load_b=lambda k, n: ([], f"B[{n} * {K} + {k}]" if tb else f"B[{k} * {N} + {n}]"),
+        store=lambda m, n, acc: [f"Y[{m} * {N} + {n}] = {scale}{acc}{cterm};"],
+        a_k_contiguous=not ta, b_n_contiguous=not tb,
+    )
+    ins = [a, b] + ([c] if c else [])
+    emit_gemm(ctx, "Gemm", spec, ins + [out], reads=ins, writes=[out])

@@ -1,0 +1,138 @@
+"""Reductions, Softmax and normalizations (row/column templates in dlcc.kernels.reduce)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels.map import emit_map, unravel
+from ..kernels.program import literal
+from ..kernels.reduce import emit_layernorm, emit_reduce, emit_softmax
+from .registry import REDUCTION, register
+
+# op -> (combine, pre(v), post(acc))
+REDUCE = {
+    "ReduceSum": ("sum", "v", "acc"),
+    "ReduceMean": ("sum", "v", "acc / R_F"),
+    "ReduceMax": ("max", "v", "acc"),
+    "ReduceMin": ("min", "v", "acc"),
+    "ReduceProd": ("prod", "v", "acc"),
+    "ReduceL1": ("sum", "F_FABS(v)", "acc"),
+    "ReduceL2": ("sum", "v * v", "F_SQRT(acc)"),
+    "ReduceSumSquare": ("sum", "v * v", "acc"),
+    "ReduceLogSum": ("sum", "v", "F_LOG(acc)"),
+}
+
+
+def _reduce_axes(ctx, node):
+    rank = len(ctx.shape(node.inputs[0]))
+    axes = None
+    if len(node.inputs) > 1 and node.inputs[1]:
+        val = ctx.const(node.inputs[1])
+        if val is None:
+            raise ctx.fail("axes must be a constant after folding")
+        axes = [int(a) for a in val.reshape(-1)]
+    elif "axes" in node.attrs:
+        axes = list(node.attrs["axes"])
+    if not axes:
+        if ctx.attr("noop_with_empty_axes", 0):
+            return []
+        axes = list(range(rank))
+    return [a + rank if a < 0 else a for a in axes]
+
+
+def _lower_reduce(ctx, node):
+    if ctx.dtype(node.inputs[0]) != "float32":
+        raise ctx.fail(f"{node.op_type} on {ctx.dtype(node.inputs[0])} is not supported (float32 only)")
+    axes = _reduce_axes(ctx, node)
+    if not axes:
+        return ctx.alias(node.outputs[0], node.inputs[0])
+    op, pre, post = REDUCE[node.op_type]
+    emit_reduce(ctx, node.outputs[0], node.inputs[0], axes, op, node.op_type, pre=pre, post=post)
+
+
+for _op in REDUCE:
+    register(_op, since=1, category=REDUCTION)(_lower_reduce)
+
+
+@register("GlobalAveragePool", "GlobalMaxPool", since=1, category=REDUCTION)
+def _global_pool(ctx, node):
+    rank = len(ctx.shape(node.inputs[0]))
+    op, post = ("sum", "acc / R_F") if node.op_type == "GlobalAveragePool" else ("max", "acc")
+    emit_reduce(ctx, node.outputs[0], node.inputs[0], list(range(2, rank)), op, node.op_type, post=post)
+
+
+def _softmax(ctx, node):
+    shape = ctx.shape(node.inputs[0])
+    rank = len(shape)
+    ax = ctx.attr("axis", -1 if ctx.graph.opset >= 13 else 1)
+    ax = ax + rank if ax < 0 else ax
+    if ctx.graph.opset >= 13:
+        rows, length, inner = int(np.prod(shape[:ax])), shape[ax], int(np.prod(shape[ax + 1:]))
+    else:  # opset < 13 coerces to 2-D at `axis`
+        rows, length, inner = int(np.prod(shape[:ax])), int(np.prod(shape[ax:])), 1
+    emit_softmax(ctx, node.outputs[0], node.inputs[0], rows, length, inner, node.op_type == "LogSoftmax",
+                 node.op_type)
+
+
+register("Softmax", "LogSoftmax", since=1, category=REDUCTION)(_softmax)
+
+
+@register("LayerNormalization", since=17, category=REDUCTION)
+def _layernorm(ctx, node):
+    x, scale = node.inputs[:2]
+    bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else ""
+    if any(o for o in node.outputs[1:]):
+        raise ctx.fail("the Mean/InvStdDev outputs of LayerNormalization are not supported")
+    shape = ctx.shape(x)
+    ax = ctx.attr("axis", -1)
+    ax = ax + len(shape) if ax < 0 else ax
+    length = int(np.prod(shape[ax:]))
+    rows = int(np.prod(shape[:ax]))
+
+    def mod(name):
+        s = ctx.shape(name)
+        n = int(np.prod(s)) if s else 1
+        if n not in (1, length) and tuple(shape[len(shape) - len(s):]) != tuple(s):
+            raise ctx.fail(f"scale/bias of shape {s} do not broadcast as a suffix of {shape}")
+        return n
+
+    emit_layernorm(ctx, node.outputs[0], x, scale, bias, rows, length, ctx.attr("epsilon", 1e-5), mod(scale),
+                   mod(bias) if bias else 1)
+
+
+@register("InstanceNormalization", since=6, category=REDUCTION)
+def _instancenorm(ctx, node):
+    """Per (n, c) row normalization, then a per-channel affine done by a map kernel."""
+    x, scale, bias = node.inputs[:3]
+    shape = ctx.shape(x)
+    rows, length = shape[0] * shape[1], int(np.prod(shape[2:]))
+    ones = ctx.temp((1,))
+    ctx.graph.tensors[ones].value = np.ones(1, np.float32)
+    zero = ctx.temp((1,))
+    ctx.graph.tensors[zero].value = np.zeros(1, np.float32)
+    tmp = ctx.temp(shape)
+    emit_layernorm(ctx, tmp, x, ones, zero, rows, length, ctx.attr("epsilon", 1e-5), 1, 1)
+    emit_map(ctx, node.outputs[0], [tmp, scale, bias],
+             lambda v: ([], f"{v.x(0)} * {v.ld(1, [v.o[1]])} + {v.ld(2, [v.o[1]])}"), "InstanceNorm", 2)
+
+
+@register("ArgMax", "ArgMin", since=1, category=REDUCTION)
+def _argmax(ctx, node):
+    shape = ctx.shape(node.inputs[0])
+    rank = len(shape)
+    ax = ctx.attr("axis", 0)
+    ax = ax + rank if ax < 0 else ax
+    last = ctx.attr("select_last_index", 0)
+    cmp = (">=" if last else ">") if node.op_type == "ArgMax" else ("<=" if last else "<")
+    outer, L, inner = int(np.prod(shape[:ax])), shape[ax], int(np.prod(shape[ax + 1:]))
+
+    def body(v):
+        s = [f"const int base = ({v.i} / {inner}) * {L * inner} + ({v.i} % {inner});",
+             f"float best = {v.ld_flat(0, 'base')}; i64 bi = 0;",
+             f"for (int j = 1; j < {L}; ++j) {{ const float c = {v.ld_flat(0, f'base + j * {inner}')}; "
+             f"if (c {cmp} best) {{ best = c; bi = j; }} }}"]
+        return s, "bi"
+
+    emit_map(ctx, node.outputs[0], [node.inputs[0]], body, node.op_type, flops_per_elem=L, inline_scalars=False)
+
+
+__all__ = ["unravel", "literal"]

@@ -1,0 +1,93 @@
+"""Resize (nearest and N-linear) and Upsample as index expressions with interpolation weights."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from ..kernels.map import emit_map
+from ..kernels.program import literal
+from .registry import LAYOUT, register
+
+_COORD = {
+    "half_pixel": "(({o} + 0.5f) / {s} - 0.5f)",
+    "pytorch_half_pixel": "({olen} > 1 ? ({o} + 0.5f) / {s} - 0.5f : 0.0f)",
+    "asymmetric": "({o} / {s})",
+    "align_corners": "({olen} == 1 ? 0.0f : {o} * {ratio})",
+}
+_NEAREST = {
+    "round_prefer_floor": "F_CEIL({c} - 0.5f)",
+    "round_prefer_ceil": "F_FLOOR({c} + 0.5f)",
+    "floor": "F_FLOOR({c})",
+    "ceil": "F_CEIL({c})",
+}
+
+
+def _scales(ctx, node, in_shape, out_shape):
+    scales = None
+    if ctx.graph.opset >= 11:
+        if len(node.inputs) > 2 and node.inputs[2]:
+            sv = ctx.const(node.inputs[2])
+            if sv is not None and sv.size:
+                scales = [float(s) for s in sv.reshape(-1)]
+    elif len(node.inputs) > 1 and node.inputs[1]:
+        sv = ctx.const(node.inputs[1])
+        scales = None if sv is None else [float(s) for s in sv.reshape(-1)]
+    if scales is None or len(scales) != len(in_shape):
+        scales = [o / i for o, i in zip(out_shape, in_shape)]
+    return scales
+
+
+@register("Resize", "Upsample", since=7, category=LAYOUT)
+def _resize(ctx, node):
+    x, out = node.inputs[0], node.outputs[0]
+    ins_, outs_ = ctx.shape(x), ctx.shape(out)
+    mode = ctx.attr("mode", "nearest")
+    ctm = ctx.attr("coordinate_transformation_mode", "half_pixel" if ctx.graph.opset >= 11 else "asymmetric")
+    nmode = ctx.attr("nearest_mode", "round_prefer_floor")
+    if node.op_type == "Resize" and ctx.graph.opset < 11:
+        ctm = "asymmetric"
+    if mode not in ("nearest", "linear", "bilinear"):
+        raise ctx.fail(f"mode {mode!r} is not supported (nearest and linear are)")
+    if ctm not in _COORD:
+        raise ctx.fail(f"coordinate_transformation_mode {ctm!r} is not supported")
+    if mode == "nearest" and nmode not in _NEAREST:
+        raise ctx.fail(f"nearest_mode {nmode!r} is not supported")
+    if ctx.attr("antialias", 0) or ctx.attr("axes", None) is not None:
+        raise ctx.fail("antialias and axes are not supported")
+    scales = _scales(ctx, node, ins_, outs_)
+    axes = [a for a in range(len(ins_)) if ins_[a] != outs_[a] or scales[a] != 1.0]
+
+    def src(v, a):
+        ratio = literal((ins_[a] - 1) / (outs_[a] - 1)) if outs_[a] > 1 else "0.0f"
+        return _COORD[ctm].format(o=f"(float){v.o[a]}", s=literal(scales[a]), olen=outs_[a], ratio=ratio)
+
+    def body(v):
+        s, coords = [], list(v.o)
+        if mode == "nearest" or node.op_type == "Upsample" and mode == "nearest":
+            for a in axes:
+                c = f"c{a}"
+                coord = f"({v.o[a]} / {scales[a]:.9g}f)" if ctm == "asymmetric" and node.op_type == "Upsample" else src(v, a)
+                s.append(f"int {c} = (int){_NEAREST[nmode if ctm != 'asymmetric' or node.op_type != 'Upsample' else 'floor'].format(c=coord)};")
+                s.append(f"{c} = {c} < 0 ? 0 : ({c} > {ins_[a] - 1} ? {ins_[a] - 1} : {c});")
+                coords[a] = c
+            return s, v.ld(0, coords)
+        for a in axes:
+            s += [f"const float f{a} = {src(v, a)};",
+                  f"const int l{a} = (int)F_FLOOR(f{a});",
+                  f"const float w{a} = f{a} - (float)l{a};",
+                  f"const int a{a} = l{a} < 0 ? 0 : (l{a} > {ins_[a] - 1} ? {ins_[a] - 1} : l{a});",
+                  f"const int b{a} = l{a} + 1 < 0 ? 0 : (l{a} + 1 > {ins_[a] - 1} ? {ins_[a] - 1} : l{a} + 1);"]
+        terms = []
+        for corner in itertools.product((0, 1), repeat=len(axes)):
+            cs, ws = list(v.o), []
+            for a, bit in zip(axes, corner):
+                cs[a] = f"b{a}" if bit else f"a{a}"
+                ws.append(f"w{a}" if bit else f"(1.0f - w{a})")
+            terms.append(f"{' * '.join(ws) or '1.0f'} * {v.ld(0, cs)}")
+        return s, " + ".join(terms) or v.ld(0, coords)
+
+    emit_map(ctx, out, [x], body, "Resize", flops_per_elem=3 * (2 ** len(axes)), inline_scalars=False)
+
+
+__all__ = ["np"]

@@ -1,0 +1,77 @@
+"""The plan: the single description of a compiled model that runtimes and the estimator read.
+
+It lists kernels, launches in order (each argument a (storage, offset, bytes) view or an int),
+storages and the tensor table. ONNX names appear only here, as JSON data.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+PLAN_VERSION = 1
+
+
+def build_plan(state, meta: dict) -> tuple[dict, bytes]:
+    """(plan dict, weights blob) from a finished CompileState."""
+    g, ctx, mem = state.graph, state.ctx, state.memory
+    prog = ctx.program
+    res = ctx.resolve
+
+    def view(name):
+        b = res(name)
+        p = mem.placements[b]
+        return {"storage": p.storage, "offset": p.offset, "nbytes": g.tensors[name].nbytes}
+
+    launches = []
+    for L in prog.launches:
+        args = [{"int": v} if kind == "i" else view(v) for kind, v in L.args]
+        launches.append({
+            "kernel": L.kernel, "grid": L.grid, "block": L.block, "args": args,
+            "node": L.node, "op_type": L.op_type, "category": L.category, "pass": L.pass_name,
+            "flops": L.flops, "dram_bytes": L.dram_bytes,
+        })
+    weights = bytearray(mem.weights_bytes)
+    for b, p in mem.placements.items():
+        if p.storage == "weights":
+            arr = np.ascontiguousarray(g.tensors[b].value.astype(g.tensors[b].dtype, copy=False))
+            weights[p.offset:p.offset + p.nbytes] = arr.tobytes()
+    io = lambda names: [{"name": n, "shape": list(g.tensors[n].shape), "dtype": g.tensors[n].dtype} for n in names]  # noqa: E731
+    tensors = {}
+    for name, t in g.tensors.items():
+        b = res(name)
+        if b in mem.placements and t.shape is not None:
+            p = mem.placements[b]
+            tensors[name] = {"shape": list(t.shape), "dtype": t.dtype, "storage": p.storage, "offset": p.offset,
+                             "nbytes": t.nbytes, "view_of": b if b != name else None}
+    kernels = [{"name": k.name, "block": k.block, "smem_bytes": k.smem_bytes, "kind": k.kind, "tiling": k.tiling,
+                "pass": k.pass_name} for k in prog.kernels.values()]
+    weight_bytes = sum(g.tensors[b].nbytes for b, p in mem.placements.items() if p.storage == "weights")
+    io_bytes = sum(g.tensors[n].nbytes for n in g.inputs) + sum(g.tensors[n].nbytes for n in g.outputs)
+    plan = {
+        "version": PLAN_VERSION,
+        "meta": meta,
+        "inputs": io(g.inputs),
+        "outputs": io(g.outputs),
+        "storages": {"arena": mem.arena_bytes, "weights": mem.weights_bytes},
+        "kernels": kernels,
+        "launches": launches,
+        "tensors": tensors,
+        "stats": {
+            "onnx_nodes": g.source_node_count,
+            "nodes_after_folding": len(g.nodes),
+            "op_histogram": g.op_histogram(),
+            "kernels": len(kernels),
+            "launches": len(launches),
+            "dram_bytes": sum(L.dram_bytes for L in prog.launches),
+            "flops": sum(L.flops for L in prog.launches),
+            "lower_bound_bytes": weight_bytes + io_bytes,
+            "arena_bytes": mem.arena_bytes,
+            "naive_bytes": mem.naive_bytes,
+            "weights_bytes": weight_bytes,
+            "inplace_pairs": mem.inplace_pairs,
+        },
+    }
+    return plan, bytes(weights)
+
+
+def kernel_sources(state) -> list[str]:
+    return [k.code for k in state.ctx.program.kernels.values()]

@@ -1,0 +1,57 @@
+"""Graph passes, registered by name (TVM-style) and run in the order a pipeline YAML names them.
+
+A pass is a function over the CompileState plus a pydantic model of its options, so a pipeline
+file with a misspelt option fails at load time with the file and field, not halfway through a
+compile. `PASSES` is the registry; an unknown name lists the valid ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..errors import ConfigError
+
+
+class NoOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass
+class CompileState:
+    """Everything passes share; each pass reads what earlier ones left and adds its own part."""
+
+    graph: Any
+    device: Any
+    ctx: Any = None  # LowerCtx once `lower` ran: kernels, launches, aliases
+    memory: Any = None  # MemoryPlan once `memplan` ran
+    log: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Pass:
+    name: str
+    run: Callable[[CompileState, Any], None]
+    options: type[BaseModel] = NoOptions
+    doc: str = ""
+
+    def check_options(self, opts: dict, where: str) -> BaseModel:
+        try:
+            return self.options.model_validate(opts or {})
+        except ValidationError as e:
+            msgs = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+            raise ConfigError(f"{where}: {msgs}") from None
+
+
+PASSES: dict[str, Pass] = {}
+
+
+def register_pass(name: str, options: type[BaseModel] = NoOptions):
+    def deco(fn):
+        PASSES[name] = Pass(name, fn, options, (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else "")
+        return fn
+    return deco
+
+
+from . import lower, memplan, simplify  # noqa: E402,F401  (registration)

@@ -1,0 +1,70 @@
+"""Compile-check the CUDA text with nvcc and read ptxas resource usage (registers, shared
+memory, spills) per kernel — what the occupancy model and the no-spill tests need. Runs on
+machines without a GPU; nothing compiled here is executed here."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+from ..errors import CompileError
+
+_FN = re.compile(r"Compiling entry function '([^']+)' for '(sm_\d+)'")
+_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers(?:, used \d+ barriers)?(?:, (\d+) bytes smem)?")
+
+
+@dataclass
+class Usage:
+    kernel: str
+    arch: str
+    registers: int = 0
+    smem_bytes: int = 0
+    stack_bytes: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+
+    @property
+    def spills(self) -> bool:
+        return self.spill_stores > 0 or self.spill_loads > 0
+
+
+def find_nvcc() -> str | None:
+    return shutil.which("nvcc") or (os.path.exists("/usr/local/cuda/bin/nvcc") and "/usr/local/cuda/bin/nvcc") or None
+
+
+def compile_cubin(source: str, arch: str = "sm_80", nvcc: str | None = None, timeout: int = 600) -> dict[str, Usage]:
+    """nvcc -cubin -arch=ARCH --resource-usage; raises CompileError with the log on failure."""
+    nvcc = nvcc or find_nvcc()
+    if not nvcc:
+        raise CompileError("nvcc not found on PATH")
+    with tempfile.TemporaryDirectory(prefix="dlcc-nvcc-") as tmp:
+        src = os.path.join(tmp, "kernels.cu")
+        with open(src, "w") as f:
+            f.write(source)
+        cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "--resource-usage", "-o", os.path.join(tmp, "k.cubin"), src]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    log = p.stdout + p.stderr
+    if p.returncode != 0:
+        raise CompileError(f"nvcc ({arch}) failed:\n{log[-4000:]}")
+    usages: dict[str, Usage] = {}
+    cur = None
+    for line in log.splitlines():
+        m = _FN.search(line)
+        if m:
+            cur = Usage(m.group(1), m.group(2))
+            usages[cur.kernel] = cur
+            continue
+        if cur is None:
+            continue
+        m = _SPILL.search(line)
+        if m:
+            cur.stack_bytes, cur.spill_stores, cur.spill_loads = map(int, m.groups())
+        m = _USED.search(line)
+        if m:
+            cur.registers = int(m.group(1))
+            cur.smem_bytes = int(m.group(2) or 0)
+    return usages

@@ -1,0 +1,294 @@
+"""The `dlcc` command line (typer + rich): compile, run, verify, inspect, list.
+
+Every failure caused by input is a DlccError: printed as one paragraph, exit code 2, no traceback.
+Progress goes to stderr, so `--json` output on stdout stays machine-readable.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import DlccError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="dlcc — compile ONNX models to CUDA/OpenCL kernels, run them, and check them against onnxruntime.")
+out = Console()
+err = Console(stderr=True)
+
+ShapeOpt = typer.Option(None, "--shape", "-s", help="bind an input's shape: NAME=1x3x224x224 (repeatable); "
+                        "NAME=8 binds a symbolic dim")
+TargetOpt = typer.Option("auto", "--target", "-t", help="auto (CUDA if a GPU is present, else OpenCL), cuda, opencl")
+PipelineOpt = typer.Option("baseline", "--pipeline", "-p", help="pipeline name (configs/pipelines) or YAML file")
+DeviceOpt = typer.Option(None, "--device", "-d", help="device name (configs/devices) or YAML file; "
+                         "default: the detected GPU, or pocl-cpu for OpenCL")
+QuietOpt = typer.Option(False, "--quiet", "-q", help="no progress output")
+JsonOpt = typer.Option(False, "--json", help="print one JSON object instead of tables")
+
+
+def _steps(quiet: bool):
+    from .progress import RichSteps, Steps
+
+    return Steps() if quiet else RichSteps(err)
+
+
+def _compile(model, shape, target, pipeline, device, quiet, json_out, out_dir=None):
+    import dlcc
+
+    return dlcc.compile(model, out=out_dir, shapes=shape or [], target=target, pipeline=pipeline, device=device,
+                        steps=_steps(quiet or json_out))
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@app.command()
+def compile(model: Path = typer.Argument(..., help="ONNX model file"),
+            output: Optional[Path] = typer.Option(None, "--output", "-o", help="artifact directory (default: MODEL stem + '.dlcc')"),
+            shape: Optional[List[str]] = ShapeOpt, target: str = TargetOpt, pipeline: str = PipelineOpt,
+            device: Optional[str] = DeviceOpt, quiet: bool = QuietOpt, json_out: bool = JsonOpt):
+    """Compile MODEL into an artifact directory (kernels.cu, kernels.cl, plan.json, weights.bin, launcher.py)."""
+    out_dir = output or model.with_suffix(".dlcc")
+    cm = _compile(model, shape, target, pipeline, device, quiet, json_out, out_dir)
+    s = cm.stats
+    if json_out:
+        print(json.dumps({"artifact": str(out_dir), "target": cm.target, **_summary(cm.plan)}))
+    elif not quiet:
+        out.print(f"[bold green]compiled[/] {model} → {out_dir}  "
+                  f"({s['kernels']} kernels, {s['launches']} launches, arena {_human(s['arena_bytes'])}, "
+                  f"pipeline {cm.plan['meta']['pipeline']}, device {cm.plan['meta']['device']})")
+
+
+@app.command()
+def run(artifact: Path = typer.Argument(..., help="artifact directory from `dlcc compile`"),
+        inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help=".npz with one array per model input "
+                                              "(default: seeded random inputs)"),
+        outputs: Optional[Path] = typer.Option(None, "--outputs", "-o", help="write outputs to this .npz"),
+        target: str = TargetOpt, seed: int = typer.Option(0, help="seed for generated inputs"),
+        quiet: bool = QuietOpt, json_out: bool = JsonOpt):
+    """Run a compiled artifact on the target and print (or save) its outputs."""
+    import dlcc
+
+    cm = dlcc.load(artifact, target=target)
+    feeds = _load_inputs(inputs) if inputs else cm.sample_inputs(seed)
+    steps = _steps(quiet or json_out)
+    with steps.step(f"build kernels ({cm.target})"):
+        ex = cm.executor()
+    timing = {}
+    with steps.step("run"):
+        res = ex.run(feeds, timing)
+    if outputs:
+        _atomic_npz(outputs, res)
+    rows = [{"name": k, "shape": list(v.shape), "dtype": str(v.dtype),
+             "mean": float(np.mean(v)) if v.size else 0.0, "std": float(np.std(v)) if v.size else 0.0}
+            for k, v in res.items()]
+    if json_out:
+        print(json.dumps({"target": cm.target, "run_s": timing.get("run_s"), "outputs": rows}))
+        return
+    t = Table(title=f"outputs ({cm.target}, {timing.get('run_s', 0) * 1e3:.1f} ms)")
+    for c in ("output", "shape", "dtype", "mean", "std"):
+        t.add_column(c)
+    for r in rows:
+        t.add_row(r["name"], "x".join(map(str, r["shape"])), r["dtype"], f"{r['mean']:.6g}", f"{r['std']:.6g}")
+    if not quiet:
+        out.print(t)
+
+
+@app.command()
+def verify(model: Path = typer.Argument(..., help="ONNX model file"),
+           shape: Optional[List[str]] = ShapeOpt, target: str = TargetOpt, pipeline: str = PipelineOpt,
+           device: Optional[str] = DeviceOpt,
+           inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help=".npz inputs (default: seeded random)"),
+           rtol: float = typer.Option(1e-3, help="relative tolerance"),
+           atol: float = typer.Option(1e-4, help="absolute tolerance"),
+           seed: int = typer.Option(0, help="seed for generated inputs"),
+           quiet: bool = QuietOpt, json_out: bool = JsonOpt):
+    """Compile, run on the target, run onnxruntime on the same inputs, and compare every output."""
+    from .verify import compare, run_onnxruntime
+
+    cm = _compile(model, shape, target, pipeline, device, quiet, json_out)
+    feeds = _load_inputs(inputs) if inputs else cm.sample_inputs(seed)
+    steps = _steps(quiet or json_out)
+    with steps.step(f"build kernels ({cm.target})"):
+        ex = cm.executor()
+    timing = {}
+    with steps.step(f"run on {cm.target}"):
+        got = ex.run(feeds, timing)
+    names = [o["name"] for o in cm.outputs]
+    with steps.step("run onnxruntime"):
+        ref = run_onnxruntime(model, feeds, names)
+    rows = [compare(n, got[n], r, rtol, atol) for n, r in zip(names, ref)]
+    passed = all(r["passed"] for r in rows)
+    if json_out:
+        print(json.dumps({"passed": passed, "target": cm.target, "device": ex.rt.device_name, "rtol": rtol,
+                          "atol": atol, "outputs": rows, **_summary(cm.plan)}))
+    else:
+        t = Table(title=f"{model.name} on {cm.target} ({ex.rt.device_name}) vs onnxruntime")
+        for c in ("output", "shape", "max abs err", "max rel err", "tolerance", "result"):
+            t.add_column(c)
+        for r in rows:
+            t.add_row(r["name"], "x".join(map(str, r["shape"])), f"{r['max_abs_err']:.3g}", f"{r['max_rel_err']:.3g}",
+                      f"atol {atol:g} + rtol {rtol:g}·|ref|", "[green]PASS[/]" if r["passed"] else "[red]FAIL[/]")
+        out.print(t)
+        out.print("[bold green]all outputs match[/]" if passed else "[bold red]mismatch[/]")
+    raise typer.Exit(0 if passed else 1)
+
+
+def _summary(plan: dict) -> dict:
+    s = plan["stats"]
+    keys = ("onnx_nodes", "nodes_after_folding", "kernels", "launches", "dram_bytes", "lower_bound_bytes",
+            "arena_bytes", "naive_bytes", "weights_bytes", "flops", "inplace_pairs", "op_histogram")
+    return {k: s[k] for k in keys}
+
+
+@app.command()
+def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact directory"),
+            shape: Optional[List[str]] = ShapeOpt, pipeline: str = PipelineOpt, device: Optional[str] = DeviceOpt,
+            json_out: bool = JsonOpt, quiet: bool = QuietOpt):
+    """Summarise the graph and plan: ops, kernels, launches, DRAM bytes, lower bound, arena vs naive."""
+    if path.is_dir():
+        from .artifact import read_artifact
+
+        plan = read_artifact(path)[0]
+    else:
+        plan = _compile(path, shape, "opencl", pipeline, device, quiet, json_out).plan
+    s = _summary(plan)
+    by_kind: dict[str, int] = {}
+    for L in plan["launches"]:
+        by_kind[L["category"] or "other"] = by_kind.get(L["category"] or "other", 0) + 1
+    if json_out:
+        print(json.dumps({**s, "launches_by_category": by_kind, "meta": plan["meta"]}))
+        return
+    t = Table(title=f"{plan['meta']['model']} — pipeline {plan['meta']['pipeline']}, device {plan['meta']['device']}")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    rows = [("ONNX nodes", s["onnx_nodes"]), ("nodes after folding", s["nodes_after_folding"]),
+            ("kernels (distinct)", s["kernels"]), ("launches per inference", s["launches"]),
+            ("modelled DRAM bytes / inference", _human(s["dram_bytes"])),
+            ("lower bound (weights + inputs + outputs)", _human(s["lower_bound_bytes"])),
+            ("DRAM / lower bound", f"{s['dram_bytes'] / max(1, s['lower_bound_bytes']):.2f}x"),
+            ("arena (memory plan)", _human(s["arena_bytes"])), ("naive sum of intermediates", _human(s["naive_bytes"])),
+            ("in-place reuses", s["inplace_pairs"]), ("GFLOP / inference", f"{s['flops'] / 1e9:.3f}")]
+    for k, v in rows:
+        t.add_row(k, str(v))
+    out.print(t)
+    h = Table(title="op histogram (after folding)")
+    h.add_column("op")
+    h.add_column("count", justify="right")
+    for op, c in s["op_histogram"].items():
+        h.add_row(op, str(c))
+    k = Table(title="launches by category")
+    k.add_column("category")
+    k.add_column("launches", justify="right")
+    for cat, c in sorted(by_kind.items(), key=lambda kv: -kv[1]):
+        k.add_row(cat, str(c))
+    out.print(h)
+    out.print(k)
+
+
+@app.command("list")
+def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | passes"), json_out: bool = JsonOpt):
+    """List supported ops, built-in devices, pipelines or registered passes."""
+    from . import ops  # noqa: F401
+    from .config import builtin_names, load_device, load_pipeline
+    from .ops.registry import _REGISTRY
+    from .passes import PASSES
+
+    if what == "ops":
+        rows = [(op, e[-1].category, ", ".join(str(x.since) for x in e)) for op, e in sorted(_REGISTRY.items())]
+        cols = ("op", "category", "since opsets")
+    elif what == "devices":
+        rows = []
+        for n in builtin_names("devices"):
+            d = load_device(n)
+            rows.append((n, d.name, str(d.sms), f"{d.dram_bandwidth_gbps:g} GB/s", f"{d.peak_tflops.get('float32', 0):g}"))
+        cols = ("name", "device", "SMs", "DRAM", "fp32 TFLOP/s")
+    elif what == "pipelines":
+        rows = [(n, " → ".join(p.name for p in load_pipeline(n).passes), load_pipeline(n).description)
+                for n in builtin_names("pipelines")]
+        cols = ("name", "passes", "description")
+    elif what == "passes":
+        rows = [(n, p.doc) for n, p in sorted(PASSES.items())]
+        cols = ("pass", "what it does")
+    else:
+        raise DlccError(f"unknown list {what!r}; choose ops, devices, pipelines or passes")
+    if json_out:
+        print(json.dumps([dict(zip(cols, r)) for r in rows]))
+        return
+    t = Table(title=what)
+    for c in cols:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*map(str, r))
+    out.print(t)
+
+
+def _load_inputs(path: Path) -> dict:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except Exception as e:
+        raise DlccError(f"{path}: cannot read inputs (.npz with one array per model input): {e}") from None
+
+
+def _atomic_npz(path: Path, arrays: dict) -> None:
+    import os
+    import tempfile
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        rv = app(args=argv, standalone_mode=False)
+        if isinstance(rv, int):
+            sys.exit(rv)
+    except DlccError as e:
+        err.print("[bold red]error:[/] " + _escape(str(e)), highlight=False)
+        sys.exit(e.exit_code)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        err.print("[red]interrupted[/] — nothing was written (artifacts are written atomically)")
+        sys.exit(130)
+    except Exception as e:  # click usage errors and friends
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        if isinstance(e, click.exceptions.Abort):
+            sys.exit(130)
+        traceback.print_exc()
+        err.print("[bold red]internal error[/] — this is a dlcc bug; please report it with the traceback above")
+        sys.exit(70)
+
+
+def _escape(s: str) -> str:
+    from rich.markup import escape
+
+    return escape(s)
+
+
+if __name__ == "__main__":
+    main()

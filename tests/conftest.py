@@ -1,0 +1,34 @@
+"""Shared fixtures: test models from real exporters (scripts/models.py), cached between runs."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+MODEL_DIR = Path(os.environ.get("DLCC_MODEL_CACHE", ROOT / ".cache" / "models"))
+SMALL_MODELS = ["cnn", "mobilenet", "yolo", "ocr", "lstm", "bert", "gpt2", "vit"]
+
+
+def export_model(name: str, size: str = "small") -> Path:
+    """Export (once; cached on disk) a model with the real exporter; needs torch (+ transformers)."""
+    pytest.importorskip("torch", reason="test models are exported with torch: run scripts/test.sh, which installs it")
+    import models  # scripts/models.py
+
+    MODEL_DIR.mkdir(parents=True, exist_ok=True)
+    return models.export(name, MODEL_DIR, size)
+
+
+@pytest.fixture(scope="session")
+def model_path():
+    return export_model
+
+
+def run_ort(path, feeds, names=None):
+    from dlcc.verify import run_onnxruntime
+
+    return run_onnxruntime(path, feeds, names)

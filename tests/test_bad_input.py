@@ -1,0 +1,272 @@
+"""Bad input gets one clear paragraph and a non-zero exit, never a traceback, and loses nothing."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import dlcc
+from dlcc.errors import ConfigError, ModelError, ShapeError, UnsupportedOpsError
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "resnet-tiny.onnx"
+
+
+def cli(*args, cwd=None):
+    """Run the real console entry point in a subprocess, as a user would."""
+    p = subprocess.run([sys.executable, "-m", "dlcc.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+    return p.returncode, p.stdout, p.stderr
+
+
+def assert_clean_error(rc, out, err, *needles):
+    assert rc != 0
+    assert "Traceback" not in err and "Traceback" not in out
+    text = " ".join((out + err).split())
+    for n in needles:
+        assert n in text, f"{n!r} not in {text!r}"
+
+
+def _save(model, path):
+    onnx.save(model, path)
+    return path
+
+
+def _relu_model(path, in_shape=(2, 3)):
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(in_shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(in_shape))])
+    return _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_truncated_onnx(tmp_path):
+    data = EXAMPLE.read_bytes()
+    bad = tmp_path / "truncated.onnx"
+    bad.write_bytes(data[: len(data) // 3])
+    with pytest.raises(ModelError):
+        dlcc.compile(bad, target="opencl")
+    rc, out, err = cli("compile", bad, "-o", tmp_path / "o")
+    assert_clean_error(rc, out, err, "truncated.onnx")
+    assert not (tmp_path / "o").exists()
+
+
+def test_garbage_file(tmp_path):
+    bad = tmp_path / "garbage.onnx"
+    bad.write_bytes(os.urandom(4096))
+    rc, out, err = cli("verify", bad)
+    assert_clean_error(rc, out, err, "garbage.onnx")
+
+
+def test_missing_file(tmp_path):
+    rc, out, err = cli("compile", tmp_path / "nope.onnx")
+    assert_clean_error(rc, out, err, "no such file")
+
+
+def test_unsupported_ops_listed_all_at_once(tmp_path):
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="ok"),
+        helper.make_node("CumSum", ["a", "ax"], ["b"], name="first_cumsum"),
+        helper.make_node("CumSum", ["b", "ax"], ["c"], name="second_cumsum"),
+        helper.make_node("TopK", ["c", "k"], ["d", "i"], name="the_topk", axis=-1),
+        helper.make_node("Det", ["x2"], ["e"], name="det0"),
+    ]
+    g = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
+         helper.make_tensor_value_info("x2", TensorProto.FLOAT, [3, 3])],
+        [helper.make_tensor_value_info("d", TensorProto.FLOAT, [2, 2]),
+         helper.make_tensor_value_info("e", TensorProto.FLOAT, [])],
+        [numpy_helper.from_array(np.array(1, np.int64), "ax"), numpy_helper.from_array(np.array([2], np.int64), "k")])
+    path = _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "unsup.onnx")
+    with pytest.raises(UnsupportedOpsError) as e:
+        dlcc.compile(path, target="opencl")
+    assert set(e.value.ops) == {"CumSum", "TopK", "Det"}
+    assert e.value.ops["CumSum"] == (2, "first_cumsum")
+    rc, out, err = cli("compile", path)
+    assert_clean_error(rc, out, err, "CumSum", "x2", "first_cumsum", "TopK", "the_topk", "Det")
+
+
+def test_custom_domain_op_is_reported(tmp_path):
+    g = helper.make_graph([helper.make_node("FancyOp", ["x"], ["y"], name="fancy", domain="com.example")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    path = _save(m, tmp_path / "custom.onnx")
+    rc, out, err = cli("compile", path)
+    assert_clean_error(rc, out, err, "com.example::FancyOp", "fancy")
+
+
+def test_unbound_dynamic_dim(tmp_path):
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])])
+    path = _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "dyn.onnx")
+    with pytest.raises(ShapeError, match="'x'.*'batch'"):
+        dlcc.compile(path, target="opencl")
+    rc, out, err = cli("compile", path)
+    assert_clean_error(rc, out, err, "'x'", "'batch'", "--shape x=Nx3")
+    # Bound, it compiles; a wrong binding is named clearly.
+    assert dlcc.compile(path, target="opencl", shapes=["x=4x3"]).inputs[0]["shape"] == [4, 3]
+    rc, out, err = cli("compile", path, "--shape", "x=4x5")
+    assert_clean_error(rc, out, err, "fixed to 3")
+    rc, out, err = cli("compile", path, "--shape", "nosuch=4x3")
+    assert_clean_error(rc, out, err, "'nosuch'", "inputs are: x")
+    rc, out, err = cli("compile", path, "--shape", "x=4xa")
+    assert_clean_error(rc, out, err, "x=4xa")
+
+
+@pytest.mark.parametrize("kind,body,needles", [
+    ("pipelines", "name: p\npasses:\n  - name: lower\n    optionz: {}\n", ["passes.0.optionz", "unknown key"]),
+    ("pipelines", "name: p\npasses: 3\n", ["passes"]),
+    ("pipelines", "name: p\npasses:\n  - name: lowr\n", ["passes.0.name", "unknown pass 'lowr'", "memplan"]),
+    ("pipelines", "name: p\npasses:\n  - name: memplan\n    options: {inplace: maybe}\n", ["inplace"]),
+    ("pipelines", "name: [unclosed\n", ["not valid YAML"]),
+    ("devices", "name: x\nsms: many\n", ["sms", "integer"]),
+    ("devices", "name: x\nsms: 4\nmax_threads_per_sm: 1\nmax_blocks_per_sm: 1\nregisters_per_sm: 1\n"
+                "shared_mem_per_sm: 1\nshared_mem_per_block: 1\ndram_bandwidth_gbps: 1\npeak_tflops: {}\n"
+                "launch_overhead_us: 1\nbogus_key: 2\n", ["bogus_key", "unknown key"]),
+])
+def test_bad_yaml_names_file_and_field(tmp_path, kind, body, needles):
+    y = tmp_path / "bad.yaml"
+    y.write_text(body)
+    flag = "--pipeline" if kind == "pipelines" else "--device"
+    with pytest.raises(ConfigError):
+        dlcc.compile(EXAMPLE, target="opencl", **{flag[2:]: str(y)})
+    rc, out, err = cli("compile", EXAMPLE, flag, y, "-o", tmp_path / "o")
+    assert_clean_error(rc, out, err, "bad.yaml", *needles)
+    assert not (tmp_path / "o").exists()
+
+
+def test_unknown_builtin_names_list_the_valid_ones():
+    rc, out, err = cli("compile", EXAMPLE, "--device", "h1000")
+    assert_clean_error(rc, out, err, "unknown device 'h1000'", "h100", "pocl-cpu")
+    rc, out, err = cli("compile", EXAMPLE, "--pipeline", "fast")
+    assert_clean_error(rc, out, err, "unknown pipeline 'fast'", "baseline")
+
+
+def test_external_data_outside_model_folder_is_refused(tmp_path):
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    t = numpy_helper.from_array(w, "w")
+    t.data_location = TensorProto.EXTERNAL
+    del t.external_data[:]
+    for k, v in (("location", "../secret.bin"), ("offset", "0"), ("length", str(w.nbytes))):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    t.ClearField("raw_data")
+    (tmp_path / "secret.bin").write_bytes(w.tobytes())
+    sub = tmp_path / "model"
+    sub.mkdir()
+    g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [t])
+    path = sub / "m.onnx"
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    with pytest.raises(ModelError, match="outside"):
+        dlcc.compile(path, target="opencl")
+    rc, out, err = cli("compile", path)
+    assert_clean_error(rc, out, err, "../secret.bin", "outside")
+
+
+def test_external_data_inside_folder_works(tmp_path):
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+                          [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, tmp_path / "m.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+              location="m.data", size_threshold=0)
+    cm = dlcc.compile(tmp_path / "m.onnx", target="opencl")
+    x = np.ones((2, 3), np.float32)
+    np.testing.assert_allclose(cm({"x": x})["y"], x + w)
+
+
+EVIL = [
+    'x"); system("rm -rf /"); //',
+    "*/ #include <stdio.h> /*",
+    "__kernel void pwn() {}",
+    "a\nb\\\n}",
+    "import os; os.system('echo pwned')",
+    "1bad name with spaces",
+]
+
+
+def test_injected_names_never_reach_generated_source(tmp_path):
+    """Node and tensor names full of C/OpenCL/Python syntax compile, run, and never appear in source."""
+    w = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", [EVIL[0], EVIL[1]], [EVIL[2]], name=EVIL[3]),
+        helper.make_node("Relu", [EVIL[2]], [EVIL[4]], name=EVIL[5]),
+        helper.make_node("Softmax", [EVIL[4]], [EVIL[5]], name=EVIL[0], axis=-1),
+    ]
+    g = helper.make_graph(nodes, EVIL[1], [helper.make_tensor_value_info(EVIL[0], TensorProto.FLOAT, [3, 4])],
+                          [helper.make_tensor_value_info(EVIL[5], TensorProto.FLOAT, [3, 4])],
+                          [numpy_helper.from_array(w, EVIL[1])])
+    path = _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "evil.onnx")
+    out = tmp_path / "evil.dlcc"
+    m = dlcc.compile(path, out=out, target="opencl")
+    x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+    got = m({EVIL[0]: x})[EVIL[5]]
+    e = np.exp(np.maximum(x @ w, 0))
+    np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+    for f in ("kernels.cu", "kernels.cl", "launcher.py"):
+        text = (out / f).read_text()
+        for piece in EVIL + ["rm -rf", "#include <stdio.h>", "pwn", "system(", "with spaces"]:
+            assert piece not in text, (f, piece)
+
+
+def test_failed_compile_leaves_nothing_and_keeps_old_artifact(tmp_path, monkeypatch):
+    out = tmp_path / "a.dlcc"
+    dlcc.compile(EXAMPLE, out=out, target="opencl")
+    before = (out / "plan.json").read_bytes()
+    import dlcc.artifact as art
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(art, "render", boom)
+    with pytest.raises(KeyboardInterrupt):
+        dlcc.compile(EXAMPLE, out=out, target="opencl")
+    assert (out / "plan.json").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.dlcc"]
+    with pytest.raises(KeyboardInterrupt):
+        dlcc.compile(EXAMPLE, out=tmp_path / "new.dlcc", target="opencl")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.dlcc"]
+
+
+def test_refuses_to_replace_a_non_artifact_directory(tmp_path):
+    d = tmp_path / "precious"
+    d.mkdir()
+    (d / "notes.txt").write_text("keep me")
+    rc, out, err = cli("compile", EXAMPLE, "-o", d)
+    assert_clean_error(rc, out, err, "not a dlcc artifact")
+    assert (d / "notes.txt").read_text() == "keep me"
+
+
+def test_wrong_inputs_at_run_time(tmp_path):
+    m = dlcc.compile(_relu_model(tmp_path / "r.onnx"), target="opencl")
+    with pytest.raises(dlcc.DlccError, match="shape"):
+        m({"x": np.zeros((3, 3), np.float32)})
+    with pytest.raises(dlcc.DlccError, match="missing"):
+        m({"y": np.zeros((2, 3), np.float32)})
+    np.savez(tmp_path / "in.npz", x=np.zeros((5, 5), np.float32))
+    dlcc.compile(tmp_path / "r.onnx", out=tmp_path / "r.dlcc", target="opencl")
+    rc, out, err = cli("run", tmp_path / "r.dlcc", "--inputs", tmp_path / "in.npz", "--target", "opencl")
+    assert_clean_error(rc, out, err, "'x'", "[5, 5]")
+    rc, out, err = cli("run", tmp_path / "nothing-here")
+    assert_clean_error(rc, out, err, "not a dlcc artifact")
+
+
+def test_cyclic_graph(tmp_path):
+    g = helper.make_graph([helper.make_node("Relu", ["b"], ["a"], name="n1"), helper.make_node("Relu", ["a"], ["b"], name="n2")],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("b", TensorProto.FLOAT, [2])])
+    path = tmp_path / "cyc.onnx"
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    rc, out, err = cli("compile", path)
+    assert_clean_error(rc, out, err, "cyc.onnx")

@@ -1,0 +1,97 @@
+"""The CLI as a user runs it: compile → run → verify → inspect, JSON shapes, config listings."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from dlcc.config import builtin_names, load_device, load_pipeline
+
+from test_bad_input import EXAMPLE, cli
+
+
+def test_compile_run_verify_inspect(tmp_path):
+    art = tmp_path / "r.dlcc"
+    rc, out, err = cli("compile", EXAMPLE, "-o", art, "--target", "opencl")
+    assert rc == 0, err
+    assert {p.name for p in art.iterdir()} == {"kernels.cu", "kernels.cl", "plan.json", "weights.bin", "launcher.py"}
+    # Same kernel text, two preludes.
+    cu, cl = (art / "kernels.cu").read_text(), (art / "kernels.cl").read_text()
+    assert cu.split("---- kernels emitted by dlcc ----")[1] == cl.split("---- kernels emitted by dlcc ----")[1]
+
+    x = np.random.default_rng(3).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", input=x)
+    rc, out, err = cli("run", art, "-i", tmp_path / "in.npz", "-o", tmp_path / "out.npz", "--target", "opencl", "--json")
+    assert rc == 0, err
+    info = json.loads(out)
+    assert info["outputs"][0]["name"] == "logits"
+    from conftest import run_ort
+
+    (ref,) = run_ort(EXAMPLE, {"input": x})
+    np.testing.assert_allclose(np.load(tmp_path / "out.npz")["logits"], ref, rtol=1e-4, atol=1e-5)
+
+    rc, out, err = cli("verify", EXAMPLE, "--json", "--target", "opencl")
+    assert rc == 0, err
+    v = json.loads(out)
+    assert v["passed"] is True and v["outputs"][0]["passed"] is True
+    assert {"name", "max_abs_err", "max_rel_err", "passed"} <= set(v["outputs"][0])
+
+    # A tolerance that cannot be met makes verify fail with exit 1.
+    rc, out, err = cli("verify", EXAMPLE, "--json", "--target", "opencl", "--rtol", "0", "--atol", "0", "--seed", "1")
+    v = json.loads(out)
+    assert (rc == 0) == v["passed"]
+
+    for target in (EXAMPLE, art):
+        rc, out, err = cli("inspect", target, "--json")
+        assert rc == 0, err
+        s = json.loads(out)
+        for key in ("kernels", "launches", "dram_bytes", "lower_bound_bytes", "arena_bytes", "naive_bytes"):
+            assert isinstance(s[key], int), key
+        assert s["lower_bound_bytes"] <= s["dram_bytes"]
+    rc, out, err = cli("inspect", EXAMPLE)
+    assert rc == 0 and "launches per inference" in out
+
+
+def test_launcher_runs_alone(tmp_path):
+    import subprocess
+    import sys
+
+    art = tmp_path / "r.dlcc"
+    assert cli("compile", EXAMPLE, "-o", art, "-q")[0] == 0
+    p = subprocess.run([sys.executable, str(art / "launcher.py"), "--target", "opencl"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "logits (1, 10) float32" in p.stdout
+
+
+def test_quiet_and_progress(tmp_path):
+    rc, out, err = cli("compile", EXAMPLE, "-o", tmp_path / "a", "--quiet")
+    assert rc == 0 and out == "" and err == ""
+    rc, out, err = cli("compile", EXAMPLE, "-o", tmp_path / "b")
+    assert rc == 0 and "pass lower" in err and "compiled" in out
+
+
+def test_builtin_configs_load():
+    assert {"h100", "a100", "v100", "rtx2080ti", "pocl-cpu"} <= set(builtin_names("devices"))
+    for n in builtin_names("devices"):
+        d = load_device(n)
+        assert d.sms > 0 and d.dram_bandwidth_gbps > 0 and "float32" in d.peak_tflops
+    assert "baseline" in builtin_names("pipelines")
+    for n in builtin_names("pipelines"):
+        load_pipeline(n)
+    for what in ("ops", "devices", "pipelines", "passes"):
+        rc, out, err = cli("list", what, "--json")
+        assert rc == 0, err
+        assert json.loads(out)
+    rc, out, err = cli("list", "stuff")
+    assert rc != 0 and "choose ops" in err
+
+
+def test_device_choice_changes_tiling_not_numerics(tmp_path):
+    import dlcc
+
+    a = dlcc.compile(EXAMPLE, target="opencl", device="pocl-cpu")
+    b = dlcc.compile(EXAMPLE, target="opencl", device="h100")
+    feeds = a.sample_inputs()
+    np.testing.assert_allclose(a(feeds)["logits"], b(feeds)["logits"], rtol=1e-4, atol=1e-5)
+    assert Path(EXAMPLE).exists()

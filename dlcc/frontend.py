@@ -147,8 +147,9 @@ def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: st
             elif d.HasField("dim_value") and d.dim_value > 0:
                 continue
             elif d.dim_param and d.dim_param in symbols:
+                value = symbols[d.dim_param]
                 d.Clear()
-                d.dim_value = symbols[d.dim_param]
+                d.dim_value = value
             else:
                 label = f"'{d.dim_param}'" if d.dim_param else "(unnamed)"
                 raise ShapeError(

@@ -50,6 +50,14 @@ def default_device(target: str) -> str:
     return "pocl-cpu"
 
 
+def _file_digest(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
 @dataclass
 class CompileResult:
     plan: dict
@@ -77,7 +85,7 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
         from .errors import ConfigError
 
         raise ConfigError(f"pipeline {pipe.name!r} must include the 'lower' and 'memplan' passes")
-    digest = hashlib.sha256(Path(model).read_bytes()).hexdigest()[:16]
+    digest = _file_digest(model)
     meta = {
         "dlcc_version": __version__,
         "model": os.path.basename(str(model)),
@@ -92,4 +100,5 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
     }
     with steps.step("build plan"):
         plan, weights = build_plan(state, meta)
+    plan["meta"]["compile_s"] = {k: round(v, 4) for k, v in steps.times.items()}
     return CompileResult(plan, weights, kernel_sources(state), state)

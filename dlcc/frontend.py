@@ -170,7 +170,7 @@ def fold_with_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto | None:
     with tempfile.TemporaryDirectory(prefix="dlcc-fold-") as tmp:
         src = os.path.join(tmp, "in.onnx")
         dst = os.path.join(tmp, "out.onnx")
-        large = model.ByteSize() > 1_800_000_000
+        large = _approx_bytes(model) > 1_800_000_000
         onnx.save(model, src, save_as_external_data=large)
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
@@ -188,6 +188,12 @@ def fold_with_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto | None:
     ):
         return None  # ORT introduced contrib ops; keep the portable graph
     return out
+
+
+def _approx_bytes(model: onnx.ModelProto) -> int:
+    """Initializer bytes (cheap), instead of ModelProto.ByteSize() which walks the whole message."""
+    return sum(len(t.raw_data) or 4 * (len(t.float_data) + len(t.int32_data)) + 8 * len(t.int64_data)
+               for t in model.graph.initializer)
 
 
 def infer_shapes(model: onnx.ModelProto, path) -> onnx.ModelProto:

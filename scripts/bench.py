@@ -108,8 +108,8 @@ DEFAULT_MODELS = ("cnn", "mobilenet", "yolo", "ocr", "lstm", "bert", "gpt2", "vi
 DEFAULT_FULL = ("bert", "cnn")
 SIZES = ("small", "full")
 
-err = Console(stderr=True)
 # Piped or redirected output gets rich's default 80 columns, which crushes the table.
+err = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)
 out = Console() if sys.stdout.isatty() else Console(width=240)
 
 
@@ -352,8 +352,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print a JSON list of rows instead of the table")
     args = ap.parse_args(argv)
 
-    todo = selection(args.models, args.size)
-
     t0 = time.perf_counter()
     with err.status("importing dlcc, onnx, onnxruntime, torch…"):
         import dlcc  # noqa: F401
@@ -362,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         import onnxruntime  # noqa: F401
         from scripts import models  # noqa: F401  (imports torch)
     err.print(f"[dim]imports took {time.perf_counter() - t0:.1f}s; models in {args.out_dir}[/]")
+    todo = selection(args.models, args.size)
 
     rows: list[dict] = []
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),

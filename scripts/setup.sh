@@ -33,7 +33,17 @@ STAMP=".venv/.dlcc-setup-$(cat pyproject.toml | sha1sum | cut -c1-12)-${EXTRAS//
 if [ ! -f "$STAMP" ]; then
   echo "[setup] installing dlcc[$EXTRAS] into .venv (first run takes a few minutes)" >&2
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$EXTRAS]" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  if ! .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$EXTRAS]" > .venv/setup.log 2>&1; then
+    cat .venv/setup.log >&2
+    if [[ "$EXTRAS" == *cuda* ]]; then
+      echo "[setup] installing with PyCUDA failed; falling back to OpenCL only" >&2
+      EXTRAS="${EXTRAS//,cuda/}"
+      .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$EXTRAS]" >> .venv/setup.log 2>&1 \
+        || { cat .venv/setup.log >&2; exit 1; }
+    else
+      exit 1
+    fi
+  fi
   .venv/bin/python -c "import dlcc" # fail loudly if the install did not work
   rm -f .venv/.dlcc-setup-*
   touch "$STAMP"

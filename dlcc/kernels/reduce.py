@@ -12,6 +12,9 @@ import numpy as np
 from .map import strides_of, unravel
 from .program import literal
 
+#: Rows up to this many floats are read from DRAM once and kept in shared memory (16 KiB).
+ROW_CACHE = 4096
+
 INIT = {"sum": "0.0f", "max": "(-DLCC_INF)", "min": "DLCC_INF", "prod": "1.0f"}
 COMBINE = {"sum": "({a} + {b})", "max": "F_MAX({a}, {b})", "min": "F_MIN({a}, {b})", "prod": "({a} * {b})"}
 
@@ -135,20 +138,24 @@ def emit_softmax(ctx, out: str, x: str, rows: int, length: int, inner: int, log:
     final = "(v - m) - F_LOG(s)" if log else "F_EXP(v - m) / s"
     if inner == 1:
         block = pick_block(length)
+        cache = length <= ROW_CACHE
+        rd = "row[j]" if cache else "xr[j]"
         body = [
             f"SHARED float red[{block}];",
+            *([f"SHARED float row[{length}];"] if cache else []),
             "const int tid = THREAD_ID;",
             f"GPTR const float* xr = x + BLOCK_ID * {length};",
             f"GPTR float* yr = y + BLOCK_ID * {length};",
             "float m = (-DLCC_INF);",
-            f"for (int j = tid; j < {length}; j += {block}) m = F_MAX(m, xr[j]);",
+            f"for (int j = tid; j < {length}; j += {block}) {{ const float v = xr[j]; "
+            + ("row[j] = v; " if cache else "") + "m = F_MAX(m, v); }",
             *block_reduce("m", "max", block),
             "float s = 0.0f;",
-            f"for (int j = tid; j < {length}; j += {block}) s += F_EXP(xr[j] - m);",
+            f"for (int j = tid; j < {length}; j += {block}) s += F_EXP({rd} - m);",
             *block_reduce("s", "sum", block),
-            f"for (int j = tid; j < {length}; j += {block}) {{ const float v = xr[j]; yr[j] = {final}; }}",
+            f"for (int j = tid; j < {length}; j += {block}) {{ const float v = {rd}; yr[j] = {final}; }}",
         ]
-        grid, kind, smem = rows, "softmax_row", 4 * block
+        grid, kind, smem = rows, "softmax_row", 4 * (block + (length if cache else 0))
     else:
         block = 256
         body = [
@@ -179,25 +186,29 @@ def emit_layernorm(ctx, out: str, x: str, scale: str, bias: str, rows: int, leng
     bidx = "j" if bias_mod == length else ("0" if bias_mod == 1 else f"j % {bias_mod}")
     bias_term = f" + b[{bidx}]" if bias else ""
     params = "GPTR const float* x, GPTR const float* g, " + ("GPTR const float* b, " if bias else "") + "GPTR float* y"
+    cache = length <= ROW_CACHE
+    rd = "row[j]" if cache else "xr[j]"
     body = [
         f"SHARED float red[{block}];",
+        *([f"SHARED float row[{length}];"] if cache else []),
         "const int tid = THREAD_ID;",
         f"GPTR const float* xr = x + BLOCK_ID * {length};",
         f"GPTR float* yr = y + BLOCK_ID * {length};",
         "float s = 0.0f;",
-        f"for (int j = tid; j < {length}; j += {block}) s += xr[j];",
+        f"for (int j = tid; j < {length}; j += {block}) {{ const float v = xr[j]; "
+        + ("row[j] = v; " if cache else "") + "s += v; }",
         *block_reduce("s", "sum", block),
         f"const float mean = s * {literal(1.0 / length)};",
         "float q = 0.0f;",
-        f"for (int j = tid; j < {length}; j += {block}) {{ const float d = xr[j] - mean; q += d * d; }}",
+        f"for (int j = tid; j < {length}; j += {block}) {{ const float d = {rd} - mean; q += d * d; }}",
         *block_reduce("q", "sum", block),
         f"const float rstd = F_RSQRT(q * {literal(1.0 / length)} + {literal(eps)});",
-        f"for (int j = tid; j < {length}; j += {block}) yr[j] = (xr[j] - mean) * rstd * g[{sidx}]{bias_term};",
+        f"for (int j = tid; j < {length}; j += {block}) yr[j] = ({rd} - mean) * rstd * g[{sidx}]{bias_term};",
     ]
 
     def make(name):
         return f"KERNEL void {name}({params}) {{\n    " + "\n    ".join(body) + "\n}\n"
 
-    k = ctx.program.add_kernel(hint, make, block, smem_bytes=4 * block, kind="layernorm_row", pass_name=ctx.pass_name)
+    k = ctx.program.add_kernel(hint, make, block, smem_bytes=4 * (block + (length if cache else 0)), kind="layernorm_row", pass_name=ctx.pass_name)
     args = [x, scale] + ([bias] if bias else []) + [out]
     ctx.launch(k, rows, args, reads=args[:-1], writes=[out], flops=8 * rows * length)

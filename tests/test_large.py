@@ -1,0 +1,31 @@
+"""Full-size models (slow: `scripts/test.sh -m slow`): BERT-base and ResNet-50 on OpenCL vs onnxruntime,
+and their CUDA kernels through nvcc."""
+from __future__ import annotations
+
+import pytest
+
+import dlcc
+from dlcc.backends.nvcc import compile_cubin, find_nvcc
+from dlcc.verify import compare
+
+from conftest import export_model, run_ort
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("name", ["cnn", "bert", "gpt2", "vit", "mobilenet", "yolo", "ocr", "lstm"])
+def test_full_size_matches_onnxruntime(name):
+    import models
+
+    path = export_model(name, "full")
+    m = dlcc.compile(path, target="opencl")
+    feeds = models.sample_inputs(name, path, seed=0)
+    got = m(feeds)
+    names = [o["name"] for o in m.outputs]
+    ref = run_ort(path, feeds, names)
+    rows = [compare(n, got[n], r, 2e-3, 2e-4) for n, r in zip(names, ref)]
+    assert all(r["passed"] for r in rows), rows
+    if find_nvcc():
+        for arch in ("sm_80", "sm_90"):
+            usage = compile_cubin(m.source("cuda"), arch)
+            assert not [k for k, u in usage.items() if u.spills]

@@ -4,13 +4,12 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from . import __version__
 from . import ops as _ops  # noqa: F401  (registers every op)
 from .config import DeviceSpec, PipelineSpec, load_device, load_pipeline
 from .errors import UnsupportedOpsError
-from .frontend import ShapeBindings, dtype_problems, import_model
+from .frontend import ShapeBindings, check_static, dtype_problems, import_model
 from .ir import Graph
 from .ops.registry import lookup
 from .passes import PASSES, CompileState
@@ -22,16 +21,21 @@ def check_supported(graph: Graph) -> None:
     """One error listing every unsupported op type (count and first node) and unsupported dtype."""
     bad: dict[str, tuple[int, str]] = {}
     for n in graph.nodes:
-        if lookup(n.op_type, graph.opset, n.domain) is None:
+        entry = lookup(n.op_type, graph.opset, n.domain)
+        key = None
+        if entry is None:
             key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
+        elif entry.float_only and n.inputs and graph.tensors[n.inputs[0]].dtype != "float32":
+            key = f"{n.op_type}({graph.tensors[n.inputs[0]].dtype})"
+        if key is not None:
             c, first = bad.get(key, (0, n.name))
             bad[key] = (c + 1, first)
     dt = dtype_problems(graph)
     if bad or dt:
         if not bad:
-            from .errors import ShapeError
+            from .errors import UnsupportedDtypesError
 
-            raise ShapeError("the model uses tensor dtypes dlcc cannot compile yet:\n" + "\n".join(dt))
+            raise UnsupportedDtypesError("the model uses tensor dtypes dlcc cannot compile yet:\n" + "\n".join(dt))
         raise UnsupportedOpsError(bad, dt)
 
 
@@ -75,6 +79,7 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
     with steps.step("import + fold + infer shapes"):
         graph = import_model(model, shapes)
         check_supported(graph)
+        check_static(graph, model)
     state = CompileState(graph=graph, device=dev)
     for p in pipe.passes:
         entry = PASSES[p.name]

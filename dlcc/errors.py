@@ -20,6 +20,10 @@ class ShapeError(DlccError):
     """A dimension is unbound or a --shape binding does not fit the model."""
 
 
+class DynamicShapeError(ShapeError):
+    """A shape depends on tensor values, not only on input shapes (not compilable statically)."""
+
+
 class UnsupportedOpsError(DlccError):
     """The graph uses ops dlcc cannot lower; lists every one of them at once."""
 
@@ -33,6 +37,10 @@ class UnsupportedOpsError(DlccError):
         if unsupported_dtypes:
             msg += "\n" + "\n".join(unsupported_dtypes)
         super().__init__(msg)
+
+
+class UnsupportedDtypesError(DlccError):
+    """Tensors of dtypes the backends cannot hold (float16, double, strings, ...)."""
 
 
 class ConfigError(DlccError):

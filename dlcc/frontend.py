@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
 
-from .errors import ModelError, ShapeError
+from .errors import DynamicShapeError, ModelError, ShapeError, UnsupportedDtypesError
 from .ir import SUPPORTED_DTYPES, Graph, Node, Tensor
 
 ShapeBindings = dict[str, tuple[int, ...]]
@@ -128,6 +128,11 @@ def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: st
             for d, w in zip(dims, want):
                 if d.dim_param:
                     symbols.setdefault(d.dim_param, w)
+    for vi in list(inputs) + list(model.graph.output):
+        if not vi.type.HasField("tensor_type"):
+            raise UnsupportedDtypesError(
+                f"{'input' if vi in inputs else 'output'} {vi.name!r} of {source} is a {vi.type.WhichOneof('value')} "
+                "value; dlcc compiles models whose inputs and outputs are tensors")
     for inp in inputs:
         tt = inp.type.tensor_type
         if not tt.HasField("shape"):
@@ -218,40 +223,66 @@ def _tensor_type_info(vi: onnx.ValueInfoProto):
     return tuple(dims), dtype
 
 
-def _reference_fold(graph: Graph) -> None:
-    """Fold nodes whose inputs are all constants with onnx.reference (and Shape of static tensors)."""
+def _mini_model(graph: Graph, node: Node) -> tuple[onnx.ModelProto, dict]:
+    """A one-node model: constant inputs as initializers, the rest as typed graph inputs."""
+    ins = [i for i in node.inputs if i]
+    feeds, vis, inits = {}, [], []
+    for i in dict.fromkeys(ins):
+        t = graph.tensors[i]
+        if t.value is not None:
+            feeds[i] = t.value
+            inits.append(numpy_helper.from_array(np.asarray(t.value), i))
+        vis.append(onnx.helper.make_tensor_value_info(i, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)), t.shape))
+    outs = [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.outputs if o]
+    onode = onnx.helper.make_node(node.op_type, node.inputs, node.outputs, domain=node.domain or None, **node.attrs)
+    g = onnx.helper.make_graph([onode], "one", vis, outs, inits)
+    return onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", graph.opset)]), feeds
+
+
+_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                     "Bernoulli"}
+
+
+def _fold_and_infer(graph: Graph) -> None:
+    """Walk the nodes in order: fold those whose inputs are all known values (onnx.reference), and
+    infer the output shapes that whole-model inference left open (they often become known once a
+    shape subgraph is folded). Shapes of static tensors fold `Shape` and `Size` directly."""
     from onnx.reference import ReferenceEvaluator
 
     keep: list[Node] = []
     for node in graph.nodes:
         ins = [i for i in node.inputs if i]
-        if node.op_type == "Shape" and node.domain == "":
+        known = all(graph.tensors.get(i) is not None and graph.tensors[i].shape is not None for i in ins)
+        if node.domain == "" and node.op_type in ("Shape", "Size") and known:
             t = graph.tensors[node.inputs[0]]
-            shp = np.array(t.shape, dtype=np.int64)
-            start = node.attrs.get("start", 0)
-            end = node.attrs.get("end", None)
-            graph.tensors[node.outputs[0]].value = shp[start:end]
+            if node.op_type == "Size":
+                val = np.array(t.size, dtype=np.int64)
+            else:
+                val = np.array(t.shape, dtype=np.int64)[node.attrs.get("start", 0):node.attrs.get("end", None)]
+            graph.tensors[node.outputs[0]].value = val
             continue
-        if node.op_type == "Size" and node.domain == "":
-            graph.tensors[node.outputs[0]].value = np.array(graph.tensors[node.inputs[0]].size, dtype=np.int64)
-            continue
-        foldable = node.domain == "" and node.op_type not in ("RandomNormal", "RandomUniform", "RandomNormalLike",
-                                                                "RandomUniformLike", "Multinomial", "Bernoulli")
-        if foldable and all(graph.is_const(i) for i in ins):
-            onode = onnx.helper.make_node(node.op_type, node.inputs, node.outputs, **node.attrs)
-            feeds = {i: graph.tensors[i].value for i in ins}
-            vis = [onnx.helper.make_tensor_value_info(i, onnx.helper.np_dtype_to_tensor_dtype(feeds[i].dtype), feeds[i].shape) for i in ins]
-            outs = [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.outputs if o]
-            g = onnx.helper.make_graph([onode], "fold", vis, outs)
-            m = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", graph.opset)])
+        if node.domain == "" and node.op_type not in _NONDETERMINISTIC and ins and all(graph.is_const(i) for i in ins):
             try:
+                m, feeds = _mini_model(graph, node)
                 results = ReferenceEvaluator(m).run(None, feeds)
-            except Exception:
-                keep.append(node)
+                for o, v in zip([o for o in node.outputs if o], results):
+                    graph.tensors[o].value = np.asarray(v)
                 continue
-            for o, v in zip([o for o in node.outputs if o], results):
-                graph.tensors[o].value = np.asarray(v)
-            continue
+            except Exception:
+                pass
+        if known and any(o and graph.tensors[o].shape is None for o in node.outputs):
+            try:
+                m, _ = _mini_model(graph, node)
+                inferred = shape_inference.infer_shapes(m, data_prop=True).graph.output
+                for vi in inferred:
+                    shape, dtype = _tensor_type_info(vi)
+                    t = graph.tensors[vi.name]
+                    if shape is not None and t.shape is None:
+                        t.shape = shape
+                    if dtype is not None:
+                        t.dtype = dtype
+            except Exception:
+                pass
         keep.append(node)
     graph.nodes = keep
 
@@ -299,9 +330,6 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
             val = np.asarray(ReferenceEvaluator(m).run(None, {})[0])
             tensors[n.output[0]] = Tensor(n.output[0], tuple(val.shape), val.dtype.name, val)
             continue
-        for a in attrs.values():
-            if isinstance(a, onnx.GraphProto):
-                attrs = {**attrs}
         nodes.append(Node(n.op_type, n.name or f"{n.op_type}_{k}", list(n.input), list(n.output), attrs, n.domain))
         for o in n.output:
             if o and o not in tensors:
@@ -316,20 +344,25 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         opset=opset,
         source_node_count=source_nodes,
     )
-    _reference_fold(graph)
+    _fold_and_infer(graph)
     _eliminate_dead(graph)
     for t in graph.tensors.values():
         if t.value is not None:
             t.shape = tuple(t.value.shape)
             t.dtype = t.value.dtype.name
+    return graph
+
+
+def check_static(graph: Graph, path) -> None:
+    """Every tensor a node produces must have a static shape by now (after binding and folding)."""
     for node in graph.nodes:
         for o in node.outputs:
             if o and graph.tensors[o].shape is None:
-                raise ShapeError(
-                    f"{path}: the shape of {o!r} (output of {node.op_type} node {node.name!r}) is still unknown after "
-                    "shape inference; bind the model's dynamic dims with --shape"
+                raise DynamicShapeError(
+                    f"{path}: the shape of {o!r} (output of {node.op_type} node {node.name!r}) is unknown at compile "
+                    "time even with every input shape bound; it depends on tensor values computed at run time "
+                    "(data-dependent shapes are not supported: dlcc compiles static shapes)"
                 )
-    return graph
 
 
 def dtype_problems(graph: Graph) -> list[str]:

@@ -132,3 +132,13 @@ def emit_map(ctx, out: str, ins: list[str], body: Callable[[MapView], tuple[list
     reads = [a for a in args]
     ctx.launch(kname, (n + BLOCK - 1) // BLOCK, args + [out], reads=reads, writes=[out],
                flops=n * flops_per_elem)
+    ctx.program.launches[-1].expr = MapExpr(list(ins), out, body)
+
+
+@dataclass
+class MapExpr:
+    """out[o] = body(inputs at index expressions of o): the element-level form AStitch reasons about."""
+
+    inputs: list[str]
+    output: str
+    body: Callable[[MapView], tuple[list[str], str]]

@@ -70,6 +70,9 @@ class Launch:
     dram_bytes: int = 0
     pass_name: str = "baseline"
     category: str = ""
+    # For map kernels: the index-expression form (inputs, output, body) the kernel was generated
+    # from, kept so that stitching passes can compose producers into consumers (not serialized).
+    expr: object = None
 
 
 @dataclass

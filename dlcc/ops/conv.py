@@ -33,7 +33,17 @@ def _window_coords(nd, od, kd, strides, dil, begin):
             for j in range(nd)]
 
 
-@register("Conv", since=1, category=COMPUTE)
+def _window(od, k_sp, in_sp, strides, dil, begin, var="kr"):
+    """For window position `var`: statements giving input coords id0.., the in-bounds test, the offset."""
+    nd = len(k_sp)
+    kd, stmts = unravel(var, k_sp, "kd")
+    ids = _window_coords(nd, od, kd, strides, dil, begin)
+    stmts = list(stmts) + [f"const int id{j} = {ids[j]};" for j in range(nd)]
+    cond = " && ".join(f"id{j} >= 0 && id{j} < {in_sp[j]}" for j in range(nd))
+    return stmts, cond, linear_index([f"id{j}" for j in range(nd)], in_sp)
+
+
+@register("Conv", since=1, category=COMPUTE, float_only=True)
 def _conv(ctx, node):
     x, w = node.inputs[:2]
     bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else ""
@@ -58,15 +68,8 @@ def _conv(ctx, node):
         if pointwise:
             return [], f"X[xoff + {k} * {IS} + {n}]"
         od, s1 = unravel(n, out_sp, "od")
-        kd, s2 = unravel("kr", k_sp, "kd")
-        ids = _window_coords(nd, od, kd, strides, dil, begin)
-        st = [f"const int ci = {k} / {KS}, kr = {k} % {KS};"] + s1 + s2
-        conds = []
-        for j in range(nd):
-            st.append(f"const int id{j} = {ids[j]};")
-            conds.append(f"id{j} >= 0 && id{j} < {in_sp[j]}")
-        idx = linear_index([f"id{j}" for j in range(nd)], in_sp)
-        return st, f"({' && '.join(conds)}) ? X[xoff + ci * {IS} + {idx}] : 0.0f"
+        s2, cond, idx = _window(od, k_sp, in_sp, strides, dil, begin)
+        return [f"const int ci = {k} / {KS}, kr = {k} % {KS};"] + s1 + s2, f"({cond}) ? X[xoff + ci * {IS} + {idx}] : 0.0f"
 
     bias_term = " + Bz[g * %d + m]" % Cout_g if bias else ""
     params = ["GPTR const float* X", "GPTR const float* W"] + (["GPTR const float* Bz"] if bias else []) + ["GPTR float* Y"]
@@ -88,27 +91,20 @@ def _conv_direct(ctx, node, x, w, bias, out, nd, Cin, Cout_g, k_sp, in_sp, strid
     KS, IS = int(np.prod(k_sp)), int(np.prod(in_sp))
 
     def body(v):
-        od = v.o[2:]
-        kd, s2 = unravel("kr", k_sp, "kd")
-        ids = _window_coords(nd, od, kd, strides, dil, begin)
+        s2, cond, idx = _window(v.o[2:], k_sp, in_sp, strides, dil, begin)
         s = [f"const int g = {v.o[1]} / {Cout_g};",
              f"GPTR const float* xp = x0 + ({v.o[0]} * {Cin} + g) * {IS};",
              f"GPTR const float* wp = x1 + {v.o[1]} * {KS};",
              f"float acc = {v.ld(2, [v.o[1]]) if bias else '0.0f'};",
-             f"for (int kr = 0; kr < {KS}; ++kr) {{", *["    " + t for t in s2]]
-        conds = []
-        for j in range(nd):
-            s.append(f"    const int id{j} = {ids[j]};")
-            conds.append(f"id{j} >= 0 && id{j} < {in_sp[j]}")
-        idx = linear_index([f"id{j}" for j in range(nd)], in_sp)
-        s += [f"    if ({' && '.join(conds)}) acc += wp[kr] * xp[{idx}];", "}"]
+             f"for (int kr = 0; kr < {KS}; ++kr) {{", *["    " + t for t in s2],
+             f"    if ({cond}) acc += wp[kr] * xp[{idx}];", "}"]
         return s, "acc"
 
     emit_map(ctx, out, [x, w] + ([bias] if bias else []), body, "ConvDepthwise", flops_per_elem=2 * KS,
              inline_scalars=False)
 
 
-@register("ConvTranspose", since=1, category=COMPUTE)
+@register("ConvTranspose", since=1, category=COMPUTE, float_only=True)
 def _conv_transpose(ctx, node):
     """Direct gather form: each output sums the inputs whose window covers it (no col2im scatter)."""
     x, w = node.inputs[:2]
@@ -128,7 +124,8 @@ def _conv_transpose(ctx, node):
         begin = []
         for i, k, s, d, o, op in zip(in_sp, k_sp, strides, dil, ys[2:], outp):
             total = s * (i - 1) + op + (k - 1) * d + 1 - o
-            upper = ctx.attr("auto_pad", "NOTSET") != "SAME_LOWER"
+            # The spec: SAME_UPPER puts the smaller half first; otherwise the larger half goes first.
+            upper = ctx.attr("auto_pad", "NOTSET") == "SAME_UPPER"
             begin.append(total // 2 if upper else total - total // 2)
     else:
         begin = list(ctx.attr("pads", [0] * (2 * nd)))[:nd]
@@ -156,7 +153,7 @@ def _conv_transpose(ctx, node):
              inline_scalars=False)
 
 
-@register("MaxPool", "AveragePool", since=1, category=LAYOUT)
+@register("MaxPool", "AveragePool", since=1, category=LAYOUT, float_only=True)
 def _pool(ctx, node):
     x, out = node.inputs[0], node.outputs[0]
     if len(node.outputs) > 1 and node.outputs[1]:
@@ -166,26 +163,18 @@ def _pool(ctx, node):
     k_sp = list(ctx.attr("kernel_shape"))
     in_sp = list(xs[2:])
     strides, dil, begin = window_attrs(ctx, in_sp, k_sp, list(ys[2:]))
-    if node.op_type == "AveragePool":
-        dil = [1] * nd
     KS, IS = int(np.prod(k_sp)), int(np.prod(in_sp))
     is_max = node.op_type == "MaxPool"
     include_pad = ctx.attr("count_include_pad", 0)
 
     def body(v):
         od = v.o[2:]
-        kd, s2 = unravel("kr", k_sp, "kd")
-        ids = _window_coords(nd, od, kd, strides, dil, begin)
+        s2, cond, idx = _window(od, k_sp, in_sp, strides, dil, begin)
+        upd = f"acc = F_MAX(acc, xp[{idx}]);" if is_max else f"acc += xp[{idx}];"
         s = [f"GPTR const float* xp = x0 + ({v.o[0]} * {xs[1]} + {v.o[1]}) * {IS};",
              f"float acc = {'(-DLCC_INF)' if is_max else '0.0f'}; int cnt = 0;",
-             f"for (int kr = 0; kr < {KS}; ++kr) {{", *["    " + t for t in s2]]
-        conds = []
-        for j in range(nd):
-            s.append(f"    const int id{j} = {ids[j]};")
-            conds.append(f"id{j} >= 0 && id{j} < {in_sp[j]}")
-        idx = linear_index([f"id{j}" for j in range(nd)], in_sp)
-        upd = f"acc = F_MAX(acc, xp[{idx}]);" if is_max else f"acc += xp[{idx}];"
-        s += [f"    if ({' && '.join(conds)}) {{ {upd} ++cnt; }}", "}"]
+             f"for (int kr = 0; kr < {KS}; ++kr) {{", *["    " + t for t in s2],
+             f"    if ({cond}) {{ {upd} ++cnt; }}", "}"]
         if is_max:
             return s, "acc"
         if include_pad:
@@ -194,8 +183,8 @@ def _pool(ctx, node):
             s.append("int full = 1;")
             for j in range(nd):
                 lo = f"({od[j]} * {strides[j]} - {begin[j]})"
-                s.append(f"{{ const int lo = {lo}; int hi = lo + {k_sp[j]}; "
-                         f"if (hi > {in_sp[j] + ends[j]}) hi = {in_sp[j] + ends[j]}; full *= hi - lo; }}")
+                s.append(f"{{ const int lo = {lo}; int c = 0; for (int q = 0; q < {k_sp[j]}; ++q) "
+                         f"if (lo + q * {dil[j]} < {in_sp[j] + ends[j]}) ++c; full *= c; }}")
             return s, "acc / (float)full"
         return s, "acc / (float)(cnt > 0 ? cnt : 1)"
 

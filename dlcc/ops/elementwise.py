@@ -45,6 +45,11 @@ VARIADIC = {"Max": "F_MAX", "Min": "F_MIN", "Sum": "+", "Mean": "+"}
 
 def _unary(ctx, node):
     dt = ctx.dtype(node.inputs[0])
+    if node.op_type == "IsInf":
+        pos, neg = ctx.attr("detect_positive", 1), ctx.attr("detect_negative", 1)
+        expr = {(1, 1): "F_ISINF(a)", (1, 0): "(a == DLCC_INF)", (0, 1): "(a == -DLCC_INF)", (0, 0): "0"}[(pos, neg)]
+        return emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([f"const float a = {v.x(0)};"], expr),
+                        "IsInf")
     if dt != "float32":
         expr = INT_UNARY.get(node.op_type) if node.op_type not in ("Not", "IsNaN", "IsInf") else UNARY[node.op_type][0]
         if expr is None:
@@ -65,7 +70,8 @@ for _op, _since in [("Relu", 6), ("Sigmoid", 6), ("Tanh", 6), ("Exp", 6), ("Log"
                     ("Reciprocal", 6), ("Neg", 6), ("Abs", 6), ("Floor", 6), ("Ceil", 6), ("Round", 11),
                     ("Erf", 9), ("Sin", 7), ("Cos", 7), ("Softplus", 1), ("Softsign", 1), ("Sign", 9),
                     ("HardSwish", 14), ("Mish", 18), ("Not", 1), ("IsNaN", 9), ("IsInf", 10)]:
-    register(_op, since=_since, category=ELEMENTWISE)(_unary)
+    register(_op, since=_since, category=ELEMENTWISE,
+             float_only=_op not in INT_UNARY and _op not in ("Not", "IsNaN", "IsInf"))(_unary)
 
 
 @register("Add", "Sub", "Mul", "Div", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
@@ -83,7 +89,7 @@ def _binary(ctx, node):
              node.op_type)
 
 
-@register("Pow", since=7, category=ELEMENTWISE)
+@register("Pow", since=7, category=ELEMENTWISE, float_only=True)
 def _pow(ctx, node):
     """x**2, x**0.5, x**1 and x**3 (common in exported LayerNorm/GELU) avoid powf."""
     e = ctx.const(node.inputs[1])
@@ -139,7 +145,7 @@ def _where(ctx, node):
     emit_map(ctx, node.outputs[0], node.inputs[:3], lambda v: ([], f"({v.x(0)}) ? {v.x(1)} : {v.x(2)}"), "Where")
 
 
-@register("Clip", since=11, category=ELEMENTWISE)
+@register("Clip", since=11, category=ELEMENTWISE, float_only=True)
 def _clip(ctx, node):
     ins = [node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else "", node.inputs[2] if len(node.inputs) > 2 else ""]
     dt = ctx.dtype(node.inputs[0])
@@ -157,14 +163,14 @@ def _clip(ctx, node):
     emit_map(ctx, node.outputs[0], ins, body, "Clip", flops_per_elem=2)
 
 
-@register("Clip", since=6, category=ELEMENTWISE)
+@register("Clip", since=6, category=ELEMENTWISE, float_only=True)
 def _clip6(ctx, node):
     lo, hi = literal(ctx.attr("min", -3.4028234663852886e38)), literal(ctx.attr("max", 3.4028234663852886e38))
     emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([], f"F_MIN(F_MAX({v.x(0)}, {lo}), {hi})"), "Clip")
 
 
 def _attr_unary(name, make_expr, since, fl=2):
-    @register(name, since=since, category=ELEMENTWISE)
+    @register(name, since=since, category=ELEMENTWISE, float_only=True)
     def lower(ctx, node):
         expr = make_expr(ctx)
         emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([f"const float a = {v.x(0)};"], expr), name,
@@ -197,9 +203,11 @@ def _cast(ctx, node):
     emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([f"const {_ct(src)} a = {v.x(0)};"], expr), "Cast")
 
 
-@register("BatchNormalization", since=9, category=ELEMENTWISE)
+@register("BatchNormalization", since=9, category=ELEMENTWISE, float_only=True)
 def _batchnorm(ctx, node):
     """Inference-mode BN: y = (x - mean) * scale / sqrt(var + eps) + bias, per channel (axis 1)."""
+    if ctx.attr("training_mode", 0) or any(o for o in node.outputs[1:]):
+        raise ctx.fail("training mode (batch statistics, running-stat outputs) is not supported")
     x, scale, bias, mean, var = node.inputs[:5]
     eps = literal(ctx.attr("epsilon", 1e-5))
     rank = len(ctx.shape(x))

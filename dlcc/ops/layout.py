@@ -18,6 +18,10 @@ def _dropout(ctx, node):
     """Inference: Dropout is the identity (a mask output, if asked for, is not supported)."""
     if len(node.outputs) > 1 and node.outputs[1]:
         raise ctx.fail("the mask output of Dropout is not supported")
+    if len(node.inputs) > 2 and node.inputs[2]:
+        tm = ctx.const(node.inputs[2])
+        if tm is None or bool(tm.reshape(())):
+            raise ctx.fail("training_mode must be a constant false (inference only)")
     ctx.alias(node.outputs[0], node.inputs[0])
 
 
@@ -169,7 +173,7 @@ def _pad(ctx, node):
     axes = list(range(rank))
     if len(node.inputs) > 3 and node.inputs[3]:
         axes = [_axis(int(a), rank) for a in ctx.const(node.inputs[3]).reshape(-1)]
-    begin, _end = [0] * rank, [0] * rank
+    begin = [0] * rank
     for k, a in enumerate(axes):
         begin[a] = pads[k]
     mode = ctx.attr("mode", "constant")

@@ -31,7 +31,7 @@ def batch_offsets(var: str, bshape, shape_op, prefix: str) -> list[str]:
     return stmts
 
 
-@register("MatMul", since=1, category=COMPUTE)
+@register("MatMul", since=1, category=COMPUTE, float_only=True)
 def _matmul(ctx, node):
     a, b = node.inputs[:2]
     out = node.outputs[0]
@@ -60,7 +60,7 @@ def _matmul(ctx, node):
     emit_gemm(ctx, "MatMul", spec, [a, b, out], reads=[a, b], writes=[out])
 
 
-@register("Gemm", since=7, category=COMPUTE)
+@register("Gemm", since=7, category=COMPUTE, float_only=True)
 def _gemm(ctx, node):
     a, b = node.inputs[:2]
     c = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else ""

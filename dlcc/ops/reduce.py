@@ -50,10 +50,10 @@ def _lower_reduce(ctx, node):
 
 
 for _op in REDUCE:
-    register(_op, since=1, category=REDUCTION)(_lower_reduce)
+    register(_op, since=1, category=REDUCTION, float_only=True)(_lower_reduce)
 
 
-@register("GlobalAveragePool", "GlobalMaxPool", since=1, category=REDUCTION)
+@register("GlobalAveragePool", "GlobalMaxPool", since=1, category=REDUCTION, float_only=True)
 def _global_pool(ctx, node):
     rank = len(ctx.shape(node.inputs[0]))
     op, post = ("sum", "acc / R_F") if node.op_type == "GlobalAveragePool" else ("max", "acc")
@@ -73,10 +73,10 @@ def _softmax(ctx, node):
                  node.op_type)
 
 
-register("Softmax", "LogSoftmax", since=1, category=REDUCTION)(_softmax)
+register("Softmax", "LogSoftmax", since=1, category=REDUCTION, float_only=True)(_softmax)
 
 
-@register("LayerNormalization", since=17, category=REDUCTION)
+@register("LayerNormalization", since=17, category=REDUCTION, float_only=True)
 def _layernorm(ctx, node):
     x, scale = node.inputs[:2]
     bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else ""
@@ -99,7 +99,7 @@ def _layernorm(ctx, node):
                    mod(bias) if bias else 1)
 
 
-@register("InstanceNormalization", since=6, category=REDUCTION)
+@register("InstanceNormalization", since=6, category=REDUCTION, float_only=True)
 def _instancenorm(ctx, node):
     """Per (n, c) row normalization, then a per-channel affine done by a map kernel."""
     x, scale, bias = node.inputs[:3]
@@ -115,7 +115,7 @@ def _instancenorm(ctx, node):
              lambda v: ([], f"{v.x(0)} * {v.ld(1, [v.o[1]])} + {v.ld(2, [v.o[1]])}"), "InstanceNorm", 2)
 
 
-@register("ArgMax", "ArgMin", since=1, category=REDUCTION)
+@register("ArgMax", "ArgMin", since=1, category=REDUCTION, float_only=True)
 def _argmax(ctx, node):
     shape = ctx.shape(node.inputs[0])
     rank = len(shape)
@@ -123,7 +123,7 @@ def _argmax(ctx, node):
     ax = ax + rank if ax < 0 else ax
     last = ctx.attr("select_last_index", 0)
     cmp = (">=" if last else ">") if node.op_type == "ArgMax" else ("<=" if last else "<")
-    outer, L, inner = int(np.prod(shape[:ax])), shape[ax], int(np.prod(shape[ax + 1:]))
+    L, inner = shape[ax], int(np.prod(shape[ax + 1:]))
 
     def body(v):
         s = [f"const int base = ({v.i} / {inner}) * {L * inner} + ({v.i} % {inner});",

@@ -25,13 +25,14 @@ class OpDef:
     since: int
     category: str
     lower: Callable  # (ctx: LowerCtx, node: Node) -> None
+    float_only: bool = False  # the lowering computes in float: the first input must be float32
     shape_rule: str = "onnx.shape_inference"
 
 
 _REGISTRY: dict[str, list[OpDef]] = {}
 
 
-def register(*op_types: str, since: int = 1, category: str = OTHER):
+def register(*op_types: str, since: int = 1, category: str = OTHER, float_only: bool = False):
     """Decorator: `@register("Relu", since=6, category=ELEMENTWISE)` on a lowering function."""
     assert category in CATEGORIES, category
 
@@ -40,7 +41,7 @@ def register(*op_types: str, since: int = 1, category: str = OTHER):
             entries = _REGISTRY.setdefault(op, [])
             if any(e.since == since for e in entries):
                 raise ValueError(f"{op} since opset {since} registered twice")
-            entries.append(OpDef(op, since, category, fn))
+            entries.append(OpDef(op, since, category, fn, float_only))
             entries.sort(key=lambda e: e.since)
         return fn
 

@@ -24,18 +24,20 @@ _NEAREST = {
 
 
 def _scales(ctx, node, in_shape, out_shape):
-    scales = None
-    if ctx.graph.opset >= 11:
-        if len(node.inputs) > 2 and node.inputs[2]:
-            sv = ctx.const(node.inputs[2])
-            if sv is not None and sv.size:
-                scales = [float(s) for s in sv.reshape(-1)]
-    elif len(node.inputs) > 1 and node.inputs[1]:
-        sv = ctx.const(node.inputs[1])
-        scales = None if sv is None else [float(s) for s in sv.reshape(-1)]
-    if scales is None or len(scales) != len(in_shape):
-        scales = [o / i for o, i in zip(out_shape, in_shape)]
-    return scales
+    """Per-axis scales: the constant `scales` input (or attribute) when given, else out/in from `sizes`."""
+    if node.op_type == "Upsample" and "scales" in node.attrs:
+        return [float(s) for s in node.attrs["scales"]]
+    idx = 2 if (node.op_type == "Resize" and ctx.graph.opset >= 11) else 1
+    for k in (idx, idx + 1) if idx == 2 else (idx,):
+        name = node.inputs[k] if len(node.inputs) > k else ""
+        if not name:
+            continue
+        val = ctx.const(name)
+        if val is None:
+            raise ctx.fail(f"input {k} ({'scales' if k == idx else 'sizes'}) must be a constant after folding")
+        if val.size and k == idx:
+            return [float(s) for s in val.reshape(-1)]
+    return [o / i for o, i in zip(out_shape, in_shape)]
 
 
 @register("Resize", "Upsample", since=7, category=LAYOUT)
@@ -45,8 +47,11 @@ def _resize(ctx, node):
     mode = ctx.attr("mode", "nearest")
     ctm = ctx.attr("coordinate_transformation_mode", "half_pixel" if ctx.graph.opset >= 11 else "asymmetric")
     nmode = ctx.attr("nearest_mode", "round_prefer_floor")
-    if node.op_type == "Resize" and ctx.graph.opset < 11:
-        ctm = "asymmetric"
+    legacy = node.op_type == "Upsample" or ctx.graph.opset < 11
+    if legacy:
+        # Upsample and Resize-10 are asymmetric; nearest floors when enlarging and rounds up when
+        # shrinking (onnxruntime's "simple" mode).
+        ctm, nmode = "asymmetric", "floor"
     if mode not in ("nearest", "linear", "bilinear"):
         raise ctx.fail(f"mode {mode!r} is not supported (nearest and linear are)")
     if ctm not in _COORD:
@@ -64,11 +69,11 @@ def _resize(ctx, node):
 
     def body(v):
         s, coords = [], list(v.o)
-        if mode == "nearest" or node.op_type == "Upsample" and mode == "nearest":
+        if mode == "nearest":
             for a in axes:
                 c = f"c{a}"
-                coord = f"({v.o[a]} / {scales[a]:.9g}f)" if ctm == "asymmetric" and node.op_type == "Upsample" else src(v, a)
-                s.append(f"int {c} = (int){_NEAREST[nmode if ctm != 'asymmetric' or node.op_type != 'Upsample' else 'floor'].format(c=coord)};")
+                nm = "ceil" if legacy and scales[a] < 1 else nmode
+                s.append(f"int {c} = (int){_NEAREST[nm].format(c=src(v, a))};")
                 s.append(f"{c} = {c} < 0 ? 0 : ({c} > {ins_[a] - 1} ? {ins_[a] - 1} : {c});")
                 coords[a] = c
             return s, v.ld(0, coords)

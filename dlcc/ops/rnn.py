@@ -15,7 +15,7 @@ from .registry import COMPUTE, register
 _DEFAULT_ACTS = ["Sigmoid", "Tanh", "Tanh"]
 
 
-@register("LSTM", since=7, category=COMPUTE)
+@register("LSTM", since=7, category=COMPUTE, float_only=True)
 def _lstm(ctx, node):
     ins = list(node.inputs) + [""] * (8 - len(node.inputs))
     X, W, R, Bn, seq_lens, h0, c0, P = ins[:8]
@@ -112,7 +112,7 @@ def _lstm(ctx, node):
 
 def _init_state(ctx, state: str, init: str, n: int) -> None:
     if init:
-        body = f"y[i] = x[i];"
+        body = "y[i] = x[i];"
         params = "GPTR const float* x, GPTR float* y"
         args, reads = [init, state], [init]
     else:

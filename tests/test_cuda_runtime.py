@@ -1,0 +1,105 @@
+"""The thin PyCUDA runtime, driven by the shared executor against a fake `pycuda` (no GPU here).
+
+It checks what the CUDA path does with a real plan: one allocation per storage, weights uploaded,
+every launch with the plan's grid/block and each buffer argument as base pointer + byte offset.
+Whether the kernels themselves compile for the GPU is tests/test_nvcc.py's job.
+"""
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import dlcc
+
+from test_bad_input import EXAMPLE
+
+
+class FakeDriver:
+    def __init__(self):
+        self.next_ptr = 1 << 20
+        self.allocs, self.h2d, self.launches = [], [], []
+        outer = self
+
+        class Ctx:
+            @staticmethod
+            def get_device():
+                return types.SimpleNamespace(name=lambda: "Fake H100", compute_capability=lambda: (9, 0))
+
+            @staticmethod
+            def synchronize():
+                pass
+
+        class Fn:
+            def __init__(self, name):
+                self.name = name
+
+            def __call__(self, *args, block, grid):
+                outer.launches.append((self.name, args, block, grid))
+
+        self.Context = Ctx
+        self.Fn = Fn
+
+    def mem_alloc(self, n):
+        p = self.next_ptr
+        self.next_ptr += (n + 4095) // 4096 * 4096
+        self.allocs.append((p, n))
+        return p
+
+    def memcpy_htod(self, ptr, arr):
+        self.h2d.append((int(ptr), arr.nbytes))
+
+    def memcpy_dtoh(self, out, ptr):
+        out[...] = 0
+
+
+@pytest.fixture
+def fake_pycuda(monkeypatch):
+    drv = FakeDriver()
+    pkg = types.ModuleType("pycuda")
+    compiler = types.ModuleType("pycuda.compiler")
+
+    class SourceModule:
+        def __init__(self, source, no_extern_c, arch, options):
+            assert no_extern_c and arch == "sm_90" and "#define KERNEL extern \"C\" __global__" in source
+            self.source = source
+
+        def get_function(self, name):
+            assert f"KERNEL void {name}(" in self.source
+            return drv.Fn(name)
+
+    compiler.SourceModule = SourceModule
+    driver = types.ModuleType("pycuda.driver")
+    for k in ("Context", "mem_alloc", "memcpy_htod", "memcpy_dtoh"):
+        setattr(driver, k, getattr(drv, k))
+    monkeypatch.setitem(sys.modules, "pycuda", pkg)
+    monkeypatch.setitem(sys.modules, "pycuda.autoinit", types.ModuleType("pycuda.autoinit"))
+    monkeypatch.setitem(sys.modules, "pycuda.driver", driver)
+    monkeypatch.setitem(sys.modules, "pycuda.compiler", compiler)
+    pkg.driver, pkg.compiler = driver, compiler
+    return drv
+
+
+def test_cuda_runtime_binds_the_plan(fake_pycuda):
+    m = dlcc.compile(EXAMPLE, target="cuda", device="h100")
+    assert m.target == "cuda"
+    outs = m(m.sample_inputs())
+    plan = m.plan
+    assert list(outs) == [o["name"] for o in plan["outputs"]]
+    drv = fake_pycuda
+    assert len(drv.launches) == len(plan["launches"])
+    ptr_of = {}  # storage -> base pointer, from the executor's allocations
+    ex = m.executor()
+    for name, base in ex.storages.items():
+        ptr_of[name] = int(base)
+    for (fname, args, block, grid), L in zip(drv.launches, plan["launches"]):
+        assert fname == L["kernel"] and block == (L["block"], 1, 1) and grid == (L["grid"], 1, 1)
+        for a, spec in zip(args, L["args"]):
+            if "int" in spec:
+                assert isinstance(a, np.int32) and int(a) == spec["int"]
+            else:
+                assert isinstance(a, np.uintp) and int(a) == ptr_of[spec["storage"]] + spec["offset"]
+    # Weights uploaded once, inputs per run.
+    assert (ptr_of["weights"], plan["storages"]["weights"]) in drv.h2d

@@ -1,0 +1,65 @@
+"""The ONNX backend test suite (node tests) against dlcc on OpenCL — slow: `scripts/test.sh -m slow`.
+
+dlcc implements `onnx.backend.base.Backend`; models with ops dlcc does not support are skipped
+(reported as such), so failures are real wrong answers or crashes on supported ops.
+Score with `scripts/conformance.sh` (prints passed / failed / skipped).
+"""
+from __future__ import annotations
+
+import tempfile
+import unittest
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.backend.base
+import onnx.backend.test
+import pytest
+
+import dlcc
+from dlcc.errors import UnsupportedDtypesError, UnsupportedOpsError
+from dlcc.ops.context import LoweringError
+
+pytestmark = pytest.mark.slow
+
+
+class DlccRep(onnx.backend.base.BackendRep):
+    """Compiles on first run, binding every input's shape from the arrays it is given."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.proto = model
+        self.compiled = None
+
+    def run(self, inputs, **kwargs):
+        init = {i.name for i in self.proto.graph.initializer}
+        names = [i.name for i in self.proto.graph.input if i.name not in init]
+        if self.compiled is None:
+            shapes = {n: tuple(np.shape(a)) for n, a in zip(names, inputs)}
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "model.onnx"
+                onnx.save(self.proto, path)
+                try:
+                    self.compiled = dlcc.compile(path, target="opencl", shapes=shapes)
+                except (UnsupportedOpsError, UnsupportedDtypesError, LoweringError) as e:
+                    # Not a wrong answer: an op, dtype or attribute dlcc reports as unsupported.
+                    raise unittest.SkipTest(" ".join(str(e).split())[:200]) from None
+        outs = self.compiled(dict(zip(names, inputs)))
+        return [outs[t["name"]] for t in self.compiled.outputs]
+
+
+class DlccBackend(onnx.backend.base.Backend):
+    @classmethod
+    def prepare(cls, model, device="CPU", **kwargs):
+        return DlccRep(model)
+
+    @classmethod
+    def supports_device(cls, device):
+        return device == "CPU"
+
+
+backend_test = onnx.backend.test.BackendTest(DlccBackend, __name__)
+backend_test.include(r"^test_.*_cpu$")
+backend_test.exclude(r"(_cuda$|test_.*_expanded_ver18|FLOAT16|float16|bfloat16|float8|_e4m3|_e5m2|int4|uint4|string)")
+globals().update(backend_test.enable_report().test_cases)
+
+__all__ = ["np"]

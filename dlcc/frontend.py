@@ -103,6 +103,11 @@ def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: st
     init_names = {i.name for i in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in init_names]
     input_names = [i.name for i in inputs]
+    for vi in list(inputs) + list(model.graph.output):
+        if not vi.type.HasField("tensor_type"):
+            raise UnsupportedDtypesError(
+                f"{'input' if vi in inputs else 'output'} {vi.name!r} of {source} is a {vi.type.WhichOneof('value')} "
+                "value; dlcc compiles models whose inputs and outputs are tensors")
     symbols: dict[str, int] = {}
     for key, val in list(shapes.items()):
         if key not in input_names:
@@ -128,11 +133,6 @@ def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: st
             for d, w in zip(dims, want):
                 if d.dim_param:
                     symbols.setdefault(d.dim_param, w)
-    for vi in list(inputs) + list(model.graph.output):
-        if not vi.type.HasField("tensor_type"):
-            raise UnsupportedDtypesError(
-                f"{'input' if vi in inputs else 'output'} {vi.name!r} of {source} is a {vi.type.WhichOneof('value')} "
-                "value; dlcc compiles models whose inputs and outputs are tensors")
     for inp in inputs:
         tt = inp.type.tensor_type
         if not tt.HasField("shape"):
@@ -302,6 +302,10 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     path = Path(path)
     model = load_model(path)
     source_nodes = len(model.graph.node)
+    # The signature is the original model's: folding may drop initializers that old (IR < 4)
+    # models also list as graph inputs, and those must not turn into required inputs.
+    orig_init = {i.name for i in model.graph.initializer}
+    signature = [i.name for i in model.graph.input if i.name not in orig_init]
     model = bind_shapes(model, shapes, source=str(path))
     if fold:
         folded = fold_with_onnxruntime(model)
@@ -334,12 +338,11 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         for o in n.output:
             if o and o not in tensors:
                 tensors[o] = Tensor(o, None, "float32")  # type: ignore[arg-type]
-    init_names = {i.name for i in g.initializer}
     graph = Graph(
         name=g.name or path.stem,
         nodes=nodes,
         tensors=tensors,
-        inputs=[i.name for i in g.input if i.name not in init_names],
+        inputs=[n for n in signature if n in tensors],
         outputs=[o.name for o in g.output],
         opset=opset,
         source_node_count=source_nodes,

@@ -65,6 +65,12 @@ class Graph:
     outputs: list[str]
     opset: int
     source_node_count: int = 0  # ONNX nodes before folding, for reports
+    # Internal tensor -> the ONNX output name it is reported as (when an output had to be copied
+    # into a tensor of its own, e.g. a graph output that is also a graph input).
+    output_alias: dict[str, str] = field(default_factory=dict)
+
+    def output_name(self, name: str) -> str:
+        return self.output_alias.get(name, name)
 
     def is_const(self, name: str) -> bool:
         t = self.tensors.get(name)

@@ -34,7 +34,9 @@ def build_plan(state, meta: dict) -> tuple[dict, bytes]:
         if p.storage == "weights":
             arr = np.ascontiguousarray(g.tensors[b].value.astype(g.tensors[b].dtype, copy=False))
             weights[p.offset:p.offset + p.nbytes] = arr.tobytes()
-    io = lambda names: [{"name": n, "shape": list(g.tensors[n].shape), "dtype": g.tensors[n].dtype} for n in names]  # noqa: E731
+    def io(names):
+        return [{"name": g.output_name(n), "shape": list(g.tensors[n].shape), "dtype": g.tensors[n].dtype} for n in names]
+
     tensors = {}
     for name, t in g.tensors.items():
         b = res(name)

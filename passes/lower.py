@@ -25,8 +25,16 @@ def _materialize_outputs(ctx: LowerCtx) -> None:
     """Each graph output gets its own bytes: copy where it is an input, a constant or a shared view."""
     g = ctx.graph
     claimed: set[str] = set()
-    for out in g.outputs:
+    for k, out in enumerate(list(g.outputs)):
         t = g.tensors[out]
+        if out in g.inputs:
+            # The output *is* an input: it needs its own bytes, under a tensor of its own.
+            copy = ctx.temp(t.shape, t.dtype)
+            identity_copy(ctx, copy, out)
+            g.outputs[k] = copy
+            g.output_alias[copy] = out
+            claimed.add(copy)
+            continue
         if t.value is not None:
             src = ctx.temp(t.shape, t.dtype)
             g.tensors[src].value = t.value

@@ -17,15 +17,17 @@ def window_attrs(ctx, in_sp, k_sp, out_sp):
     dil = list(ctx.attr("dilations", [1] * nd))
     auto = ctx.attr("auto_pad", "NOTSET")
     if auto in ("SAME_UPPER", "SAME_LOWER"):
-        begin = []
+        begin, end = [], []
         for i, k, s, d, o in zip(in_sp, k_sp, strides, dil, out_sp):
             total = max(0, (o - 1) * s + (k - 1) * d + 1 - i)
             begin.append(total // 2 if auto == "SAME_UPPER" else total - total // 2)
+            end.append(total - begin[-1])
     elif auto == "VALID":
-        begin = [0] * nd
+        begin, end = [0] * nd, [0] * nd
     else:
-        begin = list(ctx.attr("pads", [0] * (2 * nd)))[:nd]
-    return strides, dil, begin
+        pads = list(ctx.attr("pads", [0] * (2 * nd)))
+        begin, end = pads[:nd], pads[nd:]
+    return strides, dil, begin, end
 
 
 def _window_coords(nd, od, kd, strides, dil, begin):
@@ -55,7 +57,7 @@ def _conv(ctx, node):
     out_sp = list(ys[2:])
     G = ctx.attr("group", 1)
     Cout_g = Cout // G
-    strides, dil, begin = window_attrs(ctx, in_sp, k_sp, out_sp)
+    strides, dil, begin, _ = window_attrs(ctx, in_sp, k_sp, out_sp)
     KS, IS, OS = int(np.prod(k_sp)), int(np.prod(in_sp)), int(np.prod(out_sp))
 
     if Cin_g == 1 and G > 1:
@@ -162,7 +164,7 @@ def _pool(ctx, node):
     nd = len(xs) - 2
     k_sp = list(ctx.attr("kernel_shape"))
     in_sp = list(xs[2:])
-    strides, dil, begin = window_attrs(ctx, in_sp, k_sp, list(ys[2:]))
+    strides, dil, begin, ends = window_attrs(ctx, in_sp, k_sp, list(ys[2:]))
     KS, IS = int(np.prod(k_sp)), int(np.prod(in_sp))
     is_max = node.op_type == "MaxPool"
     include_pad = ctx.attr("count_include_pad", 0)
@@ -179,7 +181,6 @@ def _pool(ctx, node):
             return s, "acc"
         if include_pad:
             # Count window positions inside the padded input (not past the implicit ceil_mode edge).
-            ends = list(ctx.attr("pads", [0] * (2 * nd)))[nd:] if ctx.attr("auto_pad", "NOTSET") == "NOTSET" else begin
             s.append("int full = 1;")
             for j in range(nd):
                 lo = f"({od[j]} * {strides[j]} - {begin[j]})"

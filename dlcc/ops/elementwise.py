@@ -7,7 +7,7 @@ from .registry import ELEMENTWISE, register
 
 # op -> (expression over `a`, flops per element). Float math goes through prelude macros.
 UNARY = {
-    "Relu": ("F_MAX(a, 0.0f)", 1),
+    "Relu": ("(a < 0.0f ? 0.0f : a)", 1),
     "Sigmoid": ("1.0f / (1.0f + F_EXP(-a))", 4),
     "Tanh": ("F_TANH(a)", 4),
     "Exp": ("F_EXP(a)", 2),
@@ -40,7 +40,7 @@ BINARY = {
     "And": "a && b", "Or": "a || b", "Xor": "(a != 0) != (b != 0)",
     "PRelu": "(a < 0 ? a * b : a)",
 }
-VARIADIC = {"Max": "F_MAX", "Min": "F_MIN", "Sum": "+", "Mean": "+"}
+VARIADIC = {"Max": "F_NMAX", "Min": "F_NMIN", "Sum": "+", "Mean": "+"}
 
 
 def _unary(ctx, node):
@@ -132,7 +132,7 @@ def _variadic(ctx, node):
             elif dt == "float32":
                 acc = f"{f}({acc}, {x})"
             else:
-                acc = f"({acc} {'>' if f == 'F_MAX' else '<'} {x} ? {acc} : {x})"
+                acc = f"({acc} {'>' if f == 'F_NMAX' else '<'} {x} ? {acc} : {x})"
         if node.op_type == "Mean":
             acc = f"({acc}) / {literal(n)}"
         return [], acc
@@ -155,9 +155,9 @@ def _clip(ctx, node):
     def body(v):
         s = [f"float a = {v.x(0)};"]
         if ins[1]:
-            s.append(f"a = F_MAX(a, (float)({v.x(1)}));")
+            s.append(f"a = F_NMAX(a, (float)({v.x(1)}));")
         if ins[2]:
-            s.append(f"a = F_MIN(a, (float)({v.x(2)}));")
+            s.append(f"a = F_NMIN(a, (float)({v.x(2)}));")
         return s, "a"
 
     emit_map(ctx, node.outputs[0], ins, body, "Clip", flops_per_elem=2)
@@ -166,7 +166,7 @@ def _clip(ctx, node):
 @register("Clip", since=6, category=ELEMENTWISE, float_only=True)
 def _clip6(ctx, node):
     lo, hi = literal(ctx.attr("min", -3.4028234663852886e38)), literal(ctx.attr("max", 3.4028234663852886e38))
-    emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([], f"F_MIN(F_MAX({v.x(0)}, {lo}), {hi})"), "Clip")
+    emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([], f"F_NMIN(F_NMAX({v.x(0)}, {lo}), {hi})"), "Clip")
 
 
 def _attr_unary(name, make_expr, since, fl=2):

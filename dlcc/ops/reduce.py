@@ -136,3 +136,23 @@ def _argmax(ctx, node):
 
 
 __all__ = ["unravel", "literal"]
+
+
+@register("LRN", since=1, category=REDUCTION, float_only=True)
+def _lrn(ctx, node):
+    """Local response normalization across channels: a short loop over the channel window per element."""
+    shape = ctx.shape(node.inputs[0])
+    size = ctx.attr("size")
+    alpha, beta, bias = ctx.attr("alpha", 1e-4), ctx.attr("beta", 0.75), ctx.attr("bias", 1.0)
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    C = shape[1]
+
+    def body(v):
+        c = v.o[1]
+        s = ["float sq = 0.0f;",
+             f"for (int q = {c} - {lo}; q <= {c} + {hi}; ++q) {{",
+             f"    if (q >= 0 && q < {C}) {{ const float t = {v.ld(0, [v.o[0], 'q'] + v.o[2:])}; sq += t * t; }}",
+             "}"]
+        return s, f"{v.x(0)} / F_POW({literal(bias)} + {literal(alpha / size)} * sq, {literal(beta)})"
+
+    emit_map(ctx, node.outputs[0], [node.inputs[0]], body, "LRN", flops_per_elem=2 * size + 4, inline_scalars=False)

@@ -1,0 +1,891 @@
+"""Table-driven op conformance: one tiny ONNX model per case, dlcc (OpenCL) against onnxruntime (CPU).
+
+Each case builds a model with `onnx.helper` (static shapes, constants as initializers), saves it
+under `tmp_path`, compiles it with `dlcc.compile(..., target="opencl")`, runs it on inputs drawn
+from `np.random.default_rng(0)` and compares every output with onnxruntime's on the same inputs.
+Tolerances are rtol=1e-4, atol=1e-5 unless a case says why it needs more.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper, shape_inference
+
+import dlcc
+from dlcc.verify import compare, run_onnxruntime
+
+RTOL, ATOL = 1e-4, 1e-5
+INT64_MAX = np.iinfo(np.int64).max
+INT64_MIN = np.iinfo(np.int64).min
+F32 = np.float32
+I64 = np.int64
+
+
+# ---------------------------------------------------------------------------------------------
+# Input specifications: drawn from the case's rng when the test runs (so every case is seeded).
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class R:
+    """A random tensor: kind normal | pos | uniform | int | int32 | nonzero | bool | unique | smallf."""
+
+    shape: tuple
+    kind: str = "normal"
+    lo: float = 0.0
+    hi: float = 1.0
+
+    def make(self, rng: np.random.Generator) -> np.ndarray:
+        s = tuple(self.shape)
+        if self.kind == "normal":
+            return rng.standard_normal(s).astype(F32)
+        if self.kind == "pos":  # strictly positive (Log, Sqrt, Pow bases)
+            return rng.uniform(0.1, 3.0, s).astype(F32)
+        if self.kind == "uniform":
+            return rng.uniform(self.lo, self.hi, s).astype(F32)
+        if self.kind == "int":
+            return rng.integers(int(self.lo), int(self.hi), s, dtype=I64)
+        if self.kind == "int32":
+            return rng.integers(int(self.lo), int(self.hi), s, dtype=np.int32)
+        if self.kind == "nonzero":  # int64 divisors
+            v = rng.integers(int(self.lo), int(self.hi), s, dtype=I64)
+            return np.where(v == 0, 1, v).astype(I64)
+        if self.kind == "bool":
+            return rng.random(s) < 0.5
+        if self.kind == "unique":  # distinct floats: no ties for ArgMax/ArgMin/MaxPool
+            n = int(np.prod(s))
+            return ((rng.permutation(n) - n / 2) * 0.25).reshape(s).astype(F32)
+        if self.kind == "smallf":  # small integer-valued floats, so Equal/Less/... see ties
+            return rng.integers(-2, 3, s).astype(F32)
+        raise ValueError(self.kind)
+
+
+def materialize(spec, rng):
+    if isinstance(spec, R):
+        return spec.make(rng)
+    return np.asarray(spec)
+
+
+@dataclass(frozen=True)
+class X:
+    """A graph input."""
+
+    spec: object
+
+
+@dataclass(frozen=True)
+class W:
+    """An initializer (weights, Slice starts, Pad pads, axes, scales, Clip bounds, ...)."""
+
+    spec: object
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Case:
+    id: str
+    # make(rng) -> (nodes, graph inputs {name: array}, initializers {name: array}, output names)
+    make: Callable
+    opset: int = 17
+    rtol: float = RTOL
+    atol: float = ATOL
+    marks: tuple = field(default_factory=tuple)
+
+
+def op(cid, op_type, ins, attrs=None, *, opset=17, outs=1, rtol=RTOL, atol=ATOL, marks=()):
+    """One node. `ins`: X(spec) graph input, W(spec) initializer, None for an omitted input.
+    `outs`: the number of outputs, or a list of booleans saying which outputs are requested."""
+    want = [True] * outs if isinstance(outs, int) else list(outs)
+
+    def make(rng):
+        names = []
+        for k, e in enumerate(ins):
+            names.append("" if e is None else (f"x{k}" if isinstance(e, X) else f"w{k}"))
+        feeds = {n: materialize(e.spec, rng) for n, e in zip(names, ins) if isinstance(e, X)}
+        inits = {n: materialize(e.spec, rng) for n, e in zip(names, ins) if isinstance(e, W)}
+        onames = [f"y{k}" if w else "" for k, w in enumerate(want)]
+        while onames and not onames[-1]:
+            onames.pop()
+        node = helper.make_node(op_type, names, onames, **(attrs or {}))
+        return [node], feeds, inits, [o for o in onames if o]
+
+    return Case(cid, make, opset, rtol, atol, tuple(marks))
+
+
+def graph_case(cid, make, *, opset=17, rtol=RTOL, atol=ATOL, marks=()):
+    return Case(cid, make, opset, rtol, atol, tuple(marks))
+
+
+def build_model(nodes, feeds, inits, outputs, opset) -> onnx.ModelProto:
+    ins = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+           for n, a in feeds.items()]
+    # Outputs get their types from shape inference; an output that is a graph input reuses its type.
+    outs = [next((i for i in ins if i.name == o), None) or helper.make_empty_tensor_value_info(o) for o in outputs]
+    inits_pb = [numpy_helper.from_array(np.asarray(a), n) for n, a in inits.items()]
+    g = helper.make_graph(nodes, "case", ins, outs, initializer=inits_pb)
+    # IR 9 covers opsets up to 20 and is one onnxruntime (max IR 13 here) loads.
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+    m = shape_inference.infer_shapes(m, strict_mode=True)  # fills the output types and shapes
+    del m.graph.value_info[:]
+    onnx.checker.check_model(m)
+    return m
+
+
+def xfail(reason):
+    return pytest.mark.xfail(strict=True, reason=reason)
+
+
+# Regression tests for bugs this suite found (fixed since; kept as ordinary cases):
+# AveragePool SAME_UPPER with count_include_pad, a graph output that is a graph input, NaN through
+# Relu/Clip/Max. The names mark the cases that guard them.
+
+CASES: list[Case] = []
+
+
+def add(*cases):
+    CASES.extend(cases)
+
+
+# ----- unary elementwise -------------------------------------------------------------------------
+N234 = X(R((2, 3, 4)))
+add(
+    op("Relu", "Relu", [N234]),
+    op("Relu-5d-odd", "Relu", [X(R((2, 3, 5, 7, 3)))]),
+    op("Sigmoid", "Sigmoid", [X(R((3, 37), "uniform", -8, 8))]),
+    op("Tanh", "Tanh", [X(R((3, 37), "uniform", -5, 5))]),
+    op("Exp", "Exp", [N234]),
+    op("Log-positive", "Log", [X(R((2, 3, 4), "pos"))]),
+    op("Sqrt-positive", "Sqrt", [X(R((2, 3, 4), "pos"))]),
+    op("Reciprocal", "Reciprocal", [X(R((2, 3, 4), "pos"))]),
+    op("Neg", "Neg", [N234]),
+    op("Neg-int64", "Neg", [X(R((2, 5), "int", -50, 50))]),
+    op("Abs", "Abs", [N234]),
+    op("Abs-int64", "Abs", [X(R((2, 5), "int", -50, 50))]),
+    op("Floor", "Floor", [X(R((4, 9), "uniform", -4, 4))]),
+    op("Ceil", "Ceil", [X(R((4, 9), "uniform", -4, 4))]),
+    op("Round", "Round", [X(R((4, 9), "uniform", -4, 4))]),
+    # Exact halves: ONNX rounds them to even.
+    op("Round-halves", "Round", [X(np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5, 0.49], F32))]),
+    op("Erf", "Erf", [X(R((3, 17), "uniform", -3, 3))]),
+    op("Softplus", "Softplus", [X(R((3, 17), "uniform", -25, 25))]),
+    op("Sign", "Sign", [X(np.array([[-2.0, 0.0, 3.0], [0.5, -0.1, 0.0]], F32))]),
+    op("Sign-int64", "Sign", [X(R((3, 4), "int", -3, 4))]),
+    op("HardSwish", "HardSwish", [X(R((3, 17), "uniform", -5, 5))]),
+    op("HardSigmoid-default", "HardSigmoid", [X(R((3, 17), "uniform", -5, 5))]),
+    op("HardSigmoid-alpha0.3-beta0.4", "HardSigmoid", [X(R((3, 17), "uniform", -5, 5))],
+       {"alpha": 0.3, "beta": 0.4}),
+    op("LeakyRelu-default", "LeakyRelu", [N234]),
+    op("LeakyRelu-alpha0.2", "LeakyRelu", [N234], {"alpha": 0.2}),
+    op("Elu-default", "Elu", [N234]),
+    op("Elu-alpha0.5", "Elu", [N234], {"alpha": 0.5}),
+    op("Selu-default", "Selu", [N234]),
+    op("Selu-alpha-gamma", "Selu", [N234], {"alpha": 1.2, "gamma": 0.9}),
+    op("Gelu-none-opset20", "Gelu", [X(R((3, 17), "uniform", -4, 4))], opset=20),
+    op("Gelu-tanh-opset20", "Gelu", [X(R((3, 17), "uniform", -4, 4))], {"approximate": "tanh"}, opset=20),
+    op("Not-bool", "Not", [X(R((3, 5), "bool"))]),
+    op("Sin", "Sin", [N234]),
+    op("Cos", "Cos", [N234]),
+    op("Softsign", "Softsign", [N234]),
+    op("Celu-alpha2", "Celu", [N234], {"alpha": 2.0}),
+    op("ThresholdedRelu-alpha0.5", "ThresholdedRelu", [N234], {"alpha": 0.5}),
+    op("Mish-opset18", "Mish", [X(R((3, 17), "uniform", -5, 5))], opset=18),
+    op("IsNaN", "IsNaN", [X(np.array([1.0, np.nan, -np.inf, np.inf, 0.0], F32))]),
+    op("IsInf-default", "IsInf", [X(np.array([1.0, np.nan, -np.inf, np.inf, 0.0], F32))]),
+    # detect_negative / detect_positive were once ignored.
+    op("IsInf-detect-positive-only", "IsInf", [X(np.array([1.0, np.nan, -np.inf, np.inf, 0.0], F32))],
+       {"detect_negative": 0}, opset=10),
+    op("IsInf-detect-negative-only", "IsInf", [X(np.array([1.0, np.nan, -np.inf, np.inf, 0.0], F32))],
+       {"detect_positive": 0}, opset=10),
+    op("Relu-int32-opset14", "Relu", [X(R((3, 4), "int32", -9, 9))], opset=14),
+    op("Relu-0d-scalar", "Relu", [X(np.array(-1.5, F32))]),
+)
+
+# ----- binary elementwise with broadcasting -------------------------------------------------------
+for _op in ("Add", "Sub", "Mul", "Div"):
+    add(
+        op(f"{_op}-same-shape", _op, [X(R((2, 3, 4))), X(R((2, 3, 4), "pos"))]),
+        op(f"{_op}-bcast-234+4", _op, [X(R((2, 3, 4))), X(R((4,), "pos"))]),
+        op(f"{_op}-bcast-214x31", _op, [X(R((2, 1, 4))), X(R((3, 1), "pos"))]),
+        op(f"{_op}-scalar-init", _op, [X(R((2, 3, 4))), W(np.array(1.75, F32))]),
+        op(f"{_op}-init-lhs-bcast", _op, [W(R((3, 1), "pos")), X(R((2, 3, 5), "pos"))]),
+    )
+add(
+    op("Add-int64-bcast", "Add", [X(R((2, 3, 4), "int", -100, 100)), X(R((4,), "int", -100, 100))]),
+    op("Mul-int64-scalar", "Mul", [X(R((2, 3, 4), "int", -100, 100)), W(np.array(-3, I64))]),
+    op("Sub-int64", "Sub", [X(R((2, 3), "int", -100, 100)), X(R((2, 3), "int", -100, 100))]),
+    # ONNX integer Div truncates toward zero (onnxruntime does too): negative operands matter.
+    op("Div-int64-negatives", "Div", [X(R((3, 8), "int", -50, 50)), X(R((3, 8), "nonzero", -7, 8))]),
+    op("Div-int64-scalar", "Div", [X(R((3, 8), "int", -50, 50)), W(np.array(4, I64))]),
+    op("Pow-exp2-const", "Pow", [N234, W(np.array(2.0, F32))]),
+    op("Pow-exp0.5-const", "Pow", [X(R((2, 3, 4), "pos")), W(np.array(0.5, F32))]),
+    op("Pow-exp3-int64-const", "Pow", [N234, W(np.array(3, I64))]),
+    op("Pow-exp1.7-const", "Pow", [X(R((2, 3, 4), "pos")), W(np.array(1.7, F32))]),
+    op("Pow-tensor-exp", "Pow", [X(R((2, 3, 4), "pos")), X(R((3, 4), "uniform", -2, 2))]),
+    op("Pow-negative-base-integral-exp-tensor", "Pow", [N234, X(R((3, 4), "smallf"))]),
+    op("Equal-float", "Equal", [X(R((2, 3, 4), "smallf")), X(R((4,), "smallf"))]),
+    op("Equal-int64", "Equal", [X(R((2, 3, 4), "int", 0, 3)), X(R((3, 1), "int", 0, 3))]),
+    op("Equal-bool", "Equal", [X(R((2, 3), "bool")), X(R((3,), "bool"))]),
+    op("Less", "Less", [X(R((2, 3, 4), "smallf")), X(R((3, 1), "smallf"))]),
+    op("Greater", "Greater", [X(R((2, 1, 4), "smallf")), X(R((3, 1), "smallf"))]),
+    op("Greater-scalar-init", "Greater", [N234, W(np.array(0.25, F32))]),
+    op("LessOrEqual", "LessOrEqual", [X(R((2, 3, 4), "smallf")), X(R((4,), "smallf"))]),
+    op("GreaterOrEqual", "GreaterOrEqual", [X(R((2, 3, 4), "smallf")), X(R((4,), "smallf"))]),
+    op("And", "And", [X(R((2, 3, 4), "bool")), X(R((3, 4), "bool"))]),
+    op("Or", "Or", [X(R((2, 3, 4), "bool")), X(R((2, 1, 4), "bool"))]),
+    op("Xor", "Xor", [X(R((2, 3, 4), "bool")), X(R((4,), "bool"))]),
+    op("Where-bcast", "Where", [X(R((3, 1), "bool")), X(R((2, 3, 4))), X(R((4,)))]),
+    op("Where-scalar-inits", "Where", [X(R((2, 3, 4), "bool")), W(np.array(1.5, F32)), W(np.array(-2.0, F32))]),
+    op("Where-int64", "Where", [X(R((2, 3), "bool")), X(R((2, 3), "int", -9, 9)), W(np.array(7, I64))]),
+    op("Where-three-way-bcast", "Where", [X(R((2, 1, 1), "bool")), X(R((1, 3, 1))), X(R((1, 1, 4)))]),
+)
+for _op in ("Max", "Min", "Sum", "Mean"):
+    add(op(f"{_op}-3-inputs-bcast", _op, [X(R((2, 3, 4))), X(R((4,))), X(R((3, 1)))]),
+        op(f"{_op}-3-inputs-same", _op, [X(R((5, 7))), X(R((5, 7))), W(R((5, 7)))]))
+add(
+    op("Max-int64-3-inputs", "Max", [X(R((2, 3), "int", -9, 9)), X(R((2, 3), "int", -9, 9)), X(R((3,), "int", -9, 9))]),
+    op("Sum-1-input", "Sum", [X(R((2, 3)))]),
+    op("Max-1-input", "Max", [X(R((2, 3)))]),
+    op("Add-0d-plus-2d", "Add", [X(np.array(0.5, F32)), X(R((2, 3)))]),
+    op("Mod-int32-fmod0", "Mod", [X(R((3, 8), "int32", -50, 50)),
+                                  W(np.array([3, -3, 5, -5, 7, -7, 2, 9], np.int32))]),
+    op("Div-int32", "Div", [X(R((3, 8), "int32", -50, 50)),
+                            W(np.array([3, -3, 5, -5, 7, -7, 2, 9], np.int32))]),
+    op("Min-int64-2-inputs", "Min", [X(R((2, 3), "int", -9, 9)), X(R((2, 3), "int", -9, 9))]),
+    op("Mod-int64-fmod0", "Mod", [X(R((3, 8), "int", -50, 50)), X(R((3, 8), "nonzero", -7, 8))]),
+    op("Mod-int64-fmod1", "Mod", [X(R((3, 8), "int", -50, 50)), X(R((3, 8), "nonzero", -7, 8))], {"fmod": 1}),
+    op("Mod-int64-fmod0-scalar-neg", "Mod", [X(R((3, 8), "int", -50, 50)), W(np.array(-3, I64))]),
+    # Float Mod requires fmod=1 (the spec forbids fmod=0 on floats).
+    op("Mod-float-fmod1", "Mod", [X(R((3, 8), "uniform", -10, 10)), X(R((3, 8), "uniform", 0.5, 3))], {"fmod": 1}),
+    op("Mod-float-fmod1-neg-divisor", "Mod", [X(R((3, 8), "uniform", -10, 10)), W(np.array(-2.5, F32))],
+       {"fmod": 1}),
+    op("PRelu-slope-per-channel", "PRelu", [X(R((2, 3, 4, 5))), W(R((3, 1, 1), "uniform", 0, 0.5))]),
+    op("PRelu-slope-scalar", "PRelu", [N234, W(np.array([0.1], F32))]),
+    op("PRelu-slope-full", "PRelu", [N234, X(R((2, 3, 4)))]),
+)
+
+# ----- Cast, Clip ------------------------------------------------------------------------------
+add(
+    op("Cast-float-to-int64", "Cast", [X(R((4, 6), "uniform", -9, 9))], {"to": onnx.TensorProto.INT64}),
+    op("Cast-float-to-int64-halves", "Cast", [X(np.array([-2.5, -1.5, -0.7, -0.2, 0.2, 0.7, 1.5, 2.5], F32))],
+       {"to": onnx.TensorProto.INT64}),
+    op("Cast-int64-to-float", "Cast", [X(R((4, 6), "int", -1000, 1000))], {"to": onnx.TensorProto.FLOAT}),
+    op("Cast-float-to-bool", "Cast", [X(R((4, 6), "smallf"))], {"to": onnx.TensorProto.BOOL}),
+    op("Cast-bool-to-float", "Cast", [X(R((4, 6), "bool"))], {"to": onnx.TensorProto.FLOAT}),
+    op("Cast-float-to-int32", "Cast", [X(R((4, 6), "uniform", -9, 9))], {"to": onnx.TensorProto.INT32}),
+    op("Cast-float-to-int64-large", "Cast", [X(np.array([3.0e9, -3.0e9, 1.5e12, -7.25], F32))],
+       {"to": onnx.TensorProto.INT64}),
+    op("Cast-int64-to-bool", "Cast", [X(R((4, 6), "int", -2, 3))], {"to": onnx.TensorProto.BOOL}),
+    op("Cast-int64-to-int32", "Cast", [X(R((4, 6), "int", -1000, 1000))], {"to": onnx.TensorProto.INT32}),
+    op("Clip-13-min-only", "Clip", [N234, W(np.array(-0.3, F32))], opset=13),
+    op("Clip-13-max-only", "Clip", [N234, None, W(np.array(0.4, F32))], opset=13),
+    op("Clip-13-min-max", "Clip", [N234, W(np.array(-0.5, F32)), W(np.array(0.5, F32))], opset=13),
+    op("Clip-13-no-bounds", "Clip", [N234], opset=13),
+    op("Clip-6-attrs", "Clip", [N234], {"min": -0.2, "max": 0.7}, opset=6),
+    op("Clip-6-min-attr-only", "Clip", [N234], {"min": 0.1}, opset=6),
+)
+
+# ----- NaN propagation -------------------------------------------------------------------------
+# Only elementwise ops: onnxruntime's own NaN handling in reductions/pools is order-dependent.
+_NANV = np.array([[np.nan, -1.0, 2.0], [0.5, np.nan, -3.0]], F32)
+add(
+    op("NaN-Relu", "Relu", [X(_NANV)]),
+    op("NaN-Clip-13", "Clip", [X(_NANV), W(np.array(-0.5, F32)), W(np.array(1.0, F32))], opset=13),
+    op("NaN-Max-variadic", "Max", [X(_NANV), W(np.zeros(3, F32))]),
+    op("NaN-Add-Mul-propagate", "Mul", [X(_NANV), W(np.array(2.0, F32))]),
+)
+
+# ----- layout ----------------------------------------------------------------------------------
+add(
+    op("Transpose-2d-default-perm", "Transpose", [X(R((3, 5)))]),
+    op("Transpose-3d-021", "Transpose", [N234], {"perm": [0, 2, 1]}),
+    op("Transpose-3d-201", "Transpose", [N234], {"perm": [2, 0, 1]}),
+    op("Transpose-4d-nchw-to-nhwc", "Transpose", [X(R((2, 3, 4, 5)))], {"perm": [0, 2, 3, 1]}),
+    op("Transpose-4d-3120", "Transpose", [X(R((2, 3, 4, 5)))], {"perm": [3, 1, 2, 0]}),
+    op("Transpose-int64", "Transpose", [X(R((3, 4, 2), "int", -99, 99))], {"perm": [1, 2, 0]}),
+    op("Transpose-bool", "Transpose", [X(R((3, 4), "bool"))]),
+    op("Slice-basic", "Slice", [X(R((5, 6))), W(np.array([1, 2], I64)), W(np.array([4, 5], I64))]),
+    op("Slice-negative-starts", "Slice",
+       [X(R((5, 6))), W(np.array([-3, -4], I64)), W(np.array([-1, 6], I64))]),
+    op("Slice-axes-subset-step2", "Slice",
+       [X(R((3, 8, 5))), W(np.array([1], I64)), W(np.array([8], I64)), W(np.array([1], I64)),
+        W(np.array([2], I64))]),
+    op("Slice-step-minus1-reverse", "Slice",
+       [X(R((3, 7))), W(np.array([-1], I64)), W(np.array([INT64_MIN], I64)), W(np.array([1], I64)),
+        W(np.array([-1], I64))]),
+    op("Slice-step-minus2-partial", "Slice",
+       [X(R((3, 9))), W(np.array([7], I64)), W(np.array([1], I64)), W(np.array([-1], I64)),
+        W(np.array([-2], I64))]),
+    op("Slice-ends-int64max", "Slice",
+       [X(R((4, 6, 5))), W(np.array([2, 1], I64)), W(np.array([INT64_MAX, INT64_MAX], I64)),
+        W(np.array([-1, 0], I64))]),
+    op("Slice-out-of-range-clamped", "Slice",
+       [X(R((4, 6))), W(np.array([-100, 2], I64)), W(np.array([100, 1000], I64))]),
+    op("Slice-negative-axes-multi-step", "Slice",
+       [X(R((4, 6, 5))), W(np.array([4, 0], I64)), W(np.array([0, 5], I64)), W(np.array([-1, -3], I64)),
+        W(np.array([-2, 3], I64))]),
+    op("Slice-9-attrs", "Slice", [X(R((4, 6)))], {"starts": [1, -4], "ends": [3, 1000], "axes": [0, 1]}, opset=9),
+    op("Concat-3-axis0", "Concat", [X(R((2, 3))), X(R((1, 3))), X(R((4, 3)))], {"axis": 0}),
+    op("Concat-3-axis-1", "Concat", [X(R((2, 3, 1))), W(R((2, 3, 2))), X(R((2, 3, 4)))], {"axis": -1}),
+    op("Concat-3-axis1-4d", "Concat", [X(R((2, 1, 2, 2))), X(R((2, 3, 2, 2))), X(R((2, 2, 2, 2)))], {"axis": 1}),
+    op("Concat-int64-axis0", "Concat", [X(R((2, 3), "int", -9, 9)), W(np.array([[7, 8, 9]], I64))], {"axis": 0}),
+    op("Split-equal-axis1", "Split", [X(R((2, 6, 3)))], {"axis": 1}, outs=3),
+    op("Split-13-sizes-input", "Split", [X(R((2, 7))), W(np.array([2, 4, 1], I64))], {"axis": -1}, opset=13,
+       outs=3),
+    op("Split-13-sizes-axis0", "Split", [X(R((5, 3))), W(np.array([3, 2], I64))], {"axis": 0}, opset=13, outs=2),
+    op("Split-11-attr-sizes", "Split", [X(R((2, 7)))], {"axis": 1, "split": [3, 4]}, opset=11, outs=2),
+    op("Split-18-num-outputs-uneven", "Split", [X(R((2, 7)))], {"axis": 1, "num_outputs": 3}, opset=18, outs=3),
+    op("Gather-axis0", "Gather", [X(R((5, 4))), W(np.array([4, 0, 2], I64))], {"axis": 0}),
+    op("Gather-axis1-negative-idx", "Gather", [X(R((3, 5, 2))), W(np.array([-1, 0, -5, 3], I64))], {"axis": 1}),
+    op("Gather-scalar-index", "Gather", [X(R((5, 4))), W(np.array(-2, I64))], {"axis": 0}),
+    op("Gather-scalar-index-axis1", "Gather", [X(R((3, 5, 2))), W(np.array(3, I64))], {"axis": 1}),
+    op("Gather-2d-indices-axis1", "Gather", [X(R((3, 5, 2))), W(np.array([[0, 4], [-1, 2], [1, 1]], I64))],
+       {"axis": 1}),
+    op("Gather-runtime-indices", "Gather", [X(R((6, 4))), X(R((2, 3), "int", -6, 6))], {"axis": 0}),
+    op("Gather-embedding-init-data", "Gather", [W(R((10, 4))), X(R((2, 3), "int", 0, 10))], {"axis": 0}),
+    op("Gather-int64-data", "Gather", [X(R((5, 3), "int", -99, 99)), W(np.array([1, -1], I64))], {"axis": 1}),
+    op("GatherElements-axis0", "GatherElements", [X(R((3, 4))), W(np.array([[2, 0, 1, -1], [0, 0, 2, 1]], I64))],
+       {"axis": 0}),
+    op("GatherElements-axis-1", "GatherElements", [X(R((2, 3, 5))), X(R((2, 3, 4), "int", -5, 5))], {"axis": -1}),
+    op("GatherElements-axis1-3d", "GatherElements", [X(R((2, 4, 3))), X(R((2, 2, 3), "int", -4, 4))], {"axis": 1}),
+    op("Expand-3-to-2x3", "Expand", [X(R((3,))), W(np.array([2, 3], I64))]),
+    op("Expand-31-to-2x3x4", "Expand", [X(R((3, 1))), W(np.array([2, 3, 4], I64))]),
+    op("Expand-shape-smaller-rank", "Expand", [X(R((2, 1, 4))), W(np.array([3, 1], I64))]),
+    op("Expand-int64", "Expand", [X(R((1, 3), "int", -9, 9)), W(np.array([4, 1], I64))]),
+    op("Tile-2d", "Tile", [X(R((2, 3))), W(np.array([2, 3], I64))]),
+    op("Tile-3d-ones", "Tile", [X(R((2, 1, 3))), W(np.array([1, 4, 2], I64))]),
+    op("Tile-4d", "Tile", [X(R((1, 2, 3, 2))), W(np.array([2, 1, 2, 3], I64))]),
+    op("Pad-constant-value", "Pad",
+       [X(R((2, 3, 4))), W(np.array([0, 1, 2, 1, 0, 3], I64)), W(np.array(1.5, F32))], {"mode": "constant"}),
+    op("Pad-constant-default-zero", "Pad", [X(R((3, 4))), W(np.array([1, 0, 2, 2], I64))]),
+    op("Pad-reflect", "Pad", [X(R((1, 2, 4, 5))), W(np.array([0, 0, 2, 1, 0, 0, 1, 3], I64))], {"mode": "reflect"}),
+    op("Pad-edge", "Pad", [X(R((1, 2, 4, 5))), W(np.array([0, 0, 3, 1, 0, 0, 2, 4], I64))], {"mode": "edge"}),
+    op("Pad-reflect-3-axes", "Pad", [X(R((3, 4, 5))), W(np.array([1, 2, 0, 2, 3, 4], I64))], {"mode": "reflect"}),
+    op("Pad-negative-crop", "Pad", [X(R((4, 6))), W(np.array([-1, 2, 1, -2], I64))]),
+    op("Pad-int64-constant", "Pad", [X(R((2, 3), "int", -9, 9)), W(np.array([1, 0, 0, 2], I64)), W(np.array(-7, I64))]),
+    op("Pad-18-axes-input", "Pad", [X(R((2, 3, 4))), W(np.array([1, 2, 0, 1], I64)), W(np.array(-1.0, F32)),
+                                    W(np.array([2, 0], I64))], opset=18),
+    op("DepthToSpace-DCR", "DepthToSpace", [X(R((2, 8, 3, 2)))], {"blocksize": 2}),
+    op("DepthToSpace-CRD", "DepthToSpace", [X(R((2, 8, 3, 2)))], {"blocksize": 2, "mode": "CRD"}),
+    op("DepthToSpace-DCR-b3", "DepthToSpace", [X(R((1, 18, 2, 2)))], {"blocksize": 3}),
+    op("Trilu-upper", "Trilu", [X(R((4, 5)))]),
+    op("Trilu-lower", "Trilu", [X(R((4, 5)))], {"upper": 0}),
+    op("Trilu-upper-k1-batched", "Trilu", [X(R((2, 4, 5))), W(np.array(1, I64))]),
+    op("Trilu-lower-k-neg1", "Trilu", [X(R((2, 5, 4))), W(np.array(-1, I64))], {"upper": 0}),
+    op("Trilu-upper-k-neg2", "Trilu", [X(R((5, 3))), W(np.array(-2, I64))]),
+)
+
+
+def _split_second_output_only(rng):
+    # Split with two outputs of which only the second is a graph output (the first is dangling).
+    nodes = [helper.make_node("Split", ["x"], ["a", "b"], axis=1)]
+    return nodes, {"x": R((2, 6)).make(rng)}, {}, ["b"]
+
+
+add(graph_case("Split-13-only-second-output-used", _split_second_output_only, opset=13))
+
+
+# Views (Reshape/Flatten/Squeeze/Unsqueeze) followed by an op so a kernel reads through the view.
+def _view_then(view_op, in_shape, view_ins, view_attrs=None, then="Relu", opset=17):
+    def make(rng):
+        x = R(in_shape).make(rng)
+        inits = {}
+        vin = ["x"]
+        for k, v in enumerate(view_ins):
+            inits[f"c{k}"] = np.asarray(v)
+            vin.append(f"c{k}")
+        nodes = [helper.make_node(view_op, vin, ["v"], **(view_attrs or {})),
+                 helper.make_node(then, ["v"], ["y"])]
+        return nodes, {"x": x}, inits, ["y"]
+    return make
+
+
+add(
+    graph_case("Reshape-then-Relu", _view_then("Reshape", (2, 3, 4), [np.array([4, -1], I64)])),
+    graph_case("Reshape-zero-dim-then-Relu", _view_then("Reshape", (2, 3, 4), [np.array([0, 0, 2, 2], I64)])),
+    graph_case("Flatten-axis2-then-Sigmoid", _view_then("Flatten", (2, 3, 4, 5), [], {"axis": 2}, "Sigmoid")),
+    graph_case("Flatten-default-then-Relu", _view_then("Flatten", (2, 3, 4), [])),
+    graph_case("Squeeze-13-axes-then-Relu", _view_then("Squeeze", (2, 1, 4, 1), [np.array([1, -1], I64)])),
+    graph_case("Squeeze-11-attr-then-Relu", _view_then("Squeeze", (1, 3, 1), [], {"axes": [0]}, opset=11),
+               opset=11),
+    graph_case("Squeeze-13-no-axes-then-Relu", _view_then("Squeeze", (1, 3, 1, 2), [])),
+    graph_case("Unsqueeze-13-axes-then-Neg", _view_then("Unsqueeze", (3, 4), [np.array([0, -1], I64)], then="Neg")),
+    graph_case("Unsqueeze-11-attr-then-Neg", _view_then("Unsqueeze", (3, 4), [], {"axes": [1]}, then="Neg"),
+               opset=11),
+    graph_case("Identity-node-then-Relu", _view_then("Identity", (2, 3), [])),
+)
+
+
+def _reshape_then_transpose(rng):
+    # The view changes the shape a layout kernel indexes with: Reshape [2,12] -> [2,3,4], then Transpose.
+    x = R((2, 12)).make(rng)
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["v"]),
+             helper.make_node("Transpose", ["v"], ["y"], perm=[2, 0, 1])]
+    return nodes, {"x": x}, {"s": np.array([2, 3, 4], I64)}, ["y"]
+
+
+def _relu_reshape_add(rng):
+    # Relu -> Reshape (view) -> Add with a broadcast operand: in-place planning across a view.
+    x, b = R((4, 6)).make(rng), R((3,)).make(rng)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Reshape", ["r", "s"], ["v"]),
+             helper.make_node("Add", ["v", "b"], ["y"])]
+    return nodes, {"x": x, "b": b}, {"s": np.array([8, 3], I64)}, ["y"]
+
+
+add(graph_case("Reshape-then-Transpose", _reshape_then_transpose),
+    graph_case("Relu-Reshape-Add-chain", _relu_reshape_add))
+
+# ----- reductions ------------------------------------------------------------------------------
+RED_X = (3, 4, 5, 6)
+_AXES = {
+    "last": [-1], "first": [0], "middle": [2], "two-nonadjacent": [0, 2], "two-nonadjacent-13": [1, 3],
+    "all": None,
+}
+for _op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceSumSquare"):
+    kind = R(RED_X, "uniform", 0.6, 1.4) if _op == "ReduceProd" else R(RED_X)  # keep products O(1)
+    for _name, _axes in _AXES.items():
+        for _kd in (0, 1):
+            attrs = {"keepdims": _kd}
+            if _axes is not None:
+                if _op == "ReduceSum":  # opset 13: axes is an input
+                    ins = [X(kind), W(np.array(_axes, I64))]
+                else:
+                    ins = [X(kind)]
+                    attrs["axes"] = _axes
+            else:
+                ins = [X(kind)]
+            add(op(f"{_op}-{_name}-keepdims{_kd}", _op, ins, attrs, opset=13))
+add(
+    op("ReduceSum-13-noop-empty-axes", "ReduceSum", [X(R((3, 4))), W(np.array([], I64))], {"noop_with_empty_axes": 1},
+       opset=13),
+    op("ReduceSum-long-row-1000", "ReduceSum", [X(R((3, 1000)))], {"keepdims": 0}, opset=13),
+    op("ReduceMax-long-col", "ReduceMax", [X(R((700, 3)))], {"axes": [0]}, opset=13),
+    op("ReduceMean-18-axes-input", "ReduceMean", [X(R((2, 3, 4))), W(np.array([0, 2], I64))], opset=18),
+    op("ReduceL1", "ReduceL1", [X(R((2, 3, 4)))], {"axes": [1]}, opset=13),
+    op("ReduceLogSum", "ReduceLogSum", [X(R((2, 3, 4), "pos"))], {"axes": [2], "keepdims": 0}, opset=13),
+    op("ReduceMean-size1-axis", "ReduceMean", [X(R((3, 1, 4)))], {"axes": [1]}, opset=13),
+    op("ReduceSum-negative-axes-input", "ReduceSum", [X(R((3, 4, 5, 6))), W(np.array([-1, -3], I64))], opset=13),
+    op("ReduceMax-18-axes-input-keepdims0", "ReduceMax", [X(R((3, 4, 5))), W(np.array([1], I64))], {"keepdims": 0},
+       opset=18),
+)
+for _op in ("ArgMax", "ArgMin"):
+    add(
+        op(f"{_op}-axis0-keepdims1", _op, [X(R((4, 5, 3), "unique"))], {"axis": 0}),
+        op(f"{_op}-axis1-keepdims0", _op, [X(R((4, 5, 3), "unique"))], {"axis": 1, "keepdims": 0}),
+        op(f"{_op}-axis-1", _op, [X(R((4, 5, 3), "unique"))], {"axis": -1}),
+        # Ties (small-integer floats) decide between first and last occurrence.
+        op(f"{_op}-ties-select-last", _op, [X(R((4, 9), "smallf"))], {"axis": 1, "select_last_index": 1}),
+        op(f"{_op}-ties-select-first", _op, [X(R((4, 9), "smallf"))], {"axis": 1, "select_last_index": 0}),
+        op(f"{_op}-1d-keepdims0-scalar-out", _op, [X(R((7,), "unique"))], {"axis": 0, "keepdims": 0}),
+    )
+
+# ----- Softmax, normalization, pooling reductions ----------------------------------------------------
+for _op in ("Softmax", "LogSoftmax"):
+    add(
+        op(f"{_op}-13-axis-1", _op, [X(R((3, 4, 7)))], {"axis": -1}, opset=13),
+        op(f"{_op}-13-axis1-3d", _op, [X(R((3, 4, 7)))], {"axis": 1}, opset=13),
+        op(f"{_op}-13-axis0-3d", _op, [X(R((3, 4, 7)))], {"axis": 0}, opset=13),
+        op(f"{_op}-13-axis1-4d", _op, [X(R((2, 5, 3, 4)))], {"axis": 1}, opset=13),
+        op(f"{_op}-13-default-axis", _op, [X(R((2, 5)))], opset=13),
+        op(f"{_op}-11-axis1-coerced-2d", _op, [X(R((3, 4, 7)))], {"axis": 1}, opset=11),
+        op(f"{_op}-11-default-axis", _op, [X(R((3, 4, 7)))], opset=11),
+        op(f"{_op}-13-long-row-1000", _op, [X(R((2, 1000), "uniform", -10, 10))], opset=13),
+    )
+add(
+    op("LayerNorm-axis-1-bias", "LayerNormalization", [X(R((2, 3, 8))), W(R((8,))), W(R((8,)))], {"axis": -1}),
+    op("LayerNorm-axis-1-no-bias", "LayerNormalization", [X(R((2, 3, 8))), W(R((8,)))], {"axis": -1}),
+    op("LayerNorm-axis-2-bias", "LayerNormalization", [X(R((2, 3, 8))), W(R((3, 8))), W(R((3, 8)))], {"axis": -2}),
+    op("LayerNorm-axis-2-no-bias-eps", "LayerNormalization", [X(R((2, 3, 8))), W(R((3, 8)))],
+       {"axis": -2, "epsilon": 1e-3}),
+    op("LayerNorm-long-row-768", "LayerNormalization", [X(R((3, 768))), W(R((768,))), W(R((768,)))]),
+    op("LayerNorm-axis0-whole-tensor", "LayerNormalization", [X(R((2, 3, 4))), W(R((2, 3, 4))), W(R((2, 3, 4)))],
+       {"axis": 0}),
+    op("BatchNorm-4d", "BatchNormalization",
+       [X(R((2, 3, 4, 5))), W(R((3,))), W(R((3,))), W(R((3,))), W(R((3,), "pos"))]),
+    op("BatchNorm-2d-eps", "BatchNormalization",
+       [X(R((4, 3))), W(R((3,))), W(R((3,))), W(R((3,))), W(R((3,), "pos"))], {"epsilon": 1e-3}),
+    op("BatchNorm-3d-input", "BatchNormalization",
+       [X(R((2, 4, 7))), W(R((4,))), W(R((4,))), W(R((4,))), W(R((4,), "pos"))]),
+    op("InstanceNorm-4d", "InstanceNormalization", [X(R((2, 3, 4, 5))), W(R((3,))), W(R((3,)))]),
+    op("InstanceNorm-3d-eps", "InstanceNormalization", [X(R((2, 4, 9))), W(R((4,))), W(R((4,)))], {"epsilon": 1e-2}),
+    op("InstanceNorm-large-spatial", "InstanceNormalization", [X(R((1, 2, 20, 30))), W(R((2,))), W(R((2,)))]),
+    op("BatchNorm-opset15", "BatchNormalization",
+       [X(R((2, 3, 4))), W(R((3,))), W(R((3,))), W(R((3,))), W(R((3,), "pos"))], opset=15),
+    op("GlobalAveragePool-4d", "GlobalAveragePool", [X(R((2, 3, 5, 6)))]),
+    op("GlobalAveragePool-3d", "GlobalAveragePool", [X(R((2, 3, 7)))]),
+    op("GlobalMaxPool-4d", "GlobalMaxPool", [X(R((2, 3, 5, 6)))]),
+    op("GlobalMaxPool-big-spatial", "GlobalMaxPool", [X(R((1, 2, 20, 30)))]),
+)
+
+# ----- MatMul, Gemm ----------------------------------------------------------------------------------
+add(
+    op("MatMul-2d-MK-KN", "MatMul", [X(R((8, 16))), W(R((16, 12)))]),
+    op("MatMul-2d-both-inputs", "MatMul", [X(R((5, 6))), X(R((6, 7)))]),
+    op("MatMul-batched-BMK-BKN", "MatMul", [X(R((3, 5, 6))), X(R((3, 6, 4)))]),
+    op("MatMul-broadcast-21MK-3KN", "MatMul", [X(R((2, 1, 5, 6))), X(R((3, 6, 4)))]),
+    op("MatMul-3d-x-2d-weights", "MatMul", [X(R((2, 5, 6))), W(R((6, 9)))]),
+    op("MatMul-2d-x-3d", "MatMul", [X(R((5, 6))), X(R((2, 6, 3)))]),
+    op("MatMul-1d-x-2d", "MatMul", [X(R((6,))), W(R((6, 4)))]),
+    op("MatMul-2d-x-1d", "MatMul", [X(R((5, 6))), W(R((6,)))]),
+    op("MatMul-1d-x-3d", "MatMul", [X(R((6,))), X(R((2, 6, 3)))]),
+    op("MatMul-3d-x-1d", "MatMul", [X(R((2, 5, 6))), X(R((6,)))]),
+    op("MatMul-1d-x-1d", "MatMul", [X(R((6,))), X(R((6,)))]),
+    op("MatMul-K1-outer-product", "MatMul", [X(R((5, 1))), X(R((1, 4)))]),
+    op("MatMul-odd-37x53x19", "MatMul", [X(R((37, 53))), W(R((53, 19)))]),
+    # K=70 sums of products of N(0,1): |y| ~ 8; fp32 reassociation error stays ~1e-5 absolute.
+    op("MatMul-large-130x70x200", "MatMul", [X(R((130, 70))), W(R((70, 200)))], atol=5e-5),
+    op("MatMul-4d-batched-odd", "MatMul", [X(R((2, 3, 17, 33))), X(R((2, 3, 33, 9)))]),
+    # Big enough that the 64x64 tiling is chosen for the 2-slot PoCL device (partial tiles in M and N).
+    op("MatMul-tile64-batched-2x120x33x125", "MatMul", [X(R((2, 120, 33))), X(R((2, 33, 125)))]),
+)
+for _ta in (0, 1):
+    for _tb in (0, 1):
+        M_, K_, N_ = 5, 7, 6
+        a = R((K_, M_) if _ta else (M_, K_))
+        b = R((N_, K_) if _tb else (K_, N_))
+        add(op(f"Gemm-tA{_ta}-tB{_tb}-C-N", "Gemm", [X(a), W(b), W(R((N_,)))], {"transA": _ta, "transB": _tb}))
+add(
+    op("Gemm-alpha-beta-C-MN", "Gemm", [X(R((5, 7))), W(R((7, 6))), W(R((5, 6)))], {"alpha": 0.5, "beta": 2.0}),
+    op("Gemm-C-M1", "Gemm", [X(R((5, 7))), W(R((7, 6))), W(R((5, 1)))], {"beta": 0.7}),
+    op("Gemm-tA-C-M1", "Gemm", [X(R((7, 5))), X(R((7, 6))), W(R((5, 1)))], {"transA": 1, "alpha": -1.0}),
+    op("Gemm-C-1N", "Gemm", [X(R((5, 7))), W(R((7, 6))), W(R((1, 6)))]),
+    op("Gemm-C-scalar", "Gemm", [X(R((5, 7))), W(R((7, 6))), W(np.array(0.25, F32))], {"alpha": 1.5}),
+    op("Gemm-C-shape1", "Gemm", [X(R((5, 7))), W(R((7, 6))), W(np.array([0.25], F32))]),
+    op("Gemm-no-C", "Gemm", [X(R((5, 7))), W(R((6, 7)))], {"transB": 1, "alpha": 2.0}),
+    op("Gemm-beta0-with-C", "Gemm", [X(R((5, 7))), W(R((7, 6))), W(R((6,)))], {"beta": 0.0}),
+    op("Gemm-odd-linear-layer", "Gemm", [X(R((33, 70))), W(R((45, 70))), W(R((45,)))], {"transB": 1}),
+)
+
+# ----- Conv, ConvTranspose, pooling ----------------------------------------------------------------
+add(
+    op("Conv-2d-3x3-bias", "Conv", [X(R((2, 3, 7, 8))), W(R((4, 3, 3, 3))), W(R((4,)))]),
+    op("Conv-2d-pads-strides-dilations", "Conv", [X(R((1, 3, 9, 10))), W(R((5, 3, 3, 2)))],
+       {"pads": [1, 2, 0, 1], "strides": [2, 3], "dilations": [2, 1]}),
+    op("Conv-2d-groups2-bias", "Conv", [X(R((2, 4, 6, 6))), W(R((6, 2, 3, 3))), W(R((6,)))],
+       {"group": 2, "pads": [1, 1, 1, 1]}),
+    op("Conv-depthwise", "Conv", [X(R((2, 3, 6, 7))), W(R((3, 1, 3, 3))), W(R((3,)))],
+       {"group": 3, "pads": [1, 1, 1, 1]}),
+    op("Conv-depthwise-multiplier2-strided", "Conv", [X(R((1, 3, 7, 7))), W(R((6, 1, 3, 3)))],
+       {"group": 3, "strides": [2, 2], "pads": [0, 1, 1, 0]}),
+    # (onnxruntime rejects dilations together with auto_pad SAME_*, so explicit pads here.)
+    op("Conv-depthwise-dilated-padded", "Conv", [X(R((1, 4, 8, 7))), W(R((4, 1, 3, 2))), W(R((4,)))],
+       {"group": 4, "dilations": [2, 2], "pads": [2, 1, 2, 0]}),
+    op("Conv-1x1-bias", "Conv", [X(R((2, 8, 5, 5))), W(R((4, 8, 1, 1))), W(R((4,)))]),
+    op("Conv-1x1-strided", "Conv", [X(R((1, 4, 6, 6))), W(R((3, 4, 1, 1)))], {"strides": [2, 2]}),
+    op("Conv-auto-pad-same-upper", "Conv", [X(R((1, 2, 7, 6))), W(R((3, 2, 4, 3)))],
+       {"auto_pad": "SAME_UPPER", "strides": [2, 1]}),
+    op("Conv-auto-pad-same-lower", "Conv", [X(R((1, 2, 7, 6))), W(R((3, 2, 4, 3)))],
+       {"auto_pad": "SAME_LOWER", "strides": [2, 1]}),
+    op("Conv-auto-pad-valid", "Conv", [X(R((1, 2, 7, 6))), W(R((3, 2, 3, 3)))], {"auto_pad": "VALID"}),
+    op("Conv-1d-bias", "Conv", [X(R((2, 3, 11))), W(R((4, 3, 3))), W(R((4,)))], {"pads": [1, 2], "strides": [2]}),
+    op("Conv-1d-dilated-no-bias", "Conv", [X(R((1, 2, 12))), W(R((3, 2, 3)))], {"dilations": [3]}),
+    op("Conv-3d", "Conv", [X(R((1, 2, 4, 5, 4))), W(R((3, 2, 2, 3, 2))), W(R((3,)))], {"pads": [1, 0, 1, 0, 1, 1]}),
+    op("Conv-2d-larger-channels", "Conv", [X(R((1, 16, 10, 10))), W(R((24, 16, 3, 3))), W(R((24,)))],
+       {"pads": [1, 1, 1, 1]}),
+    op("ConvTranspose-2d-stride2", "ConvTranspose", [X(R((1, 3, 4, 5))), W(R((3, 2, 3, 3))), W(R((2,)))],
+       {"strides": [2, 2]}),
+    op("ConvTranspose-2d-pads-output-padding", "ConvTranspose", [X(R((2, 2, 4, 4))), W(R((2, 3, 3, 3)))],
+       {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}),
+    op("ConvTranspose-2d-groups2", "ConvTranspose", [X(R((1, 4, 3, 3))), W(R((4, 3, 3, 3))), W(R((6,)))],
+       {"group": 2, "strides": [2, 1], "pads": [0, 1, 1, 0]}),
+    op("ConvTranspose-2d-dilation", "ConvTranspose", [X(R((1, 2, 4, 4))), W(R((2, 3, 3, 2)))],
+       {"dilations": [2, 2], "strides": [1, 2]}),
+    op("ConvTranspose-2d-groups-dilation-output-padding", "ConvTranspose",
+       [X(R((1, 4, 3, 4))), W(R((4, 2, 2, 3))), W(R((4,)))],
+       {"group": 2, "dilations": [2, 1], "strides": [3, 2], "output_padding": [2, 1], "pads": [1, 0, 0, 1]}),
+    op("ConvTranspose-1d", "ConvTranspose", [X(R((2, 3, 6))), W(R((3, 4, 3))), W(R((4,)))],
+       {"strides": [3], "pads": [1, 0]}),
+    op("ConvTranspose-1d-output-padding", "ConvTranspose", [X(R((1, 2, 5))), W(R((2, 2, 4)))],
+       {"strides": [2], "output_padding": [1]}),
+    op("ConvTranspose-2d-output-shape", "ConvTranspose", [X(R((1, 2, 3, 3))), W(R((2, 2, 3, 3)))],
+       {"strides": [2, 2], "output_shape": [6, 6]}),
+    op("ConvTranspose-2d-auto-pad-same-upper", "ConvTranspose", [X(R((1, 2, 3, 3))), W(R((2, 2, 4, 4)))],
+       {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+)
+add(
+    op("MaxPool-2x2-s2", "MaxPool", [X(R((2, 3, 6, 6), "unique"))], {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    op("MaxPool-3x3-pads-s2", "MaxPool", [X(R((1, 2, 7, 8), "unique"))],
+       {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    op("MaxPool-ceil-mode", "MaxPool", [X(R((1, 2, 7, 8), "unique"))],
+       {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+    op("MaxPool-dilations", "MaxPool", [X(R((1, 2, 9, 9), "unique"))],
+       {"kernel_shape": [2, 3], "dilations": [2, 2], "pads": [1, 0, 0, 1]}),
+    op("MaxPool-same-upper", "MaxPool", [X(R((1, 2, 7, 7), "unique"))],
+       {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    op("MaxPool-1d", "MaxPool", [X(R((2, 3, 10), "unique"))], {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+    op("MaxPool-3d", "MaxPool", [X(R((1, 2, 4, 5, 6), "unique"))], {"kernel_shape": [2, 3, 2], "strides": [2, 1, 2]}),
+    op("AveragePool-2x2-s2", "AveragePool", [X(R((2, 3, 6, 6)))], {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    op("AveragePool-pads-exclude-pad", "AveragePool", [X(R((1, 2, 7, 8)))],
+       {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 0}),
+    op("AveragePool-pads-include-pad", "AveragePool", [X(R((1, 2, 7, 8)))],
+       {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+    op("AveragePool-asym-pads-include-pad", "AveragePool", [X(R((1, 2, 7, 8)))],
+       {"kernel_shape": [3, 2], "strides": [1, 2], "pads": [2, 0, 0, 1], "count_include_pad": 1}),
+    op("AveragePool-ceil-mode-exclude-pad", "AveragePool", [X(R((1, 2, 7, 8)))],
+       {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+    op("AveragePool-ceil-mode-include-pad", "AveragePool", [X(R((1, 2, 7, 8)))],
+       {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1, "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+    op("AveragePool-1d", "AveragePool", [X(R((2, 3, 10)))], {"kernel_shape": [4], "strides": [3]}),
+    op("AveragePool-3d-include-pad", "AveragePool", [X(R((1, 2, 4, 5, 6)))],
+       {"kernel_shape": [2, 3, 2], "pads": [1, 1, 0, 0, 1, 1], "count_include_pad": 1}),
+    op("AveragePool-same-upper-include-pad", "AveragePool", [X(R((1, 2, 6, 6)))],
+       {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER", "count_include_pad": 1}),
+    op("AveragePool-same-lower-include-pad", "AveragePool", [X(R((1, 2, 6, 6)))],
+       {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_LOWER", "count_include_pad": 1}),
+    op("AveragePool-same-upper-exclude-pad", "AveragePool", [X(R((1, 2, 6, 6)))],
+       {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    op("MaxPool-same-lower", "MaxPool", [X(R((1, 2, 6, 6), "unique"))],
+       {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_LOWER"}),
+)
+
+# ----- Resize / Upsample ---------------------------------------------------------------------------
+_S2 = np.array([1, 1, 2, 2], F32)
+_S_UP = np.array([1, 1, 1.5, 2.5], F32)
+_S_DOWN = np.array([1, 1, 0.5, 0.6], F32)
+_SIZES = np.array([1, 2, 7, 9], I64)
+_RX = R((1, 2, 4, 5))
+
+
+def resize(cid, scales=None, sizes=None, x=_RX, opset=13, marks=(), **attrs):
+    ins = [X(x), None if opset >= 13 else W(np.array([], F32)),
+           W(scales) if scales is not None else (None if opset >= 13 else W(np.array([], F32)))]
+    if sizes is not None:
+        ins.append(W(sizes))
+    return op(cid, "Resize", ins, attrs, opset=opset, marks=marks)
+
+
+add(
+    resize("Resize-nearest-asymmetric-floor-x2", _S2, mode="nearest",
+           coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+    resize("Resize-nearest-asymmetric-floor-x1.5x2.5", _S_UP, mode="nearest",
+           coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+    resize("Resize-nearest-half-pixel-round-prefer-floor", _S_UP, mode="nearest",
+           coordinate_transformation_mode="half_pixel", nearest_mode="round_prefer_floor"),
+    resize("Resize-nearest-default-attrs-sizes", sizes=_SIZES),
+    resize("Resize-nearest-half-pixel-round-prefer-ceil-sizes", sizes=_SIZES, mode="nearest",
+           nearest_mode="round_prefer_ceil"),
+    resize("Resize-nearest-downscale", _S_DOWN, x=R((1, 2, 8, 10)), mode="nearest",
+           coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+    resize("Resize-nearest-align-corners-sizes", sizes=_SIZES, mode="nearest",
+           coordinate_transformation_mode="align_corners", nearest_mode="round_prefer_floor"),
+    resize("Resize-nearest-half-pixel-ceil", _S_UP, mode="nearest", nearest_mode="ceil"),
+    resize("Resize-nearest-pytorch-half-pixel-round-prefer-ceil", _S_UP, mode="nearest",
+           coordinate_transformation_mode="pytorch_half_pixel", nearest_mode="round_prefer_ceil"),
+)
+for _ctm in ("half_pixel", "align_corners", "pytorch_half_pixel", "asymmetric"):
+    add(
+        resize(f"Resize-linear-{_ctm}-scales", _S_UP, mode="linear", coordinate_transformation_mode=_ctm),
+        resize(f"Resize-linear-{_ctm}-sizes", sizes=_SIZES, mode="linear", coordinate_transformation_mode=_ctm),
+        resize(f"Resize-linear-{_ctm}-downscale", _S_DOWN, x=R((1, 2, 8, 10)), mode="linear",
+               coordinate_transformation_mode=_ctm),
+    )
+add(
+    resize("Resize-linear-half-pixel-x2-3d", np.array([1, 2, 2], F32), x=R((2, 3, 4)), mode="linear"),
+    resize("Resize-linear-pytorch-half-pixel-to-size1", sizes=np.array([1, 2, 1, 3], I64), mode="linear",
+           coordinate_transformation_mode="pytorch_half_pixel"),
+    resize("Resize-11-linear-align-corners", _S2, opset=11, mode="linear",
+           coordinate_transformation_mode="align_corners"),
+    op("Resize-10-nearest-x2", "Resize", [X(_RX), W(_S2)], {"mode": "nearest"}, opset=10),
+    # Resize-10 nearest floors the asymmetric coordinate (scale 3 tells floor from rounding).
+    op("Resize-10-nearest-x3", "Resize", [X(_RX), W(np.array([1, 1, 3, 3], F32))], {"mode": "nearest"}, opset=10),
+    op("Resize-10-linear-x2", "Resize", [X(_RX), W(_S2)], {"mode": "linear"}, opset=10),
+    # Integral scales once rendered as the invalid C literal `2f`.
+    op("Upsample-9-nearest-x2", "Upsample", [X(_RX), W(_S2)], {"mode": "nearest"}, opset=9),
+    op("Upsample-9-nearest-x1.5x2.5", "Upsample", [X(_RX), W(_S_UP)], {"mode": "nearest"}, opset=9),
+    op("Upsample-9-linear-x2", "Upsample", [X(_RX), W(_S2)], {"mode": "linear"}, opset=9),
+    op("Upsample-7-nearest-attr-scales", "Upsample", [X(_RX)], {"mode": "nearest", "scales": [1.0, 1.0, 2.0, 3.0]},
+       opset=7),
+    resize("Resize-18-linear-sizes-not-larger", sizes=_SIZES, opset=18, mode="linear",
+           keep_aspect_ratio_policy="not_larger"),
+    resize("Resize-18-nearest-sizes-not-smaller", sizes=_SIZES, opset=18, mode="nearest",
+           keep_aspect_ratio_policy="not_smaller"),
+)
+
+# ----- LSTM ----------------------------------------------------------------------------------------
+SEQ, BATCH, INP, HID = 5, 3, 4, 8
+
+
+def lstm(cid, direction="forward", bias=True, init_state=True, state_as_input=False, outs=(True, True, True),
+         marks=()):
+    D = 2 if direction == "bidirectional" else 1
+    w = lambda *s: W(R(s, "uniform", -0.5, 0.5))  # noqa: E731
+    ins = [X(R((SEQ, BATCH, INP))), w(D, 4 * HID, INP), w(D, 4 * HID, HID)]
+    if bias or init_state:
+        ins.append(w(D, 8 * HID) if bias else None)
+    if init_state:
+        st = (lambda: X(R((D, BATCH, HID)))) if state_as_input else (lambda: W(R((D, BATCH, HID))))
+        ins += [None, st(), st()]
+    return op(cid, "LSTM", ins, {"hidden_size": HID, "direction": direction}, outs=list(outs), marks=marks)
+
+
+add(
+    lstm("LSTM-forward-bias-initial-state"),
+    lstm("LSTM-forward-initial-state-graph-inputs", state_as_input=True),
+    lstm("LSTM-reverse", direction="reverse"),
+    lstm("LSTM-bidirectional", direction="bidirectional"),
+    lstm("LSTM-bidirectional-no-initial-state", direction="bidirectional", init_state=False),
+    lstm("LSTM-forward-no-bias", bias=False, init_state=False),
+    lstm("LSTM-forward-no-bias-with-initial-state", bias=False),
+    lstm("LSTM-forward-only-Y_h", outs=(False, True)),
+    lstm("LSTM-reverse-only-Y_h", direction="reverse", outs=(False, True)),
+    lstm("LSTM-bidirectional-only-Y", direction="bidirectional", outs=(True,)),
+    lstm("LSTM-forward-Y_c-only", outs=(False, False, True)),
+    op("LSTM-forward-clip", "LSTM",
+       [X(R((SEQ, BATCH, INP))), W(R((1, 4 * HID, INP), "uniform", -1, 1)), W(R((1, 4 * HID, HID), "uniform", -1, 1)),
+        W(R((1, 8 * HID), "uniform", -1, 1))], {"hidden_size": HID, "clip": 0.5}, outs=3),
+    op("LSTM-forward-full-sequence-lens", "LSTM",
+       [X(R((SEQ, BATCH, INP))), W(R((1, 4 * HID, INP), "uniform", -0.5, 0.5)),
+        W(R((1, 4 * HID, HID), "uniform", -0.5, 0.5)), W(R((1, 8 * HID), "uniform", -0.5, 0.5)),
+        W(np.full(BATCH, SEQ, np.int32))], {"hidden_size": HID}, outs=3),
+)
+
+
+# ----- graph outputs that are inputs or views ------------------------------------------------------
+def _output_is_input(rng):
+    return [], {"x": R((2, 3)).make(rng)}, {}, ["x"]
+
+
+def _identity_of_input(rng):
+    return [helper.make_node("Identity", ["x"], ["y"])], {"x": R((2, 3)).make(rng)}, {}, ["y"]
+
+
+def _reshape_of_input(rng):
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["y"])]
+    return nodes, {"x": R((2, 3, 4)).make(rng)}, {"s": np.array([6, 4], I64)}, ["y"]
+
+
+def _flatten_of_input(rng):
+    return [helper.make_node("Flatten", ["x"], ["y"], axis=1)], {"x": R((2, 3, 4)).make(rng)}, {}, ["y"]
+
+
+def _two_outputs_one_reshape(rng):
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Reshape", ["a", "s"], ["b"])]
+    return nodes, {"x": R((2, 3, 4)).make(rng)}, {"s": np.array([4, 6], I64)}, ["a", "b"]
+
+
+def _two_outputs_reshape_first(rng):
+    nodes = [helper.make_node("Sigmoid", ["x"], ["a"]), helper.make_node("Reshape", ["a", "s"], ["b"])]
+    return nodes, {"x": R((2, 3, 4)).make(rng)}, {"s": np.array([-1], I64)}, ["b", "a"]
+
+
+def _input_and_relu(rng):
+    # One output is the graph input itself, the other a kernel's result.
+    return [helper.make_node("Relu", ["x"], ["y"])], {"x": R((2, 3)).make(rng)}, {}, ["y", "x"]
+
+
+def _same_view_twice(rng):
+    # Two Reshape views of the same tensor, both graph outputs.
+    nodes = [helper.make_node("Exp", ["x"], ["e"]),
+             helper.make_node("Reshape", ["e", "s1"], ["a"]),
+             helper.make_node("Reshape", ["e", "s2"], ["b"])]
+    inits = {"s1": np.array([6, 4], I64), "s2": np.array([24], I64)}
+    return nodes, {"x": R((2, 3, 4)).make(rng)}, inits, ["a", "b"]
+
+
+def _output_also_consumed(rng):
+    # An output that a later node also reads (the output buffer is an intermediate too).
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"])]
+    return nodes, {"x": R((2, 3)).make(rng)}, {}, ["a", "b"]
+
+
+def _shape_output(rng):
+    # A graph output that constant folding turns into a constant (Shape of a static input).
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Relu", ["x"], ["y"])]
+    return nodes, {"x": R((2, 3, 4)).make(rng)}, {}, ["s", "y"]
+
+
+def _dropout_then_relu(rng):
+    nodes = [helper.make_node("Dropout", ["x"], ["d"]), helper.make_node("Relu", ["d"], ["y"])]
+    return nodes, {"x": R((2, 3)).make(rng)}, {}, ["y"]
+
+
+def _where_of_compare(rng):
+    # A bool intermediate produced by a kernel and consumed by Where.
+    nodes = [helper.make_node("Greater", ["x", "t"], ["c"]), helper.make_node("Where", ["c", "x", "z"], ["y"])]
+    return nodes, {"x": R((3, 5)).make(rng)}, {"t": np.array(0.1, F32), "z": np.array([-1.0], F32)}, ["y"]
+
+
+def _cast_chain(rng):
+    # float -> int64 -> float round trip through int intermediates.
+    nodes = [helper.make_node("Cast", ["x"], ["i"], to=onnx.TensorProto.INT64),
+             helper.make_node("Mul", ["i", "k"], ["m"]),
+             helper.make_node("Cast", ["m"], ["y"], to=onnx.TensorProto.FLOAT)]
+    return nodes, {"x": R((3, 5), "uniform", -9, 9).make(rng)}, {"k": np.array(3, I64)}, ["y"]
+
+
+def _mlp(rng):
+    # Several kernels and intermediates: exercises liveness-based buffer sharing and in-place reuse.
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]),
+             helper.make_node("Gemm", ["r", "w2", "b2"], ["z"], transB=1),
+             helper.make_node("Softmax", ["z"], ["y"], axis=-1)]
+    x = R((6, 10)).make(rng)
+    inits = {"w1": R((10, 16)).make(rng), "b1": R((16,)).make(rng), "w2": R((5, 16)).make(rng),
+             "b2": R((5,)).make(rng)}
+    return nodes, {"x": x}, inits, ["y"]
+
+
+def _diamond(rng):
+    # a feeds two kernels; each dies at the Add, which may write in place of either.
+    nodes = [helper.make_node("Exp", ["x"], ["a"]),
+             helper.make_node("Neg", ["a"], ["b"]),
+             helper.make_node("Abs", ["a"], ["c"]),
+             helper.make_node("Mul", ["a", "c"], ["d"]),
+             helper.make_node("Add", ["b", "d"], ["e"]),
+             helper.make_node("Sub", ["e", "a"], ["y"])]
+    return nodes, {"x": R((3, 7)).make(rng)}, {}, ["y"]
+
+
+add(
+    graph_case("Graph-output-is-graph-input", _output_is_input),
+    graph_case("Identity-of-input", _identity_of_input),
+    graph_case("Reshape-of-input-is-output", _reshape_of_input),
+    graph_case("Flatten-of-input-is-output", _flatten_of_input),
+    graph_case("Two-outputs-one-is-Reshape-of-other", _two_outputs_one_reshape),
+    graph_case("Two-outputs-Reshape-listed-first", _two_outputs_reshape_first),
+    graph_case("Two-outputs-input-and-Relu", _input_and_relu),
+    graph_case("Two-outputs-two-views-of-one-tensor", _same_view_twice),
+    graph_case("Output-also-consumed-by-next-node", _output_also_consumed),
+    graph_case("Output-is-folded-constant-Shape", _shape_output),
+    graph_case("Dropout-then-Relu", _dropout_then_relu),
+    graph_case("Where-of-Greater-bool-intermediate", _where_of_compare),
+    graph_case("Cast-int64-Mul-Cast-chain", _cast_chain),
+    graph_case("MLP-chain-MatMul-Add-Relu-Gemm-Softmax", _mlp),
+    graph_case("Diamond-inplace-reuse", _diamond),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# The test
+# ---------------------------------------------------------------------------------------------
+def _params():
+    ids = [c.id for c in CASES]
+    dup = {i for i in ids if ids.count(i) > 1}
+    assert not dup, f"duplicate case ids: {sorted(dup)}"
+    return [pytest.param(c, id=c.id, marks=c.marks) for c in CASES]
+
+
+@pytest.mark.parametrize("case", _params())
+def test_op(case: Case, tmp_path):
+    rng = np.random.default_rng(0)
+    nodes, feeds, inits, outputs = case.make(rng)
+    model = build_model(nodes, feeds, inits, outputs, case.opset)
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+
+    refs = run_onnxruntime(str(path), feeds, outputs)
+    compiled = dlcc.compile(str(path), target="opencl")
+    got = compiled(feeds)
+
+    assert sorted(got) == sorted(outputs)
+    for name, ref in zip(outputs, refs):
+        g = got[name]
+        assert g.dtype == ref.dtype, f"{name}: dtype {g.dtype} != onnxruntime's {ref.dtype}"
+        res = compare(name, g, ref, case.rtol, case.atol)
+        assert res["passed"], f"{case.id}: output {name!r} differs from onnxruntime: {res}\n" \
+                              f"got={g.ravel()[:16]}\nref={ref.ravel()[:16]}"

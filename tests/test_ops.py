@@ -17,6 +17,8 @@ from onnx import helper, numpy_helper, shape_inference
 
 import dlcc
 from dlcc.verify import compare, run_onnxruntime
+from dlcc.backends.nvcc import compile_cubin, find_nvcc
+from dlcc.backends.source import render
 
 RTOL, ATOL = 1e-4, 1e-5
 INT64_MAX = np.iinfo(np.int64).max
@@ -889,3 +891,21 @@ def test_op(case: Case, tmp_path):
         res = compare(name, g, ref, case.rtol, case.atol)
         assert res["passed"], f"{case.id}: output {name!r} differs from onnxruntime: {res}\n" \
                               f"got={g.ravel()[:16]}\nref={ref.ravel()[:16]}"
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed on this machine")
+def test_every_op_kernel_compiles_for_cuda(tmp_path):
+    """All kernels the cases above produce, in one translation unit, through nvcc sm_80 and sm_90."""
+    codes: dict[str, str] = {}
+    for k, case in enumerate(CASES):
+        nodes, feeds, inits, outputs = case.make(np.random.default_rng(0))
+        path = tmp_path / f"m{k}.onnx"
+        onnx.save(build_model(nodes, feeds, inits, outputs, case.opset), str(path))
+        m = dlcc.compile(str(path), target="opencl")
+        for name, code in zip([kk["name"] for kk in m.plan["kernels"]], m.kernel_codes):
+            codes[name] = code
+    source = render(list(codes.values()), "cuda")
+    for arch in ("sm_80", "sm_90"):
+        usage = compile_cubin(source, arch)
+        assert set(codes) <= set(usage)
+        assert not {k: u for k, u in usage.items() if u.spills}

@@ -10,7 +10,8 @@ _EXT = {"cuda": "cu", "opencl": "cl"}
 def prelude(dialect: str) -> str:
     if dialect not in DIALECTS:
         raise ValueError(f"unknown dialect {dialect!r}")
-    return resources.files("dlcc.backends").joinpath(f"prelude_{dialect}.h").read_text()
+    here = resources.files("dlcc.backends")
+    return here.joinpath(f"prelude_{dialect}.h").read_text() + "\n" + here.joinpath("prelude_common.h").read_text()
 
 
 def render(kernel_codes: list[str], dialect: str) -> str:

@@ -133,29 +133,42 @@ def emit_reduce(ctx, out: str, x: str, axes, op: str, hint: str, pre: str = "v",
     ctx.launch(k, grid, [x, out], reads=[x], writes=[out], flops=R * O)
 
 
+def row_pass(length: int, block: int, acc: str, update: str) -> tuple[list[str], str, int]:
+    """Preamble of a block-per-row kernel plus its first pass over the row.
+
+    The first pass reads each element from DRAM once (into `v`), keeps it in shared memory when
+    the row fits (so later passes never go back to DRAM), and folds it into `acc` with `update`.
+    Returns (lines, expression reading element j in later passes, shared bytes used).
+    """
+    cache = length <= ROW_CACHE
+    lines = [
+        f"SHARED float red[{block}];",
+        *([f"SHARED float row[{length}];"] if cache else []),
+        "const int tid = THREAD_ID;",
+        f"GPTR const float* xr = x + BLOCK_ID * {length};",
+        f"GPTR float* yr = y + BLOCK_ID * {length};",
+        f"for (int j = tid; j < {length}; j += {block}) {{ const float v = xr[j]; "
+        + ("row[j] = v; " if cache else "") + f"{acc} = {update}; }}",
+    ]
+    return lines, "row[j]" if cache else "xr[j]", 4 * (block + (length if cache else 0))
+
+
 def emit_softmax(ctx, out: str, x: str, rows: int, length: int, inner: int, log: bool, hint: str) -> None:
     """Softmax over `length` elements of stride `inner`, for rows*inner independent vectors."""
     final = "(v - m) - F_LOG(s)" if log else "F_EXP(v - m) / s"
     if inner == 1:
         block = pick_block(length)
-        cache = length <= ROW_CACHE
-        rd = "row[j]" if cache else "xr[j]"
+        first, rd, smem = row_pass(length, block, "m", "F_MAX(m, v)")
         body = [
-            f"SHARED float red[{block}];",
-            *([f"SHARED float row[{length}];"] if cache else []),
-            "const int tid = THREAD_ID;",
-            f"GPTR const float* xr = x + BLOCK_ID * {length};",
-            f"GPTR float* yr = y + BLOCK_ID * {length};",
             "float m = (-DLCC_INF);",
-            f"for (int j = tid; j < {length}; j += {block}) {{ const float v = xr[j]; "
-            + ("row[j] = v; " if cache else "") + "m = F_MAX(m, v); }",
+            *first,
             *block_reduce("m", "max", block),
             "float s = 0.0f;",
             f"for (int j = tid; j < {length}; j += {block}) s += F_EXP({rd} - m);",
             *block_reduce("s", "sum", block),
             f"for (int j = tid; j < {length}; j += {block}) {{ const float v = {rd}; yr[j] = {final}; }}",
         ]
-        grid, kind, smem = rows, "softmax_row", 4 * (block + (length if cache else 0))
+        grid, kind = rows, "softmax_row"
     else:
         block = 256
         body = [
@@ -186,17 +199,10 @@ def emit_layernorm(ctx, out: str, x: str, scale: str, bias: str, rows: int, leng
     bidx = "j" if bias_mod == length else ("0" if bias_mod == 1 else f"j % {bias_mod}")
     bias_term = f" + b[{bidx}]" if bias else ""
     params = "GPTR const float* x, GPTR const float* g, " + ("GPTR const float* b, " if bias else "") + "GPTR float* y"
-    cache = length <= ROW_CACHE
-    rd = "row[j]" if cache else "xr[j]"
+    first, rd, smem = row_pass(length, block, "s", "s + v")
     body = [
-        f"SHARED float red[{block}];",
-        *([f"SHARED float row[{length}];"] if cache else []),
-        "const int tid = THREAD_ID;",
-        f"GPTR const float* xr = x + BLOCK_ID * {length};",
-        f"GPTR float* yr = y + BLOCK_ID * {length};",
         "float s = 0.0f;",
-        f"for (int j = tid; j < {length}; j += {block}) {{ const float v = xr[j]; "
-        + ("row[j] = v; " if cache else "") + "s += v; }",
+        *first,
         *block_reduce("s", "sum", block),
         f"const float mean = s * {literal(1.0 / length)};",
         "float q = 0.0f;",
@@ -209,6 +215,6 @@ def emit_layernorm(ctx, out: str, x: str, scale: str, bias: str, rows: int, leng
     def make(name):
         return f"KERNEL void {name}({params}) {{\n    " + "\n    ".join(body) + "\n}\n"
 
-    k = ctx.program.add_kernel(hint, make, block, smem_bytes=4 * (block + (length if cache else 0)), kind="layernorm_row", pass_name=ctx.pass_name)
+    k = ctx.program.add_kernel(hint, make, block, smem_bytes=smem, kind="layernorm_row", pass_name=ctx.pass_name)
     args = [x, scale] + ([bias] if bias else []) + [out]
     ctx.launch(k, rows, args, reads=args[:-1], writes=[out], flops=8 * rows * length)

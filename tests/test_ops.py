@@ -309,6 +309,12 @@ add(
     op("Transpose-4d-3120", "Transpose", [X(R((2, 3, 4, 5)))], {"perm": [3, 1, 2, 0]}),
     op("Transpose-int64", "Transpose", [X(R((3, 4, 2), "int", -99, 99))], {"perm": [1, 2, 0]}),
     op("Transpose-bool", "Transpose", [X(R((3, 4), "bool"))]),
+    # Large enough for the shared-memory tiled transpose (partial 32x32 tiles included).
+    op("Transpose-tiled-2d", "Transpose", [X(R((40, 70)))]),
+    op("Transpose-tiled-021", "Transpose", [X(R((3, 40, 37)))], {"perm": [0, 2, 1]}),
+    op("Transpose-tiled-attention-K", "Transpose", [X(R((2, 3, 17, 45)))], {"perm": [0, 2, 3, 1]}),
+    op("Transpose-tiled-201", "Transpose", [X(R((9, 10, 33)))], {"perm": [2, 0, 1]}),
+    op("Transpose-tiled-int64", "Transpose", [X(R((33, 9), "int", -99, 99))]),
     op("Slice-basic", "Slice", [X(R((5, 6))), W(np.array([1, 2], I64)), W(np.array([4, 5], I64))]),
     op("Slice-negative-starts", "Slice",
        [X(R((5, 6))), W(np.array([-3, -4], I64)), W(np.array([-1, 6], I64))]),

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.map import emit_map, linear_index
+from ..kernels.transpose import emit_tiled_transpose, wants_tiled
 from .registry import ALIAS, LAYOUT, register
 
 
@@ -33,6 +34,8 @@ def _axis(ax, rank):
 def _transpose(ctx, node):
     rank = len(ctx.shape(node.inputs[0]))
     perm = list(ctx.attr("perm", list(range(rank - 1, -1, -1))))
+    if wants_tiled(ctx.shape(node.inputs[0]), perm):
+        return emit_tiled_transpose(ctx, node.outputs[0], node.inputs[0], perm)
 
     def body(v):
         coords = [None] * rank

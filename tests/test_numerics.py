@@ -56,3 +56,35 @@ def test_artifact_roundtrip_gives_same_outputs(model_path, tmp_path):
     b = dlcc.load(tmp_path / "bert.dlcc", target="opencl")(feeds)
     for k in a:
         np.testing.assert_array_equal(a[k], b[k])
+
+
+@pytest.mark.parametrize("name", ["cnn", "yolo", "ocr", "bert", "vit"])
+def test_dynamo_exporter_models(name):
+    """The same architectures through torch.onnx's dynamo exporter (opset 18), which emits other patterns
+    (e.g. GatherND for BERT's token-type lookup). GPT-2 is left out: its dynamo export fails upstream."""
+    torch = pytest.importorskip("torch")
+    import models
+    from conftest import MODEL_DIR
+
+    path = MODEL_DIR / f"{name}-dynamo.onnx"
+    if not path.exists():
+        import os
+        import tempfile
+        import warnings
+
+        MODEL_DIR.mkdir(parents=True, exist_ok=True)
+        b = models.MODELS[name].build("small")
+        fd, tmp = tempfile.mkstemp(suffix=".onnx", dir=MODEL_DIR)
+        os.close(fd)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(b.module, tuple(b.inputs.values()), tmp, input_names=list(b.inputs),
+                              output_names=b.output_names, dynamo=True, opset_version=18, verbose=False)
+        os.replace(tmp, path)
+    m = dlcc.compile(path, target="opencl")
+    feeds = models.sample_inputs(name, path, seed=0)
+    got = m(feeds)
+    names = [o["name"] for o in m.outputs]
+    ref = run_ort(path, feeds, names)
+    rows = [compare(n, got[n], r, RTOL, ATOL) for n, r in zip(names, ref)]
+    assert all(r["passed"] for r in rows), rows

@@ -309,6 +309,10 @@ add(
     op("Transpose-4d-3120", "Transpose", [X(R((2, 3, 4, 5)))], {"perm": [3, 1, 2, 0]}),
     op("Transpose-int64", "Transpose", [X(R((3, 4, 2), "int", -99, 99))], {"perm": [1, 2, 0]}),
     op("Transpose-bool", "Transpose", [X(R((3, 4), "bool"))]),
+    op("GatherND-k2", "GatherND", [X(R((3, 4, 5))), W(np.array([[0, 1], [2, -1], [1, 3]], np.int64))]),
+    op("GatherND-k1-rows", "GatherND", [X(R((4, 6))), W(np.array([[3], [0]], np.int64))]),
+    op("GatherND-batch_dims1", "GatherND", [X(R((2, 5, 3))), W(np.array([[[4], [0]], [[1], [1]]], np.int64))],
+       {"batch_dims": 1}),
     # Large enough for the shared-memory tiled transpose (partial 32x32 tiles included).
     op("Transpose-tiled-2d", "Transpose", [X(R((40, 70)))]),
     op("Transpose-tiled-021", "Transpose", [X(R((3, 40, 37)))], {"perm": [0, 2, 1]}),

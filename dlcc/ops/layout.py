@@ -150,6 +150,25 @@ def _gather_elements(ctx, node):
     emit_map(ctx, node.outputs[0], [data, idx], body, "GatherElements", flops_per_elem=0, inline_scalars=False)
 
 
+@register("GatherND", since=11, category=LAYOUT)
+def _gather_nd(ctx, node):
+    """out[o] = data[o[:b], indices[o[:q]], o[q:]]: q = rank(indices) - 1, b = batch_dims."""
+    data, idx = node.inputs[:2]
+    dshape, ishape = ctx.shape(data), ctx.shape(idx)
+    b = ctx.attr("batch_dims", 0)
+    q, k = len(ishape) - 1, ishape[-1]
+
+    def body(v):
+        s, coords = [], list(v.o[:b])
+        for j in range(k):
+            s.append(f"i64 g{j} = (i64)({v.ld(1, v.o[:q] + [str(j)])});")
+            s.append(f"if (g{j} < 0) g{j} += {dshape[b + j]};")
+            coords.append(f"(int)g{j}")
+        return s, v.ld(0, coords + v.o[q:])
+
+    emit_map(ctx, node.outputs[0], [data, idx], body, "GatherND", flops_per_elem=0, inline_scalars=False)
+
+
 @register("Expand", since=8, category=LAYOUT)
 def _expand(ctx, node):
     emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([], v.x(0)), "Expand", flops_per_elem=0,

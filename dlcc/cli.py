@@ -140,7 +140,7 @@ def verify(model: Path = typer.Argument(..., help="ONNX model file"),
             t.add_column(c)
         for r in rows:
             t.add_row(r["name"], "x".join(map(str, r["shape"])), f"{r['max_abs_err']:.3g}", f"{r['max_rel_err']:.3g}",
-                      f"atol {atol:g} + rtol {rtol:g}·|ref|", "[green]PASS[/]" if r["passed"] else "[red]FAIL[/]")
+                      f"{atol:g} + {rtol:g}·|ref|", "[green]PASS[/]" if r["passed"] else "[red]FAIL[/]")
         out.print(t)
         out.print("[bold green]all outputs match[/]" if passed else "[bold red]mismatch[/]")
     raise typer.Exit(0 if passed else 1)

@@ -91,8 +91,13 @@ class MapView:
 
 
 def emit_map(ctx, out: str, ins: list[str], body: Callable[[MapView], tuple[list[str], str]], hint: str,
-             flops_per_elem: int = 1, inline_scalars: bool = True, out_offset_arg: bool = False) -> None:
-    """Emit and launch one map kernel producing `out` from `ins` (omitted inputs as "")."""
+             flops_per_elem: int = 1, inline_scalars: bool = True, sparse_reads: bool = False) -> None:
+    """Emit and launch one map kernel producing `out` from `ins` (omitted inputs as "").
+
+    `sparse_reads`: each output element reads at most one element of each input (Gather, Slice,
+    Split), so the modelled DRAM traffic of an input is capped at one element per output rather
+    than the whole tensor (an embedding lookup reads a few rows, not the table).
+    """
     out_shape = ctx.shape(out)
     n = int(np.prod(out_shape)) if out_shape else 1
     if n >= 2**31:
@@ -129,9 +134,12 @@ def emit_map(ctx, out: str, ins: list[str], body: Callable[[MapView], tuple[list
         )
 
     kname = ctx.program.add_kernel(hint, make, BLOCK, kind="map", pass_name=ctx.pass_name)
-    reads = [a for a in args]
+    reads = list(args)
+    dram = None
+    if sparse_reads:
+        dram = ctx.tensor(out).nbytes + sum(min(ctx.tensor(a).nbytes, n * ctx.tensor(a).itemsize) for a in set(reads))
     ctx.launch(kname, (n + BLOCK - 1) // BLOCK, args + [out], reads=reads, writes=[out],
-               flops=n * flops_per_elem)
+               flops=n * flops_per_elem, dram_bytes=dram)
     ctx.program.launches[-1].expr = MapExpr(list(ins), out, body)
 
 

@@ -73,7 +73,7 @@ def _slice(ctx, node):
         coords = [f"{begin[j]} + {v.o[j]}*{step[j]}" if (begin[j] or step[j] != 1) else v.o[j] for j in range(rank)]
         return [], v.ld(0, coords)
 
-    emit_map(ctx, node.outputs[0], [node.inputs[0]], body, "Slice", flops_per_elem=0)
+    emit_map(ctx, node.outputs[0], [node.inputs[0]], body, "Slice", flops_per_elem=0, sparse_reads=True)
 
 
 @register("Concat", since=4, category=LAYOUT)
@@ -114,7 +114,7 @@ def _split(ctx, node):
                 coords = list(v.o)
                 coords[ax] = f"{v.o[ax]} + {s}" if s else v.o[ax]
                 return [], v.ld(0, coords)
-            emit_map(ctx, out, [x], body, "Split", flops_per_elem=0)
+            emit_map(ctx, out, [x], body, "Split", flops_per_elem=0, sparse_reads=True)
         start += n
 
 
@@ -132,7 +132,7 @@ def _gather(ctx, node):
         coords = v.o[:ax] + ["(int)g"] + v.o[ax + q:]
         return s, v.ld(0, coords)
 
-    emit_map(ctx, node.outputs[0], [data, idx], body, "Gather", flops_per_elem=0, inline_scalars=False)
+    emit_map(ctx, node.outputs[0], [data, idx], body, "Gather", flops_per_elem=0, inline_scalars=False, sparse_reads=True)
 
 
 @register("GatherElements", since=11, category=LAYOUT)
@@ -147,7 +147,7 @@ def _gather_elements(ctx, node):
         coords[ax] = "(int)g"
         return s, v.ld(0, coords)
 
-    emit_map(ctx, node.outputs[0], [data, idx], body, "GatherElements", flops_per_elem=0, inline_scalars=False)
+    emit_map(ctx, node.outputs[0], [data, idx], body, "GatherElements", flops_per_elem=0, inline_scalars=False, sparse_reads=True)
 
 
 @register("GatherND", since=11, category=LAYOUT)
@@ -166,7 +166,7 @@ def _gather_nd(ctx, node):
             coords.append(f"(int)g{j}")
         return s, v.ld(0, coords + v.o[q:])
 
-    emit_map(ctx, node.outputs[0], [data, idx], body, "GatherND", flops_per_elem=0, inline_scalars=False)
+    emit_map(ctx, node.outputs[0], [data, idx], body, "GatherND", flops_per_elem=0, inline_scalars=False, sparse_reads=True)
 
 
 @register("Expand", since=8, category=LAYOUT)

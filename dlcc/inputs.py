@@ -24,8 +24,6 @@ def sample_inputs(signature: list[dict], seed: int = 0, int_high: dict[str, int]
 def gather_bounds(graph) -> dict[str, int]:
     """For int inputs used as Gather indices, the size of the gathered axis (a safe upper bound)."""
     bounds: dict[str, int] = {}
-    producers = {o: n for n in graph.nodes for o in n.outputs}
-    del producers
     for n in graph.nodes:
         if n.op_type == "Gather" and len(n.inputs) > 1:
             src = n.inputs[1]

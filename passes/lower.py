@@ -1,7 +1,6 @@
 """The baseline lowering: every op through its registry entry, one kernel (or a few) per op."""
 from __future__ import annotations
 
-import numpy as np
 
 from ..ops import registry
 from ..ops.context import LowerCtx
@@ -57,6 +56,3 @@ def lower(state: CompileState, opts) -> None:
     state.ctx = lower_graph(state.graph, state.device)
     n = len(state.ctx.program.launches)
     state.log.append(f"lower: {len(state.ctx.program.kernels)} kernel(s), {n} launch(es)")
-
-
-__all__ = ["np"]

@@ -6,7 +6,6 @@ import numpy as np
 
 from ..kernels.gemm import GemmSpec, emit_gemm
 from ..kernels.map import emit_map, linear_index, unravel
-from ..kernels.program import literal
 from .registry import COMPUTE, LAYOUT, register
 
 
@@ -190,6 +189,3 @@ def _pool(ctx, node):
         return s, "acc / (float)(cnt > 0 ? cnt : 1)"
 
     emit_map(ctx, out, [x], body, node.op_type, flops_per_elem=KS, inline_scalars=False)
-
-
-__all__ = ["literal"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.map import emit_map, linear_index
+from ..kernels.map import emit_map
 from ..kernels.transpose import emit_tiled_transpose, wants_tiled
 from .registry import ALIAS, LAYOUT, register
 
@@ -261,6 +261,3 @@ def identity_copy(ctx, out: str, src: str) -> None:
     shape = ctx.shape(src)
     emit_map(ctx, out, [src], lambda v: ([], v.ld(0, v.o) if shape == ctx.shape(out) else v.ld_flat(0, v.i)),
              "Copy", flops_per_elem=0, inline_scalars=False)
-
-
-__all__ = ["identity_copy", "linear_index"]

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
 
 from ..kernels.map import emit_map
 from ..kernels.program import literal
@@ -93,6 +92,3 @@ def _resize(ctx, node):
         return s, " + ".join(terms) or v.ld(0, coords)
 
     emit_map(ctx, out, [x], body, "Resize", flops_per_elem=3 * (2 ** len(axes)), inline_scalars=False)
-
-
-__all__ = ["np"]

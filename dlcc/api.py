@@ -67,7 +67,16 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
     from .frontend import parse_shape_binding
 
     if isinstance(shapes, (list, tuple)):
-        shapes = dict(parse_shape_binding(s) for s in shapes)
+        from .config import load_shape_bindings
+
+        merged: dict = {}
+        for s in shapes:
+            # A binding is NAME=DIMS, or a YAML file of bindings (`shapes: {name: [dims]}`).
+            if str(s).endswith((".yaml", ".yml")):
+                merged.update(load_shape_bindings(s))
+            else:
+                merged.update([parse_shape_binding(s)])
+        shapes = merged
     shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
     tgt = pick_target(target)
     res = compile_model(model, shapes, target=tgt, pipeline=pipeline, device=device, steps=steps)

@@ -24,7 +24,7 @@ out = Console()
 err = Console(stderr=True)
 
 ShapeOpt = typer.Option(None, "--shape", "--input-shape", "-s", help="bind an input's shape: NAME=1x3x224x224 (repeatable); "
-                        "NAME=8 binds a symbolic dim")
+                        "NAME=8 binds a symbolic dim; FILE.yaml reads bindings from `shapes: {NAME: [dims]}`")
 TargetOpt = typer.Option("auto", "--target", "-t", help="auto (CUDA if a GPU is present, else OpenCL), cuda, opencl")
 PipelineOpt = typer.Option("baseline", "--pipeline", "-p", help="pipeline name (configs/pipelines) or YAML file")
 DeviceOpt = typer.Option(None, "--device", "-d", help="device name (configs/devices) or YAML file; "

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
 from .errors import ConfigError
 
@@ -60,6 +60,22 @@ class PipelineSpec(Strict):
     name: str
     description: str = ""
     passes: list[PassSpec]
+
+
+class ShapeBindings(Strict):
+    """`shapes:` maps an input name to its dims, or a symbolic dim name to one value.
+
+        shapes:
+          input_ids: [1, 128]
+          batch: 8
+    """
+
+    shapes: dict[str, list[PositiveInt] | PositiveInt]
+
+
+def load_shape_bindings(path: str | Path) -> dict[str, tuple[int, ...]]:
+    spec = load_yaml_model(path, ShapeBindings)
+    return {k: tuple(v) if isinstance(v, list) else (v,) for k, v in spec.shapes.items()}
 
 
 def _fmt_validation(path: str, err: ValidationError) -> str:

@@ -270,3 +270,20 @@ def test_cyclic_graph(tmp_path):
     path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
     rc, out, err = cli("compile", path)
     assert_clean_error(rc, out, err, "cyc.onnx")
+
+
+def test_shape_bindings_from_yaml(tmp_path):
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n"])])
+    path = _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "dyn2.onnx")
+    good = tmp_path / "shapes.yaml"
+    good.write_text("shapes:\n  batch: 2\n  n: 5\n")
+    assert dlcc.compile(path, target="opencl", shapes=[str(good)]).inputs[0]["shape"] == [2, 5]
+    good.write_text("shapes:\n  x: [3, 4]\n")
+    rc, out, err = cli("compile", path, "--shape", good, "-o", tmp_path / "o", "-q")
+    assert rc == 0, err
+    bad = tmp_path / "bad_shapes.yaml"
+    bad.write_text("shapes:\n  x: [3, -4]\nextra: 1\n")
+    rc, out, err = cli("compile", path, "--shape", bad)
+    assert_clean_error(rc, out, err, "bad_shapes.yaml", "shapes.x", "extra")

@@ -156,20 +156,41 @@ def _summary(plan: dict) -> dict:
 @app.command()
 def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact directory"),
             shape: Optional[List[str]] = ShapeOpt, pipeline: str = PipelineOpt, device: Optional[str] = DeviceOpt,
+            launches: bool = typer.Option(False, "--launches", "-l", help="also list every launch in order: node, op, "
+                                          "kernel, kind/tiling, grid x block, FLOPs, modelled DRAM bytes, arguments"),
+            kernel: Optional[str] = typer.Option(None, "--kernel", "-k", help="print the source of this kernel "
+                                                 "(name or unique prefix) and stop"),
             json_out: bool = JsonOpt, quiet: bool = QuietOpt):
     """Summarise the graph and plan: ops, kernels, launches, DRAM bytes, lower bound, arena vs naive."""
     if path.is_dir():
         from .artifact import read_artifact
 
-        plan = read_artifact(path)[0]
+        plan, _, sources = read_artifact(path)
+        codes = None
     else:
-        plan = _compile(path, shape, "opencl", pipeline, device, quiet, json_out).plan
+        cm = _compile(path, shape, "opencl", pipeline, device, quiet, json_out)
+        plan, codes = cm.plan, dict(zip((k["name"] for k in cm.plan["kernels"]), cm.kernel_codes))
+    if kernel is not None:
+        names = [k["name"] for k in plan["kernels"] if k["name"].startswith(kernel)]
+        if len(names) != 1:
+            raise DlccError(f"--kernel {kernel!r} matches {len(names)} kernels; names are listed by --launches"
+                            + (f": {', '.join(names[:8])}" if names else ""))
+        text = codes[names[0]] if codes else _kernel_text(sources.get("cuda", ""), names[0])
+        print(text)
+        return
     s = _summary(plan)
+    kinfo = {k["name"]: k for k in plan["kernels"]}
+    launch_rows = [{"index": i, "node": L["node"], "op": L["op_type"], "kernel": L["kernel"], "kind": kinfo[L["kernel"]]["kind"],
+             "tiling": kinfo[L["kernel"]]["tiling"], "grid": L["grid"], "block": L["block"], "flops": L["flops"],
+             "dram_bytes": L["dram_bytes"],
+             "args": [a["int"] if "int" in a else f"{a['storage']}+{a['offset']}" for a in L["args"]]}
+            for i, L in enumerate(plan["launches"])] if launches else None
     by_kind: dict[str, int] = {}
     for L in plan["launches"]:
         by_kind[L["category"] or "other"] = by_kind.get(L["category"] or "other", 0) + 1
     if json_out:
-        print(json.dumps({**s, "launches_by_category": by_kind, "meta": plan["meta"]}))
+        extra = {"launch_list": launch_rows} if launch_rows is not None else {}
+        print(json.dumps({**s, "launches_by_category": by_kind, "meta": plan["meta"], **extra}))
         return
     t = Table(title=f"{plan['meta']['model']} — pipeline {plan['meta']['pipeline']}, device {plan['meta']['device']}")
     t.add_column("metric")
@@ -196,7 +217,24 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
         k.add_row(cat, str(c))
     out.print(h)
     out.print(k)
+    if launch_rows is not None:
+        lt = Table(title="launches, in order")
+        for c in ("#", "node", "op", "kernel", "kind", "grid x block", "MFLOP", "DRAM", "args (storage+offset)"):
+            lt.add_column(c, overflow="fold")
+        for r in launch_rows:
+            lt.add_row(str(r["index"]), r["node"], r["op"], r["kernel"], r["kind"] + (f" {r['tiling']}" if r["tiling"] else ""),
+                       f"{r['grid']} x {r['block']}", f"{r['flops'] / 1e6:.2f}", _human(r["dram_bytes"]),
+                       " ".join(map(str, r["args"])))
+        out.print(lt)
 
+
+def _kernel_text(source: str, name: str) -> str:
+    """One kernel (its device functions and entry point) cut out of an artifact's kernels.cu."""
+    start = source.find(f"DEVICE void {name}_task(")
+    if start < 0:
+        start = source.find(f"KERNEL void {name}(")
+    end = source.find("\n}\n", source.find(f"KERNEL void {name}(")) + 3
+    return source[start:end] if start >= 0 else ""
 
 @app.command("list")
 def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | passes"), json_out: bool = JsonOpt):

@@ -8,6 +8,7 @@ consecutive threads write consecutive elements (coalesced stores).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -59,6 +60,21 @@ def unravel(var: str, shape, prefix: str) -> tuple[list[str], list[str]]:
     return names, stmts
 
 
+_DEF = re.compile(r"^const int (\w+) = ")
+
+
+def prune_defs(defs: list[str], used_by: str) -> list[str]:
+    """Drop `const int NAME = ...;` definitions nothing reads (coordinates a flat index made moot)."""
+    kept: list[str] = []
+    text = used_by
+    for d in reversed(defs):
+        m = _DEF.match(d)
+        if m is None or re.search(rf"\b{m.group(1)}\b", text):
+            kept.insert(0, d)
+            text += "\n" + d
+    return kept
+
+
 @dataclass
 class MapView:
     o: list[str]  # output coordinate variables
@@ -73,8 +89,30 @@ class MapView:
         if self.in_literals[k] is not None:
             return self.in_literals[k]
         if coords is None:
+            flat = self._broadcast_flat(k)
+            if flat is not None:
+                return f"{self.in_names[k]}[{flat}]"
             coords = self.bc(k)
         return f"{self.in_names[k]}[{linear_index(coords, self.in_shapes[k])}]"
+
+    def _broadcast_flat(self, k: int) -> str | None:
+        """Flat index for the common broadcasts, so no coordinates need unravelling: same shape
+        (→ i) or a trailing block of the output (a bias, → i % size)."""
+        shp = list(self.in_shapes[k])
+        while shp and shp[0] == 1:
+            shp.pop(0)
+        n = 1
+        for d in shp:
+            n *= d
+        if n == 1:
+            return "0"
+        out = list(self.out_shape)
+        if shp == out[len(out) - len(shp):]:
+            total = 1
+            for d in out:
+                total *= d
+            return self.i if n == total else f"{self.i} % {n}"
+        return None
 
     def ld_flat(self, k: int, flat: str) -> str:
         if self.in_literals[k] is not None:
@@ -123,7 +161,8 @@ def emit_map(ctx, out: str, ins: list[str], body: Callable[[MapView], tuple[list
     coords, unr = unravel("i", out_shape, "o")
     v = MapView(coords, "i", tuple(out_shape), shapes, names, lits)
     stmts, expr = body(v)
-    lines = unr + list(stmts) + [f"y[i] = ({out_t})({expr});"]
+    tail = list(stmts) + [f"y[i] = ({out_t})({expr});"]
+    lines = prune_defs(unr, "\n".join(tail)) + tail
 
     def make(kname: str) -> str:
         inner = "\n        ".join(lines)

@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(rv, int):
             sys.exit(rv)
     except DlccError as e:
-        err.print("[bold red]error:[/] " + _escape(str(e)), highlight=False)
+        err.print("[bold red]error:[/] " + _escape(str(e)), highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
     except typer.Exit as e:
         sys.exit(e.exit_code)

@@ -80,8 +80,14 @@ def load_shape_bindings(path: str | Path) -> dict[str, tuple[int, ...]]:
 
 def _fmt_validation(path: str, err: ValidationError) -> str:
     lines = []
+    seen = set()
     for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        # Drop pydantic's union-member tags (`list[constrained-int]`) from the field path.
+        parts = [str(x) for x in e["loc"] if not (isinstance(x, str) and ("[" in x or "-" in x))]
+        loc = ".".join(parts) or "(top level)"
+        if (loc, e["type"]) in seen:
+            continue
+        seen.add((loc, e["type"]))
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key (not a field of this config)"

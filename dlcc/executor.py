@@ -30,6 +30,8 @@ def make_runtime(target: str):
 
 def pick_target(target: str = "auto") -> str:
     """auto → CUDA when PyCUDA sees a GPU, else OpenCL (PoCL on the CPU here)."""
+    if target not in ("auto", "cuda", "opencl"):
+        raise DlccError(f"unknown target {target!r}; use auto, cuda or opencl")
     if target != "auto":
         return target
     from .backends import cuda

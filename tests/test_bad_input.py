@@ -287,3 +287,9 @@ def test_shape_bindings_from_yaml(tmp_path):
     bad.write_text("shapes:\n  x: [3, -4]\nextra: 1\n")
     rc, out, err = cli("compile", path, "--shape", bad)
     assert_clean_error(rc, out, err, "bad_shapes.yaml", "shapes.x", "extra")
+
+
+def test_unknown_target(tmp_path):
+    rc, out, err = cli("compile", EXAMPLE, "--target", "metal", "-o", tmp_path / "o")
+    assert_clean_error(rc, out, err, "unknown target 'metal'", "opencl")
+    assert not (tmp_path / "o").exists()

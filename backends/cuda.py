@@ -47,10 +47,16 @@ class CudaRuntime:
     def is_cpu(self) -> bool:
         return False
 
-    def compile(self, source: str) -> None:
+    def compile(self, source: str, plan: dict | None = None, binaries: dict | None = None) -> None:
+        """Load the artifact's cubin when it was built for this GPU's arch; otherwise compile now."""
         from pycuda.compiler import SourceModule
 
         major, minor = self.compute_capability()
+        cuda = (plan or {}).get("cuda", {})
+        cubin = (binaries or {}).get(cuda.get("cubin", ""))
+        if cubin and cuda.get("arch") == f"sm_{major}{minor}":
+            self.module = self.drv.module_from_buffer(cubin)
+            return
         try:
             self.module = SourceModule(source, no_extern_c=True, arch=f"sm_{major}{minor}", options=["-O3"])
         except Exception as e:

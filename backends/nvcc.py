@@ -38,6 +38,12 @@ def find_nvcc() -> str | None:
 
 def compile_cubin(source: str, arch: str = "sm_80", nvcc: str | None = None, timeout: int = 600) -> dict[str, Usage]:
     """nvcc -cubin -arch=ARCH --resource-usage; raises CompileError with the log on failure."""
+    return build_cubin(source, arch, nvcc, timeout)[0]
+
+
+def build_cubin(source: str, arch: str = "sm_80", nvcc: str | None = None,
+                timeout: int = 600) -> tuple[dict[str, Usage], bytes, str]:
+    """(per-kernel resource usage, the cubin, nvcc's log) for `source` compiled for `arch`."""
     nvcc = nvcc or find_nvcc()
     if not nvcc:
         raise CompileError("nvcc not found on PATH")
@@ -47,6 +53,8 @@ def compile_cubin(source: str, arch: str = "sm_80", nvcc: str | None = None, tim
             f.write(source)
         cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "--resource-usage", "-o", os.path.join(tmp, "k.cubin"), src]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        cubin_path = os.path.join(tmp, "k.cubin")
+        cubin = open(cubin_path, "rb").read() if p.returncode == 0 and os.path.exists(cubin_path) else b""
     log = p.stdout + p.stderr
     if p.returncode != 0:
         raise CompileError(f"nvcc ({arch}) failed:\n{log[-4000:]}")
@@ -67,4 +75,15 @@ def compile_cubin(source: str, arch: str = "sm_80", nvcc: str | None = None, tim
         if m:
             cur.registers = int(m.group(1))
             cur.smem_bytes = int(m.group(2) or 0)
-    return usages
+    return usages, cubin, log
+
+
+def blocks_per_sm(u: Usage, block: int, device) -> int:
+    """Resident blocks of one kernel per SM: the least of the thread, block, register and shared
+    memory limits (registers are allocated per warp in units of 256)."""
+    warps = -(-block // device.warp_size)
+    regs_per_warp = -(-max(u.registers, 1) * device.warp_size // 256) * 256
+    by_regs = device.registers_per_sm // max(1, regs_per_warp * warps)
+    by_smem = device.shared_mem_per_sm // u.smem_bytes if u.smem_bytes else device.max_blocks_per_sm
+    by_threads = device.max_threads_per_sm // block
+    return max(0, min(device.max_blocks_per_sm, by_threads, by_regs, by_smem))

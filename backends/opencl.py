@@ -63,7 +63,7 @@ class OpenCLRuntime:
     def is_cpu(self) -> bool:
         return bool(self.device.type & self.cl.device_type.CPU)
 
-    def compile(self, source: str) -> None:
+    def compile(self, source: str, plan: dict | None = None, binaries: dict | None = None) -> None:
         try:
             self.program = self.cl.Program(self.ctx, source).build(options=["-cl-std=CL1.2"])
         except self.cl.RuntimeError as e:

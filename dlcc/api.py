@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .artifact import read_artifact, write_artifact
+from .artifact import read_artifact, read_binaries, write_artifact
 from .backends.source import render
 from .executor import Executor, make_runtime, pick_target
 from .inputs import sample_inputs
@@ -16,8 +16,9 @@ class CompiledModel:
     """A compiled plan plus its kernels; runs on `target` (auto|cuda|opencl) when called."""
 
     def __init__(self, plan: dict, weights: bytes, kernel_codes: list[str] | None = None,
-                 sources: dict[str, str] | None = None, target: str = "auto"):
+                 sources: dict[str, str] | None = None, target: str = "auto", binaries: dict[str, bytes] | None = None):
         self.plan = plan
+        self.binaries = binaries or {}
         self.weights = weights
         self.kernel_codes = kernel_codes
         self._sources = sources or {}
@@ -44,7 +45,7 @@ class CompiledModel:
     def executor(self) -> Executor:
         if self._exec is None:
             rt = make_runtime(self.target)
-            self._exec = Executor(self.plan, self.weights, self.source(rt.dialect), rt)
+            self._exec = Executor(self.plan, self.weights, self.source(rt.dialect), rt, self.binaries)
         return self._exec
 
     def __call__(self, inputs: dict | None = None, **kw) -> dict[str, np.ndarray]:
@@ -57,7 +58,7 @@ class CompiledModel:
     def save(self, out_dir: str | os.PathLike) -> Path:
         if self.kernel_codes is None:
             raise ValueError("this model was loaded from an artifact; copy the directory instead")
-        return write_artifact(out_dir, self.plan, self.weights, self.kernel_codes)
+        return write_artifact(out_dir, self.plan, self.weights, self.kernel_codes, self.binaries)
 
 
 def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shapes: dict | None = None,
@@ -83,7 +84,7 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
     from .inputs import gather_bounds
 
     res.plan["meta"]["int_high"] = gather_bounds(res.state.graph)
-    cm = CompiledModel(res.plan, res.weights, res.kernel_codes, target=tgt)
+    cm = CompiledModel(res.plan, res.weights, res.kernel_codes, target=tgt, binaries=res.binaries)
     if out is not None:
         cm.save(out)
     return cm
@@ -92,4 +93,4 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
 def load(path: str | os.PathLike, target: str = "auto") -> CompiledModel:
     """Reopen an artifact directory written by `dlcc compile` or `CompiledModel.save`."""
     plan, weights, sources = read_artifact(path)
-    return CompiledModel(plan, weights, None, sources, target=target)
+    return CompiledModel(plan, weights, None, sources, target=target, binaries=read_binaries(path, plan))

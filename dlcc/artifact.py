@@ -33,7 +33,8 @@ for k, v in outs.items():
 '''
 
 
-def write_artifact(out_dir: str | os.PathLike, plan: dict, weights: bytes, kernel_codes: list[str]) -> Path:
+def write_artifact(out_dir: str | os.PathLike, plan: dict, weights: bytes, kernel_codes: list[str],
+                   binaries: dict[str, bytes] | None = None) -> Path:
     out = Path(out_dir).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -43,6 +44,8 @@ def write_artifact(out_dir: str | os.PathLike, plan: dict, weights: bytes, kerne
         (tmp / "weights.bin").write_bytes(weights)
         (tmp / "plan.json").write_text(json.dumps(plan, indent=1))
         (tmp / "launcher.py").write_text(LAUNCHER)
+        for name, data in (binaries or {}).items():
+            (tmp / name).write_bytes(data)
         old = None
         if out.exists():
             if not (out / "plan.json").is_file():
@@ -56,6 +59,12 @@ def write_artifact(out_dir: str | os.PathLike, plan: dict, weights: bytes, kerne
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def read_binaries(path: str | os.PathLike, plan: dict) -> dict[str, bytes]:
+    cub = plan.get("cuda", {}).get("cubin")
+    p = Path(path) / cub if cub else None
+    return {cub: p.read_bytes()} if p is not None and p.is_file() else {}
 
 
 def read_artifact(path: str | os.PathLike) -> tuple[dict, bytes, dict[str, str]]:

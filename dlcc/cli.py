@@ -180,9 +180,12 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
         return
     s = _summary(plan)
     kinfo = {k["name"]: k for k in plan["kernels"]}
+    res = plan.get("cuda", {}).get("resources", {})  # ptxas figures, when compiled for CUDA with nvcc
     launch_rows = [{"index": i, "node": L["node"], "op": L["op_type"], "kernel": L["kernel"], "kind": kinfo[L["kernel"]]["kind"],
              "tiling": kinfo[L["kernel"]]["tiling"], "grid": L["grid"], "block": L["block"], "flops": L["flops"],
              "dram_bytes": L["dram_bytes"],
+             **({"registers": res[L["kernel"]]["registers"], "blocks_per_sm": res[L["kernel"]]["blocks_per_sm"]}
+                if L["kernel"] in res else {}),
              "args": [a["int"] if "int" in a else f"{a['storage']}+{a['offset']}" for a in L["args"]]}
             for i, L in enumerate(plan["launches"])] if launches else None
     by_kind: dict[str, int] = {}
@@ -219,11 +222,14 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
     out.print(k)
     if launch_rows is not None:
         lt = Table(title="launches, in order")
-        for c in ("#", "node", "op", "kernel", "kind", "grid x block", "MFLOP", "DRAM", "args (storage+offset)"):
+        cols = ["#", "node", "op", "kernel", "kind", "grid x block", "MFLOP", "DRAM"]
+        cols += ["regs", "blocks/SM"] if res else []
+        for c in cols + ["args (storage+offset)"]:
             lt.add_column(c, overflow="fold")
         for r in launch_rows:
+            extra = [str(r.get("registers", "")), str(r.get("blocks_per_sm", ""))] if res else []
             lt.add_row(str(r["index"]), r["node"], r["op"], r["kernel"], r["kind"] + (f" {r['tiling']}" if r["tiling"] else ""),
-                       f"{r['grid']} x {r['block']}", f"{r['flops'] / 1e6:.2f}", _human(r["dram_bytes"]),
+                       f"{r['grid']} x {r['block']}", f"{r['flops'] / 1e6:.2f}", _human(r["dram_bytes"]), *extra,
                        " ".join(map(str, r["args"])))
         out.print(lt)
 

@@ -68,6 +68,28 @@ class CompileResult:
     weights: bytes
     kernel_codes: list[str]
     state: CompileState
+    binaries: dict[str, bytes] | None = None  # extra artifact files: cubin, nvcc log
+
+
+def build_cuda_binary(plan: dict, kernel_codes: list[str], dev: DeviceSpec) -> dict[str, bytes]:
+    """Compile the CUDA text for the device's arch with nvcc, when nvcc is here: the cubin goes into
+    the artifact (PyCUDA loads it instead of compiling at start-up), and ptxas' registers, shared
+    memory and spills per kernel, with the resulting blocks per SM, go into the plan."""
+    from .backends.nvcc import blocks_per_sm, build_cubin, find_nvcc
+    from .backends.source import render
+
+    if not dev.arch or not find_nvcc():
+        return {}
+    usage, cubin, log = build_cubin(render(kernel_codes, "cuda"), dev.arch)
+    blocks = {k["name"]: k["block"] for k in plan["kernels"]}
+    plan["cuda"] = {
+        "arch": dev.arch,
+        "cubin": f"kernels.{dev.arch}.cubin",
+        "resources": {name: {"registers": u.registers, "smem_bytes": u.smem_bytes, "spill_bytes": u.spill_stores + u.spill_loads,
+                             "blocks_per_sm": blocks_per_sm(u, blocks[name], dev)}
+                      for name, u in usage.items() if name in blocks},
+    }
+    return {plan["cuda"]["cubin"]: cubin, "nvcc.log": log.encode()}
 
 
 def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None, target: str = "opencl",
@@ -105,5 +127,10 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
     }
     with steps.step("build plan"):
         plan, weights = build_plan(state, meta)
+    codes = kernel_sources(state)
+    binaries = {}
+    if target == "cuda" and dev.arch:
+        with steps.step(f"nvcc {dev.arch} (cubin + resource usage)"):
+            binaries = build_cuda_binary(plan, codes, dev)
     plan["meta"]["compile_s"] = {k: round(v, 4) for k, v in steps.times.items()}
-    return CompileResult(plan, weights, kernel_sources(state), state)
+    return CompileResult(plan, weights, codes, state, binaries)

@@ -40,11 +40,11 @@ def pick_target(target: str = "auto") -> str:
 
 
 class Executor:
-    def __init__(self, plan: dict, weights: bytes, source: str, runtime):
+    def __init__(self, plan: dict, weights: bytes, source: str, runtime, binaries: dict[str, bytes] | None = None):
         self.plan = plan
         self.rt = runtime
         rt = runtime
-        rt.compile(source)
+        rt.compile(source, plan, binaries or {})
         st = plan["storages"]
         self.storages = {"arena": rt.alloc(st["arena"]), "weights": rt.alloc(st["weights"])}
         rt.write(self.storages["weights"], 0, weights)

@@ -74,6 +74,17 @@ def fake_pycuda(monkeypatch):
     driver = types.ModuleType("pycuda.driver")
     for k in ("Context", "mem_alloc", "memcpy_htod", "memcpy_dtoh"):
         setattr(driver, k, getattr(drv, k))
+    drv.loaded_cubins = []
+
+    class Module:
+        def get_function(self, name):
+            return drv.Fn(name)
+
+    def module_from_buffer(data):
+        drv.loaded_cubins.append(data)
+        return Module()
+
+    driver.module_from_buffer = module_from_buffer
     monkeypatch.setitem(sys.modules, "pycuda", pkg)
     monkeypatch.setitem(sys.modules, "pycuda.autoinit", types.ModuleType("pycuda.autoinit"))
     monkeypatch.setitem(sys.modules, "pycuda.driver", driver)
@@ -83,7 +94,9 @@ def fake_pycuda(monkeypatch):
 
 
 def test_cuda_runtime_binds_the_plan(fake_pycuda):
-    m = dlcc.compile(EXAMPLE, target="cuda", device="h100")
+    # Planned for an A100 (sm_80) but run on the fake H100: the sm_80 cubin does not fit, so the
+    # runtime compiles the CUDA text for sm_90 through SourceModule.
+    m = dlcc.compile(EXAMPLE, target="cuda", device="a100")
     assert m.target == "cuda"
     outs = m(m.sample_inputs())
     plan = m.plan
@@ -103,3 +116,23 @@ def test_cuda_runtime_binds_the_plan(fake_pycuda):
                 assert isinstance(a, np.uintp) and int(a) == ptr_of[spec["storage"]] + spec["offset"]
     # Weights uploaded once, inputs per run.
     assert (ptr_of["weights"], plan["storages"]["weights"]) in drv.h2d
+
+
+@pytest.mark.skipif(__import__("dlcc.backends.nvcc", fromlist=["find_nvcc"]).find_nvcc() is None,
+                    reason="nvcc is not installed on this machine")
+def test_cuda_artifact_carries_cubin_and_resources(fake_pycuda, tmp_path):
+    """Compiling for CUDA runs nvcc for the device's arch: the cubin and ptxas' figures go into the
+    artifact, and the runtime loads that cubin instead of compiling at start-up."""
+    out = tmp_path / "c.dlcc"
+    m = dlcc.compile(EXAMPLE, out=out, target="cuda", device="h100")
+    plan = m.plan
+    assert plan["cuda"]["arch"] == "sm_90" and (out / "kernels.sm_90.cubin").stat().st_size > 0
+    res = plan["cuda"]["resources"]
+    assert set(res) == {k["name"] for k in plan["kernels"]}
+    for k in plan["kernels"]:
+        r = res[k["name"]]
+        assert r["registers"] > 0 and r["spill_bytes"] == 0 and 1 <= r["blocks_per_sm"] <= 32
+    loaded = dlcc.load(out, target="cuda")
+    loaded(loaded.sample_inputs())
+    assert fake_pycuda.loaded_cubins == [(out / "kernels.sm_90.cubin").read_bytes()]
+    assert len(fake_pycuda.launches) == len(plan["launches"])

@@ -12,18 +12,23 @@ from conftest import SMALL_MODELS, run_ort
 RTOL, ATOL = 1e-3, 1e-4
 
 
-@pytest.mark.parametrize("name", SMALL_MODELS)
-def test_model_matches_onnxruntime(model_path, name):
-    path = model_path(name)
-    m = dlcc.compile(path, target="opencl")
+def check_against_onnxruntime(name: str, path) -> "dlcc.CompiledModel":
+    """Compile `path` for OpenCL, run it and onnxruntime on the model's seeded inputs, compare."""
     import models
 
+    m = dlcc.compile(path, target="opencl")
     feeds = models.sample_inputs(name, path, seed=0)
     got = m(feeds)
     names = [o["name"] for o in m.outputs]
     ref = run_ort(path, feeds, names)
     rows = [compare(n, got[n], r, RTOL, ATOL) for n, r in zip(names, ref)]
     assert all(r["passed"] for r in rows), rows
+    return m
+
+
+@pytest.mark.parametrize("name", SMALL_MODELS)
+def test_model_matches_onnxruntime(model_path, name):
+    m = check_against_onnxruntime(name, model_path(name))
     # The baseline is one kernel per op (after folding): launches never fewer than compute ops.
     s = m.stats
     compute = sum(c for op, c in s["op_histogram"].items() if op in ("Conv", "MatMul", "Gemm", "LSTM", "ConvTranspose"))
@@ -81,10 +86,4 @@ def test_dynamo_exporter_models(name):
             torch.onnx.export(b.module, tuple(b.inputs.values()), tmp, input_names=list(b.inputs),
                               output_names=b.output_names, dynamo=True, opset_version=18, verbose=False)
         os.replace(tmp, path)
-    m = dlcc.compile(path, target="opencl")
-    feeds = models.sample_inputs(name, path, seed=0)
-    got = m(feeds)
-    names = [o["name"] for o in m.outputs]
-    ref = run_ort(path, feeds, names)
-    rows = [compare(n, got[n], r, RTOL, ATOL) for n, r in zip(names, ref)]
-    assert all(r["passed"] for r in rows), rows
+    check_against_onnxruntime(name, path)

@@ -315,13 +315,13 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         err.print("[red]interrupted[/] — nothing was written (artifacts are written atomically)")
         sys.exit(130)
-    except Exception as e:  # click usage errors and friends
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
+    except Exception as e:
+        # Usage errors (missing argument, bad option value, unknown command) come from the click
+        # that typer bundles (typer._click) or from click itself: both have show() and exit_code.
+        if hasattr(e, "show") and hasattr(e, "exit_code"):
             e.show()
             sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Abort):
+        if type(e).__name__ == "Abort":
             sys.exit(130)
         traceback.print_exc()
         err.print("[bold red]internal error[/] — this is a dlcc bug; please report it with the traceback above")

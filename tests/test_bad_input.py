@@ -293,3 +293,15 @@ def test_unknown_target(tmp_path):
     rc, out, err = cli("compile", EXAMPLE, "--target", "metal", "-o", tmp_path / "o")
     assert_clean_error(rc, out, err, "unknown target 'metal'", "opencl")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["compile"], "Missing argument"),
+    (["frobnicate"], "No such command"),
+    (["verify", "x.onnx", "--rtol", "abc"], "--rtol"),
+])
+def test_usage_errors_are_not_tracebacks(args, needle):
+    rc, out, err = cli(*args)
+    assert rc == 2
+    assert_clean_error(rc, out, err, needle)
+    assert "internal error" not in err

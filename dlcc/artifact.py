@@ -76,6 +76,8 @@ def read_artifact(path: str | os.PathLike) -> tuple[dict, bytes, dict[str, str]]
     except json.JSONDecodeError as e:
         raise DlccError(f"{path}/plan.json is corrupt: {e}") from None
     sources = {d: (path / file_name(d)).read_text() for d in DIALECTS if (path / file_name(d)).is_file()}
+    if not sources or not (path / "weights.bin").is_file():
+        raise DlccError(f"{path}: incomplete artifact (kernel sources or weights.bin missing); compile it again")
     weights = (path / "weights.bin").read_bytes()
     if len(weights) != plan["storages"]["weights"]:
         raise DlccError(f"{path}/weights.bin has {len(weights)} bytes, the plan expects {plan['storages']['weights']}")

@@ -292,6 +292,8 @@ def _atomic_npz(path: Path, arrays: dict) -> None:
     import tempfile
 
     path = Path(path)
+    if not path.resolve().parent.is_dir():
+        raise DlccError(f"{path}: the directory {path.resolve().parent} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent or ".")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -312,6 +314,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     except typer.Exit as e:
         sys.exit(e.exit_code)
+    except OSError as e:
+        # A path the user gave cannot be read or written (missing directory, permissions, disk full).
+        where = f" {e.filename}" if e.filename else ""
+        err.print("[bold red]error:[/] " + _escape(f"{e.strerror or e}:{where}"), highlight=False, soft_wrap=True)
+        sys.exit(2)
     except KeyboardInterrupt:
         err.print("[red]interrupted[/] — nothing was written (artifacts are written atomically)")
         sys.exit(130)

@@ -305,3 +305,13 @@ def test_usage_errors_are_not_tracebacks(args, needle):
     assert rc == 2
     assert_clean_error(rc, out, err, needle)
     assert "internal error" not in err
+
+
+def test_unwritable_and_incomplete_paths(tmp_path):
+    rc, out, err = cli("compile", EXAMPLE, "-o", tmp_path / "missing" / "deeper" / "x", "-q")
+    assert rc == 0, err  # parents are created
+    rc, out, err = cli("run", tmp_path / "missing" / "deeper" / "x", "--outputs", tmp_path / "nodir" / "o.npz")
+    assert_clean_error(rc, out, err, "does not exist")
+    (tmp_path / "missing" / "deeper" / "x" / "weights.bin").unlink()
+    rc, out, err = cli("run", tmp_path / "missing" / "deeper" / "x")
+    assert_clean_error(rc, out, err, "incomplete artifact")

@@ -495,6 +495,25 @@ def build_lstm(size: str) -> Built:
     return Built(model, {"input": x}, ["logits", "h_n"])
 
 
+class GRUModel(nn.Module):
+    def __init__(self, inp: int, hidden: int, layers: int, out: int):
+        super().__init__()
+        self.gru = nn.GRU(inp, hidden, num_layers=layers, bidirectional=True)
+        self.fc = nn.Linear(2 * hidden, out)
+
+    def forward(self, x):
+        y, h = self.gru(x)
+        return self.fc(y), h
+
+
+def build_gru(size: str) -> Built:
+    if size == "small":
+        model, x = GRUModel(16, 24, 2, 10), torch.randn(8, 2, 16)
+    else:
+        model, x = GRUModel(128, 512, 2, 1000), torch.randn(64, 1, 128)
+    return Built(model, {"input": x}, ["logits", "h_n"])
+
+
 # --------------------------------------------------------------------------
 # transformers models
 # --------------------------------------------------------------------------
@@ -599,6 +618,7 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("yolo", "YOLOv8-like: Conv-BN-SiLU, C2f (Split), SPPF, Resize nearest+linear", build_yolo),
         ModelSpec("ocr", "CRNN-like: ReLU6/Clip, AvgPool, ConvTranspose, GAP head, BiLSTM head", build_ocr),
         ModelSpec("lstm", "2-layer LSTM + Linear on [seq, batch, feat]", build_lstm),
+        ModelSpec("gru", "2-layer bidirectional GRU + Linear on [seq, batch, feat]", build_gru),
         ModelSpec("bert", "transformers BertModel (tiny / bert-base), input_ids + attention_mask", build_bert,
                   int_high={"input_ids": 1000}, ones=("attention_mask",)),
         ModelSpec("gpt2", "transformers GPT2LMHeadModel (tiny / gpt2-124M), no KV cache", build_gpt2,

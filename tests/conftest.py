@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 MODEL_DIR = Path(os.environ.get("DLCC_MODEL_CACHE", ROOT / ".cache" / "models"))
-SMALL_MODELS = ["cnn", "mobilenet", "yolo", "ocr", "lstm", "bert", "gpt2", "vit"]
+SMALL_MODELS = ["cnn", "mobilenet", "yolo", "ocr", "lstm", "gru", "bert", "gpt2", "vit"]
 
 
 def export_model(name: str, size: str = "small") -> Path:

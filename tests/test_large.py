@@ -13,7 +13,7 @@ from conftest import export_model, run_ort
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("name", ["cnn", "bert", "gpt2", "vit", "mobilenet", "yolo", "ocr", "lstm"])
+@pytest.mark.parametrize("name", ["cnn", "bert", "gpt2", "vit", "mobilenet", "yolo", "ocr", "lstm", "gru"])
 def test_full_size_matches_onnxruntime(name):
     import models
 

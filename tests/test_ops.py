@@ -756,6 +756,32 @@ add(
 )
 
 
+
+def gru(cid, direction="forward", lbr=1, bias=True, init_state=True, outs=(True, True)):
+    D = 2 if direction == "bidirectional" else 1
+    w = lambda *s: W(R(s, "uniform", -0.5, 0.5))  # noqa: E731
+    ins = [X(R((SEQ, BATCH, INP))), w(D, 3 * HID, INP), w(D, 3 * HID, HID)]
+    if bias or init_state:
+        ins.append(w(D, 6 * HID) if bias else None)
+    if init_state:
+        ins += [None, W(R((D, BATCH, HID)))]
+    return op(cid, "GRU", ins, {"hidden_size": HID, "direction": direction, "linear_before_reset": lbr},
+              outs=list(outs))
+
+
+add(
+    gru("GRU-forward-linear-before-reset"),
+    gru("GRU-forward-reset-before-linear", lbr=0),
+    gru("GRU-reverse", direction="reverse"),
+    gru("GRU-bidirectional-lbr0", direction="bidirectional", lbr=0),
+    gru("GRU-bidirectional-lbr1-no-initial-state", direction="bidirectional", init_state=False),
+    gru("GRU-forward-no-bias", bias=False, init_state=False),
+    gru("GRU-forward-only-Y_h", outs=(False, True)),
+    op("GRU-forward-clip", "GRU",
+       [X(R((SEQ, BATCH, INP))), W(R((1, 3 * HID, INP), "uniform", -1, 1)), W(R((1, 3 * HID, HID), "uniform", -1, 1)),
+        W(R((1, 6 * HID), "uniform", -1, 1))], {"hidden_size": HID, "clip": 0.5, "linear_before_reset": 1}, outs=2),
+)
+
 # ----- graph outputs that are inputs or views ------------------------------------------------------
 def _output_is_input(rng):
     return [], {"x": R((2, 3)).make(rng)}, {}, ["x"]

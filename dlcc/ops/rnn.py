@@ -1,113 +1,239 @@
-"""The ONNX LSTM op, unrolled: one GEMM for every step's input projection, then per step a GEMM
-for the recurrent projection and one elementwise kernel for the gates and states.
+"""The ONNX LSTM and GRU ops, unrolled: one GEMM for every step's input projection, then per step
+a GEMM for the recurrent projection and an elementwise kernel for the gates and states.
 
 The per-step kernels take the step index as an argument, so each text is emitted once and
 launched `seq` times — exactly the many-small-kernels pattern Rammer later co-schedules.
+All directions of a bidirectional layer run in the same launches (the GEMM batch is the
+direction), the reverse direction reading step `seq - 1 - t`.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..kernels.gemm import GemmSpec, emit_gemm
 from ..kernels.map import BLOCK
+from ..kernels.program import literal
 from .registry import COMPUTE, register
 
-_DEFAULT_ACTS = ["Sigmoid", "Tanh", "Tanh"]
+
+@dataclass
+class Rnn:
+    D: int  # directions
+    seq: int
+    batch: int
+    I: int  # input size
+    H: int  # hidden size
+    direction: str
+    clip: float | None
+
+    @property
+    def n_state(self) -> int:
+        return self.D * self.batch * self.H
+
+    def step_index(self) -> str:
+        """C expression: the sequence position direction `d` processes at step `t`."""
+        last = self.seq - 1
+        return {"forward": "t", "reverse": f"({last} - t)", "bidirectional": f"(d == 0 ? t : {last} - t)"}[self.direction]
+
+    def clipped(self, v: str) -> str:
+        if not self.clip:
+            return v
+        return f"F_MIN(F_MAX({v}, {literal(-self.clip)}), {literal(self.clip)})"
 
 
-@register("LSTM", since=7, category=COMPUTE, float_only=True)
-def _lstm(ctx, node):
-    ins = list(node.inputs) + [""] * (8 - len(node.inputs))
-    X, W, R, Bn, seq_lens, h0, c0, P = ins[:8]
-    outs = list(node.outputs) + [""] * (3 - len(node.outputs))
-    Y, Yh, Yc = outs[:3]
+def _rnn_attrs(ctx, node, default_acts: list[str]) -> Rnn:
+    X, R = node.inputs[0], node.inputs[2]
     if ctx.attr("layout", 0) != 0:
         raise ctx.fail("layout=1 (batch-major) is not supported")
-    if ctx.attr("input_forget", 0):
-        raise ctx.fail("input_forget=1 is not supported")
-    if P:
-        raise ctx.fail("peephole weights (input P) are not supported")
     direction = ctx.attr("direction", "forward")
     D = 2 if direction == "bidirectional" else 1
     acts = ctx.attr("activations", None)
     if acts is not None:
         acts = [a.decode() if isinstance(a, bytes) else a for a in acts]
-        if acts != _DEFAULT_ACTS * D:
-            raise ctx.fail(f"activations {acts} are not supported (only the default Sigmoid/Tanh/Tanh)")
+        if acts != default_acts * D:
+            raise ctx.fail(f"activations {acts} are not supported (only the default {'/'.join(default_acts)})")
     seq, batch, I = ctx.shape(X)
-    H = ctx.attr("hidden_size", ctx.shape(R)[-1])
+    seq_lens = node.inputs[4] if len(node.inputs) > 4 else ""
     if seq_lens:
         sl = ctx.const(seq_lens)
         if sl is None or not np.all(sl == seq):
             raise ctx.fail("sequence_lens other than the full length for every batch entry are not supported")
+    H = ctx.attr("hidden_size", ctx.shape(R)[-1])
     clip = ctx.attr("clip", None)
-    G4 = 4 * H
+    return Rnn(D, seq, batch, I, H, direction, float(clip) if clip else None)
 
-    # 1. Input projection for all steps and directions: XW[d] = X · W[d]^T + Wb[d] + Rb[d].
-    xw = ctx.temp((D, seq * batch, G4))
-    bias_term = f" + Bz[bt * {2 * G4} + n] + Bz[bt * {2 * G4} + {G4} + n]" if Bn else ""
-    params = ["GPTR const float* X", "GPTR const float* W"] + (["GPTR const float* Bz"] if Bn else []) + ["GPTR float* Y"]
+
+def _input_projection(ctx, r: Rnn, X: str, W: str, B: str, gates: int, rb_cols: int, hint: str) -> str:
+    """XW[d] = X · W[d]^T + Wb[d] (+ Rb[d] on the first `rb_cols` columns), for all steps at once."""
+    G = gates * r.H
+    xw = ctx.temp((r.D, r.seq * r.batch, G))
+    if B:
+        bias = f" + Bz[bt * {2 * G} + n]"
+        if rb_cols:
+            bias += f" + (n < {rb_cols} ? Bz[bt * {2 * G} + {G} + n] : 0.0f)" if rb_cols < G else f" + Bz[bt * {2 * G} + {G} + n]"
+    else:
+        bias = ""
+    params = ["GPTR const float* X", "GPTR const float* W"] + (["GPTR const float* Bz"] if B else []) + ["GPTR float* Y"]
     spec = GemmSpec(
-        batch=D, M=seq * batch, N=G4, K=I, params=params,
-        load_a=lambda m, k: ([], f"X[{m} * {I} + {k}]"),
-        load_b=lambda k, n: ([], f"W[bt * {G4 * I} + {n} * {I} + {k}]"),
-        store=lambda m, n, acc: [f"Y[(bt * {seq * batch} + {m}) * {G4} + {n}] = {acc}{bias_term};"],
+        batch=r.D, M=r.seq * r.batch, N=G, K=r.I, params=params,
+        load_a=lambda m, k: ([], f"X[{m} * {r.I} + {k}]"),
+        load_b=lambda k, n: ([], f"W[bt * {G * r.I} + {n} * {r.I} + {k}]"),
+        store=lambda m, n, acc: [f"Y[(bt * {r.seq * r.batch} + {m}) * {G} + {n}] = {acc}{bias};"],
         b_n_contiguous=False,
     )
-    gin = [X, W] + ([Bn] if Bn else [])
-    emit_gemm(ctx, "LSTMInput", spec, gin + [xw], reads=gin, writes=[xw])
+    ins = [X, W] + ([B] if B else [])
+    emit_gemm(ctx, hint, spec, ins + [xw], reads=ins, writes=[xw])
+    return xw
 
-    # 2. State buffers (the Y_h / Y_c outputs themselves when requested), initialised once.
-    hs = Yh or ctx.temp((D, batch, H))
-    cs = Yc or ctx.temp((D, batch, H))
-    y = Y or ctx.temp((seq, D, batch, H))
-    n_state = D * batch * H
-    for state, init in ((hs, h0), (cs, c0)):
-        _init_state(ctx, state, init, n_state)
 
-    # 3. Per step: HR = Hs · R^T (all directions at once), then the gate kernel.
-    hr = ctx.temp((D, batch, G4))
-    rspec = GemmSpec(
-        batch=D, M=batch, N=G4, K=H,
-        params=["GPTR const float* Hs", "GPTR const float* Rw", "GPTR float* Y"],
-        load_a=lambda m, k: ([], f"Hs[(bt * {batch} + {m}) * {H} + {k}]"),
-        load_b=lambda k, n: ([], f"Rw[bt * {G4 * H} + {n} * {H} + {k}]"),
-        store=lambda m, n, acc: [f"Y[(bt * {batch} + {m}) * {G4} + {n}] = {acc};"],
+def _recurrent_spec(r: Rnn, gates_total: int, row0: int, rows: int) -> GemmSpec:
+    """Out[d] = S[d] · R[d][row0:row0+rows]^T for every direction d (the GEMM batch)."""
+    G, H = gates_total * r.H, r.H
+    return GemmSpec(
+        batch=r.D, M=r.batch, N=rows, K=H, params=["GPTR const float* S", "GPTR const float* Rw", "GPTR float* Y"],
+        load_a=lambda m, k: ([], f"S[(bt * {r.batch} + {m}) * {H} + {k}]"),
+        load_b=lambda k, n: ([], f"Rw[bt * {G * H} + ({row0} + {n}) * {H} + {k}]"),
+        store=lambda m, n, acc: [f"Y[(bt * {r.batch} + {m}) * {rows} + {n}] = {acc};"],
         b_n_contiguous=False,
     )
-    clip_s = (lambda v: f"F_MIN(F_MAX({v}, {-float(clip)}f), {float(clip)}f)") if clip else (lambda v: v)
-    tt = {"forward": "t", "reverse": f"({seq - 1} - t)", "bidirectional": f"(d == 0 ? t : {seq - 1} - t)"}[direction]
+
+
+def _step_kernel(ctx, hint: str, params: str, body: list[str], r: Rnn, gates: int) -> str:
+    """A per-step elementwise kernel over (direction, batch, hidden unit), with index helpers."""
     lines = [
         "const int i = BLOCK_ID * BLOCK_DIM + THREAD_ID;",
-        f"if (i < {n_state}) {{",
-        f"    const int j = i % {H}, b = (i / {H}) % {batch}, d = i / {H * batch};",
-        f"    const int tt = {tt};",
-        f"    const int xr = (d * {seq * batch} + tt * {batch} + b) * {G4} + j;",
-        f"    const int hr = (d * {batch} + b) * {G4} + j;",
-        f"    const float gi = {clip_s('XW[xr] + HR[hr]')};",
-        f"    const float go = {clip_s(f'XW[xr + {H}] + HR[hr + {H}]')};",
-        f"    const float gf = {clip_s(f'XW[xr + {2 * H}] + HR[hr + {2 * H}]')};",
-        f"    const float gc = {clip_s(f'XW[xr + {3 * H}] + HR[hr + {3 * H}]')};",
-        "    const float it = 1.0f / (1.0f + F_EXP(-gi));",
-        "    const float ot = 1.0f / (1.0f + F_EXP(-go));",
-        "    const float ft = 1.0f / (1.0f + F_EXP(-gf));",
-        "    const float c = ft * Cs[i] + it * F_TANH(gc);",
-        "    const float h = ot * F_TANH(c);",
-        "    Cs[i] = c;",
-        "    Hs[i] = h;",
-        f"    Y[((tt * {D} + d) * {batch} + b) * {H} + j] = h;",
+        f"if (i < {r.n_state}) {{",
+        f"    const int j = i % {r.H}, b = (i / {r.H}) % {r.batch}, d = i / {r.H * r.batch};",
+        f"    const int tt = {r.step_index()};",
+        f"    const int xr = (d * {r.seq * r.batch} + tt * {r.batch} + b) * {gates * r.H} + j;",
+        f"    const int yi = ((tt * {r.D} + d) * {r.batch} + b) * {r.H} + j;",
+        *["    " + s for s in body],
         "}",
     ]
 
     def make(name):
-        return (f"KERNEL void {name}(GPTR const float* XW, GPTR const float* HR, GPTR float* Hs, GPTR float* Cs, "
-                f"GPTR float* Y, const int t) {{\n    " + "\n    ".join(lines) + "\n}\n")
+        return f"KERNEL void {name}({params}, const int t) {{\n    " + "\n    ".join(lines) + "\n}\n"
 
-    step = ctx.program.add_kernel("LSTMCell", make, BLOCK, kind="map", pass_name=ctx.pass_name)
-    for t in range(seq):
+    return ctx.program.add_kernel(hint, make, BLOCK, kind="map", pass_name=ctx.pass_name)
+
+
+def _sig(v: str) -> str:
+    return f"1.0f / (1.0f + F_EXP(-({v})))"
+
+
+@register("LSTM", since=7, category=COMPUTE, float_only=True)
+def _lstm(ctx, node):
+    ins = list(node.inputs) + [""] * (8 - len(node.inputs))
+    X, W, R, Bn, _, h0, c0, P = ins[:8]
+    outs = list(node.outputs) + [""] * (3 - len(node.outputs))
+    Y, Yh, Yc = outs[:3]
+    if ctx.attr("input_forget", 0):
+        raise ctx.fail("input_forget=1 is not supported")
+    if P:
+        raise ctx.fail("peephole weights (input P) are not supported")
+    r = _rnn_attrs(ctx, node, ["Sigmoid", "Tanh", "Tanh"])
+    H, G4 = r.H, 4 * r.H
+
+    # 1. Input projection for all steps and directions (both biases folded in).
+    xw = _input_projection(ctx, r, X, W, Bn, 4, G4, "LSTMInput")
+    # 2. State buffers (the Y_h / Y_c outputs themselves when requested), initialised once.
+    hs = Yh or ctx.temp((r.D, r.batch, H))
+    cs = Yc or ctx.temp((r.D, r.batch, H))
+    y = Y or ctx.temp((r.seq, r.D, r.batch, H))
+    for state, init in ((hs, h0), (cs, c0)):
+        _init_state(ctx, state, init, r.n_state)
+    # 3. Per step: HR = Hs · R^T (all directions at once), then the gate kernel (gate order i, o, f, c).
+    hr = ctx.temp((r.D, r.batch, G4))
+    rspec = _recurrent_spec(r, 4, 0, G4)
+    g = [r.clipped(f"XW[xr + {k * H}] + HR[hr + {k * H}]") for k in range(4)]
+    step = _step_kernel(ctx, "LSTMCell", "GPTR const float* XW, GPTR const float* HR, GPTR float* Hs, "
+                        "GPTR float* Cs, GPTR float* Y", [
+                            f"const int hr = (d * {r.batch} + b) * {G4} + j;",
+                            f"const float it = {_sig(g[0])};",
+                            f"const float ot = {_sig(g[1])};",
+                            f"const float ft = {_sig(g[2])};",
+                            f"const float c = ft * Cs[i] + it * F_TANH({g[3]});",
+                            "const float h = ot * F_TANH(c);",
+                            "Cs[i] = c;",
+                            "Hs[i] = h;",
+                            "Y[yi] = h;",
+                        ], r, 4)
+    for t in range(r.seq):
         emit_gemm(ctx, "LSTMRecurrent", rspec, [hs, R, hr], reads=[hs, R], writes=[hr])
-        ctx.launch(step, -(-n_state // BLOCK), [xw, hr, hs, cs, y, t], reads=[xw, hr, hs, cs], writes=[hs, cs, y],
-                   flops=20 * n_state, dram_bytes=4 * n_state * (8 + 4 + 1), category="elementwise")
+        ctx.launch(step, -(-r.n_state // BLOCK), [xw, hr, hs, cs, y, t], reads=[xw, hr, hs, cs],
+                   writes=[hs, cs, y], flops=20 * r.n_state, dram_bytes=4 * r.n_state * 13, category="elementwise")
+
+
+@register("GRU", since=7, category=COMPUTE, float_only=True)
+def _gru(ctx, node):
+    """GRU (gate order z, r, h). PyTorch exports linear_before_reset=1: h~ = tanh(XWh + r ⊙ (H·Rh +
+    Rbh)), one recurrent GEMM per step. With linear_before_reset=0, h~ = tanh(XWh + (r ⊙ H)·Rh + Rbh)
+    needs r first, so each step is GEMM(z, r) → gates → GEMM(h) → update."""
+    ins = list(node.inputs) + [""] * (6 - len(node.inputs))
+    X, W, R, Bn, _, h0 = ins[:6]
+    outs = list(node.outputs) + [""] * (2 - len(node.outputs))
+    Y, Yh = outs[:2]
+    r = _rnn_attrs(ctx, node, ["Sigmoid", "Tanh"])
+    H, G3 = r.H, 3 * r.H
+    lbr = ctx.attr("linear_before_reset", 0)
+    # Rb joins the input projection for z and r always, and for h unless it must sit inside r ⊙ (...).
+    xw = _input_projection(ctx, r, X, W, Bn, 3, 2 * H if lbr else G3, "GRUInput")
+    hs = Yh or ctx.temp((r.D, r.batch, H))
+    y = Y or ctx.temp((r.seq, r.D, r.batch, H))
+    _init_state(ctx, hs, h0, r.n_state)
+    z = lambda hr: r.clipped(f"XW[xr] + {hr}")  # noqa: E731
+    rg = lambda hr: r.clipped(f"XW[xr + {H}] + {hr}")  # noqa: E731
+    if lbr:
+        hr = ctx.temp((r.D, r.batch, G3))
+        rspec = _recurrent_spec(r, 3, 0, G3)
+        bias_rows = ""
+        if Bn:  # Rbh is added inside the reset product: add it to HR's h part in the kernel
+            bias_rows = f" + Bz[d * {2 * G3} + {G3 + 2 * H} + j]"
+        step = _step_kernel(ctx, "GRUCell", "GPTR const float* XW, GPTR const float* HR, "
+                            + ("GPTR const float* Bz, " if Bn else "") + "GPTR float* Hs, GPTR float* Y", [
+                                f"const int hr = (d * {r.batch} + b) * {G3} + j;",
+                                f"const float zt = {_sig(z('HR[hr]'))};",
+                                f"const float rt = {_sig(rg(f'HR[hr + {H}]'))};",
+                                f"const float nt = F_TANH({r.clipped(f'XW[xr + {2 * H}] + rt * (HR[hr + {2 * H}]{bias_rows})')});",
+                                "const float h = (1.0f - zt) * nt + zt * Hs[i];",
+                                "Hs[i] = h;",
+                                "Y[yi] = h;",
+                            ], r, 3)
+        for t in range(r.seq):
+            emit_gemm(ctx, "GRURecurrent", rspec, [hs, R, hr], reads=[hs, R], writes=[hr])
+            args = [xw, hr] + ([Bn] if Bn else []) + [hs, y, t]
+            ctx.launch(step, -(-r.n_state // BLOCK), args, reads=[xw, hr, hs] + ([Bn] if Bn else []),
+                       writes=[hs, y], flops=15 * r.n_state, dram_bytes=4 * r.n_state * 10, category="elementwise")
+        return
+    hzr = ctx.temp((r.D, r.batch, 2 * H))
+    rh = ctx.temp((r.D, r.batch, H))
+    zbuf = ctx.temp((r.D, r.batch, H))
+    hh = ctx.temp((r.D, r.batch, H))
+    spec_zr = _recurrent_spec(r, 3, 0, 2 * H)
+    spec_h = _recurrent_spec(r, 3, 2 * H, H)
+    gates = _step_kernel(ctx, "GRUGates", "GPTR const float* XW, GPTR const float* HR, GPTR const float* Hs, "
+                         "GPTR float* Z, GPTR float* RH", [
+                             f"const int hr = (d * {r.batch} + b) * {2 * H} + j;",
+                             f"Z[i] = {_sig(z('HR[hr]'))};",
+                             f"RH[i] = {_sig(rg(f'HR[hr + {H}]'))} * Hs[i];",
+                         ], r, 3)
+    update = _step_kernel(ctx, "GRUUpdate", "GPTR const float* XW, GPTR const float* HH, GPTR const float* Z, "
+                          "GPTR float* Hs, GPTR float* Y", [
+                              f"const float nt = F_TANH({r.clipped(f'XW[xr + {2 * H}] + HH[i]')});",
+                              "const float h = (1.0f - Z[i]) * nt + Z[i] * Hs[i];",
+                              "Hs[i] = h;",
+                              "Y[yi] = h;",
+                          ], r, 3)
+    grid = -(-r.n_state // BLOCK)
+    for t in range(r.seq):
+        emit_gemm(ctx, "GRURecurrentZR", spec_zr, [hs, R, hzr], reads=[hs, R], writes=[hzr])
+        ctx.launch(gates, grid, [xw, hzr, hs, zbuf, rh, t], reads=[xw, hzr, hs], writes=[zbuf, rh],
+                   flops=10 * r.n_state, category="elementwise")
+        emit_gemm(ctx, "GRURecurrentH", spec_h, [rh, R, hh], reads=[rh, R], writes=[hh])
+        ctx.launch(update, grid, [xw, hh, zbuf, hs, y, t], reads=[xw, hh, zbuf, hs], writes=[hs, y],
+                   flops=8 * r.n_state, category="elementwise")
 
 
 def _init_state(ctx, state: str, init: str, n: int) -> None:
@@ -124,5 +250,5 @@ def _init_state(ctx, state: str, init: str, n: int) -> None:
         return (f"KERNEL void {name}({params}) {{\n    const int i = BLOCK_ID * BLOCK_DIM + THREAD_ID;\n"
                 f"    if (i < {n}) {body}\n}}\n")
 
-    k = ctx.program.add_kernel("LSTMInit", make, BLOCK, kind="map", pass_name=ctx.pass_name)
+    k = ctx.program.add_kernel("RNNInit", make, BLOCK, kind="map", pass_name=ctx.pass_name)
     ctx.launch(k, -(-n // BLOCK), args, reads=reads, writes=[state], category="elementwise")

@@ -156,3 +156,30 @@ def _lrn(ctx, node):
         return s, f"{v.x(0)} / F_POW({literal(bias)} + {literal(alpha / size)} * sq, {literal(beta)})"
 
     emit_map(ctx, node.outputs[0], [node.inputs[0]], body, "LRN", flops_per_elem=2 * size + 4, inline_scalars=False)
+
+
+@register("CumSum", since=11, category=REDUCTION)
+def _cumsum(ctx, node):
+    """Prefix sums along one axis (exclusive/reverse per the attributes): each output sums its prefix."""
+    x = node.inputs[0]
+    shape = ctx.shape(x)
+    axv = ctx.const(node.inputs[1])
+    if axv is None:
+        raise ctx.fail("axis must be a constant after folding")
+    ax = int(axv.reshape(()))
+    ax = ax + len(shape) if ax < 0 else ax
+    L, inner = shape[ax], int(np.prod(shape[ax + 1:]))
+    excl, rev = ctx.attr("exclusive", 0), ctx.attr("reverse", 0)
+    T = {"float32": "float", "int64": "i64", "int32": "int"}.get(ctx.dtype(x))
+    if T is None:
+        raise ctx.fail(f"CumSum on {ctx.dtype(x)} is not supported")
+    lo, hi = ("p + 1" if excl else "p", L) if rev else (0, "p" if excl else "p + 1")
+
+    def body(v):
+        s = [f"const int p = {v.o[ax]};",
+             f"const int base = {v.i} - p * {inner};",
+             f"{T} acc = 0;",
+             f"for (int q = {lo}; q < {hi}; ++q) acc += {v.ld_flat(0, f'base + q * {inner}')};"]
+        return s, "acc"
+
+    emit_map(ctx, node.outputs[0], [x], body, "CumSum", flops_per_elem=L, inline_scalars=False)

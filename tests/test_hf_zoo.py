@@ -1,7 +1,7 @@
 """More Hugging Face architectures, tiny and randomly initialised from their configs, exported with
 torch.onnx (TorchScript, opset 17) and checked against onnxruntime on OpenCL. They bring patterns
 the core models do not: T5's relative position buckets, Swin's window partitions, ConvNeXt's
-channels-last LayerNorm, RoBERTa's CumSum position ids, MobileViT's unfold/fold reshapes."""
+channels-last LayerNorm, RoBERTa's CumSum position ids, Llama's RMSNorm, rotary embeddings and grouped-query attention."""
 from __future__ import annotations
 
 import os
@@ -38,10 +38,14 @@ def _configs():
         "deit": (T.DeiTConfig, T.DeiTModel, "pixel_values", PIX,
                  dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
                       image_size=32, patch_size=8)),
+        # RMSNorm, rotary embeddings, SiLU-gated MLP, grouped-query attention.
+        "llama": (T.LlamaConfig, T.LlamaModel, "input_ids", IDS,
+                  dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=1000, max_position_embeddings=64, use_cache=False)),
     }
 
 
-NAMES = ["distilbert", "roberta", "t5-encoder", "convnext", "swin", "deit"]
+NAMES = ["distilbert", "roberta", "t5-encoder", "convnext", "swin", "deit", "llama"]
 
 
 def _export(name: str):
@@ -65,6 +69,8 @@ def _export(name: str):
             self.m = m
 
         def forward(self, x):
+            if name == "llama":  # without a mask, transformers calls torch.diff, which TorchScript cannot export
+                return self.m(input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state
             return self.m(x).last_hidden_state
 
     x = torch.randint(0, 100, shape) if input_name == "input_ids" else torch.randn(shape)

@@ -1,6 +1,7 @@
 /* dlcc portable kernel dialect -> CUDA C++.
  * Every kernel dlcc emits is written once against these macros; prelude_opencl.h maps the same
  * names to OpenCL C, so the text that runs on PoCL in CI is the text nvcc compiles for the GPU. */
+#include <cuda_fp16.h>
 #define KERNEL extern "C" __global__
 #define DEVICE static __device__ __forceinline__
 #define GPTR
@@ -36,3 +37,6 @@ typedef signed char i8;
 #define F_FMOD fmodf
 #define F_ISNAN(x) isnan(x)
 #define F_ISINF(x) isinf(x)
+typedef __half f16;  /* float16 is storage only: loads and stores convert to and from float */
+#define LOAD_F16(p, i) __half2float((p)[i])
+#define STORE_F16(p, i, v) ((p)[i] = __float2half_rn(v))

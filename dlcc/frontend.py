@@ -287,6 +287,50 @@ def _fold_and_infer(graph: Graph) -> None:
     graph.nodes = keep
 
 
+def promote_float16(graph: Graph) -> None:
+    """float16 models compute in float32: tensors stay float16 only at the model's boundary.
+
+    Constants are widened once at compile time, graph inputs get a Cast to float32 and graph
+    outputs a Cast back to float16, and Casts to float16 inside the graph become Casts to float32.
+    Kernels therefore only ever compute in float; float16 appears as storage in the boundary
+    Casts (LOAD_F16 / STORE_F16 in the dialect). Weights take twice the bytes of the model's.
+    """
+    if not any(t.dtype == "float16" for t in graph.tensors.values()):
+        return
+    boundary = set(graph.inputs) | set(graph.outputs)
+    for t in graph.tensors.values():
+        if t.dtype == "float16" and t.name not in boundary:
+            if t.value is not None:
+                t.value = t.value.astype(np.float32)
+            t.dtype = "float32"
+    for n in graph.nodes:
+        if n.op_type == "Cast" and n.attrs.get("to") == onnx.TensorProto.FLOAT16 and n.outputs[0] not in boundary:
+            n.attrs["to"] = onnx.TensorProto.FLOAT
+
+    def rename(old: str, new: str) -> None:
+        for n in graph.nodes:
+            n.inputs = [new if i == old else i for i in n.inputs]
+            n.outputs = [new if o == old else o for o in n.outputs]
+
+    head, tail = [], []
+    for name in graph.inputs:
+        t = graph.tensors[name]
+        if t.dtype == "float16":
+            wide = f"%f32:{name}"
+            graph.tensors[wide] = Tensor(wide, t.shape, "float32")
+            for n in graph.nodes:
+                n.inputs = [wide if i == name else i for i in n.inputs]
+            head.append(Node("Cast", f"%widen:{name}", [name], [wide], {"to": onnx.TensorProto.FLOAT}))
+    for name in graph.outputs:
+        t = graph.tensors[name]
+        if t.dtype == "float16" and name not in graph.inputs and t.value is None:
+            wide = f"%f32:{name}"
+            graph.tensors[wide] = Tensor(wide, t.shape, "float32")
+            rename(name, wide)
+            tail.append(Node("Cast", f"%narrow:{name}", [wide], [name], {"to": onnx.TensorProto.FLOAT16}))
+    graph.nodes = head + graph.nodes + tail
+
+
 def _eliminate_dead(graph: Graph) -> None:
     live = set(graph.outputs)
     kept = []
@@ -348,11 +392,12 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         source_node_count=source_nodes,
     )
     _fold_and_infer(graph)
-    _eliminate_dead(graph)
     for t in graph.tensors.values():
         if t.value is not None:
             t.shape = tuple(t.value.shape)
             t.dtype = t.value.dtype.name
+    promote_float16(graph)
+    _eliminate_dead(graph)
     return graph
 
 

@@ -15,6 +15,7 @@ import numpy as np
 #: ONNX dtypes dlcc can hold in buffers, mapped to numpy; anything else is an unsupported dtype.
 SUPPORTED_DTYPES = {
     "float32": np.float32,
+    "float16": np.float16,  # stored as half, computed in float (see frontend.promote_float16)
     "int64": np.int64,
     "int32": np.int32,
     "bool": np.bool_,

@@ -87,3 +87,31 @@ def test_dynamo_exporter_models(name):
                               output_names=b.output_names, dynamo=True, opset_version=18, verbose=False)
         os.replace(tmp, path)
     check_against_onnxruntime(name, path)
+
+
+@pytest.mark.parametrize("name", ["cnn", "yolo", "lstm", "bert"])
+def test_float16_models(model_path, name, tmp_path):
+    """float16 models (converted with onnxconverter-common): float16 at the boundary, float inside.
+    onnxruntime computes some ops in float16, so the tolerance is float16's (about 1e-3 relative)."""
+    import onnx
+
+    float16 = pytest.importorskip("onnxconverter_common.float16")
+    import models
+
+    path = tmp_path / f"{name}-fp16.onnx"
+    onnx.save(float16.convert_float_to_float16(onnx.load(model_path(name))), path)
+    m = dlcc.compile(path, target="opencl")
+    assert all(t["dtype"] == "float16" for t in m.outputs)
+    feeds = {k: (v.astype(np.float16) if v.dtype == np.float32 else v)
+             for k, v in models.sample_inputs(name, model_path(name), seed=0).items()}
+    got = m(feeds)
+    names = [o["name"] for o in m.outputs]
+    ref = run_ort(path, feeds, names)
+    rows = [compare(n, got[n], r, 1e-2, 1e-2) for n, r in zip(names, ref)]
+    assert all(r["passed"] for r in rows), rows
+    assert all(got[n].dtype == np.float16 for n in names)
+    from dlcc.backends.nvcc import compile_cubin, find_nvcc
+
+    if find_nvcc():  # the half loads/stores (cuda_fp16.h) compile for the GPU too
+        usage = compile_cubin(m.source("cuda"), "sm_80")
+        assert not [k for k, u in usage.items() if u.spills]

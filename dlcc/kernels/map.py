@@ -83,6 +83,12 @@ class MapView:
     in_shapes: list[tuple]
     in_names: list[str | None]  # param name, or None if the input is an inlined scalar literal
     in_literals: list[str | None]
+    in_half: list[bool] = None  # inputs stored as float16: loads convert to float
+
+    def _load(self, k: int, index: str) -> str:
+        if self.in_half and self.in_half[k]:
+            return f"LOAD_F16({self.in_names[k]}, {index})"
+        return f"{self.in_names[k]}[{index}]"
 
     def ld(self, k: int, coords: list[str] | None = None) -> str:
         """Load input k at coordinates (default: numpy-broadcast from the output coords)."""
@@ -91,9 +97,9 @@ class MapView:
         if coords is None:
             flat = self._broadcast_flat(k)
             if flat is not None:
-                return f"{self.in_names[k]}[{flat}]"
+                return self._load(k, flat)
             coords = self.bc(k)
-        return f"{self.in_names[k]}[{linear_index(coords, self.in_shapes[k])}]"
+        return self._load(k, linear_index(coords, self.in_shapes[k]))
 
     def _broadcast_flat(self, k: int) -> str | None:
         """Flat index for the common broadcasts, so no coordinates need unravelling: same shape
@@ -117,7 +123,7 @@ class MapView:
     def ld_flat(self, k: int, flat: str) -> str:
         if self.in_literals[k] is not None:
             return self.in_literals[k]
-        return f"{self.in_names[k]}[{flat}]"
+        return self._load(k, flat)
 
     def bc(self, k: int) -> list[str]:
         shp = self.in_shapes[k]
@@ -140,8 +146,9 @@ def emit_map(ctx, out: str, ins: list[str], body: Callable[[MapView], tuple[list
     n = int(np.prod(out_shape)) if out_shape else 1
     if n >= 2**31:
         raise ctx.fail(f"{n} elements exceed the 32-bit index space of map kernels")
-    params, args, names, lits, shapes = [], [], [], [], []
+    params, args, names, lits, shapes, half = [], [], [], [], [], []
     for k, name in enumerate(ins):
+        half.append(bool(name) and ctx.dtype(name) == "float16")
         if not name:
             names.append(None), lits.append("0"), shapes.append(())
             continue
@@ -159,9 +166,10 @@ def emit_map(ctx, out: str, ins: list[str], body: Callable[[MapView], tuple[list
     out_t = ctype(ctx.dtype(out))
     params.append(f"GPTR {out_t}* y")
     coords, unr = unravel("i", out_shape, "o")
-    v = MapView(coords, "i", tuple(out_shape), shapes, names, lits)
+    v = MapView(coords, "i", tuple(out_shape), shapes, names, lits, half)
     stmts, expr = body(v)
-    tail = list(stmts) + [f"y[i] = ({out_t})({expr});"]
+    store = f"STORE_F16(y, i, (float)({expr}));" if ctx.dtype(out) == "float16" else f"y[i] = ({out_t})({expr});"
+    tail = list(stmts) + [store]
     lines = prune_defs(unr, "\n".join(tail)) + tail
 
     def make(kname: str) -> str:

@@ -13,6 +13,7 @@ import numpy as np
 
 _CTYPE = {
     "float32": "float",
+    "float16": "f16",  # storage only: map kernels convert with LOAD_F16 / STORE_F16
     "int64": "i64",
     "int32": "int",
     "bool": "u8",

@@ -194,6 +194,8 @@ _attr_unary("Gelu", lambda c: "0.5f * a * (1.0f + F_TANH(0.7978845608028654f * (
 @register("Cast", since=6, category=ELEMENTWISE)
 def _cast(ctx, node):
     src, dst = ctx.dtype(node.inputs[0]), ctx.dtype(node.outputs[0])
+    if src == "float16":  # loaded as float (float16 is storage only)
+        src = "float32"
     if dst == "bool":
         expr = "(a != 0)"
     elif src == "float32" and dst != "float32":

@@ -183,3 +183,51 @@ def _cumsum(ctx, node):
         return s, "acc"
 
     emit_map(ctx, node.outputs[0], [x], body, "CumSum", flops_per_elem=L, inline_scalars=False)
+
+
+@register("TopK", since=10, category=REDUCTION, float_only=True)
+def _topk(ctx, node):
+    """A thread per row picks the k best by repeated selection: the j-th result is the best element
+    ranked after the (j-1)-th under (value, then lower index first) — O(k·L), no scratch memory.
+    The results are always sorted, which also satisfies sorted=0."""
+    x = node.inputs[0]
+    kv = ctx.const(node.inputs[1])
+    if kv is None:
+        raise ctx.fail("K must be a constant after folding")
+    k = int(kv.reshape(-1)[0])
+    shape = ctx.shape(x)
+    ax = ctx.attr("axis", -1)
+    ax = ax + len(shape) if ax < 0 else ax
+    L, inner = shape[ax], int(np.prod(shape[ax + 1:]))
+    rows = int(np.prod(shape[:ax])) * inner
+    vals, idxs = node.outputs[0], node.outputs[1] if len(node.outputs) > 1 else ""
+    better = ">" if ctx.attr("largest", 1) else "<"
+    lines = [
+        "const int r = BLOCK_ID * BLOCK_DIM + THREAD_ID;",
+        f"if (r < {rows}) {{",
+        f"    const int xb = (r / {inner}) * {L * inner} + (r % {inner});",
+        f"    const int yb = (r / {inner}) * {k * inner} + (r % {inner});",
+        "    float pv = 0.0f; int pi = -1;",
+        f"    for (int j = 0; j < {k}; ++j) {{",
+        "        float bv = 0.0f; int bi = -1;",
+        f"        for (int q = 0; q < {L}; ++q) {{",
+        f"            const float v = x[xb + q * {inner}];",
+        f"            const int after = pi < 0 || (pv {better} v) || (v == pv && q > pi);",
+        f"            if (after && (bi < 0 || v {better} bv || (v == bv && q < bi))) {{ bv = v; bi = q; }}",
+        "        }",
+        f"        vals[yb + j * {inner}] = bv;",
+        *([f"        idxs[yb + j * {inner}] = (i64)bi;"] if idxs else []),
+        "        pv = bv; pi = bi;",
+        "    }",
+        "}",
+    ]
+    params = "GPTR const float* x, GPTR float* vals" + (", GPTR i64* idxs" if idxs else "")
+
+    def make(name):
+        return f"KERNEL void {name}({params}) {{\n    " + "\n    ".join(lines) + "\n}\n"
+
+    from ..kernels.map import BLOCK
+
+    kern = ctx.program.add_kernel("TopK", make, BLOCK, kind="map", pass_name=ctx.pass_name)
+    outs = [vals] + ([idxs] if idxs else [])
+    ctx.launch(kern, -(-rows // BLOCK), [x] + outs, reads=[x], writes=outs, flops=rows * L * k)

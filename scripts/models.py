@@ -476,42 +476,35 @@ def build_ocr(size: str) -> Built:
 # --------------------------------------------------------------------------
 
 
-class LSTMModel(nn.Module):
-    def __init__(self, inp: int, hidden: int, layers: int, out: int):
+class RNNModel(nn.Module):
+    """An nn.LSTM (unidirectional) or nn.GRU (bidirectional) stack plus a Linear head."""
+
+    def __init__(self, cell: str, inp: int, hidden: int, layers: int, out: int):
         super().__init__()
-        self.lstm = nn.LSTM(inp, hidden, num_layers=layers)
-        self.fc = nn.Linear(hidden, out)
+        bidir = cell == "gru"
+        self.rnn = (nn.GRU if bidir else nn.LSTM)(inp, hidden, num_layers=layers, bidirectional=bidir)
+        self.fc = nn.Linear((2 if bidir else 1) * hidden, out)
 
     def forward(self, x):
-        y, (h, _c) = self.lstm(x)
+        y, state = self.rnn(x)
+        h = state[0] if isinstance(state, tuple) else state  # LSTM returns (h, c)
         return self.fc(y), h
+
+
+def _build_rnn(cell: str, size: str, small_hidden: int) -> Built:
+    if size == "small":
+        model, x = RNNModel(cell, 16, small_hidden, 2, 10), torch.randn(8, 2, 16)
+    else:
+        model, x = RNNModel(cell, 128, 512, 2, 1000), torch.randn(64, 1, 128)
+    return Built(model, {"input": x}, ["logits", "h_n"])
 
 
 def build_lstm(size: str) -> Built:
-    if size == "small":
-        model, x = LSTMModel(16, 32, 2, 10), torch.randn(8, 2, 16)
-    else:
-        model, x = LSTMModel(128, 512, 2, 1000), torch.randn(64, 1, 128)
-    return Built(model, {"input": x}, ["logits", "h_n"])
-
-
-class GRUModel(nn.Module):
-    def __init__(self, inp: int, hidden: int, layers: int, out: int):
-        super().__init__()
-        self.gru = nn.GRU(inp, hidden, num_layers=layers, bidirectional=True)
-        self.fc = nn.Linear(2 * hidden, out)
-
-    def forward(self, x):
-        y, h = self.gru(x)
-        return self.fc(y), h
+    return _build_rnn("lstm", size, 32)
 
 
 def build_gru(size: str) -> Built:
-    if size == "small":
-        model, x = GRUModel(16, 24, 2, 10), torch.randn(8, 2, 16)
-    else:
-        model, x = GRUModel(128, 512, 2, 1000), torch.randn(64, 1, 128)
-    return Built(model, {"input": x}, ["logits", "h_n"])
+    return _build_rnn("gru", size, 24)
 
 
 # --------------------------------------------------------------------------

@@ -49,7 +49,9 @@ class OpenCLRuntime:
         try:
             self.device = _pick_device(cl)
         except cl.Error as e:
-            raise RuntimeBackendError(f"no usable OpenCL platform: {e}") from None
+            raise RuntimeBackendError(
+                f"no usable OpenCL platform ({e}); install an OpenCL driver, for example PoCL for the CPU: "
+                "`apt-get install pocl-opencl-icd` (scripts/setup.sh does this where apt exists)") from None
         self.ctx = cl.Context([self.device])
         self.queue = cl.CommandQueue(self.ctx)
         self.program = None

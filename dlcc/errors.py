@@ -53,3 +53,7 @@ class CompileError(DlccError):
 
 class RuntimeBackendError(DlccError):
     """The requested target cannot run here (no GPU, no OpenCL platform, missing package)."""
+
+
+class TraceError(DlccError):
+    """A profiler trace that cannot be read: not JSON, truncated, not a Kineto trace, no GPU work."""

@@ -19,7 +19,7 @@ from rich.table import Table
 from .errors import DlccError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="dlcc — compile ONNX models to CUDA/OpenCL kernels, run them, and check them against onnxruntime.")
+                  help="dlcc — compile ONNX models to CUDA/OpenCL kernels, run them, check them against onnxruntime, and estimate what optimizations buy.")
 out = Console()
 err = Console(stderr=True)
 
@@ -243,8 +243,8 @@ def _kernel_text(source: str, name: str) -> str:
     return source[start:end] if start >= 0 else ""
 
 @app.command("list")
-def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | passes"), json_out: bool = JsonOpt):
-    """List supported ops, built-in devices, pipelines or registered passes."""
+def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | passes | what-ifs"), json_out: bool = JsonOpt):
+    """List supported ops, built-in devices, pipelines, registered passes or estimate's what-ifs."""
     from . import ops  # noqa: F401
     from .config import builtin_names, load_device, load_pipeline
     from .ops.registry import _REGISTRY
@@ -266,8 +266,13 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
     elif what == "passes":
         rows = [(n, p.doc) for n, p in sorted(PASSES.items())]
         cols = ("pass", "what it does")
+    elif what in ("what-ifs", "whatifs"):
+        from .estimate.whatif import WHATIFS
+
+        rows = [(w.signature(), w.help) for _, w in sorted(WHATIFS.items())]
+        cols = ("what-if", "what it models")
     else:
-        raise DlccError(f"unknown list {what!r}; choose ops, devices, pipelines or passes")
+        raise DlccError(f"unknown list {what!r}; choose ops, devices, pipelines, passes or what-ifs")
     if json_out:
         print(json.dumps([dict(zip(cols, r)) for r in rows]))
         return
@@ -277,6 +282,107 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
     for r in rows:
         t.add_row(*map(str, r))
     out.print(t)
+
+
+@app.command()
+def estimate(model: Optional[Path] = typer.Argument(None, help="ONNX model (plan mode); leave out with --trace"),
+             trace: Optional[Path] = typer.Option(None, "--trace", help="PyTorch profiler (Kineto) trace, .json or .json.gz (trace mode)"),
+             what_if: Optional[List[str]] = typer.Option(None, "--what-if", "-w", help="what-if to predict (repeatable): "
+                                                         "NAME, NAME=VALUE or NAME:KEY=VALUE,...; see `dlcc list what-ifs`"),
+             what_if_file: Optional[List[Path]] = typer.Option(None, "--what-if-file", help="Python file defining what-ifs "
+                                                                "with @whatif (all of them are predicted)"),
+             steps: Optional[str] = typer.Option(None, "--steps", help="only iterations N..M (ProfilerStep numbers)"),
+             iterations: Optional[str] = typer.Option(None, "--iterations", help="regex of an annotation whose starts delimit "
+                                                      "iterations, for traces without ProfilerStep#N"),
+             timeline: Optional[Path] = typer.Option(None, "--timeline", help="write the simulated timelines as Chrome-trace JSON"),
+             shape: Optional[List[str]] = ShapeOpt,
+             device: Optional[str] = typer.Option(None, "--device", "-d", help="plan mode: device name or YAML (default h100)"),
+             pipeline: Optional[List[str]] = typer.Option(None, "--pipeline", "-p", help="plan mode: pipelines to rank "
+                                                          "(repeatable; default: every configs/pipelines file)"),
+             profile_db: Optional[Path] = typer.Option(None, "--profile-db", help="plan mode: measured kernel times (JSON) to use "
+                                                       "instead of the roofline where they exist"),
+             quiet: bool = QuietOpt, json_out: bool = JsonOpt):
+    """Predict latency with a Daydream-style simulation: what-ifs on a real trace, or dlcc's pipelines on a model."""
+    from .errors import DlccError as _E
+
+    if (model is None) == (trace is None):
+        raise _E("give either an ONNX MODEL (plan mode: rank pipelines) or --trace RUN.json (trace mode: what-ifs), "
+                 "not both")
+    log = _steps(quiet or json_out)
+    if trace is not None:
+        from .estimate.trace_mode import estimate_trace
+
+        est = estimate_trace(trace, what_if or [], [str(f) for f in what_if_file or []], steps, iterations, log)
+        d = est.to_dict()
+        if timeline:
+            from .estimate.timeline import write_timeline
+
+            write_timeline(timeline, [("baseline (replay)", est.graph)] + [(f"what-if {c.spec}", h) for c, h in est.what_ifs])
+        if json_out:
+            print(json.dumps(d))
+        else:
+            _print_trace_estimate(d, timeline)
+        return
+    from .estimate.plan_mode import estimate_plan
+
+    res = estimate_plan(model, shapes=shape or [], device=device or "h100", pipelines=pipeline or None,
+                        profile_db=profile_db, steps=log)
+    if timeline:
+        from .estimate.timeline import write_timeline
+
+        write_timeline(timeline, res.scenarios())
+    if json_out:
+        print(json.dumps(res.to_dict()))
+    else:
+        _print_plan_estimate(res.to_dict(), timeline)
+
+
+def _print_trace_estimate(d: dict, timeline) -> None:
+    out.print(f"[bold]{_escape(d['trace'])}[/]  device {_escape(str(d['device']))}, {d['schema']} schema, "
+              f"{d['tasks']} tasks on {len(d['resources'])} resources")
+    deps = ", ".join(f"{k} {v}" for k, v in d["dependencies"].items() if v)
+    out.print(f"[dim]dependencies: {deps}[/]")
+    names = [w["name"] for w in d["what_ifs"]]
+    t = Table(title="per iteration (ms)")
+    for c in ["iteration", "measured", "baseline (sim)", "diff"] + names:
+        t.add_column(_escape(c), justify="right" if c != "iteration" else "left")
+    for r in d["iterations"]:
+        t.add_row(_escape(r["iteration"]), f"{r['measured_ms']:.2f}", f"{r['baseline_ms']:.2f}",
+                  f"{r['diff_pct']:+.1f}%", *[f"{r['what_ifs'][n]:.2f}" for n in names])
+    t.add_section()
+    t.add_row("mean", f"{d['measured_ms']:.2f}", f"{d['baseline_ms']:.2f}", f"{d['replay_error_pct']:+.1f}%",
+              *[f"{w['predicted_ms']:.2f}" for w in d["what_ifs"]])
+    out.print(t)
+    if d["what_ifs"]:
+        w = Table(title="what-ifs (mean over iterations)")
+        for c in ("what-if", "predicted ms", "speedup", "what it models"):
+            w.add_column(c, justify="right" if c in ("predicted ms", "speedup") else "left")
+        for x in sorted(d["what_ifs"], key=lambda x: x["predicted_ms"]):
+            w.add_row(_escape(x["name"]), f"{x['predicted_ms']:.2f}", f"{x['speedup']:.2f}x", _escape(x["help"]))
+        out.print(w)
+    if timeline:
+        out.print(f"timeline → {_escape(str(timeline))} (open in https://ui.perfetto.dev)")
+
+
+def _print_plan_estimate(d: dict, timeline) -> None:
+    out.print(f"[bold]{_escape(d['model'])}[/] on {_escape(d['device'])}: kernel times from {', '.join(d['time_sources'])}")
+    t = Table(title="pipelines ranked by predicted latency")
+    for c in ("rank", "pipeline", "predicted ms", "launches", "DRAM", "lower bound ms", "vs bound"):
+        t.add_column(c, justify="left" if c == "pipeline" else "right")
+    for k, p in enumerate(d["pipelines"], 1):
+        t.add_row(str(k), _escape(p["name"]), f"{p['predicted_ms']:.4f}", str(p["launches"]), _human(p["dram_bytes"]),
+                  f"{p['lower_bound_ms']:.4f}", f"{p['predicted_ms'] / p['lower_bound_ms']:.2f}x" if p["lower_bound_ms"] else "-")
+    out.print(t)
+    if d.get("what_ifs"):
+        w = Table(title=f"what the unbuilt passes should buy (what-ifs on {_escape(d['pipelines'][0]['name'])})")
+        for c in ("what-if", "predicted ms", "launches", "speedup", "what it models"):
+            w.add_column(c, justify="left" if c in ("what-if", "what it models") else "right")
+        for x in d["what_ifs"]:
+            w.add_row(_escape(x["name"]), f"{x['predicted_ms']:.4f}", str(x["launches"]), f"{x['speedup']:.2f}x", _escape(x["help"]))
+        out.print(w)
+    out.print(f"best: [bold]{_escape(d['best'])}[/] — {_escape(d['why'])}")
+    if timeline:
+        out.print(f"timeline → {_escape(str(timeline))} (open in https://ui.perfetto.dev)")
 
 
 def _load_inputs(path: Path) -> dict:

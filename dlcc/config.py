@@ -40,6 +40,14 @@ class DeviceSpec(Strict):
     launch_overhead_us: float = Field(ge=0, description="typical host cost of one kernel launch")
     l2_bytes: int | None = None
     notes: str = ""
+    # Cost-model calibration (dlcc.estimate.costmodel); fitted per device by
+    # scripts/calibrate_costmodel.py where real kernel timings exist, defaults otherwise.
+    kernel_fixed_us: float = Field(2.0, ge=0, description="GPU time every kernel costs beyond its roofline "
+                                   "(ramp-up, tail, first-byte latency), in µs")
+    gemm_fixed_us: float | None = Field(None, ge=0, description="the same for gemm/conv/attention kernels "
+                                        "(K-loop pipeline fill); None: kernel_fixed_us")
+    dram_efficiency: float = Field(0.8, gt=0, le=1, description="achievable fraction of dram_bandwidth_gbps")
+    compute_efficiency: float = Field(0.7, gt=0, le=1, description="achievable fraction of peak_tflops")
 
     def block_slots(self, tiling_threads: int = 256, smem_bytes: int = 0) -> int:
         """Thread blocks resident at once (a simple occupancy bound: threads, blocks, shared memory)."""

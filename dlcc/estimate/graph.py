@@ -131,6 +131,9 @@ class TaskGraph:
         for ts in self.resources.values():
             for t in ts:
                 c = clone[id(t)]
+                for k, v in t.args.items():  # task references kept in args (a launch's GPU tasks)
+                    if isinstance(v, list) and v and isinstance(v[0], Task):
+                        c.args[k] = [clone[id(x)] for x in v if id(x) in clone]
                 c.deps = [Dep(clone[id(d.task)], d.kind, d.lag, d.anchor) for d in t.deps if id(d.task) in clone]
                 c.waits = [Dep(clone[id(d.task)], d.kind, d.lag, d.anchor) for d in t.waits if id(d.task) in clone]
         new.policies = dict(self.policies)

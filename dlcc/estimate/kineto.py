@@ -244,6 +244,7 @@ def build_graph(data: dict, where: str = "trace", iterations: str | None = None)
         for t in tasks:
             g.add(t)
 
+    _mark_gradients(cpu_ops, cpu_tasks_by_thread, t0)
     _add_syncs(g, cpu_tasks_by_thread, streams)
     _add_stream_waits(cpu_tasks_by_thread)
     _add_cpu_cpu(cpu_tasks_by_thread)
@@ -309,6 +310,38 @@ def _flow_links(flows_s, flows_f, cpu_tasks_by_thread, t0) -> dict:
     return out
 
 
+DTYPE_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "half": 2, "bfloat16": 2,
+               "float16": 2, "float32": 4, "int": 4, "long int": 8}
+
+
+def _mark_gradients(cpu_ops, cpu_threads, t0) -> None:
+    """Each ``torch::autograd::AccumulateGrad`` is a gradient becoming ready (what DDP hooks on).
+    Its bytes (from ``Input Dims``/``Input type`` when shapes were recorded, else None) are noted
+    on the last CPU task of that thread that started by then, the point a what-if anchors to."""
+    for k, lst in cpu_ops.items():
+        tasks = cpu_threads.get(k)
+        if not tasks:
+            continue
+        starts = [t.ts for t in tasks]
+        for e in lst:
+            if e.get("name") != "torch::autograd::AccumulateGrad":
+                continue
+            end = float(e["ts"]) - t0 + float(e["dur"])
+            i = bisect.bisect_right(starts, end) - 1
+            if i < 0:
+                continue
+            args = e.get("args") or {}
+            dims, types = args.get("Input Dims"), args.get("Input type")
+            nbytes = None
+            if isinstance(dims, list) and dims and isinstance(dims[0], list):
+                n = 1
+                for d in dims[0]:
+                    n *= int(d)
+                elem = DTYPE_BYTES.get(types[0], 4) if isinstance(types, list) and types else 4
+                nbytes = n * elem
+            tasks[i].args.setdefault("gradients", []).append(nbytes)
+
+
 def _add_syncs(g, cpu_threads, streams) -> None:
     """GPU → CPU: a synchronize call ends after the work launched before it; a call whose own GPU
     copy finished inside it (a pageable or synchronous memcpy) ends after that copy."""
@@ -365,9 +398,9 @@ def _add_cpu_cpu(cpu_threads) -> None:
     starts = {k: [t.ts for t in cpu_threads[k]] for k in keys}
     for k in keys:
         tasks = cpu_threads[k]
-        for i in range(1, len(tasks)):
-            t, p = tasks[i], tasks[i - 1]
-            lo, hi = p.ts + p.dur, t.ts
+        for i in range(len(tasks)):
+            t = tasks[i]
+            lo, hi = (tasks[i - 1].ts + tasks[i - 1].dur if i else 0.0), t.ts
             if hi - lo < CPU_CPU_MIN_GAP_US:
                 continue
             best = None
@@ -415,8 +448,8 @@ def _fit_gaps_and_lags(g, streams, cpu_threads) -> None:
             if prev is not None:
                 t.gap = min(stream_gap, max(0.0, s - (prev.ts + prev.dur)))
                 cands.append((prev.ts + prev.dur + t.gap, "gap", None))
-            else:
-                t.gap = max(0.0, s)
+            else:  # the stream's first task: idle before it, so only its launch (if any) binds
+                t.gap = 0.0 if t.deps else max(0.0, s)
                 cands.append((t.gap, "gap", None))
             for d in t.deps:
                 anchor = d.task.ts if d.anchor == "start" else d.task.ts + d.task.dur

@@ -1,0 +1,174 @@
+"""Per-kernel GPU time for dlcc's own plans (DESIGN.md §6, plan mode).
+
+A kernel's time is either measured (a hit in a ProfileDB, dlcc/estimate/profiledb.py) or modelled:
+
+    us = fixed + max(compute, memory)
+    compute = flops / (peak_tflops[dtype] * compute_efficiency) * q
+    memory  = dram_bytes / (dram_bandwidth_gbps * dram_efficiency) * q
+
+`roofline_us` is the pure lower bound: max(flops / peak, bytes / bandwidth), no efficiencies, no
+fixed cost, no quantization (q = 1). Modelled times are never below it.
+
+**Occupancy and waves.** Blocks resident per SM are the least of the device's block limit and of
+what the block's threads, shared memory and (when ptxas resources are known) registers allow, with
+registers allocated per warp in units of 256 as in backends/nvcc.py. `slots = sms * blocks_per_sm`
+blocks run at once; the kernel runs `waves = ceil(blocks / slots)` waves (reported in KernelTime).
+
+**Quantization q.** Each block does 1/blocks of the work. A resident block can use its whole SM's
+throughput, which the SM's resident blocks share; so a full wave moves `slots` blocks' work at the
+device rate, and a last, partial wave of r blocks takes as long as its busiest SM, which holds
+ceil(r / sms) blocks. Summed over waves this is SM-granular quantization,
+`q = ceil(blocks / sms) * sms / blocks`: 1 when the blocks fill every SM evenly, up to `sms` for a
+one-block kernel (one SM of 132 works). With `blocks = slots + 1` the kernel runs two waves and the
+second costs one block's work at one SM's rate.
+
+**Calibration constants** are DeviceSpec fields (configs/devices/*.yaml):
+`kernel_fixed_us` (every kernel), `gemm_fixed_us` (gemm/conv/attention kernels; defaults to
+`kernel_fixed_us`), `dram_efficiency`, `compute_efficiency`. For H100 they are fitted on real
+kernels from PyTorch profiler traces by scripts/calibrate_costmodel.py; the yaml comments say where
+each device's values come from.
+
+**Classes.** A launch is a gemm (fixed cost `gemm_fixed_us`) when its plan category is `compute`
+or its kernel kind is gemm/conv; everything else uses `kernel_fixed_us`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+from ..config import DeviceSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .profiledb import ProfileDB
+
+_DTYPE_ALIASES = {
+    "float": "float32", "fp32": "float32", "f32": "float32", "float32": "float32",
+    "half": "float16", "fp16": "float16", "f16": "float16", "float16": "float16",
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+    "tf32": "tf32", "int8": "int8", "uint8": "int8",
+}
+_GEMM_KINDS = ("gemm", "conv")
+
+
+def peak_tflops(dtype: str, device: DeviceSpec) -> float:
+    """The device's peak TFLOP/s for `dtype` (aliases like bf16/fp16/half accepted); dtypes the
+    device lists no peak for (int64, bool, ...) fall back to float32, then to the largest peak."""
+    d = _DTYPE_ALIASES.get(str(dtype).lower(), str(dtype).lower())
+    peaks = device.peak_tflops
+    if d in peaks:
+        return peaks[d]
+    if "float32" in peaks:
+        return peaks["float32"]
+    return max(peaks.values())
+
+
+def roofline_us(flops: float, dram_bytes: float, dtype: str, device: DeviceSpec) -> float:
+    """Pure lower bound in µs: max(FLOPs at the dtype's peak, bytes at DRAM bandwidth)."""
+    compute = flops / (peak_tflops(dtype, device) * 1e6)  # TFLOP/s = 1e6 FLOP/µs
+    memory = dram_bytes / (device.dram_bandwidth_gbps * 1e3)  # GB/s = 1e3 B/µs
+    return max(compute, memory)
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    us: float
+    source: str  # "roofline" or "profile:<db file name>"
+    compute_us: float = 0.0
+    memory_us: float = 0.0
+    waves: float = 0.0
+    fixed_us: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _threads(block) -> int:
+    if isinstance(block, (list, tuple)):
+        return max(1, math.prod(int(b) for b in block))
+    return max(1, int(block))
+
+
+def _blocks(grid) -> int:
+    return _threads(grid)
+
+
+def blocks_per_sm(device: DeviceSpec, threads: int, smem_bytes: int = 0, registers: int | None = None) -> int:
+    """Resident blocks per SM: the least of the block, thread, shared-memory and register limits
+    (at least 1: a block that fits nowhere is still costed, as one block per SM)."""
+    threads = max(1, int(threads))
+    limits = [device.max_blocks_per_sm, device.max_threads_per_sm // threads]
+    if smem_bytes:
+        limits.append(device.shared_mem_per_sm // int(smem_bytes))
+    if registers:
+        warps = -(-threads // device.warp_size)
+        regs_per_warp = -(-int(registers) * device.warp_size // 256) * 256
+        limits.append(device.registers_per_sm // max(1, regs_per_warp * warps))
+    return max(1, min(limits))
+
+
+def quantization(blocks: int, device: DeviceSpec) -> float:
+    """Idle-SM factor q = sms / min(blocks, sms) >= 1 (see the module docstring)."""
+    blocks = max(1, int(blocks))
+    return device.sms / min(blocks, device.sms)
+
+
+def kernel_time(flops: float, dram_bytes: float, dtype: str, device: DeviceSpec, *, blocks: int,
+                threads: int, smem_bytes: int = 0, registers: int | None = None, gemm: bool = False,
+                fixed_us: float | None = None, compute_efficiency: float | None = None,
+                dram_efficiency: float | None = None) -> KernelTime:
+    """The modelled time of one kernel from its work and launch shape. The calibration constants
+    come from `device` unless given (scripts/calibrate_costmodel.py passes trial values)."""
+    if fixed_us is None:
+        fixed_us = device.gemm_fixed_us if gemm and device.gemm_fixed_us is not None else device.kernel_fixed_us
+    ce = device.compute_efficiency if compute_efficiency is None else compute_efficiency
+    de = device.dram_efficiency if dram_efficiency is None else dram_efficiency
+    bps = blocks_per_sm(device, threads, smem_bytes, registers)
+    slots = device.sms * bps
+    waves = float(math.ceil(max(1, blocks) / slots))
+    q = quantization(blocks, device)
+    compute = flops / (peak_tflops(dtype, device) * 1e6 * ce) * q
+    memory = dram_bytes / (device.dram_bandwidth_gbps * 1e3 * de) * q
+    return KernelTime(us=fixed_us + max(compute, memory), source="roofline", compute_us=compute,
+                      memory_us=memory, waves=waves, fixed_us=fixed_us)
+
+
+def is_gemm_launch(launch: dict, kernel: dict | None) -> bool:
+    return launch.get("category") == "compute" or (kernel or {}).get("kind") in _GEMM_KINDS
+
+
+def launch_time(launch: dict, kernel: dict | None, device: DeviceSpec, dtype: str = "float32",
+                resources: dict | None = None, db: ProfileDB | None = None) -> KernelTime:
+    """Time of one plan launch: the ProfileDB's measurement when it has this (device, kernel, grid,
+    block), else the model above. `kernel` is the plan's kernel entry (block, smem_bytes, kind);
+    `resources` the ptxas entry from plan["cuda"]["resources"] (registers, smem_bytes)."""
+    threads = _threads(launch.get("block") or (kernel or {}).get("block") or 1)
+    blocks = _blocks(launch.get("grid") or 1)
+    smem = int((kernel or {}).get("smem_bytes") or 0)
+    regs = None
+    if resources:
+        smem = max(smem, int(resources.get("smem_bytes") or 0))
+        regs = resources.get("registers") or None
+    model = kernel_time(float(launch.get("flops") or 0), float(launch.get("dram_bytes") or 0), dtype, device,
+                        blocks=blocks, threads=threads, smem_bytes=smem, registers=regs,
+                        gemm=is_gemm_launch(launch, kernel))
+    if db is not None:
+        us = db.lookup(device.name, launch, kernel)
+        if us is not None:
+            return KernelTime(us=us, source=f"profile:{db.name}", compute_us=model.compute_us,
+                              memory_us=model.memory_us, waves=model.waves, fixed_us=0.0)
+    return model
+
+
+def plan_kernel_times(plan: dict, device: DeviceSpec, db: ProfileDB | None = None) -> list[KernelTime]:
+    """One KernelTime per plan["launches"] entry, in order (dtype float32 unless a launch says)."""
+    kernels = {k["name"]: k for k in plan.get("kernels", [])}
+    resources = (plan.get("cuda") or {}).get("resources") or {}
+    if (plan.get("cuda") or {}).get("arch") not in (None, device.arch):
+        resources = {}  # ptxas figures for another architecture do not apply
+    out = []
+    for L in plan.get("launches", []):
+        name = L.get("kernel")
+        out.append(launch_time(L, kernels.get(name), device, dtype=L.get("dtype") or "float32",
+                               resources=resources.get(name), db=db))
+    return out

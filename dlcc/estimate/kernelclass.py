@@ -54,7 +54,7 @@ Rules are tried in this order (first match wins):
    elementwise_kernel_with_index, distribution_elementwise_grid_stride_kernel), `multi_tensor_apply`
    (optimizer updates), `catarray` (torch.cat), `index` (indexSelectLargeIndex, index_elementwise),
    `copy`, `fill`, `dropout`, `gelu`/`relu`/`silu`/`sigmoid`/`tanh`, `transpose`, `gather`/
-   `scatter`, `embedding`, `where`, `clamp`, `cast`.
+   `scatter`, `embedding`, `where`, `clamp`, `cast`, `convert` (dtype conversions).
    Pooling (`max_pool_forward_nchw`, `max_pool_backward_nchw`, `avg_pool`, `adaptive_average_pool`,
    `adaptive_max_pool`) is also classed elementwise: PyTorch's kernels assign one thread per output
    and read a small window, so they stream memory like an elementwise kernel with no cross-thread
@@ -87,7 +87,7 @@ _REDUCTION = re.compile(
 
 _ELEMENTWISE = re.compile(
     r"elementwise|multi_tensor_apply|catarray|index|copy|fill|dropout|gelu|relu|silu|sigmoid|tanh"
-    r"|transpose|gather|scatter|embedding|where|clamp|cast|pool")
+    r"|transpose|gather|scatter|embedding|where|clamp|cast|convert|pool")
 
 _HALF = re.compile(r"bf16|f16|fp16|h1688|h16816|hmma|half|bfloat16|__nv_bfloat16|float16")
 

@@ -63,8 +63,37 @@ class CompiledModel:
 
 def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shapes: dict | None = None,
             target: str = "auto", pipeline: str = "baseline", device: str | None = None, steps=None) -> CompiledModel:
-    """Compile an ONNX file; writes the artifact directory when `out` is given."""
-    from .compiler import compile_model
+    """Compile an ONNX file; writes the artifact directory when `out` is given.
+
+    `pipeline="auto"` compiles with the built-in pipeline that `dlcc estimate` predicts fastest on
+    the target device; the plan's meta records the choice and the reason (``pipeline_choice``).
+    """
+    from .compiler import compile_model, default_device
+
+    shapes = _merge_shapes(shapes)
+    tgt = pick_target(target)
+    choice = None
+    if pipeline == "auto":
+        from .estimate.plan_mode import choose_pipeline
+
+        dev = device or default_device(tgt)
+        pipeline, est = choose_pipeline(model, shapes, dev, steps=steps)
+        choice = {"chosen": pipeline, "why": est.why(), "device": est.device,
+                  "ranking": [{"name": p.name, "predicted_ms": p.predicted_us / 1e3} for p in est.pipelines]}
+    res = compile_model(model, shapes, target=tgt, pipeline=pipeline, device=device, steps=steps)
+    if choice:
+        res.plan["meta"]["pipeline_choice"] = choice
+    from .inputs import gather_bounds
+
+    res.plan["meta"]["int_high"] = gather_bounds(res.state.graph)
+    cm = CompiledModel(res.plan, res.weights, res.kernel_codes, target=tgt, binaries=res.binaries)
+    if out is not None:
+        cm.save(out)
+    return cm
+
+
+def _merge_shapes(shapes) -> dict:
+    """Bindings from a dict, or from a list of NAME=DIMS strings and YAML files of bindings."""
     from .frontend import parse_shape_binding
 
     if isinstance(shapes, (list, tuple)):
@@ -78,16 +107,7 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
             else:
                 merged.update([parse_shape_binding(s)])
         shapes = merged
-    shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
-    tgt = pick_target(target)
-    res = compile_model(model, shapes, target=tgt, pipeline=pipeline, device=device, steps=steps)
-    from .inputs import gather_bounds
-
-    res.plan["meta"]["int_high"] = gather_bounds(res.state.graph)
-    cm = CompiledModel(res.plan, res.weights, res.kernel_codes, target=tgt, binaries=res.binaries)
-    if out is not None:
-        cm.save(out)
-    return cm
+    return {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
 
 
 def load(path: str | os.PathLike, target: str = "auto") -> CompiledModel:

@@ -337,29 +337,38 @@ def estimate(model: Optional[Path] = typer.Argument(None, help="ONNX model (plan
         _print_plan_estimate(res.to_dict(), timeline)
 
 
+def _short(help_text: str) -> str:
+    """The first clause of a what-if's help, for tables (`dlcc list what-ifs` has the rest)."""
+    k = help_text.find(":")
+    return help_text[:k].strip() if 0 < k <= 60 else help_text
+
+
 def _print_trace_estimate(d: dict, timeline) -> None:
     out.print(f"[bold]{_escape(d['trace'])}[/]  device {_escape(str(d['device']))}, {d['schema']} schema, "
               f"{d['tasks']} tasks on {len(d['resources'])} resources")
     deps = ", ".join(f"{k} {v}" for k, v in d["dependencies"].items() if v)
     out.print(f"[dim]dependencies: {deps}[/]")
-    names = [w["name"] for w in d["what_ifs"]]
-    t = Table(title="per iteration (ms)")
-    for c in ["iteration", "measured", "baseline (sim)", "diff"] + names:
-        t.add_column(_escape(c), justify="right" if c != "iteration" else "left")
-    for r in d["iterations"]:
-        t.add_row(_escape(r["iteration"]), f"{r['measured_ms']:.2f}", f"{r['baseline_ms']:.2f}",
-                  f"{r['diff_pct']:+.1f}%", *[f"{r['what_ifs'][n]:.2f}" for n in names])
-    t.add_section()
-    t.add_row("mean", f"{d['measured_ms']:.2f}", f"{d['baseline_ms']:.2f}", f"{d['replay_error_pct']:+.1f}%",
-              *[f"{w['predicted_ms']:.2f}" for w in d["what_ifs"]])
-    out.print(t)
+    its = d["iterations"]
+    shown = its[:max(0, min(12, (out.width - 52) // 10))]
+    t = Table(title="iteration times (ms): measured, simulated baseline, and each what-if")
+    t.add_column("scenario", overflow="fold")
+    t.add_column("mean", justify="right")
+    t.add_column("speedup", justify="right")
+    for r in shown:
+        t.add_column(_escape(r["iteration"].replace("ProfilerStep", "step")), justify="right")
+    t.add_row("measured", f"{d['measured_ms']:.2f}", "", *[f"{r['measured_ms']:.2f}" for r in shown])
+    t.add_row(f"baseline (replay, {d['replay_error_pct']:+.2f}%)", f"{d['baseline_ms']:.2f}", "1.00x",
+              *[f"{r['baseline_ms']:.2f}" for r in shown])
     if d["what_ifs"]:
-        w = Table(title="what-ifs (mean over iterations)")
-        for c in ("what-if", "predicted ms", "speedup", "what it models"):
-            w.add_column(c, justify="right" if c in ("predicted ms", "speedup") else "left")
-        for x in sorted(d["what_ifs"], key=lambda x: x["predicted_ms"]):
-            w.add_row(_escape(x["name"]), f"{x['predicted_ms']:.2f}", f"{x['speedup']:.2f}x", _escape(x["help"]))
-        out.print(w)
+        t.add_section()
+    for w in sorted(d["what_ifs"], key=lambda w: w["predicted_ms"]):
+        t.add_row(_escape(w["name"]), f"{w['predicted_ms']:.2f}", f"{w['speedup']:.2f}x",
+                  *[f"{r['what_ifs'][w['name']]:.2f}" for r in shown])
+    out.print(t)
+    if len(its) > len(shown):
+        out.print(f"[dim]{len(its) - len(shown)} more iteration(s): widen the terminal or use --json[/]")
+    for w in d["what_ifs"]:
+        out.print(f"[dim]{_escape(w['name'])}: {_escape(_short(w['help']))}[/]")
     if timeline:
         out.print(f"timeline → {_escape(str(timeline))} (open in https://ui.perfetto.dev)")
 
@@ -367,18 +376,19 @@ def _print_trace_estimate(d: dict, timeline) -> None:
 def _print_plan_estimate(d: dict, timeline) -> None:
     out.print(f"[bold]{_escape(d['model'])}[/] on {_escape(d['device'])}: kernel times from {', '.join(d['time_sources'])}")
     t = Table(title="pipelines ranked by predicted latency")
-    for c in ("rank", "pipeline", "predicted ms", "launches", "DRAM", "lower bound ms", "vs bound"):
-        t.add_column(c, justify="left" if c == "pipeline" else "right")
+    for c in ("rank", "pipeline", "predicted µs", "launches", "DRAM", "lower bound µs", "vs bound"):
+        t.add_column(c, justify="left" if c == "pipeline" else "right", overflow="fold")
     for k, p in enumerate(d["pipelines"], 1):
-        t.add_row(str(k), _escape(p["name"]), f"{p['predicted_ms']:.4f}", str(p["launches"]), _human(p["dram_bytes"]),
-                  f"{p['lower_bound_ms']:.4f}", f"{p['predicted_ms'] / p['lower_bound_ms']:.2f}x" if p["lower_bound_ms"] else "-")
+        t.add_row(str(k), _escape(p["name"]), f"{p['predicted_ms'] * 1e3:.1f}", str(p["launches"]), _human(p["dram_bytes"]),
+                  f"{p['lower_bound_ms'] * 1e3:.2f}", f"{p['predicted_ms'] / p['lower_bound_ms']:.1f}x" if p["lower_bound_ms"] else "-")
     out.print(t)
     if d.get("what_ifs"):
         w = Table(title=f"what the unbuilt passes should buy (what-ifs on {_escape(d['pipelines'][0]['name'])})")
-        for c in ("what-if", "predicted ms", "launches", "speedup", "what it models"):
+        for c in ("what-if", "predicted µs", "launches", "speedup", "what it models"):
             w.add_column(c, justify="left" if c in ("what-if", "what it models") else "right")
         for x in d["what_ifs"]:
-            w.add_row(_escape(x["name"]), f"{x['predicted_ms']:.4f}", str(x["launches"]), f"{x['speedup']:.2f}x", _escape(x["help"]))
+            w.add_row(_escape(x["name"]), f"{x['predicted_ms'] * 1e3:.1f}", str(x["launches"]), f"{x['speedup']:.2f}x",
+                      _escape(_short(x["help"])))
         out.print(w)
     out.print(f"best: [bold]{_escape(d['best'])}[/] — {_escape(d['why'])}")
     if timeline:

@@ -92,16 +92,27 @@ def build_cuda_binary(plan: dict, kernel_codes: list[str], dev: DeviceSpec) -> d
     return {plan["cuda"]["cubin"]: cubin, "nvcc.log": log.encode()}
 
 
+def import_checked(model, shapes):
+    """The imported Graph, after the checks every compile makes (supported ops, static shapes)."""
+    graph = import_model(model, shapes)
+    check_supported(graph)
+    check_static(graph, model)
+    return graph
+
+
 def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None, target: str = "opencl",
                   pipeline: str | PipelineSpec = "baseline", device: str | DeviceSpec | None = None,
-                  steps: Steps | None = None) -> CompileResult:
+                  steps: Steps | None = None, imported=None) -> CompileResult:
+    """Import (unless `imported`, a Graph from `import_checked`, is given: the estimator imports once
+    and compiles a copy per pipeline), run the pipeline's passes, and build the plan."""
     steps = steps or Steps()
     pipe = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
     dev = device if isinstance(device, DeviceSpec) else load_device(device or default_device(target))
-    with steps.step("import + fold + infer shapes"):
-        graph = import_model(model, shapes)
-        check_supported(graph)
-        check_static(graph, model)
+    if imported is not None:
+        graph = imported
+    else:
+        with steps.step("import + fold + infer shapes"):
+            graph = import_checked(model, shapes)
     state = CompileState(graph=graph, device=dev)
     for p in pipe.passes:
         entry = PASSES[p.name]

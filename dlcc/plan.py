@@ -27,7 +27,7 @@ def build_plan(state, meta: dict) -> tuple[dict, bytes]:
         launches.append({
             "kernel": L.kernel, "grid": L.grid, "block": L.block, "args": args,
             "node": L.node, "op_type": L.op_type, "category": L.category, "pass": L.pass_name,
-            "flops": L.flops, "dram_bytes": L.dram_bytes,
+            "flops": L.flops, "dram_bytes": L.dram_bytes, "reads": list(L.reads), "writes": list(L.writes),
         })
     weights = bytearray(mem.weights_bytes)
     for b, p in mem.placements.items():

@@ -2,14 +2,20 @@
 from __future__ import annotations
 
 
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ..kernels.gemm import TILINGS
 from ..ops import registry
 from ..ops.context import LowerCtx
 from ..ops.layout import identity_copy
 from . import CompileState, register_pass
 
 
-def lower_graph(graph, device, pass_name: str = "baseline") -> LowerCtx:
+def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "auto") -> LowerCtx:
     ctx = LowerCtx(graph, device, pass_name=pass_name)
+    ctx.gemm_tiling = None if gemm_tiling == "auto" else next(t for t in TILINGS if t.name == gemm_tiling)
     for node in graph.nodes:
         entry = registry.lookup(node.op_type, graph.opset, node.domain)
         assert entry is not None, node.op_type  # unsupported ops are rejected before passes run
@@ -50,9 +56,17 @@ def _materialize_outputs(ctx: LowerCtx) -> None:
         claimed.add(base)
 
 
-@register_pass("lower")
+class LowerOptions(BaseModel):
+    """`gemm_tiling`: "auto" picks each GEMM's tiling by wave-quantized cost on the target device;
+    a tiling name (e.g. 64x64x16_4x4) forces that one everywhere (a pipeline to rank against)."""
+
+    model_config = ConfigDict(extra="forbid")
+    gemm_tiling: Literal[("auto",) + tuple(t.name for t in TILINGS)] = "auto"
+
+
+@register_pass("lower", LowerOptions)
 def lower(state: CompileState, opts) -> None:
     """Lower every node with its registry entry (baseline: one kernel per op)."""
-    state.ctx = lower_graph(state.graph, state.device)
+    state.ctx = lower_graph(state.graph, state.device, gemm_tiling=opts.gemm_tiling)
     n = len(state.ctx.program.launches)
     state.log.append(f"lower: {len(state.ctx.program.kernels)} kernel(s), {n} launch(es)")

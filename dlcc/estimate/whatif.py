@@ -169,7 +169,7 @@ def _kernels(g: TaskGraph) -> list[Task]:
     return g.select(kind="kernel")
 
 
-@whatif("amp", help="automatic mixed precision: tensor-core-eligible kernels (GEMM/convolution class) "
+@whatif("amp", help="mixed precision (AMP): tensor-core-eligible kernels (GEMM/convolution class) "
                     "run `compute`x faster, every other kernel `memory`x (half the bytes); kernels "
                     "already in half precision, copies and CPU work are unchanged")
 def amp(g: TaskGraph, compute: float = 3.0, memory: float = 2.0):
@@ -179,8 +179,8 @@ def amp(g: TaskGraph, compute: float = 3.0, memory: float = 2.0):
         g.shrink([t], compute if t.args.get("class") == "gemm" else memory)
 
 
-@whatif("scale", help="multiply the durations of kernels whose name matches REGEX by FACTOR "
-                      "(scale:REGEX=FACTOR; 0.5 means twice as fast)")
+@whatif("scale", help="kernels by name: multiply the durations of kernels whose name matches "
+                      "REGEX by FACTOR (scale:REGEX=FACTOR; 0.5 means twice as fast)")
 def scale(g: TaskGraph, pattern: str, factor: float):
     try:
         re.compile(pattern)
@@ -192,13 +192,13 @@ def scale(g: TaskGraph, pattern: str, factor: float):
     g.scale(ts, factor)
 
 
-@whatif("gpu-speed", help="a GPU FACTOR times faster: kernels and memsets shrink; host copies, "
+@whatif("gpu-speed", help="faster GPU: a GPU FACTOR times faster; kernels and memsets shrink; host copies, "
                           "collectives and CPU work do not")
 def gpu_speed(g: TaskGraph, factor: float):
     g.shrink(g.select(kind=("kernel", "memset")), factor)
 
 
-@whatif("no-launch-overhead", help="launch calls cost nothing and reach the GPU at once, as when "
+@whatif("no-launch-overhead", help="CUDA graphs: launch calls cost nothing and reach the GPU at once, as when "
                                    "a CUDA graph replays the kernels; Python/framework time between "
                                    "launches is kept")
 def no_launch_overhead(g: TaskGraph):
@@ -218,7 +218,7 @@ def no_launch_overhead(g: TaskGraph):
 DATALOADER_CPU_SLOWDOWN = 1.3
 
 
-@whatif("dataloader", help="data loading moved to `workers` DataLoader worker processes that "
+@whatif("dataloader", help="DataLoader workers: data loading moved to `workers` DataLoader worker processes that "
                            "prefetch 2 batches each: the training loop only takes a ready batch "
                            "(`handoff` µs) unless the workers fall behind; the loop's own CPU work "
                            "runs `slowdown`x slower while workers share the host (1.3 measured on "
@@ -266,7 +266,7 @@ def dataloader(g: TaskGraph, workers: int = 4, slowdown: float = DATALOADER_CPU_
         end_marker.deps.append(Dep(w, "cpu-cpu", 0.0))
 
 
-@whatif("fused-optimizer", help="the optimizer's per-parameter kernels (inside Optimizer.step) "
+@whatif("fused-optimizer", help="fused optimizer: the optimizer's per-parameter kernels (inside Optimizer.step) "
                                 "become one fused kernel per step, with their summed time; their "
                                 "launches and the per-parameter Python go away")
 def fused_optimizer(g: TaskGraph, pattern: str = r"Optimizer\.step"):
@@ -291,7 +291,7 @@ def _chain_breaker(t: Task) -> bool:
     return t.kind != "kernel" or t.args.get("class") in ("gemm", "comm")
 
 
-@whatif("fuse-elementwise", help="each chain of memory-bound kernels between compute kernels on a "
+@whatif("fuse-elementwise", help="elementwise fusion: each chain of memory-bound kernels between compute kernels on a "
                                  "stream becomes one kernel: k kernels that each read and write a "
                                  "tensor take their summed time x 2/(k+1) (only the first read and "
                                  "last write stay), never less than the longest; the fused-away "
@@ -322,7 +322,7 @@ def fuse_elementwise(g: TaskGraph, min_chain: int = 2):
         g.remove(doomed, keep_gap=False)
 
 
-@whatif("ddp", help="data-parallel training on `gpus` GPUs: each gradient bucket (`bucket` MB, "
+@whatif("ddp", help="data-parallel training: on `gpus` GPUs each gradient bucket (`bucket` MB, "
                     "filled in the order backward produces gradients) is all-reduced on a network "
                     "channel as soon as it is full, overlapping backward; a ring all-reduce of S "
                     "bytes takes latency + 2(gpus-1)/gpus x S / bandwidth; the optimizer's first "
@@ -401,3 +401,6 @@ def _first_launched_after(g: TaskGraph, cpu_task: Task, iteration) -> Task | Non
                     best = x
                 break
     return best.args["launches"][0] if best is not None else None
+
+
+from . import plan_mode  # noqa: E402,F401  (registers the plan-mode what-ifs)

@@ -176,6 +176,8 @@ def emit_gemm(ctx, hint: str, spec: GemmSpec, args: list[str], reads: list[str],
               tiling: Tiling | None = None) -> str:
     """Pick a tiling for the target device, emit the rOperator and launch one block per rTask."""
     if tiling is None:
+        tiling = getattr(ctx, "gemm_tiling", None)
+    if tiling is None:
         slots = ctx.device.block_slots(tiling_threads=256) if ctx.device is not None else 80
         tiling = choose_tiling(spec.batch, spec.M, spec.N, spec.K, slots)
     name = ctx.program.add_kernel(f"{hint}_{tiling.name}", lambda n: gemm_source(n, spec, tiling), tiling.threads,

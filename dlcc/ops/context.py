@@ -29,6 +29,7 @@ class LowerCtx:
         self.aliases: dict[str, str] = {}
         self.node: Node | None = None
         self._ntemp = 0
+        self.gemm_tiling = None  # a forced Tiling (lower option gemm_tiling), else chosen per GEMM
 
     # -- queries ---------------------------------------------------------------------------
     def tensor(self, name: str) -> Tensor:

@@ -1,0 +1,69 @@
+"""The task graph of one of dlcc's own compiled plans (plan mode of `dlcc estimate`).
+
+It mirrors what the launcher does (dlcc/executor.py): one host thread launches every kernel in
+plan order on one stream, then synchronizes once. So the graph has
+
+- per launch, a CPU "launch" task costing the DeviceSpec's `launch_overhead_us`, and a GPU kernel
+  task whose time comes from the cost model (`costmodel.launch_time`: roofline with wave
+  quantization and a fixed cost, or a profile database's measurement; each task records which in
+  ``args["source"]``);
+- launch → kernel edges, stream order, data edges (kind "data": a kernel that reads a tensor
+  another kernel wrote) that the co-scheduling what-if needs once it reorders the stream;
+- a final synchronize that waits for the last kernel, and one iteration from the first launch to
+  the synchronize's end: the predicted latency.
+"""
+from __future__ import annotations
+
+from ..config import DeviceSpec
+from .costmodel import launch_time
+from .graph import Dep, Iteration, Task, TaskGraph
+from .profiledb import ProfileDB
+
+SYNC_US = 1.0   # host cost of the final stream synchronize once the GPU is done
+
+
+def plan_graph(plan: dict, device: DeviceSpec, db: ProfileDB | None = None, name: str = "plan") -> TaskGraph:
+    g = TaskGraph(meta={"source": name, "device": device.name, "device_spec": device, "plan": plan, "db": db})
+    kernels = {k["name"]: k for k in plan.get("kernels", [])}
+    resources = (plan.get("cuda") or {}).get("resources") or {}
+    if (plan.get("cuda") or {}).get("arch") not in (None, device.arch):
+        resources = {}
+    tensors = plan.get("tensors", {})
+    host, stream = "cpu:host", "gpu0:stream 0"
+    begin = g.add(Task("begin inference", "marker", host, 0.0, iteration=0))
+    writer: dict[str, Task] = {}
+    last = None
+    for i, L in enumerate(plan.get("launches", [])):
+        k = kernels.get(L["kernel"])
+        kt = launch_time(L, k, device, dtype=L.get("dtype") or "float32", resources=resources.get(L["kernel"]), db=db)
+        cpu = g.add(Task(f"launch {L['kernel']}", "launch", host, device.launch_overhead_us, iteration=0,
+                         ops=(L.get("op_type") or "?",)))
+        gpu = Task(L["kernel"], "kernel", stream, kt.us, iteration=0, ops=(L.get("op_type") or "?",),
+                   args={"index": i, "source": kt.source, "flops": L.get("flops", 0), "dram_bytes": L.get("dram_bytes", 0),
+                         "category": L.get("category", ""), "class": "gemm" if L.get("category") == "compute" else "memory",
+                         "grid": L.get("grid"), "block": L.get("block"), "node": L.get("node", ""),
+                         "reads": L.get("reads", []), "writes": L.get("writes", []),
+                         "compute_us": kt.compute_us, "memory_us": kt.memory_us})
+        gpu.deps.append(Dep(cpu, "launch", 0.0))
+        cpu.args["launches"] = [gpu]
+        seen = set()
+        for r in L.get("reads", []):
+            w = writer.get(_base(tensors, r))
+            if w is not None and id(w) not in seen:
+                seen.add(id(w))
+                gpu.deps.append(Dep(w, "data", 0.0))
+        for w in L.get("writes", []):
+            writer[_base(tensors, w)] = gpu
+        g.add(gpu)
+        last = gpu
+    sync = g.add(Task("synchronize", "sync", host, SYNC_US, iteration=0))
+    if last is not None:
+        sync.waits.append(Dep(last, "sync", 0.0))
+    end = g.add(Task("end inference", "marker", host, 0.0, iteration=0))
+    g.iterations.append(Iteration("inference", 0, begin, end, None))
+    return g
+
+
+def _base(tensors: dict, name: str) -> str:
+    t = tensors.get(name)
+    return (t or {}).get("view_of") or name

@@ -1,0 +1,260 @@
+"""`dlcc estimate MODEL.onnx`: rank pipelines by predicted latency, and estimate the unbuilt passes.
+
+Each pipeline's plan becomes a task graph (``plan_graph.py``) and is replayed; the ranking sorts
+by predicted latency (ties by name, so it is deterministic). Two what-ifs on the best plan say
+what AStitch and Rammer should buy before they exist, written with the same primitives as the
+trace what-ifs:
+
+- ``stitch-memory-bound`` (AStitch): each run of consecutive memory-bound kernels joined by data
+  becomes one kernel; tensors produced and consumed only inside the run never reach DRAM, and the
+  run costs one fixed overhead and one launch.
+- ``co-schedule`` (Rammer): kernels with no data path between them (same BFS level of the data
+  flow graph) share the device in one launch: their work is summed and quantized over the SMs
+  together, so small kernels fill each other's idle SMs.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import builtin_dir, load_device, load_pipeline
+from ..errors import DlccError
+from .costmodel import kernel_time, roofline_us
+from .graph import Dep, TaskGraph
+from .plan_graph import plan_graph
+from .profiledb import ProfileDB
+from .whatif import whatif
+
+
+@dataclass
+class PipelineEstimate:
+    name: str
+    graph: TaskGraph
+    plan: dict
+    predicted_us: float
+    lower_bound_us: float
+
+    @property
+    def launches(self) -> int:
+        return len(self.plan["launches"])
+
+    @property
+    def dram_bytes(self) -> int:
+        return int(self.plan["stats"]["dram_bytes"])
+
+
+@dataclass
+class PlanEstimate:
+    model: str
+    device: str
+    pipelines: list[PipelineEstimate]
+    what_ifs: list[tuple[str, TaskGraph, float, str]] = field(default_factory=list)
+    sources: dict = field(default_factory=dict)
+
+    @property
+    def best(self) -> PipelineEstimate:
+        return self.pipelines[0]
+
+    def why(self) -> str:
+        b = self.best
+        if len(self.pipelines) == 1:
+            return f"the only pipeline given; predicted {b.predicted_us:.1f} µs on {self.device}"
+        nxt = self.pipelines[1]
+        return (f"predicted {b.predicted_us:.1f} µs on {self.device}, "
+                f"{nxt.predicted_us / b.predicted_us:.2f}x faster than the next, {nxt.name} "
+                f"({nxt.predicted_us:.1f} µs); {b.launches} launches, DRAM {b.dram_bytes / 2**20:.1f} MiB")
+
+    def scenarios(self) -> list[tuple[str, TaskGraph]]:
+        out = [(f"pipeline {p.name}", p.graph) for p in self.pipelines]
+        out += [(f"what-if {n} on {self.best.name}", g) for n, g, _, _ in self.what_ifs]
+        return out
+
+    def to_dict(self) -> dict:
+        base = self.best.predicted_us
+        return {
+            "model": self.model, "device": self.device, "time_sources": sorted(self.sources),
+            "pipelines": [{"name": p.name, "predicted_ms": p.predicted_us / 1e3, "launches": p.launches,
+                           "dram_bytes": p.dram_bytes, "lower_bound_ms": p.lower_bound_us / 1e3}
+                          for p in self.pipelines],
+            "what_ifs": [{"name": n, "predicted_ms": t / 1e3, "speedup": base / t if t else None,
+                          "launches": len(g.select(kind="kernel")), "help": h} for n, g, t, h in self.what_ifs],
+            "best": self.best.name, "why": self.why(),
+        }
+
+
+def default_pipelines() -> list[str]:
+    return sorted(str(p) for p in builtin_dir("pipelines").glob("*.yaml"))
+
+
+def lower_bound_us(plan: dict, device) -> float:
+    """Roofline of the whole plan: all FLOPs at peak, or the unavoidable bytes (weights + inputs +
+    outputs) at full bandwidth, whichever is longer."""
+    s = plan["stats"]
+    return roofline_us(float(s["flops"]), float(s["lower_bound_bytes"]), "float32", device)
+
+
+def estimate_plan(model, shapes=(), device: str = "h100", pipelines: list[str] | None = None,
+                  profile_db: str | Path | None = None, steps=None, what_ifs: bool = True) -> PlanEstimate:
+    from ..api import _merge_shapes
+    from ..compiler import compile_model, import_checked
+    from ..progress import Steps
+
+    steps = steps or Steps()
+    dev = load_device(device)
+    specs = [load_pipeline(p) for p in (pipelines or default_pipelines())]  # bad names fail before work
+    names = [s.name for s in specs]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise DlccError(f"pipelines must have distinct names; given twice: {', '.join(sorted(dup))}")
+    db = ProfileDB.load(profile_db) if profile_db else None
+    with steps.step("import + fold + infer shapes"):
+        graph = import_checked(model, _merge_shapes(shapes))
+    results = []
+    for spec in specs:
+        with steps.step(f"compile + simulate pipeline {spec.name}"):
+            res = compile_model(model, _merge_shapes(shapes), target="opencl", pipeline=spec, device=dev,
+                                imported=copy.deepcopy(graph))
+            g = plan_graph(res.plan, dev, db, name=spec.name)
+            t = g.simulate()
+            results.append(PipelineEstimate(spec.name, g, res.plan, t, lower_bound_us(res.plan, dev)))
+    results.sort(key=lambda p: (p.predicted_us, p.name))
+    est = PlanEstimate(Path(str(model)).name, dev.name, results)
+    for p in results:
+        for t in p.graph.select(kind="kernel"):
+            est.sources[t.args["source"]] = est.sources.get(t.args["source"], 0) + 1
+    if what_ifs:
+        from .whatif import WHATIFS
+
+        for name in ("stitch-memory-bound", "co-schedule"):
+            with steps.step(f"what-if {name}"):
+                h = est.best.graph.copy()
+                WHATIFS[name].fn(h)
+                est.what_ifs.append((name, h, h.simulate(), WHATIFS[name].help))
+    return est
+
+
+def choose_pipeline(model, shapes, device, steps=None) -> tuple[str, PlanEstimate]:
+    """`--pipeline auto`: the built-in pipeline the estimator ranks best for `device`."""
+    est = estimate_plan(model, shapes, device, None, steps=steps, what_ifs=False)
+    return est.best.name, est
+
+
+# ---------------------------------------------------------------------------------------------
+# What-ifs over plan graphs (they need the device and the plan's bytes, kept in graph.meta)
+# ---------------------------------------------------------------------------------------------
+
+def _plan_meta(g: TaskGraph, what: str):
+    dev = g.meta.get("device_spec")
+    if dev is None:
+        raise DlccError(f"what-if {what} works on dlcc plans (dlcc estimate MODEL.onnx), not on traces")
+    return dev
+
+
+def _merge(g: TaskGraph, group: list, us: float, name: str) -> None:
+    """Replace `group` (kernels) by its first member with time `us`: the others' launches go, their
+    dependents depend on the survivor, and the survivor inherits their dependencies."""
+    keep, rest = group[0], group[1:]
+    doomed = {id(t) for t in rest}
+    for t in rest:
+        for d in t.deps:
+            if d.kind != "launch" and id(d.task) not in doomed and d.task is not keep:
+                keep.deps.append(Dep(d.task, d.kind, d.lag, d.anchor))
+    for lst in g.resources.values():
+        for u in lst:
+            if u is keep or id(u) in doomed:
+                continue
+            for d in u.deps + u.waits:
+                if id(d.task) in doomed:
+                    d.task = keep
+    keep.deps = [d for d in keep.deps if id(d.task) not in doomed and d.task is not keep]
+    keep.dur = us
+    keep.name = name
+    launches = [d.task for t in rest for d in t.deps if d.kind == "launch"]
+    g.remove(rest, keep_gap=False)
+    g.remove(launches, keep_gap=False)
+
+
+def _is_memory_bound(t) -> bool:
+    return t.args.get("category") != "compute"
+
+
+@whatif("stitch-memory-bound", help="AStitch estimate (plan mode): each run of consecutive "
+                                    "memory-bound kernels joined by data becomes one kernel whose "
+                                    "intermediates stay on chip; one launch and one fixed cost per run")
+def stitch_memory_bound(g: TaskGraph):
+    dev = _plan_meta(g, "stitch-memory-bound")
+    stream = next(r for r in g.resources if r.startswith("gpu"))
+    runs, cur = [], []
+    for t in list(g.resources[stream]):
+        joined = cur and any(d.kind == "data" and d.task in cur for d in t.deps)
+        if _is_memory_bound(t) and (not cur or joined):
+            cur.append(t)
+            continue
+        if len(cur) > 1:
+            runs.append(cur)
+        cur = [t] if _is_memory_bound(t) else []
+    if len(cur) > 1:
+        runs.append(cur)
+    plan = g.meta["plan"]
+    tensors = plan.get("tensors", {})
+    consumers: dict[str, set] = {}
+    for t in g.select(kind="kernel"):
+        for r in t.args.get("reads", []):
+            consumers.setdefault(r, set()).add(id(t))
+    outputs = {o["name"] for o in plan.get("outputs", [])}
+    for run in runs:
+        ids = {id(t) for t in run}
+        saved = 0
+        for t in run:
+            for w in t.args.get("writes", []):
+                if w not in outputs and consumers.get(w) and consumers[w] <= ids:
+                    nb = int((tensors.get(w) or {}).get("nbytes") or 0)
+                    saved += 2 * nb * len(consumers[w])
+        flops = sum(t.args["flops"] for t in run)
+        dram = max(0, sum(t.args["dram_bytes"] for t in run) - saved)
+        blocks = max(_n(t.args.get("grid")) for t in run)
+        threads = max(_n(t.args.get("block")) for t in run)
+        us = kernel_time(flops, dram, "float32", dev, blocks=blocks, threads=threads).us
+        run.sort(key=lambda t: t.args["index"])
+        last = run[-1]
+        run = [last] + run[:-1]  # the survivor sits where the run ends, after every producer
+        _merge(g, run, us, f"stitched {len(run)} kernels")
+
+
+@whatif("co-schedule", help="Rammer estimate (plan mode): kernels with no data path between them "
+                            "(one BFS wave of the data-flow graph) run as one launch whose work "
+                            "is quantized over the SMs together")
+def co_schedule(g: TaskGraph):
+    dev = _plan_meta(g, "co-schedule")
+    stream = next(r for r in g.resources if r.startswith("gpu"))
+    level: dict[int, int] = {}
+    for t in g.resources[stream]:
+        level[id(t)] = 1 + max((level.get(id(d.task), -1) for d in t.deps if d.kind == "data"), default=-1)
+        t.priority = level[id(t)]
+    waves: dict[int, list] = {}
+    for t in g.resources[stream]:
+        waves.setdefault(level[id(t)], []).append(t)
+    for lv, ks in sorted(waves.items()):
+        if len(ks) < 2:
+            continue
+        flops = sum(t.args["flops"] for t in ks)
+        dram = sum(t.args["dram_bytes"] for t in ks)
+        blocks = sum(_n(t.args.get("grid")) for t in ks)
+        threads = max(_n(t.args.get("block")) for t in ks)
+        merged = kernel_time(flops, dram, "float32", dev, blocks=blocks, threads=threads,
+                             gemm=any(not _is_memory_bound(t) for t in ks)).us
+        # never slower than running them one after another
+        us = min(merged, sum(t.dur for t in ks))
+        _merge(g, ks, us, f"co-scheduled wave {lv} ({len(ks)} kernels)")
+    # run the stream wave by wave (a topological order of the data edges)
+    g.schedule(stream, key=lambda t: t.priority)
+
+
+def _n(v) -> int:
+    if isinstance(v, (list, tuple)):
+        n = 1
+        for x in v:
+            n *= int(x)
+        return n
+    return int(v or 1)

@@ -72,7 +72,7 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
 
     shapes = _merge_shapes(shapes)
     tgt = pick_target(target)
-    choice = None
+    choice, imported = None, None
     if pipeline == "auto":
         from .estimate.plan_mode import choose_pipeline
 
@@ -80,7 +80,8 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
         pipeline, est = choose_pipeline(model, shapes, dev, steps=steps)
         choice = {"chosen": pipeline, "why": est.why(), "device": est.device,
                   "ranking": [{"name": p.name, "predicted_ms": p.predicted_us / 1e3} for p in est.pipelines]}
-    res = compile_model(model, shapes, target=tgt, pipeline=pipeline, device=device, steps=steps)
+        imported = est.imported
+    res = compile_model(model, shapes, target=tgt, pipeline=pipeline, device=device, steps=steps, imported=imported)
     if choice:
         res.plan["meta"]["pipeline_choice"] = choice
     from .inputs import gather_bounds

@@ -26,7 +26,8 @@ err = Console(stderr=True)
 ShapeOpt = typer.Option(None, "--shape", "--input-shape", "-s", help="bind an input's shape: NAME=1x3x224x224 (repeatable); "
                         "NAME=8 binds a symbolic dim; FILE.yaml reads bindings from `shapes: {NAME: [dims]}`")
 TargetOpt = typer.Option("auto", "--target", "-t", help="auto (CUDA if a GPU is present, else OpenCL), cuda, opencl")
-PipelineOpt = typer.Option("baseline", "--pipeline", "-p", help="pipeline name (configs/pipelines) or YAML file")
+PipelineOpt = typer.Option("baseline", "--pipeline", "-p", help="pipeline name (configs/pipelines) or YAML file; "
+                           "auto: the built-in pipeline `dlcc estimate` predicts fastest on the device")
 DeviceOpt = typer.Option(None, "--device", "-d", help="device name (configs/devices) or YAML file; "
                          "default: the detected GPU, or pocl-cpu for OpenCL")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="no progress output")
@@ -64,8 +65,12 @@ def compile(model: Path = typer.Argument(..., help="ONNX model file"),
     cm = _compile(model, shape, target, pipeline, device, quiet, json_out, out_dir)
     s = cm.stats
     if json_out:
-        print(json.dumps({"artifact": str(out_dir), "target": cm.target, **_summary(cm.plan)}))
+        print(json.dumps({"artifact": str(out_dir), "target": cm.target, **_summary(cm.plan),
+                          **({"pipeline_choice": cm.plan["meta"]["pipeline_choice"]} if "pipeline_choice" in cm.plan["meta"] else {})}))
     elif not quiet:
+        choice = cm.plan["meta"].get("pipeline_choice")
+        if choice:
+            out.print(f"pipeline auto → [bold]{_escape(choice['chosen'])}[/]: {_escape(choice['why'])}")
         out.print(f"[bold green]compiled[/] {model} → {out_dir}  "
                   f"({s['kernels']} kernels, {s['launches']} launches, arena {_human(s['arena_bytes'])}, "
                   f"pipeline {cm.plan['meta']['pipeline']}, device {cm.plan['meta']['device']})")
@@ -335,6 +340,45 @@ def estimate(model: Optional[Path] = typer.Argument(None, help="ONNX model (plan
         print(json.dumps(res.to_dict()))
     else:
         _print_plan_estimate(res.to_dict(), timeline)
+
+
+@app.command()
+def profile(model: Path = typer.Argument(..., help="ONNX model file"),
+            db: Path = typer.Option(..., "--db", help="profile database (JSON) to add the measurements to; created if missing"),
+            shape: Optional[List[str]] = ShapeOpt, target: str = TargetOpt, pipeline: str = PipelineOpt,
+            device: Optional[str] = DeviceOpt, repeat: int = typer.Option(5, "--repeat", min=1, help="timed runs per launch (median)"),
+            quiet: bool = QuietOpt, json_out: bool = JsonOpt):
+    """Measure every kernel launch of MODEL on the target and record the times in a profile database,
+    which `dlcc estimate --profile-db` then prefers to the roofline model."""
+    from .estimate.profiledb import ProfileDB
+
+    store = ProfileDB.load(db, missing_ok=True)  # a malformed database fails before any work
+    cm = _compile(model, shape, target, pipeline, device, quiet, json_out)
+    steps = _steps(quiet or json_out)
+    with steps.step(f"time {len(cm.plan['launches'])} launches x {repeat} on {cm.target}"):
+        times, sync_us = cm.executor().profile(cm.sample_inputs(), repeat)
+    dev = cm.plan["meta"]["device"]
+    where = f"dlcc profile {model.name} ({cm.target})"
+    rows = []
+    for L, us in zip(cm.plan["launches"], times):
+        kernel_us = max(0.0, us - sync_us)
+        store.record(dev, L["kernel"], L["grid"], L["block"], kernel_us, where=where)
+        rows.append({"kernel": L["kernel"], "op_type": L["op_type"], "grid": L["grid"], "block": L["block"], "us": kernel_us})
+    store.save(db)
+    if json_out:
+        print(json.dumps({"db": str(db), "device": dev, "target": cm.target, "sync_us": sync_us, "launches": rows}))
+        return
+    if quiet:
+        return
+    t = Table(title=f"slowest launches on {_escape(dev)} (wall time minus a bare sync, {sync_us:.1f} µs)")
+    for c in ("kernel", "op", "grid", "block", "µs"):
+        t.add_column(c, justify="right" if c in ("grid", "block", "µs") else "left", overflow="fold")
+    for r in sorted(rows, key=lambda r: -r["us"])[:15]:
+        t.add_row(_escape(r["kernel"]), _escape(r["op_type"]), str(r["grid"]), str(r["block"]), f"{r['us']:.1f}")
+    out.print(t)
+    out.print(f"recorded {len(rows)} launches in {_escape(str(db))} ({len(store)} entries); "
+              f"use it with: dlcc estimate {_escape(str(model))} --device {_escape(cm.plan['meta'].get('device_key', '...'))} "
+              f"--profile-db {_escape(str(db))}")
 
 
 def _short(help_text: str) -> str:

@@ -51,6 +51,7 @@ class PlanEstimate:
     pipelines: list[PipelineEstimate]
     what_ifs: list[tuple[str, TaskGraph, float, str]] = field(default_factory=list)
     sources: dict = field(default_factory=dict)
+    imported: object = None  # the imported Graph (untouched), so `compile --pipeline auto` imports once
 
     @property
     def best(self) -> PipelineEstimate:
@@ -61,6 +62,9 @@ class PlanEstimate:
         if len(self.pipelines) == 1:
             return f"the only pipeline given; predicted {b.predicted_us:.1f} µs on {self.device}"
         nxt = self.pipelines[1]
+        if nxt.predicted_us <= b.predicted_us * 1.005:
+            return (f"predicted {b.predicted_us:.1f} µs on {self.device}, tied with {nxt.name} "
+                    f"({nxt.predicted_us:.1f} µs, within 0.5%); ties go to the first name in order")
         return (f"predicted {b.predicted_us:.1f} µs on {self.device}, "
                 f"{nxt.predicted_us / b.predicted_us:.2f}x faster than the next, {nxt.name} "
                 f"({nxt.predicted_us:.1f} µs); {b.launches} launches, DRAM {b.dram_bytes / 2**20:.1f} MiB")
@@ -119,7 +123,7 @@ def estimate_plan(model, shapes=(), device: str = "h100", pipelines: list[str] |
             t = g.simulate()
             results.append(PipelineEstimate(spec.name, g, res.plan, t, lower_bound_us(res.plan, dev)))
     results.sort(key=lambda p: (p.predicted_us, p.name))
-    est = PlanEstimate(Path(str(model)).name, dev.name, results)
+    est = PlanEstimate(Path(str(model)).name, dev.name, results, imported=graph)
     for p in results:
         for t in p.graph.select(kind="kernel"):
             est.sources[t.args["source"]] = est.sources.get(t.args["source"], 0) + 1

@@ -58,7 +58,7 @@ def plan_graph(plan: dict, device: DeviceSpec, db: ProfileDB | None = None, name
         last = gpu
     sync = g.add(Task("synchronize", "sync", host, SYNC_US, iteration=0))
     if last is not None:
-        sync.waits.append(Dep(last, "sync", 0.0))
+        sync.waits.append(Dep(last, "sync", SYNC_US))  # returns SYNC_US after the GPU is done
     end = g.add(Task("end inference", "marker", host, 0.0, iteration=0))
     g.iterations.append(Iteration("inference", 0, begin, end, None))
     return g

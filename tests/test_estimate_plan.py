@@ -1,0 +1,217 @@
+"""Plan mode of `dlcc estimate`: plan task graphs, pipeline ranking, plan what-ifs, --pipeline auto,
+and the profile database path (`dlcc profile` → `dlcc estimate --profile-db`)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+import dlcc
+from dlcc.cli import main
+from dlcc.config import load_device
+from dlcc.errors import ConfigError, DlccError
+from dlcc.estimate.graph import Dep
+from dlcc.estimate.plan_graph import SYNC_US, plan_graph
+from dlcc.estimate.plan_mode import estimate_plan
+from dlcc.estimate.profiledb import ProfileDB
+from dlcc.estimate.whatif import WHATIFS
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ROOT / "examples" / "resnet-tiny.onnx"
+
+
+def run_cli(capsys, *argv):
+    code = 0
+    try:
+        main(list(argv))
+    except SystemExit as e:
+        code = e.code or 0
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return dlcc.compile(MODEL, target="opencl", device="h100").plan
+
+
+def device_with(tmp_path, **over):
+    d = load_device("h100").model_dump()
+    d.update(over)
+    p = tmp_path / "dev.yaml"
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
+def fake_db(plan, device_name, us_of) -> ProfileDB:
+    db = ProfileDB("fake.json")
+    for k, L in enumerate(plan["launches"]):
+        db.record(device_name, L["kernel"], L["grid"], L["block"], us_of(k, L))
+    return db
+
+
+def test_graph_shape_and_sources(plan):
+    dev = load_device("h100")
+    g = plan_graph(plan, dev)
+    ks = g.select(kind="kernel")
+    assert len(ks) == len(plan["launches"])
+    assert len(g.select(kind="launch")) == len(plan["launches"])
+    assert {t.args["source"] for t in ks} == {"roofline"}
+    # every data edge points at an earlier launch that writes a tensor this one reads
+    for t in ks:
+        for d in t.deps:
+            if d.kind == "data":
+                assert d.task.args["index"] < t.args["index"]
+
+
+def test_latency_exact_when_gpu_bound(plan, tmp_path):
+    """No launch cost: the GPU runs kernels back to back, so latency = sum of kernel times + sync."""
+    dev = load_device(device_with(tmp_path, launch_overhead_us=0.0))
+    db = fake_db(plan, dev.name, lambda k, L: 10.0 + k)
+    g = plan_graph(plan, dev, db)
+    # launches that share (kernel, grid, block) share one database entry: the mean of theirs
+    expect = sum(db.lookup(dev.name, L, None) for L in plan["launches"]) + SYNC_US
+    assert g.simulate() == pytest.approx(expect)
+    assert {t.args["source"] for t in g.select(kind="kernel")} == {"profile:fake.json"}
+
+
+def test_latency_exact_when_launch_bound(plan, tmp_path):
+    """Launches cost 100 µs, kernels 1 µs: latency = n launches + the last kernel + the sync."""
+    dev = load_device(device_with(tmp_path, launch_overhead_us=100.0))
+    db = fake_db(plan, dev.name, lambda k, L: 1.0)
+    g = plan_graph(plan, dev, db)
+    n = len(plan["launches"])
+    assert g.simulate() == pytest.approx(n * 100.0 + 1.0 + SYNC_US)
+
+
+def test_predicted_latency_equals_timeline_span(tmp_path, capsys):
+    tl = tmp_path / "plan-timeline.json"
+    code, out, err = run_cli(capsys, "estimate", str(MODEL), "--device", "h100", "--timeline", str(tl), "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    doc = json.loads(tl.read_text())
+    names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+    for p in d["pipelines"]:
+        pid = next(k for k, v in names.items() if v == f"pipeline {p['name']}")
+        xs = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] == pid]
+        span = max(e["ts"] + e["dur"] for e in xs) - min(e["ts"] for e in xs)
+        assert span / 1e3 == pytest.approx(p["predicted_ms"], rel=1e-6, abs=1e-6)
+    for w in d["what_ifs"]:
+        pid = next(k for k, v in names.items() if v.startswith(f"what-if {w['name']} "))
+        xs = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] == pid]
+        span = max(e["ts"] + e["dur"] for e in xs) - min(e["ts"] for e in xs)
+        assert span / 1e3 == pytest.approx(w["predicted_ms"], rel=1e-6, abs=1e-6)
+
+
+def test_ranking_is_deterministic_and_sorted(capsys):
+    a = estimate_plan(MODEL, device="h100").to_dict()
+    b = estimate_plan(MODEL, device="h100").to_dict()
+    assert [p["name"] for p in a["pipelines"]] == [p["name"] for p in b["pipelines"]]
+    assert [p["predicted_ms"] for p in a["pipelines"]] == [p["predicted_ms"] for p in b["pipelines"]]
+    keys = [(p["predicted_ms"], p["name"]) for p in a["pipelines"]]
+    assert keys == sorted(keys)
+    assert {p["name"] for p in a["pipelines"]} >= {"baseline", "large-tiles"}
+    for p in a["pipelines"]:
+        assert set(p) >= {"name", "predicted_ms", "launches", "dram_bytes", "lower_bound_ms"}
+        assert 0 < p["lower_bound_ms"] <= p["predicted_ms"]
+    assert a["best"] == a["pipelines"][0]["name"]
+
+
+def test_plan_what_ifs_fewer_launches_and_keep_data_order():
+    est = estimate_plan(MODEL, device="h100")
+    base = est.best
+    for name, g, t, _ in est.what_ifs:
+        ks = g.select(kind="kernel")
+        assert len(ks) < base.launches, name
+        assert t <= base.predicted_us + 1e-9, name
+        for k in ks:  # a kernel never starts before the kernels whose outputs it reads have ended
+            for d in k.deps:
+                if d.kind == "data":
+                    assert k.start >= d.task.end - 1e-9, (name, k.name, d.task.name)
+
+
+def test_co_schedule_merges_independent_kernels(tmp_path):
+    """Two independent kernels in one wave become one launch; a dependent one stays after them."""
+    from dlcc.estimate.graph import Iteration, Task, TaskGraph
+
+    dev = load_device("h100")
+    g = TaskGraph(meta={"device_spec": dev, "plan": {"tensors": {}, "outputs": []}})
+    begin = g.add(Task("begin", "marker", "cpu:host", 0.0))
+    ks = []
+    for i, (reads, writes) in enumerate([([], ["a"]), ([], ["b"]), (["a", "b"], ["c"])]):
+        L = g.add(Task(f"launch {i}", "launch", "cpu:host", 1.0))
+        k = Task(f"k{i}", "kernel", "gpu0:stream 0", 10.0, args={"index": i, "flops": 0, "dram_bytes": 1000,
+                 "category": "elementwise", "grid": 1, "block": 128, "reads": reads, "writes": writes})
+        k.deps.append(Dep(L, "launch"))
+        L.args["launches"] = [k]
+        ks.append(k)
+    ks[2].deps += [Dep(ks[0], "data"), Dep(ks[1], "data")]
+    for k in ks:
+        g.add(k)
+    end = g.add(Task("end", "marker", "cpu:host", 0.0))
+    g.iterations.append(Iteration("inference", 0, begin, end))
+    WHATIFS["co-schedule"].fn(g)
+    g.simulate()
+    left = g.select(kind="kernel")
+    assert [t.name for t in left][1] == "k2" and len(left) == 2
+    assert len(g.select(kind="launch")) == 2
+    assert left[1].start >= left[0].end
+
+
+def test_compile_pipeline_auto_records_choice(tmp_path, capsys):
+    code, out, err = run_cli(capsys, "compile", str(MODEL), "-o", str(tmp_path / "m.dlcc"), "--pipeline", "auto",
+                             "--target", "opencl", "--device", "h100", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    choice = d["pipeline_choice"]
+    best = estimate_plan(MODEL, device="h100").best.name
+    assert choice["chosen"] == best
+    assert json.loads((tmp_path / "m.dlcc" / "plan.json").read_text())["meta"]["pipeline"] == best
+    assert best in choice["why"] or "predicted" in choice["why"]
+    assert [r["name"] for r in choice["ranking"]][0] == best
+
+
+def test_profile_then_estimate_uses_measurements(tmp_path, capsys):
+    pytest.importorskip("pyopencl")
+    db = tmp_path / "prof.json"
+    code, out, err = run_cli(capsys, "profile", str(MODEL), "--db", str(db), "--target", "opencl", "--repeat", "2", "--json")
+    if code != 0 and "OpenCL" in err:
+        pytest.skip("no OpenCL device here")
+    assert code == 0, err
+    prof = json.loads(out)
+    keys = {(L["kernel"], L["grid"], L["block"]) for L in prof["launches"]}
+    assert len(json.loads(db.read_text())["entries"]) == len(keys)
+    code, out, err = run_cli(capsys, "estimate", str(MODEL), "--device", "pocl-cpu", "--profile-db", str(db),
+                             "-p", "baseline", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["time_sources"] == ["profile:prof.json"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["estimate", str(MODEL), "-p", "nope"], "unknown pipeline 'nope'"),
+    (["estimate", str(MODEL), "--device", "nope"], "unknown device 'nope'"),
+    (["estimate"], "give either an ONNX MODEL"),
+    (["estimate", str(MODEL), "--trace", "x.json"], "not both"),
+    (["estimate", "missing.onnx"], "missing.onnx"),
+])
+def test_plan_mode_bad_input(capsys, argv, needle):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert needle in err.replace("\n", " ")
+
+
+def test_bad_profile_db_names_the_file(tmp_path, capsys):
+    bad = tmp_path / "db.json"
+    bad.write_text("{not json")
+    code, out, err = run_cli(capsys, "estimate", str(MODEL), "--profile-db", str(bad))
+    assert code == 2 and "db.json" in err
+
+
+def test_plan_what_if_on_a_trace_is_refused():
+    from dlcc.estimate.graph import TaskGraph
+
+    with pytest.raises(DlccError, match="dlcc plans"):
+        WHATIFS["co-schedule"].fn(TaskGraph())

@@ -8,4 +8,5 @@ scripts/setup.sh "${DLCC_EXTRAS:-opencl}"
 MODEL=examples/resnet-tiny.onnx
 .venv/bin/dlcc compile "$MODEL" -o out/resnet-tiny
 .venv/bin/dlcc run out/resnet-tiny
+.venv/bin/dlcc estimate "$MODEL" --device h100 --quiet   # predicted latency of each pipeline on an H100
 .venv/bin/dlcc verify "$MODEL" "$@"

@@ -147,12 +147,21 @@ def build_graph(data: dict, where: str = "trace", iterations: str | None = None)
     # ---- iterations: ProfilerStep#N spans, or starts of a user-chosen annotation -------------
     step_spans = []
     if iterations:
-        rx = re.compile(iterations)
-        starts = sorted({(float(e["ts"]), k) for k, lst in cpu_ops.items() for e in lst if rx.search(e.get("name", ""))})
-        if len(starts) < 2:
-            raise TraceError(f"{where}: fewer than two events match --iterations {iterations!r}, so no "
-                             f"iteration can be delimited")
-        for n, ((a, k), (b, _)) in enumerate(zip(starts, starts[1:])):
+        try:
+            rx = re.compile(iterations)
+        except re.error as e:
+            raise TraceError(f"--iterations {iterations!r} is not a regular expression: {e}") from None
+        found = sorted({(float(e["ts"]), float(e["dur"]), k) for k, lst in cpu_ops.items() for e in lst
+                        if rx.search(e.get("name", ""))})
+        if not found:
+            raise TraceError(f"{where}: no CPU op or annotation matches --iterations {iterations!r}")
+        # a match that encloses another match is a wrapper (a harness's outer range): keep the inner
+        found = [f for f in found if not any(o is not f and f[0] <= o[0] and o[0] + o[1] <= f[0] + f[1]
+                                             and (o[0], o[1]) != (f[0], f[1]) for o in found)]
+        if len(found) == 1:  # one match: its own span is the iteration (e.g. one measured forward)
+            a, d, k = found[0]
+            step_spans.append((a - t0, a + d - t0, k, f"{iterations}#0", 0))
+        for n, ((a, _, k), (b, _, _)) in enumerate(zip(found, found[1:])):  # else start to next start
             step_spans.append((a - t0, b - t0, k, f"{iterations}#{n}", n))
     else:
         for k, lst in cpu_ops.items():

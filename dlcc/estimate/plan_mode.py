@@ -214,12 +214,11 @@ def stitch_memory_bound(g: TaskGraph):
             for w in t.args.get("writes", []):
                 if w not in outputs and consumers.get(w) and consumers[w] <= ids:
                     nb = int((tensors.get(w) or {}).get("nbytes") or 0)
-                    saved += 2 * nb * len(consumers[w])
-        flops = sum(t.args["flops"] for t in run)
-        dram = max(0, sum(t.args["dram_bytes"] for t in run) - saved)
-        blocks = max(_n(t.args.get("grid")) for t in run)
-        threads = max(_n(t.args.get("block")) for t in run)
-        us = kernel_time(flops, dram, "float32", dev, blocks=blocks, threads=threads).us
+                    saved += nb * (1 + len(consumers[w]))  # its write and every read of it
+        flops, dram, blocks, threads = _work(run)
+        # stitched kernels keep the widest member's grid (they run its thread mapping)
+        us = kernel_time(flops, max(0, dram - saved), "float32", dev, blocks=max(_n(t.args.get("grid")) for t in run),
+                         threads=threads).us
         run.sort(key=lambda t: t.args["index"])
         last = run[-1]
         run = [last] + run[:-1]  # the survivor sits where the run ends, after every producer
@@ -242,10 +241,7 @@ def co_schedule(g: TaskGraph):
     for lv, ks in sorted(waves.items()):
         if len(ks) < 2:
             continue
-        flops = sum(t.args["flops"] for t in ks)
-        dram = sum(t.args["dram_bytes"] for t in ks)
-        blocks = sum(_n(t.args.get("grid")) for t in ks)
-        threads = max(_n(t.args.get("block")) for t in ks)
+        flops, dram, blocks, threads = _work(ks)
         merged = kernel_time(flops, dram, "float32", dev, blocks=blocks, threads=threads,
                              gemm=any(not _is_memory_bound(t) for t in ks)).us
         # never slower than running them one after another
@@ -253,6 +249,12 @@ def co_schedule(g: TaskGraph):
         _merge(g, ks, us, f"co-scheduled wave {lv} ({len(ks)} kernels)")
     # run the stream wave by wave (a topological order of the data edges)
     g.schedule(stream, key=lambda t: t.priority)
+
+
+def _work(ks) -> tuple[float, float, int, int]:
+    """Summed FLOPs, DRAM bytes and blocks of a group of kernels, and its widest block."""
+    return (sum(t.args["flops"] for t in ks), sum(t.args["dram_bytes"] for t in ks),
+            sum(_n(t.args.get("grid")) for t in ks), max(_n(t.args.get("block")) for t in ks))
 
 
 def _n(v) -> int:

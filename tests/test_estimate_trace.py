@@ -2,7 +2,7 @@
 
 Every expected time below is worked out by hand from the traces written here (µs, relative to the
 trace's first event) and the rules in DESIGN.md §6 and the module docstrings, never taken from the
-code's own output. Known bugs are `xfail(strict=True)` tests whose reason starts with "BUG:".
+code's own output.
 """
 from __future__ import annotations
 
@@ -204,10 +204,6 @@ def test_remove_inherits_waits():
     assert times(s) == [(0, 35)]
 
 
-@pytest.mark.xfail(reason="BUG: graph.py simulate()/finish() (line 349) times every wait from the waited task's "
-                          "END (`d.task.end + d.lag`) and ignores Dep.anchor; after remove() a waiter inherits "
-                          "start-anchored launch deps, so it waits for the launch call's end instead of its start",
-                   strict=True)
 def test_remove_inherited_start_anchored_wait_uses_the_start():
     g = TaskGraph()
     L = g.add(T("cudaLaunchKernel", "cpu:0", 10, kind="launch"))
@@ -220,10 +216,6 @@ def test_remove_inherited_start_anchored_wait_uses_the_start():
     assert s.end == 7
 
 
-@pytest.mark.xfail(reason="BUG: graph.py remove() (_inherit, lines 227-232) only passes on the removed task's "
-                          "explicit deps, not its implicit stream/thread order, so order through it is lost: a "
-                          "sync that waited for a removed kernel no longer waits for the kernels queued before it",
-                   strict=True)
 def test_remove_keeps_stream_order_for_waiters():
     g = TaskGraph()
     k1 = g.add(T("K1", "gpu:0", 100))
@@ -237,9 +229,6 @@ def test_remove_keeps_stream_order_for_waiters():
     assert s.end >= k1.end == 100     # a synchronize still returns only after the stream drained
 
 
-@pytest.mark.xfail(reason="BUG: graph.py remove() checks 'an iteration marker cannot be removed' only after it "
-                          "has already deleted the tasks and rewired deps, so the ValueError leaves a half-changed graph",
-                   strict=True)
 def test_remove_of_an_iteration_marker_leaves_graph_unchanged():
     g = TaskGraph()
     b = g.add(T("begin", "cpu:0", 0, kind="marker"))
@@ -496,12 +485,7 @@ def test_kineto_basic_graph_and_exact_replay(schema):
     assert task(g, "cudaStreamSynchronize", 60).end == 120
 
 
-@pytest.mark.parametrize("schema", [
-    pytest.param("2021", marks=pytest.mark.xfail(
-        reason="BUG: kineto.py _flow_links (line 311) looks the flow's 's' event up by (pid, tid) as written; "
-               "in the 2021 schema that tid is an int (25738) while the Runtime events' tid is a string "
-               "('25738'), so without 'correlation' no 2021 launch is ever linked", strict=True)),
-    "current"])
+@pytest.mark.parametrize("schema", ["2021", "current"])
 def test_kineto_launch_by_flow_ids_when_correlation_is_missing(schema):
     g = basic_trace(schema, corr=False).graph()
     _check_basic_edges(g)
@@ -594,10 +578,6 @@ def test_kineto_blocking_pageable_copy(schema):
     assert c.end == 520
 
 
-@pytest.mark.xfail(reason="BUG: kineto.py _fit_gaps_and_lags (line 492) shortens a blocking call to its own cost "
-                          "(the tail after the GPU work) only for kind 'sync'; a blocking pageable cudaMemcpyAsync "
-                          "(kind 'launch') keeps its recorded 500 µs, so it never ends earlier when the copy does",
-                   strict=True)
 def test_kineto_blocking_copy_ends_earlier_when_the_copy_does():
     h = parse("scale:sgemm=0.5").apply(pageable_copy_trace().graph())
     h.simulate()
@@ -662,10 +642,6 @@ def test_kineto_cpu_cpu_edges_between_threads():
     assert task(h, SGEMM, 215).start == 170
 
 
-@pytest.mark.xfail(reason="BUG: kineto.py _fit_gaps_and_lags (line 481) fits a cpu-cpu lag from `d.task.ts + "
-                          "d.task.dur`; when the other thread was fitted first and d.task is a blocking sync whose "
-                          "dur was already cut to its tail, the lag is too long and the replay is not exact",
-                   strict=True)
 def test_kineto_cpu_cpu_edge_from_a_blocking_sync_replays_exactly():
     k = KT("current", tid=1)
     k.launch(0, 10, SGEMM, 15, 500)                        # 15..515
@@ -679,10 +655,6 @@ def test_kineto_cpu_cpu_edge_from_a_blocking_sync_replays_exactly():
     assert_exact_replay(g)
 
 
-@pytest.mark.xfail(reason="BUG: kineto.py _add_syncs accepts GPU work ending up to 1 µs after a call's end "
-                          "(`<= end + 1.0`, lines 370/373) but _fit_gaps_and_lags clamps the tail at 0 "
-                          "(line 489), so the call ends at the GPU end, later than recorded; the real A100 DDP "
-                          "trace replays ProfilerStep#4 0.549 µs long for this reason", strict=True)
 def test_kineto_sync_with_gpu_end_just_after_the_call_replays_exactly():
     k = KT("current")
     k.op("ProfilerStep#1", 0, 300)
@@ -1003,10 +975,6 @@ def test_whatif_dataloader_workers_fall_behind():
         parse("dataloader").apply(train_trace().graph())
 
 
-@pytest.mark.xfail(reason="BUG: whatif.py _chain_breaker only breaks chains at non-kernels and gemm/comm kernels, so "
-                          "fuse-elementwise also fuses class-'other' kernels (e.g. cuDNN computeOffsetsKernel), which "
-                          "kernelclass.is_memory_bound_class says are not memory-bound; its help promises chains "
-                          "of memory-bound kernels only", strict=True)
 def test_whatif_fuse_elementwise_leaves_non_memory_bound_kernels_alone():
     other = "cask_cudnn::computeOffsetsKernel(cask_cudnn::ComputeOffsetsParams)"
     k = KT("current")
@@ -1135,10 +1103,6 @@ def test_user_whatif_file_errors(tmp_path, user_whatifs):
     assert f"{raises}:6" in str(e.value) and "IndexError" in str(e.value) and "'test-raises' failed" in str(e.value)
 
 
-@pytest.mark.xfail(reason="BUG: whatif.py WhatIfCall.apply names the innermost traceback frame, so an exception "
-                          "raised inside dlcc (e.g. graph.py's insert/schedule ValueError) on a user's call is "
-                          "reported at dlcc/estimate/graph.py:NNN instead of the line of the user's what-if file",
-                   strict=True)
 def test_user_whatif_error_inside_a_primitive_names_the_users_line(tmp_path, user_whatifs):
     f = tmp_path / "sched.py"
     f.write_text(
@@ -1182,9 +1146,6 @@ def test_bad_trace_files(tmp_path):
         load_trace(tmp_path / "missing.json")
 
 
-@pytest.mark.xfail(reason="BUG: kineto.py read_trace_json adds '(the file looks truncated)' only when the JSON "
-                          "error position is at the end; a file cut inside a string literal (the usual case: "
-                          "kernel names are long) fails at the string's opening quote, so no hint", strict=True)
 def test_truncated_json_inside_a_string_says_truncated(tmp_path):
     good = json.dumps(basic_trace().data()).encode()
     cut = good[: good.index(b"volta_sgemm") + 5]

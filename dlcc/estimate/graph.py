@@ -210,12 +210,19 @@ class TaskGraph:
         doomed = {id(t): t for t in tasks}
         if not doomed:
             return
+        for it in self.iterations:  # checked first: a refused remove changes nothing
+            if id(it.begin) in doomed or id(it.end) in doomed:
+                raise ValueError("remove: an iteration marker cannot be removed")
+        # what held a removed task back through its resource: the last kept task before it there
+        before: dict[int, Task] = {}
         for r, lst in list(self.resources.items()):
             if not any(id(t) in doomed for t in lst):
                 continue
-            kept, carry = [], 0.0
+            kept, carry, last_kept = [], 0.0, None
             for t in lst:
                 if id(t) in doomed:
+                    if last_kept is not None:
+                        before[id(t)] = last_kept
                     keep = keep_gap if keep_gap is not None else t.kind in CPU_KINDS
                     if keep:
                         carry += t.gap
@@ -223,16 +230,14 @@ class TaskGraph:
                 t.gap += carry
                 carry = 0.0
                 kept.append(t)
+                last_kept = t
             self.resources[r] = kept
         for lst in self.resources.values():
             for t in lst:
                 if any(id(d.task) in doomed for d in t.deps):
-                    t.deps = _inherit(t.deps, doomed)
+                    t.deps = _inherit(t.deps, doomed, before)
                 if any(id(d.task) in doomed for d in t.waits):
-                    t.waits = _inherit(t.waits, doomed)
-        for it in self.iterations:
-            if id(it.begin) in doomed or id(it.end) in doomed:
-                raise ValueError("remove: an iteration marker cannot be removed")
+                    t.waits = _inherit(t.waits, doomed, before)
 
     def schedule(self, resource: str, key: Callable[[Task], object]) -> None:
         """From now on `resource` runs, among its ready tasks, the one with the smallest key first
@@ -258,13 +263,19 @@ def _index(lst: list[Task], t: Task) -> int:
     raise ValueError(f"{t!r} is not on resource {t.resource}")
 
 
-def _inherit(deps: list[Dep], doomed: dict[int, Task]) -> list[Dep]:
+def _inherit(deps: list[Dep], doomed: dict[int, Task], before: dict[int, Task]) -> list[Dep]:
+    """Replace each dependency on a removed task by what that task itself waited for: its own
+    dependencies and the task before it on its resource (a sync that waited on a removed kernel
+    still waits for the kernels queued ahead of it)."""
     out, seen, stack = [], set(), list(deps)
     while stack:
         d = stack.pop()
         if id(d.task) in doomed:
             for dd in d.task.deps:
                 stack.append(Dep(dd.task, dd.kind, d.lag + dd.lag, dd.anchor))
+            prev = before.get(id(d.task))
+            if prev is not None:
+                stack.append(Dep(prev, d.kind, d.lag, "end"))
             continue
         key = (id(d.task), d.anchor)
         if key not in seen:
@@ -346,7 +357,7 @@ def simulate(g: TaskGraph) -> float:
         nonlocal ended
         end = t.start + t.dur
         for d in t.waits:
-            w = d.task.end + d.lag
+            w = (d.task.start if d.anchor == "start" else d.task.end) + d.lag
             if w > end:
                 end = w
         t.end = end

@@ -70,7 +70,7 @@ def read_trace_json(path: str | Path) -> dict:
     except UnicodeDecodeError:
         raise TraceError(f"{path}: not a text JSON file (or a gzip of one)") from None
     except json.JSONDecodeError as e:
-        hint = " (the file looks truncated)" if e.pos >= len(raw) - 2 else ""
+        hint = " (the file looks truncated)" if e.pos >= len(raw) - 2 or "Unterminated" in e.msg else ""
         raise TraceError(f"{path}: not valid JSON at line {e.lineno} column {e.colno}: {e.msg}{hint}") from None
     if isinstance(data, list):  # the bare-array Chrome trace form
         data = {"traceEvents": data}
@@ -205,7 +205,10 @@ def build_graph(data: dict, where: str = "trace", iterations: str | None = None)
         # markers sort around calls at the same instant: step begin, begins, calls, ends, step end
         leaves.sort(key=lambda L: (L.ts, L.rank))
         res = f"cpu:{k[0]}/{k[1]}"
-        stacks = _op_stacks(cpu_ops.get(k, []), [L.ts + (L.end - L.ts) / 2 for L in leaves], t0)
+        # a call's ops: those open at its middle; a marker's: those open just before its instant,
+        # so a span's begin marker is outside it and its end marker inside it
+        stacks = _op_stacks(cpu_ops.get(k, []), [L.ts - 1e-6 if L.kind == "marker" else (L.ts + L.end) / 2
+                                                 for L in leaves], t0)
         tasks = []
         for L, ops in zip(leaves, stacks):
             kind = L.kind
@@ -297,25 +300,28 @@ def _op_stacks(ops: list[dict], points: list[float], t0: float) -> list[tuple[st
 
 
 def _flow_key(e: dict):
-    return (e.get("pid"), e.get("tid"), e.get("ts"))
+    """A GPU event's identity as flow ends name it (a stream's tid as "stream 7" or 7)."""
+    return (str(e.get("pid")), str(e.get("tid")).replace("stream ", ""), e.get("ts"))
 
 
 def _flow_links(flows_s, flows_f, cpu_tasks_by_thread, t0) -> dict:
     """GPU event (pid, tid, ts) → launching CPU task, from flow start/finish pairs."""
     out = {}
+    # the 2021 schema writes a flow's tid as an int and the runtime event's as a string
+    norm = {(str(k[0]), str(k[1])): k for k in cpu_tasks_by_thread}
     starts_by_thread = {k: [t.ts for t in v] for k, v in cpu_tasks_by_thread.items()}
     for fid, f in flows_f.items():
         s = flows_s.get(fid)
         if s is None:
             continue
-        k = (s.get("pid"), s.get("tid"))
+        k = norm.get((str(s.get("pid")), str(s.get("tid"))))
         tasks = cpu_tasks_by_thread.get(k)
         if not tasks or not isinstance(s.get("ts"), (int, float)):
             continue
         a = float(s["ts"]) - t0
         i = bisect.bisect_right(starts_by_thread[k], a) - 1
         if i >= 0 and tasks[i].ts <= a <= tasks[i].ts + tasks[i].dur + 1e-6:
-            out[(f.get("pid"), f.get("tid"), f.get("ts"))] = tasks[i]
+            out[_flow_key(f)] = tasks[i]
     return out
 
 
@@ -472,25 +478,29 @@ def _fit_gaps_and_lags(g, streams, cpu_threads) -> None:
                 else:
                     d.lag += s - m
             prev = t
+    # CPU threads. Recorded ends are taken before any call is cut down below, so a cpu-cpu lag
+    # does not depend on which thread is fitted first.
+    rec_end = {id(t): t.ts + t.dur for tasks in cpu_threads.values() for t in tasks}
     for tasks in cpu_threads.values():
         prev_end = 0.0
         for t in tasks:
-            s = t.ts
+            s, end = t.ts, rec_end[id(t)]
             t.gap = max(0.0, s - prev_end)
             for d in t.deps:  # cpu-cpu: the wake-up binds; own work after it is at most that lag
-                d.lag = max(0.0, s - (d.task.ts + d.task.dur))
+                d.lag = max(0.0, s - rec_end[id(d.task)])
                 t.gap = min(t.gap, d.lag)
-            end = s + t.dur
             if t.waits:
                 w = max(d.task.ts + d.task.dur for d in t.waits)
                 for d in t.waits:
                     d.lag = 0.0
-                if w > s:   # it blocked: the call's own cost is what is left after the GPU finished
-                    tail = max(0.0, end - w)
+                if w > s:
+                    # It blocked (a synchronize, a pageable copy): its own cost is what is left after
+                    # the GPU finished. GPU clocks may put that end a hair after the call's end, so
+                    # the lag may be slightly negative: the replay still ends the call when recorded.
+                    tail = end - w
                     for d in t.waits:
                         d.lag = tail
-                    if t.kind == "sync":
-                        t.dur = min(t.dur, tail)
+                    t.dur = min(t.dur, max(0.0, tail))
             prev_end = end
 
 

@@ -27,7 +27,7 @@ from typing import Callable
 
 from ..errors import DlccError
 from .graph import CPU_KINDS, Dep, Task, TaskGraph
-from .kernelclass import is_half_precision
+from .kernelclass import is_half_precision, is_memory_bound_class
 
 
 class WhatIfError(DlccError):
@@ -78,7 +78,12 @@ class WhatIfCall:
             raise
         except Exception as e:  # a user's what-if: show where in their file it broke
             tb = traceback.extract_tb(e.__traceback__)
-            where = next((f"{f.filename}:{f.lineno}" for f in reversed(tb)), "?")
+            try:
+                own = inspect.getsourcefile(self.what.fn)
+            except TypeError:
+                own = None
+            frames = [f for f in tb if f.filename == own] or list(tb)
+            where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
             raise WhatIfError(f"what-if {self.spec!r} failed at {where}: {type(e).__name__}: {e}") from None
         return h
 
@@ -289,7 +294,9 @@ def fused_optimizer(g: TaskGraph, pattern: str = r"Optimizer\.step"):
 
 
 def _chain_breaker(t: Task) -> bool:
-    return t.kind != "kernel" or t.args.get("class") in ("gemm", "comm")
+    """Only memory-bound kernels (elementwise, reductions) chain; compute, collectives, copies and
+    unclassified kernels (cuDNN helpers) end a chain."""
+    return t.kind != "kernel" or not is_memory_bound_class(t.args.get("class"))
 
 
 @whatif("fuse-elementwise", help="elementwise fusion: each chain of memory-bound kernels between compute kernels on a "

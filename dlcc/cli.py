@@ -293,7 +293,8 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
 def estimate(model: Optional[Path] = typer.Argument(None, help="ONNX model (plan mode); leave out with --trace"),
              trace: Optional[Path] = typer.Option(None, "--trace", help="PyTorch profiler (Kineto) trace, .json or .json.gz (trace mode)"),
              what_if: Optional[List[str]] = typer.Option(None, "--what-if", "-w", help="what-if to predict (repeatable): "
-                                                         "NAME, NAME=VALUE or NAME:KEY=VALUE,...; see `dlcc list what-ifs`"),
+                                                         "NAME, NAME=VALUE or NAME:KEY=VALUE,...; see `dlcc list what-ifs`. "
+                                                         "In plan mode they apply to the best plan"),
              what_if_file: Optional[List[Path]] = typer.Option(None, "--what-if-file", help="Python file defining what-ifs "
                                                                 "with @whatif (all of them are predicted)"),
              steps: Optional[str] = typer.Option(None, "--steps", help="only iterations N..M (ProfilerStep numbers)"),
@@ -330,8 +331,11 @@ def estimate(model: Optional[Path] = typer.Argument(None, help="ONNX model (plan
         return
     from .estimate.plan_mode import estimate_plan
 
+    if steps or iterations:
+        raise _E("--steps and --iterations select iterations of a trace; plan mode has one inference")
     res = estimate_plan(model, shapes=shape or [], device=device or "h100", pipelines=pipeline or None,
-                        profile_db=profile_db, steps=log)
+                        profile_db=profile_db, steps=log, extra_what_ifs=what_if or [],
+                        what_if_files=[str(f) for f in what_if_file or []])
     if timeline:
         from .estimate.timeline import write_timeline
 
@@ -427,7 +431,7 @@ def _print_plan_estimate(d: dict, timeline) -> None:
                   f"{p['lower_bound_ms'] * 1e3:.2f}", f"{p['predicted_ms'] / p['lower_bound_ms']:.1f}x" if p["lower_bound_ms"] else "-")
     out.print(t)
     if d.get("what_ifs"):
-        w = Table(title=f"what the unbuilt passes should buy (what-ifs on {_escape(d['pipelines'][0]['name'])})")
+        w = Table(title=f"what-ifs on {_escape(d['pipelines'][0]['name'])} (the AStitch and Rammer estimates say what those passes should buy)")
         for c in ("what-if", "predicted µs", "launches", "speedup", "what it models"):
             w.add_column(c, justify="left" if c in ("what-if", "what it models") else "right")
         for x in d["what_ifs"]:

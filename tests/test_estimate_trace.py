@@ -1020,11 +1020,11 @@ def test_parse_errors():
     assert "unknown what-if 'warp-speed'" in msg and all(n in msg for n in BUILTINS)
     with pytest.raises(WhatIfError, match=r"factor='fast' is not a float"):
         parse("gpu-speed=fast")
-    with pytest.raises(WhatIfError, match=r"workers='2.5' is not a int"):
+    with pytest.raises(WhatIfError, match=r"workers='2.5' is not an int"):
         parse("dataloader:workers=2.5")
     with pytest.raises(WhatIfError, match=r"has no parameter 'turbo'; it takes: amp:compute=3.0,memory=2.0"):
         parse("amp:turbo=1")
-    with pytest.raises(WhatIfError, match=r"'gpu-speed' needs factor; write gpu-speed:factor"):
+    with pytest.raises(WhatIfError, match=r"'gpu-speed' needs factor; write gpu-speed=FACTOR"):
         parse("gpu-speed")
     with pytest.raises(WhatIfError, match=r"'scale' needs pattern, factor"):
         parse("scale")

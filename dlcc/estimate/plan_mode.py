@@ -99,12 +99,22 @@ def lower_bound_us(plan: dict, device) -> float:
 
 
 def estimate_plan(model, shapes=(), device: str = "h100", pipelines: list[str] | None = None,
-                  profile_db: str | Path | None = None, steps=None, what_ifs: bool = True) -> PlanEstimate:
+                  profile_db: str | Path | None = None, steps=None, what_ifs: bool = True,
+                  extra_what_ifs: list[str] = (), what_if_files: list[str] = ()) -> PlanEstimate:
+    """Rank `pipelines` (default: every built-in one) by predicted latency on `device`. With
+    `what_ifs`, also apply the AStitch and Rammer estimates, plus `extra_what_ifs` (specs, as in
+    trace mode; those defined in `what_if_files` too) to the best plan."""
     from ..api import _merge_shapes
     from ..compiler import compile_model, import_checked
     from ..progress import Steps
 
+    from .whatif import load_file, parse
+
     steps = steps or Steps()
+    specs = list(extra_what_ifs)
+    for f in what_if_files:
+        specs += [n for n in load_file(f) if n not in specs]
+    calls = [parse(x) for x in specs]  # bad specs fail before any work
     dev = load_device(device)
     specs = [load_pipeline(p) for p in (pipelines or default_pipelines())]  # bad names fail before work
     names = [s.name for s in specs]
@@ -128,13 +138,11 @@ def estimate_plan(model, shapes=(), device: str = "h100", pipelines: list[str] |
         for t in p.graph.select(kind="kernel"):
             est.sources[t.args["source"]] = est.sources.get(t.args["source"], 0) + 1
     if what_ifs:
-        from .whatif import WHATIFS
-
-        for name in ("stitch-memory-bound", "co-schedule"):
-            with steps.step(f"what-if {name}"):
-                h = est.best.graph.copy()
-                WHATIFS[name].fn(h)
-                est.what_ifs.append((name, h, h.simulate(), WHATIFS[name].help))
+        calls = [parse(n) for n in ("stitch-memory-bound", "co-schedule") if n not in specs] + calls
+    for call in calls:
+        with steps.step(f"what-if {call.spec}"):
+            h = call.apply(est.best.graph)
+            est.what_ifs.append((call.spec, h, h.simulate(), call.what.help))
     return est
 
 

@@ -46,6 +46,12 @@ class WhatIf:
         return {p.name: p for p in ps}
 
     def signature(self) -> str:
+        """How to write it on the command line, with the defaults."""
+        if self.name == "scale":
+            return "scale:REGEX=FACTOR"
+        ps = self.params()
+        if len(ps) == 1 and next(iter(ps.values())).default is inspect.Parameter.empty:
+            return f"{self.name}={next(iter(ps)).upper()}"
         parts = []
         for n, p in self.params().items():
             parts.append(n if p.default is inspect.Parameter.empty else f"{n}={p.default}")
@@ -140,7 +146,7 @@ def _convert(name, key, value, p: inspect.Parameter):
             return str(value).lower() in ("1", "true", "yes", "on")
         return typ(value)
     except (TypeError, ValueError):
-        raise WhatIfError(f"what-if {name!r}: {key}={value!r} is not a {typ.__name__}") from None
+        raise WhatIfError(f"what-if {name!r}: {key}={value!r} is not {'an' if typ is int else 'a'} {typ.__name__}") from None
 
 
 def load_file(path: str | Path) -> list[str]:
@@ -227,8 +233,8 @@ DATALOADER_CPU_SLOWDOWN = 1.3
 @whatif("dataloader", help="DataLoader workers: data loading moved to `workers` DataLoader worker processes that "
                            "prefetch 2 batches each: the training loop only takes a ready batch "
                            "(`handoff` µs) unless the workers fall behind; the loop's own CPU work "
-                           "runs `slowdown`x slower while workers share the host (1.3 measured on "
-                           "the V100 traces)")
+                           "runs `slowdown`x slower while workers share the host (1.3, from the "
+                           "V100 traces)")
 def dataloader(g: TaskGraph, workers: int = 4, slowdown: float = DATALOADER_CPU_SLOWDOWN,
                handoff: float = 500.0, pattern: str = r"DataLoader"):
     if workers < 1:

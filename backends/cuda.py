@@ -88,6 +88,15 @@ class CudaRuntime:
     def finish(self) -> None:
         self.drv.Context.synchronize()
 
+    def time_launch(self, kernel, grid: int, block: int, args: list) -> float:
+        """One launch timed on the device with CUDA events, in µs; used by `dlcc profile`."""
+        start, stop = self.drv.Event(), self.drv.Event()
+        start.record()
+        self.launch(kernel, grid, block, args)
+        stop.record()
+        stop.synchronize()
+        return start.time_till(stop) * 1e3
+
     def timer(self):
         """(start, stop) CUDA events for timing a run on the device."""
         return self.drv.Event(), self.drv.Event()

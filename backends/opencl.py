@@ -102,3 +102,14 @@ class OpenCLRuntime:
 
     def finish(self) -> None:
         self.queue.finish()
+
+    def time_launch(self, kernel, grid: int, block: int, args: list) -> float:
+        """One launch timed on the device (OpenCL profiling events), in µs; used by `dlcc profile`."""
+        if getattr(self, "_prof_queue", None) is None:
+            self._prof_queue = self.cl.CommandQueue(
+                self.ctx, properties=self.cl.command_queue_properties.PROFILING_ENABLE)
+        self.queue.finish()
+        kernel.set_args(*[np.int32(a) if isinstance(a, int) else a for a in args])
+        ev = self.cl.enqueue_nd_range_kernel(self._prof_queue, kernel, (grid * block,), (block,))
+        ev.wait()
+        return (ev.profile.end - ev.profile.start) / 1e3

@@ -215,3 +215,22 @@ def test_plan_what_if_on_a_trace_is_refused():
 
     with pytest.raises(DlccError, match="dlcc plans"):
         WHATIFS["co-schedule"].fn(TaskGraph())
+
+
+def test_example_what_if_file_in_plan_mode(capsys):
+    """examples/my_whatif.py (the README's example) loads, and its parameters work in plan mode."""
+    code, out, err = run_cli(capsys, "estimate", str(MODEL), "-p", "baseline", "--what-if-file",
+                             str(ROOT / "examples" / "my_whatif.py"), "-w", "fast-attention:pattern=Conv,factor=2", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    w = {x["name"]: x for x in d["what_ifs"]}
+    assert "fast-attention:pattern=Conv,factor=2" in w
+    assert w["fast-attention:pattern=Conv,factor=2"]["predicted_ms"] < d["pipelines"][0]["predicted_ms"]
+
+
+def test_list_what_ifs(capsys):
+    code, out, err = run_cli(capsys, "list", "what-ifs", "--json")
+    assert code == 0, err
+    names = {r["what-if"].split(":")[0].split("=")[0] for r in json.loads(out)}
+    assert names >= {"amp", "scale", "gpu-speed", "no-launch-overhead", "dataloader", "fused-optimizer",
+                     "fuse-elementwise", "ddp", "stitch-memory-bound", "co-schedule"}

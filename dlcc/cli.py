@@ -299,7 +299,7 @@ def estimate(model: Optional[Path] = typer.Argument(None, help="ONNX model (plan
                                                                 "with @whatif (all of them are predicted)"),
              steps: Optional[str] = typer.Option(None, "--steps", help="only iterations N..M (ProfilerStep numbers)"),
              iterations: Optional[str] = typer.Option(None, "--iterations", help="regex of an annotation whose starts delimit "
-                                                      "iterations, for traces without ProfilerStep#N"),
+                                                      "iterations (one match: its own span), for traces without ProfilerStep#N"),
              timeline: Optional[Path] = typer.Option(None, "--timeline", help="write the simulated timelines as Chrome-trace JSON"),
              shape: Optional[List[str]] = ShapeOpt,
              device: Optional[str] = typer.Option(None, "--device", "-d", help="plan mode: device name or YAML (default h100)"),

@@ -234,3 +234,31 @@ def test_list_what_ifs(capsys):
     names = {r["what-if"].split(":")[0].split("=")[0] for r in json.loads(out)}
     assert names >= {"amp", "scale", "gpu-speed", "no-launch-overhead", "dataloader", "fused-optimizer",
                      "fuse-elementwise", "ddp", "stitch-memory-bound", "co-schedule"}
+
+
+def _script(name, *args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_estimate_accuracy_script_on_the_kept_traces():
+    """scripts/estimate_accuracy.py runs, and its targets hold on the two V100 traces in the repo."""
+    r = _script("estimate_accuracy.py", "--traces", str(ROOT / "tests" / "data" / "traces"), "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["ok"] and len(d["loads"]) == 2 and len(d["dataloader"]) == 1
+    assert abs(d["dataloader"][0]["dataloader"]["error_pct"]) <= 8.0
+
+
+def test_plan_accuracy_script_smoke():
+    pytest.importorskip("pyopencl")
+    r = _script("plan_accuracy.py", "--models", "resnet-tiny", "--repeat", "2", "--json")
+    if r.returncode != 0 and "OpenCL" in r.stderr:
+        pytest.skip("no OpenCL device here")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    (row,) = d["rows"]
+    assert row["launches"] == 16 and row["measured_us"] > 0 and row["predicted_profile_us"] > 0

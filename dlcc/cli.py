@@ -396,20 +396,21 @@ def _print_trace_estimate(d: dict, timeline) -> None:
     deps = ", ".join(f"{k} {v}" for k, v in d["dependencies"].items() if v)
     out.print(f"[dim]dependencies: {deps}[/]")
     its = d["iterations"]
-    shown = its[:max(0, min(12, (out.width - 52) // 10))]
+    shown = its[:max(0, min(12, (out.width - 62) // 10))]
     t = Table(title="iteration times (ms): measured, simulated baseline, and each what-if")
     t.add_column("scenario", overflow="fold")
     t.add_column("mean", justify="right")
     t.add_column("speedup", justify="right")
+    t.add_column("GPU busy", justify="right")
     for r in shown:
         t.add_column(_escape(r["iteration"].replace("ProfilerStep", "step")), justify="right")
-    t.add_row("measured", f"{d['measured_ms']:.2f}", "", *[f"{r['measured_ms']:.2f}" for r in shown])
+    t.add_row("measured", f"{d['measured_ms']:.2f}", "", "", *[f"{r['measured_ms']:.2f}" for r in shown])
     t.add_row(f"baseline (replay, {d['replay_error_pct']:+.2f}%)", f"{d['baseline_ms']:.2f}", "1.00x",
-              *[f"{r['baseline_ms']:.2f}" for r in shown])
+              f"{100 * d['gpu_busy']:.0f}%", *[f"{r['baseline_ms']:.2f}" for r in shown])
     if d["what_ifs"]:
         t.add_section()
     for w in sorted(d["what_ifs"], key=lambda w: w["predicted_ms"]):
-        t.add_row(_escape(w["name"]), f"{w['predicted_ms']:.2f}", f"{w['speedup']:.2f}x",
+        t.add_row(_escape(w["name"]), f"{w['predicted_ms']:.2f}", f"{w['speedup']:.2f}x", f"{100 * w['gpu_busy']:.0f}%",
                   *[f"{r['what_ifs'][w['name']]:.2f}" for r in shown])
     out.print(t)
     if len(its) > len(shown):

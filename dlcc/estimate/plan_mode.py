@@ -142,7 +142,7 @@ def estimate_plan(model, shapes=(), device: str = "h100", pipelines: list[str] |
     for call in calls:
         with steps.step(f"what-if {call.spec}"):
             h = call.apply(est.best.graph)
-            est.what_ifs.append((call.spec, h, h.simulate(), call.what.help))
+            est.what_ifs.append((call.spec, h, h.simulate(), call.help))
     return est
 
 

@@ -36,6 +36,30 @@ def edge_counts(g: TaskGraph) -> dict[str, int]:
     return counts
 
 
+def gpu_busy(g: TaskGraph, its) -> float:
+    """Fraction of the iterations' time in which some GPU task ran (the union over streams): low
+    means the step is bound by the CPU, and a faster GPU buys little."""
+    spans = sorted((t.start, t.end) for r, ts in g.resources.items() if r.startswith("gpu") for t in ts)
+    total = busy = 0.0
+    for it in its:
+        a, b = it.begin.start, it.end.start
+        total += b - a
+        cur_s = cur_e = None
+        for s, e in spans:  # union of the spans clipped to [a, b]
+            s, e = max(s, a), min(e, b)
+            if e <= s:
+                continue
+            if cur_e is None or s > cur_e:
+                if cur_e is not None:
+                    busy += cur_e - cur_s
+                cur_s, cur_e = s, e
+            else:
+                cur_e = max(cur_e, e)
+        if cur_e is not None:
+            busy += cur_e - cur_s
+    return busy / total if total else 0.0
+
+
 @dataclass
 class TraceEstimate:
     trace: str
@@ -63,15 +87,15 @@ class TraceEstimate:
         measured = statistics.mean(r["measured_ms"] for r in rows)
         baseline = statistics.mean(r["baseline_ms"] for r in rows)
         wis = []
-        for call, _ in self.what_ifs:
+        for call, h in self.what_ifs:
             p = statistics.mean(r["what_ifs"][call.spec] for r in rows)
             wis.append({"name": call.spec, "predicted_ms": p, "speedup": baseline / p if p else None,
-                        "help": call.what.help})
+                        "gpu_busy": gpu_busy(h, self.iterations(h)), "help": call.help})
         g = self.graph
         return {"trace": self.trace, "device": g.meta.get("device"), "schema": g.meta.get("schema"),
                 "tasks": len(g), "resources": sorted(g.resources), "dependencies": edge_counts(g),
                 "iteration_source": g.meta.get("iteration_source"),
-                "measured_ms": measured, "baseline_ms": baseline,
+                "measured_ms": measured, "baseline_ms": baseline, "gpu_busy": gpu_busy(g, base),
                 "replay_error_pct": 100.0 * (baseline - measured) / measured,
                 "iterations": rows, "what_ifs": wis}
 

@@ -21,7 +21,7 @@ import inspect
 import re
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -72,12 +72,26 @@ def whatif(name: str, help: str = "") -> Callable:
 
 @dataclass
 class WhatIfCall:
+    """One what-if with its parameters; ``then`` chains more, applied in order (``amp+no-launch-overhead``)."""
+
     spec: str
     what: WhatIf
     params: dict
+    then: list["WhatIfCall"] = field(default_factory=list)
+
+    @property
+    def help(self) -> str:
+        if not self.then:
+            return self.what.help
+        return " + ".join(c.what.help.split(":")[0] for c in [self] + self.then) + " (applied in this order)"
 
     def apply(self, g: TaskGraph) -> TaskGraph:
         h = g.copy()
+        for call in [self] + self.then:
+            call._run(h)
+        return h
+
+    def _run(self, h: TaskGraph) -> None:
         try:
             self.what.fn(h, **self.params)
         except DlccError:
@@ -91,12 +105,39 @@ class WhatIfCall:
             frames = [f for f in tb if f.filename == own] or list(tb)
             where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
             raise WhatIfError(f"what-if {self.spec!r} failed at {where}: {type(e).__name__}: {e}") from None
-        return h
+
+
+def _split_combined(spec: str) -> list[str]:
+    """``a+b:x=1+c`` → its parts; a ``+`` splits only where a registered what-if's name follows, so
+    a regex in ``scale:REGEX=F`` may still contain ``+``."""
+    parts, cur = [], ""
+    i = 0
+    while i < len(spec):
+        if spec[i] == "+":
+            rest = spec[i + 1:]
+            m = re.match(r"[\w.-]+", rest)
+            if m and m.group(0) in WHATIFS and (len(rest) == m.end() or rest[m.end()] in ":=+"):
+                parts.append(cur)
+                cur = ""
+                i += 1
+                continue
+        cur += spec[i]
+        i += 1
+    parts.append(cur)
+    return parts
 
 
 def parse(spec: str) -> WhatIfCall:
     """``name``, ``name=value`` or ``name:key=value,key=value`` (``scale:REGEX=FACTOR`` is special:
-    the regex may contain anything, the factor follows its last ``=``)."""
+    the regex may contain anything, the factor follows its last ``=``). ``a+b`` applies a, then b."""
+    parts = _split_combined(spec.strip())
+    if len(parts) > 1:
+        calls = [_parse_one(p) for p in parts]
+        return WhatIfCall(spec.strip(), calls[0].what, calls[0].params, calls[1:])
+    return _parse_one(spec)
+
+
+def _parse_one(spec: str) -> WhatIfCall:
     spec = spec.strip()
     name, _, rest = spec.partition(":")
     value = None

@@ -1312,3 +1312,32 @@ def test_cli_estimate_bad_input(tmp_path, capsys, argv, msg):
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and msg in lines[0], err
     assert "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. Combined what-ifs and the GPU-busy share
+# ---------------------------------------------------------------------------------------------
+
+def test_combined_what_if_is_the_sequence():
+    g = basic_trace().graph()
+    both = parse("gpu-speed=2+no-launch-overhead").apply(g)
+    seq = parse("no-launch-overhead").apply(parse("gpu-speed=2").apply(g))
+    both.simulate()
+    seq.simulate()
+    assert [i.simulated_us for i in both.iterations] == [i.simulated_us for i in seq.iterations]
+    assert parse("gpu-speed=2+no-launch-overhead").help.endswith("(applied in this order)")
+    # a '+' inside scale's regex does not split
+    c = parse("scale:GEMM+x=0.5")
+    assert not c.then and c.params == {"pattern": "GEMM+x", "factor": 0.5}
+    with pytest.raises(WhatIfError, match=r"unknown what-if 'amp\+nope'"):
+        parse("amp+nope")
+
+
+def test_gpu_busy_share_by_hand():
+    """Step 1 (0..200): K1 35..85 and K2 87..107 run: 70 µs busy; step 2 (200..400): K3 10 µs.
+    Busy share = 80 / 400."""
+    from dlcc.estimate.trace_mode import gpu_busy
+
+    g = basic_trace().graph()
+    g.simulate()
+    assert gpu_busy(g, g.iterations) == pytest.approx(80 / 400)

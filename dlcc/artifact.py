@@ -11,8 +11,26 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import contextlib
+
 from .backends.source import DIALECTS, file_name, render
 from .errors import DlccError
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "w"):
+    """Open a temp file beside `path` for writing; it replaces `path` only if the block succeeds,
+    so a reader never sees half a file and a failure keeps the old one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent or "."))
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
 
 LAUNCHER = '''#!/usr/bin/env python3
 """Run this compiled dlcc artifact: python launcher.py [--inputs in.npz] [--outputs out.npz] [--target auto]"""

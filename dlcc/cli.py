@@ -452,20 +452,13 @@ def _load_inputs(path: Path) -> dict:
 
 
 def _atomic_npz(path: Path, arrays: dict) -> None:
-    import os
-    import tempfile
+    from .artifact import atomic_file
 
     path = Path(path)
     if not path.resolve().parent.is_dir():
         raise DlccError(f"{path}: the directory {path.resolve().parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_file(path, "wb") as f:
+        np.savez(f, **arrays)
 
 
 def main(argv: list[str] | None = None) -> None:

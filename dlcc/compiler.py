@@ -1,6 +1,7 @@
 """The compile driver: import → supported-op check → passes from the pipeline YAML → plan + sources."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from dataclasses import dataclass
@@ -55,6 +56,14 @@ def default_device(target: str) -> str:
 
 
 def _file_digest(path) -> str:
+    """sha256[:16] of the model file, memoized by (path, size, mtime): `dlcc estimate` and
+    `--pipeline auto` compile one model several times, and BERT-base is 440 MB to hash."""
+    st = os.stat(path)
+    return _digest_of(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=32)
+def _digest_of(path: str, size: int, mtime_ns: int) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

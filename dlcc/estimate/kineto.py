@@ -218,7 +218,7 @@ def build_graph(data: dict, where: str = "trace", iterations: str | None = None)
                      args={"correlation": L.corrs} if L.corrs else {})
             for c in L.corrs:
                 corr_owner[c] = t
-            if kind == "marker" and (L.name.startswith("begin ") or L.name.startswith("end ")):
+            if kind == "marker":
                 step_marker[L.name] = t
             tasks.append(t)
         cpu_tasks_by_thread[k] = tasks
@@ -276,7 +276,6 @@ def _op_stacks(ops: list[dict], points: list[float], t0: float) -> list[tuple[st
     """For each time point, the names of the ops/annotations open at that time (outermost first)."""
     spans = sorted(((float(e["ts"]) - t0, float(e["ts"]) - t0 + float(e["dur"]), e.get("name", "?")) for e in ops),
                    key=lambda s: (s[0], -s[1]))
-    out: list[tuple[str, ...]] = []
     stack: list[tuple[float, str]] = []
     cache: dict = {}
     j = 0
@@ -295,8 +294,7 @@ def _op_stacks(ops: list[dict], points: list[float], t0: float) -> list[tuple[st
         # spans that closed below the top (not properly nested) are dropped lazily
         names = tuple(n for b, n in stack if b >= p)
         res[i] = cache.setdefault(names, names)
-    out = res
-    return out
+    return res
 
 
 def _flow_key(e: dict):
@@ -362,19 +360,20 @@ def _add_syncs(g, cpu_threads, streams) -> None:
     copy finished inside it (a pageable or synchronous memcpy) ends after that copy."""
     launched = sorted(((d.task.ts, t) for ts in streams.values() for t in ts for d in t.deps if d.kind == "launch"),
                       key=lambda x: x[0])
-    launch_times = [x[0] for x in launched]
+    syncs = sorted((t for tasks in cpu_threads.values() for t in tasks if t.kind == "sync"), key=lambda t: t.ts)
+    # one sweep in time: the last GPU task per stream launched before each synchronize call
+    last: dict[str, Task] = {}
+    k = 0
+    for t in syncs:
+        while k < len(launched) and launched[k][0] < t.ts:
+            last[launched[k][1].resource] = launched[k][1]
+            k += 1
+        for x in last.values():  # only what had ended by the call's end can have held it
+            if x.ts + x.dur <= t.ts + t.dur + 1.0:
+                t.waits.append(Dep(x, "sync", 0.0))
     for tasks in cpu_threads.values():
         for t in tasks:
             end = t.ts + t.dur
-            if t.kind == "sync":
-                # last GPU task per stream launched before the call, that had ended by the call's end
-                i = bisect.bisect_left(launch_times, t.ts)
-                last: dict[str, Task] = {}
-                for _, x in launched[:i][-4096:]:
-                    last[x.resource] = x
-                for x in last.values():
-                    if x.ts + x.dur <= end + 1.0:
-                        t.waits.append(Dep(x, "sync", 0.0))
             for x in t.args.get("launches", ()):
                 if x.kind == "memcpy" and x.ts + x.dur <= end + 1.0 and x.ts + x.dur > t.ts:
                     t.waits.append(Dep(x, "sync", 0.0))

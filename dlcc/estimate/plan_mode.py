@@ -123,11 +123,12 @@ def estimate_plan(model, shapes=(), device: str = "h100", pipelines: list[str] |
         raise DlccError(f"pipelines must have distinct names; given twice: {', '.join(sorted(dup))}")
     db = ProfileDB.load(profile_db) if profile_db else None
     with steps.step("import + fold + infer shapes"):
-        graph = import_checked(model, _merge_shapes(shapes))
+        shapes = _merge_shapes(shapes)
+        graph = import_checked(model, shapes)
     results = []
     for spec in specs:
         with steps.step(f"compile + simulate pipeline {spec.name}"):
-            res = compile_model(model, _merge_shapes(shapes), target="opencl", pipeline=spec, device=dev,
+            res = compile_model(model, shapes, target="opencl", pipeline=spec, device=dev,
                                 imported=copy.deepcopy(graph))
             g = plan_graph(res.plan, dev, db, name=spec.name)
             t = g.simulate()

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -120,21 +119,12 @@ class ProfileDB:
 
     def save(self, path: str | os.PathLike) -> None:
         path = Path(path)
-        data = {"format": FORMAT, "version": VERSION, "entries": [
-            {"device": d, "kernel": k, "grid": list(g), "block": list(b), **v}
-            for (d, k, g, b), v in sorted(self._entries.items())]}
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=1)
-                f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        from ..artifact import atomic_file
+
+        data = {"format": FORMAT, "version": VERSION, "entries": self.entries()}
+        with atomic_file(path) as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
         self.name = path.name
 
     # -- queries -----------------------------------------------------------------------------

@@ -7,10 +7,9 @@ iterations appear as spans on an "iterations" row.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
+from ..artifact import atomic_file
 from .graph import TaskGraph
 
 
@@ -44,15 +43,7 @@ def chrome_events(scenarios: list[tuple[str, TaskGraph]]) -> list[dict]:
 
 def write_timeline(path: str | Path, scenarios: list[tuple[str, TaskGraph]]) -> None:
     """Write atomically: a reader never sees half a file, and a failure keeps the old one."""
-    path = Path(path)
     doc = {"traceEvents": chrome_events(scenarios), "displayTimeUnit": "ms",
            "otherData": {"producer": "dlcc estimate", "time_unit": "us"}}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent or "."))
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, separators=(",", ":"))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_file(path) as f:
+        json.dump(doc, f, separators=(",", ":"))

@@ -88,6 +88,22 @@ class CudaRuntime:
     def finish(self) -> None:
         self.drv.Context.synchronize()
 
+    def resident_blocks(self, kernel, block: int, smem_bytes: int = 0) -> int:
+        """Blocks of `kernel` the GPU holds at once: SMs × the occupancy from the compiled
+        function's own registers and shared memory (what a cooperative launch would check)."""
+        a = self.drv.function_attribute
+        d = self.drv.device_attribute
+        regs = kernel.get_attribute(a.NUM_REGS)
+        smem = kernel.get_attribute(a.SHARED_SIZE_BYTES)
+        if block > kernel.get_attribute(a.MAX_THREADS_PER_BLOCK):
+            return 0
+        sms = self.dev.get_attribute(d.MULTIPROCESSOR_COUNT)
+        warps = -(-block // 32)
+        by_regs = self.dev.get_attribute(d.MAX_REGISTERS_PER_MULTIPROCESSOR) // max(1, -(-max(regs, 1) * 32 // 256) * 256 * warps)
+        by_threads = self.dev.get_attribute(d.MAX_THREADS_PER_MULTIPROCESSOR) // block
+        by_smem = self.dev.get_attribute(d.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) // smem if smem else by_threads
+        return sms * max(0, min(by_regs, by_threads, by_smem, 32))
+
     def time_launch(self, kernel, grid: int, block: int, args: list) -> float:
         """One launch timed on the device with CUDA events, in µs; used by `dlcc profile`."""
         start, stop = self.drv.Event(), self.drv.Event()

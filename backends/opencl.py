@@ -103,6 +103,22 @@ class OpenCLRuntime:
     def finish(self) -> None:
         self.queue.finish()
 
+    def resident_blocks(self, kernel, block: int, smem_bytes: int = 0) -> int:
+        """Work-groups that run at the same time. PoCL's CPU device runs one work-group per worker
+        thread (POCL_MAX_PTHREAD_COUNT, else one per core), so a spin-waiting grid larger than
+        that hangs (DESIGN.md §3). Other OpenCL devices: one work-group per compute unit."""
+        import os
+
+        cl = self.cl
+        if block > kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device):
+            return 0
+        cus = int(self.device.max_compute_units)
+        if self.is_cpu():
+            env = os.environ.get("POCL_MAX_PTHREAD_COUNT") or os.environ.get("POCL_MAX_CPU_CU_COUNT")
+            if env and env.isdigit():
+                return max(1, min(cus, int(env)))
+        return max(1, cus)
+
     def time_launch(self, kernel, grid: int, block: int, args: list) -> float:
         """One launch timed on the device (OpenCL profiling events), in µs; used by `dlcc profile`."""
         if getattr(self, "_prof_queue", None) is None:

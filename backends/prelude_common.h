@@ -5,3 +5,25 @@ DEVICE float dlcc_nmax(float a, float b) { return (a != a || a > b) ? a : b; }
 DEVICE float dlcc_nmin(float a, float b) { return (a != a || a < b) ? a : b; }
 #define F_NMAX dlcc_nmax
 #define F_NMIN dlcc_nmin
+
+/* Grid barrier for spin-waiting kernels (astitch Global scheme). bar[0] counts arrivals, bar[1]
+ * is the generation. The last block to arrive resets the count before it bumps the generation,
+ * so the counters are balanced after every barrier: no reset between inferences, and runs back to
+ * back are safe. Writer side: block barrier, fence, then arrive; reader side: spin on the
+ * generation, fence, block barrier (DESIGN.md §3). Launched only with every block resident. */
+DEVICE void dlcc_grid_sync(GPTR int* bar) {
+    BARRIER();
+    if (THREAD_ID == 0) {
+        const int gen = ATOMIC_LOAD_I32(bar + 1);
+        FENCE();
+        if (ATOMIC_ADD_I32(bar, 1) == GRID_DIM - 1) {
+            ATOMIC_STORE_I32(bar, 0);
+            FENCE();
+            ATOMIC_ADD_I32(bar + 1, 1);
+        } else {
+            while (ATOMIC_LOAD_I32(bar + 1) == gen) { }
+        }
+        FENCE();
+    }
+    BARRIER();
+}

@@ -13,6 +13,9 @@
 #define GRID_DIM ((int)gridDim.x)
 #define BARRIER() __syncthreads()
 #define FENCE() __threadfence()
+#define LAUNCH_BOUNDS(n) __launch_bounds__(n)
+#define ATOMIC_LOAD_I32(p) (*(volatile int*)(p))
+#define ATOMIC_STORE_I32(p, v) (*(volatile int*)(p) = (v))
 #define ATOMIC_ADD_I32(p, v) atomicAdd((int*)(p), (v))
 typedef long long i64;
 typedef unsigned char u8;

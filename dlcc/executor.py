@@ -48,6 +48,11 @@ class Executor:
         st = plan["storages"]
         self.storages = {"arena": rt.alloc(st["arena"]), "weights": rt.alloc(st["weights"])}
         rt.write(self.storages["weights"], 0, weights)
+        if st.get("sync"):
+            # Grid-barrier counters start at zero once; every barrier leaves them balanced, so runs
+            # back to back (and after an interrupted one) need no reset.
+            self.storages["sync"] = rt.alloc(st["sync"])
+            rt.write(self.storages["sync"], 0, bytes(st["sync"]))
         for k, t in enumerate(plan["inputs"]):
             self.storages[f"input:{k}"] = rt.alloc(_nbytes(t))
         for k, t in enumerate(plan["outputs"]):
@@ -56,8 +61,23 @@ class Executor:
         for L in plan["launches"]:
             args = [a["int"] if "int" in a else rt.view(self.storages[a["storage"]], a["offset"], a["nbytes"])
                     for a in L["args"]]
-            self.calls.append((rt.kernel(L["kernel"]), L["grid"], L["block"], args))
+            grid = L["grid"]
+            if L.get("grid_sync"):
+                grid = self.resident_grid(L, grid)
+            self.calls.append((rt.kernel(L["kernel"]), grid, L["block"], args))
         rt.finish()
+
+    def resident_grid(self, L: dict, grid: int) -> int:
+        """The grid of a spin-waiting kernel on this device: at most the blocks the runtime can
+        prove resident at once (its loops are grid-stride, so any grid ≥ 1 is correct). None
+        resident means it must never be launched here."""
+        kinfo = next(k for k in self.plan["kernels"] if k["name"] == L["kernel"])
+        resident = self.rt.resident_blocks(self.rt.kernel(L["kernel"]), L["block"], kinfo.get("smem_bytes", 0))
+        if resident < 1:
+            raise DlccError(f"kernel {L['kernel']} waits on other blocks, and this device cannot keep even one "
+                            f"{L['block']}-thread block of it resident; recompile without the Global scheme "
+                            f"(astitch option schemes) to split it")
+        return max(1, min(grid, resident))
 
     def check_inputs(self, inputs: dict) -> list[np.ndarray]:
         sig = self.plan["inputs"]

@@ -28,6 +28,7 @@ def build_plan(state, meta: dict) -> tuple[dict, bytes]:
             "kernel": L.kernel, "grid": L.grid, "block": L.block, "args": args,
             "node": L.node, "op_type": L.op_type, "category": L.category, "pass": L.pass_name,
             "flops": L.flops, "dram_bytes": L.dram_bytes, "reads": list(L.reads), "writes": list(L.writes),
+            **({"grid_sync": True} if L.grid_sync else {}),
         })
     weights = bytearray(mem.weights_bytes)
     for b, p in mem.placements.items():
@@ -53,7 +54,8 @@ def build_plan(state, meta: dict) -> tuple[dict, bytes]:
         "meta": meta,
         "inputs": io(g.inputs),
         "outputs": io(g.outputs),
-        "storages": {"arena": mem.arena_bytes, "weights": mem.weights_bytes},
+        "storages": {"arena": mem.arena_bytes, "weights": mem.weights_bytes,
+                     **({"sync": mem.sync_bytes} if mem.sync_bytes else {})},
         "kernels": kernels,
         "launches": launches,
         "tensors": tensors,
@@ -63,6 +65,7 @@ def build_plan(state, meta: dict) -> tuple[dict, bytes]:
             "op_histogram": g.op_histogram(),
             "kernels": len(kernels),
             "launches": len(launches),
+            "memory_bound_launches": sum(1 for L in prog.launches if L.category != "compute"),
             "dram_bytes": sum(L.dram_bytes for L in prog.launches),
             "flops": sum(L.flops for L in prog.launches),
             "lower_bound_bytes": weight_bytes + io_bytes,
@@ -72,6 +75,9 @@ def build_plan(state, meta: dict) -> tuple[dict, bytes]:
             "inplace_pairs": mem.inplace_pairs,
         },
     }
+    report = getattr(ctx, "stitch_report", None)
+    if report is not None:
+        plan["stitch"] = report
     return plan, bytes(weights)
 
 

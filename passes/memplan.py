@@ -38,6 +38,7 @@ class MemoryPlan:
     naive_bytes: int = 0
     weights_bytes: int = 0
     inplace_pairs: int = 0
+    sync_bytes: int = 0
 
 
 def _align(n: int) -> int:
@@ -61,6 +62,10 @@ def plan_memory(graph, ctx, inplace: bool = True, share: bool = True) -> MemoryP
         for t in L.reads + L.writes:
             b = res(t)
             if b in plan.placements:
+                continue
+            if b == "%sync":  # grid-barrier counters (astitch): their own zeroed storage, kept across runs
+                plan.placements[b] = Placement("sync", 0, graph.tensors[b].nbytes)
+                plan.sync_bytes = graph.tensors[b].nbytes
                 continue
             if graph.tensors[b].value is not None:
                 plan.placements[b] = Placement("weights", woff, graph.tensors[b].nbytes)

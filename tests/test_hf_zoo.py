@@ -85,10 +85,11 @@ def _export(name: str):
     return path
 
 
+@pytest.mark.parametrize("pipeline", ["baseline", "astitch"])
 @pytest.mark.parametrize("name", NAMES)
-def test_hf_architecture_matches_onnxruntime(name):
+def test_hf_architecture_matches_onnxruntime(name, pipeline):
     path = _export(name)
-    m = dlcc.compile(path, target="opencl")
+    m = dlcc.compile(path, target="opencl", pipeline=pipeline)
     feeds = m.sample_inputs(seed=0)
     ref = run_ort(path, feeds, ["last_hidden_state"])[0]
     got = m(feeds)["last_hidden_state"]

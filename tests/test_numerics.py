@@ -12,11 +12,11 @@ from conftest import SMALL_MODELS, run_ort
 RTOL, ATOL = 1e-3, 1e-4
 
 
-def check_against_onnxruntime(name: str, path) -> "dlcc.CompiledModel":
+def check_against_onnxruntime(name: str, path, pipeline: str = "baseline") -> "dlcc.CompiledModel":
     """Compile `path` for OpenCL, run it and onnxruntime on the model's seeded inputs, compare."""
     import models
 
-    m = dlcc.compile(path, target="opencl")
+    m = dlcc.compile(path, target="opencl", pipeline=pipeline)
     feeds = models.sample_inputs(name, path, seed=0)
     got = m(feeds)
     names = [o["name"] for o in m.outputs]
@@ -24,6 +24,17 @@ def check_against_onnxruntime(name: str, path) -> "dlcc.CompiledModel":
     rows = [compare(n, got[n], r, RTOL, ATOL) for n, r in zip(names, ref)]
     assert all(r["passed"] for r in rows), rows
     return m
+
+
+@pytest.mark.parametrize("name", SMALL_MODELS)
+def test_astitch_model_matches_onnxruntime(model_path, name):
+    """The same models through the astitch pipeline: fewer kernels, same numbers."""
+    base = dlcc.compile(model_path(name), target="opencl")
+    m = check_against_onnxruntime(name, model_path(name), "astitch")
+    s, b = m.stats, base.stats
+    assert s["launches"] <= b["launches"]
+    assert s["memory_bound_launches"] <= b["memory_bound_launches"]
+    assert s["dram_bytes"] <= b["dram_bytes"]
 
 
 @pytest.mark.parametrize("name", SMALL_MODELS)
@@ -63,8 +74,9 @@ def test_artifact_roundtrip_gives_same_outputs(model_path, tmp_path):
         np.testing.assert_array_equal(a[k], b[k])
 
 
+@pytest.mark.parametrize("pipeline", ["baseline", "astitch"])
 @pytest.mark.parametrize("name", ["cnn", "yolo", "ocr", "bert", "vit"])
-def test_dynamo_exporter_models(name):
+def test_dynamo_exporter_models(name, pipeline):
     """The same architectures through torch.onnx's dynamo exporter (opset 18), which emits other patterns
     (e.g. GatherND for BERT's token-type lookup). GPT-2 is left out: its dynamo export fails upstream."""
     torch = pytest.importorskip("torch")
@@ -86,11 +98,12 @@ def test_dynamo_exporter_models(name):
             torch.onnx.export(b.module, tuple(b.inputs.values()), tmp, input_names=list(b.inputs),
                               output_names=b.output_names, dynamo=True, opset_version=18, verbose=False)
         os.replace(tmp, path)
-    check_against_onnxruntime(name, path)
+    check_against_onnxruntime(name, path, pipeline)
 
 
+@pytest.mark.parametrize("pipeline", ["baseline", "astitch"])
 @pytest.mark.parametrize("name", ["cnn", "yolo", "lstm", "bert"])
-def test_float16_models(model_path, name, tmp_path):
+def test_float16_models(model_path, name, tmp_path, pipeline):
     """float16 models (converted with onnxconverter-common): float16 at the boundary, float inside.
     onnxruntime computes some ops in float16, so the tolerance is float16's (about 1e-3 relative)."""
     import onnx
@@ -100,7 +113,7 @@ def test_float16_models(model_path, name, tmp_path):
 
     path = tmp_path / f"{name}-fp16.onnx"
     onnx.save(float16.convert_float_to_float16(onnx.load(model_path(name))), path)
-    m = dlcc.compile(path, target="opencl")
+    m = dlcc.compile(path, target="opencl", pipeline=pipeline)
     assert all(t["dtype"] == "float16" for t in m.outputs)
     feeds = {k: (v.astype(np.float16) if v.dtype == np.float32 else v)
              for k, v in models.sample_inputs(name, model_path(name), seed=0).items()}

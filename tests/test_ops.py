@@ -918,8 +918,9 @@ def _params():
     return [pytest.param(c, id=c.id, marks=c.marks) for c in CASES]
 
 
+@pytest.mark.parametrize("pipeline", ["baseline", "astitch"])
 @pytest.mark.parametrize("case", _params())
-def test_op(case: Case, tmp_path):
+def test_op(case: Case, pipeline: str, tmp_path):
     rng = np.random.default_rng(0)
     nodes, feeds, inits, outputs = case.make(rng)
     model = build_model(nodes, feeds, inits, outputs, case.opset)
@@ -927,7 +928,7 @@ def test_op(case: Case, tmp_path):
     onnx.save(model, str(path))
 
     refs = run_onnxruntime(str(path), feeds, outputs)
-    compiled = dlcc.compile(str(path), target="opencl")
+    compiled = dlcc.compile(str(path), target="opencl", pipeline=pipeline)
     got = compiled(feeds)
 
     assert sorted(got) == sorted(outputs)
@@ -947,9 +948,10 @@ def test_every_op_kernel_compiles_for_cuda(tmp_path):
         nodes, feeds, inits, outputs = case.make(np.random.default_rng(0))
         path = tmp_path / f"m{k}.onnx"
         onnx.save(build_model(nodes, feeds, inits, outputs, case.opset), str(path))
-        m = dlcc.compile(str(path), target="opencl")
-        for name, code in zip([kk["name"] for kk in m.plan["kernels"]], m.kernel_codes):
-            codes[name] = code
+        for pipeline in ("baseline", "astitch"):
+            m = dlcc.compile(str(path), target="opencl", pipeline=pipeline)
+            for name, code in zip([kk["name"] for kk in m.plan["kernels"]], m.kernel_codes):
+                codes[name] = code
     source = render(list(codes.values()), "cuda")
     for arch in ("sm_80", "sm_90"):
         usage = compile_cubin(source, arch)

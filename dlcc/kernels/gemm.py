@@ -78,6 +78,23 @@ class GemmSpec:
     prologue: list[str] = None  # statements run once per task after `bt` is known (batch offsets)
     a_k_contiguous: bool = True  # A's k stride is 1: consecutive threads walk k when loading
     b_n_contiguous: bool = True  # B's n stride is 1: consecutive threads walk n when loading
+    # Set where the store is exactly `OUT[store_index(m, n)] = store_value(acc)` on the last param:
+    # AStitch then fuses elementwise consumers of the output into the store (a GEMM epilogue).
+    store_index: Callable[[str, str], str] | None = None
+    store_value: Callable[[str], str] | None = None
+
+
+@dataclass
+class GemmExpr:
+    """What emit_gemm was given, kept on the launch so AStitch can re-emit the rOperator with a
+    fused prologue (operand loads through element functions) and epilogue (consumers in the store)."""
+
+    hint: str
+    spec: GemmSpec
+    tiling: Tiling
+    args: list
+    reads: list
+    writes: list
 
 
 def _indent(lines, n):
@@ -185,4 +202,5 @@ def emit_gemm(ctx, hint: str, spec: GemmSpec, args: list[str], reads: list[str],
                                   pass_name=ctx.pass_name)
     ctx.launch(name, tasks_for(tiling, spec.batch, spec.M, spec.N), args, reads=reads, writes=writes,
                flops=2 * spec.batch * spec.M * spec.N * spec.K)
+    ctx.program.launches[-1].expr = GemmExpr(hint, spec, tiling, list(args), list(reads), list(writes))
     return name

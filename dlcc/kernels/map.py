@@ -135,12 +135,17 @@ class MapView:
 
 
 def emit_map(ctx, out: str, ins: list[str], body: Callable[[MapView], tuple[list[str], str]], hint: str,
-             flops_per_elem: int = 1, inline_scalars: bool = True, sparse_reads: bool = False) -> None:
+             flops_per_elem: int = 1, inline_scalars: bool = True, sparse_reads: bool = False,
+             index_maps: dict | None = None) -> None:
     """Emit and launch one map kernel producing `out` from `ins` (omitted inputs as "").
 
     `sparse_reads`: each output element reads at most one element of each input (Gather, Slice,
     Split), so the modelled DRAM traffic of an input is capped at one element per output rather
     than the whole tensor (an embedding lookup reads a few rows, not the table).
+
+    `index_maps`: {input k: fn() -> int array} giving, for every output element (flat), the flat
+    input element it reads (-1: data-dependent, -2: not read). Inputs read through the default
+    numpy broadcast (`v.x(k)`) need none; AStitch uses these maps to classify stitch edges.
     """
     out_shape = ctx.shape(out)
     n = int(np.prod(out_shape)) if out_shape else 1
@@ -187,7 +192,8 @@ def emit_map(ctx, out: str, ins: list[str], body: Callable[[MapView], tuple[list
         dram = ctx.tensor(out).nbytes + sum(min(ctx.tensor(a).nbytes, n * ctx.tensor(a).itemsize) for a in set(reads))
     ctx.launch(kname, (n + BLOCK - 1) // BLOCK, args + [out], reads=reads, writes=[out],
                flops=n * flops_per_elem, dram_bytes=dram)
-    ctx.program.launches[-1].expr = MapExpr(list(ins), out, body)
+    ctx.program.launches[-1].expr = MapExpr(list(ins), out, body, inline_scalars, flops_per_elem, sparse_reads,
+                                            dict(index_maps or {}))
 
 
 @dataclass
@@ -197,3 +203,7 @@ class MapExpr:
     inputs: list[str]
     output: str
     body: Callable[[MapView], tuple[list[str], str]]
+    inline_scalars: bool = True
+    flops_per_elem: int = 1
+    sparse_reads: bool = False
+    index_maps: dict = None

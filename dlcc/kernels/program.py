@@ -74,6 +74,9 @@ class Launch:
     # For map kernels: the index-expression form (inputs, output, body) the kernel was generated
     # from, kept so that stitching passes can compose producers into consumers (not serialized).
     expr: object = None
+    # A kernel that spin-waits on other blocks (grid barrier): runtimes clamp its grid to the
+    # blocks they can prove resident, and refuse to launch it where that is none.
+    grid_sync: bool = False
 
 
 @dataclass

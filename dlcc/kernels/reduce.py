@@ -7,10 +7,52 @@ so any axis set works, and the common cases (contiguous suffix) collapse to `row
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .map import strides_of, unravel
 from .program import literal
+
+@dataclass
+class ReduceExpr:
+    """out[o] = post(op over r of pre(x[o, r])) with x of `shape` reduced over `axes` (AStitch's form)."""
+
+    x: str
+    out: str
+    shape: tuple
+    axes: tuple
+    op: str
+    pre: str
+    post: str
+
+
+@dataclass
+class SoftmaxExpr:
+    """(Log)Softmax over `length` elements of stride `inner`; AStitch decomposes it (max, exp, sum, div)."""
+
+    x: str
+    out: str
+    rows: int
+    length: int
+    inner: int
+    log: bool
+
+
+@dataclass
+class LayerNormExpr:
+    """LayerNorm over rows of `length`; AStitch decomposes it (mean, centre, variance, scale)."""
+
+    x: str
+    scale: str
+    bias: str
+    out: str
+    rows: int
+    length: int
+    eps: float
+    scale_mod: int
+    bias_mod: int
+
 
 #: Rows up to this many floats are read from DRAM once and kept in shared memory (16 KiB).
 ROW_CACHE = 4096
@@ -131,6 +173,7 @@ def emit_reduce(ctx, out: str, x: str, axes, op: str, hint: str, pre: str = "v",
     k = ctx.program.add_kernel(hint, make, block, smem_bytes=4 * block if kind == "reduce_row" else 0, kind=kind,
                                pass_name=ctx.pass_name)
     ctx.launch(k, grid, [x, out], reads=[x], writes=[out], flops=R * O)
+    ctx.program.launches[-1].expr = ReduceExpr(x, out, tuple(ctx.shape(x)), tuple(lay.axes), op, pre, post)
 
 
 def row_pass(length: int, block: int, acc: str, update: str) -> tuple[list[str], str, int]:
@@ -189,6 +232,7 @@ def emit_softmax(ctx, out: str, x: str, rows: int, length: int, inner: int, log:
 
     k = ctx.program.add_kernel(hint, make, block, smem_bytes=smem, kind=kind, pass_name=ctx.pass_name)
     ctx.launch(k, grid, [x, out], reads=[x], writes=[out], flops=5 * rows * length * inner)
+    ctx.program.launches[-1].expr = SoftmaxExpr(x, out, rows, length, inner, log)
 
 
 def emit_layernorm(ctx, out: str, x: str, scale: str, bias: str, rows: int, length: int, eps: float,
@@ -218,3 +262,4 @@ def emit_layernorm(ctx, out: str, x: str, scale: str, bias: str, rows: int, leng
     k = ctx.program.add_kernel(hint, make, block, smem_bytes=smem, kind="layernorm_row", pass_name=ctx.pass_name)
     args = [x, scale] + ([bias] if bias else []) + [out]
     ctx.launch(k, rows, args, reads=args[:-1], writes=[out], flops=8 * rows * length)
+    ctx.program.launches[-1].expr = LayerNormExpr(x, scale, bias, out, rows, length, float(eps), scale_mod, bias_mod)

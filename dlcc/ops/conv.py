@@ -82,6 +82,8 @@ def _conv(ctx, node):
         load_a=lambda m, k: ([], f"W[woff + {m} * {K} + {k}]"),
         load_b=load_b,
         store=lambda m, n, acc: [f"Y[(img * {Cout} + g * {Cout_g} + {m}) * {OS} + {n}] = {acc}{bias_term};"],
+        store_index=lambda m, n: f"(img * {Cout} + g * {Cout_g} + {m}) * {OS} + {n}",
+        store_value=lambda acc: f"{acc}{bias_term}",
     )
     ins = [x, w] + ([bias] if bias else [])
     emit_gemm(ctx, "Conv", spec, ins + [out], reads=ins, writes=[out])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.map import emit_map
+from ..kernels.map import MapExpr, emit_map
 from ..kernels.transpose import emit_tiled_transpose, wants_tiled
 from .registry import ALIAS, LAYOUT, register
 
@@ -32,18 +32,30 @@ def _axis(ax, rank):
 
 @register("Transpose", since=1, category=LAYOUT)
 def _transpose(ctx, node):
-    rank = len(ctx.shape(node.inputs[0]))
+    shape = ctx.shape(node.inputs[0])
+    rank = len(shape)
     perm = list(ctx.attr("perm", list(range(rank - 1, -1, -1))))
-    if wants_tiled(ctx.shape(node.inputs[0]), perm):
-        return emit_tiled_transpose(ctx, node.outputs[0], node.inputs[0], perm)
+    imap = {0: lambda: _grid(shape).transpose(perm).reshape(-1)}
+    if wants_tiled(shape, perm):
+        emit_tiled_transpose(ctx, node.outputs[0], node.inputs[0], perm)
+        ctx.program.launches[-1].expr = MapExpr([node.inputs[0]], node.outputs[0], lambda v: ([], v.ld(0, _perm_coords(v, perm))),
+                                                inline_scalars=False, flops_per_elem=0, index_maps=imap)
+        return
 
-    def body(v):
-        coords = [None] * rank
-        for j, p in enumerate(perm):
-            coords[p] = v.o[j]
-        return [], v.ld(0, coords)
+    emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([], v.ld(0, _perm_coords(v, perm))), "Transpose",
+             flops_per_elem=0, index_maps=imap)
 
-    emit_map(ctx, node.outputs[0], [node.inputs[0]], body, "Transpose", flops_per_elem=0)
+
+def _perm_coords(v, perm):
+    coords = [None] * len(perm)
+    for j, p in enumerate(perm):
+        coords[p] = v.o[j]
+    return coords
+
+
+def _grid(shape):
+    """Flat element ids laid out in `shape`: numpy indexing on it gives index maps (AStitch)."""
+    return np.arange(int(np.prod(shape)) if len(shape) else 1, dtype=np.int64).reshape(shape)
 
 
 @register("Slice", since=1, category=LAYOUT)
@@ -73,7 +85,15 @@ def _slice(ctx, node):
         coords = [f"{begin[j]} + {v.o[j]}*{step[j]}" if (begin[j] or step[j] != 1) else v.o[j] for j in range(rank)]
         return [], v.ld(0, coords)
 
-    emit_map(ctx, node.outputs[0], [node.inputs[0]], body, "Slice", flops_per_elem=0, sparse_reads=True)
+    sl = tuple(slice(begin[j], None if step[j] > 0 else None, step[j]) for j in range(rank))
+    oshape = ctx.shape(node.outputs[0])
+
+    def imap():
+        g = _grid(shape)[sl]
+        return g[tuple(slice(0, d) for d in oshape)].reshape(-1)
+
+    emit_map(ctx, node.outputs[0], [node.inputs[0]], body, "Slice", flops_per_elem=0, sparse_reads=True,
+             index_maps={0: imap})
 
 
 @register("Concat", since=4, category=LAYOUT)
@@ -98,7 +118,13 @@ def _concat(ctx, node):
             expr = f"({v.o[ax]} < {b1} ? {ld} : {expr})"
         return [], expr
 
-    emit_map(ctx, node.outputs[0], ins, body, "Concat", flops_per_elem=0, inline_scalars=False)
+    def imap(k):
+        parts = [np.full(ctx.shape(n), -2, np.int64) for n in ins]
+        parts[k] = _grid(ctx.shape(ins[k]))
+        return np.concatenate(parts, axis=ax).reshape(-1)
+
+    emit_map(ctx, node.outputs[0], ins, body, "Concat", flops_per_elem=0, inline_scalars=False,
+             index_maps={k: (lambda k=k: imap(k)) for k in range(len(ins))})
 
 
 @register("Split", since=2, category=LAYOUT)
@@ -114,7 +140,9 @@ def _split(ctx, node):
                 coords = list(v.o)
                 coords[ax] = f"{v.o[ax]} + {s}" if s else v.o[ax]
                 return [], v.ld(0, coords)
-            emit_map(ctx, out, [x], body, "Split", flops_per_elem=0, sparse_reads=True)
+            def imap(s=start, n=n):
+                return np.take(_grid(ctx.shape(x)), np.arange(s, s + n), axis=ax).reshape(-1)
+            emit_map(ctx, out, [x], body, "Split", flops_per_elem=0, sparse_reads=True, index_maps={0: imap})
         start += n
 
 
@@ -132,7 +160,16 @@ def _gather(ctx, node):
         coords = v.o[:ax] + ["(int)g"] + v.o[ax + q:]
         return s, v.ld(0, coords)
 
-    emit_map(ctx, node.outputs[0], [data, idx], body, "Gather", flops_per_elem=0, inline_scalars=False, sparse_reads=True)
+    const_idx = ctx.const(idx)
+
+    def imap():
+        if const_idx is None:
+            return np.full(int(np.prod(ctx.shape(node.outputs[0]))), -1, np.int64)
+        ii = np.where(const_idx < 0, const_idx + dim, const_idx)
+        return np.take(_grid(dshape), ii, axis=ax).reshape(-1)
+
+    emit_map(ctx, node.outputs[0], [data, idx], body, "Gather", flops_per_elem=0, inline_scalars=False, sparse_reads=True,
+             index_maps={0: imap})
 
 
 @register("GatherElements", since=11, category=LAYOUT)
@@ -180,7 +217,8 @@ def _tile(ctx, node):
     shape = ctx.shape(node.inputs[0])
     emit_map(ctx, node.outputs[0], [node.inputs[0]],
              lambda v: ([], v.ld(0, [f"{c} % {d}" if d != 1 else "0" for c, d in zip(v.o, shape)])),
-             "Tile", flops_per_elem=0, inline_scalars=False)
+             "Tile", flops_per_elem=0, inline_scalars=False,
+             index_maps={0: lambda: np.tile(_grid(shape), [o // d for o, d in zip(ctx.shape(node.outputs[0]), shape)]).reshape(-1)})
 
 
 @register("Pad", since=11, category=LAYOUT)
@@ -220,7 +258,17 @@ def _pad(ctx, node):
         return s, f"({' && '.join(conds) or '1'}) ? {v.ld(0, coords)} : {fill}"
 
     ins = [x, cval] if cval else [x]
-    emit_map(ctx, node.outputs[0], ins, body, "Pad", flops_per_elem=0)
+    oshape = ctx.shape(node.outputs[0])
+
+    def imap():
+        if any(b < 0 for b in begin) or any(o < d + b for o, d, b in zip(oshape, shape, begin)):
+            return np.full(int(np.prod(oshape)), -1, np.int64)  # cropping pads: left to the generic rule
+        widths = [(b, o - d - b) for b, o, d in zip(begin, oshape, shape)]
+        if mode in ("edge", "reflect"):
+            return np.pad(_grid(shape), widths, mode=mode).reshape(-1)
+        return np.pad(_grid(shape), widths, constant_values=-2).reshape(-1)
+
+    emit_map(ctx, node.outputs[0], ins, body, "Pad", flops_per_elem=0, index_maps={0: imap})
 
 
 @register("DepthToSpace", since=11, category=LAYOUT)

@@ -56,6 +56,8 @@ def _matmul(ctx, node):
         load_a=lambda m, k: ([], f"A[aoff + {m} * {K} + {k}]"),
         load_b=lambda k, n: ([], f"B[boff + {k} * {N} + {n}]"),
         store=lambda m, n, acc: [f"Y[bt * {M * N} + {m} * {N} + {n}] = {acc};"],
+        store_index=lambda m, n: f"bt * {M * N} + {m} * {N} + {n}",
+        store_value=lambda acc: acc,
     )
     emit_gemm(ctx, "MatMul", spec, [a, b, out], reads=[a, b], writes=[out])
 
@@ -85,6 +87,8 @@ def _gemm(ctx, node):
         load_a=lambda m, k: ([], f"A[{k} * {M} + {m}]" if ta else f"A[{m} * {K} + {k}]"),
         load_b=lambda k, n: ([], f"B[{n} * {K} + {k}]" if tb else f"B[{k} * {N} + {n}]"),
         store=lambda m, n, acc: [f"Y[{m} * {N} + {n}] = {scale}{acc}{cterm};"],
+        store_index=lambda m, n: f"{m} * {N} + {n}",
+        store_value=lambda acc: f"{scale}{acc}{cterm}",
         a_k_contiguous=not ta, b_n_contiguous=not tb,
     )
     ins = [a, b] + ([c] if c else [])

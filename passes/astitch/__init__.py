@@ -1,0 +1,274 @@
+"""The `astitch` pass: stitch memory-bound subgraphs into few kernels (AStitch, DESIGN.md §4),
+and fuse elementwise work into the loads and stores of GEMM/Conv rOperators.
+
+It runs after `lower` (which leaves each launch with its element-level expression) and before
+`memplan`. nodes.py turns launches into nodes, planner.py decides groups, schemes, phases and
+thread mappings, codegen.py writes the kernels; this module swaps them into the program, orders
+the launches, and records what it did for `dlcc inspect --stitch`.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ...errors import ConfigError
+from ...ir import Tensor
+from ...kernels.program import Launch
+from .. import CompileState, register_pass
+from .codegen import gemm_source_fused, stitch_source
+from .nodes import NodeGraph
+from .planner import BLOCK, Planner
+
+SYNC = "%sync"  # the grid barriers' counters: two ints per spin-waiting launch (storage "sync")
+
+
+class AStitchOptions(BaseModel):
+    """Options of the `astitch` pass (pipeline YAML `options:`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    schemes: list[Literal["independent", "local", "regional", "global"]] = Field(
+        default=["independent", "local", "regional", "global"],
+        description="stitch schemes allowed; without regional, row-local intermediates go through "
+                    "global memory; without global, a stitch is split where it would need a grid barrier")
+    smem_budget: int | None = Field(None, gt=0, description="shared memory per block for Regional buffers, in "
+                                    "bytes; default: the device's shared_mem_per_block, at most 48 KiB (static)")
+    gemm_fusion: bool = Field(True, description="fuse elementwise consumers into GEMM/Conv stores (epilogues) "
+                              "and cheap per-element producers into their loads (prologues)")
+    max_ops: int = Field(64, ge=1, description="cap on ops stitched into one kernel (and one epilogue)")
+    task_splitting: bool = Field(True, description="split a long row across blocks when rows cannot fill a wave")
+    inline_flops: int = Field(4, ge=-1, description="most FLOPs per element of a node recomputed in "
+                              "rOperator loads instead of written once")
+
+
+@register_pass("astitch", AStitchOptions)
+def astitch(state: CompileState, opts: AStitchOptions) -> None:
+    """Stitch memory-bound ops (Local/Regional/Global/Independent) and fuse GEMM epilogues and prologues."""
+    if state.ctx is None:
+        raise ConfigError("the 'astitch' pass must come after 'lower' in the pipeline")
+    if state.memory is not None:
+        raise ConfigError("the 'astitch' pass must come before 'memplan' in the pipeline")
+    before = len(state.ctx.program.launches)
+    ng = NodeGraph(state.graph, state.ctx)
+    pl = Planner(ng, state.device, opts)
+    pl.plan_epilogues()
+    pl.plan_gemm_inline()
+    pl.recompute_ancestors()
+    pl.plan_groups()
+    pl.plan_stitches()
+    report = _rebuild(state, ng, pl)
+    state.ctx.stitch_report = report
+    ctx = state.ctx
+    state.log.append(f"astitch: {before} launch(es) -> {len(ctx.program.launches)}; "
+                     f"{len([r for r in report if r['kind'] == 'stitch'])} stitched kernel(s), "
+                     f"{len([r for r in report if r['kind'] == 'gemm'])} fused rOperator(s)")
+
+
+def _rebuild(state, ng: NodeGraph, pl: Planner) -> list[dict]:
+    ctx = state.ctx
+    prog = ctx.program
+    old = prog.launches
+    units: list[dict] = []
+    covered: set[int] = set(pl.gemm_inline)
+    report: list[dict] = []
+    if any(st.spin for st in pl.stitches):
+        n = max(st.sync_slot for st in pl.stitches if st.spin) + 1
+        state.graph.tensors[SYNC] = Tensor(SYNC, (2 * n,), "int32")
+    for gid, fus in pl.gemms.items():
+        g = ng.nodes[gid]
+        text, args, reads, writes = gemm_source_fused(ng, pl, fus)
+        k = prog.add_kernel(f"{g.gemm.hint}_{g.gemm.tiling.name}_fused", lambda nm, t=text: t.replace("KNAME", nm),
+                            g.gemm.tiling.threads, smem_bytes=4 * g.gemm.tiling.smem_floats, kind="gemm",
+                            tiling=g.gemm.tiling.name, pass_name="astitch")
+        members = [gid] + fus.epilogue
+        L = Launch(kernel=k, grid=g.launch.grid, block=g.launch.block, args=[("t", a) for a in args],
+                   reads=reads, writes=writes, node=g.onnx_node, op_type=g.op_type,
+                   flops=g.launch.flops + sum(_node_flops(ng, ng.nodes[c]) for c in fus.epilogue),
+                   dram_bytes=_dram(ng, pl, reads, writes, members), pass_name="astitch", category="compute")
+        units.append({"nodes": set(members), "launch": L})
+        covered |= set(members)
+        base = sum(old[o].dram_bytes for o in {ng.nodes[c].order for c in members}) + sum(
+            old[ng.nodes[c].order].dram_bytes for c in pl.gemm_inline if any(
+                ng.producer.get(t) == c for t in g.inputs))
+        report.append({"kind": "gemm", "kernel": k, "ops": [ng.nodes[c].op_type for c in members],
+                       "nodes": [ng.nodes[c].onnx_node for c in members],
+                       "prologue": sorted({ng.nodes[ng.producer[t]].op_type for t in g.inputs
+                                           if ng.producer.get(t) in pl.gemm_inline}),
+                       "epilogue": [ng.nodes[c].op_type for c in fus.epilogue],
+                       "dram_bytes": L.dram_bytes, "baseline_dram_bytes": base})
+    for st in pl.stitches:
+        text, args, smem = stitch_source(ng, pl, st)
+        mat = {s.node for ph in st.phases for s in ph.stages}
+        hint = "Stitch_" + "_".join(sorted({ng.nodes[i].op_type for i in mat}))[:40]
+        k = prog.add_kernel(hint, lambda nm, t=text: t.replace("KNAME", nm), BLOCK, smem_bytes=smem, kind="stitch",
+                            pass_name="astitch")
+        writes = [t for t in args if t in _written(ng, st)]
+        reads = [t for t in args if t not in writes]
+        a = [("t", t) for t in args]
+        if st.spin:
+            a += [("t", SYNC), ("i", 2 * st.sync_slot)]
+        members = set(st.nodes) if st.split_from is None else mat | _inlined_used(ng, pl, st)
+        cat = "reduction" if any(ng.nodes[i].kind == "reduce" for i in mat) else "elementwise"
+        onnx = []
+        for i in sorted(members):
+            if ng.nodes[i].onnx_node and ng.nodes[i].onnx_node not in onnx:
+                onnx.append(ng.nodes[i].onnx_node)
+        L = Launch(kernel=k, grid=st.grid, block=BLOCK, args=a, reads=reads, writes=writes + ([SYNC] if st.spin else []),
+                   node="+".join(onnx[:4]) + ("+..." if len(onnx) > 4 else ""), op_type="Stitch",
+                   flops=sum(_node_flops(ng, ng.nodes[i]) for i in members),
+                   dram_bytes=_dram(ng, pl, reads, writes, members), pass_name="astitch", category=cat)
+        L.grid_sync = st.spin
+        units.append({"nodes": members, "launch": L})
+        covered |= set(st.nodes)
+        report.append(_stitch_report(ng, pl, st, k, L, old, members, smem))
+    kept_orders = []
+    for n in ng.nodes:
+        if n.id not in covered and n.order not in kept_orders:
+            kept_orders.append(n.order)
+    for o in kept_orders:
+        L = old[o]
+        units.append({"nodes": {n.id for n in ng.nodes if n.order == o}, "launch": L, "orig": o})
+    prog.launches = _order(ng, pl, units)
+    used = {L.kernel for L in prog.launches}
+    prog.kernels = {name: k for name, k in prog.kernels.items() if name in used}
+    return report
+
+
+def _written(ng, st) -> set[str]:
+    out = set()
+    for ph in st.phases:
+        for s in ph.stages:
+            if s.glob:
+                out.add(ng.nodes[s.node].output)
+    return out
+
+
+def _inlined_used(ng, pl, st) -> set[int]:
+    used: set[int] = set()
+    todo = [s.node for ph in st.phases for s in ph.stages]
+    while todo:
+        n = ng.nodes[todo.pop()]
+        for t in n.inputs:
+            p = ng.producer.get(t)
+            if p is not None and p in st.inlined and p not in used:
+                used.add(p)
+                todo.append(p)
+    return used
+
+
+def _node_flops(ng, n) -> int:
+    if n.kind == "map":
+        return ng.size(n.output) * max(0, n.flops_per_elem)
+    if n.kind == "reduce":
+        size = 1
+        for d in n.red.shape:
+            size *= d
+        return size
+    return 0
+
+
+def _dram(ng, pl, reads, writes, members) -> int:
+    """Modelled DRAM bytes: each tensor read once (a table read through a gather: the rows it
+    reads), each written once; a global intermediate both written and read back."""
+    total = 0
+    for t in reads:
+        nb = ng.tensor(t).nbytes
+        readers = [ng.nodes[c] for c in pl.consumers(t) if c in members]
+        if readers and all(r.kind == "map" and r.sparse for r in readers):
+            nb = min(nb, sum(ng.size(r.output) for r in readers) * ng.tensor(t).itemsize)
+        total += nb
+    for t in writes:
+        nb = ng.tensor(t).nbytes
+        outside = pl.is_output(t) or any(c not in members for c in pl.consumers(t))
+        total += nb if outside else 2 * nb
+    return total
+
+
+def _order(ng, pl, units) -> list:
+    """Launches in a topological order of their data dependencies, closest to the original."""
+    writer: dict[str, int] = {}
+    prio = []
+    for ui, u in enumerate(units):
+        prio.append(min(ng.nodes[i].order for i in u["nodes"]) if u["nodes"] else 0)
+    deps = [set() for _ in units]
+    multi_access: dict[str, list[tuple[int, int]]] = {}
+    for ui, u in enumerate(units):
+        L = u["launch"]
+        for t in L.writes:
+            t = ng.res(t)
+            if t in pl.multi:
+                continue
+            writer[t] = ui
+    for ui, u in enumerate(units):
+        L = u["launch"]
+        for t in set(ng.res(x) for x in L.reads + L.writes):
+            if t in pl.multi:
+                multi_access.setdefault(t, []).append((u.get("orig", prio[ui]), ui))
+                continue
+            w = writer.get(t)
+            if w is not None and w != ui and t in {ng.res(x) for x in L.reads}:
+                deps[ui].add(w)
+    for t, acc in multi_access.items():  # tensors written by several launches keep their order
+        acc.sort()
+        for (_, a), (_, b) in zip(acc, acc[1:]):
+            if a != b:
+                deps[b].add(a)
+    users = [[] for _ in units]
+    indeg = [len(d) for d in deps]
+    for ui, d in enumerate(deps):
+        for w in d:
+            users[w].append(ui)
+    heap = [(prio[ui], ui) for ui in range(len(units)) if indeg[ui] == 0]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        _, ui = heapq.heappop(heap)
+        out.append(units[ui]["launch"])
+        for v in users[ui]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                heapq.heappush(heap, (prio[v], v))
+    if len(out) != len(units):
+        raise RuntimeError("astitch: the fused launches have a dependency cycle (a dlcc bug)")
+    return out
+
+
+def _stitch_report(ng, pl, st, kernel, L, old, members, smem) -> dict:
+    mat = [s for ph in st.phases for s in ph.stages]
+    dominants = [ng.nodes[s.node].op_type + f"#{s.node}" for s in mat if ng.nodes[s.node].kind == "reduce"]
+    inter = []
+    for pi, ph in enumerate(st.phases):
+        for s in ph.stages:
+            n = ng.nodes[s.node]
+            t = ng.tensor(n.output)
+            where = []
+            if s.smem:
+                where.append(f"shared ({4 * s.per_unit * ph.per_block} B)")
+            if s.glob:
+                outside = pl.is_output(n.output) or any(c not in set(st.nodes) for c in pl.consumers(n.output))
+                where.append(("output" if outside else "global") + f" ({t.nbytes} B)")
+            inter.append({"node": s.node, "op": n.op_type, "phase": pi, "where": ", ".join(where) or "registers",
+                          "demoted": s.demoted})
+    for i in sorted(st.inlined & members):
+        inter.append({"node": i, "op": ng.nodes[i].op_type, "phase": None, "where": "registers", "demoted": False})
+    phases = []
+    for ph in st.phases:
+        blocks = -(-ph.U // ph.per_block)
+        phases.append({"units": ph.U, "threads_per_unit": ph.tpr, "units_per_block": ph.per_block,
+                       "horizontal_packing": ph.per_block, "vertical_packing": -(-blocks // max(1, L.grid)),
+                       "split": ph.split, "grid_barrier_before": ph.grid_barrier,
+                       "smem_bytes": 4 * ph.smem_floats, "stages": [ng.nodes[s.node].op_type for s in ph.stages]})
+    base = sum(old[o].dram_bytes for o in {ng.nodes[i].order for i in members})
+    waves = -(-L.grid // max(1, pl.dev.sms * max(1, min(pl.dev.max_blocks_per_sm, pl.dev.max_threads_per_sm // BLOCK))))
+    return {"kind": "stitch", "kernel": kernel, "ops": [ng.nodes[i].op_type for i in sorted(members)],
+            "nodes": sorted({ng.nodes[i].onnx_node for i in members if ng.nodes[i].onnx_node}),
+            "dominants": dominants, "edges": [{k: v for k, v in e.items() if k in ("producer", "consumer", "scheme",
+                                                                                     "dependency", "where")}
+                                              for e in st.edges],
+            "independent_components": st.independent, "intermediates": inter,
+            "mapping": {"block": BLOCK, "grid": L.grid, "waves": waves, "phases": phases, "grid_sync": st.spin,
+                        "resident_blocks": st.resident if st.spin else None,
+                        "residency": st.resident_bound if st.spin else None, "split_segment": st.split_from},
+            "smem_bytes": smem, "dram_bytes": L.dram_bytes, "baseline_dram_bytes": base,
+            "saved_bytes": base - L.dram_bytes}

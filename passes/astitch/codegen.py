@@ -1,0 +1,291 @@
+"""Writing stitched kernels and fused rOperators in the portable dialect (one text, both preludes).
+
+Every inlined (Local) node becomes an *element function*: `DEVICE T KNAME_efN(params, ctx, i)`
+returns the node's value at flat index i, reading its inputs through further element functions,
+the block's shared memory (Regional) or global memory. Names are derived from the kernel's own
+name, so two kernels in one translation unit never collide; ONNX names never appear.
+"""
+from __future__ import annotations
+
+from ...kernels.gemm import GemmSpec, gemm_source
+from ...kernels.map import MapView, prune_defs, unravel
+from ...kernels.program import ctype
+from ...kernels.reduce import COMBINE, INIT, ReduceLayout
+from .planner import BLOCK, Phase, Stitch
+
+PD, PA = "@PD@", "@PA@"  # parameter declarations / arguments, filled in once all are known
+
+
+class _View(MapView):
+    def __init__(self, node, reader):
+        n = len(node.in_shapes)
+        super().__init__([f"o{j}" for j in range(len(node.out_shape))], "i", tuple(node.out_shape), list(node.in_shapes),
+                         [f"x{k}" for k in range(n)], list(node.in_literals), [False] * n)
+        self.reader = reader
+
+    def _load(self, k, index):
+        return self.reader(k, index)
+
+
+class Builder:
+    """Parameters, element functions and reads for one kernel."""
+
+    def __init__(self, ng, planner, inline: set[int], ctx_decl: str = "", ctx_args: str = ""):
+        self.ng, self.pl, self.inline = ng, planner, inline
+        self.ctx_decl, self.ctx_args = ctx_decl, ctx_args
+        self.params: dict[str, str] = {}  # tensor -> param name
+        self.written: set[str] = set()
+        self.funcs: list[str] = []
+        self.fn: dict[tuple, str] = {}
+        self.smem: dict[str, tuple[int, int]] = {}  # tensor -> (offset, per_unit) in the current phase
+        self.phase = 0
+        self.known: dict[str, str] = {}  # tensor -> local holding its value at the current index
+
+    def param(self, t: str, write: bool = False) -> str:
+        if t not in self.params:
+            self.params[t] = f"ga{len(self.params)}"
+        if write:
+            self.written.add(t)
+        return self.params[t]
+
+    def read(self, t: str, idx: str) -> str:
+        if t in self.known:
+            return self.known[t]
+        p = self.ng.producer.get(t)
+        if p is not None and p in self.inline:
+            return f"{self.value_fn(p)}({PA}{self.ctx_args}{idx})"
+        if t in self.smem:
+            off, per = self.smem[t]
+            return f"sm[{off} + slot * {per} + (({idx}) - u * {per})]"
+        return f"{self.param(t)}[{idx}]"
+
+    def body_value(self, node, index_var: str = "i") -> tuple[list[str], str]:
+        """(statements, value) of map node `node` at flat index `index_var`."""
+        v = _View(node, lambda k, idx: self.read(node.inputs[k], idx))
+        coords, unr = unravel(index_var, node.out_shape, "o")
+        v.o, v.i = coords, index_var
+        stmts, expr = node.body(v)
+        lines = list(stmts)
+        return prune_defs(unr, "\n".join(lines) + "\n" + expr) + lines, expr
+
+    def value_fn(self, nid: int) -> str:
+        """The element function computing node `nid` from its inputs (in the current phase)."""
+        key = (nid, self.phase, tuple(sorted(self.smem)))
+        if key in self.fn:
+            return self.fn[key]
+        name = f"KNAME_ef{nid}_{len(self.fn)}"
+        self.fn[key] = name
+        node = self.ng.nodes[nid]
+        stmts, expr = self.body_value(node)
+        T = ctype(self.ng.tensor(node.output).dtype)
+        inner = "\n    ".join(stmts)
+        self.funcs.append(f"DEVICE {T} {name}({PD}{self.ctx_decl}const int i) {{\n    {inner}\n    return ({T})({expr});\n}}\n")
+        return name
+
+    def finish(self, text: str, extra_params: list[str] | None = None) -> tuple[str, list[str]]:
+        """Fill in the parameter lists; returns (text, tensors in parameter order)."""
+        order = list(self.params)
+        decl = []
+        for t in order:
+            T = ctype(self.ng.tensor(t).dtype)
+            decl.append(f"GPTR {T}* {self.params[t]}" if t in self.written else f"GPTR const {T}* {self.params[t]}")
+        pd = "".join(d + ", " for d in decl)
+        pa = "".join(self.params[t] + ", " for t in order)
+        text = "\n".join(self.funcs) + "\n" + text
+        return text.replace(PD, pd).replace(PA, pa), order
+
+
+# --------------------------------------------------------------------------------------------
+def stitch_source(ng, planner, st: Stitch) -> tuple[str, list[str], int]:
+    """(kernel text with KNAME placeholders, tensor args in order, shared bytes) of one stitch."""
+    b = Builder(ng, planner, st.inlined, ctx_decl="LPTR float* sm, const int u, const int slot, ",
+                ctx_args="sm, u, slot, ")
+    smem_floats = max([ph.smem_floats for ph in st.phases] + [1])
+    has_red = any(ng.nodes[s.node].kind == "reduce" and ph.tpr > 1 for ph in st.phases for s in ph.stages)
+    body = [f"SHARED float sm[{smem_floats}];"]
+    if has_red:
+        body.append(f"SHARED float red[{BLOCK}];")
+    body.append("const int tid = THREAD_ID;")
+    for pi, ph in enumerate(st.phases):
+        b.phase = pi
+        b.smem = {}
+        if ph.grid_barrier:
+            body.append("dlcc_grid_sync(dsync + syncoff);")
+        body += _phase_code(ng, b, ph)
+    params_extra = "GPTR int* dsync, const int syncoff" if st.spin else ""
+    bounds = f" LAUNCH_BOUNDS({BLOCK})" if st.spin else ""
+    text = "KERNEL void" + bounds + " KNAME(" + PD + params_extra + ") {\n    " + "\n    ".join(body) + "\n}\n"
+    if not st.spin:
+        text = text.replace(PD + ")", PD + "@END@)")
+    text, order = b.finish(text)
+    text = text.replace(", @END@)", ")").replace("@END@)", ")")
+    return text, order, 4 * (smem_floats + (BLOCK if has_red else 0))
+
+
+def _phase_code(ng, b: Builder, ph: Phase) -> list[str]:
+    P, T = ph.per_block, ph.tpr
+    # P == 1: slot is the constant 0 (PoCL miscompiles a computed slot that lives across the
+    # barriers of this loop; with one unit per block there is nothing to compute).
+    head = "    const int slot = 0, lt = tid;" if P == 1 else f"    const int slot = tid / {T}, lt = tid % {T};"
+    out = ["{",
+           head,
+           f"    for (int u0 = BLOCK_ID * {P}; u0 < {ph.U}; u0 += GRID_DIM * {P}) {{",
+           "        const int u = u0 + slot;",
+           f"        const int act = u < {ph.U};"]
+    for si, s in enumerate(ph.stages):
+        n = ng.nodes[s.node]
+        lines = _map_stage(ng, b, ph, s, n) if n.kind == "map" else _reduce_stage(ng, b, ph, s, n)
+        out += ["        " + x for x in lines]
+        out.append("        BARRIER();")
+        if s.smem:
+            b.smem[n.output] = (s.smem_off, s.per_unit)
+    out += ["    }", "}"]
+    return out
+
+
+def _store(ng, b: Builder, s, n, idx: str, local: str, val: str) -> list[str]:
+    lines = []
+    if s.smem:
+        lines.append(f"sm[{s.smem_off} + slot * {s.per_unit} + {local}] = {val};")
+    if s.glob:
+        lines.append(f"{b.param(n.output, write=True)}[{idx}] = {val};")
+    return lines
+
+
+def _map_stage(ng, b, ph, s, n) -> list[str]:
+    size = ng.size(n.output)
+    T = ctype(ng.tensor(n.output).dtype)
+    stmts, expr = b.body_value(n, "i")
+    return [f"for (int j = lt; j < {s.per_unit}; j += {ph.tpr}) {{",
+            f"    const int i = u * {s.per_unit} + j;",
+            f"    if (act && i < {size}) {{",
+            *["        " + x for x in stmts],
+            f"        const {T} val = ({T})({expr});",
+            *["        " + x for x in _store(ng, b, s, n, "i", "j", "val")],
+            "    }",
+            "}"]
+
+
+def _reduce_stage(ng, b, ph, s, n) -> list[str]:
+    red = n.red
+    lay = ReduceLayout(red.shape, red.axes)
+    bst, base = lay.base("o")
+    ost, off = lay.offset("r")
+    comb = COMBINE[red.op].format(a="acc", b=f"({red.pre})")
+    post = red.post.replace("R_F", _lit(lay.R))
+    x = n.inputs[0]
+    T = ph.tpr
+    lines = [f"for (int q = 0; q < {s.per_unit}; ++q) {{",
+             f"    const int o = u * {s.per_unit} + q;",
+             f"    float acc = {INIT[red.op]};",
+             "    if (act) {",
+             *["        " + z for z in bst],
+             f"        const int base = {base};",
+             f"        for (int r = lt; r < {lay.R}; r += {T}) {{",
+             *["            " + z for z in ost],
+             f"            const float v = (float)({b.read(x, f'base + {off}')});",
+             f"            acc = {comb};",
+             "        }",
+             "    }"]
+    if T > 1:
+        c = COMBINE[red.op].format(a="red[tid]", b="red[tid + s]")
+        lines += ["    red[tid] = acc;", "    BARRIER();",
+                  f"    for (int s = {T // 2}; s > 0; s >>= 1) {{",
+                  f"        if (lt < s) red[tid] = {c};",
+                  "        BARRIER();", "    }",
+                  f"    acc = red[slot * {T}];", "    BARRIER();"]
+    lines += ["    if (act && lt == 0) {",
+              f"        const float res = {post};",
+              *["        " + z for z in _store(ng, b, s, n, "o", "q", "res")],
+              "    }", "}"]
+    return lines
+
+
+def _lit(v) -> str:
+    from ...kernels.program import literal
+
+    return literal(float(v))
+
+
+# --------------------------------------------------------------------------------------------
+def _subst_loads(text: str, name: str, repl) -> str:
+    """Replace every `name[expr]` (balanced brackets) in generated text by repl(expr)."""
+    out, i, key = [], 0, name + "["
+    while True:
+        j = text.find(key, i)
+        if j < 0:
+            out.append(text[i:])
+            return "".join(out)
+        if j > 0 and (text[j - 1].isalnum() or text[j - 1] == "_"):
+            out.append(text[i:j + len(key)])
+            i = j + len(key)
+            continue
+        depth, k = 1, j + len(key)
+        while depth:
+            depth += {"[": 1, "]": -1}.get(text[k], 0)
+            k += 1
+        out.append(text[i:j])
+        out.append(repl(text[j + len(key):k - 1]))
+        i = k
+
+
+def gemm_source_fused(ng, planner, fus) -> tuple[str, list[str], list[str], int]:
+    """A GEMM/Conv rOperator re-emitted with operands loaded through element functions and the
+    epilogue computed in its store. Returns (text with KNAME, tensor args in order, reads, writes)."""
+    g = ng.nodes[fus.node]
+    e = g.gemm
+    spec: GemmSpec = e.spec
+    b = Builder(ng, planner, planner.gemm_inline)
+    pnames = [p.split()[-1].lstrip("*") for p in spec.params]
+    ptens = [ng.res(a) for a in e.args]
+    inl = [(pn, t) for pn, t in zip(pnames[:-1], ptens[:-1])
+           if ng.producer.get(t) is not None and ng.producer.get(t) in planner.gemm_inline]
+    keep = [(pn, t) for pn, t in zip(pnames[:-1], ptens[:-1]) if (pn, t) not in inl]
+    for pn, t in keep:  # the kernel's own parameter names stay (its load/store text uses them)
+        b.params.setdefault(t, pn)
+    a_st, a_val = spec.load_a("m", "k")
+    b_st, b_val = spec.load_b("k", "n")
+    if not fus.epilogue:
+        b.params.setdefault(ptens[-1], pnames[-1])
+        b.written.add(ptens[-1])
+        store = spec.store("m", "n", "acc[i][j]")
+    else:
+        store = _epilogue(b, ng, g, spec, fus)
+    texts = ["\n".join(a_st), a_val, "\n".join(b_st), b_val, "\n".join(spec.prologue or []), "\n".join(store)]
+    for pn, t in inl:  # operands computed in the loads, through element functions
+        texts = [_subst_loads(x, pn, lambda idx, t=t: b.read(t, idx)) for x in texts]
+    a_st2, a_val2, b_st2, b_val2, pro2, store2 = texts
+    ordered = list(b.params)
+    decls = []
+    for t in ordered:
+        T = ctype(ng.tensor(t).dtype)
+        decls.append(f"GPTR {T}* {b.params[t]}" if t in b.written else f"GPTR const {T}* {b.params[t]}")
+    lines = lambda x: [y for y in x.split("\n") if y]  # noqa: E731
+    new = GemmSpec(batch=spec.batch, M=spec.M, N=spec.N, K=spec.K, params=decls,
+                   load_a=lambda m, k: (lines(a_st2), a_val2),
+                   load_b=lambda k, n: (lines(b_st2), b_val2),
+                   store=lambda m, n, acc: lines(store2),
+                   prologue=lines(pro2),
+                   a_k_contiguous=spec.a_k_contiguous, b_n_contiguous=spec.b_n_contiguous)
+    src = gemm_source("KNAME", new, e.tiling)
+    pd = "".join(d + ", " for d in decls)
+    pa = "".join(b.params[t] + ", " for t in ordered)
+    text = "\n".join(b.funcs) + "\n" + src
+    text = text.replace(PD, pd).replace(PA, pa)
+    reads = [t for t in ordered if t not in b.written]
+    writes = [t for t in ordered if t in b.written]
+    return text, ordered, reads, writes
+
+
+def _epilogue(b, ng, g, spec, fus) -> list[str]:
+    """Store statements: the GEMM's value, then each absorbed consumer at the same flat index."""
+    store = [f"const int ei = {spec.store_index('m', 'n')};", f"const float e0 = {spec.store_value('acc[i][j]')};"]
+    b.known = {g.output: "e0"}
+    for k, cid in enumerate(fus.epilogue, start=1):
+        c = ng.nodes[cid]
+        stmts, expr = b.body_value(c, "ei")
+        store += [f"float e{k};", "{", *["    " + x for x in stmts], f"    e{k} = (float)({expr});", "}"]
+        b.known[c.output] = f"e{k}"
+    for t in fus.stored:
+        store.append(f"{b.param(t, write=True)}[ei] = {b.known[t]};")
+    return store

@@ -1,0 +1,704 @@
+"""Deciding what goes where: GEMM epilogues and prologues, stitch groups, dominants, schemes,
+phases and thread mappings. No code is written here (codegen.py does that from these plans).
+
+The order of decisions follows the paper, extended at compute boundaries:
+
+1. **Epilogues.** A GEMM/Conv rOperator absorbs the map nodes that read its output at the same
+   flat index (bias, activation, residual add, scale, mask add), transitively.
+2. **Inlining into rOperators.** A cheap map node whose every consumer is an rOperator (or is
+   itself inlined) is computed inside their loads (transposes, reshapes-with-copies, casts,
+   the attention mask) and never written.
+3. **Groups.** The remaining memory-bound nodes join the group of a producer when that keeps the
+   group convex (no path leaves the group and comes back); sibling groups that read a common
+   input and do not depend on each other are packed into one kernel (Independent).
+4. **Dominants and materialization.** Reductions, stitch outputs and map nodes read by more than
+   one node in the group are materialized; every other node is recomputed in its consumer's
+   thread (Local, registers).
+5. **Phases.** Materialized nodes are laid out, in order, in phases: loops over units (rows)
+   that every stage of the phase shares. A node joins the current phase when its units line up
+   and every read of a node of this phase stays inside the unit (checked on index maps): that
+   edge is Regional (shared memory). Otherwise it opens a new phase behind a grid barrier:
+   Global. When the shared memory of a phase exceeds the budget, its largest buffer is demoted
+   to global memory, one at a time.
+6. **Thread mapping.** Per phase: threads per unit (a block, a warp, or one thread: horizontal
+   packing), units per block, task splitting of long rows across blocks, and the grid, which
+   for a kernel with grid barriers is capped at the proven resident blocks (vertical packing).
+   Where residency cannot be proven, the kernel is split at its grid barriers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...kernels.program import literal
+from ...kernels.reduce import ReduceExpr, ReduceLayout
+from .indexmap import access_kinds, input_index, is_identity, reduce_index
+from .nodes import NodeGraph
+
+BLOCK = 256
+SCHEMES = ("independent", "local", "regional", "global")
+
+
+@dataclass
+class GemmFusion:
+    node: int
+    epilogue: list[int] = field(default_factory=list)  # absorbed map nodes, in order
+    stored: list[str] = field(default_factory=list)  # tensors the kernel writes
+
+
+@dataclass
+class Stage:
+    node: int
+    per_unit: int  # elements (map) or outputs (reduce) per unit
+    smem: bool = False  # kept in shared memory for readers in this phase (Regional)
+    glob: bool = False  # written to global memory (stitch output, later phase, or demoted)
+    smem_off: int = 0  # floats from the start of the phase's shared buffer, per block
+    demoted: bool = False
+
+
+@dataclass
+class Phase:
+    U: int
+    chunked: bool  # units are flat chunks of `per_unit` elements (last one ragged)
+    stages: list[Stage] = field(default_factory=list)
+    grid_barrier: bool = False  # a grid barrier precedes this phase
+    tpr: int = BLOCK  # threads per unit
+    smem_floats: int = 0
+    split: int = 1  # task splitting factor of this phase's reduction (1: none)
+
+    @property
+    def per_block(self) -> int:
+        return BLOCK // self.tpr
+
+
+@dataclass
+class Stitch:
+    """One stitched kernel (or, after a split, one segment of a stitch)."""
+
+    nodes: list[int]
+    inlined: set[int]
+    phases: list[Phase]
+    grid: int = 1
+    spin: bool = False
+    resident: int = 0
+    resident_bound: str = ""
+    edges: list[dict] = field(default_factory=list)
+    independent: int = 1  # connected components packed together
+    split_from: int | None = None
+    sync_slot: int = 0
+
+
+# --------------------------------------------------------------------------------------------
+def node_size(ng: NodeGraph, n) -> int:
+    return ng.size(n.output)
+
+
+def _flops(ng, n) -> int:
+    if n.kind == "map":
+        return node_size(ng, n) * max(0, n.flops_per_elem)
+    if n.kind == "reduce":
+        return int(np.prod(n.red.shape))
+    return n.launch.flops if n.launch is not None else 0
+
+
+class Planner:
+    def __init__(self, ng: NodeGraph, device, opts):
+        self.ng, self.dev, self.opts = ng, device, opts
+        self.nodes = ng.nodes
+        multi = {}
+        for n in self.nodes:
+            for w in n.writes:
+                multi[w] = multi.get(w, 0) + 1
+        #: tensors written by several launches (RNN state): nodes touching them are never fused
+        self.multi = {t for t, c in multi.items() if c > 1}
+        self.kept = {n.id for n in self.nodes if n.kind == "opaque" or any(t in self.multi for t in n.reads + n.writes)}
+        self.extra: dict[int, set[int]] = {}  # fused rOperators also need what their epilogue reads
+        self.anc = self._ancestors()
+        self.gemms: dict[int, GemmFusion] = {}
+        self.absorbed: dict[int, int] = {}  # map node -> gemm node whose epilogue computes it
+        self.gemm_inline: set[int] = set()  # map nodes computed inside rOperator loads
+        self.groups: list[list[int]] = []
+        self.stitches: list[Stitch] = []
+
+    # -- dependencies ---------------------------------------------------------------------------
+    def preds(self, n) -> list[int]:
+        out = list(self.extra.get(n.id, ()))
+        for t in n.reads:
+            p = self.ng.producer.get(t)
+            if p is not None and p != n.id and p not in out:
+                out.append(p)
+        return out
+
+    def consumers(self, t: str) -> list[int]:
+        return self.ng.consumers.get(t, [])
+
+    def _ancestors(self) -> list[int]:
+        anc = [0] * len(self.nodes)
+        for n in self.nodes:
+            a = 0
+            for p in self.preds(n):
+                if p < n.id:
+                    a |= anc[p] | (1 << p)
+            anc[n.id] = a
+        return anc
+
+    def _decomposed(self, n) -> bool:
+        """Part of a decomposed op (softmax, LayerNorm): it belongs with its siblings in a stitch."""
+        return sum(1 for m in self.nodes if m.order == n.order) > 1
+
+    def recompute_ancestors(self) -> None:
+        """A fused rOperator runs its epilogue and inlined loads too: it depends on everything they read."""
+        for gid, fus in self.gemms.items():
+            extra = set()
+            todo = list(fus.epilogue) + [gid]
+            seen = set()
+            while todo:
+                c = todo.pop()
+                if c in seen:
+                    continue
+                seen.add(c)
+                for t in self.nodes[c].reads:
+                    p = self.ng.producer.get(t)
+                    if p is None or p == gid or p in fus.epilogue:
+                        continue
+                    if p in self.gemm_inline:
+                        todo.append(p)
+                    elif p < gid:
+                        extra.add(p)
+            self.extra[gid] = extra
+        self.anc = self._ancestors()
+
+    def is_output(self, t: str) -> bool:
+        return t in self.ng.outputs
+
+    # -- 1. epilogues ---------------------------------------------------------------------------
+    def plan_epilogues(self) -> None:
+        if not self.opts.gemm_fusion:
+            return
+        for g in self.nodes:
+            if g.kind != "gemm" or g.id in self.kept or g.gemm.spec.store_index is None:
+                continue
+            fus = GemmFusion(g.id)
+            size = self.ng.size(g.output)
+            known = {g.output}
+            for c in self.nodes[g.id + 1:]:
+                if len(fus.epilogue) >= self.opts.max_ops:
+                    break
+                if (c.kind != "map" or c.id in self.kept or c.id in self.absorbed or node_size(self.ng, c) != size
+                        or self.ng.tensor(c.output).dtype != "float32" or not any(t in known for t in c.inputs)):
+                    continue
+                ok = True
+                for k, t in enumerate(c.inputs):
+                    if not t:
+                        continue
+                    if t in known:
+                        ok = ok and access_kinds(c).get(k) in (None, "bcast") and is_identity(input_index(c, k), size)
+                    else:
+                        p = self.ng.producer.get(t)
+                        # anything else the epilogue reads must exist before the GEMM runs
+                        ok = ok and (p is None or p < g.id)
+                if ok:
+                    fus.epilogue.append(c.id)
+                    known.add(c.output)
+                    self.absorbed[c.id] = g.id
+            if fus.epilogue:
+                self.gemms[g.id] = fus
+
+    # -- 2. inlining into rOperators -----------------------------------------------------------
+    def plan_gemm_inline(self) -> None:
+        if not self.opts.gemm_fusion:
+            return
+        for n in reversed(self.nodes):
+            if n.kind != "map" or n.id in self.kept or n.id in self.absorbed or self.is_output(n.output):
+                continue
+            if n.flops_per_elem > self.opts.inline_flops or self._decomposed(n):
+                continue
+            if any(self.ng.producer.get(t) is not None and self.nodes[self.ng.producer[t]].kind == "reduce"
+                   for t in n.inputs):
+                continue  # recomputing it in the loads would force a reduction's row onto global memory
+            cons = self.consumers(n.output)
+            if not cons:
+                continue
+            ok = all((self.nodes[c].kind == "gemm" and c not in self.kept) or c in self.absorbed or c in self.gemm_inline
+                     for c in cons)
+            if ok:
+                self.gemm_inline.add(n.id)
+        for gid in list(self.gemms) + [n.id for n in self.nodes if n.kind == "gemm"]:
+            self.gemms.setdefault(gid, GemmFusion(gid))
+        for gid, fus in list(self.gemms.items()):
+            g = self.nodes[gid]
+            if gid in self.kept:
+                del self.gemms[gid]
+                continue
+            uses_inline = any(self.ng.producer.get(t) in self.gemm_inline for t in g.inputs)
+            if not fus.epilogue and not uses_inline:
+                del self.gemms[gid]
+                continue
+            made = [g.output] + [self.nodes[c].output for c in fus.epilogue]
+            fus.stored = [t for t in made if self.is_output(t) or any(c not in fus.epilogue for c in self.consumers(t))]
+            if not fus.stored:  # keep the last value at least (nothing reads it: simplify removed such nodes)
+                fus.stored = [made[-1]]
+
+    # -- 3. groups --------------------------------------------------------------------------------
+    def plan_groups(self) -> None:
+        free = [n for n in self.nodes if n.memory_bound and n.id not in self.kept and n.id not in self.absorbed
+                and n.id not in self.gemm_inline]
+        group_of: dict[int, int] = {}
+        masks: list[int] = []
+        members: list[list[int]] = []
+        for n in free:
+            best = None
+            for p in self.preds(n):
+                gi = group_of.get(p)
+                if gi is None or len(members[gi]) >= self.opts.max_ops:
+                    continue
+                # convex: no other predecessor of n may depend on the group
+                if all(group_of.get(q) == gi or not ((self.anc[q] | (1 << q)) & masks[gi]) for q in self.preds(n)):
+                    if best is None or len(members[gi]) > len(members[best]):
+                        best = gi
+            if best is None:
+                best = len(members)
+                members.append([])
+                masks.append(0)
+            members[best].append(n.id)
+            masks[best] |= 1 << n.id
+            group_of[n.id] = best
+        if "independent" in self.opts.schemes:
+            self._pack_siblings(members, masks)
+        self.groups = [sorted(m) for m in members if m]
+
+    def _pack_siblings(self, members, masks) -> None:
+        """Independent scheme: groups that read a common tensor and do not depend on each other."""
+        def deps(gi):
+            d = 0
+            for nid in members[gi]:
+                d |= self.anc[nid]
+            return d
+
+        by_input: dict[str, list[int]] = {}
+        for gi, mem in enumerate(members):
+            for nid in mem:
+                for t in self.nodes[nid].reads:
+                    p = self.ng.producer.get(t)
+                    if p is None or (1 << p) & masks[gi] == 0:
+                        by_input.setdefault(t, [])
+                        if gi not in by_input[t]:
+                            by_input[t].append(gi)
+        for t, gis in by_input.items():
+            gis = [g for g in gis if members[g]]
+            while len(gis) > 1:
+                a, b = gis[0], gis[1]
+                if (deps(a) & masks[b] == 0 and deps(b) & masks[a] == 0
+                        and len(members[a]) + len(members[b]) <= self.opts.max_ops
+                        and self._external_independent(members, masks, a, b)):
+                    members[a] += members[b]
+                    masks[a] |= masks[b]
+                    members[b], masks[b] = [], 0
+                    gis.pop(1)
+                else:
+                    gis.pop(0)
+
+    def _external_independent(self, members, masks, a, b) -> bool:
+        """No node outside a∪b lies on a path between them (the merged group stays convex)."""
+        both = masks[a] | masks[b]
+        for nid in members[a] + members[b]:
+            for q in self.preds(self.nodes[nid]):
+                if not (both >> q) & 1 and (self.anc[q] | (1 << q)) & both:
+                    return False
+        return True
+
+    # -- 4-6. per group -----------------------------------------------------------------------
+    def plan_stitches(self) -> None:
+        slot = 0
+        for mem in self.groups:
+            launches = {self.nodes[i].order for i in mem}
+            whole_launch = len(launches) == 1 and all(
+                n.id in mem for n in self.nodes if n.order in launches)
+            if whole_launch and not any(self.ng.producer.get(t) in self.gemm_inline for i in mem for t in self.nodes[i].inputs):
+                continue  # one original kernel, nothing to stitch: keep it
+            for st in self._stitch_group(mem):
+                if st.spin:
+                    st.sync_slot = slot
+                    slot += 1
+                self.stitches.append(st)
+
+    def _stitch_group(self, mem: list[int]) -> list[Stitch]:
+        ng, nodes = self.ng, self.nodes
+        gset = set(mem)
+        mat: list[int] = []
+        for i in mem:
+            n = nodes[i]
+            inside = [c for c in self.consumers(n.output) if c in gset]
+            outside = [c for c in self.consumers(n.output) if c not in gset]
+            if n.kind == "reduce" or outside or self.is_output(n.output) or len(inside) >= 2 or not inside:
+                mat.append(i)
+        mat = self._split_long_rows(mat, gset)
+        mem = sorted(gset)
+        inlined = gset - set(mat)
+        phases = self._phases(mat, inlined)
+        st = Stitch(mem, inlined, phases)
+        self._place(st)
+        self._map_threads(st)
+        self._residency(st)
+        st.edges = self._edges(st)
+        st.independent = self._components(mem)
+        if any(p.grid_barrier for p in phases) and (not st.resident or "global" not in self.opts.schemes):
+            return self._split(st)
+        return [st]
+
+    def _split_long_rows(self, mat, gset):
+        """Task splitting: a long row reduction with too few rows to fill a wave becomes partial
+        reductions over row chunks (one unit each) and a combine over the chunks."""
+        if not self.opts.task_splitting or "global" not in self.opts.schemes:
+            return mat
+        wave = self.dev.sms * max(1, min(self.dev.max_blocks_per_sm, self.dev.max_threads_per_sm // BLOCK))
+        out = []
+        for i in mat:
+            n = self.nodes[i]
+            if n.kind != "reduce":
+                out.append(i)
+                continue
+            lay = ReduceLayout(n.red.shape, n.red.axes)
+            O, R = lay.O, lay.R
+            if not lay.row or O >= wave or R <= 1024:
+                out.append(i)
+                continue
+            want = min(-(-wave // O), R // 256)
+            S = max((d for d in range(2, want + 1) if R % d == 0), default=1)
+            if S < 2:
+                out.append(i)
+                continue
+            part = self.ng.temp((O * S,))
+            post = n.red.post.replace("R_F", literal(float(R)))
+            p = self.ng._new("reduce", n.order, n.launch, inputs=list(n.inputs), output=part,
+                             red=ReduceExpr(n.red.x, part, (O * S, R // S), (1,), n.red.op, n.red.pre, "acc"),
+                             out_shape=(O * S, 1))
+            n.red = ReduceExpr(part, n.output, (O, S), (1,), n.red.op, "v", post)
+            n.inputs, n.reads = [part], [part]
+            self.ng.consumers[part] = [n.id]
+            self.anc.append(self.anc[i])
+            self.anc[i] |= 1 << p.id
+            gset.add(p.id)
+            out += [p.id, i]
+            p.split_factor = S  # reported in the thread mapping
+        return out
+
+    # -- reading through the Local chain --------------------------------------------------------
+    def trace(self, nid: int, idx: np.ndarray, units: np.ndarray, inlined: set[int], found: dict) -> None:
+        """Follow node `nid`'s reads (at its flat output elements `idx`, belonging to `units`)
+        through inlined nodes; record, per materialized tensor reached, (units, indices) pairs."""
+        n = self.nodes[nid]
+        if n.kind == "reduce":
+            m = reduce_index(n.red)
+            pairs = [(n.inputs[0], m)] if m is not None else [(n.inputs[0], None)]
+            for t, mm in pairs:
+                if mm is None:
+                    self._reach(t, None, None, inlined, found)
+                    continue
+                sub = mm[np.clip(idx, 0, mm.shape[0] - 1)]  # [len(idx), R]
+                sub[idx < 0] = -1
+                self._reach(t, sub.reshape(-1), np.repeat(units, mm.shape[1]), inlined, found)
+            return
+        for k, t in enumerate(n.inputs):
+            if not t:
+                continue
+            m = input_index(n, k)
+            if m is None or idx is None:
+                self._reach(t, None, None, inlined, found)
+                continue
+            sub = np.where(idx >= 0, m[np.clip(idx, 0, m.size - 1)], -1)
+            self._reach(t, sub, units, inlined, found)
+
+    def _reach(self, t, idx, units, inlined, found):
+        p = self.ng.producer.get(t)
+        if p is not None and p in inlined:
+            if idx is None:
+                self._unknown_below(p, inlined, found)
+                return
+            keep = idx != -2
+            self.trace(p, idx[keep], units[keep], inlined, found)
+            return
+        found.setdefault(t, []).append((units, idx))
+
+    def _unknown_below(self, p, inlined, found):
+        n = self.nodes[p]
+        for t in n.inputs:
+            if t:
+                self._reach(t, None, None, inlined, found)
+
+    def reads_of_stage(self, nid: int, U: int, per_unit: int, inlined: set[int]) -> dict:
+        """Materialized tensors stage `nid` reads, with (unit, element) pairs (None: unknown)."""
+        key = (nid, U, per_unit)
+        memo = self.__dict__.setdefault("_reads_memo", {})
+        if key in memo:
+            return memo[key]
+        n = self.nodes[nid]
+        size = node_size(self.ng, n)
+        found: dict = {}
+        memo[key] = found
+        if size > (1 << 22):
+            self._unknown_below(nid, inlined, found)
+            return found
+        idx = np.arange(size, dtype=np.int64)
+        self.trace(nid, idx, idx // max(1, per_unit), inlined, found)
+        return found
+
+    @staticmethod
+    def row_local(pairs, per_unit_t: int) -> bool:
+        for units, idx in pairs:
+            if idx is None:
+                return False
+            sel = idx != -2
+            if np.any(idx[sel] < 0):
+                return False
+            if not np.array_equal(idx[sel] // per_unit_t, units[sel]):
+                return False
+        return True
+
+    # -- phases -----------------------------------------------------------------------------------
+    def _units_for(self, nid: int, later: list[int]) -> tuple[int, bool]:
+        n = self.nodes[nid]
+        size = node_size(self.ng, n)
+        if n.kind == "reduce":
+            return size, False
+        for j in later:
+            m = self.nodes[j]
+            if m.kind == "reduce" and size % node_size(self.ng, m) == 0:
+                return node_size(self.ng, m), False
+        return -(-size // BLOCK), True
+
+    def _phases(self, mat: list[int], inlined: set[int]) -> list[Phase]:
+        phases: list[Phase] = []
+        phase_of: dict[str, int] = {}
+        for pos, nid in enumerate(mat):
+            n = self.nodes[nid]
+            size = node_size(self.ng, n)
+            placed = False
+            if phases:
+                ph = phases[-1]
+                per = BLOCK if ph.chunked else (size // ph.U if size % ph.U == 0 else 0)
+                if ph.chunked and -(-size // BLOCK) != ph.U:
+                    per = 0
+                if per and not (n.kind == "reduce" and ph.chunked):
+                    reads = self.reads_of_stage(nid, ph.U, per, inlined)
+                    ok = True
+                    for t, pairs in reads.items():
+                        q = phase_of.get(t)
+                        if q is None:
+                            continue
+                        if q == len(phases) - 1:
+                            tsize = self.ng.size(t)
+                            tper = BLOCK if ph.chunked else tsize // ph.U
+                            ok = ok and "regional" in self.opts.schemes and self.row_local(pairs, tper)
+                        else:
+                            ok = ok and ph.grid_barrier
+                    if ok:
+                        ph.stages.append(Stage(nid, per))
+                        phase_of[n.output] = len(phases) - 1
+                        placed = True
+            if placed:
+                continue
+            U, chunked = self._units_for(nid, mat[pos + 1:])
+            per = BLOCK if chunked else size // U
+            reads = self.reads_of_stage(nid, U, per, inlined)
+            barrier = any(t in phase_of for t in reads)
+            phases.append(Phase(U, chunked, [Stage(nid, per)], grid_barrier=barrier))
+            phase_of[n.output] = len(phases) - 1
+        return phases
+
+    def _place(self, st: Stitch) -> None:
+        """Where each materialized node lives: shared memory for readers in its phase (Regional),
+        global memory for stitch outputs and later phases; demote Regional to Global when the
+        phase's shared memory exceeds the budget, the largest buffer first."""
+        gset = set(st.nodes)
+        where: dict[str, tuple[int, int]] = {}
+        for pi, ph in enumerate(st.phases):
+            for si, s in enumerate(ph.stages):
+                where[self.nodes[s.node].output] = (pi, si)
+        readers: dict[str, set] = {}
+        for pi, ph in enumerate(st.phases):
+            for s in ph.stages:
+                for t in self.reads_of_stage(s.node, ph.U, s.per_unit, st.inlined):
+                    readers.setdefault(t, set()).add(pi)
+        for pi, ph in enumerate(st.phases):
+            for s in ph.stages:
+                t = self.nodes[s.node].output
+                outside = self.is_output(t) or any(c not in gset for c in self.consumers(t))
+                rs = readers.get(t, set())
+                s.glob = outside or any(r != pi for r in rs)
+                s.smem = pi in rs and "regional" in self.opts.schemes
+                if pi in rs and not s.smem:
+                    s.glob = s.demoted = True
+        budget = self.smem_budget() // 4
+        for ph in st.phases:
+            while True:
+                self._alloc_smem(ph, st)
+                if ph.smem_floats <= budget:
+                    break
+                cand = [s for s in ph.stages if s.smem]
+                if not cand:
+                    break
+                big = max(cand, key=lambda s: s.per_unit)
+                big.smem, big.glob, big.demoted = False, True, True
+
+    def smem_budget(self) -> int:
+        if self.opts.smem_budget is not None:
+            return self.opts.smem_budget
+        return min(self.dev.shared_mem_per_block, 48 * 1024)
+
+    def _alloc_smem(self, ph: Phase, st: Stitch) -> None:
+        """Offsets by liveness inside the phase: a buffer is live from its stage to its last reader."""
+        last: dict[int, int] = {}
+        for si, s in enumerate(ph.stages):
+            for t in self.reads_of_stage(s.node, ph.U, s.per_unit, st.inlined):
+                for sj, s2 in enumerate(ph.stages[:si]):
+                    if self.nodes[s2.node].output == t:
+                        last[sj] = si
+        # threads per unit is not known yet: size buffers for the most units a block can hold
+        P = ph.per_block
+        live: list[tuple[int, int, int]] = []  # (start stage, end stage, offset, size)
+        top = 0
+        for si, s in enumerate(ph.stages):
+            if not s.smem:
+                continue
+            size = s.per_unit * P
+            end = last.get(si, si)
+            busy = sorted((o, o + z) for (a, b, o, z) in live if not (b < si or end < a))
+            off = 0
+            for lo, hi in busy:
+                if off + size <= lo:
+                    break
+                off = max(off, hi)
+            s.smem_off = off
+            live.append((si, end, off, size))
+            top = max(top, off + size)
+        ph.smem_floats = top
+
+    # -- thread mapping ---------------------------------------------------------------------------
+    def _map_threads(self, st: Stitch) -> None:
+        dev = self.dev
+        warp = dev.warp_size
+        W = dev.sms * (dev.max_threads_per_sm // max(1, warp))  # warps per wave
+        for ph in st.phases:
+            reds = [self.nodes[s.node] for s in ph.stages if self.nodes[s.node].kind == "reduce"]
+            if ph.chunked:
+                ph.tpr = BLOCK
+            elif reds:
+                lay = ReduceLayout(reds[0].red.shape, reds[0].red.axes)
+                rows, cols = ph.U, max(ReduceLayout(r.red.shape, r.red.axes).R for r in reds)
+                if not lay.row and lay.inner > 1:
+                    ph.tpr = 1  # column reduction: a thread per output, loads coalesced across threads
+                elif rows < W / 4 or (rows < W / 2 and cols >= 1024) or (rows >= W / 2 and cols >= 512):
+                    ph.tpr = BLOCK  # a block per row
+                else:
+                    ph.tpr = max(1, min(BLOCK, warp))  # a warp per row
+                if cols <= 2 and ph.tpr > 1:
+                    ph.tpr = 1
+            else:
+                per = max(s.per_unit for s in ph.stages)
+                t = 1
+                while t < per and t < BLOCK:
+                    t *= 2
+                ph.tpr = t
+            if any(s.smem for s in ph.stages):
+                self._alloc_smem(ph, st)  # the units per block are known now
+            ph.split = max([getattr(self.nodes[s.node], "split_factor", 1) for s in ph.stages] + [1])
+
+    def _residency(self, st: Stitch) -> None:
+        """Blocks needed, and for a kernel with grid barriers the resident blocks proven possible.
+
+        Spin-waiting kernels are emitted with LAUNCH_BOUNDS(BLOCK): nvcc must then fit the
+        registers of a full block on one SM, so one block per SM is guaranteed whenever the
+        block's threads and shared memory fit an SM. That (and no more) is the bound used.
+        """
+        dev = self.dev
+        need = max(-(-ph.U // ph.per_block) for ph in st.phases)
+        st.spin = any(ph.grid_barrier for ph in st.phases)
+        smem = 4 * (max(ph.smem_floats for ph in st.phases) + BLOCK)
+        fits = BLOCK <= min(dev.max_threads_per_sm, dev.max_threads_per_block) and smem <= dev.shared_mem_per_sm
+        per_sm = 0
+        if fits:
+            per_sm = 1
+            st.resident_bound = ("1 block/SM: LAUNCH_BOUNDS caps registers; "
+                                 f"{dev.sms} SMs on {dev.name}")
+        else:
+            st.resident_bound = (f"none: a {BLOCK}-thread block with {smem} B of shared memory does not fit "
+                                 f"one SM of {dev.name}")
+        st.resident = dev.sms * per_sm
+        st.grid = min(need, st.resident) if st.spin and st.resident else need
+
+    def _split(self, st: Stitch) -> list[Stitch]:
+        """No proven co-residency (or Global off): one kernel per run of phases between grid
+        barriers; what crosses a cut goes through global memory, and the kernel boundary is the
+        barrier."""
+        segs: list[list[Phase]] = []
+        for ph in st.phases:
+            if ph.grid_barrier or not segs:
+                segs.append([])
+            ph.grid_barrier = False
+            segs[-1].append(ph)
+        out = []
+        for k, phs in enumerate(segs):
+            nodes_here = {s.node for ph in phs for s in ph.stages}
+            s2 = Stitch(sorted(nodes_here | {i for i in st.inlined}), set(st.inlined), phs, split_from=k,
+                        resident=st.resident, resident_bound=st.resident_bound, independent=st.independent)
+            # every materialized value another segment reads is in global memory already (_place)
+            self._residency(s2)
+            s2.edges = [e for e in st.edges if e["consumer_node"] in nodes_here or e["consumer_node"] in st.inlined]
+            out.append(s2)
+        return out
+
+    # -- reporting --------------------------------------------------------------------------------
+    def _edges(self, st: Stitch) -> list[dict]:
+        gset = set(st.nodes)
+        loc: dict[str, tuple[int, Stage]] = {}
+        for pi, ph in enumerate(st.phases):
+            for s in ph.stages:
+                loc[self.nodes[s.node].output] = (pi, s)
+        stage_phase = {s.node: pi for pi, ph in enumerate(st.phases) for s in ph.stages}
+        edges = []
+        for i in st.nodes:
+            n = self.nodes[i]
+            for k, t in enumerate(n.inputs):
+                p = self.ng.producer.get(t)
+                if not t or p is None or p not in gset:
+                    continue
+                if p in st.inlined:
+                    scheme, where = "Local", "registers"
+                else:
+                    pi, s = loc[t]
+                    same = stage_phase.get(i, None)
+                    if s.smem and (same == pi or i in st.inlined):
+                        scheme, where = "Regional", "shared"
+                    else:
+                        scheme, where = "Global", "global"
+                dep = self._dependency(n, k, t)
+                edges.append({"producer": self.nodes[p].op_type, "producer_node": p, "consumer": n.op_type,
+                              "consumer_node": i, "tensor": t, "scheme": scheme, "dependency": dep, "where": where})
+        return edges
+
+    def _dependency(self, n, k, t) -> str:
+        size = self.ng.size(t)
+        if n.kind == "reduce":
+            return "one-to-many"
+        m = input_index(n, k)
+        if m is None or np.any(m == -1):
+            return "across blocks"
+        if is_identity(m, node_size(self.ng, n)) and size == node_size(self.ng, n):
+            return "one-to-one"
+        return "one-to-many"
+
+    def _components(self, mem: list[int]) -> int:
+        parent = {i: i for i in mem}
+
+        def find(x):
+            while parent[x] != x:
+                x = parent[x]
+            return x
+
+        for i in mem:
+            for p in self.preds(self.nodes[i]):
+                if p in parent:
+                    parent[find(p)] = find(i)
+        return len({find(i) for i in mem})

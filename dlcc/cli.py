@@ -153,9 +153,9 @@ def verify(model: Path = typer.Argument(..., help="ONNX model file"),
 
 def _summary(plan: dict) -> dict:
     s = plan["stats"]
-    keys = ("onnx_nodes", "nodes_after_folding", "kernels", "launches", "dram_bytes", "lower_bound_bytes",
+    keys = ("onnx_nodes", "nodes_after_folding", "kernels", "launches", "memory_bound_launches", "dram_bytes", "lower_bound_bytes",
             "arena_bytes", "naive_bytes", "weights_bytes", "flops", "inplace_pairs", "op_histogram")
-    return {k: s[k] for k in keys}
+    return {k: s[k] for k in keys if k in s}
 
 
 @app.command()
@@ -165,6 +165,9 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
                                           "kernel, kind/tiling, grid x block, FLOPs, modelled DRAM bytes, arguments"),
             kernel: Optional[str] = typer.Option(None, "--kernel", "-k", help="print the source of this kernel "
                                                  "(name or unique prefix) and stop"),
+            stitch: bool = typer.Option(False, "--stitch", help="show each stitched kernel and fused rOperator (astitch): "
+                                        "ops, dominants, scheme of every edge, where intermediates live, thread "
+                                        "mapping, DRAM bytes saved"),
             json_out: bool = JsonOpt, quiet: bool = QuietOpt):
     """Summarise the graph and plan: ops, kernels, launches, DRAM bytes, lower bound, arena vs naive."""
     if path.is_dir():
@@ -198,6 +201,8 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
         by_kind[L["category"] or "other"] = by_kind.get(L["category"] or "other", 0) + 1
     if json_out:
         extra = {"launch_list": launch_rows} if launch_rows is not None else {}
+        if stitch:
+            extra["stitch"] = plan.get("stitch", [])
         print(json.dumps({**s, "launches_by_category": by_kind, "meta": plan["meta"], **extra}))
         return
     t = Table(title=f"{plan['meta']['model']} — pipeline {plan['meta']['pipeline']}, device {plan['meta']['device']}")
@@ -205,6 +210,7 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
     t.add_column("value", justify="right")
     rows = [("ONNX nodes", s["onnx_nodes"]), ("nodes after folding", s["nodes_after_folding"]),
             ("kernels (distinct)", s["kernels"]), ("launches per inference", s["launches"]),
+            ("memory-bound launches", s.get("memory_bound_launches", "")),
             ("modelled DRAM bytes / inference", _human(s["dram_bytes"])),
             ("lower bound (weights + inputs + outputs)", _human(s["lower_bound_bytes"])),
             ("DRAM / lower bound", f"{s['dram_bytes'] / max(1, s['lower_bound_bytes']):.2f}x"),
@@ -237,15 +243,65 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
                        f"{r['grid']} x {r['block']}", f"{r['flops'] / 1e6:.2f}", _human(r["dram_bytes"]), *extra,
                        " ".join(map(str, r["args"])))
         out.print(lt)
+    if stitch:
+        _print_stitch(plan)
+
+
+def _print_stitch(plan: dict) -> None:
+    """`inspect --stitch`: one panel per stitched kernel or fused rOperator."""
+    rep = plan.get("stitch")
+    if rep is None:
+        out.print("[yellow]no astitch report: compile with --pipeline astitch[/]")
+        return
+    for r in rep:
+        saved = r["baseline_dram_bytes"] - r["dram_bytes"]
+        if r["kind"] == "gemm":
+            out.print(f"[bold]{_escape(r['kernel'])}[/] rOperator {' + '.join(r['ops'])}  prologue: "
+                      f"{', '.join(r['prologue']) or '-'}  epilogue: {', '.join(r['epilogue']) or '-'}  "
+                      f"DRAM {_human(r['dram_bytes'])} (saves {_human(saved)})")
+            continue
+        mp = r["mapping"]
+        out.print(f"[bold]{_escape(r['kernel'])}[/] stitch of {len(r['ops'])} ops: {', '.join(r['ops'])}")
+        out.print(f"  dominants: {', '.join(r['dominants']) or '-'}   independent parts: {r['independent_components']}   "
+                  f"DRAM {_human(r['dram_bytes'])} vs baseline {_human(r['baseline_dram_bytes'])} (saves {_human(saved)})")
+        e = Table(title="edges", title_justify="left")
+        for c in ("producer", "consumer", "dependency", "scheme", "where"):
+            e.add_column(c)
+        for x in r["edges"]:
+            e.add_row(x["producer"], x["consumer"], x["dependency"], x["scheme"], x["where"])
+        if r["edges"]:
+            out.print(e)
+        i = Table(title="intermediates", title_justify="left")
+        for c in ("op", "phase", "lives in", "demoted"):
+            i.add_column(c)
+        for x in r["intermediates"]:
+            i.add_row(x["op"], "" if x["phase"] is None else str(x["phase"]), x["where"], "yes" if x["demoted"] else "")
+        out.print(i)
+        m = Table(title=f"thread mapping: block {mp['block']}, grid {mp['grid']}, {mp['waves']} wave(s)"
+                        + (f", grid barrier (resident {mp['resident_blocks']}: {mp['residency']})" if mp["grid_sync"] else "")
+                        + (f", split segment {mp['split_segment']}" if mp["split_segment"] is not None else ""),
+                  title_justify="left")
+        for c in ("phase", "units", "threads/unit", "units/block (horizontal)", "vertical", "split", "barrier before",
+                  "smem", "stages"):
+            m.add_column(c)
+        for k, ph in enumerate(mp["phases"]):
+            m.add_row(str(k), str(ph["units"]), str(ph["threads_per_unit"]), str(ph["units_per_block"]),
+                      str(ph["vertical_packing"]), str(ph["split"]), "grid" if ph["grid_barrier_before"] else "",
+                      _human(ph["smem_bytes"]), ", ".join(ph["stages"]))
+        out.print(m)
 
 
 def _kernel_text(source: str, name: str) -> str:
     """One kernel (its device functions and entry point) cut out of an artifact's kernels.cu."""
-    start = source.find(f"DEVICE void {name}_task(")
-    if start < 0:
-        start = source.find(f"KERNEL void {name}(")
-    end = source.find("\n}\n", source.find(f"KERNEL void {name}(")) + 3
-    return source[start:end] if start >= 0 else ""
+    import re
+
+    first = re.search(rf"\b{re.escape(name)}(_ef\d+_\d+|_task)?\(", source)
+    entry = re.search(rf"KERNEL void (LAUNCH_BOUNDS\(\d+\) )?{re.escape(name)}\(", source)
+    if first is None or entry is None:
+        return ""
+    start = source.rfind("\n", 0, first.start()) + 1
+    end = source.find("\n}\n", entry.start()) + 3
+    return source[start:end]
 
 @app.command("list")
 def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | passes | what-ifs"), json_out: bool = JsonOpt):

@@ -248,15 +248,32 @@ class Planner:
         masks: list[int] = []
         members: list[list[int]] = []
         for n in free:
-            best = None
+            cands = []
             for p in self.preds(n):
                 gi = group_of.get(p)
-                if gi is None or len(members[gi]) >= self.opts.max_ops:
-                    continue
-                # convex: no other predecessor of n may depend on the group
-                if all(group_of.get(q) == gi or not ((self.anc[q] | (1 << q)) & masks[gi]) for q in self.preds(n)):
-                    if best is None or len(members[gi]) > len(members[best]):
-                        best = gi
+                if gi is not None and gi not in cands and members[gi]:
+                    cands.append(gi)
+            best = None
+            if len(cands) > 1:  # n joins several groups: merge them when the union stays convex
+                union = (1 << n.id)
+                for gi in cands:
+                    union |= masks[gi]
+                size = 1 + sum(len(members[gi]) for gi in cands)
+                if size <= self.opts.max_ops and self._convex(union):
+                    best = cands[0]
+                    for gi in cands[1:]:
+                        for nid in members[gi]:
+                            group_of[nid] = best
+                        members[best] += members[gi]
+                        masks[best] |= masks[gi]
+                        members[gi], masks[gi] = [], 0
+            if best is None:
+                for gi in cands:
+                    if len(members[gi]) >= self.opts.max_ops:
+                        continue
+                    if self._convex(masks[gi] | (1 << n.id)):
+                        if best is None or len(members[gi]) > len(members[best]):
+                            best = gi
             if best is None:
                 best = len(members)
                 members.append([])
@@ -267,6 +284,18 @@ class Planner:
         if "independent" in self.opts.schemes:
             self._pack_siblings(members, masks)
         self.groups = [sorted(m) for m in members if m]
+
+    def _convex(self, mask: int) -> bool:
+        """No path leaves the node set `mask` and comes back into it."""
+        m, i = mask, 0
+        while m:
+            if m & 1:
+                for q in self.preds(self.nodes[i]):
+                    if not (mask >> q) & 1 and (self.anc[q] | (1 << q)) & mask:
+                        return False
+            m >>= 1
+            i += 1
+        return True
 
     def _pack_siblings(self, members, masks) -> None:
         """Independent scheme: groups that read a common tensor and do not depend on each other."""

@@ -1,0 +1,297 @@
+"""The astitch pass: one small graph per scheme with exact expectations about the grouping (kernels,
+scheme per edge, where each intermediate lives), numerics against onnxruntime on PoCL, the grid
+barrier's residency rules and state, nvcc, and packaging."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+import dlcc
+from dlcc.backends.nvcc import compile_cubin, find_nvcc
+from dlcc.backends.source import render
+from dlcc.errors import DlccError
+from dlcc.verify import compare, run_onnxruntime
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _model(tmp_path, nodes, inputs, outputs, inits=None, name="m"):
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info(n, T.FLOAT, s) for n, s in inputs],
+                     [h.make_tensor_value_info(n, T.FLOAT, None) for n in outputs],
+                     [nh.from_array(v, k) for k, v in (inits or {}).items()])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    m = onnx.shape_inference.infer_shapes(m)  # fills in the outputs' shapes
+    p = tmp_path / f"{name}.onnx"
+    onnx.save(m, p)
+    return p, {n: np.random.default_rng(1).standard_normal(s).astype(np.float32) for n, s in inputs}
+
+
+def _compile_check(path, feeds, pipeline="astitch", device=None):
+    m = dlcc.compile(path, target="opencl", pipeline=pipeline, device=device)
+    got = m(feeds)
+    names = [o["name"] for o in m.outputs]
+    for n, r in zip(names, run_onnxruntime(str(path), feeds, names)):
+        res = compare(n, got[n], r, 1e-4, 1e-5)
+        assert res["passed"], res
+    return m
+
+
+def _stitches(m):
+    return [r for r in m.plan["stitch"] if r["kind"] == "stitch"]
+
+
+def _schemes(r):
+    return {e["scheme"] for e in r["edges"]}
+
+
+def _where(r, op):
+    return [i["where"] for i in r["intermediates"] if i["op"] == op]
+
+
+def test_elementwise_chain_is_local(tmp_path):
+    p, feeds = _model(tmp_path, [h.make_node("Mul", ["x", "two"], ["a"]), h.make_node("Add", ["a", "one"], ["b"]),
+                                 h.make_node("Relu", ["b"], ["y"])], [("x", [4, 100])], ["y"],
+                      {"two": np.array(2, np.float32), "one": np.array(1, np.float32)})
+    m = _compile_check(p, feeds)
+    assert m.stats["launches"] == 1
+    (r,) = _stitches(m)
+    assert _schemes(r) == {"Local"}
+    assert _where(r, "Mul") == ["registers"] and _where(r, "Add") == ["registers"]
+    assert {e["dependency"] for e in r["edges"]} == {"one-to-one"}
+
+
+def test_softmax_is_regional(tmp_path):
+    p, feeds = _model(tmp_path, [h.make_node("Mul", ["x", "s"], ["a"]), h.make_node("Softmax", ["a"], ["y"], axis=-1)],
+                      [("x", [8, 64])], ["y"], {"s": np.array(0.5, np.float32)})
+    m = _compile_check(p, feeds)
+    assert m.stats["launches"] == 1
+    (r,) = _stitches(m)
+    assert _schemes(r) == {"Regional"}  # the scaled row and exp(x - max) are read twice: kept on chip
+    assert len(r["dominants"]) == 2  # max and sum
+    assert _where(r, "Mul") == ["shared (256 B)"]
+    assert any(w.startswith("shared") for w in _where(r, "Softmax"))
+    assert not r["mapping"]["grid_sync"]
+
+
+def test_residual_add_layernorm(tmp_path):
+    rng = np.random.default_rng(0)
+    p, feeds = _model(tmp_path, [h.make_node("Add", ["x", "r"], ["a"]),
+                                 h.make_node("LayerNormalization", ["a", "g", "b"], ["y"], axis=-1)],
+                      [("x", [16, 96]), ("r", [16, 96])], ["y"],
+                      {"g": rng.standard_normal(96).astype(np.float32), "b": rng.standard_normal(96).astype(np.float32)})
+    m = _compile_check(p, feeds)
+    assert m.stats["launches"] == 1
+    (r,) = _stitches(m)
+    assert _where(r, "Add") == ["shared (384 B)"]  # one row of the residual sum, read by three stages
+    assert "Regional" in _schemes(r) and "Global" not in _schemes(r)
+    assert r["dram_bytes"] < r["baseline_dram_bytes"]
+
+
+def test_column_reduction_broadcast_is_global(tmp_path):
+    p, feeds = _model(tmp_path, [h.make_node("ReduceMean", ["x"], ["m"], axes=[0], keepdims=1),
+                                 h.make_node("Sub", ["x", "m"], ["y"])], [("x", [64, 32])], ["y"])
+    m = _compile_check(p, feeds)
+    assert m.stats["launches"] == 1
+    (r,) = _stitches(m)
+    assert "Global" in _schemes(r)
+    assert r["mapping"]["grid_sync"] and r["mapping"]["phases"][1]["grid_barrier_before"]
+    assert r["mapping"]["phases"][0]["threads_per_unit"] == 1  # column reduction: a thread per output
+    assert any(e["dependency"] == "across blocks" or e["scheme"] == "Global" for e in r["edges"])
+    (L,) = m.plan["launches"]
+    assert L["grid_sync"] and L["grid"] <= m.plan["stitch"][0]["mapping"]["resident_blocks"]
+
+
+def test_row_and_column_reduction_in_one_stitch(tmp_path):
+    p, feeds = _model(tmp_path, [h.make_node("ReduceMean", ["x"], ["r"], axes=[1], keepdims=1),
+                                 h.make_node("ReduceMax", ["x"], ["c"], axes=[0], keepdims=1),
+                                 h.make_node("Sub", ["x", "r"], ["a"]), h.make_node("Sub", ["a", "c"], ["y"])],
+                      [("x", [48, 40])], ["y"])
+    m = _compile_check(p, feeds)
+    assert m.stats["launches"] == 1
+    (r,) = _stitches(m)
+    assert len(r["dominants"]) == 2
+    assert "Global" in _schemes(r)
+
+
+def test_independent_branches(tmp_path):
+    p, feeds = _model(tmp_path, [h.make_node("Relu", ["x"], ["a"]), h.make_node("Exp", ["x"], ["b"])],
+                      [("x", [10, 30])], ["a", "b"])
+    m = _compile_check(p, feeds)
+    assert m.stats["launches"] == 1
+    (r,) = _stitches(m)
+    assert r["independent_components"] == 2
+
+
+def test_shared_memory_overflow_demotes_to_global(tmp_path):
+    rng = np.random.default_rng(0)
+    p, feeds = _model(tmp_path, [h.make_node("Add", ["x", "r"], ["a"]),
+                                 h.make_node("LayerNormalization", ["a", "g", "b"], ["y"], axis=-1)],
+                      [("x", [8, 512]), ("r", [8, 512])], ["y"],
+                      {"g": rng.standard_normal(512).astype(np.float32), "b": rng.standard_normal(512).astype(np.float32)})
+    pipe = tmp_path / "small-smem.yaml"
+    pipe.write_text("name: small-smem\npasses:\n  - name: simplify\n  - name: lower\n  - name: astitch\n"
+                    "    options: {smem_budget: 3072}\n  - name: memplan\n")
+    m = _compile_check(p, feeds, pipeline=str(pipe))
+    (r,) = _stitches(m)
+    demoted = [i for i in r["intermediates"] if i["demoted"]]
+    assert demoted and all("global" in i["where"] for i in demoted)
+    assert all(ph["smem_bytes"] <= 3072 for ph in r["mapping"]["phases"])
+    assert m.stats["launches"] == 1  # demoted, not split: the reads stay row-local
+
+
+def test_grid_that_cannot_be_resident_is_split(tmp_path):
+    p, feeds = _model(tmp_path, [h.make_node("ReduceMean", ["x"], ["m"], axes=[0], keepdims=1),
+                                 h.make_node("Sub", ["x", "m"], ["y"])], [("x", [64, 32])], ["y"])
+    dev = tmp_path / "tiny.yaml"
+    dev.write_text((ROOT / "configs/devices/pocl-cpu.yaml").read_text().replace("max_threads_per_sm: 4096",
+                                                                                 "max_threads_per_sm: 128"))
+    m = _compile_check(p, feeds, device=str(dev))
+    assert m.stats["launches"] == 2
+    assert not any(L.get("grid_sync") for L in m.plan["launches"])
+    assert all(r["mapping"]["split_segment"] is not None for r in _stitches(m))
+
+
+class _Recorder:
+    """Wraps a runtime: records launches, claims `resident` co-resident blocks."""
+
+    def __init__(self, rt, resident):
+        self.rt, self.resident, self.launches = rt, resident, []
+
+    def __getattr__(self, k):
+        return getattr(self.rt, k)
+
+    def resident_blocks(self, kernel, block, smem=0):
+        return self.resident
+
+    def launch(self, kernel, grid, block, args):
+        self.launches.append(grid)
+        self.rt.launch(kernel, grid, block, args)
+
+
+def test_spin_kernels_never_exceed_the_resident_limit(tmp_path):
+    from dlcc.backends.opencl import OpenCLRuntime
+    from dlcc.executor import Executor
+
+    p, feeds = _model(tmp_path, [h.make_node("ReduceMean", ["x"], ["m"], axes=[0], keepdims=1),
+                                 h.make_node("Sub", ["x", "m"], ["y"])], [("x", [256, 64])], ["y"])
+    m = dlcc.compile(p, target="opencl", pipeline="astitch", device="h100")
+    (L,) = m.plan["launches"]
+    assert L["grid_sync"] and L["grid"] > 1
+    source = render(m.kernel_codes, "opencl")
+    rec = _Recorder(OpenCLRuntime(), 1)
+    ex = Executor(m.plan, m.weights, source, rec)
+    got = ex.run(feeds)["y"]
+    assert rec.launches == [1]  # clamped to what is resident: the grid-stride loops do the rest
+    np.testing.assert_allclose(got, feeds["x"] - feeds["x"].mean(0, keepdims=True), rtol=1e-5, atol=1e-5)
+    with pytest.raises(DlccError, match="resident"):
+        Executor(m.plan, m.weights, source, _Recorder(OpenCLRuntime(), 0))
+
+
+def test_barrier_state_survives_repeated_and_interrupted_runs(tmp_path):
+    p, feeds = _model(tmp_path, [h.make_node("ReduceMean", ["x"], ["m"], axes=[0], keepdims=1),
+                                 h.make_node("Sub", ["x", "m"], ["a"]),
+                                 h.make_node("ReduceMax", ["a"], ["c"], axes=[0], keepdims=1),
+                                 h.make_node("Div", ["a", "c"], ["y"])], [("x", [64, 48])], ["y"])
+    m = dlcc.compile(p, target="opencl", pipeline="astitch", out=tmp_path / "a.dlcc")
+    assert any(L.get("grid_sync") for L in m.plan["launches"])
+    ex = m.executor()
+    first = ex.run(feeds)["y"]
+    assert np.array_equal(first, ex.run(feeds)["y"])
+    for kernel, grid, block, args in ex.calls[:1]:  # an inference cut off after its first launch
+        ex.rt.launch(kernel, grid, block, args)
+    ex.rt.finish()
+    assert np.array_equal(first, ex.run(feeds)["y"])
+    again = dlcc.load(tmp_path / "a.dlcc", target="opencl")
+    assert np.array_equal(first, again(feeds)["y"])
+
+
+def test_conv_batchnorm_relu_folds_and_fuses(tmp_path):
+    rng = np.random.default_rng(0)
+    c = 8
+    inits = {"w": rng.standard_normal((c, 3, 3, 3)).astype(np.float32),
+             "s": rng.uniform(0.5, 2, c).astype(np.float32), "bb": rng.standard_normal(c).astype(np.float32),
+             "mu": rng.standard_normal(c).astype(np.float32), "var": rng.uniform(0.5, 2, c).astype(np.float32)}
+    p, feeds = _model(tmp_path, [h.make_node("Conv", ["x", "w"], ["a"], pads=[1, 1, 1, 1]),
+                                 h.make_node("BatchNormalization", ["a", "s", "bb", "mu", "var"], ["b"]),
+                                 h.make_node("Relu", ["b"], ["y"])], [("x", [1, 3, 12, 12])], ["y"], inits)
+    base = dlcc.compile(p, target="opencl")
+    m = _compile_check(p, feeds)
+    assert base.stats["launches"] >= 2 and m.stats["launches"] == 1
+    (g,) = [r for r in m.plan["stitch"] if r["kind"] == "gemm"]
+    assert g["epilogue"] == ["Relu"]
+
+
+def test_gemm_prologue_and_epilogue(tmp_path):
+    rng = np.random.default_rng(0)
+    p, feeds = _model(tmp_path, [h.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]), h.make_node("Neg", ["xt"], ["xn"]),
+                                 h.make_node("MatMul", ["xn", "w"], ["a"]), h.make_node("Add", ["a", "b"], ["c"]),
+                                 h.make_node("Tanh", ["c"], ["d"]), h.make_node("Add", ["d", "r"], ["y"])],
+                      [("x", [2, 24, 40]), ("r", [2, 40, 16])], ["y"],
+                      {"w": rng.standard_normal((24, 16)).astype(np.float32), "b": rng.standard_normal(16).astype(np.float32)})
+    m = _compile_check(p, feeds)
+    assert m.stats["launches"] == 1 and m.stats["memory_bound_launches"] == 0
+    (g,) = m.plan["stitch"]
+    assert g["prologue"] == ["Neg"] and g["epilogue"][-2:] == ["Tanh", "Add"]
+    assert g["dram_bytes"] < g["baseline_dram_bytes"]
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed on this machine")
+def test_astitch_kernels_compile_for_cuda(tmp_path, model_path):
+    codes = {}
+    for name in ("bert", "ocr", "mobilenet"):
+        m = dlcc.compile(model_path(name), target="opencl", pipeline="astitch")
+        codes.update(zip([k["name"] for k in m.plan["kernels"]], m.kernel_codes))
+    p, _ = _model(tmp_path, [h.make_node("ReduceMean", ["x"], ["m"], axes=[0], keepdims=1),
+                             h.make_node("Sub", ["x", "m"], ["y"])], [("x", [64, 32])], ["y"])
+    m = dlcc.compile(p, target="opencl", pipeline="astitch", device="h100")
+    codes.update(zip([k["name"] for k in m.plan["kernels"]], m.kernel_codes))
+    assert any("dlcc_grid_sync" in c for c in codes.values())
+    source = render(list(codes.values()), "cuda")
+    for arch in ("sm_80", "sm_90"):
+        usage = compile_cubin(source, arch)
+        assert set(codes) <= set(usage)
+        assert not {k: u for k, u in usage.items() if u.spills}
+
+
+def test_inspect_stitch_cli(tmp_path):
+    p, _ = _model(tmp_path, [h.make_node("Mul", ["x", "s"], ["a"]), h.make_node("Softmax", ["a"], ["y"], axis=-1)],
+                  [("x", [8, 64])], ["y"], {"s": np.array(0.5, np.float32)})
+    import json
+
+    from typer.testing import CliRunner
+
+    from dlcc.cli import app
+
+    r = CliRunner().invoke(app, ["inspect", str(p), "--pipeline", "astitch", "--stitch", "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["memory_bound_launches"] == 1 and len(data["stitch"]) == 1
+    assert data["stitch"][0]["mapping"]["block"] == 256
+    r = CliRunner().invoke(app, ["inspect", str(p), "--pipeline", "astitch", "--stitch", "-q"])
+    assert r.exit_code == 0 and "Regional" in r.stdout and "shared" in r.stdout
+
+
+def test_astitch_ships_in_a_wheel(tmp_path):
+    """pyproject lists packages explicitly: the astitch subpackage must be in a non-editable build."""
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip(f"pip wheel unavailable here: {out.stderr[-300:]}")
+    (whl,) = tmp_path.glob("dlcc-*.whl")
+    names = zipfile.ZipFile(whl).namelist()
+    for f in ("dlcc/passes/astitch/__init__.py", "dlcc/passes/astitch/planner.py", "dlcc/passes/fold_bn.py",
+              "dlcc/configs/pipelines/astitch.yaml"):
+        assert f in names, f
+    assert not any(n.startswith(("passes/", "backends/")) for n in names)
+    os.environ.get("CI")  # (no-op: keeps the import used when the build is skipped)

@@ -131,7 +131,7 @@ def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: st
                     f"--shape {inp.name}: the input has rank {len(dims)}, the binding gives {len(want)} dims"
                 )
             for d, w in zip(dims, want):
-                if d.dim_param:
+                if d.dim_param and not _anonymous(d.dim_param):
                     symbols.setdefault(d.dim_param, w)
     for inp in inputs:
         tt = inp.type.tensor_type
@@ -143,7 +143,7 @@ def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: st
         want = shapes.get(inp.name)
         for k, d in enumerate(tt.shape.dim):
             if want is not None:
-                if d.HasField("dim_value") and d.dim_value != want[k]:
+                if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != want[k]:
                     raise ShapeError(
                         f"--shape {inp.name}: dim {k} is fixed to {d.dim_value} in the model, the binding says {want[k]}"
                     )
@@ -151,7 +151,7 @@ def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: st
                 d.dim_value = want[k]
             elif d.HasField("dim_value") and d.dim_value > 0:
                 continue
-            elif d.dim_param and d.dim_param in symbols:
+            elif d.dim_param and not _anonymous(d.dim_param) and d.dim_param in symbols:
                 value = symbols[d.dim_param]
                 d.Clear()
                 d.dim_value = value
@@ -163,8 +163,13 @@ def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: st
                         str(x.dim_value) if x.HasField("dim_value") and x.dim_value > 0 else "N" for x in tt.shape.dim
                     )
                 )
-    # Stale intermediate shapes would fight the new bindings during inference.
+    # Stale intermediate shapes would fight the new bindings during inference; so would outputs
+    # declared with -1 dims (paddle2onnx): those become unknown and are inferred.
     del model.graph.value_info[:]
+    for out in model.graph.output:
+        for d in out.type.tensor_type.shape.dim:
+            if (d.HasField("dim_value") and d.dim_value <= 0) or (d.dim_param and _anonymous(d.dim_param)):
+                d.Clear()
     return model
 
 
@@ -207,6 +212,12 @@ def infer_shapes(model: onnx.ModelProto, path) -> onnx.ModelProto:
     except Exception as e:
         msg = str(e).strip().splitlines()
         raise ModelError(f"{path}: ONNX shape inference failed: {msg[0] if msg else e}") from None
+
+
+def _anonymous(dim_param: str) -> bool:
+    """'?' and '-1' (paddle2onnx, some tf2onnx exports) mean "unknown", not a symbol shared between
+    inputs: such a dim is bound per input, as onnxruntime treats it."""
+    return dim_param.strip() in ("?", "-1", "")
 
 
 def _tensor_type_info(vi: onnx.ValueInfoProto):

@@ -37,6 +37,9 @@ from .indexmap import access_kinds, input_index, is_identity, reduce_index
 from .nodes import NodeGraph
 
 BLOCK = 256
+#: A grid barrier is used only while the work needs at most this many waves of resident blocks
+#: (vertical packing); beyond that, splitting keeps the parallelism.
+MAX_VERTICAL = 4
 SCHEMES = ("independent", "local", "regional", "global")
 
 
@@ -87,6 +90,7 @@ class Stitch:
     independent: int = 1  # connected components packed together
     split_from: int | None = None
     sync_slot: int = 0
+    need: int = 1  # blocks the work would use without vertical packing
 
 
 # --------------------------------------------------------------------------------------------
@@ -372,7 +376,10 @@ class Planner:
         self._residency(st)
         st.edges = self._edges(st)
         st.independent = self._components(mem)
-        if any(p.grid_barrier for p in phases) and (not st.resident or "global" not in self.opts.schemes):
+        if any(p.grid_barrier for p in phases) and (not st.resident or "global" not in self.opts.schemes
+                                                      or st.need > self._vertical_limit() * st.resident):
+            # no proven residency, Global off, or so few resident blocks that vertical packing
+            # would serialize the work: kernel boundaries are the cheaper barrier
             return self._split(st)
         return [st]
 
@@ -616,8 +623,10 @@ class Planner:
             elif reds:
                 lay = ReduceLayout(reds[0].red.shape, reds[0].red.axes)
                 rows, cols = ph.U, max(ReduceLayout(r.red.shape, r.red.axes).R for r in reds)
-                if not lay.row and lay.inner > 1:
-                    ph.tpr = 1  # column reduction: a thread per output, loads coalesced across threads
+                if (not lay.row and lay.inner > 1) or (dev.kind == "cpu" and (rows >= 64 or cols <= 256)):
+                    # column reduction: a thread per output, loads coalesced across threads; on a
+                    # CPU device a work-item per row also spares the work-group barriers of a tree
+                    ph.tpr = 1
                 elif rows < W / 4 or (rows < W / 2 and cols >= 1024) or (rows >= W / 2 and cols >= 512):
                     ph.tpr = BLOCK  # a block per row
                 else:
@@ -632,7 +641,20 @@ class Planner:
                 ph.tpr = t
             if any(s.smem for s in ph.stages):
                 self._alloc_smem(ph, st)  # the units per block are known now
+                budget = self.smem_budget() // 4
+                while ph.smem_floats > budget and ph.tpr < BLOCK:  # fewer units per block
+                    ph.tpr *= 2
+                    self._alloc_smem(ph, st)
+                while ph.smem_floats > budget and any(s.smem for s in ph.stages):
+                    big = max((s for s in ph.stages if s.smem), key=lambda s: s.per_unit)
+                    big.smem, big.glob, big.demoted = False, True, True
+                    self._alloc_smem(ph, st)
             ph.split = max([getattr(self.nodes[s.node], "split_factor", 1) for s in ph.stages] + [1])
+
+    def _vertical_limit(self) -> int:
+        """On a CPU device (PoCL) a spinning work-group holds a core the others need: no vertical
+        packing there, a grid barrier only when every unit already has its own resident group."""
+        return 1 if self.dev.kind == "cpu" else MAX_VERTICAL
 
     def _residency(self, st: Stitch) -> None:
         """Blocks needed, and for a kernel with grid barriers the resident blocks proven possible.
@@ -655,6 +677,7 @@ class Planner:
             st.resident_bound = (f"none: a {BLOCK}-thread block with {smem} B of shared memory does not fit "
                                  f"one SM of {dev.name}")
         st.resident = dev.sms * per_sm
+        st.need = need
         st.grid = min(need, st.resident) if st.spin and st.resident else need
 
     def _split(self, st: Stitch) -> list[Stitch]:

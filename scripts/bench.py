@@ -333,6 +333,11 @@ def selection(models_arg: str | None, size: str | None) -> list[tuple[str, str]]
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if "--astitch" in args:  # baseline and astitch side by side (scripts/bench_astitch.py)
+        import bench_astitch
+
+        return bench_astitch.main([a for a in args if a != "--astitch"])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="See the module docstring (python -c 'import scripts.bench as b; "

@@ -19,7 +19,7 @@ from ...kernels.program import Launch
 from .. import CompileState, register_pass
 from .codegen import gemm_source_fused, stitch_source
 from .nodes import NodeGraph
-from .planner import BLOCK, Planner
+from .planner import BLOCK, Planner, node_flops
 
 SYNC = "%sync"  # the grid barriers' counters: two ints per spin-waiting launch (storage "sync")
 
@@ -84,7 +84,7 @@ def _rebuild(state, ng: NodeGraph, pl: Planner) -> list[dict]:
         members = [gid] + fus.epilogue
         L = Launch(kernel=k, grid=g.launch.grid, block=g.launch.block, args=[("t", a) for a in args],
                    reads=reads, writes=writes, node=g.onnx_node, op_type=g.op_type,
-                   flops=g.launch.flops + sum(_node_flops(ng, ng.nodes[c]) for c in fus.epilogue),
+                   flops=g.launch.flops + sum(node_flops(ng, ng.nodes[c]) for c in fus.epilogue),
                    dram_bytes=_dram(ng, pl, reads, writes, members), pass_name="astitch", category="compute")
         units.append({"nodes": set(members), "launch": L})
         covered |= set(members)
@@ -116,7 +116,7 @@ def _rebuild(state, ng: NodeGraph, pl: Planner) -> list[dict]:
                 onnx.append(ng.nodes[i].onnx_node)
         L = Launch(kernel=k, grid=st.grid, block=BLOCK, args=a, reads=reads, writes=writes + ([SYNC] if st.spin else []),
                    node="+".join(onnx[:4]) + ("+..." if len(onnx) > 4 else ""), op_type="Stitch",
-                   flops=sum(_node_flops(ng, ng.nodes[i]) for i in members),
+                   flops=sum(node_flops(ng, ng.nodes[i]) for i in members),
                    dram_bytes=_dram(ng, pl, reads, writes, members), pass_name="astitch", category=cat)
         L.grid_sync = st.spin
         units.append({"nodes": members, "launch": L})
@@ -155,17 +155,6 @@ def _inlined_used(ng, pl, st) -> set[int]:
                 used.add(p)
                 todo.append(p)
     return used
-
-
-def _node_flops(ng, n) -> int:
-    if n.kind == "map":
-        return ng.size(n.output) * max(0, n.flops_per_elem)
-    if n.kind == "reduce":
-        size = 1
-        for d in n.red.shape:
-            size *= d
-        return size
-    return 0
 
 
 def _dram(ng, pl, reads, writes, members) -> int:
@@ -260,7 +249,7 @@ def _stitch_report(ng, pl, st, kernel, L, old, members, smem) -> dict:
                        "split": ph.split, "grid_barrier_before": ph.grid_barrier,
                        "smem_bytes": 4 * ph.smem_floats, "stages": [ng.nodes[s.node].op_type for s in ph.stages]})
     base = sum(old[o].dram_bytes for o in {ng.nodes[i].order for i in members})
-    waves = -(-L.grid // max(1, pl.dev.sms * max(1, min(pl.dev.max_blocks_per_sm, pl.dev.max_threads_per_sm // BLOCK))))
+    waves = -(-L.grid // pl.blocks_per_wave())
     return {"kind": "stitch", "kernel": kernel, "ops": [ng.nodes[i].op_type for i in sorted(members)],
             "nodes": sorted({ng.nodes[i].onnx_node for i in members if ng.nodes[i].onnx_node}),
             "dominants": dominants, "edges": [{k: v for k, v in e.items() if k in ("producer", "consumer", "scheme",

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from ...kernels.gemm import GemmSpec, gemm_source
 from ...kernels.map import MapView, prune_defs, unravel
-from ...kernels.program import ctype
+from ...kernels.program import ctype, literal
 from ...kernels.reduce import COMBINE, INIT, ReduceLayout
 from .planner import BLOCK, Phase, Stitch
 
 PD, PA = "@PD@", "@PA@"  # parameter declarations / arguments, filled in once all are known
+PL = "@PL@"  # the same declarations as a kernel's own parameter list (no trailing comma)
 
 
 class _View(MapView):
@@ -92,7 +93,7 @@ class Builder:
         pd = "".join(d + ", " for d in decl)
         pa = "".join(self.params[t] + ", " for t in order)
         text = "\n".join(self.funcs) + "\n" + text
-        return text.replace(PD, pd).replace(PA, pa), order
+        return text.replace(PD, pd).replace(PA, pa).replace(PL, ", ".join(decl)), order
 
 
 # --------------------------------------------------------------------------------------------
@@ -112,13 +113,10 @@ def stitch_source(ng, planner, st: Stitch) -> tuple[str, list[str], int]:
         if ph.grid_barrier:
             body.append("dlcc_grid_sync(dsync + syncoff);")
         body += _phase_code(ng, b, ph)
-    params_extra = "GPTR int* dsync, const int syncoff" if st.spin else ""
+    sync = ", GPTR int* dsync, const int syncoff" if st.spin else ""
     bounds = f" LAUNCH_BOUNDS({BLOCK})" if st.spin else ""
-    text = "KERNEL void" + bounds + " KNAME(" + PD + params_extra + ") {\n    " + "\n    ".join(body) + "\n}\n"
-    if not st.spin:
-        text = text.replace(PD + ")", PD + "@END@)")
+    text = "KERNEL void" + bounds + " KNAME(" + PL + sync + ") {\n    " + "\n    ".join(body) + "\n}\n"
     text, order = b.finish(text)
-    text = text.replace(", @END@)", ")").replace("@END@)", ")")
     return text, order, 4 * (smem_floats + (BLOCK if has_red else 0))
 
 
@@ -202,8 +200,6 @@ def _reduce_stage(ng, b, ph, s, n) -> list[str]:
 
 
 def _lit(v) -> str:
-    from ...kernels.program import literal
-
     return literal(float(v))
 
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
-
 from ...ir import Tensor
 from ...kernels.gemm import GemmExpr
 from ...kernels.map import MapExpr

@@ -40,7 +40,6 @@ BLOCK = 256
 #: A grid barrier is used only while the work needs at most this many waves of resident blocks
 #: (vertical packing); beyond that, splitting keeps the parallelism.
 MAX_VERTICAL = 4
-SCHEMES = ("independent", "local", "regional", "global")
 
 
 @dataclass
@@ -98,12 +97,13 @@ def node_size(ng: NodeGraph, n) -> int:
     return ng.size(n.output)
 
 
-def _flops(ng, n) -> int:
+def node_flops(ng: NodeGraph, n) -> int:
+    """FLOPs of a map or reduce node (what a stitched launch reports for it)."""
     if n.kind == "map":
         return node_size(ng, n) * max(0, n.flops_per_elem)
     if n.kind == "reduce":
         return int(np.prod(n.red.shape))
-    return n.launch.flops if n.launch is not None else 0
+    return 0
 
 
 class Planner:
@@ -119,6 +119,9 @@ class Planner:
         self.kept = {n.id for n in self.nodes if n.kind == "opaque" or any(t in self.multi for t in n.reads + n.writes)}
         self.extra: dict[int, set[int]] = {}  # fused rOperators also need what their epilogue reads
         self.anc = self._ancestors()
+        self.per_launch: dict[int, int] = {}  # nodes made from each original launch
+        for n in self.nodes:
+            self.per_launch[n.order] = self.per_launch.get(n.order, 0) + 1
         self.gemms: dict[int, GemmFusion] = {}
         self.absorbed: dict[int, int] = {}  # map node -> gemm node whose epilogue computes it
         self.gemm_inline: set[int] = set()  # map nodes computed inside rOperator loads
@@ -149,7 +152,7 @@ class Planner:
 
     def _decomposed(self, n) -> bool:
         """Part of a decomposed op (softmax, LayerNorm): it belongs with its siblings in a stitch."""
-        return sum(1 for m in self.nodes if m.order == n.order) > 1
+        return self.per_launch[n.order] > 1
 
     def recompute_ancestors(self) -> None:
         """A fused rOperator runs its epilogue and inlined loads too: it depends on everything they read."""
@@ -357,7 +360,7 @@ class Planner:
                 self.stitches.append(st)
 
     def _stitch_group(self, mem: list[int]) -> list[Stitch]:
-        ng, nodes = self.ng, self.nodes
+        nodes = self.nodes
         gset = set(mem)
         mat: list[int] = []
         for i in mem:
@@ -388,7 +391,7 @@ class Planner:
         reductions over row chunks (one unit each) and a combine over the chunks."""
         if not self.opts.task_splitting or "global" not in self.opts.schemes:
             return mat
-        wave = self.dev.sms * max(1, min(self.dev.max_blocks_per_sm, self.dev.max_threads_per_sm // BLOCK))
+        wave = self.blocks_per_wave()
         out = []
         for i in mat:
             n = self.nodes[i]
@@ -650,6 +653,11 @@ class Planner:
                     big.smem, big.glob, big.demoted = False, True, True
                     self._alloc_smem(ph, st)
             ph.split = max([getattr(self.nodes[s.node], "split_factor", 1) for s in ph.stages] + [1])
+
+    def blocks_per_wave(self) -> int:
+        """BLOCK-thread blocks the device runs at once (threads and block slots only)."""
+        d = self.dev
+        return d.sms * max(1, min(d.max_blocks_per_sm, d.max_threads_per_sm // BLOCK))
 
     def _vertical_limit(self) -> int:
         """On a CPU device (PoCL) a spinning work-group holds a core the others need: no vertical

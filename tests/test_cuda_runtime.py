@@ -36,8 +36,15 @@ class FakeDriver:
             def __init__(self, name):
                 self.name = name
 
-            def __call__(self, *args, block, grid):
-                outer.launches.append((self.name, args, block, grid))
+            def prepare(self, sig):
+                assert set(sig) <= {"P", "i"}
+                self.sig = sig
+
+            def prepared_call(self, grid, block, *args):
+                # Record what PyCUDA would pack: 'i' as a 32-bit int, 'P' as a pointer.
+                assert len(args) == len(self.sig) and all(type(a) is int for a in args)
+                packed = tuple(np.int32(a) if f == "i" else np.uintp(a) for f, a in zip(self.sig, args))
+                outer.launches.append((self.name, packed, block, grid))
 
         self.Context = Ctx
         self.Fn = Fn
@@ -108,7 +115,7 @@ def test_cuda_runtime_binds_the_plan(fake_pycuda):
     for name, base in ex.storages.items():
         ptr_of[name] = int(base)
     for (fname, args, block, grid), L in zip(drv.launches, plan["launches"]):
-        assert fname == L["kernel"] and block == (L["block"], 1, 1) and grid == (L["grid"], 1, 1)
+        assert fname == L["kernel"] and block == (L["block"], 1, 1) and grid == (L["grid"], 1)
         for a, spec in zip(args, L["args"]):
             if "int" in spec:
                 assert isinstance(a, np.int32) and int(a) == spec["int"]

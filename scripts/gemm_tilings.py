@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Every GEMM tiling on real GEMM shapes, timed on the target: calibrates `choose_tiling`.
+
+dlcc's GEMM rOperator (dlcc/kernels/gemm.py) comes in several tilings, and `choose_tiling` picks
+one per shape from a cost model. This script measures what the model only predicts: for each
+shape (default: BERT-base's linear layers at b1 s128, a ResNet-50 conv as implicit GEMM, GPT-2's
+LM head and a square one) it emits the rOperator for every tiling in `TILINGS` plus candidate
+tilings not yet in it, checks each against numpy, times it with device events (median), and
+prints the time, the rate, the kernel's registers, and which tiling the model picks.
+
+    python scripts/gemm_tilings.py                      # on CUDA (needs a GPU and PyCUDA)
+    python scripts/gemm_tilings.py --target opencl --shapes 64x96x80 --repeat 3   # the script itself, on PoCL
+
+Shapes are MxNxK; B is stored [N, K] (a Linear/Gemm weight with transB=1), as in the models.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import numpy as np
+
+from dlcc.backends.source import render
+from dlcc.config import load_device
+from dlcc.executor import make_runtime
+from dlcc.kernels.gemm import TILINGS, GemmSpec, Tiling, choose_tiling, gemm_source, tiling_cost
+
+SHAPES = ["128x768x768", "128x3072x768", "128x768x3072", "3136x64x576", "128x50257x768", "1024x1024x1024"]
+
+#: Tilings measured beside TILINGS: deeper k, larger per-thread tiles (fewer shared-memory reads
+#: per FMA), fewer threads per block.
+CANDIDATES = (
+    Tiling(32, 32, 32, 2, 2),
+    Tiling(32, 32, 64, 4, 4),
+    Tiling(32, 64, 64, 2, 4),
+    Tiling(32, 64, 64, 4, 4),
+    Tiling(64, 64, 64, 4, 4),
+    Tiling(64, 64, 32, 8, 8),
+    Tiling(128, 64, 32, 8, 4),
+    Tiling(128, 128, 16, 8, 8),
+    Tiling(16, 64, 64, 2, 4),
+)
+
+
+def spec_for(M: int, N: int, K: int) -> GemmSpec:
+    return GemmSpec(
+        batch=1, M=M, N=N, K=K,
+        params=["GPTR const float* A", "GPTR const float* B", "GPTR float* C"],
+        load_a=lambda m, k: ([], f"A[{m} * {K} + {k}]"),
+        load_b=lambda k, n: ([], f"B[{n} * {K} + {k}]"),
+        store=lambda m, n, acc: [f"C[{m} * {N} + {n}] = {acc};"],
+        a_k_contiguous=True, b_n_contiguous=False,
+    )
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="cuda")
+    ap.add_argument("--device", default="h100", help="DeviceSpec for the model's pick (default h100)")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--repeat", type=int, default=20)
+    a = ap.parse_args(argv)
+    rt = make_runtime(a.target)
+    dev = load_device(a.device)
+    tilings = list(dict.fromkeys(TILINGS + CANDIDATES))
+    rng = np.random.default_rng(0)
+    summary = []
+    for shp in a.shapes.split(","):
+        M, N, K = map(int, shp.split("x"))
+        spec = spec_for(M, N, K)
+        names = {t: f"gemm_{shp}_{t.name}" for t in tilings}
+        rt.compile(render([gemm_source(names[t], spec, t) for t in tilings], rt.dialect))
+        A = rng.standard_normal((M, K), dtype=np.float32)
+        B = rng.standard_normal((N, K), dtype=np.float32)
+        ref = A.astype(np.float64) @ B.astype(np.float64).T
+        sizes = [A.nbytes, B.nbytes, M * N * 4]
+        bufs = [rt.alloc(n) for n in sizes]
+        rt.write(bufs[0], 0, A)
+        rt.write(bufs[1], 0, B)
+        args = [rt.view(b, 0, n) for b, n in zip(bufs, sizes)]
+        pick = choose_tiling(1, M, N, K, dev)
+        rows = []
+        for t in tilings:
+            k = rt.kernel(names[t])
+            grid = -(-M // t.bm) * -(-N // t.bn)
+            rt.write(bufs[2], 0, np.full(M * N, np.nan, np.float32))  # poison: every element must be written
+            rt.launch(k, grid, t.threads, args)
+            rt.finish()
+            out = np.empty((M, N), np.float32)
+            rt.read(bufs[2], 0, out)
+            err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref)) if np.isfinite(out).all() else float("inf")
+            us = statistics.median(rt.time_launch(k, grid, t.threads, args) for _ in range(a.repeat))
+            regs = ""
+            try:
+                regs = k.get_attribute(rt.drv.function_attribute.NUM_REGS)
+            except Exception:
+                pass
+            rows.append((us, t, err, regs, grid))
+            print(f"[gemm] {shp} {t.name}: {us:.1f} µs, rel err {err:.1e}", file=sys.stderr, flush=True)
+        rows.sort(key=lambda r: r[0])
+        best = rows[0][0]
+        print(f"\n{M}x{N}x{K} (model picks {pick.name}; {2 * M * N * K / 1e9:.2f} GFLOP)")
+        print("| tiling | threads | regs | grid | µs | TFLOP/s | × best | rel err | model cost |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for us, t, err, regs, grid in rows:
+            mark = " ←" if t == pick else ""
+            print(f"| {t.name}{mark} | {t.threads} | {regs} | {grid} | {us:.1f} | {2 * M * N * K / us / 1e6:.2f} | "
+                  f"{us / best:.2f} | {err:.1e} | {tiling_cost(t, 1, M, N, K, dev):.0f} |")
+        picked = next((r[0] for r in rows if r[1] == pick), float("nan"))
+        summary.append((shp, pick.name, picked, rows[0][1].name, best))
+        if any(r[2] > 1e-4 for r in rows):
+            print("MISMATCH: " + ", ".join(r[1].name for r in rows if r[2] > 1e-4))
+            return 1
+    print("\n| shape | model's pick | µs | fastest | µs | pick / fastest |")
+    print("|---|---|---|---|---|---|")
+    for shp, pn, pu, bn, bu in summary:
+        print(f"| {shp} | {pn} | {pu:.1f} | {bn} | {bu:.1f} | {pu / bu:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

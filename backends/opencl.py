@@ -66,6 +66,7 @@ class OpenCLRuntime:
         return bool(self.device.type & self.cl.device_type.CPU)
 
     def compile(self, source: str, plan: dict | None = None, binaries: dict | None = None) -> None:
+        self._kernels = {}  # kernels of a previous program must not be reused
         try:
             self.program = self.cl.Program(self.ctx, source).build(options=["-cl-std=CL1.2"])
         except self.cl.RuntimeError as e:

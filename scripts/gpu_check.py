@@ -109,7 +109,8 @@ def time_torch(name: str, size: str, repeat: int) -> float | None:
     return statistics.median(samples)
 
 
-def check(name: str, size: str, pipeline: str, models_dir: Path, repeat: int, target: str = "cuda") -> dict:
+def check(name: str, size: str, pipeline: str, models_dir: Path, repeat: int, target: str = "cuda",
+          task_form: bool = False) -> dict:
     import dlcc
     from dlcc.verify import compare, run_onnxruntime
 
@@ -119,7 +120,17 @@ def check(name: str, size: str, pipeline: str, models_dir: Path, repeat: int, ta
     cm = dlcc.compile(path, target=target, pipeline=pipeline)
     row["compile_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ex = cm.executor()
+    if task_form:  # every kernel rewritten into its rOperator form (Rammer's task functions)
+        from dlcc.backends.source import render
+        from dlcc.executor import Executor, make_runtime
+        from dlcc.kernels.roperator import plan_roperators
+
+        rt = make_runtime(target)
+        codes = [r.code for r in plan_roperators(cm.plan, cm.kernel_codes)]
+        ex = Executor(cm.plan, cm.weights, render(codes, rt.dialect), rt)
+        row["pipeline"] += " (task form)"
+    else:
+        ex = cm.executor()
     row["load_s"] = time.perf_counter() - t0
     row["device"] = ex.rt.device_name
     row["launches"] = len(ex.calls)
@@ -156,6 +167,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--target", default="cuda", help="cuda (default); opencl to try the script without a GPU")
+    ap.add_argument("--task-form", action="store_true", help="run every kernel through its rOperator task function")
     ap.add_argument("--json-out", type=Path)
     a = ap.parse_args(argv)
     names = a.models.split(",") if a.models else (SMALL + HF if a.size == "small" else ["bert", "cnn", "gpt2", "vit"])
@@ -170,7 +182,7 @@ def main(argv=None) -> int:
         for p in a.pipelines.split(","):
             print(f"[gpu] {n} {p}", file=sys.stderr, flush=True)
             try:
-                r = check(n, a.size, p, a.models_dir, a.repeat, a.target)
+                r = check(n, a.size, p, a.models_dir, a.repeat, a.target, a.task_form)
             except Exception as e:
                 traceback.print_exc()
                 r = {"model": n, "pipeline": p, "ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}

@@ -54,4 +54,4 @@ def register_pass(name: str, options: type[BaseModel] = NoOptions):
     return deco
 
 
-from . import astitch, fold_bn, lower, memplan, simplify  # noqa: E402,F401  (registration)
+from . import astitch, fold_bn, lower, memplan, rammer, simplify  # noqa: E402,F401  (registration)

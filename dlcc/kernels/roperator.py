@@ -44,6 +44,7 @@ class ROperator:
     smem_bytes: int  # shared memory one rTask needs
     spin: bool  # waits on other tasks (grid barrier): not an ordinary rTask
     code: str  # device functions, the task function, and the thin KERNEL
+    device_code: str = ""  # the same without the thin KERNEL: what a persistent kernel includes
 
     @property
     def task_fn(self) -> str:
@@ -70,7 +71,7 @@ def to_roperator(name: str, code: str, block: int, tasks: int, smem_bytes: int =
         raise NotAnROperator(f"no KERNEL {name} in its text")
     spin = "dlcc_grid_sync(" in code
     if re.search(rf"\b{re.escape(name)}_task\(", code[:m.start()]):
-        return ROperator(name, tasks, block, smem_bytes, spin, code)  # GEMM/Conv: already one
+        return ROperator(name, tasks, block, smem_bytes, spin, code, code[:m.start()])  # GEMM/Conv: already one
     p_open = m.end() - 1
     p_close = _close(code, p_open, "(", ")")
     params = code[p_open + 1:p_close].strip()
@@ -101,12 +102,12 @@ def to_roperator(name: str, code: str, block: int, tasks: int, smem_bytes: int =
     args = ", ".join(p.split()[-1].lstrip("*") for p in params.split(",") if p.strip())
     bounds = m.group(1) or ""
     sep = ", " if params else ""
-    text = (f"{head}DEVICE void {name}_task({params}{sep}const int task_id, const int thread_id, LPTR float* smem) {{"
-            f"{body}}}\n\n"
-            f"KERNEL void {bounds}{name}({params}) {{\n"
+    device = (f"{head}DEVICE void {name}_task({params}{sep}const int task_id, const int thread_id, LPTR float* smem) {{"
+              f"{body}}}\n\n")
+    text = (f"{device}KERNEL void {bounds}{name}({params}) {{\n"
             f"    SHARED float smem[{max(1, offset // 4)}];\n"
             f"    {name}_task({args}{sep}BLOCK_ID, THREAD_ID, smem);\n}}\n{tail}")
-    return ROperator(name, tasks, block, max(smem_bytes, offset), spin, text)
+    return ROperator(name, tasks, block, max(smem_bytes, offset), spin, text, device + tail)
 
 
 def plan_roperators(plan: dict, kernel_codes: list[str]) -> list[ROperator]:

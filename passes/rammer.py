@@ -28,7 +28,7 @@ from ..kernels.program import Launch, ctype
 from ..kernels.roperator import NotAnROperator, to_roperator
 from . import CompileState, register_pass
 
-SYNC = "%sync"  # shared with astitch: two ints per spin-waiting launch
+from .astitch import SYNC  # noqa: E402  (two ints per spin-waiting launch, shared with astitch)
 BLOCK = 256
 
 

@@ -168,6 +168,8 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
             stitch: bool = typer.Option(False, "--stitch", help="show each stitched kernel and fused rOperator (astitch): "
                                         "ops, dominants, scheme of every edge, where intermediates live, thread "
                                         "mapping, DRAM bytes saved"),
+            rprogram: bool = typer.Option(False, "--rprogram", help="show each persistent kernel (rammer): its vEUs "
+                                          "and how they were derived, its waves with their ops and rTasks, sync points"),
             json_out: bool = JsonOpt, quiet: bool = QuietOpt):
     """Summarise the graph and plan: ops, kernels, launches, DRAM bytes, lower bound, arena vs naive."""
     if path.is_dir():
@@ -203,6 +205,8 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
         extra = {"launch_list": launch_rows} if launch_rows is not None else {}
         if stitch:
             extra["stitch"] = plan.get("stitch", [])
+        if rprogram:
+            extra["rprogram"] = plan.get("rprogram", [])
         print(json.dumps({**s, "launches_by_category": by_kind, "meta": plan["meta"], **extra}))
         return
     t = Table(title=f"{plan['meta']['model']} — pipeline {plan['meta']['pipeline']}, device {plan['meta']['device']}")
@@ -245,6 +249,26 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
         out.print(lt)
     if stitch:
         _print_stitch(plan)
+    if rprogram:
+        _print_rprogram(plan)
+
+
+def _print_rprogram(plan: dict) -> None:
+    """`inspect --rprogram`: one table per persistent kernel the rammer pass made."""
+    rep = plan.get("rprogram")
+    if not rep:
+        out.print("[yellow]no rProgram: add the rammer pass to the pipeline (README, Rammer)[/]")
+        return
+    for r in rep:
+        t = Table(title=f"{_escape(r['kernel'])}: {r['launches']} launches in {r['waves']} wave(s), "
+                        f"{r['sync_points']} grid barrier(s), {r['smem_bytes']} B shared memory")
+        t.add_column("wave", justify="right")
+        t.add_column("rTasks", justify="right")
+        t.add_column("ops (rTasks, rOperator)", overflow="fold")
+        for w, (n, ops) in enumerate(zip(r["tasks_per_wave"], r["wave_ops"])):
+            t.add_row(str(w), str(n), _escape("; ".join(ops)))
+        out.print(t)
+        out.print(f"vEUs: {_escape(r['veus_from'])}")
 
 
 def _print_stitch(plan: dict) -> None:

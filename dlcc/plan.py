@@ -78,6 +78,9 @@ def build_plan(state, meta: dict) -> tuple[dict, bytes]:
     report = getattr(ctx, "stitch_report", None)
     if report is not None:
         plan["stitch"] = report
+    rprog = getattr(ctx, "rammer_report", None)
+    if rprog is not None:
+        plan["rprogram"] = rprog
     return plan, bytes(weights)
 
 

@@ -49,13 +49,6 @@ class DeviceSpec(Strict):
     dram_efficiency: float = Field(0.8, gt=0, le=1, description="achievable fraction of dram_bandwidth_gbps")
     compute_efficiency: float = Field(0.7, gt=0, le=1, description="achievable fraction of peak_tflops")
 
-    def block_slots(self, tiling_threads: int = 256, smem_bytes: int = 0) -> int:
-        """Thread blocks resident at once (a simple occupancy bound: threads, blocks, shared memory)."""
-        per_sm = min(self.max_blocks_per_sm, max(1, self.max_threads_per_sm // max(1, tiling_threads)))
-        if smem_bytes:
-            per_sm = min(per_sm, max(1, self.shared_mem_per_sm // smem_bytes))
-        return self.sms * per_sm
-
 
 class PassSpec(Strict):
     name: str

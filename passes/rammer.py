@@ -45,15 +45,11 @@ class RammerOptions(BaseModel):
 def _deps(launches: list[Launch], res) -> list[int]:
     """BFS wave (0-based) of each launch in a run: one more than the latest earlier launch it
     conflicts with (read-after-write, write-after-read, write-after-write on resolved buffers)."""
+    sets = [({res(t) for t in L.reads}, {res(t) for t in L.writes}) for L in launches]
     level = []
-    for i, L in enumerate(launches):
-        r = {res(t) for t in L.reads}
-        w = {res(t) for t in L.writes}
+    for i, (r, w) in enumerate(sets):
         lv = 0
-        for j in range(i):
-            P = launches[j]
-            pr = {res(t) for t in P.reads}
-            pw = {res(t) for t in P.writes}
+        for j, (pr, pw) in enumerate(sets[:i]):
             if pw & (r | w) or pr & w:
                 lv = max(lv, level[j] + 1)
         level.append(lv)
@@ -118,6 +114,7 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
         Ls = [prog.launches[i] for i in run]
         level = _deps(Ls, ctx.resolve)
         waves = max(level) + 1
+        by_wave = [[L for L, lv in zip(Ls, level) if lv == w] for w in range(waves)]
         tensors: list[str] = []
         for L in Ls:
             for kind, a in L.args:
@@ -132,8 +129,7 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
         smem = max([rops[L.kernel].smem_bytes for L in Ls] + [4])
         body = [f"SHARED float smem[{-(-smem // 4)}];", "const int tid = THREAD_ID;"]
         widest = 0
-        for w in range(waves):
-            members = [L for L, lv in zip(Ls, level) if lv == w]
+        for w, members in enumerate(by_wave):
             total = sum(L.grid for L in members)
             widest = max(widest, total)
             body.append(f"/* wave {w}: {len(members)} op(s), {total} rTasks */")
@@ -184,9 +180,8 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
             "veus_from": (f"{grid} = min(widest wave, SMs x 1 block: LAUNCH_BOUNDS(256)); the runtime clamps it "
                           "to the blocks it proves resident" if spin else f"{grid}: one per rTask (one wave, no grid barrier)"),
             "sync_points": waves - 1,
-            "wave_ops": [[f"{L.op_type} ({L.grid} rTasks, {L.kernel})" for L, lv in zip(Ls, level) if lv == w]
-                         for w in range(waves)],
-            "tasks_per_wave": [sum(L.grid for L, lv in zip(Ls, level) if lv == w) for w in range(waves)]})
+            "wave_ops": [[f"{L.op_type} ({L.grid} rTasks, {L.kernel})" for L in m] for m in by_wave],
+            "tasks_per_wave": [sum(L.grid for L in m) for m in by_wave]})
     if sync_slots:
         state.graph.tensors[SYNC] = Tensor(SYNC, (2 * sync_slots,), "int32")
     before = len(prog.launches)

@@ -60,21 +60,18 @@ def feeds_for(name: str, path: Path, cm, seed: int) -> dict:
 def time_run(ex, repeat: int) -> float:
     """µs per inference: CUDA events around the launch loop (inputs already on the device)."""
     rt = ex.rt
+    samples = []
     if not hasattr(rt, "timer"):  # OpenCL: wall time around launches + finish
-        samples = []
         for _ in range(repeat):
             t0 = time.perf_counter()
-            for kernel, grid, block, args in ex.calls:
-                rt.launch(kernel, grid, block, args)
+            ex.launch_all()
             rt.finish()
             samples.append((time.perf_counter() - t0) * 1e6)
         return statistics.median(samples)
     start, stop = rt.timer()
-    samples = []
     for _ in range(repeat):
         start.record()
-        for kernel, grid, block, args in ex.calls:
-            rt.launch(kernel, grid, block, args)
+        ex.launch_all()
         stop.record()
         stop.synchronize()
         samples.append(start.time_till(stop) * 1e3)
@@ -121,13 +118,11 @@ def check(name: str, size: str, pipeline: str, models_dir: Path, repeat: int, ta
     row["compile_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     if task_form:  # every kernel rewritten into its rOperator form (Rammer's task functions)
-        from dlcc.backends.source import render
         from dlcc.executor import Executor, make_runtime
-        from dlcc.kernels.roperator import plan_roperators
+        from dlcc.kernels.roperator import task_form_source
 
         rt = make_runtime(target)
-        codes = [r.code for r in plan_roperators(cm.plan, cm.kernel_codes)]
-        ex = Executor(cm.plan, cm.weights, render(codes, rt.dialect), rt)
+        ex = Executor(cm.plan, cm.weights, task_form_source(cm.plan, cm.kernel_codes, rt.dialect), rt)
         row["pipeline"] += " (task form)"
     else:
         ex = cm.executor()

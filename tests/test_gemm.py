@@ -8,19 +8,7 @@ import pytest
 
 from dlcc.backends.source import render
 from dlcc.config import load_device
-from dlcc.kernels.gemm import TILINGS, GemmSpec, choose_tiling, gemm_source
-
-
-def _spec(M, N, K, trans_b):
-    # B stored [N, K] (a Linear weight, transB=1) or [K, N]: both loader index orders are exercised.
-    return GemmSpec(
-        batch=1, M=M, N=N, K=K,
-        params=["GPTR const float* A", "GPTR const float* B", "GPTR float* C"],
-        load_a=lambda m, k: ([], f"A[{m} * {K} + {k}]"),
-        load_b=(lambda k, n: ([], f"B[{n} * {K} + {k}]")) if trans_b else (lambda k, n: ([], f"B[{k} * {N} + {n}]")),
-        store=lambda m, n, acc: [f"C[{m} * {N} + {n}] = {acc};"],
-        a_k_contiguous=True, b_n_contiguous=not trans_b,
-    )
+from dlcc.kernels.gemm import TILINGS, choose_tiling, gemm_source, plain_spec
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +22,7 @@ def rt():
 @pytest.mark.parametrize("shape", [(33, 70, 50), (64, 96, 160)], ids=lambda s: "x".join(map(str, s)))
 def test_every_tiling_matches_numpy(rt, shape, trans_b):
     M, N, K = shape
-    spec = _spec(M, N, K, trans_b)
+    spec = plain_spec(M, N, K, trans_b)
     rt.compile(render([gemm_source(f"g_{t.name}", spec, t) for t in TILINGS], rt.dialect))
     rng = np.random.default_rng(1)
     A = rng.standard_normal((M, K), dtype=np.float32)

@@ -9,7 +9,7 @@ import pytest
 import dlcc
 from dlcc.backends.source import render
 from dlcc.executor import Executor, make_runtime
-from dlcc.kernels.roperator import NotAnROperator, plan_roperators, to_roperator
+from dlcc.kernels.roperator import NotAnROperator, plan_roperators, task_form_source, to_roperator
 
 from conftest import export_model
 
@@ -24,7 +24,7 @@ def test_task_form_runs_every_model_identically(model, pipeline):
         assert f"{r.task_fn}(" in r.code and r.threads == k["block"] and r.smem_bytes >= k.get("smem_bytes", 0)
     feeds = m.sample_inputs(0)
     want = m(feeds)
-    ex = Executor(m.plan, m.weights, render([r.code for r in rops], "opencl"), make_runtime("opencl"))
+    ex = Executor(m.plan, m.weights, task_form_source(m.plan, m.kernel_codes, "opencl"), make_runtime("opencl"))
     got = ex.run(feeds)
     for name, ref in want.items():
         np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-6, err_msg=name)

@@ -85,7 +85,7 @@ def tiling_cost(t: Tiling, batch: int, M: int, N: int, K: int, device=None) -> f
     T = t.threads
     per_sm = -(-tasks_for(t, batch, M, N) // sms)
     steps = -(-K // t.bk)
-    stage = -(-t.bm * t.bk // T) + -(-t.bn * t.bk // T)
+    stage = _per_thread(t, "a")[1] + _per_thread(t, "b")[1]
     instr = (t.bm * t.bn * t.bk + t.bk * T * (t.tm + t.tn) + 2 * (t.bm + t.bn) * t.bk + 30 * T) / 32
     regs = 32 + t.tm * t.tn + stage + t.tm + t.tn
     occ = max(1, min(getattr(device, "max_blocks_per_sm", 32), getattr(device, "max_threads_per_sm", 2048) // T,
@@ -124,6 +124,19 @@ class GemmSpec:
     store_value: Callable[[str], str] | None = None
 
 
+def plain_spec(M: int, N: int, K: int, trans_b: bool = True) -> GemmSpec:
+    """C = A·B for row-major float tensors A [M, K] and B, stored [N, K] (a Linear weight,
+    transB=1) or [K, N]: the rOperator on its own, for scripts/gemm_tilings.py and the tests."""
+    return GemmSpec(
+        batch=1, M=M, N=N, K=K,
+        params=["GPTR const float* A", "GPTR const float* B", "GPTR float* C"],
+        load_a=lambda m, k: ([], f"A[{m} * {K} + {k}]"),
+        load_b=(lambda k, n: ([], f"B[{n} * {K} + {k}]")) if trans_b else (lambda k, n: ([], f"B[{k} * {N} + {n}]")),
+        store=lambda m, n, acc: [f"C[{m} * {N} + {n}] = {acc};"],
+        a_k_contiguous=True, b_n_contiguous=not trans_b,
+    )
+
+
 @dataclass
 class GemmExpr:
     """What emit_gemm was given, kept on the launch so AStitch can re-emit the rOperator with a
@@ -141,57 +154,44 @@ def _indent(lines, n):
     return [" " * n + s for s in lines]
 
 
-def _stage(t: Tiling, T: int, which: str, k0: str, spec: GemmSpec) -> list[str]:
-    """Global loads of one k step's A (or B) tile into the thread's staging registers `ra`/`rb`.
-
-    Each thread loads elements tid, tid+T, ...; the index split follows the operand's contiguous
-    dimension so that consecutive threads read consecutive addresses."""
+def _per_thread(t: Tiling, which: str) -> tuple[int, int]:
+    """(elements of one k step's A or B tile, elements each thread stages)."""
     n_el = (t.bm if which == "a" else t.bn) * t.bk
-    per = -(-n_el // T)
+    return n_el, -(-n_el // t.threads)
+
+
+def _walk(t: Tiling, which: str, spec: GemmSpec) -> list[str]:
+    """The loop over a thread's share of one k step's A (or B) tile, opened up to its index split:
+    element l = tid + r*T, split along the operand's contiguous dimension so that consecutive
+    threads touch consecutive addresses. The caller adds the body and closes the loop."""
+    n_el, per = _per_thread(t, which)
     if which == "a":
-        stmts, val = spec.load_a("m", "k")
         split = (f"const int mm = l / {t.bk}, kk = l % {t.bk};" if spec.a_k_contiguous
                  else f"const int kk = l / {t.bm}, mm = l % {t.bm};")
+    else:
+        split = (f"const int kk = l / {t.bn}, nn = l % {t.bn};" if spec.b_n_contiguous
+                 else f"const int nn = l / {t.bk}, kk = l % {t.bk};")
+    guard = [] if n_el % t.threads == 0 else [f"    if (l >= {n_el}) continue;"]
+    return ["#pragma unroll", f"for (int r = 0; r < {per}; ++r) {{", f"    const int l = tid + r * {t.threads};",
+            *guard, f"    {split}"]
+
+
+def _stage(t: Tiling, which: str, k0: str, spec: GemmSpec) -> list[str]:
+    """Global loads of one k step's A (or B) tile into the thread's staging registers `ra`/`rb`."""
+    if which == "a":
+        stmts, val = spec.load_a("m", "k")
         where = [f"const int m = m0 + mm, k = {k0} + kk;", f"if (m < {spec.M} && k < {spec.K}) {{"]
     else:
         stmts, val = spec.load_b("k", "n")
-        split = (f"const int kk = l / {t.bn}, nn = l % {t.bn};" if spec.b_n_contiguous
-                 else f"const int nn = l / {t.bk}, kk = l % {t.bk};")
         where = [f"const int k = {k0} + kk, n = n0 + nn;", f"if (k < {spec.K} && n < {spec.N}) {{"]
-    reg = "ra" if which == "a" else "rb"
-    guard = [] if n_el % T == 0 else [f"if (l >= {n_el}) continue;"]
-    return [
-        "#pragma unroll",
-        f"for (int r = 0; r < {per}; ++r) {{",
-        f"    const int l = tid + r * {T};",
-        *_indent(guard, 4),
-        f"    {split}",
-        f"    {where[0]}",
-        f"    float val = 0.0f;",
-        f"    {where[1]}",
-        *_indent(stmts, 8),
-        f"        val = {val};",
-        "    }",
-        f"    {reg}[r] = val;",
-        "}",
-    ]
+    return [*_walk(t, which, spec), f"    {where[0]}", "    float val = 0.0f;", f"    {where[1]}",
+            *_indent(stmts, 8), f"        val = {val};", "    }", f"    r{which}[r] = val;", "}"]
 
 
-def _commit(t: Tiling, T: int, which: str, spec: GemmSpec) -> list[str]:
+def _commit(t: Tiling, which: str, spec: GemmSpec) -> list[str]:
     """The staging registers into the shared tiles (k-major, padded rows)."""
-    n_el = (t.bm if which == "a" else t.bn) * t.bk
-    per = -(-n_el // T)
-    if which == "a":
-        split = (f"const int mm = l / {t.bk}, kk = l % {t.bk};" if spec.a_k_contiguous
-                 else f"const int kk = l / {t.bm}, mm = l % {t.bm};")
-        dst = f"As[kk * {t.a_stride} + mm] = ra[r];"
-    else:
-        split = (f"const int kk = l / {t.bn}, nn = l % {t.bn};" if spec.b_n_contiguous
-                 else f"const int nn = l / {t.bk}, kk = l % {t.bk};")
-        dst = f"Bs[kk * {t.b_stride} + nn] = rb[r];"
-    guard = [] if n_el % T == 0 else [f"if (l >= {n_el}) continue;"]
-    return ["#pragma unroll", f"for (int r = 0; r < {per}; ++r) {{", f"    const int l = tid + r * {T};",
-            *_indent(guard, 4), f"    {split}", f"    {dst}", "}"]
+    dst = f"As[kk * {t.a_stride} + mm] = ra[r];" if which == "a" else f"Bs[kk * {t.b_stride} + nn] = rb[r];"
+    return [*_walk(t, which, spec), f"    {dst}", "}"]
 
 
 def gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
@@ -203,7 +203,7 @@ def gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
     cols = t.bn // t.tn
     rows = t.bm // t.tm
     arg_names = [p.split()[-1].lstrip("*") for p in spec.params]
-    per_a, per_b = -(-t.bm * t.bk // T), -(-t.bn * t.bk // T)
+    per_a, per_b = _per_thread(t, "a")[1], _per_thread(t, "b")[1]
     store = spec.store("m", "n", "acc[i][j]")
     dev = [
         f"DEVICE void {name}_task({', '.join(spec.params)}, const int task, const int tid, LPTR float* smem) {{",
@@ -218,15 +218,15 @@ def gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
         f"    float acc[{t.tm}][{t.tn}];",
         f"    for (int i = 0; i < {t.tm}; ++i) for (int j = 0; j < {t.tn}; ++j) acc[i][j] = 0.0f;",
         f"    float ra[{per_a}], rb[{per_b}];",
-        *_indent(_stage(t, T, "a", "0", spec), 4),
-        *_indent(_stage(t, T, "b", "0", spec), 4),
+        *_indent(_stage(t, "a", "0", spec), 4),
+        *_indent(_stage(t, "b", "0", spec), 4),
         f"    for (int k0 = 0; k0 < {spec.K}; k0 += {t.bk}) {{",
-        *_indent(_commit(t, T, "a", spec), 8),
-        *_indent(_commit(t, T, "b", spec), 8),
+        *_indent(_commit(t, "a", spec), 8),
+        *_indent(_commit(t, "b", spec), 8),
         f"        BARRIER();",
         f"        if (k0 + {t.bk} < {spec.K}) {{",
-        *_indent(_stage(t, T, "a", f"(k0 + {t.bk})", spec), 12),
-        *_indent(_stage(t, T, "b", f"(k0 + {t.bk})", spec), 12),
+        *_indent(_stage(t, "a", f"(k0 + {t.bk})", spec), 12),
+        *_indent(_stage(t, "b", f"(k0 + {t.bk})", spec), 12),
         f"        }}",
         f"        #pragma unroll",
         f"        for (int kk = 0; kk < {t.bk}; ++kk) {{",

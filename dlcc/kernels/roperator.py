@@ -124,3 +124,11 @@ def plan_roperators(plan: dict, kernel_codes: list[str]) -> list[ROperator]:
             raise NotAnROperator(f"kernel {k['name']} is launched with grids {sorted(g)}")
         out.append(to_roperator(k["name"], code, k["block"], next(iter(g), 1), k.get("smem_bytes", 0)))
     return out
+
+
+def task_form_source(plan: dict, kernel_codes: list[str], dialect: str) -> str:
+    """The whole translation unit with every kernel in rOperator form (each KERNEL only calls its
+    task function): the same plan runs on it, which is how the rewrite is checked."""
+    from ..backends.source import render
+
+    return render([r.code for r in plan_roperators(plan, kernel_codes)], dialect)

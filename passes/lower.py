@@ -13,8 +13,10 @@ from ..ops.layout import identity_copy
 from . import CompileState, register_pass
 
 
-def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "auto") -> LowerCtx:
+def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "auto",
+                rnn_input: str = "batched") -> LowerCtx:
     ctx = LowerCtx(graph, device, pass_name=pass_name)
+    ctx.rnn_input = rnn_input
     ctx.gemm_tiling = None if gemm_tiling == "auto" else next(t for t in TILINGS if t.name == gemm_tiling)
     for node in graph.nodes:
         entry = registry.lookup(node.op_type, graph.opset, node.domain)
@@ -58,15 +60,21 @@ def _materialize_outputs(ctx: LowerCtx) -> None:
 
 class LowerOptions(BaseModel):
     """`gemm_tiling`: "auto" picks each GEMM's tiling by wave-quantized cost on the target device;
-    a tiling name (e.g. 64x64x16_4x4) forces that one everywhere (a pipeline to rank against)."""
+    a tiling name (e.g. 64x64x16_4x4) forces that one everywhere (a pipeline to rank against).
+
+    `rnn_input`: "batched" computes an LSTM's input projection for all steps in one GEMM (best
+    when every launch is a kernel of its own); "per-step" folds it into each step's GEMM, so that
+    layer l's step t waits only for layer l-1's step t (the layers x time wavefront rammer
+    schedules; ops/rnn.py)."""
 
     model_config = ConfigDict(extra="forbid")
     gemm_tiling: Literal[("auto",) + tuple(t.name for t in TILINGS)] = "auto"
+    rnn_input: Literal["batched", "per-step"] = "batched"
 
 
 @register_pass("lower", LowerOptions)
 def lower(state: CompileState, opts) -> None:
     """Lower every node with its registry entry (baseline: one kernel per op)."""
-    state.ctx = lower_graph(state.graph, state.device, gemm_tiling=opts.gemm_tiling)
+    state.ctx = lower_graph(state.graph, state.device, gemm_tiling=opts.gemm_tiling, rnn_input=opts.rnn_input)
     n = len(state.ctx.program.launches)
     state.log.append(f"lower: {len(state.ctx.program.kernels)} kernel(s), {n} launch(es)")

@@ -503,6 +503,25 @@ def build_lstm(size: str) -> Built:
     return _build_rnn("lstm", size, 32)
 
 
+class StackedLSTM(nn.Module):
+    """Rammer's LSTM-TC case: a stack of unidirectional LSTM layers, the last step's h as output."""
+
+    def __init__(self, hidden: int, layers: int):
+        super().__init__()
+        self.rnn = nn.LSTM(hidden, hidden, num_layers=layers)
+
+    def forward(self, x):
+        y, (h, _) = self.rnn(x)
+        return y[-1], h
+
+
+def build_lstm_tc(size: str) -> Built:
+    """small: 3 layers x 6 steps, hidden 32; full: Rammer's LSTM-TC, 10 layers x 100 steps, hidden
+    256, batch 1 (2,030 launches one kernel per op)."""
+    hidden, layers, steps = (32, 3, 6) if size == "small" else (256, 10, 100)
+    return Built(StackedLSTM(hidden, layers), {"input": torch.randn(steps, 1, hidden)}, ["last", "h_n"])
+
+
 def build_gru(size: str) -> Built:
     return _build_rnn("gru", size, 24)
 
@@ -611,6 +630,8 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("yolo", "YOLOv8-like: Conv-BN-SiLU, C2f (Split), SPPF, Resize nearest+linear", build_yolo),
         ModelSpec("ocr", "CRNN-like: ReLU6/Clip, AvgPool, ConvTranspose, GAP head, BiLSTM head", build_ocr),
         ModelSpec("lstm", "2-layer LSTM + Linear on [seq, batch, feat]", build_lstm),
+        ModelSpec("lstm-tc", "stacked LSTM (Rammer's LSTM-TC: 10 layers x 100 steps, hidden 256 at full size)",
+                  build_lstm_tc),
         ModelSpec("gru", "2-layer bidirectional GRU + Linear on [seq, batch, feat]", build_gru),
         ModelSpec("bert", "transformers BertModel (tiny / bert-base), input_ids + attention_mask", build_bert,
                   int_high={"input_ids": 1000}, ones=("attention_mask",)),

@@ -77,6 +77,10 @@ class Launch:
     # A kernel that spin-waits on other blocks (grid barrier): runtimes clamp its grid to the
     # blocks they can prove resident, and refuse to launch it where that is none.
     grid_sync: bool = False
+    # Byte ranges [lo, hi) of the tensors this launch touches, where it touches only part of one
+    # (an RNN step reads and writes one time step of its sequence buffers). Dependency analysis
+    # (rammer's waves) treats a tensor without an entry as touched whole.
+    regions: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -5,6 +5,13 @@ The per-step kernels take the step index as an argument, so each text is emitted
 launched `seq` times — exactly the many-small-kernels pattern Rammer later co-schedules.
 All directions of a bidirectional layer run in the same launches (the GEMM batch is the
 direction), the reverse direction reading step `seq - 1 - t`.
+
+With the lower option `rnn_input: per-step` an LSTM computes each step's input projection inside
+that step's GEMM instead (K = input + hidden: [x_t, h] · [W; R]^T), so step t of layer l needs
+only step t of layer l-1, not its whole sequence. Every per-step launch records the time step it
+touches (Launch.regions), so rammer's dependency analysis sees cell (l, t) wait only for (l, t-1)
+and (l-1, t): the layers x time wavefront of Rammer's LSTM-TC case. The batched projection stays
+the default: one large GEMM beats `seq` small ones when each launch costs a kernel of its own.
 """
 from __future__ import annotations
 
@@ -135,6 +142,8 @@ def _lstm(ctx, node):
         raise ctx.fail("peephole weights (input P) are not supported")
     r = _rnn_attrs(ctx, node, ["Sigmoid", "Tanh", "Tanh"])
     H, G4 = r.H, 4 * r.H
+    if getattr(ctx, "rnn_input", "batched") == "per-step":
+        return _lstm_per_step(ctx, r, X, W, R, Bn, h0, c0, Y, Yh, Yc)
 
     # 1. Input projection for all steps and directions (both biases folded in).
     xw = _input_projection(ctx, r, X, W, Bn, 4, G4, "LSTMInput")
@@ -164,6 +173,64 @@ def _lstm(ctx, node):
         emit_gemm(ctx, "LSTMRecurrent", rspec, [hs, R, hr], reads=[hs, R], writes=[hr])
         ctx.launch(step, -(-r.n_state // BLOCK), [xw, hr, hs, cs, y, t], reads=[xw, hr, hs, cs],
                    writes=[hs, cs, y], flops=20 * r.n_state, dram_bytes=4 * r.n_state * 13, category="elementwise")
+        ctx.program.launches[-1].regions = _step_regions(r, t, {y: r.D * r.batch * H, xw: r.batch * G4})
+
+
+def _step_regions(r: Rnn, t: int, per_step: dict[str, int]) -> dict:
+    """Byte ranges of sequence buffers laid out step-major ([seq, ...], `per_step` floats a step)
+    that step t touches. Only for one direction: a bidirectional step touches t and seq-1-t."""
+    if r.D != 1:
+        return {}
+    pos = t if r.direction == "forward" else r.seq - 1 - t
+    return {name: (4 * n * pos, 4 * n * (pos + 1)) for name, n in per_step.items()}
+
+
+def _lstm_per_step(ctx, r: Rnn, X, W, R, Bn, h0, c0, Y, Yh, Yc) -> None:
+    """The LSTM with each step's input projection in its own GEMM ([x_t, h] · [W; R]^T); see the
+    module docstring. Two launches per step, both tagged with the step they touch."""
+    H, G4, I, B = r.H, 4 * r.H, r.I, r.batch
+    hs = Yh or ctx.temp((r.D, B, H))
+    cs = Yc or ctx.temp((r.D, B, H))
+    y = Y or ctx.temp((r.seq, r.D, B, H))
+    for state, init in ((hs, h0), (cs, c0)):
+        _init_state(ctx, state, init, r.n_state)
+    gates = ctx.temp((r.D, B, G4))
+    tt = r.step_index().replace("d == 0", "bt == 0")  # the GEMM batch is the direction
+    spec = GemmSpec(
+        batch=r.D, M=B, N=G4, K=I + H,
+        params=["GPTR const float* X", "GPTR const float* S", "GPTR const float* W", "GPTR const float* Rw",
+                "GPTR float* Y", "const int t"],
+        load_a=lambda m, k: ([], f"(({k}) < {I} ? X[({tt} * {B} + {m}) * {I} + ({k})] "
+                                 f": S[(bt * {B} + {m}) * {H} + ({k}) - {I}])"),
+        load_b=lambda k, n: ([], f"(({k}) < {I} ? W[bt * {G4 * I} + ({n}) * {I} + ({k})] "
+                                 f": Rw[bt * {G4 * H} + ({n}) * {H} + ({k}) - {I}])"),
+        store=lambda m, n, acc: [f"Y[(bt * {B} + {m}) * {G4} + {n}] = {acc};"],
+        b_n_contiguous=False,
+    )
+    bias = (lambda k: f" + Bz[d * {2 * G4} + {k * H} + j] + Bz[d * {2 * G4} + {G4 + k * H} + j]") if Bn \
+        else (lambda k: "")
+    g = [r.clipped(f"HR[hr + {k * H}]{bias(k)}") for k in range(4)]
+    step = _step_kernel(ctx, "LSTMStepCell", "GPTR const float* HR, " + ("GPTR const float* Bz, " if Bn else "")
+                        + "GPTR float* Hs, GPTR float* Cs, GPTR float* Y", [
+                            f"const int hr = (d * {B} + b) * {G4} + j;",
+                            f"const float it = {_sig(g[0])};",
+                            f"const float ot = {_sig(g[1])};",
+                            f"const float ft = {_sig(g[2])};",
+                            f"const float c = ft * Cs[i] + it * F_TANH({g[3]});",
+                            "const float h = ot * F_TANH(c);",
+                            "Cs[i] = c;",
+                            "Hs[i] = h;",
+                            "Y[yi] = h;",
+                        ], r, 4)
+    for t in range(r.seq):
+        emit_gemm(ctx, "LSTMStep", spec, [X, hs, W, R, gates, t], reads=[X, hs, W, R], writes=[gates])
+        gemm = ctx.program.launches[-1]
+        gemm.expr = None  # an opaque rOperator for AStitch: its loads switch between two tensors
+        gemm.regions = _step_regions(r, t, {X: B * I})
+        ctx.launch(step, -(-r.n_state // BLOCK), [gates] + ([Bn] if Bn else []) + [hs, cs, y, t],
+                   reads=[gates, hs, cs] + ([Bn] if Bn else []), writes=[hs, cs, y], flops=20 * r.n_state,
+                   dram_bytes=4 * r.n_state * 9, category="elementwise")
+        ctx.program.launches[-1].regions = _step_regions(r, t, {y: r.D * B * H})
 
 
 @register("GRU", since=7, category=COMPUTE, float_only=True)

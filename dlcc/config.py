@@ -48,6 +48,8 @@ class DeviceSpec(Strict):
                                         "(K-loop pipeline fill); None: kernel_fixed_us")
     dram_efficiency: float = Field(0.8, gt=0, le=1, description="achievable fraction of dram_bandwidth_gbps")
     compute_efficiency: float = Field(0.7, gt=0, le=1, description="achievable fraction of peak_tflops")
+    grid_barrier_us: float = Field(2.0, ge=0, description="one grid barrier across the resident blocks of a "
+                                   "persistent kernel, in µs (AStitch measured 2.5-2.7 µs on a V100)")
 
 
 class PassSpec(Strict):

@@ -29,6 +29,7 @@ def build_plan(state, meta: dict) -> tuple[dict, bytes]:
             "node": L.node, "op_type": L.op_type, "category": L.category, "pass": L.pass_name,
             "flops": L.flops, "dram_bytes": L.dram_bytes, "reads": list(L.reads), "writes": list(L.writes),
             **({"grid_sync": True} if L.grid_sync else {}),
+            **({"rprogram": L.rprogram} if L.rprogram else {}),
         })
     weights = bytearray(mem.weights_bytes)
     for b, p in mem.placements.items():

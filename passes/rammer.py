@@ -1,28 +1,52 @@
-"""rammer (DESIGN.md §5), first version: runs of launches become one persistent kernel each, with
-their rTasks co-scheduled wave by wave on a virtual device.
+"""rammer (DESIGN.md §5): runs of launches become rPrograms, persistent kernels whose rTasks are
+co-scheduled wave by wave on a virtual device.
 
-What it does today:
-  - every eligible launch is an rOperator (kernels/roperator.py: `NAME_task(args, task_id,
-    thread_id, smem)`); eligible means not spin-waiting itself, 256 threads per task, and shared
-    memory within the device's per-block limit;
-  - a maximal run of eligible launches (capped by `max_kernels` and `max_params`) is split into
-    BFS waves from its read/write sets (RAW, WAR and WAW on the resolved buffers): launches in the
-    same wave are independent, so their rTasks share the vEUs;
-  - the persistent kernel deals each wave's rTasks round-robin to the vEUs (vEU v runs tasks v,
-    v+G, ...), one loop per op, with a block barrier after each task (the next one reuses `smem`)
-    and a grid barrier (generation counters, no reset between runs) between waves;
-  - a run of one wave needs no grid barrier and launches as many blocks as it has rTasks; a run
-    with several waves is a spin-waiting launch, which the executor clamps to the blocks the
-    runtime proves resident, as for AStitch's Global scheme.
+  - **rOperators.** Every eligible launch is an rOperator (kernels/roperator.py: `NAME_task(args,
+    task_id, thread_id, smem)`): GEMM/Conv tiles, maps, reductions and AStitch's stitched kernels.
+    Eligible means: not spin-waiting itself, 256 threads per task, shared memory within a block,
+    and (for now) no block barrier inside a stitched kernel (those gave NaN inside persistent
+    kernels on PoCL for hf llama and t5-encoder; the cause is not found).
+  - **Waves.** A maximal run of eligible launches is split into BFS waves from what each launch
+    reads and writes (RAW, WAR, WAW), down to the byte ranges a launch declares (Launch.regions):
+    an LSTM step touches one time step of its sequence buffers, so cell (l, t) waits only for
+    (l, t-1) and (l-1, t), and a stack of layers runs as a wavefront over layers x time.
+  - **vDevice.** vEUs = SMs x resident blocks per SM of the persistent kernel itself: it is
+    emitted with LAUNCH_BOUNDS(256), so nvcc must fit a whole block's registers on one SM, and one
+    block per SM is proven whenever its threads and shared memory (the max over its rTasks, not
+    the sum) fit one SM. On PoCL an SM is a worker thread (the pocl-cpu DeviceSpec, and at run
+    time the executor clamps the grid to POCL_MAX_PTHREAD_COUNT). Nothing is hard-coded.
+  - **rProgram = a schedule table in device memory.** `prog[vEU][order]` is not unrolled into
+    code: a constant int table (placed with the weights) lists, per wave, its entries (call site,
+    first rTask, rTask count, int arguments such as an RNN step). The kernel holds one call site
+    per distinct (rOperator, operands), and loops over the table; each call site is a loop whose
+    bounds come from the table (empty unless the entry is its own), so every barrier sits in
+    straight-line code under a uniform loop, which PoCL needs. A wave's rTasks are numbered across
+    its entries and dealt round-robin to the vEUs; a block barrier follows each rTask (the next
+    one reuses `smem`), and a grid barrier each wave. Code size grows with the distinct call
+    sites, not with the program's length: 2,000 LSTM launches are ~20 call sites.
+  - **Synchronisation.** One grid barrier per wave (prelude `dlcc_grid_sync`: block barrier,
+    fence, atomic arrive; generation counter, so no reset between runs; acquire-side fence).
+  - **Co-residency.** A kernel with more than one wave spin-waits, so it is emitted only where
+    its vEUs are proven resident. Where none is (a block's shared memory does not fit an SM), the
+    pass refuses with a log line and falls back to one launch per wave (NNFusion's level 1). The
+    executor clamps the grid again at run time to what the runtime proves.
+  - **Joining waves by estimate.** With `join: auto`, a run becomes one persistent kernel only
+    where the cost model (estimate/costmodel.py `rprogram_time`) predicts it beats one launch per
+    wave on the device; `always` and `never` force it.
 
-Not yet (issue 8): built-in pipelines, the schedule as a device table instead of unrolled loops,
-mixed block sizes, kernel choice per wave, fine-grained dependency counters, the LSTM layers x time wavefront,
-operand addressing by storage base + offset, `inspect --rprogram`, and the estimator's rProgram model.
+Not yet: mixed block sizes (kernels of 32/64/128 threads stay their own launches), fine-grained
+dependency counters, per-wave rKernel choice (every GEMM tiling has 256 threads, so least
+time x threads picks the fastest tiling anyway), and storage-base operand addressing (operands are
+still one parameter each, capped by `max_params`).
 """
 from __future__ import annotations
 
+from typing import Literal
+
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..estimate.costmodel import kernel_time, rprogram_time
 from ..ir import Tensor
 from ..kernels.program import Launch, ctype
 from ..kernels.roperator import NotAnROperator, to_roperator
@@ -30,35 +54,223 @@ from . import CompileState, register_pass
 
 from .astitch import SYNC  # noqa: E402  (two ints per spin-waiting launch, shared with astitch)
 BLOCK = 256
+#: Call sites (distinct rOperator + operands) per persistent kernel on a CPU device. PoCL keeps
+#: every work-item's values that live across a barrier on its worker thread's stack, for every
+#: inlined call site: at 6 GEMM call sites that overflowed (segfault); at 4 every test model runs.
+#: Very large kernels also take PoCL minutes to compile.
+CPU_CALL_SITES = 4
+#: The same on a GPU: bounds nvcc's time on one kernel (each call site inlines an rTask body).
+GPU_CALL_SITES = 64
 
 
 class RammerOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    max_kernels: int = Field(4, ge=2, description="launches per persistent kernel. PoCL keeps every "
-                             "work-item's values that live across a barrier on its worker thread's stack, for every "
-                             "inlined rTask; at 6 GEMM-heavy launches that stack overflows (segfault), at 4 every "
-                             "test model runs")
+    sync: Literal["grid-barrier"] = Field("grid-barrier", description="how waves wait for each other: one "
+                                          "grid barrier per wave (fine-grained dependency counters: not yet)")
+    veus: int | None = Field(None, ge=1, description="vEU count override: at most the proven resident blocks "
+                             "(a larger value is clamped, with a log line); default: SMs x resident blocks per SM")
+    join: Literal["auto", "always", "never"] = Field(
+        "auto", description="waves of a run in one persistent kernel: where the cost model says it pays (auto), "
+        "always, or never (one launch per wave, NNFusion's level 1)")
+    call_sites: int | None = Field(None, ge=1, description="distinct (rOperator, operands) per persistent kernel; "
+                                   f"default {CPU_CALL_SITES} on CPU devices (PoCL's stack), {GPU_CALL_SITES} on GPUs")
     max_params: int = Field(96, ge=4, description="distinct tensor parameters per persistent kernel")
     min_launches: int = Field(2, ge=2, description="runs shorter than this stay plain launches")
 
 
-def _deps(launches: list[Launch], res) -> list[int]:
+def wave_levels(launches: list[Launch], res) -> list[int]:
     """BFS wave (0-based) of each launch in a run: one more than the latest earlier launch it
-    conflicts with (read-after-write, write-after-read, write-after-write on resolved buffers)."""
-    sets = [({res(t) for t in L.reads}, {res(t) for t in L.writes}) for L in launches]
+    conflicts with (read-after-write, write-after-read, write-after-write on resolved buffers,
+    narrowed to the byte ranges in Launch.regions where a launch declares them)."""
+    seen: dict[str, list[tuple[int, bool, int, int]]] = {}  # buffer -> (level, is_write, lo, hi)
     level = []
-    for i, (r, w) in enumerate(sets):
+    for L in launches:
+        acc: dict[str, list] = {}
+        for names, w in ((L.reads, False), (L.writes, True)):
+            for t in names:
+                lo, hi = L.regions.get(t, (0, 1 << 62))
+                acc.setdefault(res(t), []).append((w, lo, hi))
         lv = 0
-        for j, (pr, pw) in enumerate(sets[:i]):
-            if pw & (r | w) or pr & w:
-                lv = max(lv, level[j] + 1)
+        for b, uses in acc.items():
+            for pl, pw, plo, phi in seen.get(b, ()):
+                if pl + 1 > lv and any((w or pw) and lo < phi and plo < hi for w, lo, hi in uses):
+                    lv = pl + 1
         level.append(lv)
+        for b, uses in acc.items():
+            seen.setdefault(b, []).extend((lv, w, lo, hi) for w, lo, hi in uses)
     return level
+
+
+def proven_veus(dev, smem_bytes: int) -> tuple[int, str]:
+    """vEUs of a persistent kernel on `dev`, and why: SMs x resident blocks per SM. It is emitted
+    with LAUNCH_BOUNDS(BLOCK), so one block per SM is proven whenever the block's threads and shared
+    memory fit one SM (nvcc then fits its registers); 0 where they do not."""
+    if BLOCK > min(dev.max_threads_per_sm, dev.max_threads_per_block):
+        return 0, f"none: a {BLOCK}-thread block does not fit one SM of {dev.name}"
+    if smem_bytes > min(dev.shared_mem_per_sm, dev.shared_mem_per_block):
+        return 0, (f"none: {smem_bytes} B of shared memory per block (the largest rTask's) does not fit one SM "
+                   f"of {dev.name} ({min(dev.shared_mem_per_sm, dev.shared_mem_per_block)} B)")
+    unit = "PoCL worker thread" if dev.kind == "cpu" else "SM"
+    return dev.sms, (f"{dev.sms} = {dev.sms} {unit}s x 1 block: LAUNCH_BOUNDS({BLOCK}) makes nvcc fit a block's "
+                     f"registers on one SM, and {smem_bytes} B of shared memory (max over the rTasks) fits one; "
+                     "the runtime clamps the grid to the blocks it proves resident")
+
+
+class _Run:
+    """One run of launches on its way to becoming persistent kernels."""
+
+    def __init__(self, idx: list[int], launches: list[Launch], rops: dict, res):
+        self.idx = idx
+        self.Ls = launches
+        self.rops = rops
+        level = wave_levels(launches, res)
+        self.waves = [[L for L, lv in zip(launches, level) if lv == w] for w in range(max(level) + 1)]
+        self.smem = max([rops[L.kernel].smem_bytes for L in launches] + [4])
+
+    def wave_work(self) -> list[dict]:
+        return [{"tasks": sum(L.grid for L in w), "flops": sum(L.flops for L in w),
+                 "dram_bytes": sum(L.dram_bytes for L in w), "gemm": any(L.category == "compute" for L in w),
+                 "ops": len(w)} for w in self.waves]
+
+
+def _site_key(L: Launch) -> tuple:
+    return (L.kernel, tuple(a for kind, a in L.args if kind == "t"))
+
+
+def _split_runs(prog, eligible, sites_cap: int, max_params: int, min_launches: int) -> list[list[int]]:
+    """Maximal runs of consecutive eligible launches, cut where a run would pass the call-site or
+    parameter cap."""
+    runs: list[list[int]] = []
+    cur: list[int] = []
+    params: set[str] = set()
+    sites: set[tuple] = set()
+    for i, L in enumerate(prog.launches):
+        ok = eligible(L) is not None
+        if not ok:
+            if cur:
+                runs.append(cur)
+            cur, params, sites = [], set(), set()
+            continue
+        tens = {a for kind, a in L.args if kind == "t"}
+        key = _site_key(L)
+        if cur and (len(sites | {key}) > sites_cap or len(params | tens) > max_params - 1):
+            runs.append(cur)
+            cur, params, sites = [], set(), set()
+        cur.append(i)
+        params |= tens
+        sites.add(key)
+    if cur:
+        runs.append(cur)
+    return [r for r in runs if len(r) >= min_launches]
+
+
+def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool, veus: int, sync_slot: int,
+          included: set[str], tab_no: int) -> Launch:
+    """One persistent kernel for `waves` (a table-driven rProgram; module docstring) and its launch."""
+    g = state.graph
+    prog = state.ctx.program
+    Ls = [L for w in waves for L in w]
+    tensors: list[str] = []
+    for L in Ls:
+        for kind, a in L.args:
+            if kind == "t" and a not in tensors:
+                tensors.append(a)
+    pname = {t: f"p{j}" for j, t in enumerate(tensors)}
+    sites: dict[tuple, int] = {}
+    site_launch: list[Launch] = []
+    for L in Ls:
+        k = _site_key(L)
+        if k not in sites:
+            sites[k] = len(sites)
+            site_launch.append(L)
+    nints = max(sum(1 for kind, _ in L.args if kind == "i") for L in Ls)
+    es = 3 + nints  # entry: call site, first rTask of the wave, rTask count, int arguments
+    starts, entries = [0], []
+    for w in waves:
+        off = 0
+        for L in w:
+            ints = [int(a) for kind, a in L.args if kind == "i"]
+            entries += [sites[_site_key(L)], off, L.grid] + ints + [0] * (nints - len(ints))
+            off += L.grid
+        starts.append(len(entries) // es)
+    nw = len(waves)
+    table = np.array(starts + entries, dtype=np.int32)
+    tab = f"%rtab{tab_no}"
+    g.tensors[tab] = Tensor(tab, (len(table),), "int32", value=table)
+
+    dev_code = []
+    body = [f"SHARED float smem[{-(-max(rops[L.kernel].smem_bytes for L in Ls) // 4) or 1}];",
+            "const int tid = THREAD_ID;",
+            f"for (int w = 0; w < {nw}; w++) {{",
+            "    const int e1 = rtab[w + 1];",
+            "    for (int e = rtab[w]; e < e1; e++) {",
+            f"        GPTR const int* E = rtab + {nw + 1} + e * {es};",
+            "        const int site = E[0], lo = E[1], hi = E[1] + E[2];",
+            "        const int first = lo <= BLOCK_ID ? BLOCK_ID : BLOCK_ID + (lo - BLOCK_ID + GRID_DIM - 1) / GRID_DIM * GRID_DIM;"]
+    for s, L in enumerate(site_launch):
+        r = rops[L.kernel]
+        if L.kernel not in included:
+            included.add(L.kernel)
+            dev_code.append(r.device_code)
+        call_args, j = [], 0
+        for kind, a in L.args:
+            if kind == "t":
+                call_args.append(pname[a])
+            else:
+                call_args.append(f"E[{3 + j}]")
+                j += 1
+        call = f"{r.task_fn}({', '.join(call_args + ['t - lo', 'tid', 'smem'])});"
+        # The loop is empty unless this entry is call site s: no barrier ever sits under an `if`.
+        body += [f"        /* call site {s}: {L.op_type or 'op'} */",
+                 f"        for (int t = site == {s} ? first : hi; t < hi; t += GRID_DIM) {{",
+                 f"            {call}", "            BARRIER();", "        }"]
+    body.append("    }")
+    if spin:
+        body.append("    dlcc_grid_sync(rsync + rslot);")
+    body.append("}")
+    decls = [f"GPTR {ctype(g.tensors[t].dtype)}* {pname[t]}" for t in tensors] + ["GPTR const int* rtab"]
+    if spin:
+        decls += ["GPTR int* rsync", "const int rslot"]
+    bounds = f"LAUNCH_BOUNDS({BLOCK}) " if spin else ""
+    text = "".join(dev_code) + (f"KERNEL void {bounds}KNAME({', '.join(decls)}) {{\n    "
+                                + "\n    ".join(body) + "\n}\n")
+    smem = max([rops[L.kernel].smem_bytes for L in Ls] + [4])
+    hint = "Rammer_" + "_".join(dict.fromkeys(L.op_type or "op" for L in Ls))[:40]
+    kname = prog.add_kernel(hint, lambda nm, t=text: t.replace("KNAME", nm), BLOCK, smem_bytes=smem,
+                            kind="persistent", pass_name="rammer")
+    args = [("t", t) for t in tensors] + [("t", tab)]
+    reads = list(dict.fromkeys([t for L in Ls for t in L.reads] + [tab]))
+    writes = list(dict.fromkeys(t for L in Ls for t in L.writes))
+    if spin:
+        args += [("t", SYNC), ("i", 2 * sync_slot)]
+        writes.append(SYNC)
+    widest = max(sum(L.grid for L in w) for w in waves)
+    grid = min(widest, veus) if spin else widest
+    P = Launch(kernel=kname, grid=grid, block=BLOCK, args=args, reads=reads, writes=writes,
+               node="+".join(L.node for L in Ls[:3]) + ("+..." if len(Ls) > 3 else ""), op_type="Rammer",
+               flops=sum(L.flops for L in Ls), dram_bytes=sum(L.dram_bytes for L in Ls), pass_name="rammer",
+               category="compute" if any(L.category == "compute" for L in Ls) else "elementwise")
+    P.grid_sync = spin
+    P.rprogram = {"veus": grid, "sync_points": nw if spin else 0, "call_sites": len(sites), "entries": len(Ls),
+                  "waves": [{"tasks": sum(L.grid for L in w), "flops": sum(L.flops for L in w),
+                             "dram_bytes": sum(L.dram_bytes for L in w),
+                             "gemm": any(L.category == "compute" for L in w), "ops": len(w)} for w in waves]}
+    return P
+
+
+def _split_cost(run: _Run, dev) -> float:
+    """µs of the run as one launch per wave (each a non-spinning kernel), on `dev`."""
+    tot = 0.0
+    for w in run.wave_work():
+        kt = kernel_time(w["flops"], w["dram_bytes"], "float32", dev, blocks=w["tasks"], threads=BLOCK,
+                         smem_bytes=run.smem, gemm=w["gemm"]).us
+        tot += max(kt, dev.launch_overhead_us)
+    return tot
 
 
 @register_pass("rammer", RammerOptions)
 def run_rammer(state: CompileState, opts: RammerOptions) -> None:
-    """Co-schedule runs of launches as rTasks in persistent kernels, wave by wave (Rammer)."""
+    """Co-schedule runs of launches as rTasks in table-driven persistent kernels (Rammer)."""
     ctx = state.ctx
     prog = ctx.program
     dev = state.device
@@ -82,112 +294,105 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
         r = rops[L.kernel]
         return r if r is not None and not r.spin and r.tasks == L.grid and r.smem_bytes <= smem_limit else None
 
-    runs: list[list[int]] = []
-    cur: list[int] = []
-    params: set[str] = set()
-    for i, L in enumerate(prog.launches):
-        ok = eligible(L) is not None
-        tens = {a for kind, a in L.args if kind == "t"}
-        if ok and cur and (len(cur) >= opts.max_kernels or len(params | tens) > opts.max_params):
-            runs.append(cur)
-            cur, params = [], set()
-        if ok:
-            cur.append(i)
-            params |= tens
-        else:
-            if cur:
-                runs.append(cur)
-            cur, params = [], set()
-    if cur:
-        runs.append(cur)
-    runs = [r for r in runs if len(r) >= opts.min_launches]
+    cap = opts.call_sites or (CPU_CALL_SITES if dev.kind == "cpu" else GPU_CALL_SITES)
+    runs = _split_runs(prog, eligible, cap, opts.max_params, opts.min_launches)
     if not runs:
         state.log.append("rammer: no run of co-schedulable launches")
         return
 
     sync_slots = state.graph.tensors[SYNC].shape[0] // 2 if SYNC in state.graph.tensors else 0
-    replaced: dict[int, Launch] = {}
+    tabs = sum(1 for t in state.graph.tensors if t.startswith("%rtab"))
+    pos = {id(L): i for i, L in enumerate(prog.launches)}
+    decided = []  # (run, groups, decision, veus, why, predicted µs, per-wave µs)
+    for idx in runs:
+        run = _Run(idx, [prog.launches[i] for i in idx], rops, ctx.resolve)
+        veus, why = proven_veus(dev, run.smem)
+        if opts.veus and veus:
+            if opts.veus > veus:
+                state.log.append(f"rammer: veus={opts.veus} is more than the {veus} proven resident on {dev.name}; "
+                                 f"using {veus}")
+            else:
+                why = f"{opts.veus}: the pipeline's veus option (proven: {why})"
+            veus = min(veus, opts.veus)
+        multi = len(run.waves) > 1
+        persistent_us, wave_us = rprogram_time(run.wave_work(), max(1, veus), dev, len(run.waves) if multi else 0)
+        split_us = _split_cost(run, dev)
+        if not multi:
+            decision, join = "one wave: one launch, no grid barrier", True
+        elif veus < 1:
+            decision, join = (f"refused: co-residency cannot be proven ({why}); one launch per wave instead", False)
+            state.log.append(f"rammer: {decision}")
+        elif opts.join == "never":
+            decision, join = "join: never (pipeline option): one launch per wave", False
+        elif opts.join == "always":
+            decision, join = "join: always (pipeline option)", True
+        else:
+            join = persistent_us <= split_us
+            decision = (f"estimate: one persistent kernel {persistent_us:.1f} µs vs one launch per wave "
+                        f"{split_us:.1f} µs on {dev.name}: {'joined' if join else 'kept apart'}")
+        if join:
+            groups = [(run.waves, multi)]
+        else:  # one launch per wave; a wave of one op stays the original launch
+            groups = [([w], False) for w in run.waves if len(w) > 1]
+        decided.append((run, groups, decision, veus, why, persistent_us if join else None, wave_us if join else None))
+
+    # Kernels that stay plain launches keep their own text; where that text already defines the
+    # task function (GEMM/Conv are written as rOperators), a persistent kernel must not define it again.
+    grouped = {id(L) for d in decided for waves, _ in d[1] for w in waves for L in w}
+    standalone = {L.kernel for L in prog.launches if id(L) not in grouped}
+    included = {k for k in standalone if rops.get(k) is not None and rops[k].code == prog.kernels[k].code}
+    replaced: dict[int, list[Launch]] = {}
     drop: set[int] = set()
     report = []
-    included: set[str] = set()  # task functions already defined by an earlier persistent kernel (one source)
-    for run in runs:
-        Ls = [prog.launches[i] for i in run]
-        level = _deps(Ls, ctx.resolve)
-        waves = max(level) + 1
-        by_wave = [[L for L, lv in zip(Ls, level) if lv == w] for w in range(waves)]
-        tensors: list[str] = []
-        for L in Ls:
-            for kind, a in L.args:
-                if kind == "t" and a not in tensors:
-                    tensors.append(a)
-        pname = {t: f"p{j}" for j, t in enumerate(tensors)}
-        spin = waves > 1
-        decls = [f"GPTR {ctype(state.graph.tensors[t].dtype)}* {pname[t]}" for t in tensors]
-        if spin:
-            decls += ["GPTR int* rsync", "const int rslot"]
-        dev_code = []
-        smem = max([rops[L.kernel].smem_bytes for L in Ls] + [4])
-        body = [f"SHARED float smem[{-(-smem // 4)}];", "const int tid = THREAD_ID;"]
-        widest = 0
-        for w, members in enumerate(by_wave):
-            total = sum(L.grid for L in members)
-            widest = max(widest, total)
-            body.append(f"/* wave {w}: {len(members)} op(s), {total} rTasks */")
-            off = 0
-            for L in members:
-                r = rops[L.kernel]
-                if L.kernel not in included:
-                    included.add(L.kernel)
-                    dev_code.append(r.device_code)
-                call_args = [pname[a] if kind == "t" else str(int(a)) for kind, a in L.args]
-                call = f"{r.task_fn}({', '.join(call_args + [f't - {off}', 'tid', 'smem'])});"
-                # The wave's rTasks are numbered across its ops and dealt round-robin to the vEUs;
-                # one loop per op (not an if-chain in one loop) keeps every barrier in straight-line
-                # code under a uniform loop condition, which PoCL's barrier handling needs.
-                start = "BLOCK_ID" if off == 0 else f"BLOCK_ID + ({off} - BLOCK_ID + GRID_DIM - 1) / GRID_DIM * GRID_DIM"
-                if off:
-                    start = f"(BLOCK_ID >= {off} ? BLOCK_ID : {start})"
-                body += [f"for (int t = {start}; t < {off + L.grid}; t += GRID_DIM) {{", f"    {call}", "    BARRIER();",
-                         "}"]
-                off += L.grid
-            if w < waves - 1:
-                body.append("dlcc_grid_sync(rsync + rslot);")
-        bounds = "LAUNCH_BOUNDS(256) " if spin else ""
-        text = "".join(dev_code) + (f"KERNEL void {bounds}KNAME({', '.join(decls)}) {{\n    "
-                                    + "\n    ".join(body) + "\n}\n")
-        hint = "Rammer_" + "_".join(dict.fromkeys(L.op_type or "op" for L in Ls))[:40]
-        kname = prog.add_kernel(hint, lambda nm, t=text: t.replace("KNAME", nm), BLOCK, smem_bytes=smem,
-                                kind="persistent", pass_name="rammer")
-        args = [("t", t) for t in tensors]
-        reads = list(dict.fromkeys(t for L in Ls for t in L.reads))
-        writes = list(dict.fromkeys(t for L in Ls for t in L.writes))
-        if spin:
-            args += [("t", SYNC), ("i", 2 * sync_slots)]
-            writes.append(SYNC)
-            sync_slots += 1
-        # A spin launch asks for one vEU per SM (LAUNCH_BOUNDS proves that many resident), never
-        # more than its widest wave; the executor clamps it further to what the runtime proves.
-        grid = min(widest, max(1, getattr(dev, "sms", 1))) if spin else widest
-        P = Launch(kernel=kname, grid=grid, block=BLOCK, args=args, reads=reads, writes=writes,
-                   node="+".join(L.node for L in Ls[:3]) + ("+..." if len(Ls) > 3 else ""), op_type="Rammer",
-                   flops=sum(L.flops for L in Ls), dram_bytes=sum(L.dram_bytes for L in Ls), pass_name="rammer",
-                   category="compute" if any(L.category == "compute" for L in Ls) else "elementwise")
-        P.grid_sync = spin
-        replaced[run[0]] = P
-        drop |= set(run[1:])
-        report.append({
-            "kernel": kname, "launches": len(Ls), "waves": waves, "veus": grid, "smem_bytes": smem,
-            "veus_from": (f"{grid} = min(widest wave, SMs x 1 block: LAUNCH_BOUNDS(256)); the runtime clamps it "
-                          "to the blocks it proves resident" if spin else f"{grid}: one per rTask (one wave, no grid barrier)"),
-            "sync_points": waves - 1,
-            "wave_ops": [[f"{L.op_type} ({L.grid} rTasks, {L.kernel})" for L in m] for m in by_wave],
-            "tasks_per_wave": [sum(L.grid for L in m) for m in by_wave]})
+    for run, groups, decision, veus, why, persistent_us, wave_us in decided:
+        by_first: dict[int, Launch] = {}
+        for waves, spin in groups:
+            P = _emit(state, waves, rops, spin, max(1, veus), sync_slots, included, tabs)
+            tabs += 1
+            if spin:
+                sync_slots += 1
+            by_first[min(pos[id(L)] for w in waves for L in w)] = P
+            report.append({
+                "kernel": P.kernel, "launches": sum(len(w) for w in waves), "waves": len(waves),
+                "veus": P.grid, "smem_bytes": run.smem, "veus_from": why if spin else
+                f"{P.grid}: one per rTask (one wave, no grid barrier)",
+                "sync_points": P.rprogram["sync_points"], "call_sites": P.rprogram["call_sites"],
+                "decision": decision, "time_source": "cost model (roofline per wave, DeviceSpec "
+                                                     f"{dev.name}); no profile database at compile time",
+                "predicted_us": persistent_us,
+                "predicted_us_per_wave": [round(u, 3) for u in wave_us] if wave_us else None,
+                "wave_ops": [[f"{L.op_type} ({L.grid} rTasks, {L.kernel})" for L in m] for m in waves],
+                "tasks_per_wave": [sum(L.grid for L in m) for m in waves],
+                "rkernels": [{"op": L.op_type, "node": L.node, "rkernel": L.kernel, "tasks": L.grid,
+                              "why": _why_rkernel(prog.kernels[L.kernel])} for w in waves for L in w]})
+        new: list[Launch] = []
+        for i in run.idx:
+            L = prog.launches[i]
+            if i in by_first:
+                new.append(by_first[i])
+            elif id(L) not in grouped:
+                new.append(L)
+        replaced[run.idx[0]] = new
+        drop |= set(run.idx[1:])
     if sync_slots:
         state.graph.tensors[SYNC] = Tensor(SYNC, (2 * sync_slots,), "int32")
     before = len(prog.launches)
-    prog.launches = [replaced.get(i, L) for i, L in enumerate(prog.launches) if i not in drop]
+    out: list[Launch] = []
+    for i, L in enumerate(prog.launches):
+        if i in replaced:
+            out += replaced[i]
+        elif i not in drop:
+            out.append(L)
+    prog.launches = out
     used = {L.kernel for L in prog.launches}
     prog.kernels = {n: k for n, k in prog.kernels.items() if n in used}
     ctx.rammer_report = report
-    state.log.append(f"rammer: {before} launch(es) -> {len(prog.launches)}; {len(runs)} persistent kernel(s), "
+    state.log.append(f"rammer: {before} launch(es) -> {len(prog.launches)}; {len(report)} rProgram(s), "
                      f"{sum(r['waves'] for r in report)} wave(s)")
+
+
+def _why_rkernel(k) -> str:
+    if k.kind == "gemm" or k.tiling:
+        return (f"tiling {k.tiling}: fastest by the lowering's cost model; every tiling has {BLOCK} threads, so the "
+                "resource-efficient choice (least time x threads) is the same one")
+    return f"the only rKernel of its op ({k.kind}, {BLOCK} threads)"

@@ -140,6 +140,26 @@ def kernel_time(flops: float, dram_bytes: float, dtype: str, device: DeviceSpec,
                       memory_us=memory, waves=waves, fixed_us=fixed_us)
 
 
+def rprogram_time(waves: list[dict], veus: int, device: DeviceSpec, sync_points: int) -> tuple[float, list[float]]:
+    """µs of one persistent kernel (a rammer rProgram), and of each of its waves.
+
+    One kernel's fixed cost, then per wave: its rTasks' summed work at the roofline, quantized
+    over the vEUs it can use (q = sms / min(tasks, vEUs, sms): a wave of few rTasks leaves SMs
+    idle), plus the K-loop fill of its GEMMs once (they overlap inside the wave), plus one grid
+    barrier per sync point. No per-op launch or fixed cost: that is what co-scheduling removes.
+    `waves`: dicts with tasks, flops, dram_bytes and gemm (plan launch["rprogram"]["waves"])."""
+    ce, de = device.compute_efficiency, device.dram_efficiency
+    fill = max(0.0, (device.gemm_fixed_us or device.kernel_fixed_us) - device.kernel_fixed_us)
+    per = []
+    for w in waves:
+        q = device.sms / max(1, min(int(w["tasks"]), max(1, veus), device.sms))
+        compute = float(w["flops"]) / (peak_tflops("float32", device) * 1e6 * ce) * q
+        memory = float(w["dram_bytes"]) / (device.dram_bandwidth_gbps * 1e3 * de) * q
+        per.append(max(compute, memory) + (fill if w.get("gemm") else 0.0))
+    total = device.kernel_fixed_us + sum(per) + sync_points * device.grid_barrier_us
+    return total, per
+
+
 def is_gemm_launch(launch: dict, kernel: dict | None) -> bool:
     return launch.get("category") == "compute" or (kernel or {}).get("kind") in _GEMM_KINDS
 
@@ -159,6 +179,12 @@ def launch_time(launch: dict, kernel: dict | None, device: DeviceSpec, dtype: st
     model = kernel_time(float(launch.get("flops") or 0), float(launch.get("dram_bytes") or 0), dtype, device,
                         blocks=blocks, threads=threads, smem_bytes=smem, registers=regs,
                         gemm=is_gemm_launch(launch, kernel))
+    rp = launch.get("rprogram")
+    if rp:  # a persistent kernel: its waves one after another on its vEUs (rprogram_time)
+        us, _ = rprogram_time(rp["waves"], min(blocks, int(rp.get("veus") or blocks)), device,
+                              int(rp.get("sync_points") or 0))
+        model = KernelTime(us=us, source="roofline (rProgram)", compute_us=model.compute_us,
+                           memory_us=model.memory_us, waves=float(len(rp["waves"])), fixed_us=device.kernel_fixed_us)
     if db is not None:
         us = db.lookup(device.name, launch, kernel)
         if us is not None:

@@ -81,6 +81,8 @@ class Launch:
     # (an RNN step reads and writes one time step of its sequence buffers). Dependency analysis
     # (rammer's waves) treats a tensor without an entry as touched whole.
     regions: dict = field(default_factory=dict)
+    # A persistent kernel (rammer): its vEUs, sync points and per-wave work, for the estimator.
+    rprogram: dict | None = None
 
 
 @dataclass

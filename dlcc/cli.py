@@ -254,21 +254,38 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
 
 
 def _print_rprogram(plan: dict) -> None:
-    """`inspect --rprogram`: one table per persistent kernel the rammer pass made."""
+    """`inspect --rprogram`: per persistent kernel the rammer pass made, its vDevice, waves with
+    their rTasks and predicted time, and the rKernel chosen for each op and why."""
     rep = plan.get("rprogram")
     if not rep:
         out.print("[yellow]no rProgram: add the rammer pass to the pipeline (README, Rammer)[/]")
         return
     for r in rep:
         t = Table(title=f"{_escape(r['kernel'])}: {r['launches']} launches in {r['waves']} wave(s), "
-                        f"{r['sync_points']} grid barrier(s), {r['smem_bytes']} B shared memory")
+                        f"{r['sync_points']} grid barrier(s), {r.get('call_sites', '?')} call site(s), "
+                        f"{r['smem_bytes']} B shared memory")
         t.add_column("wave", justify="right")
         t.add_column("rTasks", justify="right")
+        t.add_column("µs (model)", justify="right")
         t.add_column("ops (rTasks, rOperator)", overflow="fold")
-        for w, (n, ops) in enumerate(zip(r["tasks_per_wave"], r["wave_ops"])):
-            t.add_row(str(w), str(n), _escape("; ".join(ops)))
+        per = r.get("predicted_us_per_wave") or []
+        rows = list(enumerate(zip(r["tasks_per_wave"], r["wave_ops"])))
+        shown = rows if len(rows) <= 24 else rows[:12] + [None] + rows[-12:]
+        for row in shown:
+            if row is None:
+                t.add_row("...", "", "", f"{len(rows) - 24} more waves (--json lists them all)")
+                continue
+            w, (n, ops) = row
+            t.add_row(str(w), str(n), f"{per[w]:.2f}" if w < len(per) else "", _escape("; ".join(ops)))
         out.print(t)
         out.print(f"vEUs: {_escape(r['veus_from'])}")
+        out.print(f"schedule: {_escape(r.get('decision', ''))}"
+                  + (f"; predicted {r['predicted_us']:.1f} µs" if r.get("predicted_us") else ""))
+        seen = {}
+        for k in r.get("rkernels", []):
+            seen.setdefault(k["rkernel"], k)
+        for name, k in seen.items():
+            out.print(f"  rKernel {_escape(name)} for {_escape(k['op'])}: {_escape(k['why'])}")
 
 
 def _print_stitch(plan: dict) -> None:

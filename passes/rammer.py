@@ -74,7 +74,8 @@ class RammerOptions(BaseModel):
         "always, or never (one launch per wave, NNFusion's level 1)")
     call_sites: int | None = Field(None, ge=1, description="distinct (rOperator, operands) per persistent kernel; "
                                    f"default {CPU_CALL_SITES} on CPU devices (PoCL's stack), {GPU_CALL_SITES} on GPUs")
-    max_params: int = Field(96, ge=4, description="distinct tensor parameters per persistent kernel")
+    max_params: int = Field(240, ge=4, description="distinct tensor parameters per persistent kernel (240 pointers "
+                            "are 1.9 KB: under CUDA's 4 KB parameter space and common OpenCL GPU limits)")
     min_launches: int = Field(2, ge=2, description="runs shorter than this stay plain launches")
 
 

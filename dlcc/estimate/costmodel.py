@@ -145,17 +145,18 @@ def rprogram_time(waves: list[dict], veus: int, device: DeviceSpec, sync_points:
 
     One kernel's fixed cost, then per wave: its rTasks' summed work at the roofline, quantized
     over the vEUs it can use (q = sms / min(tasks, vEUs, sms): a wave of few rTasks leaves SMs
-    idle), plus the K-loop fill of its GEMMs once (they overlap inside the wave), plus one grid
-    barrier per sync point. No per-op launch or fixed cost: that is what co-scheduling removes.
+    idle), plus one grid barrier per sync point (DeviceSpec.grid_barrier_us). No per-op launch,
+    ramp or GEMM pipeline-fill cost: those are what co-scheduling removes or overlaps (a vEU
+    starts its next rTask while others still run). On PoCL the barrier figure is the measured
+    extra cost of a wave in persistent form, which makes joining rarely pay there.
     `waves`: dicts with tasks, flops, dram_bytes and gemm (plan launch["rprogram"]["waves"])."""
     ce, de = device.compute_efficiency, device.dram_efficiency
-    fill = max(0.0, (device.gemm_fixed_us or device.kernel_fixed_us) - device.kernel_fixed_us)
     per = []
     for w in waves:
         q = device.sms / max(1, min(int(w["tasks"]), max(1, veus), device.sms))
         compute = float(w["flops"]) / (peak_tflops("float32", device) * 1e6 * ce) * q
         memory = float(w["dram_bytes"]) / (device.dram_bandwidth_gbps * 1e3 * de) * q
-        per.append(max(compute, memory) + (fill if w.get("gemm") else 0.0))
+        per.append(max(compute, memory))
     total = device.kernel_fixed_us + sum(per) + sync_points * device.grid_barrier_us
     return total, per
 

@@ -255,7 +255,8 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
     P.rprogram = {"veus": grid, "sync_points": nw if spin else 0, "call_sites": len(sites), "entries": len(Ls),
                   "waves": [{"tasks": sum(L.grid for L in w), "flops": sum(L.flops for L in w),
                              "dram_bytes": sum(L.dram_bytes for L in w),
-                             "gemm": any(L.category == "compute" for L in w), "ops": len(w)} for w in waves]}
+                             "gemm": any(L.category == "compute" for L in w), "ops": len(w),
+                             "entries": [[L.op_type or "op", L.grid] for L in w]} for w in waves]}
     return P
 
 

@@ -338,6 +338,10 @@ def main(argv: list[str] | None = None) -> int:
         import bench_astitch
 
         return bench_astitch.main([a for a in args if a != "--astitch"])
+    if "--rammer" in args:  # baseline, astitch, rammer and full side by side, and issue 8's floors
+        import bench_rammer
+
+        return bench_rammer.main([a for a in args if a != "--rammer"])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="See the module docstring (python -c 'import scripts.bench as b; "

@@ -584,6 +584,20 @@ def build_bert(size: str) -> Built:
     return _hf(model, {"input_ids": ids, "attention_mask": mask}, ["last_hidden_state", "pooler_output"])
 
 
+def build_bert_small(size: str) -> Built:
+    """BERT-small (4 layers, hidden 256, 4 heads, seq 128), the size of the H100 profiler trace
+    ../shared/traces/h100_bert-small_infer_bs1: batch 1 at size small, batch 8 at size full."""
+    from transformers import BertConfig, BertModel
+
+    cfg = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
+               vocab_size=30522, max_position_embeddings=512)
+    batch = 1 if size == "small" else 8
+    model = BertModel(BertConfig(**cfg, attn_implementation=ATTN))
+    ids = torch.randint(0, 1000, (batch, 128), dtype=torch.int64)
+    mask = torch.ones(batch, 128, dtype=torch.int64)
+    return _hf(model, {"input_ids": ids, "attention_mask": mask}, ["last_hidden_state", "pooler_output"])
+
+
 def build_gpt2(size: str) -> Built:
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -635,6 +649,8 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("gru", "2-layer bidirectional GRU + Linear on [seq, batch, feat]", build_gru),
         ModelSpec("bert", "transformers BertModel (tiny / bert-base), input_ids + attention_mask", build_bert,
                   int_high={"input_ids": 1000}, ones=("attention_mask",)),
+        ModelSpec("bert-small", "transformers BERT-small (4 layers, hidden 256, seq 128): batch 1 (small) / 8 (full)",
+                  build_bert_small, int_high={"input_ids": 1000}, ones=("attention_mask",)),
         ModelSpec("gpt2", "transformers GPT2LMHeadModel (tiny / gpt2-124M), no KV cache", build_gpt2,
                   int_high={"input_ids": 1000}),
         ModelSpec("vit", "transformers ViTModel (tiny / ViT-B/16)", build_vit),

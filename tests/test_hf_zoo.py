@@ -85,7 +85,7 @@ def _export(name: str):
     return path
 
 
-@pytest.mark.parametrize("pipeline", ["baseline", "astitch"])
+@pytest.mark.parametrize("pipeline", ["baseline", "astitch", "rammer", "full"])
 @pytest.mark.parametrize("name", NAMES)
 def test_hf_architecture_matches_onnxruntime(name, pipeline):
     path = _export(name)

@@ -37,6 +37,16 @@ def test_astitch_model_matches_onnxruntime(model_path, name):
     assert s["dram_bytes"] <= b["dram_bytes"]
 
 
+@pytest.mark.parametrize("pipeline", ["rammer", "full"])
+@pytest.mark.parametrize("name", SMALL_MODELS + ["lstm-tc"])
+def test_rammer_pipelines_match_onnxruntime(model_path, name, pipeline):
+    """The built-in rammer and full pipelines (rammer's choices for the PoCL device) match, with no
+    more launches than the pipeline without rammer."""
+    m = check_against_onnxruntime(name, model_path(name), pipeline)
+    plain = dlcc.compile(model_path(name), target="opencl", pipeline="baseline" if pipeline == "rammer" else "astitch")
+    assert m.stats["launches"] <= plain.stats["launches"]
+
+
 @pytest.mark.parametrize("name", SMALL_MODELS)
 def test_model_matches_onnxruntime(model_path, name):
     m = check_against_onnxruntime(name, model_path(name))

@@ -15,7 +15,7 @@ plan order on one stream, then synchronizes once. So the graph has
 from __future__ import annotations
 
 from ..config import DeviceSpec
-from .costmodel import launch_time
+from .costmodel import launch_time, rprogram_time
 from .graph import Dep, Iteration, Task, TaskGraph
 from .profiledb import ProfileDB
 
@@ -44,6 +44,13 @@ def plan_graph(plan: dict, device: DeviceSpec, db: ProfileDB | None = None, name
                          "grid": L.get("grid"), "block": L.get("block"), "node": L.get("node", ""),
                          "reads": L.get("reads", []), "writes": L.get("writes", []),
                          "compute_us": kt.compute_us, "memory_us": kt.memory_us})
+        rp = L.get("rprogram")
+        if rp:  # what the timeline needs to draw one track per vEU (timeline.py)
+            veus = min(int(L.get("grid") or 1), int(rp.get("veus") or 1))
+            _, per = rprogram_time(rp["waves"], veus, device, int(rp.get("sync_points") or 0))
+            gpu.args["rprogram"] = {"veus": veus, "waves_us": per, "barrier_us": device.grid_barrier_us,
+                                    "sync": bool(rp.get("sync_points")), "fixed_us": device.kernel_fixed_us,
+                                    "waves": [w.get("entries") or [["op", w["tasks"]]] for w in rp["waves"]]}
         gpu.deps.append(Dep(cpu, "launch", 0.0))
         cpu.args["launches"] = [gpu]
         seen = set()

@@ -15,6 +15,7 @@ from .graph import TaskGraph
 
 def chrome_events(scenarios: list[tuple[str, TaskGraph]]) -> list[dict]:
     events: list[dict] = []
+    persistent = 0  # persistent kernels drawn so far: each gets its own block of vEU track ids
     for pid, (name, g) in enumerate(scenarios, start=1):
         events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
@@ -38,7 +39,38 @@ def chrome_events(scenarios: list[tuple[str, TaskGraph]]) -> list[dict]:
                     args["source"] = t.args["source"]
                 events.append({"ph": "X", "name": t.name, "cat": t.kind, "pid": pid, "tid": tid,
                                "ts": round(t.start, 3), "dur": round(t.end - t.start, 3), "args": args})
+                if "rprogram" in t.args:
+                    persistent += 1
+                    events += veu_events(t, pid, 1000 * persistent)
     return events
+
+
+def veu_events(t, pid: int, base: int) -> list[dict]:
+    """A persistent kernel (rammer rProgram) drawn as one track per vEU: in each wave, vEU v runs
+    the wave's rTasks v, v + G, ... (the round-robin deal of passes/rammer.py), then waits at the
+    grid barrier. Wave times are the cost model's, scaled to the kernel's simulated duration (a
+    profile database may have measured the whole kernel)."""
+    rp = t.args["rprogram"]
+    G = max(1, int(rp["veus"]))
+    model = rp["fixed_us"] + sum(rp["waves_us"]) + (len(rp["waves_us"]) * rp["barrier_us"] if rp["sync"] else 0)
+    scale = (t.end - t.start) / model if model > 0 else 1.0
+    ev = [{"ph": "M", "name": "thread_name", "pid": pid, "tid": base + v, "args": {"name": f"{t.name} vEU {v}"}}
+          for v in range(G)]
+    now = t.start + rp["fixed_us"] * scale
+    for w, (entries, wus) in enumerate(zip(rp["waves"], rp["waves_us"])):
+        tasks = [(op, k) for op, n in entries for k in range(int(n))]
+        rounds = max(1, -(-len(tasks) // G))
+        dur = wus * scale / rounds
+        for i, (op, k) in enumerate(tasks):
+            ev.append({"ph": "X", "name": op, "cat": "rTask", "pid": pid, "tid": base + i % G,
+                       "ts": round(now + (i // G) * dur, 3), "dur": round(dur, 3), "args": {"wave": w, "task": k}})
+        now += wus * scale
+        if rp["sync"]:
+            for v in range(G):
+                ev.append({"ph": "X", "name": "grid barrier", "cat": "sync", "pid": pid, "tid": base + v,
+                           "ts": round(now, 3), "dur": round(rp["barrier_us"] * scale, 3), "args": {"wave": w}})
+            now += rp["barrier_us"] * scale
+    return ev
 
 
 def write_timeline(path: str | Path, scenarios: list[tuple[str, TaskGraph]]) -> None:

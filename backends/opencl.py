@@ -8,6 +8,32 @@ import numpy as np
 
 from ..errors import CompileError, RuntimeBackendError
 
+#: PoCL's worker threads, when dlcc could fix them before the OpenCL platform was first touched
+#: (claim_pocl_threads); None when it could not know them.
+POCL_THREADS: int | None = None
+
+
+def claim_pocl_threads() -> None:
+    """Fix PoCL's worker-thread count before the OpenCL platform is first touched (DESIGN §3).
+
+    A work-group that spins at a grid barrier holds its worker thread until the others arrive, so
+    a spinning grid needs a thread per work-group. PoCL's default is one thread per core, and with
+    2 threads a 2-group spinning grid hung here: PoCL does not promise that every idle thread takes
+    a group. So dlcc asks for one thread more than the cores (unless POCL_MAX_PTHREAD_COUNT is set
+    already) and proves at most threads - 1 groups resident. Called when dlcc is imported; if
+    pyopencl was imported first, the platform may already be set up, and only one group is proven."""
+    global POCL_THREADS
+    import sys
+
+    preset = os.environ.get("POCL_MAX_PTHREAD_COUNT")
+    if "pyopencl" in sys.modules and not preset:
+        POCL_THREADS = None
+        return
+    if not preset:
+        os.environ["POCL_MAX_PTHREAD_COUNT"] = str((os.cpu_count() or 1) + 1)
+    value = os.environ["POCL_MAX_PTHREAD_COUNT"]
+    POCL_THREADS = int(value) if value.isdigit() else None
+
 
 def available() -> bool:
     try:
@@ -105,19 +131,16 @@ class OpenCLRuntime:
         self.queue.finish()
 
     def resident_blocks(self, kernel, block: int, smem_bytes: int = 0) -> int:
-        """Work-groups that run at the same time. PoCL's CPU device runs one work-group per worker
-        thread (POCL_MAX_PTHREAD_COUNT, else one per core), so a spin-waiting grid larger than
-        that hangs (DESIGN.md §3). Other OpenCL devices: one work-group per compute unit."""
-        import os
-
+        """Work-groups proven to run at the same time. PoCL's CPU device runs a work-group on one
+        of its worker threads, and a spinning grid needs one thread per group with one to spare
+        (claim_pocl_threads); where dlcc could not fix the thread count, one group (a grid of one
+        never waits on another). Other OpenCL devices: one work-group per compute unit."""
         cl = self.cl
         if block > kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device):
             return 0
         cus = int(self.device.max_compute_units)
-        if self.is_cpu():
-            env = os.environ.get("POCL_MAX_PTHREAD_COUNT") or os.environ.get("POCL_MAX_CPU_CU_COUNT")
-            if env and env.isdigit():
-                return max(1, min(cus, int(env)))
+        if "portable computing language" in self.device.platform.name.lower():
+            return 1 if POCL_THREADS is None else max(1, min(cus, POCL_THREADS - 1))
         return max(1, cus)
 
     def time_launch(self, kernel, grid: int, block: int, args: list) -> float:

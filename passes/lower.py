@@ -65,11 +65,13 @@ class LowerOptions(BaseModel):
     `rnn_input`: "batched" computes an LSTM's input projection for all steps in one GEMM (best
     when every launch is a kernel of its own); "per-step" folds it into each step's GEMM, so that
     layer l's step t waits only for layer l-1's step t (the layers x time wavefront rammer
-    schedules; ops/rnn.py)."""
+    schedules; ops/rnn.py); "auto" picks per-step for one-direction LSTMs on a GPU device, where
+    rammer joins the steps into one persistent kernel, and batched elsewhere (on PoCL, per-step
+    steps run as separate launches and the batched projection is faster)."""
 
     model_config = ConfigDict(extra="forbid")
     gemm_tiling: Literal[("auto",) + tuple(t.name for t in TILINGS)] = "auto"
-    rnn_input: Literal["batched", "per-step"] = "batched"
+    rnn_input: Literal["batched", "per-step", "auto"] = "batched"
 
 
 @register_pass("lower", LowerOptions)

@@ -4,8 +4,9 @@ co-scheduled wave by wave on a virtual device.
   - **rOperators.** Every eligible launch is an rOperator (kernels/roperator.py: `NAME_task(args,
     task_id, thread_id, smem)`): GEMM/Conv tiles, maps, reductions and AStitch's stitched kernels.
     Eligible means: not spin-waiting itself, 256 threads per task, shared memory within a block,
-    and (for now) no block barrier inside a stitched kernel (those gave NaN inside persistent
-    kernels on PoCL for hf llama and t5-encoder; the cause is not found).
+    and (for now) block barriers only in the GEMM/Conv templates (stitched kernels with barriers
+    gave NaN inside persistent kernels on PoCL for hf llama and t5-encoder, and vit's tiled
+    transposes hung; the cause is not found).
   - **Waves.** A maximal run of eligible launches is split into BFS waves from what each launch
     reads and writes (RAW, WAR, WAW), down to the byte ranges a launch declares (Launch.regions):
     an LSTM step touches one time step of its sequence buffers, so cell (l, t) waits only for
@@ -283,10 +284,11 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
         k = prog.kernels[L.kernel]
         if L.grid_sync or k.block != BLOCK or k.smem_bytes > smem_limit:
             return None
-        if k.kind == "stitch" and "BARRIER()" in k.code:
-            # A stitched kernel whose phases sync on block barriers gave NaN inside a persistent
-            # kernel on PoCL (hf llama and t5-encoder through astitch + rammer), though it runs
-            # right in task form on its own: left as its own launch until that is understood.
+        if "BARRIER()" in k.code and k.kind not in ("gemm", "conv"):
+            # Only the GEMM/Conv templates are trusted with block barriers inside a persistent
+            # kernel. Stitched kernels with barriers gave NaN there on PoCL (hf llama, t5-encoder),
+            # and vit's tiled transposes hung, though each runs right in task form on its own:
+            # they stay their own launches until that is understood.
             return None
         if L.kernel not in rops:
             try:

@@ -50,7 +50,7 @@ def _check(path, m, seed=0):
 
 
 @pytest.mark.parametrize("pipeline", ["rammer-joined", "full-joined"])
-@pytest.mark.parametrize("model", ["cnn", "ocr", "lstm", "lstm-tc", "bert", "gpt2"])
+@pytest.mark.parametrize("model", ["cnn", "mobilenet", "yolo", "ocr", "lstm", "lstm-tc", "bert", "gpt2"])
 def test_joined_rprograms_match_onnxruntime(model, pipeline, pipes):
     """Every run joined into one persistent kernel (grid barriers between waves) on PoCL."""
     path = export_model(model)
@@ -69,6 +69,22 @@ def _branches(path):
                            helper.make_node("Add", ["a", "b"], ["y"])], "g", [x], [y])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path
+
+
+def test_pocl_spinning_grids_leave_a_worker_thread_spare():
+    """dlcc fixes PoCL's worker threads when it is imported (before the platform is touched) and
+    proves at most threads - 1 work-groups resident: with 2 threads, a 2-group spinning grid hung."""
+    import os
+
+    from dlcc.backends import opencl
+    from dlcc.executor import make_runtime
+
+    assert opencl.POCL_THREADS == int(os.environ["POCL_MAX_PTHREAD_COUNT"])
+    rt = make_runtime("opencl")
+    if "portable computing language" not in rt.device.platform.name.lower():
+        pytest.skip("not PoCL")
+    rt.compile("__kernel void k(__global int* x) { x[get_global_id(0)] = 1; }")
+    assert 1 <= rt.resident_blocks(rt.kernel("k"), 256) <= opencl.POCL_THREADS - 1
 
 
 def test_independent_ops_share_a_wave_and_the_schedule_is_a_table(tmp_path, pipes):

@@ -6,7 +6,7 @@ launched `seq` times — exactly the many-small-kernels pattern Rammer later co-
 All directions of a bidirectional layer run in the same launches (the GEMM batch is the
 direction), the reverse direction reading step `seq - 1 - t`.
 
-With the lower option `rnn_input: per-step` an LSTM computes each step's input projection inside
+With the lower option `rnn_input: per-step` (or `auto`, on a GPU device for one direction) an LSTM computes each step's input projection inside
 that step's GEMM instead (K = input + hidden: [x_t, h] · [W; R]^T), so step t of layer l needs
 only step t of layer l-1, not its whole sequence. Every per-step launch records the time step it
 touches (Launch.regions), so rammer's dependency analysis sees cell (l, t) wait only for (l, t-1)
@@ -142,7 +142,10 @@ def _lstm(ctx, node):
         raise ctx.fail("peephole weights (input P) are not supported")
     r = _rnn_attrs(ctx, node, ["Sigmoid", "Tanh", "Tanh"])
     H, G4 = r.H, 4 * r.H
-    if getattr(ctx, "rnn_input", "batched") == "per-step":
+    mode = getattr(ctx, "rnn_input", "batched")
+    if mode == "auto":  # per step where it buys a wavefront: one direction, on a GPU (rammer joins it there)
+        mode = "per-step" if r.D == 1 and getattr(ctx.device, "kind", "gpu") == "gpu" else "batched"
+    if mode == "per-step":
         return _lstm_per_step(ctx, r, X, W, R, Bn, h0, c0, Y, Yh, Yc)
 
     # 1. Input projection for all steps and directions (both biases folded in).
@@ -158,22 +161,27 @@ def _lstm(ctx, node):
     rspec = _recurrent_spec(r, 4, 0, G4)
     g = [r.clipped(f"XW[xr + {k * H}] + HR[hr + {k * H}]") for k in range(4)]
     step = _step_kernel(ctx, "LSTMCell", "GPTR const float* XW, GPTR const float* HR, GPTR float* Hs, "
-                        "GPTR float* Cs, GPTR float* Y", [
-                            f"const int hr = (d * {r.batch} + b) * {G4} + j;",
-                            f"const float it = {_sig(g[0])};",
-                            f"const float ot = {_sig(g[1])};",
-                            f"const float ft = {_sig(g[2])};",
-                            f"const float c = ft * Cs[i] + it * F_TANH({g[3]});",
-                            "const float h = ot * F_TANH(c);",
-                            "Cs[i] = c;",
-                            "Hs[i] = h;",
-                            "Y[yi] = h;",
-                        ], r, 4)
+                        "GPTR float* Cs, GPTR float* Y", _lstm_cell(r, g), r, 4)
     for t in range(r.seq):
         emit_gemm(ctx, "LSTMRecurrent", rspec, [hs, R, hr], reads=[hs, R], writes=[hr])
         ctx.launch(step, -(-r.n_state // BLOCK), [xw, hr, hs, cs, y, t], reads=[xw, hr, hs, cs],
                    writes=[hs, cs, y], flops=20 * r.n_state, dram_bytes=4 * r.n_state * 13, category="elementwise")
         ctx.program.launches[-1].regions = _step_regions(r, t, {y: r.D * r.batch * H, xw: r.batch * G4})
+
+
+def _lstm_cell(r: Rnn, g: list[str]) -> list[str]:
+    """The LSTM cell update for unit i from its four gate pre-activations `g` (order i, o, f, c)."""
+    return [
+        f"const int hr = (d * {r.batch} + b) * {4 * r.H} + j;",
+        f"const float it = {_sig(g[0])};",
+        f"const float ot = {_sig(g[1])};",
+        f"const float ft = {_sig(g[2])};",
+        f"const float c = ft * Cs[i] + it * F_TANH({g[3]});",
+        "const float h = ot * F_TANH(c);",
+        "Cs[i] = c;",
+        "Hs[i] = h;",
+        "Y[yi] = h;",
+    ]
 
 
 def _step_regions(r: Rnn, t: int, per_step: dict[str, int]) -> dict:
@@ -211,17 +219,7 @@ def _lstm_per_step(ctx, r: Rnn, X, W, R, Bn, h0, c0, Y, Yh, Yc) -> None:
         else (lambda k: "")
     g = [r.clipped(f"HR[hr + {k * H}]{bias(k)}") for k in range(4)]
     step = _step_kernel(ctx, "LSTMStepCell", "GPTR const float* HR, " + ("GPTR const float* Bz, " if Bn else "")
-                        + "GPTR float* Hs, GPTR float* Cs, GPTR float* Y", [
-                            f"const int hr = (d * {B} + b) * {G4} + j;",
-                            f"const float it = {_sig(g[0])};",
-                            f"const float ot = {_sig(g[1])};",
-                            f"const float ft = {_sig(g[2])};",
-                            f"const float c = ft * Cs[i] + it * F_TANH({g[3]});",
-                            "const float h = ot * F_TANH(c);",
-                            "Cs[i] = c;",
-                            "Hs[i] = h;",
-                            "Y[yi] = h;",
-                        ], r, 4)
+                        + "GPTR float* Hs, GPTR float* Cs, GPTR float* Y", _lstm_cell(r, g), r, 4)
     for t in range(r.seq):
         emit_gemm(ctx, "LSTMStep", spec, [X, hs, W, R, gates, t], reads=[X, hs, W, R], writes=[gates])
         gemm = ctx.program.launches[-1]

@@ -4,9 +4,9 @@ co-scheduled wave by wave on a virtual device.
   - **rOperators.** Every eligible launch is an rOperator (kernels/roperator.py: `NAME_task(args,
     task_id, thread_id, smem)`): GEMM/Conv tiles, maps, reductions and AStitch's stitched kernels.
     Eligible means: not spin-waiting itself, 256 threads per task, shared memory within a block,
-    and (for now) block barriers only in the GEMM/Conv templates (stitched kernels with barriers
-    gave NaN inside persistent kernels on PoCL for hf llama and t5-encoder, and vit's tiled
-    transposes hung; the cause is not found).
+    and (for now) block barriers only in the GEMM/Conv and reduction templates (stitched kernels
+    with barriers gave NaN inside persistent kernels on PoCL for hf llama and t5-encoder; the cause
+    is not found; tiled transposes stay out too).
   - **Waves.** A maximal run of eligible launches is split into BFS waves from what each launch
     reads and writes (RAW, WAR, WAW), down to the byte ranges a launch declares (Launch.regions):
     an LSTM step touches one time step of its sequence buffers, so cell (l, t) waits only for
@@ -62,6 +62,11 @@ BLOCK = 256
 CPU_CALL_SITES = 4
 #: The same on a GPU: bounds nvcc's time on one kernel (each call site inlines an rTask body).
 GPU_CALL_SITES = 64
+
+
+#: Kernel kinds whose block barriers may run inside a persistent kernel (the templates that ran
+#: there on PoCL and on an H100): GEMM/Conv tiles and the row/column reduction templates.
+BARRIER_KINDS = ("gemm", "conv", "reduce", "softmax", "layernorm")
 
 
 class RammerOptions(BaseModel):
@@ -284,11 +289,11 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
         k = prog.kernels[L.kernel]
         if L.grid_sync or k.block != BLOCK or k.smem_bytes > smem_limit:
             return None
-        if "BARRIER()" in k.code and k.kind not in ("gemm", "conv"):
-            # Only the GEMM/Conv templates are trusted with block barriers inside a persistent
-            # kernel. Stitched kernels with barriers gave NaN there on PoCL (hf llama, t5-encoder),
-            # and vit's tiled transposes hung, though each runs right in task form on its own:
-            # they stay their own launches until that is understood.
+        if "BARRIER()" in k.code and not k.kind.startswith(BARRIER_KINDS):
+            # Only the GEMM/Conv and reduction templates are trusted with block barriers inside a
+            # persistent kernel. Stitched kernels with barriers gave NaN there on PoCL (hf llama,
+            # t5-encoder), though each runs right in task form on its own; tiled transposes are
+            # kept out too until that is understood.
             return None
         if L.kernel not in rops:
             try:

@@ -62,11 +62,14 @@ class CompiledModel:
 
 
 def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shapes: dict | None = None,
-            target: str = "auto", pipeline: str = "baseline", device: str | None = None, steps=None) -> CompiledModel:
+            target: str = "auto", pipeline: str = "baseline", device: str | None = None, steps=None,
+            profile_db: str | os.PathLike | None = None) -> CompiledModel:
     """Compile an ONNX file; writes the artifact directory when `out` is given.
 
     `pipeline="auto"` compiles with the built-in pipeline that `dlcc estimate` predicts fastest on
     the target device; the plan's meta records the choice and the reason (``pipeline_choice``).
+    `profile_db` (a `dlcc profile` database) gives passes measured kernel times: rammer prices its
+    rTasks and its join decisions with them, and the plan records which times were measured.
     """
     from .compiler import compile_model, default_device
 
@@ -81,7 +84,8 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
         choice = {"chosen": pipeline, "why": est.why(), "device": est.device,
                   "ranking": [{"name": p.name, "predicted_ms": p.predicted_us / 1e3} for p in est.pipelines]}
         imported = est.imported
-    res = compile_model(model, shapes, target=tgt, pipeline=pipeline, device=device, steps=steps, imported=imported)
+    res = compile_model(model, shapes, target=tgt, pipeline=pipeline, device=device, steps=steps, imported=imported,
+                        profile_db=profile_db)
     if choice:
         res.plan["meta"]["pipeline_choice"] = choice
     from .inputs import gather_bounds

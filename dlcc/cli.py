@@ -32,6 +32,8 @@ DeviceOpt = typer.Option(None, "--device", "-d", help="device name (configs/devi
                          "default: the detected GPU, or pocl-cpu for OpenCL")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="no progress output")
 JsonOpt = typer.Option(False, "--json", help="print one JSON object instead of tables")
+ProfileDbOpt = typer.Option(None, "--profile-db", help="measured kernel times (a `dlcc profile` database): rammer "
+                            "prices its rTasks and join decisions with them, and the plan records which were measured")
 
 
 def _steps(quiet: bool):
@@ -40,11 +42,11 @@ def _steps(quiet: bool):
     return Steps() if quiet else RichSteps(err)
 
 
-def _compile(model, shape, target, pipeline, device, quiet, json_out, out_dir=None):
+def _compile(model, shape, target, pipeline, device, quiet, json_out, out_dir=None, profile_db=None):
     import dlcc
 
     return dlcc.compile(model, out=out_dir, shapes=shape or [], target=target, pipeline=pipeline, device=device,
-                        steps=_steps(quiet or json_out))
+                        steps=_steps(quiet or json_out), profile_db=profile_db)
 
 
 def _human(n: float) -> str:
@@ -59,10 +61,11 @@ def _human(n: float) -> str:
 def compile(model: Path = typer.Argument(..., help="ONNX model file"),
             output: Optional[Path] = typer.Option(None, "--output", "-o", help="artifact directory (default: MODEL stem + '.dlcc')"),
             shape: Optional[List[str]] = ShapeOpt, target: str = TargetOpt, pipeline: str = PipelineOpt,
-            device: Optional[str] = DeviceOpt, quiet: bool = QuietOpt, json_out: bool = JsonOpt):
+            device: Optional[str] = DeviceOpt, profile_db: Optional[Path] = ProfileDbOpt, quiet: bool = QuietOpt,
+            json_out: bool = JsonOpt):
     """Compile MODEL into an artifact directory (kernels.cu, kernels.cl, plan.json, weights.bin, launcher.py)."""
     out_dir = output or model.with_suffix(".dlcc")
-    cm = _compile(model, shape, target, pipeline, device, quiet, json_out, out_dir)
+    cm = _compile(model, shape, target, pipeline, device, quiet, json_out, out_dir, profile_db=profile_db)
     s = cm.stats
     if json_out:
         print(json.dumps({"artifact": str(out_dir), "target": cm.target, **_summary(cm.plan),
@@ -119,11 +122,11 @@ def verify(model: Path = typer.Argument(..., help="ONNX model file"),
            rtol: float = typer.Option(1e-3, help="relative tolerance"),
            atol: float = typer.Option(1e-4, help="absolute tolerance"),
            seed: int = typer.Option(0, help="seed for generated inputs"),
-           quiet: bool = QuietOpt, json_out: bool = JsonOpt):
+           profile_db: Optional[Path] = ProfileDbOpt, quiet: bool = QuietOpt, json_out: bool = JsonOpt):
     """Compile, run on the target, run onnxruntime on the same inputs, and compare every output."""
     from .verify import compare, run_onnxruntime
 
-    cm = _compile(model, shape, target, pipeline, device, quiet, json_out)
+    cm = _compile(model, shape, target, pipeline, device, quiet, json_out, profile_db=profile_db)
     feeds = _load_inputs(inputs) if inputs else cm.sample_inputs(seed)
     steps = _steps(quiet or json_out)
     with steps.step(f"build kernels ({cm.target})"):
@@ -170,7 +173,7 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
                                         "mapping, DRAM bytes saved"),
             rprogram: bool = typer.Option(False, "--rprogram", help="show each persistent kernel (rammer): its vEUs "
                                           "and how they were derived, its waves with their ops and rTasks, sync points"),
-            json_out: bool = JsonOpt, quiet: bool = QuietOpt):
+            profile_db: Optional[Path] = ProfileDbOpt, json_out: bool = JsonOpt, quiet: bool = QuietOpt):
     """Summarise the graph and plan: ops, kernels, launches, DRAM bytes, lower bound, arena vs naive."""
     if path.is_dir():
         from .artifact import read_artifact
@@ -178,7 +181,7 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
         plan, _, sources = read_artifact(path)
         codes = None
     else:
-        cm = _compile(path, shape, "opencl", pipeline, device, quiet, json_out)
+        cm = _compile(path, shape, "opencl", pipeline, device, quiet, json_out, profile_db=profile_db)
         plan, codes = cm.plan, dict(zip((k["name"] for k in cm.plan["kernels"]), cm.kernel_codes))
     if kernel is not None:
         names = [k["name"] for k in plan["kernels"] if k["name"].startswith(kernel)]
@@ -266,7 +269,7 @@ def _print_rprogram(plan: dict) -> None:
                         f"{r['smem_bytes']} B shared memory")
         t.add_column("wave", justify="right")
         t.add_column("rTasks", justify="right")
-        t.add_column("µs (model)", justify="right")
+        t.add_column("µs (est.)", justify="right")
         t.add_column("ops (rTasks, rOperator)", overflow="fold")
         per = r.get("predicted_us_per_wave") or []
         rows = list(enumerate(zip(r["tasks_per_wave"], r["wave_ops"])))
@@ -281,6 +284,7 @@ def _print_rprogram(plan: dict) -> None:
         out.print(f"vEUs: {_escape(r['veus_from'])}")
         out.print(f"schedule: {_escape(r.get('decision', ''))}"
                   + (f"; predicted {r['predicted_us']:.1f} µs" if r.get("predicted_us") else ""))
+        out.print(f"rTask times: {_escape(r.get('time_source', ''))}")
         seen = {}
         for k in r.get("rkernels", []):
             seen.setdefault(k["rkernel"], k)

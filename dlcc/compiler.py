@@ -111,18 +111,23 @@ def import_checked(model, shapes):
 
 def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None, target: str = "opencl",
                   pipeline: str | PipelineSpec = "baseline", device: str | DeviceSpec | None = None,
-                  steps: Steps | None = None, imported=None) -> CompileResult:
+                  steps: Steps | None = None, imported=None, profile_db=None) -> CompileResult:
     """Import (unless `imported`, a Graph from `import_checked`, is given: the estimator imports once
-    and compiles a copy per pipeline), run the pipeline's passes, and build the plan."""
+    and compiles a copy per pipeline), run the pipeline's passes, and build the plan. `profile_db`
+    (a path or ProfileDB) gives passes measured launch times: rammer prices its rTasks with them."""
     steps = steps or Steps()
     pipe = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
     dev = device if isinstance(device, DeviceSpec) else load_device(device or default_device(target))
+    if profile_db is not None and not hasattr(profile_db, "lookup"):
+        from .estimate.profiledb import ProfileDB
+
+        profile_db = ProfileDB.load(profile_db)
     if imported is not None:
         graph = imported
     else:
         with steps.step("import + fold + infer shapes"):
             graph = import_checked(model, shapes)
-    state = CompileState(graph=graph, device=dev)
+    state = CompileState(graph=graph, device=dev, profile_db=profile_db)
     for p in pipe.passes:
         entry = PASSES[p.name]
         opts = entry.check_options(p.options, f"pipeline {pipe.name}: pass {p.name}")
@@ -144,6 +149,7 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
         "shapes": {k: list(v) for k, v in (shapes or {}).items()},
         "opset": graph.opset,
         "pass_log": state.log,
+        **({"profile_db": profile_db.name} if profile_db is not None else {}),
         "compile_s": {k: round(v, 4) for k, v in steps.times.items()},
     }
     with steps.step("build plan"):

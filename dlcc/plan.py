@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .kernels.program import bind_storage_operands, fill_operand_table
+
 PLAN_VERSION = 1
 
 
@@ -21,9 +23,24 @@ def build_plan(state, meta: dict) -> tuple[dict, bytes]:
         p = mem.placements[b]
         return {"storage": p.storage, "offset": p.offset, "nbytes": g.tensors[name].nbytes}
 
+    storage_bytes = {"arena": mem.arena_bytes, "weights": mem.weights_bytes, "sync": mem.sync_bytes}
+    for p in mem.placements.values():
+        storage_bytes[p.storage] = max(storage_bytes.get(p.storage, 0), p.offset + p.nbytes)
+
     launches = []
     for L in prog.launches:
-        args = [{"int": v} if kind == "i" else view(v) for kind, v in L.args]
+        if L.storage_operands:  # one whole-storage argument per storage; offsets go into the text and table
+            k = prog.kernels[L.kernel]
+            ot = L.operand_table
+            more = [t for entry in ot["slots"] for t in entry] if ot else []
+            k.code, used = bind_storage_operands(k.code, [v for kind, v in L.args if kind == "t"], view, more)
+            if ot:
+                fill_operand_table(g.tensors[ot["table"]].value, ot, used, view,
+                                   lambda t: np.dtype(g.tensors[t].dtype).itemsize)
+            args = ([{"storage": s, "offset": 0, "nbytes": storage_bytes[s]} for s in used]
+                    + [{"int": v} for kind, v in L.args if kind == "i"])
+        else:
+            args = [{"int": v} if kind == "i" else view(v) for kind, v in L.args]
         launches.append({
             "kernel": L.kernel, "grid": L.grid, "block": L.block, "args": args,
             "node": L.node, "op_type": L.op_type, "category": L.category, "pass": L.pass_name,

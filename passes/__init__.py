@@ -26,6 +26,7 @@ class CompileState:
     device: Any
     ctx: Any = None  # LowerCtx once `lower` ran: kernels, launches, aliases
     memory: Any = None  # MemoryPlan once `memplan` ran
+    profile_db: Any = None  # a ProfileDB of measured launch times (--profile-db): rammer prices rTasks with it
     log: list[str] = field(default_factory=list)
 
 

@@ -3,7 +3,9 @@ co-scheduled wave by wave on a virtual device.
 
   - **rOperators.** Every eligible launch is an rOperator (kernels/roperator.py: `NAME_task(args,
     task_id, thread_id, smem)`): GEMM/Conv tiles, maps, reductions and AStitch's stitched kernels.
-    Eligible means: not spin-waiting itself, 256 threads per task, shared memory within a block,
+    Eligible means: not spin-waiting itself, 256 threads per task or a block-normalisable kernel
+    of fewer (the row reductions: threads past its own block skip its work and join its barriers,
+    so 32..128-thread rTasks share a kernel with 256-thread tiles), shared memory within a block,
     and (for now) block barriers only in the GEMM/Conv and reduction templates (stitched kernels
     with barriers gave NaN inside persistent kernels on PoCL for hf llama and t5-encoder; the cause
     is not found; tiled transposes stay out too).
@@ -25,6 +27,10 @@ co-scheduled wave by wave on a virtual device.
     its entries and dealt round-robin to the vEUs; a block barrier follows each rTask (the next
     one reuses `smem`), and a grid barrier each wave. Code size grows with the distinct call
     sites, not with the program's length: 2,000 LSTM launches are ~20 call sites.
+  - **Operands = storage base + offset.** A persistent kernel takes one pointer per storage it
+    touches (arena, weights, each graph input and output, the sync counters) and derives every
+    operand from it at the memory plan's static offset, bound after memplan (plan.py); 240
+    operands cost no more of CUDA's 4 KB parameter space than 3.
   - **Synchronisation.** One grid barrier per wave (prelude `dlcc_grid_sync`: block barrier,
     fence, atomic arrive; generation counter, so no reset between runs; acquire-side fence).
   - **Co-residency.** A kernel with more than one wave spin-waits, so it is emitted only where
@@ -35,10 +41,12 @@ co-scheduled wave by wave on a virtual device.
     where the cost model (estimate/costmodel.py `rprogram_time`) predicts it beats one launch per
     wave on the device; `always` and `never` force it.
 
-Not yet: mixed block sizes (kernels of 32/64/128 threads stay their own launches), fine-grained
-dependency counters, per-wave rKernel choice (every GEMM tiling has 256 threads, so least
-time x threads picks the fastest tiling anyway), and storage-base operand addressing (operands are
-still one parameter each, capped by `max_params`).
+  - **rKernel choice per wave** (choose_rkernels): the fastest GEMM tiling where a wave leaves
+    vEUs idle; where its rTasks fill them, the tilings that minimise the wave's time, counting
+    time x threads (the resource-efficient choice when many GEMMs share the wave).
+
+Not yet: packing several small rTasks into one vEU (a 32-thread rTask leaves 224 threads idle) and
+fine-grained dependency counters.
 """
 from __future__ import annotations
 
@@ -49,7 +57,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..estimate.costmodel import kernel_time, rprogram_time
 from ..ir import Tensor
-from ..kernels.program import Launch, ctype
+from ..kernels.gemm import TILINGS, GemmExpr, gemm_source, tasks_for, tiling_cost
+from ..kernels.program import STORAGE_ARRAY, STORAGE_PARAMS, Launch, ctype
 from ..kernels.roperator import NotAnROperator, to_roperator
 from . import CompileState, register_pass
 
@@ -78,10 +87,8 @@ class RammerOptions(BaseModel):
     join: Literal["auto", "always", "never"] = Field(
         "auto", description="waves of a run in one persistent kernel: where the cost model says it pays (auto), "
         "always, or never (one launch per wave, NNFusion's level 1)")
-    call_sites: int | None = Field(None, ge=1, description="distinct (rOperator, operands) per persistent kernel; "
+    call_sites: int | None = Field(None, ge=1, description="distinct rOperators (kernels) per persistent kernel; "
                                    f"default {CPU_CALL_SITES} on CPU devices (PoCL's stack), {GPU_CALL_SITES} on GPUs")
-    max_params: int = Field(240, ge=4, description="distinct tensor parameters per persistent kernel (240 pointers "
-                            "are 1.9 KB: under CUDA's 4 KB parameter space and common OpenCL GPU limits)")
     min_launches: int = Field(2, ge=2, description="runs shorter than this stay plain launches")
 
 
@@ -123,48 +130,72 @@ def proven_veus(dev, smem_bytes: int) -> tuple[int, str]:
                      "the runtime clamps the grid to the blocks it proves resident")
 
 
+def wave_info(w: list[Launch], measured: dict) -> dict:
+    """One wave's work for the cost model (costmodel.rprogram_time) and the plan: rTasks, flops,
+    bytes, and, where every launch in it has a profile-database time, [busy µs, rTasks] of each."""
+    d = {"tasks": sum(L.grid for L in w), "flops": sum(L.flops for L in w),
+         "dram_bytes": sum(L.dram_bytes for L in w), "gemm": any(L.category == "compute" for L in w),
+         "ops": len(w), "entries": [[L.op_type or "op", L.grid, L.block] for L in w]}
+    if w and all(id(L) in measured for L in w):
+        d["measured"] = [[round(measured[id(L)], 4), L.grid] for L in w]
+    return d
+
+
+def measured_busy(launches: list[Launch], db, dev) -> dict:
+    """id(launch) -> its measured µs less the kernel's fixed cost, for launches the profile
+    database has on this device (key: device name, kernel, grid, block)."""
+    out = {}
+    if db is None:
+        return out
+    for L in launches:
+        us = db.lookup(dev.name, {"kernel": L.kernel, "grid": L.grid, "block": L.block})
+        if us is not None:
+            gemm = L.category == "compute"
+            fixed = dev.gemm_fixed_us if gemm and dev.gemm_fixed_us is not None else dev.kernel_fixed_us
+            out[id(L)] = max(0.0, us - fixed)
+    return out
+
+
 class _Run:
     """One run of launches on its way to becoming persistent kernels."""
 
-    def __init__(self, idx: list[int], launches: list[Launch], rops: dict, res):
+    def __init__(self, idx: list[int], launches: list[Launch], rops: dict, res, measured: dict):
         self.idx = idx
         self.Ls = launches
         self.rops = rops
+        self.measured = measured
         level = wave_levels(launches, res)
         self.waves = [[L for L, lv in zip(launches, level) if lv == w] for w in range(max(level) + 1)]
         self.smem = max([rops[L.kernel].smem_bytes for L in launches] + [4])
 
     def wave_work(self) -> list[dict]:
-        return [{"tasks": sum(L.grid for L in w), "flops": sum(L.flops for L in w),
-                 "dram_bytes": sum(L.dram_bytes for L in w), "gemm": any(L.category == "compute" for L in w),
-                 "ops": len(w)} for w in self.waves]
+        return [wave_info(w, self.measured) for w in self.waves]
 
 
-def _site_key(L: Launch) -> tuple:
-    return (L.kernel, tuple(a for kind, a in L.args if kind == "t"))
+def _site_key(L: Launch) -> str:
+    """A call site per rOperator: launches of one kernel share it, their operands come from the table."""
+    return L.kernel
 
 
-def _split_runs(prog, eligible, sites_cap: int, max_params: int, min_launches: int) -> list[list[int]]:
-    """Maximal runs of consecutive eligible launches, cut where a run would pass the call-site or
-    parameter cap."""
+def _split_runs(prog, eligible, sites_cap: int, min_launches: int) -> list[list[int]]:
+    """Maximal runs of consecutive eligible launches, cut where a run would pass the call-site cap.
+    (Operands do not cap a run: they are addressed as storage base + offset, so a persistent
+    kernel has one parameter per storage whatever its operand count.)"""
     runs: list[list[int]] = []
     cur: list[int] = []
-    params: set[str] = set()
     sites: set[tuple] = set()
     for i, L in enumerate(prog.launches):
         ok = eligible(L) is not None
         if not ok:
             if cur:
                 runs.append(cur)
-            cur, params, sites = [], set(), set()
+            cur, sites = [], set()
             continue
-        tens = {a for kind, a in L.args if kind == "t"}
         key = _site_key(L)
-        if cur and (len(sites | {key}) > sites_cap or len(params | tens) > max_params - 1):
+        if cur and len(sites | {key}) > sites_cap:
             runs.append(cur)
-            cur, params, sites = [], set(), set()
+            cur, sites = [], set()
         cur.append(i)
-        params |= tens
         sites.add(key)
     if cur:
         runs.append(cur)
@@ -172,60 +203,69 @@ def _split_runs(prog, eligible, sites_cap: int, max_params: int, min_launches: i
 
 
 def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool, veus: int, sync_slot: int,
-          included: set[str], tab_no: int) -> Launch:
-    """One persistent kernel for `waves` (a table-driven rProgram; module docstring) and its launch."""
+          included: set[str], tab_no: int, measured: dict) -> Launch:
+    """One persistent kernel for `waves` (a table-driven rProgram; module docstring) and its launch.
+
+    Table layout (int32): wave starts [nw + 1], then per entry: call site, first rTask of the wave,
+    rTask count, int arguments (padded to the widest), and per tensor operand (storage index,
+    element offset), filled in after memplan (kernels/program.py fill_operand_table). A call site
+    is one rOperator, whatever its operands: its tensor arguments are read from the entry."""
     g = state.graph
     prog = state.ctx.program
     Ls = [L for w in waves for L in w]
-    tensors: list[str] = []
-    for L in Ls:
-        for kind, a in L.args:
-            if kind == "t" and a not in tensors:
-                tensors.append(a)
-    pname = {t: f"p{j}" for j, t in enumerate(tensors)}
-    sites: dict[tuple, int] = {}
+    tab = f"%rtab{tab_no}"
+    sites: dict[str, int] = {}
     site_launch: list[Launch] = []
     for L in Ls:
-        k = _site_key(L)
-        if k not in sites:
-            sites[k] = len(sites)
+        if L.kernel not in sites:
+            sites[L.kernel] = len(sites)
             site_launch.append(L)
     nints = max(sum(1 for kind, _ in L.args if kind == "i") for L in Ls)
-    es = 3 + nints  # entry: call site, first rTask of the wave, rTask count, int arguments
-    starts, entries = [0], []
+    nslots = max(sum(1 for kind, _ in L.args if kind == "t") for L in Ls)
+    base = 3 + nints
+    es = base + 2 * nslots
+    starts, entries, slots = [0], [], []
     for w in waves:
         off = 0
         for L in w:
             ints = [int(a) for kind, a in L.args if kind == "i"]
-            entries += [sites[_site_key(L)], off, L.grid] + ints + [0] * (nints - len(ints))
+            entries += [sites[L.kernel], off, L.grid] + ints + [0] * (nints - len(ints)) + [0, 0] * nslots
+            slots.append([a for kind, a in L.args if kind == "t"])
             off += L.grid
         starts.append(len(entries) // es)
     nw = len(waves)
     table = np.array(starts + entries, dtype=np.int32)
-    tab = f"%rtab{tab_no}"
     g.tensors[tab] = Tensor(tab, (len(table),), "int32", value=table)
 
     dev_code = []
-    body = [f"SHARED float smem[{-(-max(rops[L.kernel].smem_bytes for L in Ls) // 4) or 1}];",
-            "const int tid = THREAD_ID;",
-            f"for (int w = 0; w < {nw}; w++) {{",
-            "    const int e1 = rtab[w + 1];",
-            "    for (int e = rtab[w]; e < e1; e++) {",
-            f"        GPTR const int* E = rtab + {nw + 1} + e * {es};",
-            "        const int site = E[0], lo = E[1], hi = E[1] + E[2];",
-            "        const int first = lo <= BLOCK_ID ? BLOCK_ID : BLOCK_ID + (lo - BLOCK_ID + GRID_DIM - 1) / GRID_DIM * GRID_DIM;"]
+    # Storages, the table and the sync counters are bound after memplan (STORAGE_ARRAY,
+    # @OPERANDj@: kernels/program.py bind_storage_operands), so the parameter list stays small.
+    body = [STORAGE_ARRAY, "GPTR const int* rtab = (GPTR const int*)(@OPERAND0@);"]
+    if spin:
+        body += ["GPTR int* rsync = (GPTR int*)(@OPERAND1@);"]
+    body += [f"SHARED float smem[{-(-max(rops[L.kernel].smem_bytes for L in Ls) // 4) or 1}];",
+             "const int tid = THREAD_ID;",
+             f"for (int w = 0; w < {nw}; w++) {{",
+             "    const int e1 = rtab[w + 1];",
+             "    for (int e = rtab[w]; e < e1; e++) {",
+             f"        GPTR const int* E = rtab + {nw + 1} + e * {es};",
+             "        const int site = E[0], lo = E[1], hi = E[1] + E[2];",
+             "        const int first = lo <= BLOCK_ID ? BLOCK_ID : BLOCK_ID + (lo - BLOCK_ID + GRID_DIM - 1) / GRID_DIM * GRID_DIM;"]
     for s, L in enumerate(site_launch):
         r = rops[L.kernel]
         if L.kernel not in included:
             included.add(L.kernel)
             dev_code.append(r.device_code)
-        call_args, j = [], 0
+        call_args, ji, jt = [], 0, 0
         for kind, a in L.args:
             if kind == "t":
-                call_args.append(pname[a])
+                ct = ctype(g.tensors[a].dtype)
+                o = base + 2 * jt
+                call_args.append(f"(GPTR {ct}*)(S[E[{o}]]) + E[{o + 1}]")
+                jt += 1
             else:
-                call_args.append(f"E[{3 + j}]")
-                j += 1
+                call_args.append(f"E[{3 + ji}]")
+                ji += 1
         call = f"{r.task_fn}({', '.join(call_args + ['t - lo', 'tid', 'smem'])});"
         # The loop is empty unless this entry is call site s: no barrier ever sits under an `if`.
         body += [f"        /* call site {s}: {L.op_type or 'op'} */",
@@ -235,21 +275,20 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
     if spin:
         body.append("    dlcc_grid_sync(rsync + rslot);")
     body.append("}")
-    decls = [f"GPTR {ctype(g.tensors[t].dtype)}* {pname[t]}" for t in tensors] + ["GPTR const int* rtab"]
-    if spin:
-        decls += ["GPTR int* rsync", "const int rslot"]
+    decls = [STORAGE_PARAMS] + (["const int rslot"] if spin else [])
     bounds = f"LAUNCH_BOUNDS({BLOCK}) " if spin else ""
-    text = "".join(dev_code) + (f"KERNEL void {bounds}KNAME({', '.join(decls)}) {{\n    "
+    # The rProgram number keeps two persistent kernels of the same text apart: their storages may
+    # be bound in another order.
+    text = "".join(dev_code) + (f"/* rProgram {tab_no} */\nKERNEL void {bounds}KNAME({', '.join(decls)}) {{\n    "
                                 + "\n    ".join(body) + "\n}\n")
     smem = max([rops[L.kernel].smem_bytes for L in Ls] + [4])
     hint = "Rammer_" + "_".join(dict.fromkeys(L.op_type or "op" for L in Ls))[:40]
     kname = prog.add_kernel(hint, lambda nm, t=text: t.replace("KNAME", nm), BLOCK, smem_bytes=smem,
                             kind="persistent", pass_name="rammer")
-    args = [("t", t) for t in tensors] + [("t", tab)]
+    args = [("t", tab)] + ([("t", SYNC), ("i", 2 * sync_slot)] if spin else [])
     reads = list(dict.fromkeys([t for L in Ls for t in L.reads] + [tab]))
     writes = list(dict.fromkeys(t for L in Ls for t in L.writes))
     if spin:
-        args += [("t", SYNC), ("i", 2 * sync_slot)]
         writes.append(SYNC)
     widest = max(sum(L.grid for L in w) for w in waves)
     grid = min(widest, veus) if spin else widest
@@ -258,20 +297,83 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
                flops=sum(L.flops for L in Ls), dram_bytes=sum(L.dram_bytes for L in Ls), pass_name="rammer",
                category="compute" if any(L.category == "compute" for L in Ls) else "elementwise")
     P.grid_sync = spin
+    P.storage_operands = True
+    P.operand_table = {"table": tab, "first_entry": nw + 1, "entry_size": es, "slot_base": base, "slots": slots}
     P.rprogram = {"veus": grid, "sync_points": nw if spin else 0, "call_sites": len(sites), "entries": len(Ls),
-                  "waves": [{"tasks": sum(L.grid for L in w), "flops": sum(L.flops for L in w),
-                             "dram_bytes": sum(L.dram_bytes for L in w),
-                             "gemm": any(L.category == "compute" for L in w), "ops": len(w),
-                             "entries": [[L.op_type or "op", L.grid] for L in w]} for w in waves]}
+                  "waves": [wave_info(w, measured) for w in waves]}
     return P
 
 
+def choose_rkernels(run: _Run, veus: int, dev, prog) -> dict[int, str]:
+    """Rammer's kernel policy, per wave. Where a wave's rTasks do not fill the vEUs, each GEMM keeps
+    its fastest rKernel (the lowering's choice). Where they do, time x threads matters as much as
+    time alone: the wave takes its longest GEMM alone or its GEMMs' summed SM-time over the vEUs,
+    whichever is more (kernels/gemm.py tiling_cost for both), and its GEMMs get the tilings that
+    minimise that, found by coordinate descent from the fastest ones. With many GEMMs in a wave
+    this lands on the resource-efficient tilings (least SM-time; every tiling has 256 threads).
+    Only plain GEMM rOperators are re-tiled (not AStitch's fused ones).
+    Returns id(launch) -> why, for the launches whose rKernel changed."""
+    one_sm = dev.model_copy(update={"sms": 1})
+    why: dict[int, str] = {}
+    for w in run.waves:
+        tasks = sum(L.grid for L in w)
+        if len(w) < 2 or tasks < veus:
+            continue
+        gemms = [L for L in w if isinstance(L.expr, GemmExpr)
+                 and prog.kernels[L.kernel].code == gemm_source(L.kernel, L.expr.spec, L.expr.tiling)]
+        if not gemms:
+            continue
+        cost = {(id(L), t): (tiling_cost(t, *_mnk(L), dev), tiling_cost(t, *_mnk(L), one_sm))
+                for L in gemms for t in TILINGS}
+
+        def wave_cycles(pick: dict) -> float:
+            c = [cost[(id(L), pick[id(L)])] for L in gemms]
+            return max(max(a for a, _ in c), sum(b for _, b in c) / veus)
+
+        pick = {id(L): L.expr.tiling for L in gemms}
+        start = best = wave_cycles(pick)
+        for _ in range(3):
+            improved = False
+            for L in gemms:
+                for t in TILINGS:
+                    old, pick[id(L)] = pick[id(L)], t
+                    c = wave_cycles(pick)
+                    if c < best * (1 - 1e-9):
+                        best, improved = c, True
+                    else:
+                        pick[id(L)] = old
+            if not improved:
+                break
+        for L in gemms:
+            e, t = L.expr, pick[id(L)]
+            if t == e.tiling:
+                continue
+            sp = e.spec
+            name = prog.add_kernel(f"{e.hint}_{t.name}", lambda n, t=t, sp=sp: gemm_source(n, sp, t), t.threads,
+                                   smem_bytes=4 * t.smem_floats, kind="gemm", tiling=t.name, pass_name="rammer")
+            why[id(L)] = (f"tiling {t.name}: chosen for its wave, whose {tasks} rTasks fill the {veus} vEUs: the wave's "
+                          f"modelled cycles drop from {start:.0f} to {best:.0f} (time alone, and time x threads over "
+                          f"the vEUs); {e.tiling.name} is the fastest alone")
+            L.kernel, L.grid, L.block = name, tasks_for(t, sp.batch, sp.M, sp.N), t.threads
+            L.expr = GemmExpr(e.hint, sp, t, e.args, e.reads, e.writes)
+    return why
+
+
+def _mnk(L: Launch) -> tuple[int, int, int, int]:
+    sp = L.expr.spec
+    return sp.batch, sp.M, sp.N, sp.K
+
+
 def _split_cost(run: _Run, dev) -> float:
-    """µs of the run as one launch per wave (each a non-spinning kernel), on `dev`."""
+    """µs of the run as one launch per wave (each a non-spinning kernel), on `dev`: a wave whose
+    launches were all measured costs one kernel's fixed cost plus its rprogram_time wave time."""
     tot = 0.0
     for w in run.wave_work():
-        kt = kernel_time(w["flops"], w["dram_bytes"], "float32", dev, blocks=w["tasks"], threads=BLOCK,
-                         smem_bytes=run.smem, gemm=w["gemm"]).us
+        if w.get("measured"):
+            kt = dev.kernel_fixed_us + rprogram_time([w], dev.sms, dev, 0)[1][0]
+        else:
+            kt = kernel_time(w["flops"], w["dram_bytes"], "float32", dev, blocks=w["tasks"], threads=BLOCK,
+                             smem_bytes=run.smem, gemm=w["gemm"]).us
         tot += max(kt, dev.launch_overhead_us)
     return tot
 
@@ -287,8 +389,10 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
 
     def eligible(L: Launch):
         k = prog.kernels[L.kernel]
-        if L.grid_sync or k.block != BLOCK or k.smem_bytes > smem_limit:
+        if L.grid_sync or k.smem_bytes > smem_limit:
             return None
+        if k.block != BLOCK and not (k.normalisable and BLOCK % k.block == 0):
+            return None  # a block size the persistent kernel's 256 threads cannot stand in for
         if "BARRIER()" in k.code and not k.kind.startswith(BARRIER_KINDS):
             # Only the GEMM/Conv and reduction templates are trusted with block barriers inside a
             # persistent kernel. Stitched kernels with barriers gave NaN there on PoCL (hf llama,
@@ -304,7 +408,7 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
         return r if r is not None and not r.spin and r.tasks == L.grid and r.smem_bytes <= smem_limit else None
 
     cap = opts.call_sites or (CPU_CALL_SITES if dev.kind == "cpu" else GPU_CALL_SITES)
-    runs = _split_runs(prog, eligible, cap, opts.max_params, opts.min_launches)
+    runs = _split_runs(prog, eligible, cap, opts.min_launches)
     if not runs:
         state.log.append("rammer: no run of co-schedulable launches")
         return
@@ -312,10 +416,23 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
     sync_slots = state.graph.tensors[SYNC].shape[0] // 2 if SYNC in state.graph.tensors else 0
     tabs = sum(1 for t in state.graph.tensors if t.startswith("%rtab"))
     pos = {id(L): i for i, L in enumerate(prog.launches)}
+    db = state.profile_db
+    measured = measured_busy([prog.launches[i] for r in runs for i in r], db, dev)
     decided = []  # (run, groups, decision, veus, why, predicted µs, per-wave µs)
+    rk_why: dict[int, str] = {}
     for idx in runs:
-        run = _Run(idx, [prog.launches[i] for i in idx], rops, ctx.resolve)
+        run = _Run(idx, [prog.launches[i] for i in idx], rops, ctx.resolve, measured)
         veus, why = proven_veus(dev, run.smem)
+        if veus and getattr(ctx, "gemm_tiling", None) is None:  # a tiling forced in `lower` stays
+            changed = choose_rkernels(run, veus, dev, prog)
+            if changed:
+                rk_why.update(changed)
+                for L in run.Ls:
+                    if id(L) in changed:
+                        measured.pop(id(L), None)  # its time was measured for another rKernel
+                        eligible(L)  # its rOperator form
+                run = _Run(idx, run.Ls, rops, ctx.resolve, measured)
+                veus, why = proven_veus(dev, run.smem)
         if opts.veus and veus:
             if opts.veus > veus:
                 state.log.append(f"rammer: veus={opts.veus} is more than the {veus} proven resident on {dev.name}; "
@@ -356,7 +473,7 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
     for run, groups, decision, veus, why, persistent_us, wave_us in decided:
         by_first: dict[int, Launch] = {}
         for waves, spin in groups:
-            P = _emit(state, waves, rops, spin, max(1, veus), sync_slots, included, tabs)
+            P = _emit(state, waves, rops, spin, max(1, veus), sync_slots, included, tabs, measured)
             tabs += 1
             if spin:
                 sync_slots += 1
@@ -366,14 +483,15 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
                 "veus": P.grid, "smem_bytes": run.smem, "veus_from": why if spin else
                 f"{P.grid}: one per rTask (one wave, no grid barrier)",
                 "sync_points": P.rprogram["sync_points"], "call_sites": P.rprogram["call_sites"],
-                "decision": decision, "time_source": "cost model (roofline per wave, DeviceSpec "
-                                                     f"{dev.name}); no profile database at compile time",
+                "decision": decision, "time_source": _time_source(waves, measured, db, dev),
                 "predicted_us": persistent_us,
                 "predicted_us_per_wave": [round(u, 3) for u in wave_us] if wave_us else None,
-                "wave_ops": [[f"{L.op_type} ({L.grid} rTasks, {L.kernel})" for L in m] for m in waves],
+                "wave_ops": [[f"{L.op_type} ({L.grid} rTasks" + (f" x {L.block} threads" if L.block != BLOCK else "")
+                              + f", {L.kernel})" for L in m] for m in waves],
                 "tasks_per_wave": [sum(L.grid for L in m) for m in waves],
-                "rkernels": [{"op": L.op_type, "node": L.node, "rkernel": L.kernel, "tasks": L.grid,
-                              "why": _why_rkernel(prog.kernels[L.kernel])} for w in waves for L in w]})
+                "rkernels": [{"op": L.op_type, "node": L.node, "rkernel": L.kernel, "tasks": L.grid, "threads": L.block,
+                              "why": rk_why.get(id(L)) or _why_rkernel(prog.kernels[L.kernel])}
+                             for w in waves for L in w]})
         new: list[Launch] = []
         for i in run.idx:
             L = prog.launches[i]
@@ -400,8 +518,23 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
                      f"{sum(r['waves'] for r in report)} wave(s)")
 
 
+def _time_source(waves: list[list[Launch]], measured: dict, db, dev) -> str:
+    """Where the rTask times behind an rProgram's estimate came from (the plan records it)."""
+    model = f"cost model (roofline per wave, DeviceSpec {dev.name})"
+    if db is None:
+        return f"{model}; no profile database at compile time (--profile-db)"
+    n = sum(len(w) for w in waves)
+    hit = sum(1 for w in waves for L in w if id(L) in measured)
+    full = sum(1 for w in waves if all(id(L) in measured for L in w))
+    return (f"profile:{db.name}: {hit} of {n} rTask launches measured on {dev.name}; {full} of {len(waves)} "
+            f"wave(s) priced from them, the rest by the {model}")
+
+
 def _why_rkernel(k) -> str:
     if k.kind == "gemm" or k.tiling:
-        return (f"tiling {k.tiling}: fastest by the lowering's cost model; every tiling has {BLOCK} threads, so the "
-                "resource-efficient choice (least time x threads) is the same one")
+        return (f"tiling {k.tiling}: the fastest alone (the lowering's cost model): its wave does not fill the vEUs, "
+                "or this tiling is also the resource-efficient one")
+    if k.block != BLOCK:
+        return (f"the only rKernel of its op ({k.kind}, {k.block} threads, block-normalised: threads "
+                f"{k.block}..{BLOCK - 1} of the vEU skip its work and join its barriers)")
     return f"the only rKernel of its op ({k.kind}, {BLOCK} threads)"

@@ -149,10 +149,20 @@ def rprogram_time(waves: list[dict], veus: int, device: DeviceSpec, sync_points:
     ramp or GEMM pipeline-fill cost: those are what co-scheduling removes or overlaps (a vEU
     starts its next rTask while others still run). On PoCL the barrier figure is the measured
     extra cost of a wave in persistent form, which makes joining rarely pay there.
-    `waves`: dicts with tasks, flops, dram_bytes and gemm (plan launch["rprogram"]["waves"])."""
+    `waves`: dicts with tasks, flops, dram_bytes and gemm (plan launch["rprogram"]["waves"]).
+
+    A wave whose every rTask launch was measured (`measured`: [busy µs, rTasks] per entry, from
+    a profile database: the launch's time less its fixed cost) is priced from those instead: its
+    launches overlap on the vEUs, so it takes the longest one, or their summed SM-time spread over
+    the vEUs, whichever is more."""
     ce, de = device.compute_efficiency, device.dram_efficiency
     per = []
     for w in waves:
+        if w.get("measured"):
+            v = max(1, min(veus, device.sms))
+            per.append(max(max(b for b, _ in w["measured"]),
+                           sum(b * min(int(t), device.sms) for b, t in w["measured"]) / v))
+            continue
         q = device.sms / max(1, min(int(w["tasks"]), max(1, veus), device.sms))
         compute = float(w["flops"]) / (peak_tflops("float32", device) * 1e6 * ce) * q
         memory = float(w["dram_bytes"]) / (device.dram_bandwidth_gbps * 1e3 * de) * q

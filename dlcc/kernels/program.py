@@ -55,6 +55,11 @@ class Kernel:
     pass_name: str = "baseline"
     kind: str = "map"  # map | reduce | gemm | conv | direct | ...
     tiling: str = ""
+    # Block-normalisable: correct when run by more threads than `block`, the extra ones doing no
+    # work but reaching every barrier (the row-reduction templates guard their work on
+    # `tid < block`). Rammer runs such rTasks with its 256 threads, so blocks of 32..128 threads
+    # share one persistent kernel with 256-thread GEMM tiles.
+    normalisable: bool = False
 
 
 @dataclass
@@ -83,6 +88,12 @@ class Launch:
     regions: dict = field(default_factory=dict)
     # A persistent kernel (rammer): its vEUs, sync points and per-wave work, for the estimator.
     rprogram: dict | None = None
+    # Tensor args are addressed as storage base + offset (bind_storage_operands): the kernel's
+    # text holds STORAGE_PARAMS and @OPERANDj@ for the j-th tensor arg, filled in after memplan.
+    storage_operands: bool = False
+    # A persistent kernel's per-entry operands: {"table", "first_entry", "entry_size", "slot_base",
+    # "slots": [[tensor, ...] per table entry]}; fill_operand_table writes (storage, offset) pairs.
+    operand_table: dict | None = None
 
 
 @dataclass
@@ -91,11 +102,61 @@ class KernelProgram:
     launches: list[Launch] = field(default_factory=list)
 
     def add_kernel(self, hint: str, make_code, block: int, smem_bytes: int = 0, kind: str = "map", tiling: str = "",
-                   pass_name: str = "baseline") -> str:
+                   pass_name: str = "baseline", normalisable: bool = False) -> str:
         """Register kernel text built by `make_code(name)`; identical text is shared."""
         probe = make_code("KNAME")
         digest = hashlib.sha1(probe.encode()).hexdigest()[:10]
         name = f"{hint}_{digest}"
         if name not in self.kernels:
-            self.kernels[name] = Kernel(name, make_code(name), block, smem_bytes, pass_name, kind, tiling)
+            self.kernels[name] = Kernel(name, make_code(name), block, smem_bytes, pass_name, kind, tiling, normalisable)
         return name
+
+
+#: Placeholders for a storage-addressed kernel's storage parameters and the private array of
+#: them that table-driven operands index (Launch.storage_operands).
+STORAGE_PARAMS = "DLCC_STORAGE_PARAMS"
+STORAGE_ARRAY = "DLCC_STORAGE_ARRAY;"
+
+
+def bind_storage_operands(code: str, tensors: list[str], view, more: list[str] = ()) -> tuple[str, list[str]]:
+    """Fill a storage-addressed kernel in once the memory plan is known.
+
+    `view(t)` gives tensor t's {"storage", "offset"}. Each distinct storage of `tensors` and `more`
+    (operands read from a table) becomes one parameter `GPTR char* sK`, in order of first use, and
+    the private array `S` of them; the j-th of `tensors` (`@OPERANDj@`) becomes `sK + offset`.
+    Why: a persistent kernel touches hundreds of tensors but only a few storages, so its parameter
+    list stays a few pointers (CUDA's 4 KB limit) and the runtime binds no sub-buffers. Returns the
+    text and the storages, in parameter order.
+    """
+    storages: list[str] = []
+    for t in list(tensors) + list(more):
+        st = view(t)["storage"]
+        if st not in storages:
+            storages.append(st)
+    for j, t in enumerate(tensors):
+        v = view(t)
+        code = code.replace(f"@OPERAND{j}@", f"s{storages.index(v['storage'])} + {int(v['offset'])}")
+    names = [f"s{k}" for k in range(len(storages))]
+    code = code.replace(STORAGE_PARAMS, ", ".join(f"GPTR char* {n}" for n in names))
+    code = code.replace(STORAGE_ARRAY, f"GPTR char* S[{len(names)}] = {{{', '.join(names)}}};")
+    return code, storages
+
+
+def fill_operand_table(table: np.ndarray, spec: dict, storages: list[str], view, itemsize) -> None:
+    """Write each table entry's operands as (storage index, element offset) pairs (see rammer's
+    _emit for the layout). Element offsets keep int32 enough for 8 GB of float storage."""
+    for e, tens in enumerate(spec["slots"]):
+        at = spec["first_entry"] + e * spec["entry_size"] + spec["slot_base"]
+        for j, t in enumerate(tens):
+            v = view(t)
+            size = itemsize(t)
+            if v["offset"] % size:
+                raise ValueError(f"operand at byte offset {v['offset']} is not aligned to its {size}-byte elements")
+            off = v["offset"] // size
+            if off >= 2**31:
+                from ..errors import DlccError
+
+                raise DlccError(f"a persistent kernel's operand lies {v['offset']} bytes into storage {v['storage']}: "
+                                "past what its int32 schedule table can address; compile without the rammer pass")
+            table[at + 2 * j] = storages.index(v["storage"])
+            table[at + 2 * j + 1] = off

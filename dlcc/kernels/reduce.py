@@ -68,11 +68,23 @@ def pick_block(n: int, cap: int = 256) -> int:
     return b
 
 
+def lanes(var: str, n: int, block: int) -> str:
+    """`for` header striding `var` over [0, n) by the block's own `block` threads.
+
+    Why the `tid < block` guard: these row kernels are *block-normalisable* (Kernel.normalisable).
+    A Rammer persistent kernel runs every rTask with its own 256 threads, so a 32-thread rTask sees
+    threads 32..255 too; those must skip its work but still reach each of its barriers, which is
+    exactly what a guard on the work (and none on the barriers) gives. Alone, the guard is always true.
+    """
+    return f"for (int {var} = tid; tid < {block} && {var} < {n}; {var} += {block})"
+
+
 def block_reduce(var: str, op: str, block: int, buf: str = "red") -> list[str]:
-    """Tree-reduce `var` across the block through shared buffer `buf`; every thread gets the result."""
+    """Tree-reduce `var` across the block through shared buffer `buf`; every thread gets the result
+    (threads past `block`, in a normalised rTask, take part in the barriers only)."""
     c = COMBINE[op].format(a=f"{buf}[tid]", b=f"{buf}[tid + s]")
     return [
-        f"{buf}[tid] = {var};",
+        f"if (tid < {block}) {buf}[tid] = {var};",
         "BARRIER();",
         f"for (int s = {block // 2}; s > 0; s >>= 1) {{",
         f"    if (tid < s) {buf}[tid] = {c};",
@@ -139,7 +151,7 @@ def emit_reduce(ctx, out: str, x: str, axes, op: str, hint: str, pre: str = "v",
             *bstmts,
             f"const int base = {base};",
             f"float acc = {INIT[op]};",
-            f"for (int r = tid; r < {R}; r += {block}) {{",
+            f"{lanes('r', R, block)} {{",
             *["    " + s for s in ostmts],
             f"    const float v = x[base + {off}];",
             f"    acc = {comb};",
@@ -171,7 +183,7 @@ def emit_reduce(ctx, out: str, x: str, axes, op: str, hint: str, pre: str = "v",
                 + "\n    ".join(body) + "\n}\n")
 
     k = ctx.program.add_kernel(hint, make, block, smem_bytes=4 * block if kind == "reduce_row" else 0, kind=kind,
-                               pass_name=ctx.pass_name)
+                               pass_name=ctx.pass_name, normalisable=kind == "reduce_row")
     ctx.launch(k, grid, [x, out], reads=[x], writes=[out], flops=R * O)
     ctx.program.launches[-1].expr = ReduceExpr(x, out, tuple(ctx.shape(x)), tuple(lay.axes), op, pre, post)
 
@@ -190,7 +202,7 @@ def row_pass(length: int, block: int, acc: str, update: str) -> tuple[list[str],
         "const int tid = THREAD_ID;",
         f"GPTR const float* xr = x + BLOCK_ID * {length};",
         f"GPTR float* yr = y + BLOCK_ID * {length};",
-        f"for (int j = tid; j < {length}; j += {block}) {{ const float v = xr[j]; "
+        f"{lanes('j', length, block)} {{ const float v = xr[j]; "
         + ("row[j] = v; " if cache else "") + f"{acc} = {update}; }}",
     ]
     return lines, "row[j]" if cache else "xr[j]", 4 * (block + (length if cache else 0))
@@ -207,9 +219,9 @@ def emit_softmax(ctx, out: str, x: str, rows: int, length: int, inner: int, log:
             *first,
             *block_reduce("m", "max", block),
             "float s = 0.0f;",
-            f"for (int j = tid; j < {length}; j += {block}) s += F_EXP({rd} - m);",
+            f"{lanes('j', length, block)} s += F_EXP({rd} - m);",
             *block_reduce("s", "sum", block),
-            f"for (int j = tid; j < {length}; j += {block}) {{ const float v = {rd}; yr[j] = {final}; }}",
+            f"{lanes('j', length, block)} {{ const float v = {rd}; yr[j] = {final}; }}",
         ]
         grid, kind = rows, "softmax_row"
     else:
@@ -230,7 +242,8 @@ def emit_softmax(ctx, out: str, x: str, rows: int, length: int, inner: int, log:
     def make(name):
         return f"KERNEL void {name}(GPTR const float* x, GPTR float* y) {{\n    " + "\n    ".join(body) + "\n}\n"
 
-    k = ctx.program.add_kernel(hint, make, block, smem_bytes=smem, kind=kind, pass_name=ctx.pass_name)
+    k = ctx.program.add_kernel(hint, make, block, smem_bytes=smem, kind=kind, pass_name=ctx.pass_name,
+                               normalisable=kind == "softmax_row")
     ctx.launch(k, grid, [x, out], reads=[x], writes=[out], flops=5 * rows * length * inner)
     ctx.program.launches[-1].expr = SoftmaxExpr(x, out, rows, length, inner, log)
 
@@ -250,16 +263,17 @@ def emit_layernorm(ctx, out: str, x: str, scale: str, bias: str, rows: int, leng
         *block_reduce("s", "sum", block),
         f"const float mean = s * {literal(1.0 / length)};",
         "float q = 0.0f;",
-        f"for (int j = tid; j < {length}; j += {block}) {{ const float d = {rd} - mean; q += d * d; }}",
+        f"{lanes('j', length, block)} {{ const float d = {rd} - mean; q += d * d; }}",
         *block_reduce("q", "sum", block),
         f"const float rstd = F_RSQRT(q * {literal(1.0 / length)} + {literal(eps)});",
-        f"for (int j = tid; j < {length}; j += {block}) yr[j] = ({rd} - mean) * rstd * g[{sidx}]{bias_term};",
+        f"{lanes('j', length, block)} yr[j] = ({rd} - mean) * rstd * g[{sidx}]{bias_term};",
     ]
 
     def make(name):
         return f"KERNEL void {name}({params}) {{\n    " + "\n    ".join(body) + "\n}\n"
 
-    k = ctx.program.add_kernel(hint, make, block, smem_bytes=smem, kind="layernorm_row", pass_name=ctx.pass_name)
+    k = ctx.program.add_kernel(hint, make, block, smem_bytes=smem, kind="layernorm_row", pass_name=ctx.pass_name,
+                               normalisable=True)
     args = [x, scale] + ([bias] if bias else []) + [out]
     ctx.launch(k, rows, args, reads=args[:-1], writes=[out], flops=8 * rows * length)
     ctx.program.launches[-1].expr = LayerNormExpr(x, scale, bias, out, rows, length, float(eps), scale_mod, bias_mod)

@@ -391,8 +391,10 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
         k = prog.kernels[L.kernel]
         if L.grid_sync or k.smem_bytes > smem_limit:
             return None
-        if k.block != BLOCK and not (k.normalisable and BLOCK % k.block == 0):
-            return None  # a block size the persistent kernel's 256 threads cannot stand in for
+        if k.block != BLOCK and not (k.normalisable and BLOCK % k.block == 0 and dev.kind != "cpu"):
+            # A block size the persistent kernel's 256 threads cannot stand in for; or a CPU
+            # device, where PoCL runs work-items one after another, so idle threads cost real time.
+            return None
         if "BARRIER()" in k.code and not k.kind.startswith(BARRIER_KINDS):
             # Only the GEMM/Conv and reduction templates are trusted with block barriers inside a
             # persistent kernel. Stitched kernels with barriers gave NaN there on PoCL (hf llama,

@@ -58,7 +58,7 @@ def veu_events(t, pid: int, base: int) -> list[dict]:
           for v in range(G)]
     now = t.start + rp["fixed_us"] * scale
     for w, (entries, wus) in enumerate(zip(rp["waves"], rp["waves_us"])):
-        tasks = [(op, k) for op, n in entries for k in range(int(n))]
+        tasks = [(e[0], k) for e in entries for k in range(int(e[1]))]  # entries: [op, rTasks, threads]
         rounds = max(1, -(-len(tasks) // G))
         dur = wus * scale / rounds
         for i, (op, k) in enumerate(tasks):

@@ -4,8 +4,9 @@ co-scheduled wave by wave on a virtual device.
   - **rOperators.** Every eligible launch is an rOperator (kernels/roperator.py: `NAME_task(args,
     task_id, thread_id, smem)`): GEMM/Conv tiles, maps, reductions and AStitch's stitched kernels.
     Eligible means: not spin-waiting itself, 256 threads per task or a block-normalisable kernel
-    of fewer (the row reductions: threads past its own block skip its work and join its barriers,
-    so 32..128-thread rTasks share a kernel with 256-thread tiles), shared memory within a block,
+    of fewer on a GPU (the row reductions: threads past its own block skip its work and join its
+    barriers, so 32..128-thread rTasks share a kernel with 256-thread tiles; on a CPU device PoCL
+    runs work-items one by one, so idle threads would cost time), shared memory within a block,
     and (for now) block barriers only in the GEMM/Conv and reduction templates (stitched kernels
     with barriers gave NaN inside persistent kernels on PoCL for hf llama and t5-encoder; the cause
     is not found; tiled transposes stay out too).
@@ -20,17 +21,19 @@ co-scheduled wave by wave on a virtual device.
     time the executor clamps the grid to POCL_MAX_PTHREAD_COUNT). Nothing is hard-coded.
   - **rProgram = a schedule table in device memory.** `prog[vEU][order]` is not unrolled into
     code: a constant int table (placed with the weights) lists, per wave, its entries (call site,
-    first rTask, rTask count, int arguments such as an RNN step). The kernel holds one call site
-    per distinct (rOperator, operands), and loops over the table; each call site is a loop whose
+    first rTask, rTask count, int arguments such as an RNN step, operands). The kernel holds one
+    call site per distinct rOperator, and loops over the table; each call site is a loop whose
     bounds come from the table (empty unless the entry is its own), so every barrier sits in
     straight-line code under a uniform loop, which PoCL needs. A wave's rTasks are numbered across
     its entries and dealt round-robin to the vEUs; a block barrier follows each rTask (the next
-    one reuses `smem`), and a grid barrier each wave. Code size grows with the distinct call
-    sites, not with the program's length: 2,000 LSTM launches are ~20 call sites.
+    one reuses `smem`), and a grid barrier each wave. Code size grows with the distinct kernels,
+    not with the program's length: LSTM-TC's 2,032 launches are 5 call sites.
   - **Operands = storage base + offset.** A persistent kernel takes one pointer per storage it
-    touches (arena, weights, each graph input and output, the sync counters) and derives every
-    operand from it at the memory plan's static offset, bound after memplan (plan.py); 240
-    operands cost no more of CUDA's 4 KB parameter space than 3.
+    touches (arena, weights, each graph input and output, the sync counters); each table entry
+    holds its operands as (storage index, element offset), written after memplan (plan.py,
+    kernels/program.py fill_operand_table). Hundreds of operands cost no more of CUDA's 4 KB
+    parameter space than three, and one GEMM call site serves every GEMM of its shape (two call
+    sites of one task function in a kernel crashed PoCL's LLVM).
   - **Synchronisation.** One grid barrier per wave (prelude `dlcc_grid_sync`: block barrier,
     fence, atomic arrive; generation counter, so no reset between runs; acquire-side fence).
   - **Co-residency.** A kernel with more than one wave spin-waits, so it is emitted only where
@@ -39,8 +42,8 @@ co-scheduled wave by wave on a virtual device.
     executor clamps the grid again at run time to what the runtime proves.
   - **Joining waves by estimate.** With `join: auto`, a run becomes one persistent kernel only
     where the cost model (estimate/costmodel.py `rprogram_time`) predicts it beats one launch per
-    wave on the device; `always` and `never` force it.
-
+    wave on the device; `always` and `never` force it. rTask times come from the cost model, or
+    from a profile database (`--profile-db`) for waves whose launches were all measured.
   - **rKernel choice per wave** (choose_rkernels): the fastest GEMM tiling where a wave leaves
     vEUs idle; where its rTasks fill them, the tilings that minimise the wave's time, counting
     time x threads (the resource-efficient choice when many GEMMs share the wave).

@@ -8,8 +8,9 @@ co-scheduled wave by wave on a virtual device.
     barriers, so 32..128-thread rTasks share a kernel with 256-thread tiles; on a CPU device PoCL
     runs work-items one by one, so idle threads would cost time), shared memory within a block,
     and (for now) block barriers only in the GEMM/Conv and reduction templates (stitched kernels
-    with barriers gave NaN inside persistent kernels on PoCL for hf llama and t5-encoder; the cause
-    is not found; tiled transposes stay out too).
+    with barriers gave NaN inside persistent kernels on PoCL for hf llama and t5-encoder; a trial
+    since one call site per rOperator gave none, so lifting this is next; tiled transposes stay
+    out too).
   - **Waves.** A maximal run of eligible launches is split into BFS waves from what each launch
     reads and writes (RAW, WAR, WAW), down to the byte ranges a launch declares (Launch.regions):
     an LSTM step touches one time step of its sequence buffers, so cell (l, t) waits only for
@@ -58,7 +59,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..estimate.costmodel import kernel_time, rprogram_time
+from ..estimate.costmodel import kernel_fixed_us, kernel_time, rprogram_time
 from ..ir import Tensor
 from ..kernels.gemm import TILINGS, GemmExpr, gemm_source, tasks_for, tiling_cost
 from ..kernels.program import STORAGE_ARRAY, STORAGE_PARAMS, Launch, ctype
@@ -153,9 +154,7 @@ def measured_busy(launches: list[Launch], db, dev) -> dict:
     for L in launches:
         us = db.lookup(dev.name, {"kernel": L.kernel, "grid": L.grid, "block": L.block})
         if us is not None:
-            gemm = L.category == "compute"
-            fixed = dev.gemm_fixed_us if gemm and dev.gemm_fixed_us is not None else dev.kernel_fixed_us
-            out[id(L)] = max(0.0, us - fixed)
+            out[id(L)] = max(0.0, us - kernel_fixed_us(dev, L.category == "compute"))
     return out
 
 
@@ -175,18 +174,14 @@ class _Run:
         return [wave_info(w, self.measured) for w in self.waves]
 
 
-def _site_key(L: Launch) -> str:
-    """A call site per rOperator: launches of one kernel share it, their operands come from the table."""
-    return L.kernel
-
-
 def _split_runs(prog, eligible, sites_cap: int, min_launches: int) -> list[list[int]]:
-    """Maximal runs of consecutive eligible launches, cut where a run would pass the call-site cap.
+    """Maximal runs of consecutive eligible launches, cut where a run would pass the call-site cap
+    (a call site per rOperator: launches of one kernel share it, their operands come from the table).
     (Operands do not cap a run: they are addressed as storage base + offset, so a persistent
     kernel has one parameter per storage whatever its operand count.)"""
     runs: list[list[int]] = []
     cur: list[int] = []
-    sites: set[tuple] = set()
+    sites: set[str] = set()
     for i, L in enumerate(prog.launches):
         ok = eligible(L) is not None
         if not ok:
@@ -194,12 +189,11 @@ def _split_runs(prog, eligible, sites_cap: int, min_launches: int) -> list[list[
                 runs.append(cur)
             cur, sites = [], set()
             continue
-        key = _site_key(L)
-        if cur and len(sites | {key}) > sites_cap:
+        if cur and len(sites | {L.kernel}) > sites_cap:
             runs.append(cur)
             cur, sites = [], set()
         cur.append(i)
-        sites.add(key)
+        sites.add(L.kernel)
     if cur:
         runs.append(cur)
     return [r for r in runs if len(r) >= min_launches]
@@ -239,6 +233,7 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
     nw = len(waves)
     table = np.array(starts + entries, dtype=np.int32)
     g.tensors[tab] = Tensor(tab, (len(table),), "int32", value=table)
+    smem = max([rops[L.kernel].smem_bytes for L in Ls] + [4])
 
     dev_code = []
     # Storages, the table and the sync counters are bound after memplan (STORAGE_ARRAY,
@@ -246,7 +241,7 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
     body = [STORAGE_ARRAY, "GPTR const int* rtab = (GPTR const int*)(@OPERAND0@);"]
     if spin:
         body += ["GPTR int* rsync = (GPTR int*)(@OPERAND1@);"]
-    body += [f"SHARED float smem[{-(-max(rops[L.kernel].smem_bytes for L in Ls) // 4) or 1}];",
+    body += [f"SHARED float smem[{-(-smem // 4)}];",
              "const int tid = THREAD_ID;",
              f"for (int w = 0; w < {nw}; w++) {{",
              "    const int e1 = rtab[w + 1];",
@@ -284,7 +279,6 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
     # be bound in another order.
     text = "".join(dev_code) + (f"/* rProgram {tab_no} */\nKERNEL void {bounds}KNAME({', '.join(decls)}) {{\n    "
                                 + "\n    ".join(body) + "\n}\n")
-    smem = max([rops[L.kernel].smem_bytes for L in Ls] + [4])
     hint = "Rammer_" + "_".join(dict.fromkeys(L.op_type or "op" for L in Ls))[:40]
     kname = prog.add_kernel(hint, lambda nm, t=text: t.replace("KNAME", nm), BLOCK, smem_bytes=smem,
                             kind="persistent", pass_name="rammer")

@@ -120,6 +120,11 @@ def quantization(blocks: int, device: DeviceSpec) -> float:
     return device.sms / min(blocks, device.sms)
 
 
+def kernel_fixed_us(device: DeviceSpec, gemm: bool) -> float:
+    """A kernel's fixed cost on `device`: gemm_fixed_us for GEMM-class kernels where set, else kernel_fixed_us."""
+    return device.gemm_fixed_us if gemm and device.gemm_fixed_us is not None else device.kernel_fixed_us
+
+
 def kernel_time(flops: float, dram_bytes: float, dtype: str, device: DeviceSpec, *, blocks: int,
                 threads: int, smem_bytes: int = 0, registers: int | None = None, gemm: bool = False,
                 fixed_us: float | None = None, compute_efficiency: float | None = None,
@@ -127,7 +132,7 @@ def kernel_time(flops: float, dram_bytes: float, dtype: str, device: DeviceSpec,
     """The modelled time of one kernel from its work and launch shape. The calibration constants
     come from `device` unless given (scripts/calibrate_costmodel.py passes trial values)."""
     if fixed_us is None:
-        fixed_us = device.gemm_fixed_us if gemm and device.gemm_fixed_us is not None else device.kernel_fixed_us
+        fixed_us = kernel_fixed_us(device, gemm)
     ce = device.compute_efficiency if compute_efficiency is None else compute_efficiency
     de = device.dram_efficiency if dram_efficiency is None else dram_efficiency
     bps = blocks_per_sm(device, threads, smem_bytes, registers)

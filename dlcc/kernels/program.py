@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import DlccError
+
 _CTYPE = {
     "float32": "float",
     "float16": "f16",  # storage only: map kernels convert with LOAD_F16 / STORE_F16
@@ -128,13 +130,9 @@ def bind_storage_operands(code: str, tensors: list[str], view, more: list[str] =
     list stays a few pointers (CUDA's 4 KB limit) and the runtime binds no sub-buffers. Returns the
     text and the storages, in parameter order.
     """
-    storages: list[str] = []
-    for t in list(tensors) + list(more):
-        st = view(t)["storage"]
-        if st not in storages:
-            storages.append(st)
-    for j, t in enumerate(tensors):
-        v = view(t)
+    views = [view(t) for t in tensors]
+    storages = list(dict.fromkeys([v["storage"] for v in views] + [view(t)["storage"] for t in more]))
+    for j, v in enumerate(views):
         code = code.replace(f"@OPERAND{j}@", f"s{storages.index(v['storage'])} + {int(v['offset'])}")
     names = [f"s{k}" for k in range(len(storages))]
     code = code.replace(STORAGE_PARAMS, ", ".join(f"GPTR char* {n}" for n in names))
@@ -151,11 +149,10 @@ def fill_operand_table(table: np.ndarray, spec: dict, storages: list[str], view,
             v = view(t)
             size = itemsize(t)
             if v["offset"] % size:
-                raise ValueError(f"operand at byte offset {v['offset']} is not aligned to its {size}-byte elements")
+                raise DlccError(f"a persistent kernel's operand at byte offset {v['offset']} of storage "
+                                f"{v['storage']} is not aligned to its {size}-byte elements (a dlcc bug)")
             off = v["offset"] // size
             if off >= 2**31:
-                from ..errors import DlccError
-
                 raise DlccError(f"a persistent kernel's operand lies {v['offset']} bytes into storage {v['storage']}: "
                                 "past what its int32 schedule table can address; compile without the rammer pass")
             table[at + 2 * j] = storages.index(v["storage"])

@@ -14,6 +14,7 @@ from ..errors import CompileError
 
 _FN = re.compile(r"Compiling entry function '([^']+)' for '(sm_\d+)'")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_PROPS = re.compile(r"Function properties for (\S+)")
 _USED = re.compile(r"Used (\d+) registers(?:, used \d+ barriers)?(?:, (\d+) bytes smem)?")
 
 
@@ -65,6 +66,15 @@ def build_cubin(source: str, arch: str = "sm_80", nvcc: str | None = None,
         if m:
             cur = Usage(m.group(1), m.group(2))
             usages[cur.kernel] = cur
+            continue
+        m = _PROPS.search(line)
+        if m and m.group(1) not in usages:
+            # An out-of-line device function (a persistent kernel's call sites): its stack and
+            # spills are its own, listed under its mangled name so that a spill anywhere shows.
+            cur = usages[m.group(1)] = Usage(m.group(1), arch)
+            continue
+        if m:
+            cur = usages[m.group(1)]
             continue
         if cur is None:
             continue

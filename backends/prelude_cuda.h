@@ -4,6 +4,10 @@
 #include <cuda_fp16.h>
 #define KERNEL extern "C" __global__
 #define DEVICE static __device__ __forceinline__
+/* A persistent kernel's call site (passes/rammer.py): kept out of line, so ptxas allocates each
+ * rTask's registers on its own and the kernel needs the max over its rTasks, not what inlining
+ * them all into one loop nest keeps live (that spilled: vit, t5, convnext at 255 registers). */
+#define SITE_FN static __device__ __noinline__
 #define GPTR
 #define LPTR
 #define SHARED __shared__
@@ -13,7 +17,10 @@
 #define GRID_DIM ((int)gridDim.x)
 #define BARRIER() __syncthreads()
 #define FENCE() __threadfence()
-#define LAUNCH_BOUNDS(n) __launch_bounds__(n)
+/* At most n threads, and one resident block per SM is enough: what the co-residency proofs assume
+ * (passes/rammer.py proven_veus, astitch's spin kernels), so ptxas may use up to 255 registers
+ * instead of squeezing into 128 for a second block nobody counts on (that spilled). */
+#define LAUNCH_BOUNDS(n) __launch_bounds__(n, 1)
 #define ATOMIC_LOAD_I32(p) (*(volatile int*)(p))
 #define ATOMIC_STORE_I32(p, v) (*(volatile int*)(p) = (v))
 #define ATOMIC_ADD_I32(p, v) atomicAdd((int*)(p), (v))

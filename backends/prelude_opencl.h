@@ -1,6 +1,7 @@
 /* dlcc portable kernel dialect -> OpenCL C 1.2 (see prelude_cuda.h for why there are two). */
 #define KERNEL __kernel
 #define DEVICE static inline
+#define SITE_FN static inline  /* PoCL inlines everything that holds a barrier anyway */
 #define GPTR __global
 #define LPTR __local
 #define SHARED __local

@@ -6,11 +6,11 @@ co-scheduled wave by wave on a virtual device.
     Eligible means: not spin-waiting itself, 256 threads per task or a block-normalisable kernel
     of fewer on a GPU (the row reductions: threads past its own block skip its work and join its
     barriers, so 32..128-thread rTasks share a kernel with 256-thread tiles; on a CPU device PoCL
-    runs work-items one by one, so idle threads would cost time), shared memory within a block,
-    and (for now) block barriers only in the GEMM/Conv and reduction templates (stitched kernels
-    with barriers gave NaN inside persistent kernels on PoCL for hf llama and t5-encoder; a trial
-    since one call site per rOperator gave none, so lifting this is next; tiled transposes stay
-    out too).
+    runs work-items one by one, so idle threads would cost time), and shared memory within a
+    block. Block barriers are fine in any rTask: each is reached by all 256 threads, since the
+    call sites sit under uniform loops. (Stitched kernels with barriers once gave NaN here on
+    PoCL, for hf llama and t5-encoder, while one rOperator could have several call sites in a
+    kernel; since there is one call site per rOperator, none does: tests/test_hf_zoo.py.)
   - **Waves.** A maximal run of eligible launches is split into BFS waves from what each launch
     reads and writes (RAW, WAR, WAW), down to the byte ranges a launch declares (Launch.regions):
     an LSTM step touches one time step of its sequence buffers, so cell (l, t) waits only for
@@ -75,11 +75,6 @@ BLOCK = 256
 CPU_CALL_SITES = 4
 #: The same on a GPU: bounds nvcc's time on one kernel (each call site inlines an rTask body).
 GPU_CALL_SITES = 64
-
-
-#: Kernel kinds whose block barriers may run inside a persistent kernel (the templates that ran
-#: there on PoCL and on an H100): GEMM/Conv tiles and the row/column reduction templates.
-BARRIER_KINDS = ("gemm", "conv", "reduce", "softmax", "layernorm")
 
 
 class RammerOptions(BaseModel):
@@ -235,7 +230,7 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
     g.tensors[tab] = Tensor(tab, (len(table),), "int32", value=table)
     smem = max([rops[L.kernel].smem_bytes for L in Ls] + [4])
 
-    dev_code = []
+    dev_code, site_code = [], []
     # Storages, the table and the sync counters are bound after memplan (STORAGE_ARRAY,
     # @OPERANDj@: kernels/program.py bind_storage_operands), so the parameter list stays small.
     body = [STORAGE_ARRAY, "GPTR const int* rtab = (GPTR const int*)(@OPERAND0@);"]
@@ -254,17 +249,25 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
         if L.kernel not in included:
             included.add(L.kernel)
             dev_code.append(r.device_code)
-        call_args, ji, jt = [], 0, 0
+        call_args, params, ji, jt = [], [], 0, 0
         for kind, a in L.args:
             if kind == "t":
                 ct = ctype(g.tensors[a].dtype)
                 o = base + 2 * jt
                 call_args.append(f"(GPTR {ct}*)(S[E[{o}]]) + E[{o + 1}]")
+                params.append(f"GPTR {ct}* a{len(params)}")
                 jt += 1
             else:
                 call_args.append(f"E[{3 + ji}]")
+                params.append(f"const int a{len(params)}")
                 ji += 1
-        call = f"{r.task_fn}({', '.join(call_args + ['t - lo', 'tid', 'smem'])});"
+        # One out-of-line function per call site (SITE_FN: __noinline__ on CUDA), so nvcc sizes
+        # the kernel's registers as the max over its rTasks.
+        names = [f"a{j}" for j in range(len(params))] + ["task_id", "thread_id", "smem"]
+        params += ["const int task_id", "const int thread_id", "LPTR float* smem"]
+        site_code.append(f"SITE_FN void KNAME_site{s}({', '.join(params)}) {{\n"
+                         f"    {r.task_fn}({', '.join(names)});\n}}\n")
+        call = f"KNAME_site{s}({', '.join(call_args + ['t - lo', 'tid', 'smem'])});"
         # The loop is empty unless this entry is call site s: no barrier ever sits under an `if`.
         body += [f"        /* call site {s}: {L.op_type or 'op'} */",
                  f"        for (int t = site == {s} ? first : hi; t < hi; t += GRID_DIM) {{",
@@ -274,10 +277,10 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
         body.append("    dlcc_grid_sync(rsync + rslot);")
     body.append("}")
     decls = [STORAGE_PARAMS] + (["const int rslot"] if spin else [])
-    bounds = f"LAUNCH_BOUNDS({BLOCK}) " if spin else ""
+    bounds = f"LAUNCH_BOUNDS({BLOCK}) "  # one block per SM is all a persistent kernel counts on
     # The rProgram number keeps two persistent kernels of the same text apart: their storages may
     # be bound in another order.
-    text = "".join(dev_code) + (f"/* rProgram {tab_no} */\nKERNEL void {bounds}KNAME({', '.join(decls)}) {{\n    "
+    text = "".join(dev_code) + f"/* rProgram {tab_no} */\n" + "".join(site_code) + (f"KERNEL void {bounds}KNAME({', '.join(decls)}) {{\n    "
                                 + "\n    ".join(body) + "\n}\n")
     hint = "Rammer_" + "_".join(dict.fromkeys(L.op_type or "op" for L in Ls))[:40]
     kname = prog.add_kernel(hint, lambda nm, t=text: t.replace("KNAME", nm), BLOCK, smem_bytes=smem,
@@ -391,12 +394,6 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
         if k.block != BLOCK and not (k.normalisable and BLOCK % k.block == 0 and dev.kind != "cpu"):
             # A block size the persistent kernel's 256 threads cannot stand in for; or a CPU
             # device, where PoCL runs work-items one after another, so idle threads cost real time.
-            return None
-        if "BARRIER()" in k.code and not k.kind.startswith(BARRIER_KINDS):
-            # Only the GEMM/Conv and reduction templates are trusted with block barriers inside a
-            # persistent kernel. Stitched kernels with barriers gave NaN there on PoCL (hf llama,
-            # t5-encoder), though each runs right in task form on its own; tiled transposes are
-            # kept out too until that is understood.
             return None
         if L.kernel not in rops:
             try:

@@ -918,8 +918,7 @@ def _params():
     return [pytest.param(c, id=c.id, marks=c.marks) for c in CASES]
 
 
-@pytest.mark.parametrize("pipeline", ["baseline", "astitch", pytest.param("rammer", marks=pytest.mark.slow),
-                                      pytest.param("full", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("pipeline", ["baseline", "astitch", "rammer", "full"])
 @pytest.mark.parametrize("case", _params())
 def test_op(case: Case, pipeline: str, tmp_path):
     rng = np.random.default_rng(0)

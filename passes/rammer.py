@@ -89,6 +89,10 @@ class RammerOptions(BaseModel):
     call_sites: int | None = Field(None, ge=1, description="distinct rOperators (kernels) per persistent kernel; "
                                    f"default {CPU_CALL_SITES} on CPU devices (PoCL's stack), {GPU_CALL_SITES} on GPUs")
     min_launches: int = Field(2, ge=2, description="runs shorter than this stay plain launches")
+    kernels: Literal["wavefront", "fastest", "efficient"] = Field(
+        "wavefront", description="rKernel (GEMM tiling) choice: per wave, the fastest where the wave leaves vEUs "
+        "idle and the least time x threads where it fills them (wavefront, Rammer's policy); always the "
+        "fastest (the lowering's choice); or always the least SM-time (efficient)")
 
 
 def wave_levels(launches: list[Launch], res) -> list[int]:
@@ -304,8 +308,9 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
     return P
 
 
-def choose_rkernels(run: _Run, veus: int, dev, prog) -> dict[int, str]:
-    """Rammer's kernel policy, per wave. Where a wave's rTasks do not fill the vEUs, each GEMM keeps
+def choose_rkernels(run: _Run, veus: int, dev, prog, policy: str = "wavefront") -> dict[int, str]:
+    """Rammer's kernel policy (`policy` "wavefront"; "efficient" takes the least SM-time for every
+    GEMM of every wave instead), per wave. Where a wave's rTasks do not fill the vEUs, each GEMM keeps
     its fastest rKernel (the lowering's choice). Where they do, time x threads matters as much as
     time alone: the wave takes its longest GEMM alone or its GEMMs' summed SM-time over the vEUs,
     whichever is more (kernels/gemm.py tiling_cost for both), and its GEMMs get the tilings that
@@ -317,7 +322,7 @@ def choose_rkernels(run: _Run, veus: int, dev, prog) -> dict[int, str]:
     why: dict[int, str] = {}
     for w in run.waves:
         tasks = sum(L.grid for L in w)
-        if len(w) < 2 or tasks < veus:
+        if policy == "wavefront" and (len(w) < 2 or tasks < veus):
             continue
         gemms = [L for L in w if isinstance(L.expr, GemmExpr)
                  and prog.kernels[L.kernel].code == gemm_source(L.kernel, L.expr.spec, L.expr.tiling)]
@@ -328,6 +333,8 @@ def choose_rkernels(run: _Run, veus: int, dev, prog) -> dict[int, str]:
 
         def wave_cycles(pick: dict) -> float:
             c = [cost[(id(L), pick[id(L)])] for L in gemms]
+            if policy == "efficient":
+                return sum(b for _, b in c) / veus
             return max(max(a for a, _ in c), sum(b for _, b in c) / veus)
 
         pick = {id(L): L.expr.tiling for L in gemms}
@@ -351,9 +358,14 @@ def choose_rkernels(run: _Run, veus: int, dev, prog) -> dict[int, str]:
             sp = e.spec
             name = prog.add_kernel(f"{e.hint}_{t.name}", lambda n, t=t, sp=sp: gemm_source(n, sp, t), t.threads,
                                    smem_bytes=4 * t.smem_floats, kind="gemm", tiling=t.name, pass_name="rammer")
-            why[id(L)] = (f"tiling {t.name}: chosen for its wave, whose {tasks} rTasks fill the {veus} vEUs: the wave's "
-                          f"modelled cycles drop from {start:.0f} to {best:.0f} (time alone, and time x threads over "
-                          f"the vEUs); {e.tiling.name} is the fastest alone")
+            if policy == "efficient":
+                why[id(L)] = (f"tiling {t.name}: the least time x threads (kernels: efficient); its wave's summed "
+                              f"SM-time over the {veus} vEUs drops from {start:.0f} to {best:.0f} modelled cycles; "
+                              f"{e.tiling.name} is the fastest alone")
+            else:
+                why[id(L)] = (f"tiling {t.name}: chosen for its wave, whose {tasks} rTasks fill the {veus} vEUs: the "
+                              f"wave's modelled cycles drop from {start:.0f} to {best:.0f} (time alone, and time x "
+                              f"threads over the vEUs); {e.tiling.name} is the fastest alone")
             L.kernel, L.grid, L.block = name, tasks_for(t, sp.batch, sp.M, sp.N), t.threads
             L.expr = GemmExpr(e.hint, sp, t, e.args, e.reads, e.writes)
     return why
@@ -419,8 +431,9 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
     for idx in runs:
         run = _Run(idx, [prog.launches[i] for i in idx], rops, ctx.resolve, measured)
         veus, why = proven_veus(dev, run.smem)
-        if veus and getattr(ctx, "gemm_tiling", None) is None:  # a tiling forced in `lower` stays
-            changed = choose_rkernels(run, veus, dev, prog)
+        if veus and opts.kernels != "fastest" and getattr(ctx, "gemm_tiling", None) is None:
+            # (a tiling forced in `lower` stays)
+            changed = choose_rkernels(run, veus, dev, prog, opts.kernels)
             if changed:
                 rk_why.update(changed)
                 for L in run.Ls:
@@ -486,7 +499,7 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
                               + f", {L.kernel})" for L in m] for m in waves],
                 "tasks_per_wave": [sum(L.grid for L in m) for m in waves],
                 "rkernels": [{"op": L.op_type, "node": L.node, "rkernel": L.kernel, "tasks": L.grid, "threads": L.block,
-                              "why": rk_why.get(id(L)) or _why_rkernel(prog.kernels[L.kernel])}
+                              "why": rk_why.get(id(L)) or _why_rkernel(prog.kernels[L.kernel], opts.kernels)}
                              for w in waves for L in w]})
         new: list[Launch] = []
         for i in run.idx:
@@ -526,7 +539,11 @@ def _time_source(waves: list[list[Launch]], measured: dict, db, dev) -> str:
             f"wave(s) priced from them, the rest by the {model}")
 
 
-def _why_rkernel(k) -> str:
+def _why_rkernel(k, policy: str = "wavefront") -> str:
+    if (k.kind == "gemm" or k.tiling) and policy == "fastest":
+        return f"tiling {k.tiling}: the fastest alone (kernels: fastest, the pipeline option)"
+    if (k.kind == "gemm" or k.tiling) and policy == "efficient":
+        return f"tiling {k.tiling}: the fastest alone, and also the least time x threads (kernels: efficient)"
     if k.kind == "gemm" or k.tiling:
         return (f"tiling {k.tiling}: the fastest alone (the lowering's cost model): its wave does not fill the vEUs, "
                 "or this tiling is also the resource-efficient one")

@@ -271,6 +271,32 @@ def test_rkernel_choice_per_wave(tmp_path):
     _check(path, four)
 
 
+def test_rkernel_policy_option(tmp_path):
+    """`kernels: fastest` keeps the lowering's tiling even where the wave fills the vEUs;
+    `kernels: efficient` takes the least SM-time tiling even where it does not."""
+    from dlcc.config import load_device
+    from dlcc.kernels.gemm import TILINGS, choose_tiling, tiling_cost
+
+    dev = load_device("h100")
+    one = dev.model_copy(update={"sms": 1})
+    fastest = choose_tiling(1, 128, 768, 768, dev)
+    leanest = min(TILINGS, key=lambda t: tiling_cost(t, 1, 128, 768, 768, one))
+    assert leanest != fastest
+    base = ["simplify", "lower", "rammer", "memplan"]
+
+    def tilings(n, policy):
+        pipe = _pipeline(tmp_path, policy, base, f"{{kernels: {policy}}}")
+        m = dlcc.compile(_parallel_gemms(tmp_path / f"{n}.onnx", n), target="opencl", pipeline=pipe, device="h100")
+        (rp,) = m.plan["rprogram"]
+        assert all(f"kernels: {policy}" in r["why"] for r in rp["rkernels"]), rp["rkernels"]
+        return {t.name for t in TILINGS for r in rp["rkernels"] if f"_{t.name}_" in r["rkernel"]}, m
+
+    assert tilings(4, "fastest")[0] == {fastest.name}
+    got, m = tilings(2, "efficient")
+    assert got == {leanest.name}
+    _check(tmp_path / "2.onnx", m)
+
+
 def test_lstm_layers_run_as_a_wavefront_over_time():
     """Rammer's LSTM-TC case at small size: cell (l, t) waits only for (l, t-1) and (l-1, t), so the
     whole stack is one persistent kernel on an H100 whose waves are the diagonals l + t."""

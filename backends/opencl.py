@@ -2,7 +2,9 @@
 PoCL on the CPU, where every numerics test runs the emitted kernels."""
 from __future__ import annotations
 
+import logging
 import os
+import warnings
 
 import numpy as np
 
@@ -93,10 +95,18 @@ class OpenCLRuntime:
 
     def compile(self, source: str, plan: dict | None = None, binaries: dict | None = None) -> None:
         self._kernels = {}  # kernels of a previous program must not be reused
-        try:
-            self.program = self.cl.Program(self.ctx, source).build(options=["-cl-std=CL1.2"])
-        except self.cl.RuntimeError as e:
-            raise CompileError(f"the OpenCL compiler rejected the generated kernels (a dlcc bug):\n{e}") from None
+        # PyOpenCL turns any compiler output (PoCL's remarks on real models) into a Python
+        # CompilerWarning on the user's terminal. It is not the user's to act on: keep it as the
+        # runtime's build log (dlcc batch writes it to the job's log), and log it at debug level.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                self.program = self.cl.Program(self.ctx, source).build(options=["-cl-std=CL1.2"])
+            except self.cl.RuntimeError as e:
+                raise CompileError(f"the OpenCL compiler rejected the generated kernels (a dlcc bug):\n{e}") from None
+        self.build_log = "\n".join(str(w.message) for w in caught)
+        if self.build_log:
+            logging.getLogger("dlcc.opencl").debug("OpenCL compiler output:\n%s", self.build_log)
 
     def kernel(self, name: str):
         if name not in self._kernels:

@@ -562,6 +562,15 @@ def _atomic_npz(path: Path, arrays: dict) -> None:
         np.savez(f, **arrays)
 
 
+def _register_subcommands() -> None:
+    from .batch.cli import register
+
+    register(app, out, err)
+
+
+_register_subcommands()
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         rv = app(args=argv, standalone_mode=False)

@@ -1,0 +1,73 @@
+"""Batch results as CI reads them: JUnit XML (one testcase per job), a JSON summary with the same
+rows, and the rich summary table.
+
+JUnit mapping: a job that met its expectation passes; one that did not is a <failure> whose message
+is the one-paragraph error; an internal dlcc error is an <error>. <system-out> carries the plan
+summary and the job's log tail, so a CI UI shows why without opening artifacts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+#: JUnit XML 1.0 forbids most control characters; compiler logs can hold them.
+_BAD_XML = dict.fromkeys(c for c in range(32) if c not in (9, 10, 13))
+
+
+def _clean(s: str | None) -> str:
+    return (s or "").translate(_BAD_XML)
+
+
+def junit_xml(rows: list[dict], suite: str, seconds: float) -> bytes:
+    failures = sum(1 for r in rows if not r["met"] and r["outcome"] != "error")
+    errors = sum(1 for r in rows if not r["met"] and r["outcome"] == "error")
+    root = ET.Element("testsuites", name="dlcc batch", tests=str(len(rows)), failures=str(failures),
+                      errors=str(errors), time=f"{seconds:.3f}")
+    ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(rows)), failures=str(failures),
+                       errors=str(errors), skipped="0", time=f"{seconds:.3f}")
+    for r in rows:
+        tc = ET.SubElement(ts, "testcase", classname=f"dlcc.batch.{r['pipeline']}", name=r["name"],
+                           time=f"{r['seconds']:.3f}")
+        if not r["met"]:
+            want = {"pass": "pass", "unsupported": "be reported unsupported", "fail": "fail"}[r["expect"]]
+            msg = _clean(f"expected to {want}, but {r['outcome']}" + (f": {r['error']}" if r["error"] else ""))
+            el = ET.SubElement(tc, "error" if r["outcome"] == "error" else "failure",
+                               message=msg.splitlines()[0][:500] if msg else r["outcome"], type=r["outcome"])
+            el.text = msg
+        out = ET.SubElement(tc, "system-out")
+        out.text = _clean(summary_line(r) + "\n" + (r.get("stdout") or ""))
+    ET.indent(root)
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True)
+
+
+def summary_line(r: dict) -> str:
+    parts = [f"{r['outcome']} (expected {r['expect']}) in {r['seconds']:.2f} s"]
+    if r.get("launches") is not None:
+        parts.append(f"{r['launches']} launches")
+    if r.get("dram_bytes") and r.get("lower_bound_bytes"):
+        parts.append(f"DRAM {r['dram_bytes'] / r['lower_bound_bytes']:.2f}x the lower bound")
+    if r.get("verify_max_abs_err") is not None:
+        parts.append(f"verify max abs err {r['verify_max_abs_err']:.3g}")
+    if r.get("artifact"):
+        parts.append(f"artifact {r['artifact']}")
+    return "; ".join(parts)
+
+
+def summary(rows: list[dict], seconds: float, shard: str | None) -> dict:
+    return {"jobs": len(rows), "met": sum(r["met"] for r in rows), "not_met": sum(not r["met"] for r in rows),
+            "seconds": round(seconds, 3), "shard": shard, "passed": all(r["met"] for r in rows),
+            "rows": [{k: v for k, v in r.items() if k != "stdout"} for r in rows]}
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data if isinstance(data, bytes) else data.encode())
+    os.replace(tmp, path)
+
+
+def write_json(path, rows, seconds, shard) -> None:
+    write_atomic(path, json.dumps(summary(rows, seconds, shard), indent=1))

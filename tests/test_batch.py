@@ -1,0 +1,188 @@
+"""`dlcc batch` (dlcc/batch): manifest validation with file and field, expansion, sharding, the
+worker pool, expectations, JUnit (parsed back with junitparser) and JSON."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from dlcc.batch import check_unique, load_manifest, shard
+from dlcc.cli import main
+from dlcc.errors import ConfigError
+
+
+def _tiny(path: Path, op: str = "Relu", n: int = 64) -> Path:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, n])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, n])
+    nodes = [helper.make_node(op, ["x"], ["a"]), helper.make_node("Add", ["a", "x"], ["y"])]
+    if op == "Det":  # an op dlcc does not support
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 4])
+        nodes = [helper.make_node("Det", ["x"], ["d"]), helper.make_node("Add", ["x", "d"], ["y"])]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
+                                opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@pytest.fixture
+def repo(tmp_path):
+    _tiny(tmp_path / "models" / "relu.onnx")
+    _tiny(tmp_path / "models" / "sigmoid.onnx", "Sigmoid", 96)
+    _tiny(tmp_path / "gaps" / "det.onnx", "Det")
+    return tmp_path
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+# -- validation: each error names the file and the field -------------------------------------
+@pytest.mark.parametrize("text,field,words", [
+    ("jobs:\n  - model: models/relu.onnx\n    pipline: astitch\n", "jobs.0.pipline", "unknown key"),
+    ("jobs:\n  - model: models/relu.onnx\n    verify: {rtol: lots}\n", "jobs.0.verify", "number"),
+    ("jobs:\n  - model: models/missing.onnx\n", "jobs.0.model", "not found"),
+    ("jobs:\n  - model: models/*.pb\n", "jobs.0.model", "matches no file"),
+    ("defaults: {pipeline: astitch, pipelines: [baseline]}\njobs: []\n", "defaults", "not both"),
+    ("jobs:\n  - model: models/relu.onnx\n    expect: maybe\n", "jobs.0.expect", "pass"),
+    ("jobz: []\n", "jobz", "unknown key"),
+])
+def test_manifest_errors_name_file_and_field(repo, text, field, words):
+    m = _write(repo / "bad.yaml", text)
+    with pytest.raises(ConfigError) as e:
+        load_manifest(m)
+    assert str(m) in str(e.value) and field in str(e.value) and words in str(e.value), str(e.value)
+
+
+def test_duplicate_job_names_are_refused(repo):
+    m = _write(repo / "dup.yaml", "jobs:\n  - model: models/relu.onnx\n  - model: models/relu.onnx\n")
+    with pytest.raises(ConfigError, match=r"(?s)duplicate job names.*jobs\.0.*jobs\.1"):
+        check_unique(load_manifest(m))
+
+
+def test_include_cycle_and_missing_include(repo):
+    _write(repo / "a.yaml", "include: [b.yaml]\n")
+    _write(repo / "b.yaml", "include: [a.yaml]\n")
+    with pytest.raises(ConfigError, match="includes itself"):
+        load_manifest(repo / "a.yaml")
+    _write(repo / "c.yaml", "include: [nope.yaml]\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: include: .*nope\.yaml not found"):
+        load_manifest(repo / "c.yaml")
+
+
+# -- expansion ----------------------------------------------------------------------------------
+def test_matrix_expansion_globs_and_includes(repo):
+    _write(repo / "sub.yaml", "defaults: {pipeline: astitch}\njobs:\n  - model: gaps/det.onnx\n    expect: unsupported\n")
+    m = _write(repo / "m.yaml", """
+defaults: {target: opencl, pipeline: baseline}
+include: [sub.yaml]
+jobs:
+  - model: models/*.onnx
+    pipelines: [baseline, astitch]
+    devices: [pocl-cpu, h100]
+  - model: models/relu.onnx
+    name: relu-shapes
+    shapes: {x: [4, 64]}
+    verify: true
+""")
+    jobs = load_manifest(m)
+    check_unique(jobs)
+    names = [j.name for j in jobs]
+    assert names[0] == "det-astitch-default-auto"  # the include's own defaults
+    assert jobs[0].expect == "unsupported"
+    grid = [j for j in jobs[1:] if not j.name.startswith("relu-shapes")]
+    assert len(grid) == 2 * 2 * 2 and {(j.pipeline, j.device, j.target) for j in grid} == {
+        (p, d, "opencl") for p in ("baseline", "astitch") for d in ("pocl-cpu", "h100")}
+    assert "sigmoid-astitch-h100-opencl" in names
+    (v,) = [j for j in jobs if j.name.startswith("relu-shapes")]
+    assert v.verify is not None and v.verify.rtol == 1e-3 and v.shapes == {"x": [4, 64]}
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 7])
+def test_shards_are_disjoint_and_cover_every_job(repo, n):
+    m = _write(repo / "m.yaml", "jobs:\n  - model: models/*.onnx\n    pipelines: [baseline, astitch, rammer, full]\n"
+                                "    devices: [pocl-cpu, h100, a100]\n  - model: gaps/det.onnx\n    cost: 9\n")
+    jobs = load_manifest(m)
+    parts = [shard(jobs, i, n) for i in range(1, n + 1)]
+    names = [j.name for p in parts for j in p]
+    assert sorted(names) == sorted(j.name for j in jobs) and len(set(names)) == len(jobs)
+    assert parts == [shard(load_manifest(m), i, n) for i in range(1, n + 1)]  # deterministic
+    loads = [sum(j.cost for j in p) for p in parts]
+    assert max(loads) - min(loads) <= max(j.cost for j in jobs)  # balanced by cost (the heavy det job alone)
+    with pytest.raises(ConfigError):
+        shard(jobs, n + 1, n)
+
+
+# -- running ---------------------------------------------------------------------------------------
+def test_batch_runs_jobs_meets_expectations_and_reports(repo, capsys):
+    junitparser = pytest.importorskip("junitparser")
+    m = _write(repo / "m.yaml", """
+defaults: {target: opencl}
+jobs:
+  - model: models/*.onnx
+    pipelines: [baseline, astitch]
+    verify: {rtol: 1e-3, atol: 1e-4}
+  - model: gaps/det.onnx
+    expect: unsupported
+  - model: models/relu.onnx
+    name: wrongly-expected-gap
+    expect: unsupported
+""")
+    out, junit = repo / "out", repo / "report.xml"
+    with pytest.raises(SystemExit) as e:
+        main(["batch", str(m), "-j", "2", "--out", str(out), "--junit", str(junit), "--json"])
+    assert e.value.code == 1  # one job missed its expectation
+    res = json.loads(capsys.readouterr().out)
+    rows = {r["name"]: r for r in res["rows"]}
+    assert len(rows) == 6 and res["not_met"] == 1
+    assert all(rows[f"{s}-{p}-default-opencl"]["outcome"] == "passed" and rows[f"{s}-{p}-default-opencl"]["met"]
+               for s in ("relu", "sigmoid") for p in ("baseline", "astitch"))
+    assert rows["relu-baseline-default-opencl"]["verify_max_abs_err"] < 1e-5
+    assert rows["det-baseline-default-opencl"]["outcome"] == "unsupported" and rows["det-baseline-default-opencl"]["met"]
+    bad = rows["wrongly-expected-gap-baseline-default-opencl"]
+    assert bad["outcome"] == "passed" and not bad["met"]
+    for r in rows.values():  # artifacts and logs, one per job
+        assert Path(r["log"]).is_file()
+        assert (r["artifact"] is not None) == (r["outcome"] == "passed")
+    assert (out / "relu-astitch-default-opencl" / "plan.json").is_file()
+    assert "Det" in (out / "det-baseline-default-opencl.log").read_text()
+
+    xml = junitparser.JUnitXml.fromfile(str(junit))
+    suites = list(xml) if isinstance(xml, junitparser.JUnitXml) else [xml]
+    cases = [c for s in suites for c in s]
+    assert len(cases) == 6
+    failed = [c for c in cases if c.result and any(isinstance(r, junitparser.Failure) for r in c.result)]
+    assert [c.name for c in failed] == ["wrongly-expected-gap-baseline-default-opencl"]
+    assert "expected to be reported unsupported, but passed" in failed[0].result[0].message
+    assert all(c.time >= 0 for c in cases) and "launches" in cases[0].system_out
+
+
+def test_a_failing_job_fails_alone_and_shards_run_their_part(repo, capsys):
+    (repo / "models" / "broken.onnx").write_bytes(b"not an onnx file")
+    m = _write(repo / "m.yaml", "defaults: {target: opencl}\njobs:\n  - model: models/*.onnx\n")
+    outs = []
+    for i in (1, 2):
+        with pytest.raises(SystemExit):
+            main(["batch", str(m), "-j", "1", "--shard", f"{i}/2", "--out", str(repo / "out"), "--json"])
+        outs.append(json.loads(capsys.readouterr().out))
+    rows = [r for o in outs for r in o["rows"]]
+    assert sorted(r["name"] for r in rows) == ["broken-baseline-default-opencl", "relu-baseline-default-opencl",
+                                               "sigmoid-baseline-default-opencl"]
+    by = {r["name"]: r for r in rows}
+    assert by["broken-baseline-default-opencl"]["outcome"] == "failed"
+    assert "broken.onnx" in by["broken-baseline-default-opencl"]["error"]
+    assert by["relu-baseline-default-opencl"]["met"] and by["sigmoid-baseline-default-opencl"]["met"]
+
+
+def test_bad_shard_and_list(repo, capsys):
+    m = _write(repo / "m.yaml", "jobs:\n  - model: models/*.onnx\n")
+    with pytest.raises(SystemExit) as e:
+        main(["batch", str(m), "--shard", "3/2"])
+    assert e.value.code == 2 and "I/N" in capsys.readouterr().err
+    main(["batch", str(m), "--list", "--json"])
+    listed = json.loads(capsys.readouterr().out)
+    assert [j["name"] for j in listed["jobs"]] == ["relu-baseline-default-auto", "sigmoid-baseline-default-auto"]

@@ -3,6 +3,7 @@ memory, spills) per kernel — what the occupancy model and the no-spill tests n
 machines without a GPU; nothing compiled here is executed here."""
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -35,6 +36,20 @@ class Usage:
 
 def find_nvcc() -> str | None:
     return shutil.which("nvcc") or (os.path.exists("/usr/local/cuda/bin/nvcc") and "/usr/local/cuda/bin/nvcc") or None
+
+
+@functools.lru_cache(maxsize=4)
+def nvcc_version(nvcc: str | None = None) -> str | None:
+    """nvcc's release line (part of every cache key over its output); None without nvcc."""
+    nvcc = nvcc or find_nvcc()
+    if not nvcc:
+        return None
+    try:
+        p = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else None
 
 
 def compile_cubin(source: str, arch: str = "sm_80", nvcc: str | None = None, timeout: int = 600) -> dict[str, Usage]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +20,19 @@ class CompiledModel:
                  sources: dict[str, str] | None = None, target: str = "auto", binaries: dict[str, bytes] | None = None):
         self.plan = plan
         self.binaries = binaries or {}
-        self.weights = weights
+        self._weights = weights  # bytes, or a function that reads them (an artifact loaded from disk)
         self.kernel_codes = kernel_codes
         self._sources = sources or {}
         self.target = pick_target(target)
         self._exec: Executor | None = None
+        self.cache_hit: bool | None = None  # set by a cached compile: was the artifact in the cache?
+        self.cache_key: str | None = None
+
+    @property
+    def weights(self) -> bytes:
+        if callable(self._weights):
+            self._weights = self._weights()
+        return self._weights
 
     @property
     def inputs(self) -> list[dict]:
@@ -63,18 +72,74 @@ class CompiledModel:
 
 def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shapes: dict | None = None,
             target: str = "auto", pipeline: str = "baseline", device: str | None = None, steps=None,
-            profile_db: str | os.PathLike | None = None) -> CompiledModel:
+            profile_db: str | os.PathLike | None = None, cache=None) -> CompiledModel:
     """Compile an ONNX file; writes the artifact directory when `out` is given.
 
     `pipeline="auto"` compiles with the built-in pipeline that `dlcc estimate` predicts fastest on
     the target device; the plan's meta records the choice and the reason (``pipeline_choice``).
     `profile_db` (a `dlcc profile` database) gives passes measured kernel times: rammer prices its
     rTasks and its join decisions with them, and the plan records which times were measured.
+    `cache` (a dlcc.cache.Cache, a directory, or True for the default one) looks the artifact up
+    by content before compiling, and stores it after; it needs `out`. `.cache_hit` says which.
     """
-    from .compiler import compile_model, default_device
-
     shapes = _merge_shapes(shapes)
     tgt = pick_target(target)
+    if cache and out is not None and Path(model).is_file():  # (a missing model: the compile's own error)
+        return _compile_cached(model, Path(out), shapes, tgt, pipeline, device, steps, profile_db, cache)
+    cm = _compile(model, shapes, tgt, pipeline, device, steps, profile_db)
+    if out is not None:
+        cm.save(out)
+    return cm
+
+
+def _compile_cached(model, out: Path, shapes, tgt, pipeline, device, steps, profile_db, cache) -> CompiledModel:
+    """Content-addressed compile (dlcc/cache.py): a hit hard-links the cached artifact to `out`; a
+    miss compiles into the cache (under the key's lock, so concurrent compiles of one key run
+    once) and then links it out. The cubins below it are cached by build_cuda_binary."""
+    import tempfile
+
+    from .cache import Cache, materialise
+    from .compiler import default_device
+    from .config import builtin_names, load_device, load_pipeline
+    from .progress import Steps
+
+    c = cache if isinstance(cache, Cache) else Cache(None if cache is True else cache)
+    steps = steps or Steps()
+    with steps.step("cache lookup"):
+        names = builtin_names("pipelines") if pipeline == "auto" else [pipeline]
+        pipe_text = "\n".join((n if hasattr(n, "model_dump_json") else load_pipeline(n)).model_dump_json()
+                               for n in names)
+        dev = device if hasattr(device, "model_dump_json") else load_device(device or default_device(tgt))
+        dev_text = dev.model_dump_json()
+        nvcc = None
+        if tgt == "cuda":
+            from .backends.nvcc import nvcc_version
+
+            nvcc = nvcc_version()
+        key, parts = c.artifact_key(model, shapes, pipe_text, dev_text, tgt, profile_db, nvcc)
+    with c.lock(key):
+        hit = c.lookup("artifacts", key)
+        if hit is None:
+            cm = _compile(model, shapes, tgt, pipeline, device, steps, profile_db, cache=c)
+            with steps.step("cache store"):
+                (c.root / "artifacts").mkdir(parents=True, exist_ok=True)
+                tmp = Path(tempfile.mkdtemp(prefix=".new-", dir=c.root / "artifacts"))
+                try:
+                    entry = c.publish("artifacts", key, cm.save(tmp / "a"), parts, move=True)
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            entry = hit
+        with steps.step("materialise artifact" if hit else "link artifact"):
+            materialise(entry, out)
+    res = load(out, target=tgt)
+    res.cache_hit, res.cache_key = hit is not None, key
+    return res
+
+
+def _compile(model, shapes, tgt, pipeline, device, steps, profile_db, cache=None) -> CompiledModel:
+    from .compiler import compile_model, default_device
+
     choice, imported = None, None
     if pipeline == "auto":
         from .estimate.plan_mode import choose_pipeline
@@ -85,16 +150,13 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
                   "ranking": [{"name": p.name, "predicted_ms": p.predicted_us / 1e3} for p in est.pipelines]}
         imported = est.imported
     res = compile_model(model, shapes, target=tgt, pipeline=pipeline, device=device, steps=steps, imported=imported,
-                        profile_db=profile_db)
+                        profile_db=profile_db, cache=cache)
     if choice:
         res.plan["meta"]["pipeline_choice"] = choice
     from .inputs import gather_bounds
 
     res.plan["meta"]["int_high"] = gather_bounds(res.state.graph)
-    cm = CompiledModel(res.plan, res.weights, res.kernel_codes, target=tgt, binaries=res.binaries)
-    if out is not None:
-        cm.save(out)
-    return cm
+    return CompiledModel(res.plan, res.weights, res.kernel_codes, target=tgt, binaries=res.binaries)
 
 
 def _merge_shapes(shapes) -> dict:
@@ -112,7 +174,7 @@ def _merge_shapes(shapes) -> dict:
             else:
                 merged.update([parse_shape_binding(s)])
         shapes = merged
-    return {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
+    return {k: tuple(int(d) for d in (v if isinstance(v, (list, tuple)) else (v,))) for k, v in (shapes or {}).items()}
 
 
 def load(path: str | os.PathLike, target: str = "auto") -> CompiledModel:

@@ -64,19 +64,25 @@ def write_artifact(out_dir: str | os.PathLike, plan: dict, weights: bytes, kerne
         (tmp / "launcher.py").write_text(LAUNCHER)
         for name, data in (binaries or {}).items():
             (tmp / name).write_bytes(data)
-        old = None
-        if out.exists():
-            if not (out / "plan.json").is_file():
-                raise DlccError(f"{out} exists and is not a dlcc artifact; refusing to replace it")
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / "a")
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def replace_dir(tmp: Path, out: Path) -> None:
+    """Move the finished directory `tmp` to `out`, replacing an older artifact there; anything else
+    at `out` is refused, never overwritten."""
+    old = None
+    if out.exists():
+        if not (out / "plan.json").is_file():
+            raise DlccError(f"{out} exists and is not a dlcc artifact; refusing to replace it")
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.replace(out, old / "a")
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def read_binaries(path: str | os.PathLike, plan: dict) -> dict[str, bytes]:
@@ -85,7 +91,8 @@ def read_binaries(path: str | os.PathLike, plan: dict) -> dict[str, bytes]:
     return {cub: p.read_bytes()} if p is not None and p.is_file() else {}
 
 
-def read_artifact(path: str | os.PathLike) -> tuple[dict, bytes, dict[str, str]]:
+def read_artifact(path: str | os.PathLike):
+    """(plan, a function returning the weights' bytes, kernel sources by dialect)."""
     path = Path(path)
     if not (path / "plan.json").is_file():
         raise DlccError(f"{path}: not a dlcc artifact directory (no plan.json); create one with `dlcc compile`")
@@ -96,7 +103,9 @@ def read_artifact(path: str | os.PathLike) -> tuple[dict, bytes, dict[str, str]]
     sources = {d: (path / file_name(d)).read_text() for d in DIALECTS if (path / file_name(d)).is_file()}
     if not sources or not (path / "weights.bin").is_file():
         raise DlccError(f"{path}: incomplete artifact (kernel sources or weights.bin missing); compile it again")
-    weights = (path / "weights.bin").read_bytes()
-    if len(weights) != plan["storages"]["weights"]:
-        raise DlccError(f"{path}/weights.bin has {len(weights)} bytes, the plan expects {plan['storages']['weights']}")
-    return plan, weights, sources
+    wpath = path / "weights.bin"
+    size = wpath.stat().st_size
+    if size != plan["storages"]["weights"]:
+        raise DlccError(f"{path}/weights.bin has {size} bytes, the plan expects {plan['storages']['weights']}")
+    # The weights are read when first needed (a run), not to inspect or to hand out a cache hit.
+    return plan, wpath.read_bytes, sources

@@ -42,11 +42,20 @@ def _steps(quiet: bool):
     return Steps() if quiet else RichSteps(err)
 
 
-def _compile(model, shape, target, pipeline, device, quiet, json_out, out_dir=None, profile_db=None):
+def _compile(model, shape, target, pipeline, device, quiet, json_out, out_dir=None, profile_db=None, cache=None):
     import dlcc
 
     return dlcc.compile(model, out=out_dir, shapes=shape or [], target=target, pipeline=pipeline, device=device,
-                        steps=_steps(quiet or json_out), profile_db=profile_db)
+                        steps=_steps(quiet or json_out), profile_db=profile_db, cache=cache)
+
+
+CacheOpt = typer.Option(None, "--cache", help="compile cache directory (default: $DLCC_CACHE_DIR, else "
+                        "~/.cache/dlcc); a hit links the cached artifact in place of compiling")
+NoCacheOpt = typer.Option(False, "--no-cache", help="compile afresh; neither read nor write the cache")
+
+
+def _cache_arg(cache_dir, no_cache):
+    return False if no_cache else (str(cache_dir) if cache_dir else True)
 
 
 def _human(n: float) -> str:
@@ -62,19 +71,20 @@ def compile(model: Path = typer.Argument(..., help="ONNX model file"),
             output: Optional[Path] = typer.Option(None, "--output", "-o", help="artifact directory (default: MODEL stem + '.dlcc')"),
             shape: Optional[List[str]] = ShapeOpt, target: str = TargetOpt, pipeline: str = PipelineOpt,
             device: Optional[str] = DeviceOpt, profile_db: Optional[Path] = ProfileDbOpt, quiet: bool = QuietOpt,
-            json_out: bool = JsonOpt):
+            json_out: bool = JsonOpt, cache_dir: Optional[Path] = CacheOpt, no_cache: bool = NoCacheOpt):
     """Compile MODEL into an artifact directory (kernels.cu, kernels.cl, plan.json, weights.bin, launcher.py)."""
     out_dir = output or model.with_suffix(".dlcc")
-    cm = _compile(model, shape, target, pipeline, device, quiet, json_out, out_dir, profile_db=profile_db)
+    cm = _compile(model, shape, target, pipeline, device, quiet, json_out, out_dir, profile_db=profile_db,
+                  cache=_cache_arg(cache_dir, no_cache))
     s = cm.stats
     if json_out:
-        print(json.dumps({"artifact": str(out_dir), "target": cm.target, **_summary(cm.plan),
+        print(json.dumps({"artifact": str(out_dir), "target": cm.target, "cache_hit": cm.cache_hit, **_summary(cm.plan),
                           **({"pipeline_choice": cm.plan["meta"]["pipeline_choice"]} if "pipeline_choice" in cm.plan["meta"] else {})}))
     elif not quiet:
         choice = cm.plan["meta"].get("pipeline_choice")
         if choice:
             out.print(f"pipeline auto → [bold]{_escape(choice['chosen'])}[/]: {_escape(choice['why'])}")
-        out.print(f"[bold green]compiled[/] {model} → {out_dir}  "
+        out.print(("[bold green]from cache[/] " if cm.cache_hit else "[bold green]compiled[/] ") + f"{model} → {out_dir}  "
                   f"({s['kernels']} kernels, {s['launches']} launches, arena {_human(s['arena_bytes'])}, "
                   f"pipeline {cm.plan['meta']['pipeline']}, device {cm.plan['meta']['device']})")
 
@@ -564,8 +574,10 @@ def _atomic_npz(path: Path, arrays: dict) -> None:
 
 def _register_subcommands() -> None:
     from .batch.cli import register
+    from .cache_cli import register as register_cache
 
     register(app, out, err)
+    register_cache(app, out)
 
 
 _register_subcommands()

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
+from pathlib import Path
 from dataclasses import dataclass
 
 from . import __version__
@@ -80,7 +82,7 @@ class CompileResult:
     binaries: dict[str, bytes] | None = None  # extra artifact files: cubin, nvcc log
 
 
-def build_cuda_binary(plan: dict, kernel_codes: list[str], dev: DeviceSpec) -> dict[str, bytes]:
+def build_cuda_binary(plan: dict, kernel_codes: list[str], dev: DeviceSpec, cache=None) -> dict[str, bytes]:
     """Compile the CUDA text for the device's arch with nvcc, when nvcc is here: the cubin goes into
     the artifact (PyCUDA loads it instead of compiling at start-up), and ptxas' registers, shared
     memory and spills per kernel, with the resulting blocks per SM, go into the plan."""
@@ -89,7 +91,8 @@ def build_cuda_binary(plan: dict, kernel_codes: list[str], dev: DeviceSpec) -> d
 
     if not dev.arch or not find_nvcc():
         return {}
-    usage, cubin, log = build_cubin(render(kernel_codes, "cuda"), dev.arch)
+    source = render(kernel_codes, "cuda")
+    usage, cubin, log = cached_cubin(source, dev.arch, cache) if cache else build_cubin(source, dev.arch)
     blocks = {k["name"]: k["block"] for k in plan["kernels"]}
     plan["cuda"] = {
         "arch": dev.arch,
@@ -99,6 +102,38 @@ def build_cuda_binary(plan: dict, kernel_codes: list[str], dev: DeviceSpec) -> d
                       for name, u in usage.items() if name in blocks},
     }
     return {plan["cuda"]["cubin"]: cubin, "nvcc.log": log.encode()}
+
+
+def cached_cubin(source: str, arch: str, cache):
+    """build_cubin through the kernel-binary cache (dlcc/cache.py `cubins/`): keyed by the source,
+    the arch and nvcc's version; the source and nvcc's log are kept beside each cubin."""
+    import dataclasses
+    import hashlib
+    import shutil
+    import tempfile
+
+    from .backends.nvcc import Usage, build_cubin, nvcc_version
+
+    key = hashlib.sha256(f"{arch}\n{nvcc_version()}\n{source}".encode()).hexdigest()
+    with cache.lock(key):
+        hit = cache.lookup("cubins", key)
+        if hit is None:
+            usage, cubin, log = build_cubin(source, arch)
+            (cache.root / "cubins").mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".new-", dir=cache.root / "cubins"))
+            try:
+                d = tmp / "c"
+                d.mkdir()
+                (d / "kernels.cubin").write_bytes(cubin)
+                (d / "kernels.cu").write_text(source)
+                (d / "nvcc.log").write_text(log)
+                (d / "usage.json").write_text(json.dumps({k: dataclasses.asdict(u) for k, u in usage.items()}))
+                cache.publish("cubins", key, d, {"arch": arch, "nvcc": nvcc_version()}, move=True)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            return usage, cubin, log
+    usage = {k: Usage(**u) for k, u in json.loads((hit / "usage.json").read_text()).items()}
+    return usage, (hit / "kernels.cubin").read_bytes(), (hit / "nvcc.log").read_text()
 
 
 def import_checked(model, shapes):
@@ -111,7 +146,7 @@ def import_checked(model, shapes):
 
 def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None, target: str = "opencl",
                   pipeline: str | PipelineSpec = "baseline", device: str | DeviceSpec | None = None,
-                  steps: Steps | None = None, imported=None, profile_db=None) -> CompileResult:
+                  steps: Steps | None = None, imported=None, profile_db=None, cache=None) -> CompileResult:
     """Import (unless `imported`, a Graph from `import_checked`, is given: the estimator imports once
     and compiles a copy per pipeline), run the pipeline's passes, and build the plan. `profile_db`
     (a path or ProfileDB) gives passes measured launch times: rammer prices its rTasks with them."""
@@ -158,6 +193,6 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
     binaries = {}
     if target == "cuda" and dev.arch:
         with steps.step(f"nvcc {dev.arch} (cubin + resource usage)"):
-            binaries = build_cuda_binary(plan, codes, dev)
+            binaries = build_cuda_binary(plan, codes, dev, cache)
     plan["meta"]["compile_s"] = {k: round(v, 4) for k, v in steps.times.items()}
     return CompileResult(plan, weights, codes, state, binaries)

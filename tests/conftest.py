@@ -11,6 +11,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 MODEL_DIR = Path(os.environ.get("DLCC_MODEL_CACHE", ROOT / ".cache" / "models"))
+
+# `dlcc compile` caches artifacts in the user's cache directory by default: tests use their own,
+# removed at exit, so that they neither read a developer's entries nor leave theirs behind.
+if "DLCC_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["DLCC_CACHE_DIR"] = tempfile.mkdtemp(prefix="dlcc-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["DLCC_CACHE_DIR"], True)
 SMALL_MODELS = ["cnn", "mobilenet", "yolo", "ocr", "lstm", "gru", "bert", "gpt2", "vit"]
 
 

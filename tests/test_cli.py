@@ -67,8 +67,10 @@ def test_launcher_runs_alone(tmp_path):
 def test_quiet_and_progress(tmp_path):
     rc, out, err = cli("compile", EXAMPLE, "-o", tmp_path / "a", "--quiet")
     assert rc == 0 and out == "" and err == ""
-    rc, out, err = cli("compile", EXAMPLE, "-o", tmp_path / "b")
+    rc, out, err = cli("compile", EXAMPLE, "-o", tmp_path / "b", "--no-cache")
     assert rc == 0 and "pass lower" in err and "compiled" in out
+    rc, out, err = cli("compile", EXAMPLE, "-o", tmp_path / "c")  # the first compile's cache entry
+    assert rc == 0 and "cache lookup" in err and "from cache" in out and "pass lower" not in err
 
 
 def test_builtin_configs_load():

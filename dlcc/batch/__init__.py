@@ -16,7 +16,7 @@ __all__ = ["Job", "load_manifest", "check_unique", "shard", "run_batch", "run_jo
 
 
 def run_batch(jobs: list[Job], out_dir: str, workers: int | None = None, fail_fast: bool = False,
-              on_start=None, on_done=None) -> list[dict]:
+              on_start=None, on_done=None, cache: str | bool = False) -> list[dict]:
     """Run `jobs` on `workers` spawned processes (default: the core count); rows in job order.
     A worker that dies (a native crash in a compiler) breaks its pool and every job running in it:
     those are re-run one at a time, and the one that dies alone is an `error` row. With
@@ -35,15 +35,15 @@ def run_batch(jobs: list[Job], out_dir: str, workers: int | None = None, fail_fa
 
     todo, suspects = list(jobs), []
     while todo and not state["stop"]:
-        broke, todo = _pool(todo, workers, out_dir, state, on_start, done)
+        broke, todo = _pool(todo, workers, out_dir, cache, state, on_start, done)
         suspects += broke
     for j in suspects:  # alone now: a second death is this job's own
-        if not state["stop"] and _pool([j], 1, out_dir, state, on_start, done)[0]:
+        if not state["stop"] and _pool([j], 1, out_dir, cache, state, on_start, done)[0]:
             done(j, _crashed(j))
     return [rows[j.name] for j in jobs if j.name in rows]
 
 
-def _pool(pending: list[Job], workers: int, out_dir: str, state: dict, on_start,
+def _pool(pending: list[Job], workers: int, out_dir: str, cache, state: dict, on_start,
           done) -> tuple[list[Job], list[Job]]:
     """Run `pending` on one process pool. If a worker dies, the pool breaks: returns the jobs that
     were running then, and those not yet started; else ([], [])."""
@@ -52,7 +52,7 @@ def _pool(pending: list[Job], workers: int, out_dir: str, state: dict, on_start,
         while pending or running:
             while pending and len(running) < workers and not state["stop"]:
                 j = pending.pop(0)
-                running[pool.submit(run_job, j.as_dict(), out_dir)] = j
+                running[pool.submit(run_job, j.as_dict(), out_dir, cache)] = j
                 if on_start:
                     on_start(j)
             if not running:
@@ -69,7 +69,7 @@ def _pool(pending: list[Job], workers: int, out_dir: str, state: dict, on_start,
 
 def _crashed(j: Job) -> dict:
     row = {"name": j.name, "model": j.model, "pipeline": j.pipeline, "device": j.device, "target": j.target,
-           "expect": j.expect, "outcome": "error", "seconds": 0.0, "launches": None,
+           "expect": j.expect, "outcome": "error", "seconds": 0.0, "cache_hit": None, "launches": None,
            "dram_bytes": None, "lower_bound_bytes": None, "verify_max_abs_err": None, "artifact": None,
            "error": "the worker process died (a native crash, e.g. in the OpenCL or CUDA compiler), "
                     "also when re-run alone", "stdout": ""}

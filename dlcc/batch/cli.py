@@ -42,10 +42,14 @@ def register(app: typer.Typer, out, err) -> None:
                                           "(jobs with their own `verify:` keep their tolerances)"),
               fail_fast: bool = typer.Option(False, "--fail-fast", help="start no new job after one misses its expectation"),
               list_only: bool = typer.Option(False, "--list", help="print the expanded (and sharded) jobs; run nothing"),
+              cache_dir: Optional[Path] = typer.Option(None, "--cache", help="compile cache shared by the jobs (default: "
+                                                       "$DLCC_CACHE_DIR, else ~/.cache/dlcc)"),
+              no_cache: bool = typer.Option(False, "--no-cache", help="compile every job afresh"),
               quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output")):
         """Compile (and optionally verify) every job of a YAML manifest in parallel; JUnit/JSON reports for CI."""
         from . import check_unique, load_manifest, run_batch, shard
         from .manifest import VerifySpec
+        from ..cache import default_dir
         from .report import junit_xml, summary, summary_line, write_atomic
 
         all_jobs = load_manifest(manifest)
@@ -83,7 +87,8 @@ def register(app: typer.Typer, out, err) -> None:
                                            + (f" — {escape((row['error'] or '').splitlines()[0])}" if row["error"] else ""),
                                            highlight=False)
 
-            rows = run_batch(jobs, str(dest), jobs_n, fail_fast, started, finished)
+            cache = False if no_cache else str(cache_dir or default_dir())
+            rows = run_batch(jobs, str(dest), jobs_n, fail_fast, started, finished, cache=cache)
         seconds = time.perf_counter() - t0
         if junit:
             write_atomic(junit, junit_xml(rows, f"dlcc batch {manifest.name}" + (f" shard {label}" if label else ""), seconds))
@@ -93,7 +98,7 @@ def register(app: typer.Typer, out, err) -> None:
             print(json.dumps(summary(rows, seconds, label)))
         elif not quiet:
             t = Table(title=f"dlcc batch {manifest.name}" + (f" (shard {label})" if label else "") + f": {seconds:.1f} s")
-            for c in ("job", "outcome", "expect", "time", "launches", "DRAM / bound", "verify err"):
+            for c in ("job", "outcome", "expect", "time", "cache", "launches", "DRAM / bound", "verify err"):
                 t.add_column(c, justify="right" if c in ("time", "launches", "DRAM / bound", "verify err") else "left",
                              overflow="fold", min_width=12 if c in ("job", "outcome", "expect") else None)
             for r in rows:
@@ -101,7 +106,8 @@ def register(app: typer.Typer, out, err) -> None:
                          r.get("lower_bound_bytes") else "-")
                 style = _OUTCOME_STYLE.get(r["outcome"], "")
                 t.add_row(escape(r["name"]), f"[{style}]{r['outcome']}[/]" + ("" if r["met"] else " [red](unmet)[/]"),
-                          r["expect"], f"{r['seconds']:.1f} s", str(r["launches"] if r["launches"] is not None else "-"),
+                          r["expect"], f"{r['seconds']:.1f} s",
+                          {True: "hit", False: "miss"}.get(r.get("cache_hit"), "-"), str(r["launches"] if r["launches"] is not None else "-"),
                           ratio, f"{r['verify_max_abs_err']:.2g}" if r.get("verify_max_abs_err") is not None else "-")
             out.print(t)
             bad = [r for r in rows if not r["met"]]

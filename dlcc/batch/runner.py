@@ -28,7 +28,7 @@ def met(row: dict) -> bool:
     return row["outcome"] == _EXPECTED[row["expect"]]
 
 
-def run_job(job: dict, out_dir: str) -> dict:
+def run_job(job: dict, out_dir: str, cache: str | bool = False) -> dict:
     """Compile (and, if asked, verify) one job; never raises. The row carries the outcome, the
     one-paragraph error, the plan summary and timings; the full log goes to OUT/NAME.log."""
     from ..errors import DlccError, UnsupportedDtypesError, UnsupportedOpsError
@@ -37,7 +37,7 @@ def run_job(job: dict, out_dir: str) -> dict:
     row = {"name": job["name"], "model": job["model"], "pipeline": job["pipeline"], "device": job["device"],
            "target": job["target"], "expect": job["expect"], "outcome": "error", "error": None, "launches": None,
            "dram_bytes": None, "lower_bound_bytes": None, "verify_max_abs_err": None, "artifact": None,
-           "seconds": 0.0}
+           "seconds": 0.0, "cache_hit": None}
     log = io.StringIO()
     handler = logging.StreamHandler(log)
     logging.getLogger("dlcc").addHandler(handler)
@@ -52,8 +52,9 @@ def run_job(job: dict, out_dir: str) -> dict:
                 from ..verify import compare, run_onnxruntime
 
                 cm = dlcc.compile(job["model"], out=art, shapes=job["shapes"] or None, target=job["target"],
-                                  pipeline=job["pipeline"], device=job["device"])
+                                  pipeline=job["pipeline"], device=job["device"], cache=cache)
                 row["artifact"] = str(art)
+                row["cache_hit"] = cm.cache_hit
                 s = cm.plan["stats"]
                 row.update(launches=s["launches"], kernels=s["kernels"], dram_bytes=s["dram_bytes"],
                            lower_bound_bytes=s["lower_bound_bytes"], pipeline_resolved=cm.plan["meta"]["pipeline"],

@@ -186,3 +186,27 @@ def test_bad_shard_and_list(repo, capsys):
     main(["batch", str(m), "--list", "--json"])
     listed = json.loads(capsys.readouterr().out)
     assert [j["name"] for j in listed["jobs"]] == ["relu-baseline-default-auto", "sigmoid-baseline-default-auto"]
+
+
+def test_project_test_models_through_dlcc_batch(tmp_path):
+    """The project's own CI compiles and verifies its test models through `dlcc batch` (a real
+    subprocess, two workers, a JUnit report parsed back), as a team's CI would."""
+    import subprocess
+    import sys
+
+    junitparser = pytest.importorskip("junitparser")
+    from conftest import ROOT, export_model
+
+    models = [export_model(n) for n in ("cnn", "lstm", "bert")]
+    m = _write(tmp_path / "models.yaml", "defaults: {target: opencl, verify: true}\njobs:\n"
+               f"  - model: {ROOT / 'examples' / 'resnet-tiny.onnx'}\n    pipelines: [baseline, astitch, rammer, full]\n"
+               f"  - model: [{', '.join(str(p) for p in models)}]\n    pipelines: [baseline, full]\n")
+    p = subprocess.run([sys.executable, "-m", "dlcc.cli", "batch", str(m), "-j", "2", "--out", str(tmp_path / "out"),
+                        "--junit", str(tmp_path / "junit.xml")], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "CompilerWarning" not in p.stderr and "Traceback" not in p.stderr
+    assert "10 of 10 job(s) met their expectation" in p.stdout
+    xml = junitparser.JUnitXml.fromfile(str(tmp_path / "junit.xml"))
+    cases = [c for s in (list(xml) if isinstance(xml, junitparser.JUnitXml) else [xml]) for c in s]
+    assert len(cases) == 10 and all(c.is_passed for c in cases)
+    assert all("verify max abs err" in c.system_out for c in cases)

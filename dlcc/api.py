@@ -30,7 +30,9 @@ class CompiledModel:
 
     @property
     def weights(self) -> bytes:
-        if callable(self._weights):
+        if hasattr(self._weights, "tobytes"):  # a plan.WeightsBlob, straight from the compiler
+            self._weights = self._weights.tobytes()
+        elif callable(self._weights):
             self._weights = self._weights()
         return self._weights
 
@@ -67,7 +69,8 @@ class CompiledModel:
     def save(self, out_dir: str | os.PathLike) -> Path:
         if self.kernel_codes is None:
             raise ValueError("this model was loaded from an artifact; copy the directory instead")
-        return write_artifact(out_dir, self.plan, self.weights, self.kernel_codes, self.binaries)
+        w = self._weights if hasattr(self._weights, "write_to") else self.weights  # stream a blob, do not build it
+        return write_artifact(out_dir, self.plan, w, self.kernel_codes, self.binaries)
 
 
 def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shapes: dict | None = None,

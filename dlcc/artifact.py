@@ -59,7 +59,11 @@ def write_artifact(out_dir: str | os.PathLike, plan: dict, weights: bytes, kerne
     try:
         for d in DIALECTS:
             (tmp / file_name(d)).write_text(render(kernel_codes, d))
-        (tmp / "weights.bin").write_bytes(weights)
+        if hasattr(weights, "write_to"):  # a plan.WeightsBlob: streamed from its arrays
+            with open(tmp / "weights.bin", "wb") as f:
+                weights.write_to(f)
+        else:
+            (tmp / "weights.bin").write_bytes(weights)
         (tmp / "plan.json").write_text(json.dumps(plan, indent=1))
         (tmp / "launcher.py").write_text(LAUNCHER)
         for name, data in (binaries or {}).items():

@@ -61,13 +61,48 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         onnx.load_external_data_for_model(model, str(base))
     except Exception as e:
         raise ModelError(f"{path}: could not load external data: {e}") from None
+    _check_acyclic(model, path)
+    return model
+
+
+#: Initializers at least this big are weights: they leave the graph before the checker, folding
+#: and shape inference, which then see a graph of a few hundred KB instead of hundreds of MB.
+#: Shape-like constants (a Reshape's target, Gather indices) are far smaller, so they stay and
+#: still fold. 4 KB also keeps BERT's int64 position ids [1, 512] in.
+WEIGHT_BYTES = 4097
+
+
+def split_weights(model: onnx.ModelProto, path) -> dict[str, np.ndarray]:
+    """Take the weights out of `model` (in place), as typed graph inputs, and return their values.
+
+    Why: onnxruntime's folding needs the model serialised to a file and parsed again, the checker
+    and shape inference serialise it too; with a 440 MB BERT-base that was 7 of its 10 s of
+    compile. Weight-only subgraphs (a Transpose of a weight, a Cast) are folded later by dlcc's own
+    folder, which sees the values again (`_fold_and_infer`)."""
+    listed = {i.name for i in model.graph.input}
+    inits = model.graph.initializer
+    weights: dict[str, np.ndarray] = {}
+    for k in reversed(range(len(inits))):
+        t = inits[k]
+        nbytes = len(t.raw_data) or 4 * (len(t.float_data) + len(t.int32_data)) + 8 * (len(t.int64_data) + len(t.double_data))
+        if nbytes < WEIGHT_BYTES or t.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+            continue
+        try:
+            weights[t.name] = numpy_helper.to_array(t)
+        except Exception as e:
+            raise ModelError(f"{path}: initializer {t.name!r} cannot be read: {e}") from None
+        if t.name not in listed:
+            model.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        del inits[k]
+    return dict(reversed(weights.items()))
+
+
+def check_model(model: onnx.ModelProto, path) -> None:
     try:
         onnx.checker.check_model(model)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(f"{path}: the ONNX checker rejects this model: {first}") from None
-    _check_acyclic(model, path)
-    return model
 
 
 def _all_initializers(model: onnx.ModelProto):
@@ -97,10 +132,12 @@ def opset_of(model: onnx.ModelProto) -> int:
     return 1
 
 
-def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: str = "model") -> onnx.ModelProto:
-    """Make every graph input static, from `shapes` (by input name or by symbolic dim name)."""
+def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: str = "model",
+                weights=()) -> onnx.ModelProto:
+    """Make every graph input static, from `shapes` (by input name or by symbolic dim name).
+    `weights`: inputs that are really initializers (split_weights), not the model's inputs."""
     shapes = dict(shapes or {})
-    init_names = {i.name for i in model.graph.initializer}
+    init_names = {i.name for i in model.graph.initializer} | set(weights)
     inputs = [i for i in model.graph.input if i.name not in init_names]
     input_names = [i.name for i in inputs]
     for vi in list(inputs) + list(model.graph.output):
@@ -361,7 +398,9 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     # models also list as graph inputs, and those must not turn into required inputs.
     orig_init = {i.name for i in model.graph.initializer}
     signature = [i.name for i in model.graph.input if i.name not in orig_init]
-    model = bind_shapes(model, shapes, source=str(path))
+    weights = split_weights(model, path)
+    check_model(model, path)
+    model = bind_shapes(model, shapes, source=str(path), weights=weights)
     if fold:
         folded = fold_with_onnxruntime(model)
         if folded is not None:
@@ -378,6 +417,8 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     for init in g.initializer:
         arr = numpy_helper.to_array(init)
         tensors[init.name] = Tensor(init.name, tuple(arr.shape), arr.dtype.name, arr)
+    for name, arr in weights.items():
+        tensors[name] = Tensor(name, tuple(arr.shape), arr.dtype.name, arr)
     nodes: list[Node] = []
     for k, n in enumerate(g.node):
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}

@@ -90,7 +90,9 @@ import io
 import json
 import pstats
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -211,6 +213,15 @@ def bench_one(name: str, size: str, out_dir: Path, run: bool, repeat: int, progr
         row["profile"] = s.getvalue()
     del m
 
+    # A cold compile as a user sees it: a fresh `dlcc compile --no-cache` process, artifact written.
+    progress.update(task, description=f"{label}: dlcc compile (fresh process)")
+    with tempfile.TemporaryDirectory(prefix="dlcc-bench-") as tmp:
+        cmd = [sys.executable, "-m", "dlcc.cli", "compile", str(path), "-o", str(Path(tmp) / "a"), "-t", "opencl",
+               "--no-cache", "--quiet"] + [f"--shape={k}={'x'.join(map(str, v))}" for k, v in shapes.items()]
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        row["compile_cli_s"] = time.perf_counter() - t0 if p.returncode == 0 else None
+
     steps = progress_steps(progress, task, f"{label}: compile (warm)")
     t0 = time.perf_counter()
     m = dlcc.compile(path, target="opencl", shapes=shapes, steps=steps)
@@ -308,6 +319,23 @@ def make_table(rows: list[dict], run: bool) -> Table:
             else:
                 cells += ["-", "-", "-", "-"]
         t.add_row(*cells)
+    return t
+
+
+def steps_table(rows: list[dict]) -> Table:
+    """Cold compile time split by step (in-process), and a fresh `dlcc compile` process end to end,
+    so that a regression in one step shows."""
+    names = list(dict.fromkeys(k for r in rows for k in r.get("compile_steps_s", {})))
+    t = Table(title="compile time by step, seconds (cold, in-process; and `dlcc compile --no-cache` in a fresh "
+                    "process, artifact written)", title_justify="left")
+    for c in ["model", *names, "other", "in-process", "dlcc compile"]:
+        t.add_column(c, justify="left" if c == "model" else "right")
+    for r in rows:
+        if "error" in r:
+            continue
+        st = r.get("compile_steps_s", {})
+        t.add_row(r["model"], *[fmt(st.get(n)) for n in names], fmt(r["compile_cold_s"] - sum(st.values())),
+                  fmt(r["compile_cold_s"]), fmt(r.get("compile_cli_s")))
     return t
 
 
@@ -409,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(clean, indent=2))
     else:
         out.print(make_table(rows, args.run))
+        out.print(steps_table(rows))
     for r in rows:
         if "traceback" in r:
             err.print(Text(f"{r['model']} failed:", style="bold red"))

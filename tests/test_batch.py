@@ -210,3 +210,19 @@ def test_project_test_models_through_dlcc_batch(tmp_path):
     cases = [c for s in (list(xml) if isinstance(xml, junitparser.JUnitXml) else [xml]) for c in s]
     assert len(cases) == 10 and all(c.is_passed for c in cases)
     assert all("verify max abs err" in c.system_out for c in cases)
+
+
+def test_fail_fast_reports_jobs_not_started_as_skipped(repo):
+    junitparser = pytest.importorskip("junitparser")
+    (repo / "models" / "broken.onnx").write_bytes(b"garbage")
+    m = _write(repo / "m.yaml", "defaults: {target: opencl}\njobs:\n  - model: models/broken.onnx\n"
+                                "  - model: models/relu.onnx\n    pipelines: [baseline, astitch, rammer]\n")
+    with pytest.raises(SystemExit) as e:
+        main(["batch", str(m), "-j", "1", "--fail-fast", "--out", str(repo / "o"), "--junit", str(repo / "j.xml"), "-q"])
+    assert e.value.code == 1
+    xml = junitparser.JUnitXml.fromfile(str(repo / "j.xml"))
+    cases = {c.name: c for s in (list(xml) if isinstance(xml, junitparser.JUnitXml) else [xml]) for c in s}
+    assert len(cases) == 4
+    assert isinstance(cases["broken-baseline-default-opencl"].result[0], junitparser.Failure)
+    skipped = [n for n, c in cases.items() if c.result and isinstance(c.result[0], junitparser.Skipped)]
+    assert sorted(skipped) == sorted(f"relu-{p}-default-opencl" for p in ("baseline", "astitch", "rammer"))

@@ -90,10 +90,13 @@ def register(app: typer.Typer, out, err) -> None:
             cache = False if no_cache else str(cache_dir or default_dir())
             rows = run_batch(jobs, str(dest), jobs_n, fail_fast, started, finished, cache=cache)
         seconds = time.perf_counter() - t0
+        ran = {r["name"] for r in rows}
+        not_started = [j.as_dict() for j in jobs if j.name not in ran]
         if junit:
-            write_atomic(junit, junit_xml(rows, f"dlcc batch {manifest.name}" + (f" shard {label}" if label else ""), seconds))
+            write_atomic(junit, junit_xml(rows, f"dlcc batch {manifest.name}" + (f" shard {label}" if label else ""),
+                                          seconds, not_started))
         write_atomic(dest / "summary.json", json.dumps(summary(rows, seconds, label), indent=1))
-        skipped = len(jobs) - len(rows)
+        skipped = len(not_started)
         if json_out:
             print(json.dumps(summary(rows, seconds, label)))
         elif not quiet:

@@ -20,13 +20,18 @@ def _clean(s: str | None) -> str:
     return (s or "").translate(_BAD_XML)
 
 
-def junit_xml(rows: list[dict], suite: str, seconds: float) -> bytes:
+def junit_xml(rows: list[dict], suite: str, seconds: float, not_started: list[dict] = ()) -> bytes:
+    """`not_started`: jobs --fail-fast never ran (name, pipeline), reported as skipped testcases."""
     failures = sum(1 for r in rows if not r["met"] and r["outcome"] != "error")
     errors = sum(1 for r in rows if not r["met"] and r["outcome"] == "error")
-    root = ET.Element("testsuites", name="dlcc batch", tests=str(len(rows)), failures=str(failures),
+    n = len(rows) + len(not_started)
+    root = ET.Element("testsuites", name="dlcc batch", tests=str(n), failures=str(failures),
                       errors=str(errors), time=f"{seconds:.3f}")
-    ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(rows)), failures=str(failures),
-                       errors=str(errors), skipped="0", time=f"{seconds:.3f}")
+    ts = ET.SubElement(root, "testsuite", name=suite, tests=str(n), failures=str(failures),
+                       errors=str(errors), skipped=str(len(not_started)), time=f"{seconds:.3f}")
+    for j in not_started:
+        tc = ET.SubElement(ts, "testcase", classname=f"dlcc.batch.{j['pipeline']}", name=j["name"], time="0")
+        ET.SubElement(tc, "skipped", message="not started: --fail-fast stopped the batch after an unmet expectation")
     for r in rows:
         tc = ET.SubElement(ts, "testcase", classname=f"dlcc.batch.{r['pipeline']}", name=r["name"],
                            time=f"{r['seconds']:.3f}")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -99,8 +98,6 @@ def _compile_cached(model, out: Path, shapes, tgt, pipeline, device, steps, prof
     """Content-addressed compile (dlcc/cache.py): a hit hard-links the cached artifact to `out`; a
     miss compiles into the cache (under the key's lock, so concurrent compiles of one key run
     once) and then links it out. The cubins below it are cached by build_cuda_binary."""
-    import tempfile
-
     from .cache import Cache, materialise
     from .compiler import default_device
     from .config import builtin_names, load_device, load_pipeline
@@ -125,12 +122,7 @@ def _compile_cached(model, out: Path, shapes, tgt, pipeline, device, steps, prof
         if hit is None:
             cm = _compile(model, shapes, tgt, pipeline, device, steps, profile_db, cache=c)
             with steps.step("cache store"):
-                (c.root / "artifacts").mkdir(parents=True, exist_ok=True)
-                tmp = Path(tempfile.mkdtemp(prefix=".new-", dir=c.root / "artifacts"))
-                try:
-                    entry = c.publish("artifacts", key, cm.save(tmp / "a"), parts, move=True)
-                finally:
-                    shutil.rmtree(tmp, ignore_errors=True)
+                entry = c.store("artifacts", key, parts, cm.save)
         else:
             entry = hit
         with steps.step("materialise artifact" if hit else "link artifact"):

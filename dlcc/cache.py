@@ -53,7 +53,7 @@ def default_dir() -> Path:
     return Path(base) / "dlcc"
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
@@ -103,7 +103,7 @@ class Cache:
                 return m
         except (OSError, ValueError, KeyError):
             pass
-        m = {"path": str(p), "stamp": stamp, "sha256": _sha256_file(p)}
+        m = {"path": str(p), "stamp": stamp, "sha256": sha256_file(p)}
         if onnx_model:
             m["external"] = external_data_files(p)
         _write_json(memo, m)
@@ -169,30 +169,28 @@ class Cache:
             try:
                 if p.stat().st_size != size:
                     return f"{name}: size {p.stat().st_size} != {size}"
-                got = _sha256_file(p) if full else self.file_digest(p)
+                got = sha256_file(p) if full else self.file_digest(p)
             except OSError as e:
                 return f"{name}: {e.strerror or e}"
             if got != digest:
                 return f"{name}: checksum mismatch"
         return None
 
-    def publish(self, kind: str, key: str, src: Path, parts: dict, move: bool = False) -> Path:
-        """Copy (or move) directory `src` in as entry `key`, atomically; returns the entry."""
+    def store(self, kind: str, key: str, parts: dict, write) -> Path:
+        """Build entry `key` by `write(dir)` (`dir` does not exist yet: write creates it) in a temp
+        directory beside the entries, add its checksums, and publish it by one rename."""
         final = self.entry_dir(kind, key)
         final.parent.mkdir(parents=True, exist_ok=True)
         _sweep(final.parent)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.tmp-", dir=final.parent))
         try:
             stage = tmp / "e"
-            if move:
-                os.replace(src, stage)
-            else:
-                shutil.copytree(src, stage)
+            write(stage)
             files = {}
             for p in sorted(stage.rglob("*")):
                 if p.is_file():
                     os.chmod(p, 0o444)
-                    files[str(p.relative_to(stage))] = [p.stat().st_size, _sha256_file(p)]
+                    files[str(p.relative_to(stage))] = [p.stat().st_size, sha256_file(p)]
             _write_json(stage / ENTRY, {"key": key, "kind": kind, "parts": parts, "files": files,
                                         "created": time.time()})
             if final.exists():  # a racing writer of the same key won; its entry is as good
@@ -302,11 +300,11 @@ def _sweep(parent: Path) -> None:
 
 
 def _write_json(path: Path, obj) -> None:
+    from .artifact import atomic_file
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
+    with atomic_file(path) as f:
         json.dump(obj, f)
-    os.replace(tmp, path)
 
 
 def _rmtree(d: Path) -> None:

@@ -14,17 +14,11 @@ DirOpt = typer.Option(None, "--cache", help="cache directory (default: $DLCC_CAC
 JsonOpt = typer.Option(False, "--json", help="print JSON")
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def register(app: typer.Typer, out) -> None:
     sub = typer.Typer(help="the compile cache: ls | stats | verify | clear", no_args_is_help=True)
     app.add_typer(sub, name="cache")
+
+    from .cli import _human  # (dlcc.cli registers this module once _human is defined)
 
     def _cache(d):
         from .cache import Cache

@@ -86,11 +86,9 @@ class _Digest(threading.Thread):
 
 @functools.lru_cache(maxsize=32)
 def _digest_of(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
+    from .cache import sha256_file
+
+    return sha256_file(path)[:16]
 
 
 @dataclass
@@ -128,9 +126,6 @@ def cached_cubin(source: str, arch: str, cache):
     """build_cubin through the kernel-binary cache (dlcc/cache.py `cubins/`): keyed by the source,
     the arch and nvcc's version; the source and nvcc's log are kept beside each cubin."""
     import dataclasses
-    import hashlib
-    import shutil
-    import tempfile
 
     from .backends.nvcc import Usage, build_cubin, nvcc_version
 
@@ -139,18 +134,15 @@ def cached_cubin(source: str, arch: str, cache):
         hit = cache.lookup("cubins", key)
         if hit is None:
             usage, cubin, log = build_cubin(source, arch)
-            (cache.root / "cubins").mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=".new-", dir=cache.root / "cubins"))
-            try:
-                d = tmp / "c"
+
+            def write(d: Path) -> None:
                 d.mkdir()
                 (d / "kernels.cubin").write_bytes(cubin)
                 (d / "kernels.cu").write_text(source)
                 (d / "nvcc.log").write_text(log)
                 (d / "usage.json").write_text(json.dumps({k: dataclasses.asdict(u) for k, u in usage.items()}))
-                cache.publish("cubins", key, d, {"arch": arch, "nvcc": nvcc_version()}, move=True)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+
+            cache.store("cubins", key, {"arch": arch, "nvcc": nvcc_version()}, write)
             return usage, cubin, log
     usage = {k: Usage(**u) for k, u in json.loads((hit / "usage.json").read_text()).items()}
     return usage, (hit / "kernels.cubin").read_bytes(), (hit / "nvcc.log").read_text()

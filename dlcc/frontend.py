@@ -84,8 +84,7 @@ def split_weights(model: onnx.ModelProto, path) -> dict[str, np.ndarray]:
     weights: dict[str, np.ndarray] = {}
     for k in reversed(range(len(inits))):
         t = inits[k]
-        nbytes = len(t.raw_data) or 4 * (len(t.float_data) + len(t.int32_data)) + 8 * (len(t.int64_data) + len(t.double_data))
-        if nbytes < WEIGHT_BYTES or t.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        if _tensor_bytes(t) < WEIGHT_BYTES or t.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
             continue
         try:
             weights[t.name] = numpy_helper.to_array(t)
@@ -239,8 +238,11 @@ def fold_with_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto | None:
 
 def _approx_bytes(model: onnx.ModelProto) -> int:
     """Initializer bytes (cheap), instead of ModelProto.ByteSize() which walks the whole message."""
-    return sum(len(t.raw_data) or 4 * (len(t.float_data) + len(t.int32_data)) + 8 * len(t.int64_data)
-               for t in model.graph.initializer)
+    return sum(_tensor_bytes(t) for t in model.graph.initializer)
+
+
+def _tensor_bytes(t: onnx.TensorProto) -> int:
+    return len(t.raw_data) or 4 * (len(t.float_data) + len(t.int32_data)) + 8 * (len(t.int64_data) + len(t.double_data))
 
 
 def infer_shapes(model: onnx.ModelProto, path) -> onnx.ModelProto:

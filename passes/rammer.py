@@ -68,7 +68,7 @@ from . import CompileState, register_pass
 
 from .astitch import SYNC  # noqa: E402  (two ints per spin-waiting launch, shared with astitch)
 BLOCK = 256
-#: Call sites (distinct rOperator + operands) per persistent kernel on a CPU device. PoCL keeps
+#: Call sites (distinct rOperators) per persistent kernel on a CPU device. PoCL keeps
 #: every work-item's values that live across a barrier on its worker thread's stack, for every
 #: inlined call site: at 6 GEMM call sites that overflowed (segfault); at 4 every test model runs.
 #: Very large kernels also take PoCL minutes to compile.

@@ -10,7 +10,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
 from .manifest import Job, check_unique, load_manifest, shard
-from .runner import met, run_job
+from .runner import blank_row, met, run_job
 
 __all__ = ["Job", "load_manifest", "check_unique", "shard", "run_batch", "run_job", "met"]
 
@@ -68,10 +68,8 @@ def _pool(pending: list[Job], workers: int, out_dir: str, cache, state: dict, on
 
 
 def _crashed(j: Job) -> dict:
-    row = {"name": j.name, "model": j.model, "pipeline": j.pipeline, "device": j.device, "target": j.target,
-           "expect": j.expect, "outcome": "error", "seconds": 0.0, "cache_hit": None, "launches": None,
-           "dram_bytes": None, "lower_bound_bytes": None, "verify_max_abs_err": None, "artifact": None,
+    row = {**blank_row(j.as_dict()), "stdout": "",
            "error": "the worker process died (a native crash, e.g. in the OpenCL or CUDA compiler), "
-                    "also when re-run alone", "stdout": ""}
+                    "also when re-run alone"}
     row["met"] = met(row)
     return row

@@ -67,11 +67,11 @@ def summary(rows: list[dict], seconds: float, shard: str | None) -> dict:
 
 
 def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data if isinstance(data, bytes) else data.encode())
-    os.replace(tmp, path)
+    from ..artifact import atomic_file
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path, "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
 
 
 def write_json(path, rows, seconds, shard) -> None:

@@ -28,16 +28,20 @@ def met(row: dict) -> bool:
     return row["outcome"] == _EXPECTED[row["expect"]]
 
 
+def blank_row(job: dict) -> dict:
+    """A result row before anything ran: an `error` until the job says otherwise."""
+    return {**{k: job[k] for k in ("name", "model", "pipeline", "device", "target", "expect")},
+            "outcome": "error", "error": None, "launches": None, "dram_bytes": None, "lower_bound_bytes": None,
+            "verify_max_abs_err": None, "artifact": None, "seconds": 0.0, "cache_hit": None}
+
+
 def run_job(job: dict, out_dir: str, cache: str | bool = False) -> dict:
     """Compile (and, if asked, verify) one job; never raises. The row carries the outcome, the
     one-paragraph error, the plan summary and timings; the full log goes to OUT/NAME.log."""
     from ..errors import DlccError, UnsupportedDtypesError, UnsupportedOpsError
 
     t0 = time.perf_counter()
-    row = {"name": job["name"], "model": job["model"], "pipeline": job["pipeline"], "device": job["device"],
-           "target": job["target"], "expect": job["expect"], "outcome": "error", "error": None, "launches": None,
-           "dram_bytes": None, "lower_bound_bytes": None, "verify_max_abs_err": None, "artifact": None,
-           "seconds": 0.0, "cache_hit": None}
+    row = blank_row(job)
     log = io.StringIO()
     handler = logging.StreamHandler(log)
     logging.getLogger("dlcc").addHandler(handler)

@@ -94,29 +94,37 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
     return cm
 
 
+def cache_key(model, shapes: dict, tgt: str, pipeline, device, profile_db=None, cache=True):
+    """(Cache, key, key parts) of one compile: what `_compile_cached` and `dlcc batch`'s pre-check
+    (dlcc.batch.runner.try_hit, which answers warm jobs without a worker) both look up.
+    `tgt` is already resolved (pick_target)."""
+    from .cache import Cache
+    from .compiler import default_device
+    from .config import builtin_names, load_device, load_pipeline
+
+    c = cache if isinstance(cache, Cache) else Cache(None if cache is True else cache)
+    names = builtin_names("pipelines") if pipeline == "auto" else [pipeline]
+    pipe_text = "\n".join((n if hasattr(n, "model_dump_json") else load_pipeline(n)).model_dump_json() for n in names)
+    dev = device if hasattr(device, "model_dump_json") else load_device(device or default_device(tgt))
+    nvcc = None
+    if tgt == "cuda":
+        from .backends.nvcc import nvcc_version
+
+        nvcc = nvcc_version()
+    key, parts = c.artifact_key(model, shapes, pipe_text, dev.model_dump_json(), tgt, profile_db, nvcc)
+    return c, key, parts
+
+
 def _compile_cached(model, out: Path, shapes, tgt, pipeline, device, steps, profile_db, cache) -> CompiledModel:
     """Content-addressed compile (dlcc/cache.py): a hit hard-links the cached artifact to `out`; a
     miss compiles into the cache (under the key's lock, so concurrent compiles of one key run
     once) and then links it out. The cubins below it are cached by build_cuda_binary."""
-    from .cache import Cache, materialise
-    from .compiler import default_device
-    from .config import builtin_names, load_device, load_pipeline
+    from .cache import materialise
     from .progress import Steps
 
-    c = cache if isinstance(cache, Cache) else Cache(None if cache is True else cache)
     steps = steps or Steps()
     with steps.step("cache lookup"):
-        names = builtin_names("pipelines") if pipeline == "auto" else [pipeline]
-        pipe_text = "\n".join((n if hasattr(n, "model_dump_json") else load_pipeline(n)).model_dump_json()
-                               for n in names)
-        dev = device if hasattr(device, "model_dump_json") else load_device(device or default_device(tgt))
-        dev_text = dev.model_dump_json()
-        nvcc = None
-        if tgt == "cuda":
-            from .backends.nvcc import nvcc_version
-
-            nvcc = nvcc_version()
-        key, parts = c.artifact_key(model, shapes, pipe_text, dev_text, tgt, profile_db, nvcc)
+        c, key, parts = cache_key(model, shapes, tgt, pipeline, device, profile_db, cache)
     with c.lock(key):
         hit = c.lookup("artifacts", key)
         if hit is None:

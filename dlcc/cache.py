@@ -6,6 +6,7 @@ Layout under the cache directory (default: $DLCC_CACHE_DIR, else $XDG_CACHE_HOME
     artifacts/KEY/       one artifact directory (plan.json, weights.bin, kernels.*, ...) plus
                          entry.json: the key's parts and a sha256 per file, written last
     cubins/KEY/          kernels.cubin, kernels.cu (the source), nvcc.log, usage.json
+    verified/KEY/        result.json: a passed `dlcc batch` verification of one artifact (below)
     memo/ID.json         file digests memoised by (path, size, mtime, inode)
     locks/KEY.lock       flock files: one compile per key at a time
 
@@ -43,6 +44,8 @@ from pathlib import Path
 from . import __version__
 
 ENTRY = "entry.json"
+#: The entry kinds (subdirectories holding entries).
+KINDS = ("artifacts", "cubins", "verified")
 
 
 def default_dir() -> Path:
@@ -94,8 +97,7 @@ class Cache:
         """{sha256, and for a model the external-data files it names}, memoised by stat."""
         p = Path(path).resolve()
         st = p.stat()
-        ident = hashlib.sha1(f"{p}|{onnx_model}".encode()).hexdigest()
-        memo = self.root / "memo" / f"{ident}.json"
+        memo = self._memo_path(p, onnx_model)
         stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
         try:
             m = json.loads(memo.read_text())
@@ -108,6 +110,16 @@ class Cache:
             m["external"] = external_data_files(p)
         _write_json(memo, m)
         return m
+
+    def _memo_path(self, p: Path, onnx_model: bool) -> Path:
+        return self.root / "memo" / f"{hashlib.sha1(f'{p}|{onnx_model}'.encode()).hexdigest()}.json"
+
+    def _remember(self, path: Path, digest: str) -> None:
+        """Memoise the digest of a file just written and hashed (an entry's files, at publish)."""
+        p = path.resolve()
+        st = p.stat()
+        _write_json(self._memo_path(p, False), {"path": str(p), "stamp": [st.st_size, st.st_mtime_ns, st.st_ino],
+                                                "sha256": digest})
 
     # -- keys ------------------------------------------------------------------------------------------
     def artifact_key(self, model, shapes: dict, pipeline_spec: str, device_spec: str, target: str,
@@ -128,6 +140,23 @@ class Cache:
         }
         key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
         return key, parts
+
+    def verified_key(self, artifact_key: str, spec: dict, target: str) -> tuple[str, dict]:
+        """Key of a passed verification: the artifact's key, the tolerances and seed, and the
+        versions of what computes both sides (onnxruntime, numpy, the target's Python runtime).
+        The trade: the OpenCL/CUDA driver and the machine are not in it; a batch shared between
+        machines with different drivers trusts one machine's pass. `--no-cache` re-verifies."""
+        import importlib.metadata as md
+
+        def version(pkg):
+            try:
+                return md.version(pkg)
+            except md.PackageNotFoundError:
+                return None
+
+        parts = {"artifact": artifact_key, "verify": dict(sorted(spec.items())), "target": target,
+                 "versions": {p: version(p) for p in ("onnxruntime", "numpy", "pyopencl" if target == "opencl" else "pycuda")}}
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest(), parts
 
     # -- artifacts -------------------------------------------------------------------------------------
     def entry_dir(self, kind: str, key: str) -> Path:
@@ -196,6 +225,8 @@ class Cache:
             if final.exists():  # a racing writer of the same key won; its entry is as good
                 return final
             os.replace(stage, final)
+            for name, (_, digest) in files.items():  # a rename keeps size, mtime and inode: so
+                self._remember(final / name, digest)  # the next hit's checks need not re-hash
             return final
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -208,7 +239,7 @@ class Cache:
 
     def entries(self, kind: str | None = None) -> list[dict]:
         rows = []
-        for k in ([kind] if kind else ["artifacts", "cubins"]):
+        for k in ([kind] if kind else KINDS):
             base = self.root / k
             if not base.is_dir():
                 continue
@@ -226,10 +257,10 @@ class Cache:
 
     def clear(self) -> int:
         n = 0
-        for k in ("artifacts", "cubins", "memo", "locks"):
+        for k in (*KINDS, "memo", "locks"):
             d = self.root / k
             if d.is_dir():
-                n += sum(1 for _ in d.iterdir()) if k in ("artifacts", "cubins") else 0
+                n += sum(1 for _ in d.iterdir()) if k in KINDS else 0
                 _rmtree(d)
         return n
 

@@ -45,10 +45,12 @@ def register(app: typer.Typer, out) -> None:
     @sub.command()
     def stats(cache_dir: Optional[Path] = DirOpt, json_out: bool = JsonOpt):
         """Entries and bytes per kind."""
+        from .cache import KINDS
+
         c = _cache(cache_dir)
         rows = c.entries()
         agg = {k: {"entries": sum(1 for r in rows if r["kind"] == k), "bytes": sum(r["bytes"] for r in rows if r["kind"] == k)}
-               for k in ("artifacts", "cubins")}
+               for k in KINDS}
         if json_out:
             print(json.dumps({"root": str(c.root), **agg}))
             return

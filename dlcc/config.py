@@ -1,6 +1,6 @@
 """YAML configs as pydantic models: devices, pipelines and batch manifests.
 
-Loading is `yaml.safe_load` into models that forbid unknown keys; every error names the file and
+Loading is a YAML safe load into models that forbid unknown keys; every error names the file and
 the field (`pipelines/x.yaml: passes.0.name: ...`). Names resolve to the files shipped under
 configs/ (installed as dlcc.configs), and a path to a user's own file works wherever a name does.
 """
@@ -98,6 +98,11 @@ def _fmt_validation(path: str, err: ValidationError) -> str:
     return "\n".join(lines)
 
 
+#: libyaml's safe loader where PyYAML was built with it (about 10x faster: a warm `dlcc batch` loads
+#: two specs per job), else the pure-Python one. Both accept the same documents.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load_yaml_model(path: str | Path, cls: type[BaseModel]) -> Any:
     path = Path(path)
     try:
@@ -105,7 +110,7 @@ def load_yaml_model(path: str | Path, cls: type[BaseModel]) -> Any:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_LOADER)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):

@@ -4,7 +4,8 @@
   - a cold cache against a warm one (floor: warm <= 1/5 of cold);
   - -j 1 against -j 2 (cold caches);
   - shard 1/2 + shard 2/2 (each -j 1, cold, one after the other: two CI machines) against the
-    whole batch at -j 1: the sum shows the split's overhead, the max what two machines would take.
+    whole batch at -j 1: the sum shows the split's overhead, the max what two machines would take;
+    split by model size, then by the times the -j 1 run measured (a manifest's `costs:`).
 
     .venv/bin/python scripts/bench_batch.py [--models cnn,bert,...] [--pipelines baseline,full] [--verify]
 
@@ -65,11 +66,15 @@ def main(argv=None) -> None:
         rows.append(("  slowest warm job", slow["seconds"], f"{slow['name']} (a hit: key, checks, hard links)"))
         cold1, _ = batch(man, tmp / "o3", tmp / "c3", "-j", "1")
         rows.append(("cold cache, -j 1", cold1, f"-j 2 is {cold1 / cold2:.2f}x faster"))
-        s1, _ = batch(man, tmp / "o4", tmp / "c4", "-j", "1", "--shard", "1/2")
-        s2t, _ = batch(man, tmp / "o5", tmp / "c5", "-j", "1", "--shard", "2/2")
-        rows.append(("shard 1/2, -j 1", s1, ""))
-        rows.append(("shard 2/2, -j 1", s2t, f"sum {(s1 + s2t) / cold1:.2f}x, max {max(s1, s2t) / cold1:.2f}x "
-                                             "the whole batch at -j 1"))
+        # Shards balanced by model size, then by the times the -j 1 run measured (`costs:`).
+        timed = tmp / "timed.yaml"
+        timed.write_text(man.read_text() + f"costs: [{tmp / 'o3' / 'summary.json'}]\n")
+        for label, m in (("by size", man), ("by measured time", timed)):
+            s1, _ = batch(m, tmp / f"o4{label}", tmp / f"c4{label}", "-j", "1", "--shard", "1/2")
+            s2t, _ = batch(m, tmp / f"o5{label}", tmp / f"c5{label}", "-j", "1", "--shard", "2/2")
+            rows.append((f"shard 1/2, -j 1 ({label})", s1, ""))
+            rows.append((f"shard 2/2, -j 1 ({label})", s2t, f"sum {(s1 + s2t) / cold1:.2f}x, max "
+                                                           f"{max(s1, s2t) / cold1:.2f}x the whole batch at -j 1"))
     w = max(len(r[0]) for r in rows)
     for name, sec, note in rows:
         print(f"{name:<{w}}  {sec:7.2f} s  {note}")

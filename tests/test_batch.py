@@ -3,6 +3,7 @@ worker pool, expectations, JUnit (parsed back with junitparser) and JSON."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import onnx
@@ -117,6 +118,37 @@ def test_shards_are_disjoint_and_cover_every_job(repo, n):
         shard(jobs, n + 1, n)
 
 
+def test_measured_costs_from_an_earlier_summary_balance_the_shards(repo):
+    """`costs:` names summary.json files of earlier runs: a measured job costs its seconds (cache
+    hits excepted), a `cost:` in the manifest still wins, and the rest are scaled into seconds."""
+    _tiny(repo / "models" / "tanh.onnx", "Tanh", 80)
+    (repo / "last.json").write_text(json.dumps({"rows": [
+        {"name": "relu-baseline-default-auto", "seconds": 30.0, "cache_hit": False},
+        {"name": "sigmoid-baseline-default-auto", "seconds": 10.0, "cache_hit": False},
+        {"name": "tanh-baseline-default-auto", "seconds": 0.01, "cache_hit": True},   # a hit: not a cost
+        {"name": "det-baseline-default-auto", "seconds": 99.0, "cache_hit": False}]}))
+    m = _write(repo / "m.yaml", "costs: [last.json]\njobs:\n  - model: models/*.onnx\n  - model: gaps/det.onnx\n"
+                                "    cost: 5\n")
+    by = {j.name: j for j in load_manifest(m)}
+    assert (by["relu-baseline-default-auto"].cost, by["relu-baseline-default-auto"].cost_source) == (30.0, "measured")
+    assert (by["det-baseline-default-auto"].cost, by["det-baseline-default-auto"].cost_source) == (5, "manifest")
+    tanh, sig = by["tanh-baseline-default-auto"], by["sigmoid-baseline-default-auto"]
+    size = (repo / "models" / "tanh.onnx").stat().st_size / 1e6  # scaled by the median seconds per size-cost
+    ratios = sorted([30.0 / ((repo / "models" / "relu.onnx").stat().st_size / 1e6),
+                     10.0 / ((repo / "models" / "sigmoid.onnx").stat().st_size / 1e6)])
+    assert tanh.cost_source == "size" and tanh.cost == pytest.approx(size * ratios[1])
+    assert sig.cost == 10.0
+    # Two shards: the two ~30 s jobs (relu measured, tanh scaled from its size) go to different ones.
+    one = {j.name for j in shard(list(by.values()), 1, 2)}
+    assert ("relu-baseline-default-auto" in one) != ("tanh-baseline-default-auto" in one)
+    (repo / "last.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"m.yaml: costs.0: .*last.json is not a `dlcc batch` summary"):
+        load_manifest(m)
+    (repo / "last.json").unlink()
+    with pytest.raises(ConfigError, match=r"costs.0: .*not found"):
+        load_manifest(m)
+
+
 # -- running ---------------------------------------------------------------------------------------
 def test_batch_runs_jobs_meets_expectations_and_reports(repo, capsys):
     junitparser = pytest.importorskip("junitparser")
@@ -218,7 +250,8 @@ def test_fail_fast_reports_jobs_not_started_as_skipped(repo):
     m = _write(repo / "m.yaml", "defaults: {target: opencl}\njobs:\n  - model: models/broken.onnx\n"
                                 "  - model: models/relu.onnx\n    pipelines: [baseline, astitch, rammer]\n")
     with pytest.raises(SystemExit) as e:
-        main(["batch", str(m), "-j", "1", "--fail-fast", "--out", str(repo / "o"), "--junit", str(repo / "j.xml"), "-q"])
+        main(["batch", str(m), "-j", "1", "--fail-fast", "--out", str(repo / "o"), "--junit", str(repo / "j.xml"), "-q",
+              "--no-cache"])  # (a cache hit would be answered before the broken job ran)
     assert e.value.code == 1
     xml = junitparser.JUnitXml.fromfile(str(repo / "j.xml"))
     cases = {c.name: c for s in (list(xml) if isinstance(xml, junitparser.JUnitXml) else [xml]) for c in s}
@@ -226,3 +259,62 @@ def test_fail_fast_reports_jobs_not_started_as_skipped(repo):
     assert isinstance(cases["broken-baseline-default-opencl"].result[0], junitparser.Failure)
     skipped = [n for n, c in cases.items() if c.result and isinstance(c.result[0], junitparser.Skipped)]
     assert sorted(skipped) == sorted(f"relu-{p}-default-opencl" for p in ("baseline", "astitch", "rammer"))
+
+
+def test_a_warm_rerun_starts_no_worker_and_reuses_verification(repo, tmp_path):
+    """Everything the cache holds (the artifact and a passed verification of it) is answered by the
+    batch's own process: the second run's worker would fail every job it were given."""
+    from dlcc.batch import run_batch
+
+    m = _write(repo / "m.yaml", "defaults: {target: opencl, verify: true}\njobs:\n  - model: models/*.onnx\n"
+                                "    pipelines: [baseline, astitch]\n")
+    jobs = load_manifest(m)
+    cache = str(tmp_path / "cache")
+    cold = run_batch(jobs, str(tmp_path / "o1"), 1, cache=cache)
+    assert all(r["met"] and r["cache_hit"] is False and r["verify_cached"] is False for r in cold)
+    warm = run_batch(jobs, str(tmp_path / "o2"), 1, cache=cache, worker=_misbehave)
+    assert [r["name"] for r in warm] == [j.name for j in jobs]
+    assert all(r["met"] and r["cache_hit"] and r["verify_cached"] for r in warm), warm
+    assert all((tmp_path / "o2" / r["name"] / "plan.json").is_file() for r in warm)
+    assert "(a cached pass)" in Path(warm[0]["log"]).read_text()
+    # Other tolerances are another verification: a worker runs it (here, the one that fails).
+    tight = [replace(j, verify=type(j.verify)(rtol=0, atol=1e-9)) for j in jobs[:1]]
+    assert run_batch(tight, str(tmp_path / "o3"), 1, cache=cache, worker=_misbehave)[0]["outcome"] == "error"
+
+
+def test_a_hung_job_times_out_and_a_crashing_one_fails_alone(repo, tmp_path):
+    """A job past its timeout is killed and reported; a worker that dies is re-run alone and then
+    reported; the batch goes on with the others (no cache: every job reaches a worker)."""
+    from dlcc.batch import run_batch
+
+    m = _write(repo / "m.yaml", "defaults: {target: opencl}\njobs:\n  - model: models/relu.onnx\n    name: hang\n"
+                                "    timeout: 2\n  - model: models/relu.onnx\n    name: crash\n"
+                                "  - model: models/*.onnx\n")
+    jobs = load_manifest(m)
+    rows = {r["name"]: r for r in run_batch(jobs, str(tmp_path / "o"), 2, cache=False, worker=_misbehave)}
+    assert len(rows) == 4
+    assert rows["hang-baseline-default-opencl"]["outcome"] == "error"
+    assert "timed out after 2 s" in rows["hang-baseline-default-opencl"]["error"]
+    assert rows["crash-baseline-default-opencl"]["outcome"] == "error"
+    assert "died" in rows["crash-baseline-default-opencl"]["error"]
+    assert rows["relu-baseline-default-opencl"]["met"] and rows["sigmoid-baseline-default-opencl"]["met"]
+
+
+def _misbehave(job: dict, out_dir: str, cache) -> dict:
+    """A worker for the tests above (imported by name in the spawned workers): `hang` sleeps,
+    `crash` kills its own process, anything else fails with an `error` row."""
+    import os
+    import signal
+    import time
+
+    from dlcc.batch import blank_row, met
+
+    if job["name"].startswith("hang"):
+        time.sleep(600)
+    if job["name"].startswith("crash"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    row = {**blank_row(job), "stdout": ""}
+    if job["name"].startswith(("relu", "sigmoid")) and not job["verify"]:
+        row["outcome"] = "passed"
+    row["met"] = met(row)
+    return row

@@ -84,8 +84,13 @@ def test_artifact_roundtrip_gives_same_outputs(model_path, tmp_path):
         np.testing.assert_array_equal(a[k], b[k])
 
 
+#: yolo (about 30 s a case here) runs these two exporter/dtype variants under `-m slow` only: cnn
+#: covers the same convolution paths, and yolo itself runs in every pipeline above.
+_YOLO_SLOW = pytest.param("yolo", marks=pytest.mark.slow)
+
+
 @pytest.mark.parametrize("pipeline", ["baseline", "astitch"])
-@pytest.mark.parametrize("name", ["cnn", "yolo", "ocr", "bert", "vit"])
+@pytest.mark.parametrize("name", ["cnn", _YOLO_SLOW, "ocr", "bert", "vit"])
 def test_dynamo_exporter_models(name, pipeline):
     """The same architectures through torch.onnx's dynamo exporter (opset 18), which emits other patterns
     (e.g. GatherND for BERT's token-type lookup). GPT-2 is left out: its dynamo export fails upstream."""
@@ -112,7 +117,7 @@ def test_dynamo_exporter_models(name, pipeline):
 
 
 @pytest.mark.parametrize("pipeline", ["baseline", "astitch"])
-@pytest.mark.parametrize("name", ["cnn", "yolo", "lstm", "bert"])
+@pytest.mark.parametrize("name", ["cnn", _YOLO_SLOW, "lstm", "bert"])
 def test_float16_models(model_path, name, tmp_path, pipeline):
     """float16 models (converted with onnxconverter-common): float16 at the boundary, float inside.
     onnxruntime computes some ops in float16, so the tolerance is float16's (about 1e-3 relative)."""

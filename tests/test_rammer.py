@@ -53,11 +53,11 @@ def _check(path, m, seed=0):
     return feeds, got
 
 
-#: Joined runs in the default suite: one model per mechanism (the LSTM wavefront, attention and
-#: convolutions through AStitch, a CRNN). PoCL takes minutes to compile the bigger persistent
+#: Joined runs in the default suite: one model per mechanism (the LSTM wavefront; attention, and
+#: stitched rTasks with block barriers, through AStitch). PoCL takes minutes to compile the bigger persistent
 #: kernels (yolo: ~5 min), so every other model x pipeline (vit rammer-joined, which once hung,
 #: among them) runs under `-m slow`; the built-in pipelines run on every model in test_numerics.
-_JOINED_DEFAULT = {("lstm-tc", "rammer-joined"), ("bert", "full-joined"), ("ocr", "full-joined")}
+_JOINED_DEFAULT = {("lstm-tc", "rammer-joined"), ("bert", "full-joined")}
 _JOINED = [pytest.param(m, p, marks=() if (m, p) in _JOINED_DEFAULT else pytest.mark.slow)
            for m in ["cnn", "mobilenet", "yolo", "ocr", "lstm", "lstm-tc", "bert", "gpt2", "vit"]
            for p in ["rammer-joined", "full-joined"]]
@@ -73,7 +73,20 @@ def test_joined_rprograms_match_onnxruntime(model, pipeline, pipes):
     assert len(m.plan["launches"]) < len(base.plan["launches"])
     if pipeline == "full-joined" and model in ("bert", "ocr", "gpt2", "vit"):
         assert stitched_rtasks_with_barriers(m), "no stitched kernel with block barriers ran as an rTask"
-    _check(path, m)
+    feeds, first = _check(path, m)
+    if (model, pipeline) == ("bert", "full-joined"):  # (here, not in a test of its own: one PoCL build)
+        _repeated_runs_and_a_run_after_an_exception_are_identical(m, feeds, first)
+
+
+def _repeated_runs_and_a_run_after_an_exception_are_identical(m, feeds, first):
+    """Grid-barrier counters stay balanced: runs back to back, and after a refused run, agree bit
+    for bit."""
+    with pytest.raises(dlcc.DlccError):
+        m({k: v[..., :1] for k, v in feeds.items()})  # wrong shapes: refused before any launch
+    for _ in range(2):
+        again = m(feeds)
+        for k in first:
+            assert np.array_equal(first[k], again[k])
 
 
 def stitched_rtasks_with_barriers(m) -> list[str]:
@@ -363,19 +376,6 @@ def test_coresidency_refused_falls_back_to_one_launch_per_wave(tmp_path, pipes):
     assert any("refused: co-residency cannot be proven" in line for line in m.plan["meta"]["pass_log"])
     assert all(r["decision"].startswith("refused") and not r["sync_points"] for r in m.plan.get("rprogram", []))
     _check(path, m)
-
-
-def test_repeated_runs_and_a_run_after_an_exception_are_identical(pipes):
-    m = dlcc.compile(export_model("bert"), target="opencl", pipeline=pipes["full-joined"])
-    assert any(L.get("grid_sync") and L["op_type"] == "Rammer" for L in m.plan["launches"])
-    feeds = m.sample_inputs(0)
-    first = m(feeds)
-    with pytest.raises(dlcc.DlccError):
-        m({k: v[..., :1] for k, v in feeds.items()})  # wrong shapes: refused before any launch
-    for _ in range(2):
-        again = m(feeds)
-        for k in first:
-            assert np.array_equal(first[k], again[k])
 
 
 def test_join_never_is_one_launch_per_wave(tmp_path):

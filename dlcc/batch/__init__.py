@@ -4,24 +4,32 @@ JUnit and JSON. CI's own matrix is the distributed engine: `--shard I/N` on N ma
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
+import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
-from .manifest import Job, check_unique, load_manifest, shard
-from .runner import blank_row, met, run_job
+from .manifest import DEFAULT_TIMEOUT_S, Job, check_unique, load_manifest, shard
+from .runner import blank_row, met, run_job, try_hit
 
-__all__ = ["Job", "load_manifest", "check_unique", "shard", "run_batch", "run_job", "met"]
+__all__ = ["Job", "load_manifest", "check_unique", "shard", "run_batch", "run_job", "met", "blank_row"]
 
 
 def run_batch(jobs: list[Job], out_dir: str, workers: int | None = None, fail_fast: bool = False,
-              on_start=None, on_done=None, cache: str | bool = False) -> list[dict]:
+              on_start=None, on_done=None, cache: str | bool = False, worker=run_job) -> list[dict]:
     """Run `jobs` on `workers` spawned processes (default: the core count); rows in job order.
-    A worker that dies (a native crash in a compiler) breaks its pool and every job running in it:
-    those are re-run one at a time, and the one that dies alone is an `error` row. With
-    `fail_fast`, jobs not started after the first unmet expectation are left out of the rows."""
-    workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
+
+    - Jobs the cache answers whole are done first, here, without a worker (runner.try_hit).
+    - A worker that dies (a native crash in a compiler) breaks its pool and every job running in
+      it: those are re-run one at a time, and the one that dies alone is an `error` row.
+    - A job running past its `timeout` is an `error` row: the pool's workers are killed (a hung
+      OpenCL call cannot be interrupted any other way), and the other jobs that were running
+      start again on a fresh pool.
+    - With `fail_fast`, jobs not started after the first unmet expectation are left out of the rows.
+
+    `worker(job_dict, out_dir, cache) -> row` runs one job in a worker; tests pass their own."""
     os.makedirs(out_dir, exist_ok=True)
     rows: dict[str, dict] = {}
     state = {"stop": False}
@@ -33,43 +41,77 @@ def run_batch(jobs: list[Job], out_dir: str, workers: int | None = None, fail_fa
         if fail_fast and not row["met"]:
             state["stop"] = True
 
-    todo, suspects = list(jobs), []
+    todo = []
+    for j in jobs:
+        row = None if state["stop"] else try_hit(j.as_dict(), out_dir, cache)
+        if row is None:
+            todo.append(j)
+        else:
+            if on_start:
+                on_start(j)
+            done(j, row)
+    workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
+    suspects = []
     while todo and not state["stop"]:
-        broke, todo = _pool(todo, workers, out_dir, cache, state, on_start, done)
+        broke, todo = _pool(todo, workers, out_dir, cache, state, on_start, done, worker)
         suspects += broke
     for j in suspects:  # alone now: a second death is this job's own
-        if not state["stop"] and _pool([j], 1, out_dir, cache, state, on_start, done)[0]:
-            done(j, _crashed(j))
+        if not state["stop"] and _pool([j], 1, out_dir, cache, state, on_start, done, worker)[0]:
+            done(j, _error_row(j, "the worker process died (a native crash, e.g. in the OpenCL or CUDA compiler), "
+                                  "also when re-run alone"))
     return [rows[j.name] for j in jobs if j.name in rows]
 
 
-def _pool(pending: list[Job], workers: int, out_dir: str, cache, state: dict, on_start,
-          done) -> tuple[list[Job], list[Job]]:
-    """Run `pending` on one process pool. If a worker dies, the pool breaks: returns the jobs that
-    were running then, and those not yet started; else ([], [])."""
+def _pool(pending: list[Job], workers: int, out_dir: str, cache, state: dict, on_start, done,
+          worker) -> tuple[list[Job], list[Job]]:
+    """Run `pending` on one process pool. Returns (jobs that were running when a worker died,
+    jobs still to run): ([], []) when all ran; ([], rest) after a timeout killed the pool."""
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-        running: dict = {}
+        running: dict = {}  # future -> (job, deadline)
         while pending or running:
             while pending and len(running) < workers and not state["stop"]:
                 j = pending.pop(0)
-                running[pool.submit(run_job, j.as_dict(), out_dir, cache)] = j
+                running[pool.submit(worker, j.as_dict(), out_dir, cache)] = (j, time.monotonic() + _limit(j))
                 if on_start:
                     on_start(j)
             if not running:
                 return [], []
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            first = min(d for _, d in running.values())
+            try:
+                finished, _ = wait(running, timeout=max(0.0, first - time.monotonic()), return_when=FIRST_COMPLETED)
+            except KeyboardInterrupt:  # Ctrl-C: stop the workers now rather than wait for their jobs
+                _kill_workers(pool)
+                raise
             for f in finished:
                 try:
                     row = f.result()
                 except BrokenProcessPool:
-                    return list(running.values()), pending
-                done(running.pop(f), row)
+                    return [j for j, _ in running.values()], pending
+                done(running.pop(f)[0], row)
+            late = [f for f, (_, d) in running.items() if not f.done() and d <= time.monotonic()]
+            if late:
+                _kill_workers(pool)
+                for f in late:
+                    j = running.pop(f)[0]
+                    done(j, _error_row(j, f"timed out after {_limit(j):g} s (the job's `timeout`; "
+                                          "its worker was killed)"))
+                return [], [j for j, _ in running.values()] + pending
     return [], []
 
 
-def _crashed(j: Job) -> dict:
-    row = {**blank_row(j.as_dict()), "stdout": "",
-           "error": "the worker process died (a native crash, e.g. in the OpenCL or CUDA compiler), "
-                    "also when re-run alone"}
+def _limit(j: Job) -> float:
+    return j.timeout or DEFAULT_TIMEOUT_S
+
+
+def _kill_workers(pool: ProcessPoolExecutor) -> None:
+    """SIGKILL every worker of `pool` (the only way to stop one stuck in native code). The pool
+    is broken afterwards; its other jobs are re-run by the caller."""
+    for p in list(getattr(pool, "_processes", {}).values()):
+        with contextlib.suppress(Exception):
+            p.kill()
+
+
+def _error_row(j: Job, error: str) -> dict:
+    row = {**blank_row(j.as_dict()), "stdout": "", "error": error}
     row["met"] = met(row)
     return row

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -17,6 +18,12 @@ from rich.markup import escape
 from ..errors import ConfigError
 
 _OUTCOME_STYLE = {"passed": "green", "unsupported": "yellow", "failed": "red", "error": "bold red"}
+
+
+def _cache_cell(r: dict) -> str:
+    """hit / miss for the artifact, `+ verify` when a passed verification came from the cache too."""
+    cell = {True: "hit", False: "miss"}.get(r.get("cache_hit"), "-")
+    return cell + (" + verify" if r.get("verify_cached") else "")
 
 
 def parse_shard(s: str | None) -> tuple[int, int] | None:
@@ -44,7 +51,9 @@ def register(app: typer.Typer, out, err) -> None:
               list_only: bool = typer.Option(False, "--list", help="print the expanded (and sharded) jobs; run nothing"),
               cache_dir: Optional[Path] = typer.Option(None, "--cache", help="compile cache shared by the jobs (default: "
                                                        "$DLCC_CACHE_DIR, else ~/.cache/dlcc)"),
-              no_cache: bool = typer.Option(False, "--no-cache", help="compile every job afresh"),
+              no_cache: bool = typer.Option(False, "--no-cache", help="compile (and verify) every job afresh"),
+              timeout: Optional[float] = typer.Option(None, "--timeout", min=1, help="seconds a job may run before its "
+                                                      "worker is killed, for jobs without their own `timeout:` (default 1800)"),
               quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output")):
         """Compile (and optionally verify) every job of a YAML manifest in parallel; JUnit/JSON reports for CI."""
         from . import check_unique, load_manifest, run_batch, shard
@@ -57,14 +66,16 @@ def register(app: typer.Typer, out, err) -> None:
         sh = parse_shard(shard_spec)
         jobs = shard(all_jobs, *sh) if sh else all_jobs
         if verify:
-            jobs = [j if j.verify else type(j)(**{**j.__dict__, "verify": VerifySpec()}) for j in jobs]
+            jobs = [j if j.verify else replace(j, verify=VerifySpec()) for j in jobs]
+        if timeout:
+            jobs = [j if j.timeout else replace(j, timeout=timeout) for j in jobs]
         label = f"{sh[0]}/{sh[1]}" if sh else None
         if list_only:
             if json_out:
                 print(json.dumps({"shard": label, "total": len(all_jobs), "jobs": [j.as_dict() for j in jobs]}))
             else:
                 for j in jobs:
-                    out.print(escape(f"{j.name}  ({j.model}; cost {j.cost:.3g})"), highlight=False)
+                    out.print(escape(f"{j.name}  ({j.model}; cost {j.cost:.3g}, {j.cost_source})"), highlight=False)
                 out.print(f"{len(jobs)} of {len(all_jobs)} job(s)" + (f" in shard {label}" if label else ""))
             return
         dest = out_dir or manifest.resolve().parent / f"{manifest.stem}.batch"
@@ -110,7 +121,7 @@ def register(app: typer.Typer, out, err) -> None:
                 style = _OUTCOME_STYLE.get(r["outcome"], "")
                 t.add_row(escape(r["name"]), f"[{style}]{r['outcome']}[/]" + ("" if r["met"] else " [red](unmet)[/]"),
                           r["expect"], f"{r['seconds']:.1f} s",
-                          {True: "hit", False: "miss"}.get(r.get("cache_hit"), "-"), str(r["launches"] if r["launches"] is not None else "-"),
+                          _cache_cell(r), str(r["launches"] if r["launches"] is not None else "-"),
                           ratio, f"{r['verify_max_abs_err']:.2g}" if r.get("verify_max_abs_err") is not None else "-")
             out.print(t)
             bad = [r for r in rows if not r["met"]]

@@ -14,13 +14,14 @@ pydantic, and its expansion into concrete jobs.
 
 Why expansion happens here, up front and deterministically: sharding (`--shard I/N`) must give every
 CI machine the same job list without talking to the others, so names, order and costs depend only
-on the manifest and the files it names.
+on the manifest and the files it names. That is why measured costs come from files the manifest
+names (`costs: [last-run.json]`, committed beside it) and not from whatever a machine's cache holds.
 """
 from __future__ import annotations
 
 import glob
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -30,6 +31,9 @@ from ..config import load_yaml_model
 from ..errors import ConfigError
 
 Expect = Literal["pass", "unsupported", "fail"]
+#: A job's time limit when neither the manifest nor `--timeout` sets one: generous (a compile takes
+#: seconds, a verify of a large model on PoCL minutes), but a hung job cannot hold CI forever.
+DEFAULT_TIMEOUT_S = 1800.0
 
 
 class VerifySpec(BaseModel):
@@ -52,6 +56,7 @@ class Options(BaseModel):
     shapes: dict[str, list[PositiveInt] | PositiveInt] | None = None
     verify: bool | VerifySpec | None = None
     expect: Expect | None = None
+    timeout: float | None = Field(None, gt=0, description="seconds a job may run (default: --timeout, else 1800)")
 
     @model_validator(mode="after")
     def _one_of_each(self):
@@ -74,6 +79,8 @@ class Manifest(BaseModel):
     defaults: Options = Options()
     include: list[str] = []
     jobs: list[JobSpec] = []
+    costs: list[str] = Field([], description="summary.json files of earlier runs (relative to the manifest): "
+                             "measured job times for --shard balancing")
 
 
 @dataclass(frozen=True)
@@ -88,12 +95,15 @@ class Job:
     verify: VerifySpec | None = None
     expect: Expect = "pass"
     cost: float = 1.0
+    cost_source: Literal["manifest", "measured", "size"] = "size"  # where `cost` came from (see with_costs)
     where: str = ""  # manifest file and field, for messages
+    timeout: float | None = None  # seconds; None: the batch's default (DEFAULT_TIMEOUT_S unless --timeout)
 
     def as_dict(self) -> dict:
         return {"name": self.name, "model": self.model, "pipeline": self.pipeline, "device": self.device,
                 "target": self.target, "shapes": self.shapes, "expect": self.expect, "cost": self.cost,
-                "verify": self.verify.model_dump() if self.verify else None, "where": self.where}
+                "verify": self.verify.model_dump() if self.verify else None, "where": self.where,
+                "timeout": self.timeout, "cost_source": self.cost_source}
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -167,8 +177,40 @@ def load_manifest(path: str | Path, _seen: tuple = ()) -> list[Job]:
                         name = "-".join(safe_name(Path(p).stem if p.endswith((".yaml", ".yml")) else p)
                                         for p in parts)
                         jobs.append(Job(name, str(model), pipeline, device, target, dict(shapes), verify, expect,
-                                        spec.cost or size / 1e6, where))
-    return jobs
+                                        spec.cost or size / 1e6, "manifest" if spec.cost else "size", where,
+                                        _pick(spec, d, "timeout", None)))
+    return with_costs(jobs, [_read_costs(base / c, f"{path}: costs.{k}") for k, c in enumerate(man.costs)])
+
+
+def _read_costs(path: Path, where: str) -> dict[str, float]:
+    """{job name: seconds} from a `dlcc batch` summary.json (OUT/summary.json or `--json`), counting
+    only jobs that compiled (a cache hit's seconds say nothing of the job's cold cost)."""
+    import json
+
+    try:
+        rows = json.loads(path.read_text())["rows"]
+        return {r["name"]: float(r["seconds"]) for r in rows if r.get("cache_hit") is not True and r.get("seconds")}
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: {path} not found (a summary.json of an earlier `dlcc batch` run)") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{where}: {path} is not a `dlcc batch` summary.json ({type(e).__name__}: {e})") from None
+
+
+def with_costs(jobs: list[Job], measured: list[dict[str, float]]) -> list[Job]:
+    """Jobs with measured costs: a `cost:` in the manifest wins; else the job's measured seconds
+    (the last file that has it); else its size-based cost scaled by the median seconds-per-cost of
+    the measured jobs, so that measured and unmeasured jobs are in one unit."""
+    times: dict[str, float] = {}
+    for m in measured:
+        times.update(m)
+    hits = [j for j in jobs if j.cost_source == "size" and j.name in times]
+    if not hits:
+        return jobs
+    ratios = sorted(times[j.name] / j.cost for j in hits)
+    scale = ratios[len(ratios) // 2]
+    return [j if j.cost_source == "manifest" else
+            replace(j, cost=times[j.name], cost_source="measured") if j.name in times else
+            replace(j, cost=j.cost * scale) if j.cost_source == "size" else j for j in jobs]
 
 
 def check_unique(jobs: list[Job]) -> None:

@@ -4,6 +4,9 @@ or leaked warnings cannot take the batch (or its terminal) with it.
 Why spawned workers rather than forked ones: an OpenCL or CUDA context does not survive fork, and
 the parent never touches one; each worker imports dlcc afresh. A worker writes its job's artifact
 (atomically, dlcc.artifact) and its log, and returns one result row.
+
+A job the cache already answers whole (`try_hit`) never reaches a worker: the parent materialises
+it, so a re-run that changes nothing costs hashes and hard links, not worker start-ups.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ def blank_row(job: dict) -> dict:
     """A result row before anything ran: an `error` until the job says otherwise."""
     return {**{k: job[k] for k in ("name", "model", "pipeline", "device", "target", "expect")},
             "outcome": "error", "error": None, "launches": None, "dram_bytes": None, "lower_bound_bytes": None,
-            "verify_max_abs_err": None, "artifact": None, "seconds": 0.0, "cache_hit": None}
+            "verify_max_abs_err": None, "verify_cached": None, "artifact": None, "seconds": 0.0, "cache_hit": None}
 
 
 def run_job(job: dict, out_dir: str, cache: str | bool = False) -> dict:
@@ -42,69 +45,160 @@ def run_job(job: dict, out_dir: str, cache: str | bool = False) -> dict:
 
     t0 = time.perf_counter()
     row = blank_row(job)
+    art = Path(out_dir) / job["name"]
+    with _captured(redirect=True) as log:
+        try:
+            import dlcc
+
+            cm = dlcc.compile(job["model"], out=art, shapes=job["shapes"] or None, target=job["target"],
+                              pipeline=job["pipeline"], device=job["device"], cache=cache)
+            _compiled(row, cm, art, log)
+            row["outcome"] = "passed"
+            if job.get("verify"):
+                _verify(job, cm, row, cache, log)
+        except (UnsupportedOpsError, UnsupportedDtypesError) as e:
+            row.update(outcome="unsupported", error=str(e))
+        except DlccError as e:
+            row.update(outcome="failed", error=str(e))
+        except Exception as e:  # a dlcc bug: the job fails alone, with its traceback in the log
+            row.update(outcome="error", error=f"internal error ({type(e).__name__}: {e}); traceback in the log")
+            traceback.print_exc()
+    return _finish(row, log.getvalue(), out_dir, t0)
+
+
+def try_hit(job: dict, out_dir: str, cache: str | bool) -> dict | None:
+    """The job's row if the cache already holds all of it (the artifact, and a passed verification
+    when the job verifies), with the artifact materialised; else None, and a worker runs the job.
+    Runs in the batch's own process: a warm batch then starts no worker at all (a worker's
+    imports cost more than a hit). Never raises: anything unexpected is left to the worker."""
+    if not cache:
+        return None
+    t0 = time.perf_counter()
+    row = blank_row(job)
+    try:
+        with _captured(redirect=False) as log:  # (the parent's stdout belongs to rich's live display)
+            from ..api import _merge_shapes, cache_key, load
+            from ..cache import materialise
+            from ..executor import pick_target
+
+            tgt = pick_target(job["target"])
+            c, key, _ = cache_key(job["model"], _merge_shapes(job["shapes"] or None), tgt, job["pipeline"],
+                                  job["device"], None, cache)
+            entry = c.lookup("artifacts", key)
+            checked = None
+            if entry is not None and job.get("verify"):
+                vkey, _ = c.verified_key(key, job["verify"], tgt)
+                vhit = c.lookup("verified", vkey)
+                checked = json.loads((vhit / "result.json").read_text()) if vhit else None
+            if entry is None or (job.get("verify") and checked is None):
+                return None
+            art = Path(out_dir) / job["name"]
+            materialise(entry, art)
+            cm = load(art, target=tgt)
+            cm.cache_hit, cm.cache_key = True, key
+            print(f"cache hit {key[:16]}: materialised from {entry}", file=log)
+            _compiled(row, cm, art, log)
+            row["outcome"] = "passed"
+            if checked is not None:
+                _report_verify(job, row, checked["results"], True, log)
+    except Exception:
+        return None
+    return _finish(row, log.getvalue(), out_dir, t0)
+
+
+@contextlib.contextmanager
+def _captured(redirect: bool):
+    """Everything a job logs or warns (and, with `redirect`, prints: PoCL's and nvcc's output
+    included) goes to one buffer, which becomes its log: never the batch's terminal."""
     log = io.StringIO()
     handler = logging.StreamHandler(log)
-    logging.getLogger("dlcc").addHandler(handler)
-    logging.getLogger("dlcc").setLevel(logging.DEBUG)
-    art = Path(out_dir) / job["name"]
+    lg = logging.getLogger("dlcc")
+    level = lg.level
+    lg.addHandler(handler)
+    lg.setLevel(logging.DEBUG)
     try:
-        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(log), \
-                contextlib.redirect_stderr(log):
+        with warnings.catch_warnings(record=True) as caught, \
+                contextlib.redirect_stdout(log) if redirect else contextlib.nullcontext(), \
+                contextlib.redirect_stderr(log) if redirect else contextlib.nullcontext():
             warnings.simplefilter("always")
-            try:
-                import dlcc
-                from ..verify import compare, run_onnxruntime
-
-                cm = dlcc.compile(job["model"], out=art, shapes=job["shapes"] or None, target=job["target"],
-                                  pipeline=job["pipeline"], device=job["device"], cache=cache)
-                row["artifact"] = str(art)
-                row["cache_hit"] = cm.cache_hit
-                s = cm.plan["stats"]
-                row.update(launches=s["launches"], kernels=s["kernels"], dram_bytes=s["dram_bytes"],
-                           lower_bound_bytes=s["lower_bound_bytes"], pipeline_resolved=cm.plan["meta"]["pipeline"],
-                           device_resolved=cm.plan["meta"]["device"])
-                print(f"compiled {job['model']} -> {art}: {s['kernels']} kernels, {s['launches']} launches, "
-                      f"DRAM {s['dram_bytes']} B (lower bound {s['lower_bound_bytes']} B)")
-                outcome = "passed"
-                v = job.get("verify")
-                if v:
-                    feeds = cm.sample_inputs(v["seed"])
-                    ex = cm.executor()
-                    got = ex.run(feeds)
-                    names = [o["name"] for o in cm.outputs]
-                    ref = run_onnxruntime(job["model"], feeds, names)
-                    res = [compare(n, got[n], r, v["rtol"], v["atol"]) for n, r in zip(names, ref)]
-                    row["verify_max_abs_err"] = max((float(r["max_abs_err"]) for r in res), default=0.0)
-                    build_log = getattr(ex.rt, "build_log", "")
-                    if build_log:
-                        print(f"{cm.target} compiler output:\n{build_log}")
-                    bad = [r for r in res if not r["passed"]]
-                    for r in res:
-                        print(f"verify {r['name']}: max abs err {r['max_abs_err']:.3g}, max rel err "
-                              f"{r['max_rel_err']:.3g}: {'PASS' if r['passed'] else 'FAIL'}")
-                    if bad:
-                        outcome = "failed"
-                        row["error"] = (f"{len(bad)} of {len(res)} output(s) differ from onnxruntime beyond atol "
-                                        f"{v['atol']:g} + rtol {v['rtol']:g}: " + ", ".join(
-                                            f"{r['name']} (max abs err {r['max_abs_err']:.3g})" for r in bad))
-                row["outcome"] = outcome
-            except (UnsupportedOpsError, UnsupportedDtypesError) as e:
-                row.update(outcome="unsupported", error=str(e))
-            except DlccError as e:
-                row.update(outcome="failed", error=str(e))
-            except Exception as e:  # a dlcc bug: the job fails alone, with its traceback in the log
-                row.update(outcome="error", error=f"internal error ({type(e).__name__}: {e}); traceback in the log")
-                traceback.print_exc(file=log)
+            yield log
             for w in caught:
                 print(f"warning: {w.category.__name__}: {w.message}", file=log)
     finally:
-        logging.getLogger("dlcc").removeHandler(handler)
+        lg.removeHandler(handler)
+        lg.setLevel(level)
+
+
+def _compiled(row: dict, cm, art: Path, log) -> None:
+    row["artifact"] = str(art)
+    row["cache_hit"] = cm.cache_hit
+    s = cm.plan["stats"]
+    row.update(launches=s["launches"], kernels=s["kernels"], dram_bytes=s["dram_bytes"],
+               lower_bound_bytes=s["lower_bound_bytes"], pipeline_resolved=cm.plan["meta"]["pipeline"],
+               device_resolved=cm.plan["meta"]["device"])
+    print(f"compiled {row['model']} -> {art}: {s['kernels']} kernels, {s['launches']} launches, "
+          f"DRAM {s['dram_bytes']} B (lower bound {s['lower_bound_bytes']} B)", file=log)
+
+
+def _verify(job: dict, cm, row: dict, cache, log) -> None:
+    """Run the artifact on its target and compare with onnxruntime. With a cache, a passed
+    verification of this very artifact (Cache.verified_key) is reused, and a new pass stored."""
+    from ..cache import Cache
+    from ..verify import compare, run_onnxruntime
+
+    v = job["verify"]
+    c = vkey = None
+    if cache and cm.cache_key:
+        c = cache if isinstance(cache, Cache) else Cache(None if cache is True else cache)
+        vkey, vparts = c.verified_key(cm.cache_key, v, cm.target)
+        hit = c.lookup("verified", vkey)
+        if hit is not None:
+            _report_verify(job, row, json.loads((hit / "result.json").read_text())["results"], True, log)
+            return
+    feeds = cm.sample_inputs(v["seed"])
+    ex = cm.executor()
+    got = ex.run(feeds)
+    names = [o["name"] for o in cm.outputs]
+    ref = run_onnxruntime(job["model"], feeds, names)
+    res = [compare(n, got[n], r, v["rtol"], v["atol"]) for n, r in zip(names, ref)]
+    res = [{"name": r["name"], "max_abs_err": float(r["max_abs_err"]), "max_rel_err": float(r["max_rel_err"]),
+            "passed": bool(r["passed"])} for r in res]
+    build_log = getattr(ex.rt, "build_log", "")
+    if build_log:
+        print(f"{cm.target} compiler output:\n{build_log}", file=log)
+    _report_verify(job, row, res, False, log)
+    if c is not None and row["outcome"] == "passed":
+        def write(d: Path):
+            d.mkdir()
+            (d / "result.json").write_text(json.dumps({"results": res, "job": job["name"]}))
+        c.store("verified", vkey, vparts, write)
+
+
+def _report_verify(job: dict, row: dict, res: list[dict], cached: bool, log) -> None:
+    v = job["verify"]
+    row["verify_max_abs_err"] = max((r["max_abs_err"] for r in res), default=0.0)
+    row["verify_cached"] = cached
+    for r in res:
+        print(f"verify {r['name']}: max abs err {r['max_abs_err']:.3g}, max rel err "
+              f"{r['max_rel_err']:.3g}: {'PASS' if r['passed'] else 'FAIL'}" + (" (a cached pass)" if cached else ""),
+              file=log)
+    bad = [r for r in res if not r["passed"]]
+    if bad:
+        row["outcome"] = "failed"
+        row["error"] = (f"{len(bad)} of {len(res)} output(s) differ from onnxruntime beyond atol "
+                        f"{v['atol']:g} + rtol {v['rtol']:g}: " + ", ".join(
+                            f"{r['name']} (max abs err {r['max_abs_err']:.3g})" for r in bad))
+
+
+def _finish(row: dict, text: str, out_dir: str, t0: float) -> dict:
+    """Time, expectation, and the logs: OUT/NAME.log always, batch.log and batch.json in the artifact."""
     row["seconds"] = round(time.perf_counter() - t0, 3)
     row["met"] = met(row)
-    text = log.getvalue() + (f"{row['outcome']}: {row['error']}\n" if row["error"] else f"{row['outcome']}\n")
-    row["log"] = str(Path(out_dir) / f"{job['name']}.log")
+    text += f"{row['outcome']}: {row['error']}\n" if row["error"] else f"{row['outcome']}\n"
+    row["log"] = str(Path(out_dir) / f"{row['name']}.log")
     write_atomic(Path(row["log"]), text)
     if row["artifact"]:
+        art = Path(row["artifact"])
         write_atomic(art / "batch.log", text)
         write_atomic(art / "batch.json", json.dumps({k: v for k, v in row.items() if k != "log"}, indent=1))
     row["stdout"] = text[-4000:]

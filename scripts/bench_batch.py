@@ -60,8 +60,11 @@ def main(argv=None) -> None:
         cold2, s = batch(man, tmp / "o1", tmp / "c1", "-j", "2")
         warm2, s2 = batch(man, tmp / "o2", tmp / "c1", "-j", "2")
         hits = sum(1 for r in s2["rows"] if r.get("cache_hit"))
+        vhits = sum(1 for r in s2["rows"] if r.get("verify_cached"))
         rows.append(("cold cache, -j 2", cold2, ""))
-        rows.append(("warm cache, -j 2", warm2, f"{warm2 / cold2:.3f} of cold ({hits}/{n} hits; floor <= 0.2)"))
+        rows.append(("warm cache, -j 2", warm2, f"{warm2 / cold2:.3f} of cold ({hits}/{n} hits"
+                                                + (f", {vhits}/{n} cached verifications" if a.verify else "")
+                                                + "; floor <= 0.2)"))
         slow = max(s2["rows"], key=lambda r: r["seconds"])
         rows.append(("  slowest warm job", slow["seconds"], f"{slow['name']} (a hit: key, checks, hard links)"))
         cold1, _ = batch(man, tmp / "o3", tmp / "c3", "-j", "1")

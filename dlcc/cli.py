@@ -586,6 +586,8 @@ _register_subcommands()
 def main(argv: list[str] | None = None) -> None:
     try:
         rv = app(args=argv, standalone_mode=False)
+        if rv == 130:  # typer turns Ctrl-C (KeyboardInterrupt) into a return code of 130
+            _interrupted()
         if isinstance(rv, int):
             sys.exit(rv)
     except DlccError as e:
@@ -599,19 +601,24 @@ def main(argv: list[str] | None = None) -> None:
         err.print("[bold red]error:[/] " + _escape(f"{e.strerror or e}:{where}"), highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
-        err.print("[red]interrupted[/] — nothing was written (artifacts are written atomically)")
-        sys.exit(130)
+        _interrupted()
     except Exception as e:
         # Usage errors (missing argument, bad option value, unknown command) come from the click
         # that typer bundles (typer._click) or from click itself: both have show() and exit_code.
         if hasattr(e, "show") and hasattr(e, "exit_code"):
             e.show()
             sys.exit(e.exit_code)
-        if type(e).__name__ == "Abort":
-            sys.exit(130)
+        if type(e).__name__ == "Abort":  # click's form of Ctrl-C
+            _interrupted()
         traceback.print_exc()
         err.print("[bold red]internal error[/] — this is a dlcc bug; please report it with the traceback above")
         sys.exit(70)
+
+
+def _interrupted():
+    err.print("[red]interrupted[/] — nothing half-written is left: artifacts, cache entries and reports are "
+              "written atomically")
+    sys.exit(130)
 
 
 def _escape(s: str) -> str:

@@ -318,3 +318,36 @@ def _misbehave(job: dict, out_dir: str, cache) -> dict:
         row["outcome"] = "passed"
     row["met"] = met(row)
     return row
+
+
+def test_ctrl_c_stops_the_batch_and_its_workers(repo):
+    """SIGINT to the batch's process group (what Ctrl-C sends): exit 130 with a one-line message, no
+    traceback, and no worker left behind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    m = _write(repo / "m.yaml", "defaults: {target: opencl}\njobs:\n  - model: models/*.onnx\n"
+                                "    pipelines: [baseline, astitch, rammer, full]\n    devices: [pocl-cpu, h100, a100]\n")
+    out = repo / "out"
+    p = subprocess.Popen([sys.executable, "-m", "dlcc.cli", "batch", str(m), "-j", "2", "--no-cache", "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not list(out.glob("*.log")) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the first job has finished: the workers are up and busy
+    assert p.poll() is None, "the batch finished before it could be interrupted"
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err[-2000:]
+    assert "interrupted" in err and "Traceback" not in err
+    for _ in range(100):  # the workers die with the batch (SIGKILLed, not waited for)
+        try:
+            os.killpg(p.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("worker processes outlived the interrupted batch")
+    assert not list(out.glob(".*tmp*")), "a half-written artifact was left behind"

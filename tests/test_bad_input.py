@@ -315,3 +315,24 @@ def test_unwritable_and_incomplete_paths(tmp_path):
     (tmp_path / "missing" / "deeper" / "x" / "weights.bin").unlink()
     rc, out, err = cli("run", tmp_path / "missing" / "deeper" / "x")
     assert_clean_error(rc, out, err, "incomplete artifact")
+
+
+def test_ir3_model_with_an_unlisted_initializer_compiles(tmp_path):
+    """IR 3 wanted every initializer among the graph inputs; old writers (onnxruntime's own
+    datasets/mul_1.onnx) left them out, the checker refuses that, and onnxruntime runs it anyway.
+    dlcc reads it as IR 4 does (the initializer is a constant) and matches onnxruntime."""
+    import onnxruntime as ort
+
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [3, 2])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3, 2])
+    w = helper.make_tensor("W", TensorProto.FLOAT, [3, 2], [1, 2, 3, 4, 5, 6])
+    m = helper.make_model(helper.make_graph([helper.make_node("Mul", ["X", "W"], ["Y"])], "g", [x], [y], [w]),
+                          opset_imports=[helper.make_opsetid("", 7)], ir_version=3)
+    path = tmp_path / "mul_1.onnx"
+    onnx.save(m, str(path))
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(onnx.load(str(path)))  # (what the checker says of the file itself)
+    feeds = {"X": np.arange(6, dtype=np.float32).reshape(3, 2)}
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = dlcc.compile(path, target="opencl")(feeds)["Y"]
+    np.testing.assert_array_equal(got, ref)

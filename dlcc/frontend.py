@@ -6,7 +6,9 @@ all known. Shapes come from `onnx.shape_inference`. No op semantics are written 
 """
 from __future__ import annotations
 
+import logging
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -16,6 +18,8 @@ from onnx import numpy_helper, shape_inference
 
 from .errors import DynamicShapeError, ModelError, ShapeError, UnsupportedDtypesError
 from .ir import SUPPORTED_DTYPES, Graph, Node, Tensor
+
+log = logging.getLogger(__name__)
 
 ShapeBindings = dict[str, tuple[int, ...]]
 
@@ -254,7 +258,26 @@ def infer_shapes(model: onnx.ModelProto, path) -> onnx.ModelProto:
         return shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
     except Exception as e:
         msg = str(e).strip().splitlines()
+        if _in_function_body(str(e), opset_of(model)):
+            # onnx's inference of an op defined by a function body can fail inside that body
+            # (MeanVarianceNormalization's Constant, onnx 1.23): the op's own fault, not the
+            # model's. Infer leniently; what stays unknown is inferred per node (_fold_and_infer).
+            log.debug("%s: strict shape inference failed inside a function body (%s); lenient retry", path,
+                      msg[0] if msg else e)
+            return shape_inference.infer_shapes(model, check_type=True, strict_mode=False, data_prop=True)
         raise ModelError(f"{path}: ONNX shape inference failed: {msg[0] if msg else e}") from None
+
+
+def _in_function_body(error: str, opset: int) -> bool:
+    """Whether a strict-inference error is nested in a standard op that onnx defines by a function."""
+    m = re.search(r"\(op_type:(\w+)\): \[ShapeInferenceError\] Inference error\(s\): \(op_type:", error)
+    if not m:
+        return False
+    try:
+        schema = onnx.defs.get_schema(m.group(1), opset)
+    except Exception:
+        return False
+    return bool(schema.has_function or schema.has_context_dependent_function)
 
 
 def _anonymous(dim_param: str) -> bool:

@@ -289,8 +289,8 @@ def test_a_hung_job_times_out_and_a_crashing_one_fails_alone(repo, tmp_path):
 
     m = _write(repo / "m.yaml", "defaults: {target: opencl}\njobs:\n  - model: models/relu.onnx\n    name: hang\n"
                                 "    timeout: 2\n  - model: models/relu.onnx\n    name: crash\n"
-                                "  - model: models/*.onnx\n")
-    jobs = load_manifest(m)
+                                "  - model: models/*.onnx\n    timeout: 1\n")  # (less than a worker's start-up:
+    jobs = load_manifest(m)                                             # the clock starts with the job)
     rows = {r["name"]: r for r in run_batch(jobs, str(tmp_path / "o"), 2, cache=False, worker=_misbehave)}
     assert len(rows) == 4
     assert rows["hang-baseline-default-opencl"]["outcome"] == "error"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import queue
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -65,20 +66,30 @@ def run_batch(jobs: list[Job], out_dir: str, workers: int | None = None, fail_fa
 def _pool(pending: list[Job], workers: int, out_dir: str, cache, state: dict, on_start, done,
           worker) -> tuple[list[Job], list[Job]]:
     """Run `pending` on one process pool. Returns (jobs that were running when a worker died,
-    jobs still to run): ([], []) when all ran; ([], rest) after a timeout killed the pool."""
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+    jobs still to run): ([], []) when all ran; ([], rest) after a timeout killed the pool.
+
+    A job's clock starts when its worker picks it up (the worker says so on `starts`), so a
+    worker's spawn and imports do not count against it; until then its deadline has START_GRACE_S
+    more (a worker too stuck to say so is still stopped)."""
+    ctx = mp.get_context("spawn")
+    starts = ctx.Queue()
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+                             initargs=(starts,)) as pool:
         running: dict = {}  # future -> (job, deadline)
         while pending or running:
             while pending and len(running) < workers and not state["stop"]:
                 j = pending.pop(0)
-                running[pool.submit(worker, j.as_dict(), out_dir, cache)] = (j, time.monotonic() + _limit(j))
+                running[pool.submit(_run, worker, j.as_dict(), out_dir, cache)] = (j, time.time() + _limit(j)
+                                                                                   + START_GRACE_S)
                 if on_start:
                     on_start(j)
             if not running:
                 return [], []
+            _note_starts(starts, running)
             first = min(d for _, d in running.values())
             try:
-                finished, _ = wait(running, timeout=max(0.0, first - time.monotonic()), return_when=FIRST_COMPLETED)
+                finished, _ = wait(running, timeout=min(1.0, max(0.0, first - time.time())),
+                                   return_when=FIRST_COMPLETED)
             except KeyboardInterrupt:  # Ctrl-C: stop the workers now rather than wait for their jobs
                 _kill_workers(pool)
                 raise
@@ -88,7 +99,8 @@ def _pool(pending: list[Job], workers: int, out_dir: str, cache, state: dict, on
                 except BrokenProcessPool:
                     return [j for j, _ in running.values()], pending
                 done(running.pop(f)[0], row)
-            late = [f for f, (_, d) in running.items() if not f.done() and d <= time.monotonic()]
+            _note_starts(starts, running)
+            late = [f for f, (_, d) in running.items() if not f.done() and d <= time.time()]
             if late:
                 _kill_workers(pool)
                 for f in late:
@@ -97,6 +109,40 @@ def _pool(pending: list[Job], workers: int, out_dir: str, cache, state: dict, on
                                           "its worker was killed)"))
                 return [], [j for j, _ in running.values()] + pending
     return [], []
+
+
+#: Seconds a submitted job may wait for its worker to start it (spawn, imports) before its own
+#: timeout starts anyway.
+START_GRACE_S = 120.0
+_STARTS = None  # in a worker: the queue it reports job starts on
+
+
+def _init_worker(starts) -> None:
+    global _STARTS
+    _STARTS = starts
+
+
+def _run(worker, job: dict, out_dir: str, cache) -> dict:
+    """In a worker: say when the job starts (its timeout's clock), then run it."""
+    if _STARTS is not None:
+        _STARTS.put((job["name"], time.time()))
+    return worker(job, out_dir, cache)
+
+
+def _note_starts(starts, running: dict) -> None:
+    """Restart the clock of each job whose worker reported it started."""
+    by_name = {j.name: f for f, (j, _) in running.items()}
+    while True:
+        try:
+            name, t = starts.get_nowait()
+        except queue.Empty:
+            return
+        except (OSError, ValueError, EOFError):  # (a worker killed mid-put)
+            return
+        f = by_name.get(name)
+        if f is not None:
+            j = running[f][0]
+            running[f] = (j, t + _limit(j))
 
 
 def _limit(j: Job) -> float:

@@ -336,14 +336,14 @@ def _fold_and_infer(graph: Graph) -> None:
                 val = np.array(t.size, dtype=np.int64)
             else:
                 val = np.array(t.shape, dtype=np.int64)[node.attrs.get("start", 0):node.attrs.get("end", None)]
-            graph.tensors[node.outputs[0]].value = val
+            _set_value(graph.tensors[node.outputs[0]], val)
             continue
         if node.domain == "" and node.op_type not in _NONDETERMINISTIC and ins and all(graph.is_const(i) for i in ins):
             try:
                 m, feeds = _mini_model(graph, node)
                 results = ReferenceEvaluator(m).run(None, feeds)
                 for o, v in zip([o for o in node.outputs if o], results):
-                    graph.tensors[o].value = np.asarray(v)
+                    _set_value(graph.tensors[o], np.asarray(v))
                 continue
             except Exception:
                 pass
@@ -362,6 +362,12 @@ def _fold_and_infer(graph: Graph) -> None:
                 pass
         keep.append(node)
     graph.nodes = keep
+
+
+def _set_value(t: Tensor, val: np.ndarray) -> None:
+    """A folded value, with its shape and dtype at once: a later node whose shape inference needs
+    this tensor (a ReduceMean's axes from a folded Range) sees it as known."""
+    t.value, t.shape, t.dtype = val, tuple(val.shape), val.dtype.name
 
 
 def promote_float16(graph: Graph) -> None:
@@ -436,6 +442,13 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
             model = folded
     model = infer_shapes(model, path)
     opset = opset_of(model)
+    from .expand import MAX_ROUNDS, expand_functions
+    from .ops.registry import supported_ops
+
+    for _ in range(MAX_ROUNDS):  # ops onnx defines by a function body, when dlcc has no lowering
+        if not expand_functions(model, set(supported_ops()), opset):
+            break
+        model = infer_shapes(model, path)
     g = model.graph
 
     tensors: dict[str, Tensor] = {}

@@ -1,0 +1,147 @@
+"""Expand standard ONNX ops that onnx defines by a function body (MeanVarianceNormalization,
+GroupNormalization, RMSNormalization, Attention, Shrink, Swish, ...) into that body, when dlcc has
+no lowering of its own for them.
+
+Why: the onnx op schemas already say what such an op means in terms of simpler ops, and dlcc
+lowers those. Expanding before lowering gives the whole family at once, and AStitch then
+stitches the expanded elementwise and reduction nodes back together, so nothing is lost against
+a lowering per op. An op with its own lowering keeps it.
+
+The expansion follows onnx's own FunctionExpandHelper, with one difference: an attribute
+reference that the calling node leaves unset takes the schema's default value (onnx 1.23 leaves
+the attribute out, and MeanVarianceNormalization's body then has a Constant with no value).
+Bodies that depend on the inputs' types (context-dependent functions) are built from the types
+that shape inference found.
+"""
+from __future__ import annotations
+
+import logging
+
+import onnx
+from onnx import defs
+
+log = logging.getLogger(__name__)
+
+#: Expansions nest (a body may use another function op); this bounds the rounds.
+MAX_ROUNDS = 4
+
+
+def expand_functions(model: onnx.ModelProto, supported: set[str], opset: int) -> list[str]:
+    """One round: expand, in place, every node of `model`'s main graph whose op is standard, not
+    in `supported`, and defined by a function body at `opset`. Returns the op types expanded
+    (empty if none: the model is untouched). A body may use another function op whose body
+    depends on types the body computes: the caller infers shapes and calls again (MAX_ROUNDS).
+    Ops that cannot be expanded are left for the caller to report as unsupported."""
+    types = _known_types(model.graph)
+    taken = _all_names(model.graph)
+    nodes, done = [], []
+    for k, node in enumerate(model.graph.node):
+        body = None
+        if node.domain in ("", "ai.onnx") and node.op_type not in supported:
+            body = _body(node, opset, types)
+        if body is None:
+            nodes.append(node)
+            continue
+        nodes += _inline(node, body, _schema(node.op_type, opset), _prefix(node, k, taken))
+        done.append(node.op_type)
+    if done:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        log.debug("expanded function ops into their bodies: %s", ", ".join(sorted(set(done))))
+    return done
+
+
+def _schema(op_type: str, opset: int):
+    try:
+        return defs.get_schema(op_type, opset, "")
+    except Exception:
+        return None
+
+
+def _body(node: onnx.NodeProto, opset: int, types: dict) -> onnx.FunctionProto | None:
+    """The op's function body at `opset` (the newest version not above it), or None."""
+    s = _schema(node.op_type, opset)
+    if s is None:
+        return None
+    try:
+        plain = [v for v in s.function_opset_versions if v <= opset]
+        if plain:
+            raw = s.get_function_with_opset_version(max(plain))
+        else:
+            dep = [v for v in s.context_dependent_function_opset_versions if v <= opset]
+            if not dep or any(i and i not in types for i in node.input):
+                return None
+            arg_types = [types[i].SerializeToString() if i else onnx.TypeProto().SerializeToString()
+                         for i in node.input]
+            raw = s.get_context_dependent_function_with_opset_version(max(dep), node.SerializeToString(), arg_types)
+        if not raw:
+            return None
+        fp = onnx.FunctionProto()
+        fp.ParseFromString(raw if isinstance(raw, bytes) else raw.SerializeToString())
+    except Exception as e:  # onnx could not build the body: the op stays, reported as unsupported
+        log.debug("no function body for %s: %s", node.op_type, e)
+        return None
+    if any(n.domain not in ("", "ai.onnx") or _has_subgraph(n) for n in fp.node):
+        return None
+    return fp
+
+
+def _inline(node: onnx.NodeProto, fp: onnx.FunctionProto, schema, prefix: str) -> list[onnx.NodeProto]:
+    """The body's nodes, wired to `node`'s inputs and outputs, internal names under `prefix`."""
+    rename = {formal: (node.input[i] if i < len(node.input) else "") for i, formal in enumerate(fp.input)}
+    rename.update({formal: (node.output[i] if i < len(node.output) and node.output[i] else f"{prefix}{formal}")
+                   for i, formal in enumerate(fp.output)})
+    given = {a.name: a for a in fp.attribute_proto}  # the function's own defaults
+    if schema is not None:
+        for name, spec in schema.attributes.items():
+            if spec.default_value is not None and spec.default_value.type != onnx.AttributeProto.UNDEFINED:
+                given.setdefault(name, spec.default_value)
+    given.update({a.name: a for a in node.attribute})
+    out = []
+    for j, bn in enumerate(fp.node):
+        n = onnx.NodeProto()
+        n.op_type, n.domain = bn.op_type, bn.domain
+        n.name = f"{node.name or node.op_type}/{bn.name or bn.op_type}_{j}"
+        n.input.extend(rename.get(i, f"{prefix}{i}") if i else "" for i in bn.input)
+        n.output.extend(rename.get(o, f"{prefix}{o}") if o else "" for o in bn.output)
+        for a in bn.attribute:
+            if a.ref_attr_name:
+                if a.ref_attr_name in given:
+                    c = onnx.AttributeProto()
+                    c.CopyFrom(given[a.ref_attr_name])
+                    c.name = a.name
+                    n.attribute.append(c)
+            else:
+                n.attribute.append(a)
+        out.append(n)
+    return out
+
+
+def _known_types(g: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
+    types = {vi.name: vi.type for vi in list(g.input) + list(g.value_info) + list(g.output) if vi.type.HasField("tensor_type")}
+    for t in g.initializer:
+        if t.name not in types:
+            types[t.name] = onnx.helper.make_tensor_type_proto(t.data_type, list(t.dims))
+    return types
+
+
+def _all_names(g: onnx.GraphProto) -> set[str]:
+    names = {vi.name for vi in list(g.input) + list(g.value_info) + list(g.output)} | {t.name for t in g.initializer}
+    for n in g.node:
+        names.update(n.input)
+        names.update(n.output)
+    return names
+
+
+def _prefix(node: onnx.NodeProto, k: int, taken: set[str]) -> str:
+    """A prefix no existing tensor name starts with (so internal names cannot collide)."""
+    base = f"_{node.op_type}{k}_"
+    p, i = base, 0
+    while any(t.startswith(p) for t in taken):
+        i += 1
+        p = f"{base}{i}_"
+    return p
+
+
+def _has_subgraph(n: onnx.NodeProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute)

@@ -1,0 +1,94 @@
+"""Ops onnx defines by a function body, expanded into it when dlcc has no lowering (dlcc/expand.py).
+The single-op cases (MVN, GroupNorm, RMSNorm, Attention, Swish) run through every pipeline in
+tests/test_ops.py; here: a real exporter's opset-23 model, what is and is not expanded, names."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import dlcc
+from dlcc.errors import UnsupportedOpsError
+from dlcc.frontend import import_model
+from dlcc.verify import run_onnxruntime
+
+
+def _opset23_export(path):
+    """torch's dynamo exporter at opset 23 writes RMSNormalization, Attention and
+    GroupNormalization nodes (none of which dlcc lowers directly)."""
+    torch = pytest.importorskip("torch")
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.q, self.gn = torch.nn.RMSNorm(32), torch.nn.Linear(32, 32), torch.nn.GroupNorm(2, 4)
+
+        def forward(self, x, img):
+            q = self.q(self.norm(x)).view(1, 8, 4, 8).transpose(1, 2)
+            a = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+            return a.transpose(1, 2).reshape(1, 8, 32) + x, torch.nn.functional.silu(self.gn(img))
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Block().eval(), (torch.randn(1, 8, 32), torch.randn(2, 4, 5, 5)), str(path), dynamo=True,
+                          opset_version=23, input_names=["x", "img"], output_names=["y", "z"])
+    return path
+
+
+def test_a_real_opset23_export_expands_and_matches_onnxruntime(tmp_path):
+    path = _opset23_export(tmp_path / "block23.onnx")
+    ops = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert {"RMSNormalization", "Attention", "GroupNormalization"} <= ops
+    assert not {"RMSNormalization", "Attention", "GroupNormalization"} & {n.op_type for n in import_model(path).nodes}
+    launches = {}
+    for pipeline in ("baseline", "astitch"):
+        m = dlcc.compile(path, target="opencl", pipeline=pipeline)
+        feeds = m.sample_inputs(0)
+        got = m(feeds)
+        for name, ref in zip(["y", "z"], run_onnxruntime(str(path), feeds, ["y", "z"])):
+            np.testing.assert_allclose(got[name], ref, rtol=1e-3, atol=1e-4, err_msg=f"{pipeline}: {name}")
+        launches[pipeline] = len(m.plan["launches"])
+    assert launches["astitch"] < launches["baseline"] / 2  # the expanded norms stitch back together
+
+
+def _one(op, ins, opset, **attrs):
+    vis = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in ins.items()]
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(ins[next(iter(ins))]))
+    return helper.make_model(helper.make_graph([helper.make_node(op, list(ins), ["y"], **attrs)], "g", vis, [y]),
+                             opset_imports=[helper.make_opsetid("", opset)])
+
+
+def test_ops_dlcc_lowers_stay_and_ops_without_a_usable_body_are_reported(tmp_path):
+    # LayerNormalization has a function body too, but dlcc lowers it itself: it is kept.
+    ln = _one("LayerNormalization", {"x": [2, 8], "s": [8]}, 17)
+    onnx.save(ln, str(tmp_path / "ln.onnx"))
+    assert [n.op_type for n in import_model(tmp_path / "ln.onnx").nodes] == ["LayerNormalization"]
+    # Shrink's body is defined from opset 18: an opset-9 model keeps Shrink, reported unsupported.
+    onnx.save(_one("Shrink", {"x": [4, 7]}, 9, lambd=0.3), str(tmp_path / "shrink.onnx"))
+    with pytest.raises(UnsupportedOpsError, match="Shrink"):
+        dlcc.compile(tmp_path / "shrink.onnx", target="opencl")
+    # From opset 18 it expands.
+    onnx.save(_one("Shrink", {"x": [4, 7]}, 18, lambd=0.3, bias=0.1), str(tmp_path / "shrink18.onnx"))
+    m = dlcc.compile(tmp_path / "shrink18.onnx", target="opencl")
+    x = np.linspace(-1, 1, 28, dtype=np.float32).reshape(4, 7)
+    np.testing.assert_allclose(m({"x": x})["y"], run_onnxruntime(str(tmp_path / "shrink18.onnx"), {"x": x}, ["y"])[0],
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_body_names_never_collide_with_the_models(tmp_path):
+    """The model already uses the names an expansion would pick for the body's tensors."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6, 3])
+    nodes = [helper.make_node("Relu", ["x"], ["_MeanVarianceNormalization1_X_RM"]),
+             helper.make_node("MeanVarianceNormalization", ["_MeanVarianceNormalization1_X_RM"], ["m"], axes=[1]),
+             helper.make_node("Add", ["m", "_MeanVarianceNormalization1_X_RM"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 18)])
+    onnx.save(model, str(tmp_path / "clash.onnx"))
+    m = dlcc.compile(tmp_path / "clash.onnx", target="opencl")
+    feeds = m.sample_inputs(0)
+    np.testing.assert_allclose(m(feeds)["y"], run_onnxruntime(str(tmp_path / "clash.onnx"), feeds, ["y"])[0],
+                               rtol=1e-4, atol=1e-5)

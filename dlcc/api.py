@@ -102,7 +102,7 @@ def cache_key(model, shapes: dict, tgt: str, pipeline, device, profile_db=None, 
     from .compiler import default_device
     from .config import builtin_names, load_device, load_pipeline
 
-    c = cache if isinstance(cache, Cache) else Cache(None if cache is True else cache)
+    c = Cache.of(cache)
     names = builtin_names("pipelines") if pipeline == "auto" else [pipeline]
     pipe_text = "\n".join((n if hasattr(n, "model_dump_json") else load_pipeline(n)).model_dump_json() for n in names)
     dev = device if hasattr(device, "model_dump_json") else load_device(device or default_device(tgt))

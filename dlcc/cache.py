@@ -89,23 +89,30 @@ class Cache:
     def __init__(self, root: str | os.PathLike | None = None):
         self.root = Path(root).expanduser() if root else default_dir()
 
+    @classmethod
+    def of(cls, cache) -> "Cache":
+        """The `cache=` argument of dlcc.compile and dlcc batch: a Cache, a directory, or True."""
+        return cache if isinstance(cache, Cache) else cls(None if cache is True else cache)
+
     # -- file digests, memoised ---------------------------------------------------------------------
     def file_digest(self, path: str | os.PathLike) -> str:
         return self._memo(path)["sha256"]
 
-    def _memo(self, path: str | os.PathLike, onnx_model: bool = False) -> dict:
-        """{sha256, and for a model the external-data files it names}, memoised by stat."""
+    def _memo(self, path: str | os.PathLike, onnx_model: bool = False, digest: str | None = None) -> dict:
+        """{sha256, and for a model the external-data files it names}, memoised by stat. `digest`:
+        a sha256 just computed for this file (an entry's files, at publish), memoised as it is."""
         p = Path(path).resolve()
         st = p.stat()
         memo = self._memo_path(p, onnx_model)
         stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
-        try:
-            m = json.loads(memo.read_text())
-            if m["stamp"] == stamp:
-                return m
-        except (OSError, ValueError, KeyError):
-            pass
-        m = {"path": str(p), "stamp": stamp, "sha256": sha256_file(p)}
+        if digest is None:
+            try:
+                m = json.loads(memo.read_text())
+                if m["stamp"] == stamp:
+                    return m
+            except (OSError, ValueError, KeyError):
+                pass
+        m = {"path": str(p), "stamp": stamp, "sha256": digest or sha256_file(p)}
         if onnx_model:
             m["external"] = external_data_files(p)
         _write_json(memo, m)
@@ -113,13 +120,6 @@ class Cache:
 
     def _memo_path(self, p: Path, onnx_model: bool) -> Path:
         return self.root / "memo" / f"{hashlib.sha1(f'{p}|{onnx_model}'.encode()).hexdigest()}.json"
-
-    def _remember(self, path: Path, digest: str) -> None:
-        """Memoise the digest of a file just written and hashed (an entry's files, at publish)."""
-        p = path.resolve()
-        st = p.stat()
-        _write_json(self._memo_path(p, False), {"path": str(p), "stamp": [st.st_size, st.st_mtime_ns, st.st_ino],
-                                                "sha256": digest})
 
     # -- keys ------------------------------------------------------------------------------------------
     def artifact_key(self, model, shapes: dict, pipeline_spec: str, device_spec: str, target: str,
@@ -226,7 +226,7 @@ class Cache:
                 return final
             os.replace(stage, final)
             for name, (_, digest) in files.items():  # a rename keeps size, mtime and inode: so
-                self._remember(final / name, digest)  # the next hit's checks need not re-hash
+                self._memo(final / name, digest=digest)  # the next hit's checks need not re-hash
             return final
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

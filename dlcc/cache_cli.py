@@ -23,16 +23,17 @@ def register(app: typer.Typer, out) -> None:
     def _cache(d):
         from .cache import Cache
 
-        return Cache(d)
+        return Cache.of(d or True)
 
     @sub.command("ls")
     def ls(cache_dir: Optional[Path] = DirOpt, json_out: bool = JsonOpt):
         """One line per entry: kind, key, size, age, and the model/target it was built for."""
-        rows = _cache(cache_dir).entries()
+        c = _cache(cache_dir)
+        rows = c.entries()
         if json_out:
             print(json.dumps(rows))
             return
-        t = Table(title=f"dlcc cache {escape(str(_cache(cache_dir).root))}")
+        t = Table(title=f"dlcc cache {escape(str(c.root))}")
         for c in ("kind", "key", "size", "age", "target / arch"):
             t.add_column(c)
         now = time.time()

@@ -445,8 +445,9 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     from .expand import MAX_ROUNDS, expand_functions
     from .ops.registry import supported_ops
 
+    lowered = set(supported_ops())
     for _ in range(MAX_ROUNDS):  # ops onnx defines by a function body, when dlcc has no lowering
-        if not expand_functions(model, set(supported_ops()), opset):
+        if not expand_functions(model, lowered, opset):
             break
         model = infer_shapes(model, path)
     g = model.graph

@@ -8,7 +8,9 @@ import contextlib
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import time
+from pathlib import Path
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
@@ -76,38 +78,43 @@ def _pool(pending: list[Job], workers: int, out_dir: str, cache, state: dict, on
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                              initargs=(starts,)) as pool:
         running: dict = {}  # future -> (job, deadline)
-        while pending or running:
-            while pending and len(running) < workers and not state["stop"]:
-                j = pending.pop(0)
-                running[pool.submit(_run, worker, j.as_dict(), out_dir, cache)] = (j, time.time() + _limit(j)
-                                                                                   + START_GRACE_S)
-                if on_start:
-                    on_start(j)
-            if not running:
-                return [], []
-            _note_starts(starts, running)
-            first = min(d for _, d in running.values())
+        try:
+            return _drive(pool, starts, running, pending, workers, out_dir, cache, state, on_start, done, worker)
+        except KeyboardInterrupt:  # Ctrl-C: stop the workers now rather than wait for their jobs
+            _kill_workers(pool, out_dir, [j.name for j, _ in running.values()])
+            raise
+
+
+def _drive(pool, starts, running: dict, pending: list[Job], workers: int, out_dir: str, cache, state: dict,
+           on_start, done, worker) -> tuple[list[Job], list[Job]]:
+    """_pool's loop: keep `workers` jobs running, collect rows, enforce timeouts."""
+    while pending or running:
+        while pending and len(running) < workers and not state["stop"]:
+            j = pending.pop(0)
+            running[pool.submit(_run, worker, j.as_dict(), out_dir, cache)] = (j, time.time() + _limit(j)
+                                                                               + START_GRACE_S)
+            if on_start:
+                on_start(j)
+        if not running:
+            return [], []
+        _note_starts(starts, running)
+        first = min(d for _, d in running.values())
+        finished, _ = wait(running, timeout=min(1.0, max(0.0, first - time.time())), return_when=FIRST_COMPLETED)
+        for f in finished:
             try:
-                finished, _ = wait(running, timeout=min(1.0, max(0.0, first - time.time())),
-                                   return_when=FIRST_COMPLETED)
-            except KeyboardInterrupt:  # Ctrl-C: stop the workers now rather than wait for their jobs
-                _kill_workers(pool)
-                raise
-            for f in finished:
-                try:
-                    row = f.result()
-                except BrokenProcessPool:
-                    return [j for j, _ in running.values()], pending
-                done(running.pop(f)[0], row)
-            _note_starts(starts, running)
-            late = [f for f, (_, d) in running.items() if not f.done() and d <= time.time()]
-            if late:
-                _kill_workers(pool)
-                for f in late:
-                    j = running.pop(f)[0]
-                    done(j, _error_row(j, f"timed out after {_limit(j):g} s (the job's `timeout`; "
-                                          "its worker was killed)"))
-                return [], [j for j, _ in running.values()] + pending
+                row = f.result()
+            except BrokenProcessPool:
+                return [j for j, _ in running.values()], pending
+            done(running.pop(f)[0], row)
+        _note_starts(starts, running)
+        late = [f for f, (_, d) in running.items() if not f.done() and d <= time.time()]
+        if late:
+            _kill_workers(pool, out_dir, [j.name for j, _ in running.values()])
+            for f in late:
+                j = running.pop(f)[0]
+                done(j, _error_row(j, f"timed out after {_limit(j):g} s (the job's `timeout`; "
+                                      "its worker was killed)"))
+            return [], [j for j, _ in running.values()] + pending
     return [], []
 
 
@@ -149,12 +156,27 @@ def _limit(j: Job) -> float:
     return j.timeout or DEFAULT_TIMEOUT_S
 
 
-def _kill_workers(pool: ProcessPoolExecutor) -> None:
-    """SIGKILL every worker of `pool` (the only way to stop one stuck in native code). The pool
-    is broken afterwards; its other jobs are re-run by the caller."""
-    for p in list(getattr(pool, "_processes", {}).values()):
+def _kill_workers(pool: ProcessPoolExecutor, out_dir: str, names: list[str]) -> None:
+    """SIGKILL every worker of `pool` (the only way to stop one stuck in native code), then remove
+    what they left half-written for jobs `names` under `out_dir`: dlcc.artifact's temp directories
+    and files (`.NAME.tmp-*`, `.NAME.old-*`, `.NAME.log.*.tmp`). Published artifacts are never
+    touched. The pool is broken afterwards; its other jobs are re-run by the caller."""
+    procs = list(getattr(pool, "_processes", {}).values())
+    for p in procs:
         with contextlib.suppress(Exception):
             p.kill()
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.join(10)
+    out = Path(out_dir)
+    for name in names:
+        for pat in (f".{name}.tmp-*", f".{name}.old-*", f".{name}.log.*.tmp", f"{name}/.*.tmp"):
+            for left in out.glob(pat):
+                if left.is_dir():
+                    shutil.rmtree(left, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        left.unlink()
 
 
 def _error_row(j: Job, error: str) -> dict:

@@ -106,10 +106,11 @@ def register(app: typer.Typer, out, err) -> None:
         if junit:
             write_atomic(junit, junit_xml(rows, f"dlcc batch {manifest.name}" + (f" shard {label}" if label else ""),
                                           seconds, not_started))
-        write_atomic(dest / "summary.json", json.dumps(summary(rows, seconds, label), indent=1))
+        report = summary(rows, seconds, label)
+        write_atomic(dest / "summary.json", json.dumps(report, indent=1))
         skipped = len(not_started)
         if json_out:
-            print(json.dumps(summary(rows, seconds, label)))
+            print(json.dumps(report))
         elif not quiet:
             t = Table(title=f"dlcc batch {manifest.name}" + (f" (shard {label})" if label else "") + f": {seconds:.1f} s")
             for c in ("job", "outcome", "expect", "time", "cache", "launches", "DRAM / bound", "verify err"):

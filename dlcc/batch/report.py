@@ -7,7 +7,6 @@ summary and the job's log tail, so a CI UI shows why without opening artifacts.
 """
 from __future__ import annotations
 
-import json
 import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -73,6 +72,3 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
     with atomic_file(path, "wb") as f:
         f.write(data if isinstance(data, bytes) else data.encode())
 
-
-def write_json(path, rows, seconds, shard) -> None:
-    write_atomic(path, json.dumps(summary(rows, seconds, shard), indent=1))

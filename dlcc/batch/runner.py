@@ -87,9 +87,7 @@ def try_hit(job: dict, out_dir: str, cache: str | bool) -> dict | None:
             entry = c.lookup("artifacts", key)
             checked = None
             if entry is not None and job.get("verify"):
-                vkey, _ = c.verified_key(key, job["verify"], tgt)
-                vhit = c.lookup("verified", vkey)
-                checked = json.loads((vhit / "result.json").read_text()) if vhit else None
+                checked = _cached_verification(c, key, job["verify"], tgt)[2]
             if entry is None or (job.get("verify") and checked is None):
                 return None
             art = Path(out_dir) / job["name"]
@@ -100,7 +98,7 @@ def try_hit(job: dict, out_dir: str, cache: str | bool) -> dict | None:
             _compiled(row, cm, art, log)
             row["outcome"] = "passed"
             if checked is not None:
-                _report_verify(job, row, checked["results"], True, log)
+                _report_verify(job, row, checked, True, log)
     except Exception:
         return None
     return _finish(row, log.getvalue(), out_dir, t0)
@@ -147,13 +145,12 @@ def _verify(job: dict, cm, row: dict, cache, log) -> None:
     from ..verify import compare, run_onnxruntime
 
     v = job["verify"]
-    c = vkey = None
+    c = None
     if cache and cm.cache_key:
-        c = cache if isinstance(cache, Cache) else Cache(None if cache is True else cache)
-        vkey, vparts = c.verified_key(cm.cache_key, v, cm.target)
-        hit = c.lookup("verified", vkey)
-        if hit is not None:
-            _report_verify(job, row, json.loads((hit / "result.json").read_text())["results"], True, log)
+        c = Cache.of(cache)
+        vkey, vparts, passed = _cached_verification(c, cm.cache_key, v, cm.target)
+        if passed is not None:
+            _report_verify(job, row, passed, True, log)
             return
     feeds = cm.sample_inputs(v["seed"])
     ex = cm.executor()
@@ -172,6 +169,13 @@ def _verify(job: dict, cm, row: dict, cache, log) -> None:
             d.mkdir()
             (d / "result.json").write_text(json.dumps({"results": res, "job": job["name"]}))
         c.store("verified", vkey, vparts, write)
+
+
+def _cached_verification(c, artifact_key: str, verify: dict, target: str):
+    """(key, key parts, the stored per-output results or None) of a passed verification."""
+    vkey, vparts = c.verified_key(artifact_key, verify, target)
+    hit = c.lookup("verified", vkey)
+    return vkey, vparts, json.loads((hit / "result.json").read_text())["results"] if hit else None
 
 
 def _report_verify(job: dict, row: dict, res: list[dict], cached: bool, log) -> None:

@@ -83,7 +83,9 @@ class ModelSpec:
     :func:`sample_inputs` makes valid random inputs for the exported graph:
 
     * ``int_high``: integer inputs drawn uniformly from ``[0, high)``.
-    * ``ones``: integer inputs that are all ones (attention masks).
+    * ``masks``: integer inputs drawn as right-padded attention masks
+      (``dlcc.inputs.padding_mask``: per row, ones then zeros, at least one
+      row padded), as are int/bool inputs whose name contains "mask".
     * ``dim_values``: values bound to symbolic dimensions (default 1).
 
     Float inputs are standard normal float32; other integer inputs are zeros.
@@ -93,7 +95,7 @@ class ModelSpec:
     description: str
     build: Callable[[str], Built]
     int_high: dict[str, int] = field(default_factory=dict)
-    ones: tuple[str, ...] = ()
+    masks: tuple[str, ...] = ()
     dim_values: dict[str, int] = field(default_factory=dict)
     sizes: tuple[str, ...] = SIZES
 
@@ -648,9 +650,9 @@ MODELS: dict[str, ModelSpec] = {
                   build_lstm_tc),
         ModelSpec("gru", "2-layer bidirectional GRU + Linear on [seq, batch, feat]", build_gru),
         ModelSpec("bert", "transformers BertModel (tiny / bert-base), input_ids + attention_mask", build_bert,
-                  int_high={"input_ids": 1000}, ones=("attention_mask",)),
+                  int_high={"input_ids": 1000}, masks=("attention_mask",)),
         ModelSpec("bert-small", "transformers BERT-small (4 layers, hidden 256, seq 128): batch 1 (small) / 8 (full)",
-                  build_bert_small, int_high={"input_ids": 1000}, ones=("attention_mask",)),
+                  build_bert_small, int_high={"input_ids": 1000}, masks=("attention_mask",)),
         ModelSpec("gpt2", "transformers GPT2LMHeadModel (tiny / gpt2-124M), no KV cache", build_gpt2,
                   int_high={"input_ids": 1000}),
         ModelSpec("vit", "transformers ViTModel (tiny / ViT-B/16)", build_vit),
@@ -748,11 +750,15 @@ def sample_inputs(name: str, model_path: Path | str, seed: int = 0,
     """Seeded random feeds for the exported model ``name`` at ``model_path``.
 
     Floats are standard normal; integer inputs listed in the spec's
-    ``int_high`` are uniform in ``[0, high)``; the spec's ``ones`` inputs (and
-    any int input whose name contains "mask") are all ones; names containing
-    "ids" default to ``[0, 100)``; other ints are zeros.  Symbolic dims are
-    bound from ``dim_values``, then the spec's ``dim_values``, else 1.
+    ``int_high`` are uniform in ``[0, high)``; the spec's ``masks`` (and any
+    int or bool input whose name contains "mask") are right-padded attention
+    masks with zeros (``dlcc.inputs.padding_mask``), so that masking is
+    checked; names containing "ids" default to ``[0, 100)``; other ints are
+    zeros, other bools ones.  Symbolic dims are bound from ``dim_values``,
+    then the spec's ``dim_values``, else 1.
     """
+    from dlcc.inputs import padding_mask
+
     spec = _spec(name)
     dims = {**spec.dim_values, **(dim_values or {})}
     rng = np.random.default_rng(seed)
@@ -764,14 +770,14 @@ def sample_inputs(name: str, model_path: Path | str, seed: int = 0,
         elif np.issubdtype(dtype, np.integer):
             if iname in spec.int_high:
                 feeds[iname] = rng.integers(0, spec.int_high[iname], shp).astype(dtype)
-            elif iname in spec.ones or "mask" in iname:
-                feeds[iname] = np.ones(shp, dtype)
+            elif iname in spec.masks or "mask" in iname.lower():
+                feeds[iname] = padding_mask(rng, shp, dtype)
             elif "ids" in iname:
                 feeds[iname] = rng.integers(0, 100, shp).astype(dtype)
             else:
                 feeds[iname] = np.zeros(shp, dtype)
         elif dtype == np.bool_:
-            feeds[iname] = np.ones(shp, dtype)
+            feeds[iname] = padding_mask(rng, shp, dtype) if "mask" in iname.lower() else np.ones(shp, dtype)
         else:
             raise TypeError(f"{name}: input {iname!r} has unsupported dtype {dtype}")
     return feeds

@@ -38,6 +38,27 @@ def model_path():
     return export_model
 
 
+def opencl_device_available() -> bool:
+    """Whether pyopencl finds an OpenCL device on any platform. Tests skip on this, never on an
+    error's text: dlcc's own errors ("the OpenCL compiler rejected the generated kernels (a dlcc
+    bug)") say "OpenCL" too."""
+    import dlcc  # noqa: F401  (fixes PoCL's worker threads before the platform is first touched)
+
+    try:
+        import pyopencl as cl
+
+        platforms = cl.get_platforms()
+    except Exception:  # no pyopencl, no ICD loader, or no platform
+        return False
+    for p in platforms:
+        try:
+            if p.get_devices():
+                return True
+        except Exception:  # DEVICE_NOT_FOUND on this platform
+            continue
+    return False
+
+
 def run_ort(path, feeds, names=None):
     from dlcc.verify import run_onnxruntime
 

@@ -19,7 +19,7 @@ import dlcc
 from dlcc.backends.nvcc import compile_cubin, find_nvcc
 from dlcc.backends.source import render
 from dlcc.errors import DlccError
-from dlcc.verify import compare, run_onnxruntime
+from dlcc.verify import verify_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,11 +53,8 @@ def _column_centre(tmp_path, rows, cols):
 
 def _compile_check(path, feeds, pipeline="astitch", device=None):
     m = dlcc.compile(path, target="opencl", pipeline=pipeline, device=device)
-    got = m(feeds)
-    names = [o["name"] for o in m.outputs]
-    for n, r in zip(names, run_onnxruntime(str(path), feeds, names)):
-        res = compare(n, got[n], r, 1e-4, 1e-5)
-        assert res["passed"], res
+    rows = verify_outputs(path, m(feeds), feeds, 1e-4, 1e-5)
+    assert all(r["passed"] for r in rows), rows
     return m
 
 
@@ -285,11 +282,20 @@ def test_inspect_stitch_cli(tmp_path):
 
 
 def test_astitch_ships_in_a_wheel(tmp_path):
-    """pyproject lists packages explicitly: the astitch subpackage must be in a non-editable build."""
+    """pyproject lists packages explicitly: the astitch subpackage must be in a non-editable build.
+    --no-deps --no-build-isolation fetch nothing, so the one failure that is the environment's is a
+    build backend that is not installed (pip: "backend-unavailable", older pips "BackendUnavailable")
+    or that an index is unreachable; any other failure (a bad pyproject, a missing package dir)
+    is the broken packaging this test exists to catch."""
+    import re
+
     out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                           "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.skip(f"pip wheel unavailable here: {out.stderr[-300:]}")
+    if out.returncode != 0 and re.search(r"backend-unavailable|BackendUnavailable|Cannot import build backend|"
+                                         r"Failed to establish a new connection|Network is unreachable|"
+                                         r"Temporary failure in name resolution", out.stderr):
+        pytest.skip(f"no build backend or no index here: {out.stderr[-300:]}")
+    assert out.returncode == 0, out.stderr[-3000:]
     (whl,) = tmp_path.glob("dlcc-*.whl")
     names = zipfile.ZipFile(whl).namelist()
     for f in ("dlcc/passes/astitch/__init__.py", "dlcc/passes/astitch/planner.py", "dlcc/passes/fold_bn.py",

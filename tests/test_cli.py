@@ -37,10 +37,20 @@ def test_compile_run_verify_inspect(tmp_path):
     assert v["passed"] is True and v["outputs"][0]["passed"] is True
     assert {"name", "max_abs_err", "max_rel_err", "passed"} <= set(v["outputs"][0])
 
-    # A tolerance that cannot be met makes verify fail with exit 1.
-    rc, out, err = cli("verify", EXAMPLE, "--json", "--target", "opencl", "--rtol", "0", "--atol", "0", "--seed", "1")
+    # --rtol/--atol are the tolerances applied: the errors above are not zero, so rtol = atol = 0
+    # fails with exit 1; atol alone at twice the largest error passes, and so does rtol alone at
+    # twice the largest relative error (atol 0 makes max_rel_err |d| / |ref|).
+    worst = max(o["max_abs_err"] for o in v["outputs"])
+    assert worst > 0, v
+    rc, out, err = cli("verify", EXAMPLE, "--json", "--target", "opencl", "--rtol", "0", "--atol", "0")
     v = json.loads(out)
-    assert (rc == 0) == v["passed"]
+    assert rc == 1 and v["passed"] is False and (v["rtol"], v["atol"]) == (0, 0), (rc, v)
+    worst_rel = max(o["max_rel_err"] for o in v["outputs"])
+    assert 0 < worst_rel < float("inf"), v
+    for rtol, atol in ((0.0, 2 * worst), (2 * worst_rel, 0.0)):
+        rc, out, err = cli("verify", EXAMPLE, "--json", "--target", "opencl", "--rtol", repr(rtol), "--atol", repr(atol))
+        v = json.loads(out)
+        assert rc == 0 and v["passed"] is True and (v["rtol"], v["atol"]) == (rtol, atol), (rc, v, err)
 
     for target in (EXAMPLE, art):
         rc, out, err = cli("inspect", target, "--json")

@@ -6,9 +6,9 @@ import pytest
 
 import dlcc
 from dlcc.backends.nvcc import compile_cubin, find_nvcc
-from dlcc.verify import compare
+from dlcc.verify import verify_outputs
 
-from conftest import export_model, run_ort
+from conftest import export_model
 
 pytestmark = pytest.mark.slow
 
@@ -20,10 +20,7 @@ def test_full_size_matches_onnxruntime(name):
     path = export_model(name, "full")
     m = dlcc.compile(path, target="opencl")
     feeds = models.sample_inputs(name, path, seed=0)
-    got = m(feeds)
-    names = [o["name"] for o in m.outputs]
-    ref = run_ort(path, feeds, names)
-    rows = [compare(n, got[n], r, 2e-3, 2e-4) for n, r in zip(names, ref)]
+    rows = verify_outputs(path, m(feeds), feeds, 2e-3, 2e-4)
     assert all(r["passed"] for r in rows), rows
     if find_nvcc():
         for arch in ("sm_80", "sm_90"):

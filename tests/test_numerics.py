@@ -5,46 +5,64 @@ import numpy as np
 import pytest
 
 import dlcc
-from dlcc.verify import compare
+from dlcc.verify import verify_outputs
 
-from conftest import SMALL_MODELS, run_ort
+from conftest import SMALL_MODELS
 
 RTOL, ATOL = 1e-3, 1e-4
 
 
 def check_against_onnxruntime(name: str, path, pipeline: str = "baseline") -> "dlcc.CompiledModel":
-    """Compile `path` for OpenCL, run it and onnxruntime on the model's seeded inputs, compare."""
+    """Compile `path` for OpenCL, run it and onnxruntime on the model's seeded inputs (attention
+    masks with padding), compare every graph output."""
     import models
 
     m = dlcc.compile(path, target="opencl", pipeline=pipeline)
     feeds = models.sample_inputs(name, path, seed=0)
-    got = m(feeds)
-    names = [o["name"] for o in m.outputs]
-    ref = run_ort(path, feeds, names)
-    rows = [compare(n, got[n], r, RTOL, ATOL) for n, r in zip(names, ref)]
+    rows = verify_outputs(path, m(feeds), feeds, RTOL, ATOL)
     assert all(r["passed"] for r in rows), rows
     return m
 
 
+#: Models where astitch has nothing to stitch: their memory-bound launches are the LSTM/GRU's own
+#: per-step cell maps, each between two recurrent GEMMs of the same op, and RNN state inits, and
+#: the rest is layout (Squeeze, Reshape, Concat) and a Gemm (lstm: 40 launches, 21 memory-bound,
+#: in both pipelines). Every other model has elementwise/reduction chains that must stitch.
+NOTHING_TO_STITCH = {"lstm", "gru"}
+
+
 @pytest.mark.parametrize("name", SMALL_MODELS)
 def test_astitch_model_matches_onnxruntime(model_path, name):
-    """The same models through the astitch pipeline: fewer kernels, same numbers."""
+    """The same models through the astitch pipeline: fewer launches, memory-bound launches and
+    DRAM bytes (no more where there is nothing to stitch), same numbers."""
     base = dlcc.compile(model_path(name), target="opencl")
     m = check_against_onnxruntime(name, model_path(name), "astitch")
     s, b = m.stats, base.stats
-    assert s["launches"] <= b["launches"]
-    assert s["memory_bound_launches"] <= b["memory_bound_launches"]
-    assert s["dram_bytes"] <= b["dram_bytes"]
+    for key in ("launches", "memory_bound_launches", "dram_bytes"):
+        if name in NOTHING_TO_STITCH:
+            assert s[key] <= b[key], key
+        else:
+            assert s[key] < b[key], key
+
+
+#: (model, pipeline) where the built-in pipelines' `join: auto` joins nothing on the pocl-cpu
+#: device: rammer's cost model predicts that no run beats one launch per wave there (the pass log
+#: says "0 rProgram(s)"; `join: always` does join them, tests/test_rammer.py). Everywhere else it
+#: must join something.
+NO_JOIN_ON_POCL = {("cnn", "rammer"), ("mobilenet", "rammer"), ("mobilenet", "full"), ("gpt2", "full")}
 
 
 @pytest.mark.parametrize("pipeline", ["rammer", "full"])
 @pytest.mark.parametrize("name", SMALL_MODELS + ["lstm-tc"])
 def test_rammer_pipelines_match_onnxruntime(model_path, name, pipeline):
-    """The built-in rammer and full pipelines (rammer's choices for the PoCL device) match, with no
-    more launches than the pipeline without rammer."""
+    """The built-in rammer and full pipelines (rammer's choices for the PoCL device) match, with
+    fewer launches than the pipeline without rammer (no more where it joins nothing)."""
     m = check_against_onnxruntime(name, model_path(name), pipeline)
     plain = dlcc.compile(model_path(name), target="opencl", pipeline="baseline" if pipeline == "rammer" else "astitch")
-    assert m.stats["launches"] <= plain.stats["launches"]
+    if (name, pipeline) in NO_JOIN_ON_POCL:
+        assert m.stats["launches"] <= plain.stats["launches"]
+    else:
+        assert m.stats["launches"] < plain.stats["launches"]
 
 
 @pytest.mark.parametrize("name", SMALL_MODELS)
@@ -64,9 +82,9 @@ def test_dynamic_batch_binding(model_path):
         m = dlcc.compile(path, target="opencl", shapes=[f"input={batch}x3x32x32"])
         x = np.random.default_rng(batch).standard_normal((batch, 3, 32, 32)).astype(np.float32)
         got = m({"input": x})
-        (ref,) = run_ort(path, {"input": x})
         assert got["logits"].shape == (batch, 10)
-        assert compare("logits", got["logits"], ref, RTOL, ATOL)["passed"]
+        rows = verify_outputs(path, got, {"input": x}, RTOL, ATOL)
+        assert all(r["passed"] for r in rows), rows
 
 
 def test_symbolic_dim_binding_by_name(model_path):
@@ -104,14 +122,21 @@ def test_dynamo_exporter_models(name, pipeline):
         import tempfile
         import warnings
 
+        import onnx
+
         MODEL_DIR.mkdir(parents=True, exist_ok=True)
-        b = models.MODELS[name].build("small")
+        # Seeded (and in eval mode): two xdist workers that export at once write the same weights,
+        # so neither compares the model it compiled with the other's (unseeded, they differed).
+        b = models.build(name, "small")
         fd, tmp = tempfile.mkstemp(suffix=".onnx", dir=MODEL_DIR)
         os.close(fd)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.onnx.export(b.module, tuple(b.inputs.values()), tmp, input_names=list(b.inputs),
                               output_names=b.output_names, dynamo=True, opset_version=18, verbose=False)
+        onnx.save(onnx.load(tmp), tmp)  # the weights inline: the exporter wrote them to TMP.data
+        if os.path.exists(tmp + ".data"):
+            os.unlink(tmp + ".data")
         os.replace(tmp, path)
     check_against_onnxruntime(name, path, pipeline)
 
@@ -133,11 +158,9 @@ def test_float16_models(model_path, name, tmp_path, pipeline):
     feeds = {k: (v.astype(np.float16) if v.dtype == np.float32 else v)
              for k, v in models.sample_inputs(name, model_path(name), seed=0).items()}
     got = m(feeds)
-    names = [o["name"] for o in m.outputs]
-    ref = run_ort(path, feeds, names)
-    rows = [compare(n, got[n], r, 1e-2, 1e-2) for n, r in zip(names, ref)]
+    rows = verify_outputs(path, got, feeds, 1e-2, 1e-2)
     assert all(r["passed"] for r in rows), rows
-    assert all(got[n].dtype == np.float16 for n in names)
+    assert all(g.dtype == np.float16 for g in got.values())
     from dlcc.backends.nvcc import compile_cubin, find_nvcc
 
     if find_nvcc():  # the half loads/stores (cuda_fp16.h) compile for the GPU too

@@ -12,8 +12,9 @@ import pytest
 from onnx import TensorProto, helper
 
 import dlcc
+from dlcc.verify import verify_outputs
 
-from conftest import SMALL_MODELS, export_model, run_ort
+from conftest import SMALL_MODELS, export_model
 from test_hf_zoo import NAMES as HF_NAMES
 from test_hf_zoo import _export as hf_export
 
@@ -47,9 +48,8 @@ def pipes(tmp_path_factory):
 def _check(path, m, seed=0):
     feeds = m.sample_inputs(seed)
     got = m(feeds)
-    ref = run_ort(path, feeds, [o["name"] for o in m.outputs])
-    for (name, g), r in zip(got.items(), ref):
-        np.testing.assert_allclose(g, r, rtol=1e-3, atol=1e-4, err_msg=name)
+    rows = verify_outputs(path, got, feeds, 1e-3, 1e-4)
+    assert all(r["passed"] for r in rows), rows
     return feeds, got
 
 

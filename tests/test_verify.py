@@ -1,0 +1,119 @@
+"""The oracle itself (dlcc/verify.py): compare's rule on special values and integer outputs, and
+verify_outputs taking the model's graph outputs, not dlcc's, as the list to check."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from dlcc.inputs import padding_mask, sample_inputs
+from dlcc.verify import compare, run_onnxruntime, verify_outputs
+
+INF, NAN = np.inf, np.nan
+
+
+def _cmp(got, ref, rtol=1e-3, atol=1e-4):
+    return compare("y", np.asarray(got, np.float32), np.asarray(ref, np.float32), rtol, atol)
+
+
+def test_equal_infinities_pass():
+    r = _cmp([INF, -INF, 1.0], [INF, -INF, 1.0])
+    assert r["passed"] and r["max_abs_err"] == 0 and r["max_rel_err"] == 0
+
+
+@pytest.mark.parametrize("got, ref", [([INF], [1.0]), ([1.0], [INF]), ([3e38], [INF]), ([INF], [-INF]),
+                                      ([-INF], [INF]), ([INF, 1.0], [1.0, INF])])
+def test_infinity_against_anything_else_fails(got, ref):
+    r = _cmp(got, ref, rtol=1.0, atol=1.0)  # however wide the tolerance
+    assert not r["passed"] and r["max_abs_err"] == INF and r["max_rel_err"] == INF
+
+
+def test_nan_positions_must_match():
+    assert _cmp([NAN, 1.0], [NAN, 1.0])["passed"]
+    for got, ref in (([NAN, 1.0], [1.0, 1.0]), ([1.0, 1.0], [NAN, 1.0]), ([NAN, 1.0], [1.0, NAN])):
+        r = _cmp(got, ref, rtol=1.0, atol=1.0)
+        assert not r["passed"] and "NaN" in r["note"]
+
+
+def test_tolerance_rule_and_errors():
+    """|d| <= atol + rtol·|ref| everywhere (the bound itself passes); rel error is |d| / max(|ref|, atol)."""
+    ref = np.array([4.0, 0.0])
+    assert compare("y", np.array([5.5, -0.5]), ref, 0.25, 0.5)["passed"]  # 1.5 = 0.5 + 0.25·4; 0.5 = 0.5
+    r = compare("y", np.array([5.5, 0.75]), ref, 0.25, 0.5)
+    assert not r["passed"] and r["max_abs_err"] == 1.5 and r["max_rel_err"] == 1.5  # 0.75 / max(0, 0.5)
+    assert not compare("y", np.array([5.5 + 1e-9, 0.0]), ref, 0.25, 0.5)["passed"]
+    assert not _cmp([1.0], [1.0, 1.0])["passed"]  # shape
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8, np.int8])
+def test_integer_outputs_must_be_exact(dtype):
+    ref = np.array([0, 1, 7], dtype)
+    assert compare("i", ref.copy(), ref, 1.0, 1.0)["passed"]
+    r = compare("i", ref + np.array([0, 0, 1], dtype), ref, 1.0, 1.0)  # no tolerance for integers
+    assert not r["passed"] and r["max_abs_err"] == 1
+
+
+def test_bool_outputs_must_be_exact():
+    ref = np.array([True, False, True])
+    assert compare("b", ref.copy(), ref, 1e-3, 1e-4)["passed"]
+    assert not compare("b", ~ref, ref, 1.0, 1.0)["passed"]
+
+
+@pytest.fixture
+def two_outputs(tmp_path):
+    """y = Relu(x), z = Neg(x): a model with two graph outputs."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("y", "z")]
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Neg", ["x"], ["z"])], "g", [x], outs)
+    path = tmp_path / "two.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)}
+    return path, feeds, dict(zip(("y", "z"), run_onnxruntime(path, feeds, ["y", "z"])))
+
+
+def test_verify_outputs_checks_the_models_outputs(two_outputs):
+    path, feeds, ref = two_outputs
+    rows = verify_outputs(path, ref, feeds, 1e-3, 1e-4)
+    assert [r["name"] for r in rows] == ["y", "z"] and all(r["passed"] for r in rows)
+
+    rows = verify_outputs(path, {"y": ref["y"]}, feeds, 1e-3, 1e-4)  # z dropped
+    assert [(r["name"], r["passed"]) for r in rows] == [("y", True), ("z", False)]
+    assert "missing" in rows[1]["note"]
+
+    rows = verify_outputs(path, {"y": ref["y"], "z_renamed": ref["z"]}, feeds, 1e-3, 1e-4)  # z renamed
+    assert [(r["name"], r["passed"]) for r in rows] == [("y", True), ("z", False), ("z_renamed", False)]
+    assert "not an output of the model" in rows[2]["note"]
+
+    rows = verify_outputs(path, {**ref, "z": -ref["z"]}, feeds, 1e-3, 1e-4)  # a wrong value still fails
+    assert [r["passed"] for r in rows] == [True, False]
+
+
+def test_dlcc_verify_fails_a_dropped_output(two_outputs, tmp_path):
+    """End to end: dlcc compiles the model, and its result dict loses an output."""
+    import dlcc
+
+    path, feeds, _ = two_outputs
+    got = dlcc.compile(path, target="opencl")(feeds)
+    assert all(r["passed"] for r in verify_outputs(path, got, feeds, 1e-3, 1e-4))
+    got.pop("z")
+    assert not all(r["passed"] for r in verify_outputs(path, got, feeds, 1e-3, 1e-4))
+
+
+@pytest.mark.parametrize("shape", [(1, 16), (1, 2), (4, 9), (2, 3, 5), (7,)])
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.bool_])
+def test_masks_are_right_padded(shape, dtype):
+    """Each row is ones then zeros, never all zeros, and some row is padded, for every seed."""
+    sig = [{"name": "attention_mask", "shape": list(shape), "dtype": np.dtype(dtype).name}]
+    for seed in range(20):
+        m = sample_inputs(sig, seed)["attention_mask"]
+        assert m.dtype == dtype and m.shape == shape
+        assert np.array_equal(m, sample_inputs(sig, seed)["attention_mask"])  # seeded
+        rows = m.astype(np.int64).reshape(-1, shape[-1])
+        lens = rows.sum(1)
+        assert (lens >= 1).all() and (lens < shape[-1]).any()
+        assert (rows == (np.arange(shape[-1]) < lens[:, None])).all()  # a prefix of ones
+
+
+def test_mask_of_one_column_is_ones():
+    assert padding_mask(np.random.default_rng(0), (3, 1), np.int64).tolist() == [[1], [1], [1]]

@@ -15,6 +15,21 @@ from ..errors import CompileError, RuntimeBackendError
 POCL_THREADS: int | None = None
 
 
+def configure_pocl() -> None:
+    """What dlcc asks of PoCL, set in the environment before PoCL reads it (at import of dlcc):
+    its worker threads (claim_pocl_threads) and its work-group method.
+
+    PoCL's default method, "loopvec", runs LLVM's loop vectorizer over the work-item loops it
+    builds around the code between barriers, and PoCL 3.1 (Debian 12's, which CI installs) then
+    drops stores from valid kernels: a block-strided loop holding barrier loops (tree reductions)
+    and an inner loop that runs at most once per work-item loses that loop's stores. Its
+    "loops" method builds the same work-item loops without the vectorizer and gets them right.
+    tests/test_pocl_miscompiles.py holds the minimal kernel, run both ways. The cost is speed
+    on the CPU device (about 2x slower kernels), never results. A value the user set is kept."""
+    claim_pocl_threads()
+    os.environ.setdefault("POCL_WORK_GROUP_METHOD", "loops")
+
+
 def claim_pocl_threads() -> None:
     """Fix PoCL's worker-thread count before the OpenCL platform is first touched (DESIGN §3).
 

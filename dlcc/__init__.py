@@ -7,9 +7,9 @@
 """
 __version__ = "0.1.0"
 
-from .backends.opencl import claim_pocl_threads  # noqa: E402
+from .backends.opencl import configure_pocl  # noqa: E402
 
-claim_pocl_threads()  # before anything touches the OpenCL platform (DESIGN §3)
+configure_pocl()  # before anything touches the OpenCL platform (DESIGN §3)
 
 from .api import CompiledModel, compile, load  # noqa: E402,F401
 from .errors import DlccError  # noqa: E402,F401

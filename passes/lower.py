@@ -29,32 +29,27 @@ def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "
 
 
 def _materialize_outputs(ctx: LowerCtx) -> None:
-    """Each graph output gets its own bytes: copy where it is an input, a constant or a shared view."""
+    """Each graph output gets bytes of its own.
+
+    Where an output is a graph input, a constant, or a view that shares its bytes with an input, a
+    constant or another output, a copy into a fresh tensor is added at the end, and the graph
+    output is renamed to that tensor (`output_alias` keeps the name the user sees). The original
+    tensor is left as it was, so the launches that read it still read it. (Turning the original
+    itself into the copy's destination made a kernel that reads it, lowered before the copy was
+    appended, read bytes not yet written: a constant output that is also a GEMM operand.)"""
     g = ctx.graph
     claimed: set[str] = set()
     for k, out in enumerate(list(g.outputs)):
         t = g.tensors[out]
-        if out in g.inputs:
-            # The output *is* an input: it needs its own bytes, under a tensor of its own.
+        base = ctx.resolve(out)
+        shared = (out in g.inputs or t.value is not None or base in g.inputs or g.tensors[base].value is not None
+                  or base in claimed or (base != out and base in g.outputs))
+        if shared:
             copy = ctx.temp(t.shape, t.dtype)
             identity_copy(ctx, copy, out)
             g.outputs[k] = copy
             g.output_alias[copy] = out
-            claimed.add(copy)
-            continue
-        if t.value is not None:
-            src = ctx.temp(t.shape, t.dtype)
-            g.tensors[src].value = t.value
-            t.value = None
-            identity_copy(ctx, out, src)
-            claimed.add(out)
-            continue
-        base = ctx.resolve(out)
-        if base in g.inputs or g.tensors[base].value is not None or base in claimed or \
-                (base != out and base in g.outputs):
-            ctx.aliases.pop(out, None)
-            identity_copy(ctx, out, base)
-            base = out
+            base = copy
         claimed.add(base)
 
 

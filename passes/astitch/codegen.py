@@ -112,7 +112,7 @@ def stitch_source(ng, planner, st: Stitch) -> tuple[str, list[str], int]:
         b.smem = {}
         if ph.grid_barrier:
             body.append("dlcc_grid_sync(dsync + syncoff);")
-        body += _phase_code(ng, b, ph)
+        body += _phase_code(ng, b, ph, once=not st.spin)
     sync = ", GPTR int* dsync, const int syncoff" if st.spin else ""
     bounds = f" LAUNCH_BOUNDS({BLOCK})" if st.spin else ""
     text = "KERNEL void" + bounds + " KNAME(" + PL + sync + ") {\n    " + "\n    ".join(body) + "\n}\n"
@@ -120,14 +120,28 @@ def stitch_source(ng, planner, st: Stitch) -> tuple[str, list[str], int]:
     return text, order, 4 * (smem_floats + (BLOCK if has_red else 0))
 
 
-def _phase_code(ng, b: Builder, ph: Phase) -> list[str]:
+def _phase_code(ng, b: Builder, ph: Phase, once: bool) -> list[str]:
+    """A phase: its stages, run by each block for its units.
+
+    `once`: the grid covers every unit (a kernel without grid barriers is launched with one block
+    per P units), so each block takes one turn, written as a block, not a loop. A kernel with grid
+    barriers loops, since the runtime may clamp its grid to the blocks it proves resident: turn
+    `it` of block b takes units (b + it·GRID_DIM)·P onwards, and the turn count depends on the grid
+    only, so it is the same in every block and every work-item.
+
+    Both forms keep PoCL 3.1 from miscompiling the barriers of this code (its work-item loops
+    lose stores when barriers sit in a loop whose condition reads the block index, and in loops
+    around inner loops that its vectorizer rewrites; tests/test_pocl_miscompiles.py holds the
+    minimal kernels, and backends/opencl.py turns that vectorizer off)."""
     P, T = ph.per_block, ph.tpr
-    # P == 1: slot is the constant 0 (PoCL miscompiles a computed slot that lives across the
-    # barriers of this loop; with one unit per block there is nothing to compute).
     head = "    const int slot = 0, lt = tid;" if P == 1 else f"    const int slot = tid / {T}, lt = tid % {T};"
+    blocks = -(-ph.U // P)
+    loop = (f"    {{ const int u0 = BLOCK_ID * {P};" if once else
+            f"    for (int it = 0; it < ({blocks} + GRID_DIM - 1) / GRID_DIM; ++it) {{ "
+            f"const int u0 = (BLOCK_ID + it * GRID_DIM) * {P};")
     out = ["{",
            head,
-           f"    for (int u0 = BLOCK_ID * {P}; u0 < {ph.U}; u0 += GRID_DIM * {P}) {{",
+           loop,
            "        const int u = u0 + slot;",
            f"        const int act = u < {ph.U};"]
     for si, s in enumerate(ph.stages):

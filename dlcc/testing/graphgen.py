@@ -1,0 +1,1177 @@
+"""Random valid ONNX graphs, biased toward what dlcc transforms (issue 17; NNSmith's idea).
+
+`generate(seed)` builds one model op by op. Every op is chosen among those that fit what the graph
+already holds (a tensor pool): the generator computes each output's shape itself, and the result is
+checked by onnx's strict shape inference and checker, so a generator bug shows as a GeneratorBug,
+never as a dlcc failure. NNSmith asks an SMT solver whether an op's shape constraints can be met;
+here each pattern builds its operands so that they are met by construction.
+
+What the patterns favour (each is one function below, in `PATTERNS` with its weight):
+- chains and diamonds of elementwise ops, with broadcasting operands and several consumers;
+- reductions over any axis subset, with and without keepdims, feeding maps (x - mean(x), ...);
+- Softmax/LogSoftmax, LayerNormalization, and hand-decomposed LayerNorms (the tf2onnx form with
+  E[x²] - mean², as in the model that motivated this module), RMSNorm;
+- Reshape, Transpose, Slice, Concat, Split, Gather, Expand, Pad between them;
+- MatMul, Gemm and Conv (with BatchNorm and pools) with prologue and epilogue chains;
+- LSTM and GRU.
+Shapes include odd sizes, 1-sized dims, rows longer than the shared-memory budget, rows shorter
+than a warp and grids smaller than a device.
+
+Values: graph inputs and weights are drawn from a separate numpy rng; an interval (lo, hi) is
+tracked for each float tensor, and ops with a domain are guarded (Log/Sqrt/Div read |x| + c, Exp
+reads a squashed value), so onnxruntime's result is finite. Discontinuous ops (Floor, Sign,
+comparisons, Cast to int, ArgMax) only read exact values (graph inputs and constants): on a computed
+value a rounding difference at a step would be a legitimate difference, not a bug. A graph whose
+reference still has a NaN or Inf is rejected (InvalidCase), as NNSmith treats NaN as undefined.
+
+`generate_unsupported(seed)` builds graphs dlcc must refuse with its one-paragraph error:
+unsupported dtypes, value-dependent shapes and ops dlcc does not lower.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .choices import Chooser
+
+INF = float("inf")
+#: Dims drawn for shapes, simplest first (shrinking moves toward the front).
+DIMS = [1, 2, 3, 4, 5, 8, 7, 16, 17, 6, 32, 33, 31, 64, 12, 65, 100, 128, 257, 96, 512, 300]
+#: Elements a tensor may have (keeps PoCL and onnxruntime quick); long rows may use more.
+MAX_NUMEL = 1 << 14
+LONG_ROW = (12289, 16411)  # past 48 KiB of float32: the Regional budget of a block
+
+
+class GeneratorBug(AssertionError):
+    """The generator built a graph onnx rejects, or computed a shape onnx disagrees with."""
+
+
+class InvalidCase(ValueError):
+    """The graph is valid but its reference output is not finite: no verdict can be drawn."""
+
+
+@dataclass
+class Val:
+    name: str
+    shape: tuple
+    dtype: str = "float32"
+    lo: float = -INF
+    hi: float = INF
+    exact: bool = False  # a graph input or constant: discontinuous ops may read it
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def mag(self) -> float:
+        return max(abs(self.lo), abs(self.hi))
+
+
+@dataclass
+class Case:
+    """One generated model with its inputs and onnxruntime's outputs."""
+
+    model: onnx.ModelProto
+    feeds: dict
+    refs: dict  # output name -> onnxruntime's array
+    seed: int
+    choices: list = field(default_factory=list)
+    ops: list = field(default_factory=list)  # op types in node order
+
+    @property
+    def outputs(self) -> list[str]:
+        return [o.name for o in self.model.graph.output]
+
+
+_NP = {"float32": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_, "float64": np.float64}
+_TP = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64, "int32": TensorProto.INT32,
+       "bool": TensorProto.BOOL, "float64": TensorProto.DOUBLE, "float16": TensorProto.FLOAT16,
+       "bfloat16": TensorProto.BFLOAT16}
+
+
+def _itv(f, lo, hi):
+    """Interval image of a monotone function (either direction)."""
+    a, b = f(lo), f(hi)
+    return (min(a, b), max(a, b))
+
+
+def _mul_itv(a: Val, b: Val):
+    c = [x * y for x in (a.lo, a.hi) for y in (b.lo, b.hi) if not (math.isinf(x) and y == 0) and not (math.isinf(y) and x == 0)]
+    return (min(c + [0.0]) if not c else min(c), max(c) if c else 0.0)
+
+
+class Gen:
+    """The graph under construction and its tensor pool."""
+
+    def __init__(self, ch: Chooser, vals: np.random.Generator, opset: int):
+        self.ch, self.rs, self.opset = ch, vals, opset
+        self.nodes: list = []
+        self.inputs: list = []  # ValueInfoProto
+        self.inits: list = []   # TensorProto
+        self.feeds: dict = {}
+        self.pool: list[Val] = []
+        self.n = 0
+        self.style = ch.pick(["plain", "tf", "odd"])
+
+    # -- names --------------------------------------------------------------------------------
+    def name(self, hint: str) -> str:
+        """A fresh tensor name. Real exporters write names such as 'model/dense_1/MatMul:0';
+        some styles also carry characters that must never reach generated source unescaped."""
+        self.n += 1
+        if self.style == "tf":
+            return f"model/{hint}_{self.n}/{hint.title()}:0"
+        if self.style == "odd":
+            return [f"{hint} {self.n}", f"{hint}[{self.n}]", f"*/ {hint}{self.n} /*", f'{hint}"{self.n}\\',
+                    f"{hint}.{self.n}-ü"][self.n % 5]
+        return f"{hint}{self.n}"
+
+    # -- leaves --------------------------------------------------------------------------------
+    def input(self, shape, lo=-2.0, hi=2.0, dtype="float32", hint="x") -> Val:
+        name = self.name(hint)
+        shape = tuple(int(d) for d in shape)
+        if dtype == "float32":
+            arr = self.rs.uniform(lo, hi, shape).astype(np.float32)
+        elif dtype == "bool":
+            arr = self.rs.random(shape) < 0.5
+        else:
+            arr = self.rs.integers(int(lo), int(hi) + 1, shape).astype(_NP[dtype])
+        self.feeds[name] = arr
+        self.inputs.append(helper.make_tensor_value_info(name, _TP[dtype], shape))
+        v = Val(name, shape, dtype, float(lo), float(hi), exact=True)
+        self.pool.append(v)
+        return v
+
+    def const(self, arr, hint="c") -> Val:
+        arr = np.asarray(arr)
+        name = self.name(hint)
+        self.inits.append(numpy_helper.from_array(arr, name))
+        dt = str(arr.dtype)
+        lo, hi = (float(arr.min()), float(arr.max())) if arr.size and dt == "float32" else (-INF, INF)
+        return Val(name, tuple(arr.shape), dt, lo, hi, exact=True)
+
+    def ints(self, values, hint="i") -> Val:
+        return self.const(np.asarray(values, np.int64), hint)
+
+    def weight(self, shape, scale: float = 1.0, lo: float | None = None, hint="w") -> Val:
+        lo = -scale if lo is None else lo
+        return self.const(self.rs.uniform(lo, scale, shape).astype(np.float32), hint)
+
+    def scalar(self, v: float) -> Val:
+        return self.const(np.array(v, np.float32), "s")
+
+    # -- nodes ---------------------------------------------------------------------------------
+    def node(self, op: str, ins: list, outs: list[tuple], **attrs) -> list[Val]:
+        """Add one node. `ins`: Vals, names or None (an omitted optional input). `outs`: (shape,
+        dtype, lo, hi) per output, or None for an output left unnamed. Outputs join the pool."""
+        names = ["" if i is None else (i.name if isinstance(i, Val) else i) for i in ins]
+        while names and names[-1] == "":
+            names.pop()
+        res, onames = [], []
+        for o in outs:
+            if o is None:
+                onames.append("")
+                continue
+            shape, dtype, lo, hi = o
+            v = Val(self.name(op.lower()[:6]), tuple(int(d) for d in shape), dtype, float(lo), float(hi))
+            onames.append(v.name)
+            res.append(v)
+        while onames and onames[-1] == "":
+            onames.pop()
+        self.nodes.append(helper.make_node(op, names, onames, name=self.name("n"), **attrs))
+        self.pool += res
+        return res
+
+    def one(self, op, ins, shape, lo=-INF, hi=INF, dtype="float32", **attrs) -> Val:
+        return self.node(op, ins, [(shape, dtype, lo, hi)], **attrs)[0]
+
+    # -- picking -------------------------------------------------------------------------------
+    def pick(self, pred=lambda v: True, dtype="float32") -> Val | None:
+        """A pool value (recent ones first: chains; any with some chance: several consumers)."""
+        cands = [v for v in self.pool if v.dtype == dtype and pred(v)]
+        if not cands:
+            return None
+        if self.ch.chance(0.3):
+            return self.ch.pick(cands)
+        return cands[-1 - self.ch.below(min(3, len(cands)))]
+
+    def pick_or_input(self, pred=lambda v: True, make_shape=None) -> Val:
+        v = self.pick(pred)
+        if v is None:
+            v = self.input(make_shape() if make_shape else self.shape())
+        return v
+
+    # -- shapes --------------------------------------------------------------------------------
+    def dim(self, hi_index: int | None = None) -> int:
+        return self.ch.pick(DIMS[: hi_index or len(DIMS)])
+
+    def shape(self, rank: int | None = None, cap: int = MAX_NUMEL) -> tuple:
+        r = rank if rank is not None else self.ch.pick([2, 1, 3, 4, 0])
+        if r and self.ch.chance(0.08):  # a row past the shared-memory budget
+            rows = [self.ch.pick([1, 2, 3]) for _ in range(r - 1)]
+            return tuple(rows + [self.ch.between(*LONG_ROW)])
+        dims = [self.dim() for _ in range(r)]
+        while int(np.prod(dims, dtype=np.int64)) > cap:
+            k = int(np.argmax(dims))
+            dims[k] = max(1, dims[k] // 2)
+        return tuple(dims)
+
+    def bshape(self, shape: tuple) -> tuple:
+        """A shape that broadcasts into `shape`: a suffix of it with some dims set to 1."""
+        k = self.ch.between(0, len(shape))
+        tail = list(shape[len(shape) - k:])
+        return tuple(1 if self.ch.chance(0.3) else d for d in tail)
+
+    # -- guards (keep onnxruntime's result finite and the op inside its domain) ------------------
+    def squash(self, v: Val) -> Val:
+        op = self.ch.pick(["Tanh", "Sigmoid", "Clip"])
+        if op == "Clip":
+            return self.one("Clip", [v, self.scalar(-3.0), self.scalar(3.0)], v.shape, max(v.lo, -3), min(v.hi, 3))
+        lo, hi = (-1.0, 1.0) if op == "Tanh" else (0.0, 1.0)
+        return self.one(op, [v], v.shape, lo, hi)
+
+    def bounded(self, v: Val, limit: float = 30.0) -> Val:
+        return v if v.mag <= limit else self.squash(v)
+
+    def positive(self, v: Val, floor: float = 0.5) -> Val:
+        """|v| + c, or sigmoid(v) + c: a value ≥ c, for Log, Sqrt, divisors and Pow bases."""
+        if v.lo >= floor:
+            return v
+        if self.ch.chance(0.5):
+            a = self.one("Abs", [v], v.shape, 0.0, v.mag)
+        else:
+            a = self.one("Sigmoid", [v], v.shape, 0.0, 1.0)
+        c = self.ch.pick([0.5, 1.0, 2.0])
+        c = max(c, floor)
+        return self.one("Add", [a, self.scalar(c)], v.shape, a.lo + c, a.hi + c)
+
+
+def _bcast(a: tuple, b: tuple) -> tuple:
+    out = []
+    for k in range(max(len(a), len(b))):
+        x = a[len(a) - 1 - k] if k < len(a) else 1
+        y = b[len(b) - 1 - k] if k < len(b) else 1
+        assert x == y or x == 1 or y == 1, (a, b)
+        out.append(max(x, y))
+    return tuple(reversed(out))
+
+
+def _broadcastable(a: tuple, b: tuple) -> bool:
+    for k in range(min(len(a), len(b))):
+        x, y = a[len(a) - 1 - k], b[len(b) - 1 - k]
+        if x != y and x != 1 and y != 1:
+            return False
+    return True
+
+
+# ------------------------------------------------------------------------------------------------
+# Patterns. Each adds one or a few nodes; the table at the end weights them.
+# ------------------------------------------------------------------------------------------------
+def _unary_table(g: Gen, v: Val) -> list[str]:
+    ops = ["Relu", "Sigmoid", "Tanh", "Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Erf", "Softplus",
+           "Softsign", "LeakyRelu", "Elu", "Selu", "HardSigmoid", "Sin", "Cos", "Celu", "Clip"]
+    if g.opset >= 14:
+        ops.append("HardSwish")
+    if g.opset >= 18:
+        ops.append("Mish")
+    if v.exact:
+        ops += ["Floor", "Ceil", "Round", "Sign"]
+    return ops
+
+
+def p_unary(g: Gen) -> None:
+    v = g.pick_or_input()
+    op = g.ch.pick(_unary_table(g, v))
+    attrs = {}
+    if op == "Exp":
+        v = g.bounded(v, 10.0)
+        lo, hi = math.exp(max(v.lo, -80)), math.exp(v.hi)
+    elif op == "Log":
+        v = g.positive(v, 0.1)
+        lo, hi = math.log(v.lo), math.log(v.hi) if v.hi < INF else INF
+    elif op == "Sqrt":
+        v = g.positive(v, 0.0) if v.lo < 0 else v
+        lo, hi = math.sqrt(max(v.lo, 0)), math.sqrt(v.hi)
+    elif op == "Reciprocal":
+        v = g.positive(v, 0.25)
+        lo, hi = 1 / v.hi if v.hi < INF else 0.0, 1 / v.lo
+    elif op in ("Sigmoid", "HardSigmoid"):
+        lo, hi = 0.0, 1.0
+        if op == "HardSigmoid" and g.ch.chance(0.5):
+            attrs = {"alpha": 0.3, "beta": 0.4}
+    elif op in ("Tanh", "Erf", "Softsign", "Sin", "Cos"):
+        lo, hi = -1.0, 1.0
+    elif op == "Relu":
+        lo, hi = max(v.lo, 0.0), max(v.hi, 0.0)
+    elif op == "Abs":
+        lo, hi = 0.0, v.mag
+    elif op == "Neg":
+        lo, hi = -v.hi, -v.lo
+    elif op == "Softplus":
+        v = g.bounded(v, 30.0)
+        lo, hi = 0.0, max(v.hi, 0) + 1.0
+    elif op == "Clip":
+        a, b = sorted([g.ch.pick([-1.0, 0.0, -2.5, 0.5]), g.ch.pick([1.0, 6.0, 0.25, 2.0])])
+        b = max(b, a + 0.1)
+        ins = [v, g.scalar(a), g.scalar(b)] if g.ch.chance(0.8) else [v, None, g.scalar(b)]
+        lo = max(v.lo, a) if len(ins) == 3 and ins[1] is not None else v.lo
+        g.one("Clip", ins, v.shape, min(lo, b), min(v.hi, b))
+        return
+    elif op in ("Floor", "Ceil", "Round", "Sign"):
+        lo, hi = math.floor(v.lo) - 1, math.ceil(v.hi) + 1
+    else:  # LeakyRelu, Elu, Selu, HardSwish, Celu, Mish: within a small factor of the input
+        if op == "LeakyRelu" and g.ch.chance(0.5):
+            attrs = {"alpha": g.ch.pick([0.2, 0.01, 1.5])}
+        if op == "Elu" and g.ch.chance(0.5):
+            attrs = {"alpha": 0.5}
+        if op == "Celu" and g.ch.chance(0.5):
+            attrs = {"alpha": 2.0}
+        lo, hi = min(v.lo, 0) * 2 - 2, max(v.hi, 0) * 1.1 + 1
+    g.one(op, [v], v.shape, lo, hi, **attrs)
+
+
+def _operand_like(g: Gen, v: Val) -> Val:
+    """A second operand for an elementwise op with `v`: another pool value that broadcasts with
+    it, a new graph input, or a constant, with a shape that broadcasts into v's."""
+    kind = g.ch.weighted([("const", 3), ("input", 3), ("pool", 4)])
+    if kind == "pool":
+        u = g.pick(lambda u: u.name != v.name and _broadcastable(u.shape, v.shape)
+                   and int(np.prod(_bcast(u.shape, v.shape))) <= 2 * MAX_NUMEL)
+        if u is not None:
+            return u
+    s = g.bshape(v.shape)
+    if kind == "input":
+        return g.input(s)
+    return g.weight(s, 1.0) if s else g.scalar(g.ch.pick([0.5, 2.0, -1.0, 3.0]))
+
+
+def p_binary(g: Gen) -> None:
+    a = g.pick_or_input()
+    b = _operand_like(g, a)
+    if g.ch.chance(0.3):
+        a, b = b, a
+    out = _bcast(a.shape, b.shape)
+    op = g.ch.pick(["Add", "Mul", "Sub", "Div", "Max", "Min", "Pow", "Sum", "Mean", "PRelu"])
+    if op == "Add" or op == "Sum":
+        lo, hi = a.lo + b.lo, a.hi + b.hi
+    elif op == "Sub":
+        lo, hi = a.lo - b.hi, a.hi - b.lo
+    elif op == "Mul":
+        a, b = g.bounded(a, 100.0), g.bounded(b, 100.0)
+        lo, hi = _mul_itv(a, b)
+    elif op == "Div":
+        a = g.bounded(a, 100.0)
+        b = g.positive(b, 0.25)
+        lo, hi = min(a.lo / b.lo, a.lo / b.hi), max(a.hi / b.lo, a.hi / b.hi)
+    elif op == "Pow":
+        a = g.positive(g.bounded(a, 10.0), 0.5)
+        e = g.ch.pick([2.0, 0.5, 3.0, -1.0, None])
+        if e is None:  # a tensor exponent in [-1.5, 1.5]
+            b = g.const(g.rs.uniform(-1.5, 1.5, g.bshape(a.shape)).astype(np.float32), "e")
+            out = _bcast(a.shape, b.shape)
+            hi = max(a.hi ** 1.5, a.lo ** -1.5)
+            lo = 0.0
+        else:
+            b = g.scalar(e)
+            out = a.shape
+            lo, hi = _itv(lambda x: x ** e, a.lo, a.hi)
+    elif op == "PRelu":  # the slope broadcasts into X (unidirectional)
+        if tuple(_bcast(a.shape, b.shape)) != tuple(a.shape):
+            b = g.weight(g.bshape(a.shape), 1.0, hint="slope")
+        out = a.shape
+        lo, hi = min(a.lo * b.mag, a.lo, 0), max(a.hi, 0) * max(1, b.mag)
+    elif op == "Mean":
+        lo, hi = min(a.lo, b.lo), max(a.hi, b.hi)
+    else:  # Max, Min
+        lo, hi = (max(a.lo, b.lo), max(a.hi, b.hi)) if op == "Max" else (min(a.lo, b.lo), min(a.hi, b.hi))
+    g.one(op, [a, b], out, lo, hi)
+
+
+def _axes(g: Gen, v: Val, at_least=1) -> list[int]:
+    axes = g.ch.subset(range(v.rank), at_least=at_least)
+    return [a - v.rank if g.ch.chance(0.3) else a for a in axes]
+
+
+def _reduce_node(g: Gen, op: str, v: Val, axes: list[int], keep: int, lo, hi) -> Val:
+    out = [1 if (k in [a % v.rank for a in axes] or not axes) else d for k, d in enumerate(v.shape)] if keep else \
+        [d for k, d in enumerate(v.shape) if axes and k not in [a % v.rank for a in axes]]
+    as_input = g.opset >= 18 or (op == "ReduceSum" and g.opset >= 13)
+    if as_input:
+        ins = [v, g.ints(axes)] if axes else [v]
+        return g.one(op, ins, tuple(out), lo, hi, keepdims=keep)
+    return g.one(op, [v], tuple(out), lo, hi, keepdims=keep, **({"axes": axes} if axes else {}))
+
+
+def p_reduce(g: Gen) -> None:
+    v = g.pick_or_input(lambda u: u.rank >= 1)
+    if v.rank == 0:
+        v = g.input(g.shape(g.ch.pick([2, 1, 3])))
+    axes = _axes(g, v, at_least=0 if g.ch.chance(0.15) else 1)
+    keep = 1 if g.ch.chance(0.6) else 0
+    n = int(np.prod([v.shape[a % v.rank] for a in axes])) if axes else v.numel
+    op = g.ch.pick(["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2",
+                    "ReduceL1", "ReduceLogSum", "ReduceProd"])
+    if op == "ReduceProd" and n > 8:
+        op = "ReduceMean"
+    if op in ("ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL2", "ReduceL1", "ReduceProd", "ReduceLogSum"):
+        v = g.bounded(v, 30.0)
+    m = v.mag
+    if op == "ReduceLogSum":
+        v = g.positive(v, 0.5)
+        lo, hi = math.log(n * v.lo), math.log(n * v.hi)
+    elif op == "ReduceSum":
+        lo, hi = n * v.lo, n * v.hi
+    elif op == "ReduceSumSquare":
+        lo, hi = 0.0, n * m * m
+    elif op == "ReduceL1":
+        lo, hi = 0.0, n * m
+    elif op == "ReduceL2":
+        lo, hi = 0.0, math.sqrt(n) * m
+    elif op == "ReduceProd":
+        lo, hi = -(max(m, 1) ** n), max(m, 1) ** n
+    else:
+        lo, hi = v.lo, v.hi
+    r = _reduce_node(g, op, v, axes, keep, lo, hi)
+    if keep and g.ch.chance(0.6):  # feed a map that broadcasts it back over the rows
+        mop = g.ch.pick(["Sub", "Mul", "Div", "Add"])
+        if mop == "Div":
+            r = g.positive(g.bounded(r, 100.0), 0.25)
+            lo, hi = min(v.lo / r.lo, v.lo / r.hi), max(v.hi / r.lo, v.hi / r.hi)
+        elif mop == "Mul":
+            r = g.bounded(r, 100.0)
+            lo, hi = _mul_itv(v, r)
+        elif mop == "Sub":
+            lo, hi = v.lo - r.hi, v.hi - r.lo
+        else:
+            lo, hi = v.lo + r.lo, v.hi + r.hi
+        g.one(mop, [v, r], v.shape, lo, hi)
+
+
+def p_softmax(g: Gen) -> None:
+    v = g.pick_or_input(lambda u: u.rank >= 1)
+    if v.rank == 0:
+        v = g.input(g.shape(2))
+    axis = g.ch.between(-v.rank, v.rank - 1)
+    v = g.bounded(v, 50.0)
+    if g.ch.chance(0.7):
+        g.one("Softmax", [v], v.shape, 0.0, 1.0, axis=axis)
+    else:
+        g.one("LogSoftmax", [v], v.shape, -(v.hi - v.lo) - math.log(v.shape[axis] or 1) - 1, 0.0, axis=axis)
+
+
+def p_layernorm(g: Gen) -> None:
+    v = g.pick_or_input(lambda u: u.rank >= 1 and u.numel > 1)
+    if v.rank == 0 or v.numel <= 1:
+        v = g.input(g.shape(2))
+    v = g.bounded(v, 30.0)
+    form = g.ch.pick(["op", "decomposed", "tf2onnx", "rms"] if g.opset >= 17 else ["decomposed", "tf2onnx", "rms"])
+    eps = g.ch.pick([1e-5, 1e-3, 1e-6])
+    if form == "op":
+        axis = g.ch.between(-v.rank, v.rank - 1)
+        norm = v.shape[axis % v.rank:]
+        n = int(np.prod(norm))
+        scale = g.weight(norm, 1.0, hint="gamma")
+        ins = [v, scale, g.weight(norm, 0.5, hint="beta")] if g.ch.chance(0.7) else [v, scale]
+        b = math.sqrt(n) * 1.0 + 0.5
+        g.one("LayerNormalization", ins, v.shape, -b, b, axis=axis, epsilon=eps)
+        return
+    axes = [-1] if g.ch.chance(0.7) else _axes(g, v)
+    red = [a % v.rank for a in axes]
+    n = int(np.prod([v.shape[a] for a in red]))
+    gshape = tuple(v.shape[k] if k in red else 1 for k in range(v.rank))[min(red):]
+    gamma, beta = g.weight(gshape, 1.0, hint="gamma"), g.weight(gshape, 0.5, hint="beta")
+    m = _reduce_node(g, "ReduceMean", v, axes, 1, v.lo, v.hi)
+    b = math.sqrt(n) + 1
+    if form == "rms":
+        sq = g.one("Mul", [v, v], v.shape, 0.0, v.mag ** 2)
+        ms = _reduce_node(g, "ReduceMean", sq, axes, 1, 0.0, v.mag ** 2)
+        e = g.one("Add", [ms, g.scalar(eps)], ms.shape, eps, ms.hi + eps)
+        s = g.one("Sqrt", [e], e.shape, math.sqrt(eps), math.sqrt(e.hi))
+        r = g.one("Reciprocal", [s], s.shape, 1 / s.hi, 1 / s.lo)
+        y = g.one("Mul", [v, r], v.shape, -b, b)
+        g.one("Mul", [y, gamma], v.shape, -b, b)
+        return
+    if form == "decomposed":
+        d = g.one("Sub", [v, m], v.shape, v.lo - v.hi, v.hi - v.lo)
+        if g.ch.chance(0.5):
+            sq = g.one("Pow", [d, g.scalar(2.0)], v.shape, 0.0, (v.hi - v.lo) ** 2)
+        else:
+            sq = g.one("Mul", [d, d], v.shape, 0.0, (v.hi - v.lo) ** 2)
+        var = _reduce_node(g, "ReduceMean", sq, axes, 1, 0.0, sq.hi)
+        e = g.one("Add", [var, g.scalar(eps)], var.shape, eps, var.hi + eps)
+        s = g.one("Sqrt", [e], e.shape, math.sqrt(eps), math.sqrt(e.hi))
+        y = g.one("Div", [d, s], v.shape, -b, b)
+    else:  # tf2onnx's form: var = max(E[x²] - mean², 0), x·(r·γ) + (β - mean·r·γ)
+        sq = g.one("Mul", [v, v], v.shape, 0.0, v.mag ** 2)
+        ex2 = _reduce_node(g, "ReduceMean", sq, axes, 1, 0.0, v.mag ** 2)
+        m2 = g.one("Mul", [m, m], m.shape, 0.0, v.mag ** 2)
+        var = g.one("Sub", [ex2, m2], m.shape, -v.mag ** 2, v.mag ** 2)
+        var = g.one("Max", [var, g.scalar(0.0)], m.shape, 0.0, v.mag ** 2)
+        e = g.one("Add", [var, g.scalar(eps)], m.shape, eps, v.mag ** 2 + eps)
+        s = g.one("Sqrt", [e], m.shape, math.sqrt(eps), math.sqrt(e.hi))
+        r = g.one("Reciprocal", [s], m.shape, 1 / s.hi, 1 / s.lo)
+        rg = g.one("Mul", [r, gamma], _bcast(m.shape, gamma.shape), -r.hi, r.hi)
+        xr = g.one("Mul", [v, rg], v.shape, -INF, INF)
+        mr = g.one("Mul", [m, rg], rg.shape, -INF, INF)
+        sh = g.one("Sub", [beta, mr], _bcast(beta.shape, mr.shape), -INF, INF)
+        g.one("Add", [xr, sh], _bcast(v.shape, sh.shape), -b * 3, b * 3)
+        return
+    y2 = g.one("Mul", [y, gamma], v.shape, -b, b)
+    g.one("Add", [y2, beta], v.shape, -b - 0.5, b + 0.5)
+
+
+def _factor(g: Gen, n: int, rank: int) -> list[int]:
+    """A random factorisation of n into `rank` dims."""
+    primes, m, p = [], n, 2
+    while m > 1 and p * p <= m:
+        while m % p == 0:
+            primes.append(p)
+            m //= p
+        p += 1
+    if m > 1:
+        primes.append(m)
+    dims = [1] * rank
+    for q in primes:
+        dims[g.ch.below(rank)] *= q
+    return dims
+
+
+def p_reshape(g: Gen) -> None:
+    v = g.pick_or_input()
+    kind = g.ch.pick(["Reshape", "Flatten", "Unsqueeze", "Squeeze"])
+    if kind == "Flatten" and v.rank >= 1:
+        axis = g.ch.between(-v.rank, v.rank)
+        a = axis + v.rank if axis < 0 else axis
+        outer = int(np.prod(v.shape[:a]))
+        g.one("Flatten", [v], (outer, v.numel // max(outer, 1) if outer else 0), v.lo, v.hi, axis=axis)
+        return
+    if kind == "Unsqueeze":
+        k = g.ch.between(1, 2)
+        r = v.rank + k
+        axes = sorted(g.ch.subset(range(r), at_least=k)[:k])
+        out = list(v.shape)
+        for a in axes:
+            out.insert(a, 1)
+        axes = [a - r if g.ch.chance(0.3) else a for a in axes]
+        g.one("Unsqueeze", [v, g.ints(axes)], tuple(out), v.lo, v.hi)
+        return
+    if kind == "Squeeze" and 1 in v.shape:
+        ones = [k for k, d in enumerate(v.shape) if d == 1]
+        axes = g.ch.subset(ones, at_least=1)
+        out = tuple(d for k, d in enumerate(v.shape) if k not in axes)
+        if g.ch.chance(0.2):
+            out, ins = tuple(d for d in v.shape if d != 1), [v]
+        else:
+            ins = [v, g.ints(axes)]
+        g.one("Squeeze", ins, out, v.lo, v.hi)
+        return
+    rank = g.ch.pick([2, 1, 3, 4])
+    dims = _factor(g, v.numel, rank)
+    spec = list(dims)
+    if g.ch.chance(0.3):
+        spec[g.ch.below(rank)] = -1
+    if g.ch.chance(0.2):  # 0 copies the input's dim at the same index (allowzero = 0)
+        k = g.ch.below(min(rank, v.rank)) if v.rank else None
+        if k is not None and v.shape[k] == dims[k] and spec[k] != -1:
+            spec[k] = 0
+    g.one("Reshape", [v, g.ints(spec)], tuple(dims), v.lo, v.hi)
+
+
+def p_transpose(g: Gen) -> None:
+    v = g.pick_or_input(lambda u: u.rank >= 2, lambda: g.shape(g.ch.pick([2, 3, 4])))
+    if v.rank < 2:
+        v = g.input(g.shape(g.ch.pick([2, 3])))
+    perm = list(range(v.rank))
+    for k in range(v.rank - 1, 0, -1):  # Fisher-Yates through the chooser (shrinks to identity)
+        j = k - g.ch.below(k + 1)
+        perm[k], perm[j] = perm[j], perm[k]
+    if perm == list(range(v.rank)) and g.ch.chance(0.8):
+        perm = perm[::-1]
+    attrs = {} if perm == list(range(v.rank))[::-1] and g.ch.chance(0.3) else {"perm": perm}
+    g.one("Transpose", [v], tuple(v.shape[p] for p in perm), v.lo, v.hi, **attrs)
+
+
+def p_slice(g: Gen) -> None:
+    v = g.pick_or_input(lambda u: u.rank >= 1 and max(u.shape) > 1)
+    if v.rank == 0:
+        v = g.input(g.shape(2))
+    axes = g.ch.subset(range(v.rank), at_least=1)
+    starts, ends, steps, out = [], [], [], list(v.shape)
+    for a in axes:
+        d = v.shape[a]
+        step = g.ch.pick([1, 2, -1, 3, -2])
+        if step > 0:
+            s = g.ch.between(0, d - 1)
+            e = g.ch.between(s + 1, d)
+            n = (e - s + step - 1) // step
+            e_spec = e if g.ch.chance(0.7) else (2 ** 62 if e == d else e - d)
+        else:
+            s = g.ch.between(0, d - 1)
+            e = g.ch.between(-1, s - 1)  # -1: through index 0
+            n = (s - e + (-step) - 1) // (-step)
+            e_spec = -(2 ** 62) if e == -1 else e
+        s_spec = s - d if g.ch.chance(0.3) else s
+        starts.append(s_spec)
+        ends.append(e_spec)
+        steps.append(step)
+        out[a] = n
+    axes_spec = [a - v.rank if g.ch.chance(0.3) else a for a in axes]
+    ins = [v, g.ints(starts), g.ints(ends), g.ints(axes_spec)]
+    if any(s != 1 for s in steps) or g.ch.chance(0.5):
+        ins.append(g.ints(steps))
+    g.one("Slice", ins, tuple(out), v.lo, v.hi)
+
+
+def p_concat(g: Gen) -> None:
+    v = g.pick_or_input(lambda u: u.rank >= 1)
+    if v.rank == 0:
+        v = g.input(g.shape(2))
+    axis = g.ch.below(v.rank)
+    parts = [v]
+    for _ in range(g.ch.between(1, 2)):
+        kind = g.ch.pick(["same", "input", "const", "pool"])
+        if kind == "same":
+            parts.append(v)
+            continue
+        if kind == "pool":
+            u = g.pick(lambda u: u.rank == v.rank and all(x == y for k, (x, y) in enumerate(zip(u.shape, v.shape))
+                                                          if k != axis))
+            if u is not None:
+                parts.append(u)
+                continue
+        s = list(v.shape)
+        s[axis] = g.dim(8)
+        parts.append(g.input(s) if kind == "input" else g.weight(s, 1.0))
+    out = list(v.shape)
+    out[axis] = sum(p.shape[axis] for p in parts)
+    if int(np.prod(out)) > 4 * MAX_NUMEL:
+        return
+    ax = axis - v.rank if g.ch.chance(0.3) else axis
+    g.one("Concat", parts, tuple(out), min(p.lo for p in parts), max(p.hi for p in parts), axis=ax)
+
+
+def p_split(g: Gen) -> None:
+    v = g.pick_or_input(lambda u: u.rank >= 1 and max(u.shape) >= 2)
+    if v.rank == 0 or max(v.shape) < 2:
+        v = g.input(g.shape(2))
+        if max(v.shape) < 2:
+            return
+    axis = g.ch.pick([k for k, d in enumerate(v.shape) if d >= 2])
+    d = v.shape[axis]
+    k = g.ch.between(2, min(4, d))
+    cuts = sorted(g.ch.subset(range(1, d), at_least=k - 1)[: k - 1])
+    sizes = [b - a for a, b in zip([0] + cuts, cuts + [d])]
+    outs = []
+    for s in sizes:
+        sh = list(v.shape)
+        sh[axis] = s
+        outs.append((tuple(sh), "float32", v.lo, v.hi))
+    ax = axis - v.rank if g.ch.chance(0.3) else axis
+    equal = len(set(sizes)) == 1
+    if equal and g.ch.chance(0.4):
+        if g.opset >= 18:
+            g.node("Split", [v], outs, axis=ax, num_outputs=len(sizes))
+        else:
+            g.node("Split", [v], outs, axis=ax)
+        return
+    g.node("Split", [v, g.ints(sizes)], outs, axis=ax)
+
+
+def p_gather(g: Gen) -> None:
+    v = g.pick_or_input(lambda u: u.rank >= 1)
+    if v.rank == 0:
+        v = g.input(g.shape(2))
+    axis = g.ch.below(v.rank)
+    d = v.shape[axis]
+    ishape = g.ch.pick([(g.ch.between(1, 6),), (), (2, 3), (1,)])
+    if g.ch.chance(0.4):  # indices from a graph input (dlcc computes the gather at run time)
+        idx = g.input(ishape, 0, d - 1, dtype="int64", hint="idx")
+        if g.ch.chance(0.5):  # negative indices count from the end
+            idx_arr = g.feeds[idx.name]
+            g.feeds[idx.name] = np.where(g.rs.random(idx_arr.shape) < 0.5, idx_arr - d, idx_arr).astype(np.int64)
+    else:
+        idx = g.const(g.rs.integers(-d, d, ishape).astype(np.int64), "idx")
+    out = v.shape[:axis] + tuple(ishape) + v.shape[axis + 1:]
+    ax = axis - v.rank if g.ch.chance(0.3) else axis
+    g.one("Gather", [v, idx], out, v.lo, v.hi, axis=ax)
+
+
+def p_expand(g: Gen) -> None:
+    v = g.pick_or_input(lambda u: u.numel <= 512)
+    if v.numel > 512:
+        v = g.input(g.bshape(g.shape(2)) or (3,))
+    target = [d if d != 1 else g.dim(10) for d in v.shape]
+    target = [g.dim(6) for _ in range(g.ch.below(2))] + target
+    spec = [1 if (k >= len(target) - v.rank and v.shape[k - (len(target) - v.rank)] == t and g.ch.chance(0.3)) else t
+            for k, t in enumerate(target)]
+    if int(np.prod(target)) > MAX_NUMEL:
+        return
+    g.one("Expand", [v, g.ints(spec)], tuple(target), v.lo, v.hi)
+
+
+def p_pad(g: Gen) -> None:
+    v = g.pick_or_input(lambda u: u.rank >= 1)
+    if v.rank == 0:
+        v = g.input(g.shape(2))
+    mode = g.ch.pick(["constant", "reflect", "edge"])
+    pads = []
+    for d in v.shape:
+        lim = d - 1 if mode == "reflect" else 3
+        pads.append(g.ch.between(0, max(0, min(lim, 3))))
+    for d in v.shape:
+        lim = d - 1 if mode == "reflect" else 3
+        pads.append(g.ch.between(0, max(0, min(lim, 3))))
+    out = tuple(d + pads[k] + pads[k + v.rank] for k, d in enumerate(v.shape))
+    ins = [v, g.ints(pads)]
+    lo, hi = v.lo, v.hi
+    if mode == "constant" and g.ch.chance(0.5):
+        c = g.ch.pick([1.5, -0.5])
+        ins.append(g.scalar(c))
+        lo, hi = min(lo, c), max(hi, c)
+    elif mode == "constant":
+        lo, hi = min(lo, 0.0), max(hi, 0.0)
+    g.one("Pad", ins, out, lo, hi, mode=mode)
+
+
+def p_where(g: Gen) -> None:
+    """A condition from exact values (a comparison of a graph input), selecting between operands."""
+    x = g.pick(lambda u: u.exact and u.rank >= 1) or g.input(g.shape(2))
+    op = g.ch.pick(["Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal"])
+    thr = g.scalar(0.0 if op != "Equal" else float(np.round(g.feeds.get(x.name, np.zeros(1)).ravel()[0])))
+    c = g.one(op, [x, thr], x.shape, 0, 1, dtype="bool")
+    if g.ch.chance(0.2):
+        c = g.one("Not", [c], c.shape, 0, 1, dtype="bool")
+    a = g.pick_or_input()
+    if not _broadcastable(a.shape, c.shape):
+        a = _operand_like(g, x)
+    b = g.scalar(g.ch.pick([-1.0, 0.0, -1e4]))
+    out = _bcast(_bcast(c.shape, a.shape), b.shape)
+    if int(np.prod(out)) > 2 * MAX_NUMEL:
+        return
+    ins = [c, a, b] if g.ch.chance(0.5) else [c, b, a]
+    g.one("Where", ins, out, min(a.lo, b.lo), max(a.hi, b.hi))
+
+
+def p_cast(g: Gen) -> None:
+    """float → int → float on exact values (the int intermediate is computed by dlcc)."""
+    x = g.pick(lambda u: u.exact and u.dtype == "float32") or g.input(g.shape(2), -9, 9)
+    to = g.ch.pick([TensorProto.INT64, TensorProto.INT32])
+    i = g.one("Cast", [x], x.shape, dtype="int64" if to == TensorProto.INT64 else "int32", to=to)
+    k = g.const(np.array(g.ch.pick([2, 3, -1]), np.int64 if to == TensorProto.INT64 else np.int32), "k")
+    m = g.one("Mul", [i, k], x.shape, dtype=i.dtype)
+    g.one("Cast", [m], x.shape, -30 * max(abs(x.lo), abs(x.hi)), 30 * max(abs(x.lo), abs(x.hi)), to=TensorProto.FLOAT)
+
+
+def p_cumsum(g: Gen) -> None:
+    v = g.bounded(g.pick_or_input(lambda u: u.rank >= 1))
+    if v.rank == 0:
+        v = g.input(g.shape(2))
+    axis = g.ch.below(v.rank)
+    n = v.shape[axis]
+    g.one("CumSum", [v, g.ints(axis)], v.shape, n * min(v.lo, 0), n * max(v.hi, 0),
+          exclusive=int(g.ch.chance(0.3)), reverse=int(g.ch.chance(0.3)))
+
+
+def _chain(g: Gen, v: Val, max_len: int = 2) -> Val:
+    """A short elementwise chain on v (a prologue or an epilogue)."""
+    for _ in range(g.ch.between(0, max_len)):
+        if g.ch.chance(0.5):
+            op = g.ch.pick(["Relu", "Sigmoid", "Tanh", "Neg", "Abs"])
+            lo, hi = {"Relu": (max(v.lo, 0), max(v.hi, 0)), "Sigmoid": (0, 1), "Tanh": (-1, 1),
+                      "Neg": (-v.hi, -v.lo), "Abs": (0, v.mag)}[op]
+            v = g.one(op, [v], v.shape, lo, hi)
+        else:
+            c = g.weight(g.bshape(v.shape), 1.0) if g.ch.chance(0.5) else g.scalar(g.ch.pick([0.5, 2.0]))
+            op = g.ch.pick(["Add", "Mul"])
+            lo, hi = (v.lo + c.lo, v.hi + c.hi) if op == "Add" else _mul_itv(v, c)
+            v = g.one(op, [v, c], _bcast(v.shape, c.shape), lo, hi)
+    return v
+
+
+def _epilogue(g: Gen, y: Val) -> Val:
+    if g.ch.chance(0.5):  # a residual add of another tensor of the output's shape
+        r = g.pick(lambda u: u.shape == y.shape and u.name != y.name)
+        if r is None:
+            r = g.input(y.shape)
+        y = g.one("Add", [y, r], y.shape, y.lo + r.lo, y.hi + r.hi)
+    return _chain(g, y)
+
+
+def p_matmul(g: Gen) -> None:
+    a = g.pick_or_input(lambda u: 1 <= u.rank <= 4 and u.shape[-1] <= 512)
+    if a.rank == 0 or a.shape[-1] > 512:
+        a = g.input(g.shape(g.ch.pick([2, 3])))
+    a = _chain(g, g.bounded(a, 10.0))
+    K, N = a.shape[-1], g.dim(18)
+    kind = g.ch.pick(["weight", "input", "transposed"])
+    bshape = (K, N)
+    if kind != "weight" and a.rank >= 3 and g.ch.chance(0.5):
+        bshape = a.shape[:-2][-1:] + (K, N) if g.ch.chance(0.5) else (1,) + (K, N)
+    scale = 1.0 / math.sqrt(K)
+    if kind == "weight":
+        b = g.weight(bshape, scale)
+    elif kind == "input":
+        b = g.input(bshape, -scale, scale)
+    else:  # stored [N, K] and transposed (a fused-transpose prologue)
+        t = g.weight(bshape[:-2] + (N, K), scale)
+        perm = list(range(len(bshape) - 2)) + [len(bshape) - 1, len(bshape) - 2]
+        b = g.one("Transpose", [t], bshape, -scale, scale, perm=perm)
+    if a.rank == 1:
+        out = (N,)
+    else:
+        batch = _bcast(a.shape[:-2], bshape[:-2])
+        out = batch + (a.shape[-2], N)
+    if int(np.prod(out)) > 2 * MAX_NUMEL:
+        return
+    bound = K * a.mag * scale
+    y = g.one("MatMul", [a, b], out, -bound, bound)
+    if g.ch.chance(0.6):
+        bias = g.weight((N,), 0.5, hint="bias")
+        y = g.one("Add", [y, bias], out, y.lo - 0.5, y.hi + 0.5)
+    _epilogue(g, y)
+
+
+def p_gemm(g: Gen) -> None:
+    a = g.pick_or_input(lambda u: u.rank == 2 and u.shape[1] <= 512)
+    if a.rank != 2 or a.shape[1] > 512:
+        a = g.input(g.shape(2))
+    a = _chain(g, g.bounded(a, 10.0))
+    M, K = a.shape
+    N = g.dim(18)
+    trans_a, trans_b = int(g.ch.chance(0.3)), int(g.ch.chance(0.5))
+    if trans_a:
+        a = g.one("Transpose", [a], (K, M), a.lo, a.hi)
+    scale = 1.0 / math.sqrt(K)
+    b = g.weight((N, K) if trans_b else (K, N), scale)
+    alpha, beta = g.ch.pick([1.0, 0.5, 2.0]), g.ch.pick([1.0, 0.5, 2.0])
+    ins = [a, b]
+    cshape = g.ch.pick([None, (N,), (1, N), (M, 1), (M, N), ()])
+    if cshape is not None:
+        ins.append(g.weight(cshape, 0.5, hint="c") if cshape else g.scalar(0.25))
+    bound = alpha * K * a.mag * scale + beta * 0.5
+    y = g.one("Gemm", ins, (M, N), -bound, bound, alpha=alpha, beta=beta, transA=trans_a, transB=trans_b)
+    _epilogue(g, y)
+
+
+def _spatial_input(g: Gen, d: int) -> Val:
+    v = g.pick(lambda u: u.rank == d + 2 and u.shape[1] <= 16 and all(2 <= s <= 40 for s in u.shape[2:]))
+    if v is None:
+        c = g.ch.pick([1, 3, 2, 4, 8, 16])
+        sp = [g.ch.pick([8, 5, 7, 16, 12, 3, 1, 20]) for _ in range(d)]
+        v = g.input((g.ch.pick([1, 2]), c) + tuple(sp))
+    return g.bounded(v, 10.0)
+
+
+def p_conv(g: Gen) -> None:
+    d = g.ch.pick([2, 1])
+    x = _spatial_input(g, d)
+    n, c = x.shape[:2]
+    sp = x.shape[2:]
+    group = g.ch.pick([1, c, 2 if c % 2 == 0 else 1])
+    m = group * g.ch.pick([1, 2, 4, 3])
+    k = [g.ch.pick([1, 3, 2, 5]) for _ in range(d)]
+    stride = [g.ch.pick([1, 2]) for _ in range(d)]
+    dil = [g.ch.pick([1, 2]) if g.ch.chance(0.2) else 1 for _ in range(d)]
+    pads = [g.ch.between(0, (kk - 1) * dd) for kk, dd in zip(k, dil)] * 2
+    out_sp = []
+    for i in range(d):
+        ek = (k[i] - 1) * dil[i] + 1
+        o = (sp[i] + pads[i] + pads[i + d] - ek) // stride[i] + 1
+        if o < 1:
+            return
+        out_sp.append(o)
+    fan = (c // group) * int(np.prod(k))
+    scale = 1.0 / math.sqrt(fan)
+    w = g.weight((m, c // group) + tuple(k), scale)
+    ins = [x, w]
+    if g.ch.chance(0.6):
+        ins.append(g.weight((m,), 0.5, hint="bias"))
+    bound = fan * x.mag * scale + 0.5
+    attrs = {"kernel_shape": k, "strides": stride, "pads": pads, "dilations": dil, "group": group}
+    if g.ch.chance(0.15) and all(s == 1 for s in stride) and all(dd == 1 for dd in dil):
+        attrs = {"kernel_shape": k, "auto_pad": g.ch.pick(["SAME_UPPER", "SAME_LOWER"]), "group": group}
+        out_sp = list(sp)
+    y = g.one("Conv", ins, (n, m) + tuple(out_sp), -bound, bound, **attrs)
+    if g.ch.chance(0.3):  # inference BatchNorm (fold-bn folds it into the conv)
+        y = g.one("BatchNormalization", [y, g.weight((m,), 1.0, 0.5, hint="scale"), g.weight((m,), 0.5, hint="b"),
+                                         g.weight((m,), 0.5, hint="mean"), g.weight((m,), 2.0, 0.5, hint="var")],
+                  y.shape, -4 * bound - 2, 4 * bound + 2, epsilon=g.ch.pick([1e-5, 1e-3]))
+    y = _epilogue(g, y)
+    if g.ch.chance(0.4):
+        _pool(g, y)
+
+
+def _pool(g: Gen, x: Val) -> None:
+    d = x.rank - 2
+    kind = g.ch.pick(["MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"])
+    if kind.startswith("Global"):
+        g.one(kind, [x], x.shape[:2] + (1,) * d, x.lo, x.hi)
+        return
+    k = [min(g.ch.pick([2, 3, 1]), s) for s in x.shape[2:]]
+    stride = [g.ch.pick([1, 2]) for _ in range(d)]
+    pads = [g.ch.between(0, kk // 2) for kk in k] * 2
+    out = []
+    for i in range(d):
+        o = (x.shape[2 + i] + pads[i] + pads[i + d] - k[i]) // stride[i] + 1
+        if o < 1:
+            return
+        out.append(o)
+    attrs = {"kernel_shape": k, "strides": stride, "pads": pads}
+    lo, hi = x.lo, x.hi
+    if kind == "AveragePool":
+        cip = int(g.ch.chance(0.5))
+        attrs["count_include_pad"] = cip
+        if cip:
+            lo, hi = min(lo, 0), max(hi, 0)
+    g.one(kind, [x], x.shape[:2] + tuple(out), lo, hi, **attrs)
+
+
+def p_rnn(g: Gen) -> None:
+    op = g.ch.pick(["LSTM", "GRU"])
+    seq, batch, inp = g.ch.pick([3, 1, 5, 8]), g.ch.pick([1, 2, 3]), g.ch.pick([4, 3, 8, 16])
+    x = g.pick(lambda u: u.rank == 3 and u.shape[0] <= 8 and u.shape[1] <= 3 and u.shape[2] <= 32)
+    if x is None:
+        x = g.input((seq, batch, inp))
+    seq, batch, inp = x.shape
+    x = g.bounded(x, 5.0)
+    hid = g.ch.pick([4, 3, 8, 16, 1, 17])
+    direction = g.ch.pick(["forward", "reverse", "bidirectional"])
+    nd = 2 if direction == "bidirectional" else 1
+    gates = 4 if op == "LSTM" else 3
+    s = 0.5
+    ins = [x, g.weight((nd, gates * hid, inp), s), g.weight((nd, gates * hid, hid), s)]
+    if g.ch.chance(0.7):
+        ins.append(g.weight((nd, 2 * gates * hid), s, hint="b"))
+    if g.ch.chance(0.4):
+        while len(ins) < 4:
+            ins.append(None)
+        ins += [None, g.weight((nd, batch, hid), 1.0, hint="h0")]
+        if op == "LSTM" and g.ch.chance(0.5):
+            ins.append(g.weight((nd, batch, hid), 1.0, hint="c0"))
+    attrs = {"hidden_size": hid, "direction": direction}
+    if op == "GRU":
+        attrs["linear_before_reset"] = int(g.ch.chance(0.5))
+    want_y = g.ch.chance(0.7)
+    outs = [((seq, nd, batch, hid), "float32", -1.0, 1.0) if want_y else None,
+            ((nd, batch, hid), "float32", -1.0, 1.0)]
+    if op == "LSTM" and g.ch.chance(0.3):
+        outs.append(((nd, batch, hid), "float32", -seq - 1.0, seq + 1.0))
+    g.node(op, ins, outs, **attrs)
+
+
+def p_misc(g: Gen) -> None:
+    """Layout ops real exporters also write: Tile, DepthToSpace, Trilu, GatherElements, ArgMax."""
+    kind = g.ch.pick(["Tile", "Trilu", "GatherElements", "ArgMax", "DepthToSpace"][: 5 if g.opset >= 14 else 1] +
+                     (["GatherElements", "ArgMax", "DepthToSpace"] if g.opset < 14 else []))
+    v = g.pick_or_input(lambda u: u.rank >= 2 and u.numel <= 2048, lambda: g.shape(2, 1024))
+    if v.rank < 2:
+        v = g.input(g.shape(2, 1024))
+    if kind == "Tile":
+        reps = [g.ch.pick([1, 2, 3]) for _ in v.shape]
+        g.one("Tile", [v, g.ints(reps)], tuple(d * r for d, r in zip(v.shape, reps)), v.lo, v.hi)
+    elif kind == "Trilu":
+        k = g.ch.pick([0, 1, -1, 2])
+        g.one("Trilu", [v, g.ints(k)] if k else [v], v.shape, min(v.lo, 0), max(v.hi, 0), upper=int(g.ch.chance(0.5)))
+    elif kind == "GatherElements":
+        axis = g.ch.below(v.rank)
+        ishape = list(v.shape)
+        ishape[axis] = g.ch.between(1, 4)
+        idx = g.const(g.rs.integers(-v.shape[axis], v.shape[axis], ishape).astype(np.int64), "idx")
+        g.one("GatherElements", [v, idx], tuple(ishape), v.lo, v.hi, axis=axis)
+    elif kind == "ArgMax":
+        x = g.pick(lambda u: u.exact and u.rank >= 1) or g.input(g.shape(2))
+        axis = g.ch.below(x.rank)
+        keep = int(g.ch.chance(0.5))
+        out = tuple(1 if k == axis else d for k, d in enumerate(x.shape)) if keep else \
+            tuple(d for k, d in enumerate(x.shape) if k != axis)
+        i = g.one("ArgMax", [x], out, dtype="int64", axis=axis, keepdims=keep)
+        g.one("Cast", [i], out, 0, x.shape[axis], to=TensorProto.FLOAT)
+    else:  # DepthToSpace on an NCHW tensor whose C divides by b²
+        b = 2
+        x = g.pick(lambda u: u.rank == 4 and u.shape[1] % 4 == 0) or g.input((1, 4 * g.ch.pick([1, 2]), 3, 5))
+        n, c, h, w = x.shape
+        g.one("DepthToSpace", [x], (n, c // 4, h * b, w * b), x.lo, x.hi, blocksize=b, mode=g.ch.pick(["DCR", "CRD"]))
+
+
+#: (pattern, weight): elementwise and reductions most, since they are what AStitch rewrites.
+PATTERNS = [
+    (p_unary, 14), (p_binary, 14), (p_reduce, 10), (p_softmax, 4), (p_layernorm, 5), (p_reshape, 6),
+    (p_transpose, 5), (p_slice, 4), (p_concat, 4), (p_split, 3), (p_gather, 3), (p_expand, 2), (p_pad, 2),
+    (p_where, 2), (p_cast, 1), (p_cumsum, 1), (p_matmul, 6), (p_gemm, 3), (p_conv, 4), (p_rnn, 2),
+    (p_misc, 2),
+]
+
+
+def build(ch: Chooser, seed: int, max_patterns: int = 8) -> tuple[onnx.ModelProto, dict, list[str]]:
+    """The model and its feeds, from the chooser's answers (no check, no reference run)."""
+    opset = ch.pick([17, 18, 13])
+    g = Gen(ch, np.random.default_rng(seed), opset)
+    g.input(g.shape(), hint="x")
+    if g.ch.chance(0.3):
+        g.input(g.shape(), hint="y")
+    count = 0
+    while count < max_patterns and (count == 0 or g.ch.chance(0.85)):
+        pat = g.ch.weighted(PATTERNS)
+        before = len(g.nodes)
+        pat(g)
+        if len(g.nodes) > before:
+            count += 1
+    outs = _pick_outputs(g)
+    graph = helper.make_graph(g.nodes, "fuzz", g.inputs,
+                              [helper.make_tensor_value_info(v.name, _TP[v.dtype], v.shape) for v in outs],
+                              initializer=g.inits)
+    ops = [helper.make_opsetid("", opset)]
+    model = helper.make_model(graph, opset_imports=ops, producer_name="dlcc-fuzz",
+                              ir_version=max(8, helper.find_min_ir_version_for(ops)))
+    _check_shapes(model, {v.name: v.shape for v in g.pool})
+    return model, g.feeds, [n.op_type for n in g.nodes]
+
+
+def _pick_outputs(g: Gen) -> list[Val]:
+    """The last value computed, and some earlier ones (an output that is also read later)."""
+    computed = [v for v in g.pool if not v.exact]
+    if not computed:  # nothing was added: one Identity keeps the graph meaningful
+        v = g.pool[0]
+        computed = [g.one("Identity", [v], v.shape, v.lo, v.hi, dtype=v.dtype)]
+    outs = [computed[-1]]
+    for v in computed[:-1]:
+        if g.ch.chance(0.15) and v.name not in [o.name for o in outs]:
+            outs.append(v)
+    return outs
+
+
+def check_model(model: onnx.ModelProto) -> None:
+    """onnx's checker with strict shape inference; raises GeneratorBug with onnx's reason."""
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as e:  # onnx raises several types (ValidationError, InferenceError)
+        raise GeneratorBug(f"onnx rejects the generated graph: {e}") from None
+
+
+def reference(model: onnx.ModelProto, feeds: dict) -> dict:
+    """onnxruntime's outputs (CPU, all graph optimisations off: the plain semantics)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in model.graph.output]
+    return dict(zip(names, sess.run(names, feeds)))
+
+
+def generate(seed: int, replay: list[int] | None = None, max_patterns: int = 8) -> Case:
+    """One valid model with a finite reference. `replay` rebuilds from recorded choices (shrink.py);
+    without it, the choices come from `seed`, which also seeds the values."""
+    ch = Chooser(seed, replay)
+    model, feeds, ops = build(ch, seed, max_patterns)
+    check_model(model)
+    refs = reference(model, feeds)
+    for name, r in refs.items():
+        if r.dtype.kind == "f" and not np.all(np.isfinite(r)):
+            raise InvalidCase(f"onnxruntime's output {name!r} is not finite")
+    return Case(model, feeds, refs, seed, ch.record, ops)
+
+
+def _check_shapes(model: onnx.ModelProto, mine: dict) -> None:
+    """Every shape the generator computed must be what onnx infers: the first that differs names
+    the op (a generator bug, found before any dlcc run)."""
+    bare = onnx.ModelProto()
+    bare.CopyFrom(model)
+    for o in bare.graph.output:
+        o.type.tensor_type.ClearField("shape")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(bare, strict_mode=True)
+    except Exception as e:
+        raise GeneratorBug(f"onnx's shape inference rejects the generated graph: {e}") from None
+    got = {vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+           for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    for n in model.graph.node:
+        for o in n.output:
+            if o in mine and o in got and list(mine[o]) != got[o]:
+                raise GeneratorBug(f"{n.op_type} output {o!r}: the generator says {list(mine[o])}, onnx infers "
+                                   f"{got[o]} (inputs {[producer[i].op_type if i in producer else i for i in n.input]})")
+
+
+def generate_valid(seed: int, max_patterns: int = 8, tries: int = 20) -> Case:
+    """generate(), retrying with derived seeds when a graph's reference is not finite."""
+    last = None
+    for k in range(tries):
+        try:
+            return generate(seed * 7919 + k if k else seed, max_patterns=max_patterns)
+        except InvalidCase as e:
+            last = e
+    raise last
+
+
+# ------------------------------------------------------------------------------------------------
+# Graphs dlcc must refuse with its one-paragraph error (issue 17's "Bad input").
+# ------------------------------------------------------------------------------------------------
+UNSUPPORTED_KINDS = ["double", "bfloat16", "nonzero", "value_reshape", "unknown_op", "custom_domain"]
+
+
+def generate_unsupported(seed: int) -> tuple[onnx.ModelProto, str]:
+    """(model, kind): a small model onnx accepts and dlcc cannot compile."""
+    ch = Chooser(seed)
+    kind = ch.pick(UNSUPPORTED_KINDS)
+    rs = np.random.default_rng(seed)
+    shape = [ch.pick([2, 3, 4]), ch.pick([5, 8])]
+    F = TensorProto.FLOAT
+    nodes, inits = [], []
+    inputs = [helper.make_tensor_value_info("x", F, shape)]
+    out_t, out_shape = F, shape
+    if kind == "double":
+        inputs = [helper.make_tensor_value_info("x", TensorProto.DOUBLE, shape)]
+        nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])]
+        out_t = TensorProto.DOUBLE
+    elif kind == "bfloat16":
+        nodes = [helper.make_node("Cast", ["x"], ["h"], to=TensorProto.BFLOAT16),
+                 helper.make_node("Relu", ["h"], ["r"]), helper.make_node("Cast", ["r"], ["y"], to=F)]
+    elif kind == "nonzero":  # the output's shape depends on the values
+        nodes = [helper.make_node("NonZero", ["x"], ["y"])]
+        out_t, out_shape = TensorProto.INT64, None
+    elif kind == "value_reshape":  # a Reshape to a shape read from a graph input
+        inputs.append(helper.make_tensor_value_info("s", TensorProto.INT64, [2]))
+        nodes = [helper.make_node("Reshape", ["x", "s"], ["y"])]
+        out_shape = None
+    elif kind == "unknown_op":
+        op = ch.pick(["Det", "Unique", "Einsum", "NonMaxSuppression", "Hardmax"])
+        if op == "Det":
+            inputs = [helper.make_tensor_value_info("x", F, [3, shape[0], shape[0]])]
+            nodes = [helper.make_node("Det", ["x"], ["y"])]
+            out_shape = [3]
+        elif op == "Einsum":
+            nodes = [helper.make_node("Einsum", ["x", "x"], ["y"], equation="ij,ij->i")]
+            out_shape = [shape[0]]
+        elif op == "Hardmax":
+            nodes = [helper.make_node("Hardmax", ["x"], ["y"])]
+        elif op == "Unique":
+            nodes = [helper.make_node("Unique", ["x"], ["y"])]
+            out_shape = None
+        else:
+            inputs = [helper.make_tensor_value_info("x", F, [1, shape[1], 4]),
+                      helper.make_tensor_value_info("sc", F, [1, 1, shape[1]])]
+            nodes = [helper.make_node("NonMaxSuppression", ["x", "sc"], ["y"])]
+            out_t, out_shape = TensorProto.INT64, None
+        nodes = [helper.make_node("Relu", [nodes[0].input[0]], ["r"])] + nodes
+        nodes[1].input[0] = "r"
+        if op == "Einsum":
+            nodes[1].input[1] = "r"
+    else:  # a node from a domain dlcc does not know
+        nodes = [helper.make_node("Relu", ["x"], ["r"]),
+                 helper.make_node("FusedGelu", ["r"], ["y"], domain="com.example")]
+    outs = [helper.make_tensor_value_info("y", out_t, out_shape)]
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid("com.example", 1)] if kind == "custom_domain" else [])
+    model = helper.make_model(helper.make_graph(nodes, "unsupported", inputs, outs, initializer=inits),
+                              opset_imports=opsets, ir_version=8)
+    del rs
+    return model, kind

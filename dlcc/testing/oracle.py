@@ -1,0 +1,239 @@
+"""The differential oracle: one model through every pipeline and option set, against onnxruntime.
+
+A verdict per configuration (NNSmith keeps crashes and wrong results apart, and so does this):
+- `pass`: every graph output matches onnxruntime under `dlcc verify`'s rule;
+- `mismatch`: an output differs, is missing, or has another shape or dtype;
+- `crash`: an exception that is not a DlccError (a traceback a user would see), or a DlccError
+  that blames dlcc itself (the OpenCL compiler rejecting generated kernels);
+- `refused`: a clear DlccError on a graph the generator believes dlcc supports (not a failure,
+  but counted: each is a gap to close or a generator rule to fix);
+- `hang`: set by pool.py when a case runs past its timeout.
+
+Configurations that give the same plan (kernels, launches and weights, which hold Rammer's
+schedule table) are run once: a graph without reductions, say, has the same plan under many
+`schemes` subsets, and the duplicate's verdict is the first one's.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import tempfile
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+RTOL, ATOL = 1e-3, 1e-4  # dlcc verify's defaults
+SCHEMES = ("independent", "local", "regional", "global")
+FAILURES = ("mismatch", "crash", "hang")
+
+
+@dataclass(frozen=True)
+class Config:
+    """A built-in pipeline with some pass options changed."""
+
+    name: str
+    base: str
+    overrides: tuple = ()  # ((pass name, option, value), ...)
+
+    def spec(self):
+        from ..config import PassSpec, PipelineSpec, load_pipeline
+
+        p = load_pipeline(self.base)
+        passes = []
+        for ps in p.passes:
+            opts = dict(ps.options)
+            for name, key, value in self.overrides:
+                if name == ps.name:
+                    opts[key] = list(value) if isinstance(value, tuple) else value
+            passes.append(PassSpec(name=ps.name, options=opts))
+        return PipelineSpec(name=self.name, description=p.description, passes=passes)
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "base": self.base, "overrides": [list(o) for o in self.overrides]}
+
+    @staticmethod
+    def from_dict(d: dict) -> "Config":
+        return Config(d["name"], d["base"], tuple((a, b, tuple(c) if isinstance(c, list) else c)
+                                                  for a, b, c in d.get("overrides", [])))
+
+
+def all_configs() -> list[Config]:
+    """Every pipeline (Rammer's joins forced too), and astitch with every `schemes` subset and
+    without GEMM fusion. Simplest first: shrinking prefers the earliest that still fails."""
+    out = [Config("baseline", "baseline"), Config("astitch", "astitch"), Config("rammer", "rammer"),
+           Config("full", "full"), Config("rammer-join-always", "rammer", (("rammer", "join", "always"),)),
+           Config("full-join-always", "full", (("rammer", "join", "always"),)),
+           Config("astitch-no-gemm-fusion", "astitch", (("astitch", "gemm_fusion", False),))]
+    for k in range(1, len(SCHEMES)):
+        for sub in itertools.combinations(SCHEMES, k):
+            out.append(Config("astitch[" + ",".join(sub) + "]", "astitch", (("astitch", "schemes", sub),)))
+    return out
+
+
+def config_named(name: str) -> Config:
+    for c in all_configs():
+        if c.name == name:
+            return c
+    raise KeyError(f"no fuzz configuration {name!r}; known: {', '.join(c.name for c in all_configs())}")
+
+
+@dataclass
+class Verdict:
+    config: str
+    status: str  # pass | mismatch | crash | refused | hang
+    detail: str = ""
+    same_as: str | None = None  # the configuration whose identical plan gave this verdict
+    errors: list = field(default_factory=list)  # per output: max abs / rel error
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v not in (None, [], "")}
+
+
+def _fingerprint(cm) -> str:
+    h = hashlib.sha256()
+    for code in cm.kernel_codes or []:
+        h.update(code.encode())
+    h.update(json.dumps(cm.plan["launches"], sort_keys=True, default=str).encode())
+    w = cm.weights
+    h.update(w if isinstance(w, (bytes, bytearray)) else bytes(w))
+    return h.hexdigest()
+
+
+def compare_outputs(model: onnx.ModelProto, got: dict, refs: dict) -> tuple[bool, str, list]:
+    """Every graph output of `model` (not dlcc's own list), under verify's rule."""
+    from ..verify import compare
+
+    names = [o.name for o in model.graph.output]
+    ok, notes, errs = True, [], []
+    for extra in sorted(set(got) - set(names)):
+        ok = False
+        notes.append(f"dlcc returned {extra!r}, which is not a graph output")
+    for n in names:
+        if n not in got:
+            ok = False
+            notes.append(f"output {n!r} is missing")
+            continue
+        g, r = np.asarray(got[n]), refs[n]
+        if g.dtype != r.dtype:
+            ok = False
+            notes.append(f"output {n!r}: dtype {g.dtype}, onnxruntime's is {r.dtype}")
+            continue
+        row = compare(n, g, r, RTOL, ATOL)
+        errs.append({"output": n, "max_abs_err": row["max_abs_err"], "max_rel_err": row["max_rel_err"]})
+        if not row["passed"]:
+            ok = False
+            notes.append(f"output {n!r}: max abs err {row['max_abs_err']:.3g}, max rel err {row['max_rel_err']:.3g}"
+                         + (f" ({row['note']})" if row.get("note") else ""))
+    return ok, "; ".join(notes), errs
+
+
+def check_model(model: onnx.ModelProto, feeds: dict, refs: dict, configs: list[Config], target: str = "opencl",
+                workdir: str | None = None) -> list[Verdict]:
+    """Compile and run `model` through each configuration on `target`, in this process."""
+    import dlcc
+    from ..errors import CompileError, DlccError
+
+    with tempfile.TemporaryDirectory(dir=workdir) as d:
+        path = Path(d) / "model.onnx"
+        onnx.save(model, str(path))
+        seen: dict[str, Verdict] = {}
+        out = []
+        for cfg in configs:
+            try:
+                cm = dlcc.compile(str(path), target=target, pipeline=cfg.spec())
+            except CompileError as e:
+                out.append(Verdict(cfg.name, "crash", f"CompileError: {e}"))
+                continue
+            except DlccError as e:
+                out.append(Verdict(cfg.name, "refused", f"{type(e).__name__}: {e}"))
+                continue
+            except Exception:
+                out.append(Verdict(cfg.name, "crash", "compile: " + traceback.format_exc(limit=8)))
+                continue
+            fp = _fingerprint(cm)
+            if fp in seen:
+                v = seen[fp]
+                out.append(Verdict(cfg.name, v.status, v.detail, same_as=v.same_as or v.config, errors=v.errors))
+                continue
+            v = _run(cm, model, feeds, refs, cfg)
+            seen[fp] = v
+            out.append(v)
+            del cm
+        return out
+
+
+def _run(cm, model, feeds, refs, cfg) -> Verdict:
+    from ..errors import CompileError, DlccError
+
+    try:
+        got = cm(feeds)
+    except CompileError as e:
+        return Verdict(cfg.name, "crash", f"CompileError: {e}")
+    except DlccError as e:
+        return Verdict(cfg.name, "refused", f"run: {type(e).__name__}: {e}")
+    except Exception:
+        return Verdict(cfg.name, "crash", "run: " + traceback.format_exc(limit=8))
+    ok, notes, errs = compare_outputs(model, got, refs)
+    return Verdict(cfg.name, "pass" if ok else "mismatch", notes, errors=errs)
+
+
+def default_targets() -> list[str]:
+    """OpenCL always (PoCL here); CUDA too where PyCUDA sees a GPU."""
+    from ..backends import cuda
+
+    return ["opencl"] + (["cuda"] if cuda.available() else [])
+
+
+def check_case_task(task: dict) -> dict:
+    """A pool task (pool.py): generate graph `seed` and check it. Returns a JSON-able record."""
+    from .graphgen import GeneratorBug, InvalidCase, generate_valid
+
+    seed = task["seed"]
+    configs = [config_named(n) for n in task["configs"]] if task.get("configs") else all_configs()
+    rec = {"seed": seed, "verdicts": {}}
+    try:
+        case = generate_valid(seed, max_patterns=task.get("max_patterns", 8))
+    except InvalidCase as e:
+        rec["invalid"] = str(e)
+        return rec
+    except GeneratorBug as e:
+        rec["generator_bug"] = str(e)
+        return rec
+    rec["ops"] = case.ops
+    rec["nodes"] = len(case.model.graph.node)
+    rec["case_seed"] = case.seed
+    for target in task.get("targets") or default_targets():
+        rec["verdicts"][target] = [v.as_dict() for v in check_model(case.model, case.feeds, case.refs, configs, target)]
+    return rec
+
+
+def unsupported_task(task: dict) -> dict:
+    """A pool task: a graph dlcc must refuse; the verdict is pass only for a one-paragraph
+    DlccError that names what is unsupported."""
+    import dlcc
+    from ..errors import DlccError
+    from .graphgen import generate_unsupported
+
+    model, kind = generate_unsupported(task["seed"])
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "model.onnx")
+        onnx.save(model, path)
+        try:
+            dlcc.compile(path, target="opencl", pipeline="baseline")
+            return {"unsupported_kind": kind, "status": "mismatch", "detail": "compiled without an error"}
+        except DlccError as e:
+            msg = str(e)
+            return {"unsupported_kind": kind, "status": "pass" if msg and "Traceback" not in msg else "crash",
+                    "detail": msg.splitlines()[0] if msg else ""}
+        except Exception:
+            return {"unsupported_kind": kind, "status": "crash", "detail": traceback.format_exc(limit=6)}
+
+
+def fuzz_task(task: dict) -> dict:
+    """The pool's entry point (pool.py): a generated graph, or a graph dlcc must refuse."""
+    return unsupported_task(task) if task.get("kind") == "unsupported" else check_case_task(task)

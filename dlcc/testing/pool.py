@@ -1,0 +1,123 @@
+"""Worker processes that run fuzz cases with a per-case timeout.
+
+A case that runs past its timeout is a `hang` verdict, and one whose worker dies (a native crash
+in a driver or compiler) is a `crash`: the worker is killed or reaped and a fresh one started, and
+the other workers go on. A hung OpenCL or CUDA call cannot be interrupted from Python, so killing
+the process is the only way out (dlcc batch does the same for its jobs).
+
+Workers are spawned (not forked: an OpenCL platform does not survive a fork), each runs cases one
+at a time, and says when it starts one, so the clock does not count its spawn and imports.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from multiprocessing.connection import wait as conn_wait
+
+
+def _worker(conn, fn_path: str) -> None:
+    import importlib
+
+    mod, name = fn_path.rsplit(":", 1)
+    fn = getattr(importlib.import_module(mod), name)
+    conn.send(("ready", None, None))
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            return
+        key, task = msg
+        conn.send(("start", key, time.time()))
+        try:
+            res = fn(task)
+        except Exception as e:  # a bug in the harness itself: reported, never lost
+            import traceback
+
+            res = {"harness_error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=8)}
+        conn.send(("done", key, res))
+
+
+class _Slot:
+    def __init__(self, ctx, fn_path: str):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(child, fn_path), daemon=True)
+        self.proc.start()
+        child.close()
+        self.key = None
+        self.task = None
+        self.deadline = None
+        self.ready = False
+
+
+def run_tasks(tasks: list, fn_path: str, workers: int = 2, timeout: float = 600.0, on_result=None,
+              stop_at: float | None = None) -> dict:
+    """Run fn(task) for each (key, task) in `tasks` on `workers` processes. `fn_path` is
+    "module:function". Returns {key: result}; a case past `timeout` seconds gives
+    {"hang": ...}, a dead worker {"died": ...}. `on_result(key, result)` is called as each ends.
+    `stop_at` (a time.time() value) stops handing out new cases then."""
+    ctx = mp.get_context("spawn")
+    pending = list(tasks)
+    results: dict = {}
+    slots = [_Slot(ctx, fn_path) for _ in range(max(1, min(workers, len(pending) or 1)))]
+
+    def finish(key, res):
+        results[key] = res
+        if on_result:
+            on_result(key, res)
+
+    def restart(i):
+        s = slots[i]
+        if s.proc.is_alive():
+            s.proc.kill()
+        s.proc.join(10)
+        slots[i] = _Slot(ctx, fn_path)
+
+    def accepting() -> bool:
+        return bool(pending) and (stop_at is None or time.time() < stop_at)
+
+    try:
+        while True:
+            for s in slots:
+                if s.ready and s.key is None and accepting():
+                    s.key, s.task = pending.pop(0)
+                    s.deadline = time.time() + timeout + 120  # until it says it started (spawn, imports)
+                    s.conn.send((s.key, s.task))
+            if all(s.key is None for s in slots) and not accepting():
+                break
+            ready = conn_wait([s.conn for s in slots] + [s.proc.sentinel for s in slots], timeout=1.0)
+            for i, s in enumerate(slots):
+                if s.conn in ready:
+                    try:
+                        kind, key, val = s.conn.recv()
+                    except (EOFError, OSError):
+                        kind = "eof"
+                    if kind == "ready":
+                        s.ready = True
+                    elif kind == "start" and key == s.key:
+                        s.deadline = val + timeout
+                    elif kind == "done" and key == s.key:
+                        finish(key, val)
+                        s.key = s.task = None
+                    elif kind == "eof":
+                        if s.key is not None:
+                            finish(s.key, {"died": f"the worker process died (exit code {s.proc.exitcode})"})
+                        restart(i)
+                elif s.proc.sentinel in ready and not s.proc.is_alive():
+                    if s.key is not None:
+                        finish(s.key, {"died": f"the worker process died (exit code {s.proc.exitcode})"})
+                    restart(i)
+            now = time.time()
+            for i, s in enumerate(slots):
+                if s.key is not None and s.deadline is not None and now > s.deadline:
+                    finish(s.key, {"hang": f"no verdict after {timeout:g} s; the worker was killed"})
+                    restart(i)
+    finally:
+        for s in slots:
+            try:
+                s.conn.send(None)
+            except Exception:
+                pass
+        for s in slots:
+            s.proc.join(5)
+            if s.proc.is_alive():
+                s.proc.kill()
+    return results

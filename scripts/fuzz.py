@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Differential fuzzing of dlcc against onnxruntime (issue 17): generated graphs through every
+pipeline and option set (dlcc/testing/oracle.py: all_configs) on OpenCL/PoCL, and on CUDA where
+a GPU is present. Crashes, tracebacks, hangs (per-graph timeout) and mismatches are failures.
+
+    .venv/bin/python scripts/fuzz.py --n 1000 --seed 0 --minutes 60 --json fuzz.json --junit fuzz.xml
+    .venv/bin/python scripts/fuzz.py --n 200 --shrink --regressions tests/fuzz_cases
+
+--shrink reduces every failing graph (dlcc/testing/shrink.py) and, with --regressions DIR, writes
+each minimal case there, where tests/test_fuzz_regressions.py runs it in the default suite.
+Exit code 0 only when nothing failed.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=100, help="generated graphs (default 100)")
+    ap.add_argument("--seed", type=int, default=0, help="first seed; graph k uses seed + k")
+    ap.add_argument("--minutes", type=float, default=None, help="stop handing out graphs after this long")
+    ap.add_argument("--workers", "-j", type=int, default=None, help="worker processes (default: the cores)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds one graph may take through every "
+                    "configuration before it counts as a hang (default 600)")
+    ap.add_argument("--targets", default=None, help="opencl, cuda or opencl,cuda (default: OpenCL, and CUDA "
+                    "when PyCUDA sees a GPU)")
+    ap.add_argument("--configs", default=None, help="comma-separated configuration names (default: all; "
+                    "`--list-configs` shows them)")
+    ap.add_argument("--list-configs", action="store_true", help="print the configuration names and exit")
+    ap.add_argument("--max-patterns", type=int, default=8, help="patterns per graph (default 8)")
+    ap.add_argument("--unsupported", type=int, default=None, help="graphs dlcc must refuse, checked for the "
+                    "one-paragraph error (default: n/20)")
+    ap.add_argument("--json", dest="json_path", default=None, help="write a JSON report here")
+    ap.add_argument("--junit", default=None, help="write a JUnit XML report here")
+    ap.add_argument("--shrink", action="store_true", help="shrink each failing graph")
+    ap.add_argument("--regressions", default=None, help="with --shrink: write the minimal cases into this folder")
+    ap.add_argument("--shrink-tries", type=int, default=600, help="compile-and-run tries per shrink (default 600)")
+    args = ap.parse_args(argv)
+
+    import os
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    import dlcc  # noqa: F401  (configures PoCL before any worker's platform is touched)
+    from dlcc.batch.report import write_atomic
+    from dlcc.testing.campaign import Campaign
+    from dlcc.testing.oracle import all_configs, config_named, default_targets
+    from dlcc.testing.pool import run_tasks
+
+    con = Console(stderr=True)
+    if args.list_configs:
+        for c in all_configs():
+            print(c.name)
+        return 0
+    configs = [c.strip() for c in args.configs.split(",")] if args.configs else None
+    for c in configs or []:
+        try:
+            config_named(c)
+        except KeyError as e:
+            con.print(f"error: {e.args[0]}", markup=False)
+            return 2
+    targets = [t.strip() for t in args.targets.split(",")] if args.targets else default_targets()
+    n_uns = args.n // 20 if args.unsupported is None else args.unsupported
+    tasks = [(("g", args.seed + k), {"seed": args.seed + k, "configs": configs, "targets": targets,
+                                      "max_patterns": args.max_patterns}) for k in range(args.n)]
+    tasks += [(("u", args.seed + k), {"kind": "unsupported", "seed": args.seed + k}) for k in range(n_uns)]
+    camp = Campaign()
+    stop_at = time.time() + 60 * args.minutes if args.minutes else None
+    workers = args.workers or os.cpu_count() or 1
+    con.print(f"dlcc fuzz: {args.n} graphs from seed {args.seed} (+{n_uns} unsupported on purpose), "
+              f"{len(configs or all_configs())} configurations, targets {', '.join(targets)}, {workers} workers",
+              markup=False)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[status]}"), console=con) as prog:
+        bar = prog.add_task("graphs", total=len(tasks), status="")
+
+        def on_result(key, rec):
+            camp.add(key, rec)
+            s = camp.summary()
+            prog.update(bar, advance=1, status=f"pass {s['pass']}  mismatch {s['mismatch']}  crash {s['crash']}  "
+                                               f"hang {s['hang']}  refused {s['refused']}")
+
+        run_tasks(tasks, "dlcc.testing.oracle:fuzz_task", workers=workers, timeout=args.timeout,
+                  on_result=on_result, stop_at=stop_at)
+
+    s = camp.summary()
+    t = Table(title=f"dlcc fuzz: {s['graphs']} graphs ({s['nodes']} nodes), {s['seconds']:.0f} s")
+    for c in ("verdict", "configurations", "distinct plans run"):
+        t.add_column(c)
+    for st in ("pass", "mismatch", "crash", "hang", "refused"):
+        t.add_row(st, str(s[st]), str(s["distinct_plans"][st]))
+    Console().print(t)
+    if camp.unsupported:
+        print(f"unsupported on purpose: {dict(camp.unsupported)} (pass = the one-paragraph error)")
+    for f in camp.failures[:50]:
+        print(f"FAIL {f.case} [{f.target}] {f.config}: {f.status}: {f.detail.splitlines()[0] if f.detail else ''}"[:400])
+    for case, e in camp.generator_bugs + camp.harness_errors:
+        print(f"BUG {case}: {e}"[:400])
+    meta = {"n": args.n, "seed": args.seed, "targets": targets, "configs": configs or [c.name for c in all_configs()],
+            "max_patterns": args.max_patterns, "timeout": args.timeout, "argv": sys.argv[1:]}
+    if args.json_path:
+        write_atomic(args.json_path, camp.json_report(meta))
+    if args.junit:
+        write_atomic(args.junit, camp.junit())
+    if args.shrink and camp.failures:
+        _shrink_all(camp, args, con)
+    return 1 if camp.failed else 0
+
+
+def _shrink_all(camp, args, con) -> None:
+    from dlcc.testing.oracle import config_named
+    from dlcc.testing.shrink import shrink, write_regression
+
+    done = set()
+    for f in camp.failures:
+        if f.config in ("(whole case)", "compile") or f.case_seed is None or (f.case_seed, f.target) in done:
+            continue
+        done.add((f.case_seed, f.target))
+        con.print(f"shrinking seed {f.case_seed} ({f.config} on {f.target}) ...", markup=False)
+        try:
+            s = shrink(f.case_seed, config_named(f.config), f.target, max_tries=args.shrink_tries)
+        except ValueError as e:  # it no longer fails alone (a flaky failure is worth a look too)
+            con.print(f"  not reproduced alone: {e}", markup=False)
+            continue
+        con.print(f"  -> {len(s.model.graph.node)} node(s) under {s.config.name}: {s.status}: {s.detail[:200]}",
+                  markup=False)
+        if args.regressions:
+            con.print(f"  written to {write_regression(s, args.regressions)}", markup=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -37,6 +37,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-patterns", type=int, default=8, help="patterns per graph (default 8)")
     ap.add_argument("--unsupported", type=int, default=None, help="graphs dlcc must refuse, checked for the "
                     "one-paragraph error (default: n/20)")
+    ap.add_argument("--quick-build", action="store_true", help="build OpenCL kernels without optimisation "
+                    "(-cl-opt-disable: about 4x faster builds; the kernels run unoptimised)")
     ap.add_argument("--json", dest="json_path", default=None, help="write a JSON report here")
     ap.add_argument("--junit", default=None, help="write a JUnit XML report here")
     ap.add_argument("--shrink", action="store_true", help="shrink each failing graph")
@@ -46,6 +48,9 @@ def main(argv=None) -> int:
 
     import os
 
+    if args.quick_build:  # read by every worker's OpenCL runtime (backends/opencl.py: build_options)
+        os.environ["DLCC_OPENCL_BUILD_OPTIONS"] = (os.environ.get("DLCC_OPENCL_BUILD_OPTIONS", "")
+                                                   + " -cl-opt-disable").strip()
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -87,7 +92,7 @@ def main(argv=None) -> int:
             camp.add(key, rec)
             s = camp.summary()
             prog.update(bar, advance=1, status=f"pass {s['pass']}  mismatch {s['mismatch']}  crash {s['crash']}  "
-                                               f"hang {s['hang']}  refused {s['refused']}")
+                                               f"hang {s['hang']}  refused {s['refused']}  unstable {s['unstable']}")
 
         run_tasks(tasks, "dlcc.testing.oracle:fuzz_task", workers=workers, timeout=args.timeout,
                   on_result=on_result, stop_at=stop_at)
@@ -96,7 +101,7 @@ def main(argv=None) -> int:
     t = Table(title=f"dlcc fuzz: {s['graphs']} graphs ({s['nodes']} nodes), {s['seconds']:.0f} s")
     for c in ("verdict", "configurations", "distinct plans run"):
         t.add_column(c)
-    for st in ("pass", "mismatch", "crash", "hang", "refused"):
+    for st in ("pass", "mismatch", "crash", "hang", "refused", "unstable"):
         t.add_row(st, str(s[st]), str(s["distinct_plans"][st]))
     Console().print(t)
     if camp.unsupported:
@@ -106,7 +111,8 @@ def main(argv=None) -> int:
     for case, e in camp.generator_bugs + camp.harness_errors:
         print(f"BUG {case}: {e}"[:400])
     meta = {"n": args.n, "seed": args.seed, "targets": targets, "configs": configs or [c.name for c in all_configs()],
-            "max_patterns": args.max_patterns, "timeout": args.timeout, "argv": sys.argv[1:]}
+            "max_patterns": args.max_patterns, "timeout": args.timeout, "quick_build": args.quick_build,
+            "argv": sys.argv[1:]}
     if args.json_path:
         write_atomic(args.json_path, camp.json_report(meta))
     if args.junit:

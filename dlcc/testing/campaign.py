@@ -90,7 +90,7 @@ class Campaign:
         return sum(n for (t, s), n in c.items() if s == status)
 
     def summary(self) -> dict:
-        statuses = ["pass", "mismatch", "crash", "hang", "refused"]
+        statuses = ["pass", "mismatch", "crash", "hang", "refused", "unstable"]
         return {
             "graphs": self.graphs, "invalid_skipped": self.invalid, "nodes": self.nodes,
             "configurations_run": sum(self.runs.values()), "distinct_plans_run": sum(self.unique_runs.values()),

@@ -8,8 +8,9 @@ configuration, same target):
 2. **The choices.** The graph is rebuilt from edited choice lists (choices.py): runs of answers are
    deleted (nodes dropped) and answers are lowered toward 0 (smaller dims, simpler ops, options
    off), as Hypothesis shrinks. Any edited list builds a valid graph or is rejected.
-3. **The graph.** On the result, every intermediate tensor is tried as the only output, with the
-   nodes it does not need dropped (onnx.utils.Extractor), and unused inputs removed.
+3. **The graph.** On the result, nodes no output needs are dropped, then one output at a time,
+   then every intermediate tensor is tried as the only output (onnx.utils.Extractor); unused
+   inputs go too.
 
 `write_regression` stores the result under tests/fuzz_cases/NAME/ (model.onnx, feeds.npz,
 case.json), where tests/test_fuzz_regressions.py runs it against onnxruntime in the default suite.
@@ -105,32 +106,39 @@ def shrink(seed: int, config: Config, target: str = "opencl", max_tries: int = 6
                     choices, case, progress = c.choices, c, True
                     log(f"deleted {size} choice(s): {len(case.model.graph.node)} node(s)")
                 i = min(i, len(choices)) - size
-        for i in range(len(choices)):  # lower each answer
-            for v in (0, choices[i] // 2, choices[i] - 1):
-                if i >= len(choices) or not 0 <= v < choices[i]:
+        i = 0
+        while i < len(choices):  # lower each answer (an accepted edit may shorten the list)
+            for v in sorted({0, choices[i] // 2, choices[i] - 1}):
+                if not 0 <= v < choices[i]:
                     continue
                 c = attempt(choices[:i] + [v] + choices[i + 1:])
                 if c is not None:
                     choices, case, progress = c.choices, c, True
                     break
+            i += 1
 
-    # 3. the graph: a single intermediate output, unused inputs gone
+    # 3. the graph: dead nodes dropped, then fewer outputs, then a single intermediate output
     model, feeds = case.model, case.feeds
-    for name in _intermediates(model):
-        if time.time() - t0 > budget_s:  # (the cuts are few: not counted against max_tries)
-            break
-        sub = _cut(model, name)
-        if sub is None or len(sub.graph.node) >= len(model.graph.node):
-            continue
-        f = {k: v for k, v in feeds.items() if k in {i.name for i in sub.graph.input}}
-        try:
-            refs = _finite_reference(sub, f)
-        except InvalidCase:
-            continue
-        if _verdict(sub, f, refs, config, target).status == status:
-            model, feeds = sub, f
-            log(f"cut at {name!r}: {len(model.graph.node)} node(s)")
-            break
+    progress = True
+    while progress and time.time() - t0 < budget_s:  # (the cuts are few: not counted against max_tries)
+        progress = False
+        outs = [o.name for o in model.graph.output]
+        tries_here = [outs] + [[o for o in outs if o != drop] for drop in outs if len(outs) > 1] + \
+                     [[name] for name in _intermediates(model)]
+        for names in tries_here:
+            sub = _cut(model, names)
+            if sub is None or (len(sub.graph.node), len(sub.graph.output)) >= (len(model.graph.node),
+                                                                              len(model.graph.output)):
+                continue
+            f = {k: v for k, v in feeds.items() if k in {i.name for i in sub.graph.input}}
+            try:
+                refs = _finite_reference(sub, f)
+            except InvalidCase:
+                continue
+            if _verdict(sub, f, refs, config, target).status == status:
+                model, feeds, progress = sub, f, True
+                log(f"cut to outputs {names}: {len(model.graph.node)} node(s)")
+                break
     refs = reference(model, feeds)
     last = _verdict(model, feeds, refs, config, target)
     return Shrunk(model, feeds, config, target, status, last.detail, seed, tries, time.time() - t0)
@@ -149,13 +157,13 @@ def _intermediates(model: onnx.ModelProto) -> list[str]:
     return [t for n in model.graph.node for t in n.output if t and t not in outs]
 
 
-def _cut(model: onnx.ModelProto, name: str) -> onnx.ModelProto | None:
-    """The part of `model` that computes `name`, with `name` as its only output."""
+def _cut(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto | None:
+    """The part of `model` that computes `names`, which are its outputs."""
     from onnx.utils import Extractor
 
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
-        sub = Extractor(inferred).extract_model([i.name for i in model.graph.input], [name])
+        sub = Extractor(inferred).extract_model([i.name for i in model.graph.input], names)
     except Exception:
         return None
     used = {i for n in sub.graph.node for i in n.input}

@@ -566,7 +566,9 @@ class Planner:
                 outside = self.is_output(t) or any(c not in gset for c in self.consumers(t))
                 rs = readers.get(t, set())
                 s.glob = outside or any(r != pi for r in rs)
-                s.smem = pi in rs and "regional" in self.opts.schemes
+                # shared memory holds float32 (`sm` is a float array): a bool or integer value
+                # read in its own phase goes through global memory, where it keeps its type
+                s.smem = pi in rs and "regional" in self.opts.schemes and self.ng.tensor(t).dtype == "float32"
                 if pi in rs and not s.smem:
                     s.glob = s.demoted = True
         budget = self.smem_budget() // 4

@@ -1,0 +1,37 @@
+"""Every bug the fuzzer found, as the minimal model it shrank to (tests/fuzz_cases/NAME/): the
+model, its inputs, and the configuration that failed (case.json, with a note on the root cause).
+Each runs through that configuration on OpenCL and is compared with onnxruntime under `dlcc
+verify`'s rule, over the model's own graph outputs. scripts/fuzz.py --shrink --regressions adds
+cases here."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from dlcc.testing.graphgen import reference
+from dlcc.testing.oracle import Config, check_model
+
+CASES = Path(__file__).parent / "fuzz_cases"
+
+
+def _cases():
+    return sorted(d.name for d in CASES.iterdir() if (d / "case.json").is_file()) if CASES.is_dir() else []
+
+
+def test_there_are_regression_cases():
+    assert _cases(), "tests/fuzz_cases is empty"
+
+
+@pytest.mark.parametrize("name", _cases())
+def test_fuzz_regression(name):
+    d = CASES / name
+    meta = json.loads((d / "case.json").read_text())
+    model = onnx.load(str(d / "model.onnx"))
+    feeds = dict(np.load(d / "feeds.npz"))
+    refs = reference(model, feeds)
+    v = check_model(model, feeds, refs, [Config.from_dict(meta["config"])], meta.get("target", "opencl"))[0]
+    assert v.status == "pass", f"{name} ({meta['config']['name']}): {v.status}: {v.detail}\n{meta['note']}"

@@ -17,6 +17,12 @@ from multiprocessing.connection import wait as conn_wait
 
 def _worker(conn, fn_path: str) -> None:
     import importlib
+    import os
+
+    # OpenCL compilers print their diagnostics straight to file descriptor 2 (clang's "N warnings
+    # generated"): not the user's to act on, and everything a case found comes back as its result.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
 
     mod, name = fn_path.rsplit(":", 1)
     fn = getattr(importlib.import_module(mod), name)

@@ -124,9 +124,9 @@ def shrink(seed: int, config: Config, target: str = "opencl", max_tries: int = 6
         progress = False
         outs = [o.name for o in model.graph.output]
         tries_here = [outs] + [[o for o in outs if o != drop] for drop in outs if len(outs) > 1] + \
-                     [[name] for name in _intermediates(model)]
+                     [[name] for name in _intermediates(model)] + [("bypass", k) for k in range(len(model.graph.node))]
         for names in tries_here:
-            sub = _cut(model, names)
+            sub = _bypass(model, names[1]) if names[0] == "bypass" else _cut(model, names)
             if sub is None or (len(sub.graph.node), len(sub.graph.output)) >= (len(model.graph.node),
                                                                               len(model.graph.output)):
                 continue
@@ -176,6 +176,36 @@ def _cut(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto | None:
     except Exception:
         return None
     return sub
+
+
+def _bypass(model: onnx.ModelProto, k: int) -> onnx.ModelProto | None:
+    """`model` without node k: its readers read instead an input of it with the same type and
+    shape (Relu(x) -> x). None where it has no such input or its output is a graph output."""
+    from onnx import helper
+
+    node = model.graph.node[k]
+    if len(node.output) != 1 or node.output[0] in {o.name for o in model.graph.output}:
+        return None
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    except Exception:
+        return None
+    types = {vi.name: vi.type.SerializeToString() for vi in
+             list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)}
+    for init in model.graph.initializer:
+        types[init.name] = helper.make_tensor_type_proto(init.data_type, list(init.dims)).SerializeToString()
+    out = node.output[0]
+    same = [i for i in node.input if i and i in types and types[i] == types.get(out)]
+    if not same:
+        return None
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    del m.graph.node[k]
+    for n in m.graph.node:
+        for j, i in enumerate(n.input):
+            if i == out:
+                n.input[j] = same[0]
+    return _cut(m, [o.name for o in m.graph.output])
 
 
 def write_regression(s: Shrunk, root: str | Path, name: str | None = None, note: str = "") -> Path:

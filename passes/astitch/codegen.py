@@ -262,6 +262,9 @@ def gemm_source_fused(ng, planner, fus) -> tuple[str, list[str], list[str], int]
     else:
         store = _epilogue(b, ng, g, spec, fus)
     texts = ["\n".join(a_st), a_val, "\n".join(b_st), b_val, "\n".join(spec.prologue or []), "\n".join(store)]
+    for pn, t in keep:  # one tensor under two parameters (B and the Gemm bias C both x): one name
+        if b.params[t] != pn:
+            texts = [_subst_loads(x, pn, lambda idx, first=b.params[t]: f"{first}[{idx}]") for x in texts]
     for pn, t in inl:  # operands computed in the loads, through element functions
         texts = [_subst_loads(x, pn, lambda idx, t=t: b.read(t, idx)) for x in texts]
     a_st2, a_val2, b_st2, b_val2, pro2, store2 = texts

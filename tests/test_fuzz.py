@@ -1,0 +1,139 @@
+"""Differential fuzzing in the default suite (issue 17): a fixed, deterministic batch of generated
+graphs through every pipeline and option set on OpenCL, compared with onnxruntime; graphs dlcc
+must refuse; and the generator, shrinker and worker pool themselves.
+
+Large runs are `scripts/fuzz.py` (README: "Differential fuzzing")."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import onnx
+import pytest
+
+from conftest import opencl_device_available
+from dlcc.testing import graphgen
+from dlcc.testing.choices import Chooser
+from dlcc.testing.oracle import FAILURES, all_configs, check_case_task, unsupported_task
+
+#: The default batch: seeds 0..BATCH-1, in chunks that pytest-xdist spreads over its workers.
+BATCH, CHUNK = 24, 3
+needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
+
+
+@needs_opencl
+@pytest.mark.parametrize("first", range(0, BATCH, CHUNK))
+def test_fuzz_batch(first):
+    """Every configuration of every graph in the chunk passes (or is ill-conditioned: `unstable`,
+    which the float64 arbiter decides). A refused graph fails too: the generator only uses what
+    dlcc supports."""
+    problems = []
+    for seed in range(first, first + CHUNK):
+        rec = check_case_task({"seed": seed, "targets": ["opencl"]})
+        assert "generator_bug" not in rec, rec
+        for v in rec["verdicts"]["opencl"]:
+            if v["status"] in FAILURES + ("refused",):
+                problems.append(f"seed {seed} {v['config']}: {v['status']}: {v.get('detail', '')[:500]}")
+    assert not problems, "\n".join(problems) + "\nshrink one with: scripts/fuzz.py --seed S --n 1 --shrink"
+
+
+def _first_seed_of_each_unsupported_kind() -> dict[str, int]:
+    first: dict[str, int] = {}
+    for s in range(200):
+        first.setdefault(graphgen.generate_unsupported(s)[1], s)
+    return first
+
+
+UNSUPPORTED_SEEDS = _first_seed_of_each_unsupported_kind()
+
+
+def test_every_unsupported_kind_is_generated():
+    assert set(UNSUPPORTED_SEEDS) == set(graphgen.UNSUPPORTED_KINDS)
+
+
+@needs_opencl
+@pytest.mark.parametrize("kind", graphgen.UNSUPPORTED_KINDS)
+def test_unsupported_graphs_get_the_clear_error(kind):
+    rec = unsupported_task({"seed": UNSUPPORTED_SEEDS[kind]})
+    assert rec["unsupported_kind"] == kind and rec["status"] == "pass", rec
+
+
+def test_generator_is_deterministic_and_replayable():
+    a, b = graphgen.generate(7), graphgen.generate(7)
+    assert a.model.SerializeToString() == b.model.SerializeToString()
+    assert all(np.array_equal(a.feeds[k], b.feeds[k]) for k in a.feeds)
+    c = graphgen.generate(7, replay=a.choices)  # rebuilt from its recorded choices
+    assert c.model.SerializeToString() == a.model.SerializeToString() and c.choices == a.choices
+    assert graphgen.generate(8).model.SerializeToString() != a.model.SerializeToString()
+
+
+def test_generated_graphs_are_valid_and_diverse():
+    """200 graphs: onnx's strict checker accepts each (generate raises otherwise), onnxruntime's
+    outputs are finite, and the patterns the issue asks for all occur."""
+    ops, shapes = set(), set()
+    for seed in range(200):
+        try:
+            case = graphgen.generate(seed)
+        except graphgen.InvalidCase:
+            continue
+        for r in case.refs.values():
+            assert r.dtype.kind != "f" or np.all(np.isfinite(r))
+        ops |= set(case.ops)
+        for i in case.model.graph.input:
+            shapes.add(tuple(d.dim_value for d in i.type.tensor_type.shape.dim))
+    wanted = {"Add", "Mul", "ReduceMean", "ReduceSum", "Softmax", "LayerNormalization", "Reshape", "Transpose",
+              "Slice", "Concat", "Split", "Gather", "MatMul", "Gemm", "Conv", "LSTM", "GRU", "Sqrt", "Reciprocal",
+              "Where", "Expand"}
+    assert wanted <= ops, wanted - ops
+    dims = {d for s in shapes for d in s}
+    assert 1 in dims and any(d > graphgen.LONG_ROW[0] for d in dims) and any(d % 2 for d in dims if d > 1)
+
+
+def test_chooser_answers_zero_when_a_replay_runs_out():
+    ch = Chooser(replay=[3, 1])
+    assert [ch.below(10), ch.below(10), ch.below(10), ch.chance(0.9)] == [3, 1, 0, False]
+
+
+def test_shrinker_reduces_to_the_failing_op(monkeypatch):
+    """With a stand-in oracle that fails any graph holding a Softmax, the shrinker must end with a
+    graph of a few nodes that still holds one, under the simplest configuration."""
+    from dlcc.testing import shrink as sh
+    from dlcc.testing.oracle import Verdict
+
+    def verdict(model, feeds, refs, cfg, target):
+        bad = any(n.op_type == "Softmax" for n in model.graph.node)
+        return Verdict(cfg.name, "mismatch" if bad else "pass")
+
+    monkeypatch.setattr(sh, "_verdict", verdict)
+    seed = next(s for s in range(500) if "Softmax" in graphgen.generate(s).ops and len(graphgen.generate(s).ops) > 8)
+    before = len(graphgen.generate(seed).model.graph.node)
+    res = sh.shrink(seed, all_configs()[-1], max_tries=400)
+    ops = [n.op_type for n in res.model.graph.node]
+    assert "Softmax" in ops and len(ops) <= 2 < before, (before, ops)
+    assert res.config.name == all_configs()[0].name  # the simplest configuration that still fails
+    onnx.checker.check_model(res.model, full_check=True)
+
+
+def _sleep_forever(task):
+    time.sleep(3600)
+
+
+def _die(task):
+    os._exit(3)
+
+
+def _echo(task):
+    return {"echo": task}
+
+
+def test_pool_reports_hangs_and_dead_workers_and_goes_on():
+    from dlcc.testing.pool import run_tasks
+
+    tasks = [("a", 1), ("b", 2)]
+    res = run_tasks(tasks, "test_fuzz:_echo", workers=2, timeout=60)
+    assert res == {"a": {"echo": 1}, "b": {"echo": 2}}
+    res = run_tasks([("x", 0)], "test_fuzz:_sleep_forever", workers=1, timeout=2)
+    assert "hang" in res["x"]
+    res = run_tasks([("y", 0)], "test_fuzz:_die", workers=1, timeout=60)
+    assert "died" in res["y"]

@@ -23,6 +23,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import tempfile
 import traceback
 from dataclasses import dataclass, field
@@ -138,44 +139,121 @@ def compare_outputs(model: onnx.ModelProto, got: dict, refs: dict) -> tuple[bool
 
 def check_model(model: onnx.ModelProto, feeds: dict, refs: dict, configs: list[Config], target: str = "opencl",
                 workdir: str | None = None) -> list[Verdict]:
-    """Compile and run `model` through each configuration on `target`, in this process."""
+    """Compile and run `model` through each configuration on `target`, in this process.
+
+    On OpenCL the distinct plans' kernels are built together, as few programs as their names
+    allow (two plans may give different code one name: a persistent kernel bound to another memory
+    plan), since a program build costs PoCL about half a second however small it is. The kernel
+    text each plan runs is exactly what it would run alone."""
     import dlcc
     from ..errors import CompileError, DlccError
 
     with tempfile.TemporaryDirectory(dir=workdir) as d:
         path = Path(d) / "model.onnx"
         onnx.save(model, str(path))
-        seen: dict[str, Verdict] = {}
-        out = []
+        verdicts: dict[str, Verdict] = {}
+        plans: list[tuple[Config, object]] = []  # one per distinct plan
+        first_of: dict[str, str] = {}  # fingerprint -> the configuration that first gave it
+        same: dict[str, str] = {}
         for cfg in configs:
             try:
                 cm = dlcc.compile(str(path), target=target, pipeline=cfg.spec())
             except CompileError as e:
-                out.append(Verdict(cfg.name, "crash", f"CompileError: {e}"))
+                verdicts[cfg.name] = Verdict(cfg.name, "crash", f"CompileError: {e}")
                 continue
             except DlccError as e:
-                out.append(Verdict(cfg.name, "refused", f"{type(e).__name__}: {e}"))
+                verdicts[cfg.name] = Verdict(cfg.name, "refused", f"{type(e).__name__}: {e}")
                 continue
             except Exception:
-                out.append(Verdict(cfg.name, "crash", "compile: " + traceback.format_exc(limit=8)))
+                verdicts[cfg.name] = Verdict(cfg.name, "crash", "compile: " + traceback.format_exc(limit=8))
                 continue
             fp = _fingerprint(cm)
-            if fp in seen:
-                v = seen[fp]
-                out.append(Verdict(cfg.name, v.status, v.detail, same_as=v.same_as or v.config, errors=v.errors))
+            if fp in first_of:
+                same[cfg.name] = first_of[fp]
                 continue
-            v = _run(cm, model, feeds, refs, cfg)
-            seen[fp] = v
-            out.append(v)
-            del cm
+            first_of[fp] = cfg.name
+            plans.append((cfg, cm))
+        for group in (_program_groups(plans) if target == "opencl" else [[p] for p in plans]):
+            rt = _shared_runtime(group) if len(group) > 1 else None
+            for cfg, cm in group:
+                verdicts[cfg.name] = _run(cm, model, feeds, refs, cfg, rt)
+        out = []
+        for cfg in configs:
+            if cfg.name in same:
+                v = verdicts[same[cfg.name]]
+                out.append(Verdict(cfg.name, v.status, v.detail, same_as=v.config, errors=v.errors))
+            else:
+                out.append(verdicts[cfg.name])
         return out
 
 
-def _run(cm, model, feeds, refs, cfg) -> Verdict:
+_DEFINES = re.compile(r"^(?:KERNEL|DEVICE|SITE_FN)\b[^(;]*?\b(\w+)\s*\(", re.M)
+
+
+def _functions(code: str) -> list[str]:
+    return _DEFINES.findall(re.sub(r"LAUNCH_BOUNDS\([^)]*\)", "", code))
+
+
+def _program_groups(plans: list) -> list[list]:
+    """Plans whose kernels can share one program: no function (a kernel, or a device function such
+    as an rTask that a persistent kernel also defines) defined by two different codes."""
+    groups: list[tuple[list, dict, dict]] = []  # (members, kernel name -> code, function -> code)
+    for cfg, cm in plans:
+        codes = dict(zip((k["name"] for k in cm.plan["kernels"]), cm.kernel_codes))
+        new = {c for n, c in codes.items()}
+        for members, kcodes, fdefs in groups:
+            fresh = [c for c in new if c not in kcodes.values()]
+            if all(fdefs.get(f, c) == c for c in fresh for f in _functions(c)):
+                members.append((cfg, cm))
+                kcodes.update(codes)
+                fdefs.update({f: c for c in fresh for f in _functions(c)})
+                break
+        else:
+            groups.append(([(cfg, cm)], dict(codes), {f: c for c in new for f in _functions(c)}))
+    return [m for m, _, _ in groups]
+
+
+class _Prebuilt:
+    """An OpenCL runtime whose program (the kernels of several plans) is already built."""
+
+    def __init__(self, rt):
+        self._rt = rt
+
+    def compile(self, source, plan=None, binaries=None) -> None:
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self._rt, name)
+
+
+def _shared_runtime(group: list):
+    """One runtime holding every kernel of the group's plans; None if that build fails (each plan
+    is then built alone, so a compile error is blamed on the plan that has it)."""
+    from ..backends.opencl import OpenCLRuntime
+    from ..backends.source import render
+    from ..errors import DlccError
+
+    codes: dict[str, str] = {}
+    for _, cm in group:
+        codes.update(zip((k["name"] for k in cm.plan["kernels"]), cm.kernel_codes))
+    try:
+        rt = OpenCLRuntime()
+        rt.compile(render(list(codes.values()), "opencl"))
+        return _Prebuilt(rt)
+    except DlccError:
+        return None
+
+
+def _run(cm, model, feeds, refs, cfg, rt=None) -> Verdict:
+    """One plan's verdict; `rt`: a runtime its kernels are already built in (else its own)."""
     from ..errors import CompileError, DlccError
+    from ..executor import Executor
 
     try:
-        got = cm(feeds)
+        if rt is not None:
+            got = Executor(cm.plan, cm.weights, "", rt, cm.binaries).run(feeds)
+        else:
+            got = cm(feeds)
     except CompileError as e:
         return Verdict(cfg.name, "crash", f"CompileError: {e}")
     except DlccError as e:

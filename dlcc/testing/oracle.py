@@ -214,13 +214,24 @@ def _program_groups(plans: list) -> list[list]:
 
 
 class _Prebuilt:
-    """An OpenCL runtime whose program (the kernels of several plans) is already built."""
+    """One plan's view of a runtime whose program (the kernels of several plans) is built: the
+    context, queue and kernels are shared; the sub-buffer views are the plan's own (the runtime
+    keys them by buffer id, and a freed buffer's id can come back in the next plan)."""
 
     def __init__(self, rt):
         self._rt = rt
+        self._views = {}
 
     def compile(self, source, plan=None, binaries=None) -> None:
         pass
+
+    def view(self, buf, offset: int, nbytes: int):
+        if offset == 0 and nbytes >= buf.size:
+            return buf
+        key = (id(buf), offset, nbytes)
+        if key not in self._views:
+            self._views[key] = buf.get_sub_region(offset, max(nbytes, 1))
+        return self._views[key]
 
     def __getattr__(self, name):
         return getattr(self._rt, name)
@@ -239,7 +250,7 @@ def _shared_runtime(group: list):
     try:
         rt = OpenCLRuntime()
         rt.compile(render(list(codes.values()), "opencl"))
-        return _Prebuilt(rt)
+        return rt
     except DlccError:
         return None
 
@@ -251,7 +262,7 @@ def _run(cm, model, feeds, refs, cfg, rt=None) -> Verdict:
 
     try:
         if rt is not None:
-            got = Executor(cm.plan, cm.weights, "", rt, cm.binaries).run(feeds)
+            got = Executor(cm.plan, cm.weights, "", _Prebuilt(rt), cm.binaries).run(feeds)
         else:
             got = cm(feeds)
     except CompileError as e:

@@ -88,11 +88,18 @@ def main(argv=None) -> int:
                   TextColumn("{task.fields[status]}"), console=con) as prog:
         bar = prog.add_task("graphs", total=len(tasks), status="")
 
+        last = [time.time()]
+
         def on_result(key, rec):
             camp.add(key, rec)
             s = camp.summary()
-            prog.update(bar, advance=1, status=f"pass {s['pass']}  mismatch {s['mismatch']}  crash {s['crash']}  "
-                                               f"hang {s['hang']}  refused {s['refused']}  unstable {s['unstable']}")
+            status = (f"pass {s['pass']}  mismatch {s['mismatch']}  crash {s['crash']}  hang {s['hang']}  "
+                      f"refused {s['refused']}  unstable {s['unstable']}")
+            prog.update(bar, advance=1, status=status)
+            if not con.is_terminal and time.time() - last[0] > 60:  # a log file gets a line a minute
+                last[0] = time.time()
+                print(f"[{s['seconds']:.0f} s] {len(camp.records)}/{len(tasks)} cases: {status}", file=sys.stderr,
+                      flush=True)
 
         run_tasks(tasks, "dlcc.testing.oracle:fuzz_task", workers=workers, timeout=args.timeout,
                   on_result=on_result, stop_at=stop_at)

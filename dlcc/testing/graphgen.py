@@ -1120,7 +1120,7 @@ UNSUPPORTED_KINDS = ["double", "bfloat16", "nonzero", "value_reshape", "unknown_
 
 
 def generate_unsupported(seed: int) -> tuple[onnx.ModelProto, str]:
-    """(model, kind): a small model onnx accepts and dlcc cannot compile."""
+    """(model, kind): a small model onnx's checker accepts and dlcc cannot compile."""
     ch = Chooser(seed)
     kind = ch.pick(UNSUPPORTED_KINDS)
     rs = np.random.default_rng(seed)
@@ -1138,11 +1138,11 @@ def generate_unsupported(seed: int) -> tuple[onnx.ModelProto, str]:
                  helper.make_node("Relu", ["h"], ["r"]), helper.make_node("Cast", ["r"], ["y"], to=F)]
     elif kind == "nonzero":  # the output's shape depends on the values
         nodes = [helper.make_node("NonZero", ["x"], ["y"])]
-        out_t, out_shape = TensorProto.INT64, None
+        out_t, out_shape = TensorProto.INT64, [2, "n"]
     elif kind == "value_reshape":  # a Reshape to a shape read from a graph input
         inputs.append(helper.make_tensor_value_info("s", TensorProto.INT64, [2]))
         nodes = [helper.make_node("Reshape", ["x", "s"], ["y"])]
-        out_shape = None
+        out_shape = ["a", "b"]
     elif kind == "unknown_op":
         op = ch.pick(["Det", "Unique", "Einsum", "NonMaxSuppression", "Hardmax"])
         if op == "Det":
@@ -1156,12 +1156,12 @@ def generate_unsupported(seed: int) -> tuple[onnx.ModelProto, str]:
             nodes = [helper.make_node("Hardmax", ["x"], ["y"])]
         elif op == "Unique":
             nodes = [helper.make_node("Unique", ["x"], ["y"])]
-            out_shape = None
+            out_shape = ["n"]
         else:
             inputs = [helper.make_tensor_value_info("x", F, [1, shape[1], 4]),
                       helper.make_tensor_value_info("sc", F, [1, 1, shape[1]])]
             nodes = [helper.make_node("NonMaxSuppression", ["x", "sc"], ["y"])]
-            out_t, out_shape = TensorProto.INT64, None
+            out_t, out_shape = TensorProto.INT64, ["n", 3]
         nodes = [helper.make_node("Relu", [nodes[0].input[0]], ["r"])] + nodes
         nodes[1].input[0] = "r"
         if op == "Einsum":
@@ -1174,4 +1174,17 @@ def generate_unsupported(seed: int) -> tuple[onnx.ModelProto, str]:
     model = helper.make_model(helper.make_graph(nodes, "unsupported", inputs, outs, initializer=inits),
                               opset_imports=opsets, ir_version=8)
     del rs
+    check_model(model)
     return model, kind
+
+
+def unsupported_reason(model: onnx.ModelProto, kind: str) -> list[str]:
+    """Words of which dlcc's error must name one: the op type, the dtype, or that a shape depends
+    on values."""
+    if kind == "double":
+        return ["double", "float64"]
+    if kind == "bfloat16":
+        return ["bfloat16"]
+    if kind == "value_reshape":
+        return ["depend", "value"]
+    return [model.graph.node[-1].op_type]

@@ -362,11 +362,12 @@ def check_case_task(task: dict) -> dict:
 
 
 def unsupported_task(task: dict) -> dict:
-    """A pool task: a graph dlcc must refuse; the verdict is pass only for a one-paragraph
-    DlccError that names what is unsupported."""
+    """A pool task: a graph dlcc must refuse. The verdict is `pass` only for a DlccError whose
+    message names what is unsupported (graphgen.unsupported_reason); a compile that succeeds is a
+    `mismatch`, anything else a `crash`."""
     import dlcc
     from ..errors import DlccError
-    from .graphgen import generate_unsupported
+    from .graphgen import generate_unsupported, unsupported_reason
 
     model, kind = generate_unsupported(task["seed"])
     with tempfile.TemporaryDirectory() as d:
@@ -377,8 +378,9 @@ def unsupported_task(task: dict) -> dict:
             return {"unsupported_kind": kind, "status": "mismatch", "detail": "compiled without an error"}
         except DlccError as e:
             msg = str(e)
-            return {"unsupported_kind": kind, "status": "pass" if msg and "Traceback" not in msg else "crash",
-                    "detail": msg.splitlines()[0] if msg else ""}
+            named = any(w.lower() in msg.lower() for w in unsupported_reason(model, kind))
+            return {"unsupported_kind": kind, "status": "pass" if named else "crash",
+                    "detail": msg if named else f"the error does not say what is unsupported: {msg}"}
         except Exception:
             return {"unsupported_kind": kind, "status": "crash", "detail": traceback.format_exc(limit=6)}
 

@@ -137,3 +137,46 @@ def test_pool_reports_hangs_and_dead_workers_and_goes_on():
     assert "hang" in res["x"]
     res = run_tasks([("y", 0)], "test_fuzz:_die", workers=1, timeout=60)
     assert "died" in res["y"]
+
+
+def _variance_model():
+    """sqrt(E[x^2] - E[x]^2 + eps) per row: cancellation amplifies float32 rounding ~10^4x."""
+    from onnx import TensorProto as T, helper as h
+    nodes = [h.make_node("Mul", ["x", "x"], ["x2"]),
+             h.make_node("ReduceMean", ["x2"], ["m2"], axes=[-1]),
+             h.make_node("ReduceMean", ["x"], ["m"], axes=[-1]),
+             h.make_node("Mul", ["m", "m"], ["mm"]),
+             h.make_node("Sub", ["m2", "mm"], ["v"]),
+             h.make_node("Add", ["v", "eps"], ["ve"]),
+             h.make_node("Sqrt", ["ve"], ["y"])]
+    g = h.make_graph(nodes, "var", [h.make_tensor_value_info("x", T.FLOAT, [16, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [16, 1])],
+                     [h.make_tensor("eps", T.FLOAT, [], [1e-6])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_float64_arbiter_tells_conditioning_from_bugs():
+    """An answer computed in another float32 order is `unstable` (conditioning) even where
+    onnxruntime hits the exact value at that element by luck; an answer wrong at one element by
+    more than float32 rounding can explain is not."""
+    from dlcc.testing.oracle import conditioning_explains, float64_reference
+
+    m = _variance_model()
+    rng = np.random.default_rng(0)
+    x = (30.0 + 0.05 * rng.standard_normal((16, 8))).astype(np.float32)
+    refs = graphgen.reference(m, {"x": x})
+    exact = float64_reference(m, {"x": x})["y"]
+    err_ort = np.abs(refs["y"].astype(np.float64) - exact)
+    # another float32 order: off by onnxruntime's own worst error, at the row where onnxruntime
+    # happens to be closest to the exact answer
+    lucky = np.unravel_index(np.argmin(err_ort), err_ort.shape)
+    other = refs["y"].copy()
+    other[lucky] = np.float32(exact[lucky] + 0.9 * err_ort.max())
+    assert np.abs(refs["y"] - exact).max() > 1e-4 * np.abs(exact).max()  # the graph is ill-conditioned
+    assert not np.allclose(other, refs["y"], rtol=1e-3, atol=1e-4)  # verify's rule says mismatch
+    assert conditioning_explains(m, {"x": x}, {"y": other}, refs)
+    wrong = refs["y"].copy()
+    wrong[5, 0] = exact[5, 0] * 1.5  # a bug at one row: far from the exact answer
+    assert not conditioning_explains(m, {"x": x}, {"y": wrong}, refs)

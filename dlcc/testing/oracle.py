@@ -279,10 +279,15 @@ CONDITIONING_FACTOR = 4.0
 
 
 def conditioning_explains(model: onnx.ModelProto, feeds: dict, got: dict, refs: dict) -> bool:
-    """True when every output dlcc gets "wrong" is, against the float64 answer, within
-    CONDITIONING_FACTOR times onnxruntime's own error (or within verify's tolerance of it): then the
-    disagreement is the graph's conditioning, not a dlcc bug. A real bug lands far from the exact
-    answer. False whenever the float64 answer cannot be computed, or a shape or dtype differs."""
+    """True when every element of every output is, against the float64 answer, within
+    CONDITIONING_FACTOR times onnxruntime's largest float32 error on that output (or within
+    verify's tolerance of it): then the disagreement is the graph's conditioning, not a dlcc bug.
+
+    The floor is onnxruntime's error over the whole output, not at the same element: where
+    rounding is amplified (a variance taken as E[x^2] - E[x]^2 of nearly equal values), either
+    side may land on the exact answer at one element by luck, and a bug lands far from it
+    everywhere it strikes. False whenever the float64 answer cannot be computed, or a shape or
+    dtype differs."""
     try:
         exact = float64_reference(model, feeds)
     except Exception:
@@ -301,7 +306,8 @@ def conditioning_explains(model: onnx.ModelProto, feeds: dict, got: dict, refs: 
         m = ~np.isnan(r)
         err_dlcc = np.abs(g[m].astype(np.float64) - t[m])
         err_ort = np.abs(r[m].astype(np.float64) - t[m])
-        if not np.all(err_dlcc <= np.maximum(CONDITIONING_FACTOR * err_ort, ATOL + RTOL * np.abs(t[m]))):
+        floor = CONDITIONING_FACTOR * (err_ort.max() if err_ort.size else 0.0)
+        if not np.all(err_dlcc <= np.maximum(floor, ATOL + RTOL * np.abs(t[m]))):
             return False
     return True
 

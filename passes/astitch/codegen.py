@@ -134,7 +134,7 @@ def _phase_code(ng, b: Builder, ph: Phase, once: bool) -> list[str]:
     around inner loops that its vectorizer rewrites; tests/test_pocl_miscompiles.py holds the
     minimal kernels, and backends/opencl.py turns that vectorizer off)."""
     P, T = ph.per_block, ph.tpr
-    head = "    const int slot = 0, lt = tid;" if P == 1 else f"    const int slot = tid / {T}, lt = tid % {T};"
+    head = f"    const int slot = tid / {T}, lt = tid % {T};"
     blocks = -(-ph.U // P)
     loop = (f"    {{ const int u0 = BLOCK_ID * {P};" if once else
             f"    for (int it = 0; it < ({blocks} + GRID_DIM - 1) / GRID_DIM; ++it) {{ "

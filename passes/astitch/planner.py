@@ -116,7 +116,12 @@ class Planner:
                 multi[w] = multi.get(w, 0) + 1
         #: tensors written by several launches (RNN state): nodes touching them are never fused
         self.multi = {t for t, c in multi.items() if c > 1}
-        self.kept = {n.id for n in self.nodes if n.kind == "opaque" or any(t in self.multi for t in n.reads + n.writes)}
+        kept = {n.id for n in self.nodes if n.kind == "opaque" or any(t in self.multi for t in n.reads + n.writes)}
+        # a launch decomposed into several nodes (Softmax, LayerNorm) is kept whole or not at all:
+        # the kept original writes only its output, never the temporaries (exp(x - max), the
+        # mean) that the stitched rest of it would read
+        kept_launches = {self.nodes[i].order for i in kept}
+        self.kept = {n.id for n in self.nodes if n.order in kept_launches}
         self.extra: dict[int, set[int]] = {}  # fused rOperators also need what their epilogue reads
         self.anc = self._ancestors()
         self.per_launch: dict[int, int] = {}  # nodes made from each original launch

@@ -13,6 +13,7 @@ Exit code 0 only when nothing failed.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -66,7 +67,7 @@ def main(argv=None) -> int:
         for c in all_configs():
             print(c.name)
         return 0
-    configs = [c.strip() for c in args.configs.split(",")] if args.configs else None
+    configs = [c.strip() for c in re.split(r",(?![^\[]*\])", args.configs)] if args.configs else None
     for c in configs or []:
         try:
             config_named(c)

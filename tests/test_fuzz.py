@@ -123,6 +123,15 @@ def _die(task):
     os._exit(3)
 
 
+def _segfault(task):
+    """A crash in native code (a driver or compiler), not a Python exception."""
+    import ctypes
+    import faulthandler
+
+    faulthandler.disable()
+    ctypes.string_at(0)
+
+
 def _echo(task):
     return {"echo": task}
 
@@ -136,7 +145,9 @@ def test_pool_reports_hangs_and_dead_workers_and_goes_on():
     res = run_tasks([("x", 0)], "test_fuzz:_sleep_forever", workers=1, timeout=2)
     assert "hang" in res["x"]
     res = run_tasks([("y", 0)], "test_fuzz:_die", workers=1, timeout=60)
-    assert "died" in res["y"]
+    assert res["y"]["died"] == "the worker process died (exit code 3)"
+    res = run_tasks([("z", 0)], "test_fuzz:_segfault", workers=1, timeout=60)
+    assert res["z"]["died"] == "the worker process died (SIGSEGV)"
 
 
 def _variance_model():

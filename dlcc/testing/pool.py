@@ -54,6 +54,20 @@ class _Slot:
         self.ready = False
 
 
+def _death(proc) -> str:
+    """What killed a worker whose pipe closed: its exit code once reaped (-9: SIGKILL, often the
+    kernel's out-of-memory killer; -11: a segmentation fault in native code)."""
+    proc.join(5)
+    code = proc.exitcode
+    if code is not None and code < 0:
+        import signal
+        try:
+            return f"the worker process died ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return f"the worker process died (exit code {code})"
+
+
 def run_tasks(tasks: list, fn_path: str, workers: int = 2, timeout: float = 600.0, on_result=None,
               stop_at: float | None = None) -> dict:
     """Run fn(task) for each (key, task) in `tasks` on `workers` processes. `fn_path` is
@@ -105,11 +119,11 @@ def run_tasks(tasks: list, fn_path: str, workers: int = 2, timeout: float = 600.
                         s.key = s.task = None
                     elif kind == "eof":
                         if s.key is not None:
-                            finish(s.key, {"died": f"the worker process died (exit code {s.proc.exitcode})"})
+                            finish(s.key, {"died": _death(s.proc)})
                         restart(i)
                 elif s.proc.sentinel in ready and not s.proc.is_alive():
                     if s.key is not None:
-                        finish(s.key, {"died": f"the worker process died (exit code {s.proc.exitcode})"})
+                        finish(s.key, {"died": _death(s.proc)})
                     restart(i)
             now = time.time()
             for i, s in enumerate(slots):

@@ -136,12 +136,20 @@ def _echo(task):
     return {"echo": task}
 
 
+def _pid(task):
+    return os.getpid()
+
+
 def test_pool_reports_hangs_and_dead_workers_and_goes_on():
     from dlcc.testing.pool import run_tasks
 
     tasks = [("a", 1), ("b", 2)]
     res = run_tasks(tasks, "test_fuzz:_echo", workers=2, timeout=60)
     assert res == {"a": {"echo": 1}, "b": {"echo": 2}}
+    # workers are replaced after max_cases (PoCL never unmaps the kernels it loaded)
+    res = run_tasks([(k, k) for k in range(5)], "test_fuzz:_pid", workers=1, timeout=60, max_cases=2)
+    assert sorted(res) == list(range(5))
+    assert res[0] == res[1] != res[2] == res[3] != res[4]
     res = run_tasks([("x", 0)], "test_fuzz:_sleep_forever", workers=1, timeout=2)
     assert "hang" in res["x"]
     res = run_tasks([("y", 0)], "test_fuzz:_die", workers=1, timeout=60)

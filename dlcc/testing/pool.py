@@ -7,6 +7,11 @@ the process is the only way out (dlcc batch does the same for its jobs).
 
 Workers are spawned (not forked: an OpenCL platform does not survive a fork), each runs cases one
 at a time, and says when it starts one, so the clock does not count its spawn and imports.
+
+A worker is replaced after `max_cases` cases: PoCL 3.1 never unmaps a kernel library it loaded,
+even once the program is released (about 4 memory maps per kernel: build and release programs
+in a loop and count the lines of /proc/self/maps), so a worker that builds ~13,000 kernels
+reaches Linux's vm.max_map_count (65,530) and PoCL aborts (SIGABRT) on its next build.
 """
 from __future__ import annotations
 
@@ -52,6 +57,7 @@ class _Slot:
         self.task = None
         self.deadline = None
         self.ready = False
+        self.done = 0  # cases finished
 
 
 def _death(proc) -> str:
@@ -69,11 +75,12 @@ def _death(proc) -> str:
 
 
 def run_tasks(tasks: list, fn_path: str, workers: int = 2, timeout: float = 600.0, on_result=None,
-              stop_at: float | None = None) -> dict:
+              stop_at: float | None = None, max_cases: int | None = 200) -> dict:
     """Run fn(task) for each (key, task) in `tasks` on `workers` processes. `fn_path` is
     "module:function". Returns {key: result}; a case past `timeout` seconds gives
     {"hang": ...}, a dead worker {"died": ...}. `on_result(key, result)` is called as each ends.
-    `stop_at` (a time.time() value) stops handing out new cases then."""
+    `stop_at` (a time.time() value) stops handing out new cases then; a worker is replaced by a
+    fresh one after `max_cases` cases (None: never)."""
     ctx = mp.get_context("spawn")
     pending = list(tasks)
     results: dict = {}
@@ -86,6 +93,12 @@ def run_tasks(tasks: list, fn_path: str, workers: int = 2, timeout: float = 600.
 
     def restart(i):
         s = slots[i]
+        if s.key is None:  # an idle worker (retired): let it leave on its own first
+            try:
+                s.conn.send(None)
+                s.proc.join(10)
+            except (OSError, ValueError):
+                pass
         if s.proc.is_alive():
             s.proc.kill()
         s.proc.join(10)
@@ -117,6 +130,9 @@ def run_tasks(tasks: list, fn_path: str, workers: int = 2, timeout: float = 600.
                     elif kind == "done" and key == s.key:
                         finish(key, val)
                         s.key = s.task = None
+                        s.done += 1
+                        if max_cases and s.done >= max_cases and accepting():
+                            restart(i)
                     elif kind == "eof":
                         if s.key is not None:
                             finish(s.key, {"died": _death(s.proc)})

@@ -79,9 +79,8 @@ def main(argv=None) -> int:
     tasks = [(("g", args.seed + k), {"seed": args.seed + k, "configs": configs, "targets": targets,
                                       "max_patterns": args.max_patterns}) for k in range(args.n)]
     # graphs dlcc must refuse go in among the others, so a run cut short by --minutes has its share
-    for k in reversed(range(n_uns)):
-        at = (k * len(tasks)) // max(1, n_uns)
-        tasks.insert(at, (("u", args.seed + k), {"kind": "unsupported", "seed": args.seed + k}))
+    for k in reversed(range(n_uns)):  # from the back, so earlier positions do not move
+        tasks.insert((k * args.n) // n_uns, (("u", args.seed + k), {"kind": "unsupported", "seed": args.seed + k}))
     camp = Campaign()
     stop_at = time.time() + 60 * args.minutes if args.minutes else None
     workers = args.workers or os.cpu_count() or 1

@@ -6,6 +6,11 @@ a GPU is present. Crashes, tracebacks, hangs (per-graph timeout) and mismatches 
     .venv/bin/python scripts/fuzz.py --n 1000 --seed 0 --minutes 60 --json fuzz.json --junit fuzz.xml
     .venv/bin/python scripts/fuzz.py --n 200 --shrink --regressions tests/fuzz_cases
 
+The JSON report is rewritten every --checkpoint-minutes (and on Ctrl-C), so a long run that is
+interrupted goes on where it stopped, with its own parameters:
+
+    .venv/bin/python scripts/fuzz.py --resume fuzz.json
+
 --shrink reduces every failing graph (dlcc/testing/shrink.py) and, with --regressions DIR, writes
 each minimal case there, where tests/test_fuzz_regressions.py runs it in the default suite.
 Exit code 0 only when nothing failed.
@@ -42,6 +47,10 @@ def main(argv=None) -> int:
                     "(-cl-opt-disable: about 4x faster builds; the kernels run unoptimised)")
     ap.add_argument("--json", dest="json_path", default=None, help="write a JSON report here")
     ap.add_argument("--junit", default=None, help="write a JUnit XML report here")
+    ap.add_argument("--resume", default=None, metavar="REPORT", help="go on with the run whose JSON report this "
+                    "is: its parameters, its cases kept, the rest run (the report is rewritten in place)")
+    ap.add_argument("--checkpoint-minutes", type=float, default=5.0, help="rewrite the JSON report this often, "
+                    "so an interrupted run loses at most this much (default 5)")
     ap.add_argument("--shrink", action="store_true", help="shrink each failing graph")
     ap.add_argument("--regressions", default=None, help="with --shrink: write the minimal cases into this folder")
     ap.add_argument("--shrink-tries", type=int, default=600, help="compile-and-run tries per shrink (default 600)")
@@ -49,6 +58,12 @@ def main(argv=None) -> int:
 
     import os
 
+    earlier = None
+    if args.resume:
+        earlier = _load_report(args.resume)
+        if earlier is None:
+            return 2
+        _take_parameters(args, earlier["meta"])
     if args.quick_build:  # read by every worker's OpenCL runtime (backends/opencl.py: build_options)
         os.environ["DLCC_OPENCL_BUILD_OPTIONS"] = (os.environ.get("DLCC_OPENCL_BUILD_OPTIONS", "")
                                                    + " -cl-opt-disable").strip()
@@ -76,22 +91,36 @@ def main(argv=None) -> int:
             return 2
     targets = [t.strip() for t in args.targets.split(",")] if args.targets else default_targets()
     n_uns = args.n // 20 if args.unsupported is None else args.unsupported
+    meta = {"n": args.n, "seed": args.seed, "unsupported": n_uns, "targets": targets,
+            "configs": configs or [c.name for c in all_configs()], "max_patterns": args.max_patterns,
+            "timeout": args.timeout, "quick_build": args.quick_build,
+            "segments": (earlier["meta"].get("segments", []) if earlier else []) + [_segment()]}
     tasks = [(("g", args.seed + k), {"seed": args.seed + k, "configs": configs, "targets": targets,
                                       "max_patterns": args.max_patterns}) for k in range(args.n)]
     # graphs dlcc must refuse go in among the others, so a run cut short by --minutes has its share
     for k in reversed(range(n_uns)):  # from the back, so earlier positions do not move
         tasks.insert((k * args.n) // n_uns, (("u", args.seed + k), {"kind": "unsupported", "seed": args.seed + k}))
-    camp = Campaign()
-    stop_at = time.time() + 60 * args.minutes if args.minutes else None
+    camp = Campaign.resumed(earlier) if earlier else Campaign()
+    seen = camp.done()
+    tasks = [t for t in tasks if f"{'unsupported' if t[0][0] == 'u' else 'graph'}-{t[0][1]}" not in seen]
+    json_path = args.json_path or args.resume
+
+    def save() -> None:
+        meta["segments"][-1]["cases"] = len(camp.records) - len(seen)
+        if json_path:
+            write_atomic(json_path, camp.json_report(meta))
+
+    stop_at = time.time() + 60 * args.minutes if args.minutes is not None else None
     workers = args.workers or os.cpu_count() or 1
     con.print(f"dlcc fuzz: {args.n} graphs from seed {args.seed} (+{n_uns} unsupported on purpose), "
-              f"{len(configs or all_configs())} configurations, targets {', '.join(targets)}, {workers} workers",
+              f"{len(configs or all_configs())} configurations, targets {', '.join(targets)}, {workers} workers"
+              + (f"; resuming {args.resume}: {len(seen)} cases done, {len(tasks)} to go" if earlier else ""),
               markup=False)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[status]}"), console=con) as prog:
-        bar = prog.add_task("graphs", total=len(tasks), status="")
+        bar = prog.add_task("graphs", total=len(tasks) + len(seen), completed=len(seen), status="")
 
-        last = [time.time()]
+        last, saved = [time.time()], [time.time()]
 
         def on_result(key, rec):
             camp.add(key, rec)
@@ -101,11 +130,21 @@ def main(argv=None) -> int:
             prog.update(bar, advance=1, status=status)
             if not con.is_terminal and time.time() - last[0] > 60:  # a log file gets a line a minute
                 last[0] = time.time()
-                print(f"[{s['seconds']:.0f} s] {len(camp.records)}/{len(tasks)} cases: {status}", file=sys.stderr,
-                      flush=True)
+                print(f"[{s['seconds']:.0f} s] {len(camp.records)}/{len(tasks) + len(seen)} cases: {status}",
+                      file=sys.stderr, flush=True)
+            if time.time() - saved[0] > 60 * args.checkpoint_minutes:
+                saved[0] = time.time()
+                save()
 
-        run_tasks(tasks, "dlcc.testing.oracle:fuzz_task", workers=workers, timeout=args.timeout,
-                  on_result=on_result, stop_at=stop_at)
+        try:
+            run_tasks(tasks, "dlcc.testing.oracle:fuzz_task", workers=workers, timeout=args.timeout,
+                      on_result=on_result, stop_at=stop_at)
+        except KeyboardInterrupt:
+            save()
+            con.print(f"interrupted after {len(camp.records)} cases"
+                      + (f"; go on with: scripts/fuzz.py --resume {json_path}" if json_path else
+                         " (no --json report to resume from)"), markup=False)
+            return 130
 
     s = camp.summary()
     t = Table(title=f"dlcc fuzz: {s['graphs']} graphs ({s['nodes']} nodes), {s['seconds']:.0f} s")
@@ -120,16 +159,54 @@ def main(argv=None) -> int:
         print(f"FAIL {f.case} [{f.target}] {f.config}: {f.status}: {f.detail.splitlines()[0] if f.detail else ''}"[:400])
     for case, e in camp.generator_bugs + camp.harness_errors:
         print(f"BUG {case}: {e}"[:400])
-    meta = {"n": args.n, "seed": args.seed, "targets": targets, "configs": configs or [c.name for c in all_configs()],
-            "max_patterns": args.max_patterns, "timeout": args.timeout, "quick_build": args.quick_build,
-            "argv": sys.argv[1:]}
-    if args.json_path:
-        write_atomic(args.json_path, camp.json_report(meta))
+    save()
     if args.junit:
         write_atomic(args.junit, camp.junit())
     if args.shrink and camp.failures:
         _shrink_all(camp, args, con)
     return 1 if camp.failed else 0
+
+
+#: The parameters that define a run, and so come from the report on --resume.
+RUN_PARAMETERS = ("n", "seed", "unsupported", "targets", "configs", "max_patterns", "timeout", "quick_build")
+
+
+def _load_report(path: str):
+    """The JSON report of an earlier run, or None after printing why it cannot be resumed."""
+    import json
+
+    try:
+        report = json.loads(Path(path).read_text())
+        if not isinstance(report, dict) or not isinstance(report.get("meta"), dict) \
+                or not isinstance(report.get("cases"), list) or "n" not in report["meta"]:
+            raise ValueError("it is not a report written by scripts/fuzz.py --json")
+    except (OSError, ValueError) as e:
+        print(f"error: cannot resume from {path}: {e}", file=sys.stderr)
+        return None
+    return report
+
+
+def _take_parameters(args, meta: dict) -> None:
+    """The resumed run's parameters replace the command line's."""
+    for k in RUN_PARAMETERS:
+        if k in meta:
+            v = meta[k]
+            setattr(args, k, ",".join(v) if k in ("targets", "configs") and v is not None else v)
+
+
+def _segment() -> dict:
+    """Which code this part of the run tested: the commit, and whether the tree had changes."""
+    import datetime
+    import subprocess
+
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {"commit": git("rev-parse", "HEAD") or None, "modified": bool(git("status", "--porcelain", "-uno")),
+            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "cases": 0}
 
 
 def _shrink_all(camp, args, con) -> None:

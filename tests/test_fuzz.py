@@ -199,3 +199,85 @@ def test_float64_arbiter_tells_conditioning_from_bugs():
     wrong = refs["y"].copy()
     wrong[5, 0] = exact[5, 0] * 1.5  # a bug at one row: far from the exact answer
     assert not conditioning_explains(m, {"x": x}, {"y": wrong}, refs)
+
+
+def _one_element_model(op: str, n: int):
+    """A one-element output: 1 / (E[x^2] - E[x]^2) ("Sub": cancellation) or 1 / E[x^2]."""
+    from onnx import TensorProto as T, helper as h
+    nodes = [h.make_node("Mul", ["x", "x"], ["x2"]),
+             h.make_node("ReduceMean", ["x2"], ["m2"], axes=[-1]),
+             h.make_node("ReduceMean", ["x"], ["m"], axes=[-1]),
+             h.make_node("Mul", ["m", "m"], ["mm"]),
+             h.make_node(op, ["m2", "mm"] if op == "Sub" else ["m2"], ["v"]),
+             h.make_node("Reciprocal", ["v"], ["y"])]
+    g = h.make_graph(nodes, "one", [h.make_tensor_value_info("x", T.FLOAT, [1, n])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 1])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def _sequential_f32(op: str, x):
+    """The model above computed in float32 with sequential sums: the order of a one-thread-per-row
+    kernel (fuzz seed 51428's astitch[independent] plan gave exactly this answer)."""
+    s2, s1 = np.float32(0), np.float32(0)
+    for v in x.ravel():
+        s2, s1 = np.float32(s2 + np.float32(v * v)), np.float32(s1 + v)
+    m2, m = np.float32(s2 / np.float32(x.size)), np.float32(s1 / np.float32(x.size))
+    v = np.float32(m2 - np.float32(m * m)) if op == "Sub" else m2
+    return np.full((1, 1), np.float32(1) / v, np.float32)
+
+
+def test_rounding_spread_judges_one_element_outputs():
+    """Where onnxruntime lands on the exact answer by luck, its error is no floor; the Monte Carlo
+    rounding spread (dlcc/testing/rounding.py) judges instead. A sequential float32 sum of a
+    cancelling variance is `unstable`; a 50% error there, or a 1% error on a well-conditioned
+    output, is not."""
+    from dlcc.testing.oracle import conditioning_explains, float64_reference
+
+    x = (1.2 + 0.01 * np.random.default_rng(3).standard_normal((1, 65))).astype(np.float32)
+    m = _one_element_model("Sub", 65)
+    refs = graphgen.reference(m, {"x": x})
+    exact = float64_reference(m, {"x": x})["y"]
+    seq = _sequential_f32("Sub", x)
+    assert not np.allclose(seq, refs["y"], rtol=1e-3, atol=1e-4)  # verify's rule says mismatch
+    assert np.abs(seq - exact).max() > 4 * np.abs(refs["y"] - exact).max()  # onnxruntime's floor is no help
+    assert conditioning_explains(m, {"x": x}, {"y": seq}, refs)
+    assert not conditioning_explains(m, {"x": x}, {"y": (exact * 1.5).astype(np.float32)}, refs)
+    well = _one_element_model("Identity", 65)
+    refs = graphgen.reference(well, {"x": x})
+    assert conditioning_explains(well, {"x": x}, {"y": _sequential_f32("Identity", x)}, refs)
+    assert not conditioning_explains(well, {"x": x}, {"y": refs["y"] * np.float32(1.01)}, refs)
+
+
+def test_an_interrupted_run_resumes_where_it_stopped(tmp_path):
+    """scripts/fuzz.py --resume: a run stopped before its end (here by --minutes 0, the way an
+    interrupted one is, with its report checkpointed) goes on with the same parameters, runs only
+    the cases it had not, and its report counts every case once."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "fuzz.py"
+    report = tmp_path / "fuzz.json"
+    run = [sys.executable, str(script), "--quick-build", "-j", "1", "--targets", "opencl"]
+    first = subprocess.run(run + ["--n", "3", "--seed", "7", "--unsupported", "1", "--configs", "baseline",
+                                  "--minutes", "0", "--json", str(report)], capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(report.read_text())["cases"] == []  # nothing handed out: all of it is left
+    second = subprocess.run(run + ["--resume", str(report), "--n", "99", "--configs", "full"],
+                            capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    assert "resuming" in second.stderr and "4 to go" in second.stderr
+    r = json.loads(report.read_text())
+    assert sorted(c["case"] for c in r["cases"]) == ["graph-7", "graph-8", "graph-9", "unsupported-7"]
+    assert r["summary"]["graphs"] == 3 and r["summary"]["configurations_run"] == 3  # baseline only, not --n 99
+    assert len(r["meta"]["segments"]) == 2
+    third = subprocess.run(run + ["--resume", str(report)], capture_output=True, text=True)
+    assert third.returncode == 0 and "0 to go" in third.stderr
+    assert json.loads(report.read_text())["summary"]["graphs"] == 3
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    refused = subprocess.run(run + ["--resume", str(bad)], capture_output=True, text=True)
+    assert refused.returncode == 2 and "cannot resume" in refused.stderr and "Traceback" not in refused.stderr

@@ -1,7 +1,9 @@
 """Every bug the fuzzer found, as the minimal model it shrank to (tests/fuzz_cases/NAME/): the
 model, its inputs, and the configuration that failed (case.json, with a note on the root cause).
 Each runs through that configuration on OpenCL and is compared with onnxruntime under `dlcc
-verify`'s rule, over the model's own graph outputs. scripts/fuzz.py --shrink --regressions adds
+verify`'s rule, over the model's own graph outputs. A case marked `"expect": "unstable"` was a
+finding of the oracle, not of dlcc (an ill-conditioned graph it misjudged): its verdict must be
+`unstable` (or `pass`), never `mismatch`. scripts/fuzz.py --shrink --regressions adds
 cases here."""
 from __future__ import annotations
 
@@ -34,4 +36,5 @@ def test_fuzz_regression(name):
     feeds = dict(np.load(d / "feeds.npz"))
     refs = reference(model, feeds)
     v = check_model(model, feeds, refs, [Config.from_dict(meta["config"])], meta.get("target", "opencl"))[0]
-    assert v.status == "pass", f"{name} ({meta['config']['name']}): {v.status}: {v.detail}\n{meta['note']}"
+    allowed = {"pass", meta.get("expect", "pass")}
+    assert v.status in allowed, f"{name} ({meta['config']['name']}): {v.status}: {v.detail}\n{meta['note']}"

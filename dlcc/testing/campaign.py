@@ -42,6 +42,22 @@ class Campaign:
     unsupported: Counter = field(default_factory=Counter)  # status -> unsupported-on-purpose graphs
     records: list = field(default_factory=list)
     started: float = field(default_factory=time.time)
+    earlier_seconds: float = 0.0  # spent by the runs this one resumes
+
+    @classmethod
+    def resumed(cls, report: dict) -> "Campaign":
+        """The campaign a JSON report (`json_report`) was written from, to go on with: its case
+        records are replayed, so counts and failures are what they were."""
+        camp = cls(earlier_seconds=float(report.get("summary", {}).get("seconds", 0.0)))
+        for rec in report.get("cases", []):
+            rec = dict(rec)
+            name, seed = rec.pop("case"), rec.pop("seed")
+            camp.add(("u" if name.startswith("unsupported-") else "g", seed), rec)
+        return camp
+
+    def done(self) -> set:
+        """The case names already run: "graph-SEED" and "unsupported-SEED"."""
+        return {r["case"] for r in self.records}
 
     def add(self, key: tuple, rec: dict) -> None:
         """One case's record; `key` is ("g", seed) for a generated graph, ("u", seed) for a graph
@@ -98,7 +114,8 @@ class Campaign:
             "distinct_plans": {s: self.count(s, unique=True) for s in statuses},
             "unsupported_graphs": dict(self.unsupported),
             "generator_bugs": len(self.generator_bugs), "harness_errors": len(self.harness_errors),
-            "failures": len(self.failures), "seconds": round(time.time() - self.started, 1),
+            "failures": len(self.failures),
+            "seconds": round(self.earlier_seconds + time.time() - self.started, 1),
             "passed": not self.failed,
         }
 
@@ -119,7 +136,7 @@ class Campaign:
             by_case.setdefault(f.case, []).append(f)
         cases = [r for r in self.records if "invalid" not in r]
         n_fail = sum(1 for r in cases if r["case"] in by_case or "generator_bug" in r or "harness_error" in r)
-        secs = f"{time.time() - self.started:.3f}"
+        secs = f"{self.earlier_seconds + time.time() - self.started:.3f}"
         root = ET.Element("testsuites", name=suite, tests=str(len(cases)), failures=str(n_fail), time=secs)
         ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(cases)), failures=str(n_fail), time=secs)
         for r in cases:

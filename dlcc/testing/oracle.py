@@ -8,9 +8,10 @@ A verdict per configuration (NNSmith keeps crashes and wrong results apart, and 
 - `refused`: a clear DlccError on a graph the generator believes dlcc supports (not a failure,
   but counted: each is a gap to close or a generator rule to fix);
 - `unstable`: dlcc and onnxruntime differ, but the graph is ill-conditioned there: computed in
-  float64 (onnx.reference), the exact answer is at least as close to dlcc's as a few times
-  onnxruntime's own float32 error allows (an E[x²] - mean² variance of nearly equal values, for
-  example). Not a failure, and counted, so that a generator rule can avoid such graphs;
+  float64 (onnx.reference), dlcc's answer is as close to the exact one as float32 rounding
+  allows, measured by onnxruntime's own error and by a Monte Carlo rounding analysis
+  (rounding.py). An E[x²] - mean² variance of nearly equal values, for example. Not a failure,
+  and counted, so that a generator rule can avoid such graphs;
 - `hang`: set by pool.py when a case runs past its timeout.
 
 Configurations that give the same plan (kernels, launches and weights, which hold Rammer's
@@ -31,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+
+from .rounding import float64_reference, rounding_spread  # noqa: F401  (float64_reference: re-exported)
 
 RTOL, ATOL = 1e-3, 1e-4  # dlcc verify's defaults
 SCHEMES = ("independent", "local", "regional", "global")
@@ -276,20 +279,26 @@ def _run(cm, model, feeds, refs, cfg, rt=None) -> Verdict:
 
 #: How many times onnxruntime's own float32 error dlcc's may be, where the exact answer decides.
 CONDITIONING_FACTOR = 4.0
+#: How many times the Monte Carlo rounding spread (rounding.py) dlcc's error may be: a few samples
+#: under-sample the tails of the rounding distribution.
+SPREAD_FACTOR = 2.0
 
 
 def conditioning_explains(model: onnx.ModelProto, feeds: dict, got: dict, refs: dict) -> bool:
-    """True when every element of every output is, against the float64 answer, within
-    CONDITIONING_FACTOR times onnxruntime's largest float32 error on that output (or within
-    verify's tolerance of it): then the disagreement is the graph's conditioning, not a dlcc bug.
+    """True when every element of every output is, against the float64 answer, within what
+    float32 rounding explains (or within verify's tolerance of it): then the disagreement is the
+    graph's conditioning, not a dlcc bug. Rounding explains an error up to the larger of
+    - CONDITIONING_FACTOR times onnxruntime's largest float32 error on that output, and
+    - SPREAD_FACTOR times the output's rounding spread (rounding.rounding_spread): how far a
+      float32 program summing in another order may land. This one decides on a one-element
+      output where onnxruntime happens to land on the exact answer.
 
-    The floor is onnxruntime's error over the whole output, not at the same element: where
-    rounding is amplified (a variance taken as E[x^2] - E[x]^2 of nearly equal values), either
-    side may land on the exact answer at one element by luck, and a bug lands far from it
-    everywhere it strikes. False whenever the float64 answer cannot be computed, or a shape or
-    dtype differs."""
+    Both floors are taken over the whole output, not at the same element: where rounding is
+    amplified (a variance taken as E[x^2] - E[x]^2 of nearly equal values), either side may land
+    on the exact answer at one element by luck, and a bug lands far from it everywhere it strikes.
+    False whenever the float64 answer cannot be computed, or a shape or dtype differs."""
     try:
-        exact = float64_reference(model, feeds)
+        judged = rounding_spread(model, feeds)
     except Exception:
         return False
     for name, r in refs.items():
@@ -300,41 +309,17 @@ def conditioning_explains(model: onnx.ModelProto, feeds: dict, got: dict, refs: 
             if not np.array_equal(g, r):
                 return False
             continue
-        t = exact[name]
+        t, spread = judged[name]
         if np.any(np.isnan(g) != np.isnan(r)) or not np.all(np.isfinite(t[~np.isnan(r)])):
             return False
         m = ~np.isnan(r)
         err_dlcc = np.abs(g[m].astype(np.float64) - t[m])
         err_ort = np.abs(r[m].astype(np.float64) - t[m])
-        floor = CONDITIONING_FACTOR * (err_ort.max() if err_ort.size else 0.0)
+        floor = max(CONDITIONING_FACTOR * (err_ort.max() if err_ort.size else 0.0),
+                    SPREAD_FACTOR * (np.nanmax(spread[m]) if err_ort.size else 0.0))
         if not np.all(err_dlcc <= np.maximum(floor, ATOL + RTOL * np.abs(t[m]))):
             return False
     return True
-
-
-def float64_reference(model: onnx.ModelProto, feeds: dict) -> dict:
-    """The model's outputs computed in float64 by onnx.reference: every float32 tensor, constant
-    and Cast-to-float of the model made double."""
-    from onnx import TensorProto, numpy_helper
-    from onnx.reference import ReferenceEvaluator
-
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    g = m.graph
-    for vi in list(g.input) + list(g.output) + list(g.value_info):
-        if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
-            vi.type.tensor_type.elem_type = TensorProto.DOUBLE
-    for k, t in enumerate(g.initializer):
-        if t.data_type == TensorProto.FLOAT:
-            g.initializer[k].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
-    for n in g.node:
-        for a in n.attribute:
-            if a.name == "to" and a.i == TensorProto.FLOAT:
-                a.i = TensorProto.DOUBLE
-    f64 = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feeds.items()}
-    names = [o.name for o in g.output]
-    return {n: np.asarray(v, np.float64) if np.asarray(v).dtype.kind == "f" else np.asarray(v)
-            for n, v in zip(names, ReferenceEvaluator(m).run(names, f64))}
 
 
 def default_targets() -> list[str]:

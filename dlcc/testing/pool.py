@@ -23,6 +23,11 @@ from multiprocessing.connection import wait as conn_wait
 def _worker(conn, fn_path: str) -> None:
     import importlib
     import os
+    import signal
+
+    # Ctrl-C reaches the whole process group: the parent stops the run and ends the workers, and
+    # a case cut short by it must not come back as a worker that "died" (a crash verdict).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     # OpenCL compilers print their diagnostics straight to file descriptor 2 (clang's "N warnings
     # generated"): not the user's to act on, and everything a case found comes back as its result.

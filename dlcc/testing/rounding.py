@@ -1,0 +1,191 @@
+"""The exact answer, and how far float32 rounding alone can move a graph's outputs from it.
+
+The oracle compares dlcc with onnxruntime under `dlcc verify`'s tolerance. Where a graph amplifies
+rounding (a variance taken as E[y²] − E[y]² of nearly equal values, then its reciprocal), two
+correct float32 programs that sum in different orders disagree by far more than that tolerance.
+To tell that from a bug, the oracle asks two questions of a float64 evaluation (onnx.reference):
+
+- `float64_reference`: what is the exact answer?
+- `rounding_spread`: how far can float32 rounding move it? This is a Monte Carlo rounding analysis
+  (Parker's Monte Carlo arithmetic; the idea behind Verificarlo and CADNA): the float64 graph is
+  run several times with every rounding the float32 program makes replaced by a random relative
+  error of its size, and the outputs' largest distance from the exact answer is the spread.
+
+The rounding model is the textbook one (Higham, *Accuracy and Stability of Numerical Algorithms*):
+- an elementwise op rounds its result: a relative error up to its accuracy on dlcc's targets
+  (ULPS: half an ulp for + − × ÷ and sqrt, 2 for exp);
+- a sum of n terms (a reduction, a dot product inside MatMul, Gemm or Conv) is, computed in any
+  order, the exact sum of terms each perturbed by up to (n − 1) units (Higham §3.1, §4.2). Each
+  term is perturbed independently by up to n/2 units, which stays inside that bound and matches
+  the spread of a sequential sum of same-signed terms, the least accurate order a kernel uses;
+- ops that do not round (Max, Relu, comparisons, layout) get no error; composite ops (Softmax,
+  LayerNormalization, LSTM) only an elementwise one, which errs on the strict side.
+
+A bug is not rounding: it strikes far outside the spread on a well-conditioned graph, and the
+oracle only consults the spread once verify's rule has already failed.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+UNIT = 2.0 ** -24  # float32 unit roundoff: half an ulp of 1.0
+
+#: Ops whose float result is rounded once per element, and by how many ulps at most on the
+#: targets dlcc runs on. + − × ÷ and sqrt are correctly rounded (half an ulp) there: PoCL compiles
+#: them to IEEE instructions, and CUDA does without --use_fast_math, which dlcc never passes. The
+#: transcendental builtins follow CUDA's accuracy table (expf 2 ulp, logf 1, tanhf 2, erff 2,
+#: powf 4; PoCL's are no looser), and ops dlcc composes from several builtins add theirs up.
+ULPS = {
+    "Add": 0.5, "Sub": 0.5, "Mul": 0.5, "Div": 0.5, "Reciprocal": 0.5, "Sqrt": 0.5,
+    "LeakyRelu": 0.5, "PRelu": 0.5, "Mod": 0.5, "HardSigmoid": 1, "HardSwish": 1.5, "Sum": 1,
+    "Mean": 1.5, "BatchNormalization": 2, "Resize": 2, "Upsample": 2, "Exp": 2, "Log": 1,
+    "Tanh": 2, "Erf": 2, "Sin": 2, "Cos": 2, "Pow": 4, "Softsign": 1, "Sigmoid": 3, "Softplus": 3,
+    "Elu": 3, "Selu": 3, "Celu": 3, "Gelu": 3.5, "Mish": 6,
+    # composites: the arithmetic around their sums (whose terms are not perturbed: the strict side)
+    "Softmax": 4, "LogSoftmax": 4, "LayerNormalization": 4, "InstanceNormalization": 4, "LRN": 8,
+    "ReduceProd": 4, "ReduceLogSumExp": 4, "CumSum": 1, "LSTM": 10, "GRU": 10, "RNN": 6,
+}
+#: Ops that sum terms: their data input is perturbed term by term (backward error); the result
+#: is rounded once more (a mean's division, ReduceL2's square root, Gemm's bias).
+SUMS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "ReduceSum", "ReduceMean", "ReduceSumSquare",
+        "ReduceL1", "ReduceL2", "ReduceLogSum", "GlobalAveragePool", "AveragePool"}
+
+
+def float64_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with every float32 tensor, constant and Cast-to-float made double."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
+            vi.type.tensor_type.elem_type = TensorProto.DOUBLE
+    for k, t in enumerate(g.initializer):
+        if t.data_type == TensorProto.FLOAT:
+            g.initializer[k].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
+    for n in g.node:
+        for a in n.attribute:
+            if a.name == "to" and a.i == TensorProto.FLOAT:
+                a.i = TensorProto.DOUBLE
+            if a.name == "value" and a.t.data_type == TensorProto.FLOAT:  # Constant nodes
+                a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float64), a.t.name))
+    return m
+
+
+def _mean_op():
+    """onnx.reference's Mean adds in place into its first input, so it fails where that input is
+    the one broadcast (onnx 1.23); this one broadcasts like the spec says."""
+    from onnx.reference.op_run import OpRun
+
+    class Mean(OpRun):
+        op_domain = ""
+
+        def _run(self, *args):
+            return (np.asarray(sum(args[1:], args[0]) / len(args), args[0].dtype),)
+
+    return Mean
+
+
+def _run64(m: onnx.ModelProto, feeds: dict) -> dict:
+    from onnx.reference import ReferenceEvaluator
+
+    f64 = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feeds.items()}
+    names = [o.name for o in m.graph.output]
+    return {n: np.asarray(v, np.float64) if np.asarray(v).dtype.kind == "f" else np.asarray(v)
+            for n, v in zip(names, ReferenceEvaluator(m, new_ops=[_mean_op()]).run(names, f64))}
+
+
+def float64_reference(model: onnx.ModelProto, feeds: dict) -> dict:
+    """The model's outputs computed in float64 by onnx.reference."""
+    return _run64(float64_model(model), feeds)
+
+
+def _types(m: onnx.ModelProto) -> dict:
+    """name -> (elem_type, shape or None) for every value shape inference can type."""
+    inferred = onnx.shape_inference.infer_shapes(m)
+    out = {}
+    for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
+        tt = vi.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+        out[vi.name] = (tt.elem_type, dims if tt.HasField("shape") and None not in dims else None)
+    for t in m.graph.initializer:
+        out[t.name] = (t.data_type, list(t.dims))
+    return out
+
+
+def _terms(node, types: dict) -> int:
+    """How many terms one output element of a summing node adds up (1 where shapes are unknown)."""
+    def shape(i):
+        return types.get(node.input[i], (0, None))[1] if len(node.input) > i else None
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    a, out = shape(0), types.get(node.output[0], (0, None))[1]
+    if node.op_type == "MatMul" and a:
+        return a[-1]
+    if node.op_type == "Gemm" and a:
+        return a[0] if attrs.get("transA", 0) else a[-1]
+    if node.op_type in ("Conv", "ConvTranspose") and shape(1):
+        w = shape(1)
+        per_group = w[0] // max(1, attrs.get("group", 1)) if node.op_type == "ConvTranspose" else w[1]
+        return per_group * math.prod(w[2:])
+    if node.op_type == "AveragePool":
+        return math.prod(attrs.get("kernel_shape", [1]))
+    if a is not None and out is not None and math.prod(out) > 0:
+        return max(1, math.prod(a) // math.prod(out))
+    return 1
+
+
+def perturbed_model(m64: onnx.ModelProto, seed: int) -> onnx.ModelProto:
+    """The float64 model with the float32 rounding model above applied at random (`seed`)."""
+    types = _types(m64)
+    g = m64.graph
+    nodes, fresh, rng = [], iter(range(1 << 30)), np.random.default_rng(seed)
+
+    def noisy(src: str, dst: str, units: float) -> list:
+        """dst = src * (1 + e), e uniform in ±units·UNIT, drawn per element."""
+        f = f"__mc_f{next(fresh)}"
+        e = rng.uniform(-units * UNIT, units * UNIT, size=types[src][1])
+        g.initializer.append(numpy_helper.from_array(np.asarray(1.0 + e, np.float64), f))
+        return [helper.make_node("Mul", [src, f], [dst])]
+
+    def is_double(name: str) -> bool:  # and of a known shape (else left exact: the strict side)
+        return bool(name) and types.get(name, (0, None))[0] == TensorProto.DOUBLE and types[name][1] is not None
+
+    for node in g.node:
+        if node.op_type in SUMS and is_double(node.input[0]):
+            src = node.input[0]
+            node.input[0] = f"{src}__mc_in{next(fresh)}"
+            types[node.input[0]] = types[src]
+            nodes += noisy(src, node.input[0], max(1.0, _terms(node, types) / 2))
+        rounded = []
+        ulps = 1 if node.op_type in SUMS else ULPS.get(node.op_type)
+        if ulps:
+            for i, o in enumerate(node.output):
+                if is_double(o):
+                    node.output[i] = f"{o}__mc_out{next(fresh)}"
+                    types[node.output[i]] = types[o]
+                    rounded += noisy(node.output[i], o, 2 * ulps)
+        nodes.append(node)
+        nodes += rounded
+    del g.node[:]
+    g.node.extend(nodes)
+    return m64
+
+
+def rounding_spread(model: onnx.ModelProto, feeds: dict, samples: int = 8) -> dict:
+    """Per float output, the largest distance (elementwise) from the exact answer over `samples`
+    runs under the rounding model, with the exact answer itself: `(exact, spread)` by name."""
+    m64 = float64_model(model)
+    exact = _run64(m64, feeds)
+    spread = {n: np.zeros(v.shape) for n, v in exact.items() if v.dtype.kind == "f"}
+    for s in range(samples):
+        m = onnx.ModelProto()
+        m.CopyFrom(m64)
+        got = _run64(perturbed_model(m, s), feeds)
+        for n in spread:
+            with np.errstate(invalid="ignore"):
+                spread[n] = np.fmax(spread[n], np.abs(got[n] - exact[n]))
+    return {n: (exact[n], spread.get(n)) for n in exact}

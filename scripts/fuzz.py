@@ -6,7 +6,7 @@ a GPU is present. Crashes, tracebacks, hangs (per-graph timeout) and mismatches 
     .venv/bin/python scripts/fuzz.py --n 1000 --seed 0 --minutes 60 --json fuzz.json --junit fuzz.xml
     .venv/bin/python scripts/fuzz.py --n 200 --shrink --regressions tests/fuzz_cases
 
-The JSON report is rewritten every --checkpoint-minutes (and on Ctrl-C), so a long run that is
+The JSON report is rewritten every --checkpoint-minutes (and on Ctrl-C or SIGTERM), so a long run that is
 interrupted goes on where it stopped, with its own parameters:
 
     .venv/bin/python scripts/fuzz.py --resume fuzz.json
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -136,6 +137,10 @@ def main(argv=None) -> int:
                 saved[0] = time.time()
                 save()
 
+        def stop(signum, frame):  # SIGTERM (a CI timeout, `kill`) ends the run the way Ctrl-C does
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, stop)
         try:
             run_tasks(tasks, "dlcc.testing.oracle:fuzz_task", workers=workers, timeout=args.timeout,
                       on_result=on_result, stop_at=stop_at)

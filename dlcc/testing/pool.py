@@ -25,9 +25,11 @@ def _worker(conn, fn_path: str) -> None:
     import os
     import signal
 
-    # Ctrl-C reaches the whole process group: the parent stops the run and ends the workers, and
-    # a case cut short by it must not come back as a worker that "died" (a crash verdict).
+    # Ctrl-C (and a SIGTERM sent to the process group) reaches every worker: the parent stops the
+    # run and ends the workers, and a case cut short by it must not come back as a worker that
+    # "died" (a crash verdict).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     # OpenCL compilers print their diagnostics straight to file descriptor 2 (clang's "N warnings
     # generated"): not the user's to act on, and everything a case found comes back as its result.

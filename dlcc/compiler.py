@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from . import __version__
 from . import ops as _ops  # noqa: F401  (registers every op)
 from .config import DeviceSpec, PipelineSpec, load_device, load_pipeline
-from .errors import UnsupportedOpsError
+from .errors import CompileError, UnsupportedOpsError
 from .frontend import ShapeBindings, check_static, dtype_problems, import_model
 from .ir import Graph
 from .ops.registry import lookup
@@ -148,6 +148,21 @@ def cached_cubin(source: str, arch: str, cache):
     return usage, (hit / "kernels.cubin").read_bytes(), (hit / "nvcc.log").read_text()
 
 
+def _check_reads(state, after: str) -> None:
+    """After every pass: no launch reads a tensor before a launch wrote it (KernelProgram.
+    unwritten_read). A pass that breaks this is a dlcc bug; it fails the compile, naming the pass,
+    instead of running a kernel on bytes nothing wrote."""
+    if state.ctx is None:
+        return
+    g = state.graph
+    ready = set(g.inputs) | {name for name, t in g.tensors.items() if t.value is not None}
+    bad = state.ctx.program.unwritten_read(ready, state.ctx.resolve)
+    if bad is not None:
+        L, t = bad
+        raise CompileError(f"after the {after!r} pass, launch {L.kernel} ({L.op_type} node {L.node!r}) reads "
+                            f"tensor {t!r} before any launch writes it (a dlcc bug)")
+
+
 def import_checked(model, shapes):
     """The imported Graph, after the checks every compile makes (supported ops, static shapes)."""
     graph = import_model(model, shapes)
@@ -183,6 +198,7 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
         opts = entry.check_options(p.options, f"pipeline {pipe.name}: pass {p.name}")
         with steps.step(f"pass {p.name}"):
             entry.run(state, opts)
+        _check_reads(state, p.name)
     if state.ctx is None or state.memory is None:
         from .errors import ConfigError
 

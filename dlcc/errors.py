@@ -48,7 +48,8 @@ class ConfigError(DlccError):
 
 
 class CompileError(DlccError):
-    """A backend compiler rejected generated code (a dlcc bug, reported with the log)."""
+    """A backend compiler rejected generated code, or a pass left a broken program (a dlcc bug,
+    reported with the log or the pass and launch at fault)."""
 
 
 class RuntimeBackendError(DlccError):

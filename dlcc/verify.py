@@ -7,11 +7,14 @@ import numpy as np
 def compare(name: str, got: np.ndarray, ref: np.ndarray, rtol: float, atol: float) -> dict:
     """max abs error, max rel error (|d| / max(|ref|, atol)) and pass: |d| <= atol + rtol·|ref| everywhere.
     NaNs must sit where onnxruntime's are, and infinities must equal onnxruntime's (same sign, same
-    place): inf - inf is NaN, so equal values count as d = 0 before any arithmetic on them."""
+    place): inf - inf is NaN, so equal values count as d = 0 before any arithmetic on them. The
+    shape and the dtype must be onnxruntime's: an int64 output returned as int32, or a bool one as
+    uint8, is wrong for the program that reads it, whatever the values."""
     row = {"name": name, "shape": list(ref.shape), "dtype": str(ref.dtype)}
-    if got.shape != ref.shape:
-        return {**row, "max_abs_err": float("inf"), "max_rel_err": float("inf"), "passed": False,
-                "note": f"shape {list(got.shape)} != {list(ref.shape)}"}
+    if got.shape != ref.shape or got.dtype != ref.dtype:
+        what = (f"shape {list(got.shape)} != {list(ref.shape)}" if got.shape != ref.shape
+                else f"dtype {got.dtype} != {ref.dtype}")
+        return {**row, "max_abs_err": float("inf"), "max_rel_err": float("inf"), "passed": False, "note": what}
     if ref.dtype.kind in "biu":
         d = np.abs(got.astype(np.int64) - ref.astype(np.int64))
         mx = float(d.max()) if d.size else 0.0

@@ -117,3 +117,13 @@ def test_masks_are_right_padded(shape, dtype):
 
 def test_mask_of_one_column_is_ones():
     assert padding_mask(np.random.default_rng(0), (3, 1), np.int64).tolist() == [[1], [1], [1]]
+
+
+@pytest.mark.parametrize("got_dtype,ref_dtype", [(np.int32, np.int64), (np.uint8, np.bool_),
+                                                 (np.float64, np.float32), (np.float16, np.float32)])
+def test_dtype_must_be_onnxruntimes(got_dtype, ref_dtype):
+    """Equal values in another dtype fail: the program reading the output gets the wrong type."""
+    ref = np.array([0, 1, 1], ref_dtype)
+    r = compare("o", ref.astype(got_dtype), ref, 1.0, 1.0)
+    assert not r["passed"] and "dtype" in r["note"]
+    assert compare("o", ref.copy(), ref, 1e-3, 1e-4)["passed"]

@@ -113,6 +113,25 @@ class KernelProgram:
             self.kernels[name] = Kernel(name, make_code(name), block, smem_bytes, pass_name, kind, tiling, normalisable)
         return name
 
+    def unwritten_read(self, ready, resolve) -> tuple[Launch, str] | None:
+        """The first launch that reads a tensor before any launch wrote it, and that tensor; None
+        when there is none. `ready`: the tensors that hold data before the first launch (graph
+        inputs, constants); `resolve`: a view's name to the tensor that holds its bytes.
+
+        Why: a pass that drops, reorders or half-replaces launches (a stitch covering part of a
+        decomposed Softmax once did) leaves a kernel reading arena bytes nothing wrote. That is a
+        wrong answer, never an error, unless it is caught here. A launch may read what it writes
+        itself (a persistent kernel's rTasks pass intermediates through memory)."""
+        written = {resolve(t) for t in ready}
+        for L in self.launches:
+            mine = {resolve(t) for t in L.writes}
+            for t in L.reads:
+                b = resolve(t) if t else ""
+                if b and b not in written and b not in mine:
+                    return L, b
+            written |= mine
+        return None
+
 
 #: Placeholders for a storage-addressed kernel's storage parameters and the private array of
 #: them that table-driven operands index (Launch.storage_operands).

@@ -320,6 +320,17 @@ _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Rando
                      "Bernoulli"}
 
 
+def _gathernd_shape(graph: Graph, node: Node) -> tuple:
+    data, idx = (graph.tensors[i].shape for i in node.inputs[:2])
+    b = int(node.attrs.get("batch_dims", 0))
+    return tuple(idx[:-1]) + tuple(data[b + idx[-1]:])
+
+
+#: Output shapes from input shapes alone, for ops whose onnx shape inference leaves them open:
+#: onnx 1.23 gives a GatherND with a rank-0 result (indices of shape [rank of data]) no shape.
+_SHAPE_RULES = {"GatherND": _gathernd_shape}
+
+
 def _fold_and_infer(graph: Graph) -> None:
     """Walk the nodes in order: fold those whose inputs are all known values (onnx.reference), and
     infer the output shapes that whole-model inference left open (they often become known once a
@@ -360,6 +371,9 @@ def _fold_and_infer(graph: Graph) -> None:
                         t.dtype = dtype
             except Exception:
                 pass
+        rule = _SHAPE_RULES.get(node.op_type) if node.domain == "" else None
+        if known and rule and node.outputs[0] and graph.tensors[node.outputs[0]].shape is None:
+            graph.tensors[node.outputs[0]].shape = rule(graph, node)
         keep.append(node)
     graph.nodes = keep
 

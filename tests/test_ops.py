@@ -879,6 +879,19 @@ def _dropout_then_relu(rng):
     return nodes, {"x": R((2, 3)).make(rng)}, {}, ["y"]
 
 
+def _dropout_mask(rng):
+    # Inference Dropout (opset 12+: ratio and no training_mode) with its mask output: all true.
+    nodes = [helper.make_node("Dropout", ["x", "r"], ["d", "m"]), helper.make_node("Relu", ["d"], ["y"])]
+    return nodes, {"x": R((2, 3)).make(rng)}, {"r": np.array(0.3, F32)}, ["y", "m"]
+
+
+def _gathernd_scalar(rng):
+    # One full index gives a rank-0 result, which onnx 1.23's shape inference leaves without a
+    # shape: read by another node, so only dlcc's own rule (frontend._SHAPE_RULES) knows it.
+    nodes = [helper.make_node("GatherND", ["x", "i"], ["g"]), helper.make_node("Neg", ["g"], ["y"])]
+    return nodes, {"x": R((3, 4)).make(rng)}, {"i": np.array([2, -3], I64)}, ["y"]
+
+
 def _where_of_compare(rng):
     # A bool intermediate produced by a kernel and consumed by Where.
     nodes = [helper.make_node("Greater", ["x", "t"], ["c"]), helper.make_node("Where", ["c", "x", "z"], ["y"])]
@@ -929,6 +942,8 @@ add(
     graph_case("Output-also-consumed-by-next-node", _output_also_consumed),
     graph_case("Output-is-folded-constant-Shape", _shape_output),
     graph_case("Dropout-then-Relu", _dropout_then_relu),
+    graph_case("Dropout-mask-output", _dropout_mask),
+    graph_case("GatherND-scalar-result-read-on", _gathernd_scalar),
     graph_case("Where-of-Greater-bool-intermediate", _where_of_compare),
     graph_case("Cast-int64-Mul-Cast-chain", _cast_chain),
     graph_case("MLP-chain-MatMul-Add-Relu-Gemm-Softmax", _mlp),

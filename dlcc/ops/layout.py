@@ -16,14 +16,16 @@ def _view(ctx, node):
 
 @register("Dropout", since=1, category=ALIAS)
 def _dropout(ctx, node):
-    """Inference: Dropout is the identity (a mask output, if asked for, is not supported)."""
-    if len(node.outputs) > 1 and node.outputs[1]:
-        raise ctx.fail("the mask output of Dropout is not supported")
+    """Inference: Dropout is the identity, and its mask output (if asked for) is all true: no
+    element was dropped. Opset 12+ says so; before it the value was left open, and onnxruntime
+    returns all false there (onnx.reference all true, as here)."""
     if len(node.inputs) > 2 and node.inputs[2]:
         tm = ctx.const(node.inputs[2])
         if tm is None or bool(tm.reshape(())):
             raise ctx.fail("training_mode must be a constant false (inference only)")
     ctx.alias(node.outputs[0], node.inputs[0])
+    if len(node.outputs) > 1 and node.outputs[1]:
+        emit_map(ctx, node.outputs[1], [], lambda v: ([], "1"), "DropoutMask", flops_per_elem=0)
 
 
 def _axis(ax, rank):

@@ -282,8 +282,10 @@ def _unary_table(g: Gen, v: Val) -> list[str]:
         ops.append("HardSwish")
     if g.opset >= 18:
         ops.append("Mish")
+    if g.opset >= 20:
+        ops.append("Gelu")
     if v.exact:
-        ops += ["Floor", "Ceil", "Round", "Sign"]
+        ops += ["Floor", "Ceil", "Round", "Sign", "ThresholdedRelu"]
     return ops
 
 
@@ -327,6 +329,13 @@ def p_unary(g: Gen) -> None:
         return
     elif op in ("Floor", "Ceil", "Round", "Sign"):
         lo, hi = math.floor(v.lo) - 1, math.ceil(v.hi) + 1
+    elif op == "ThresholdedRelu":
+        attrs = {"alpha": g.ch.pick([1.0, 0.5, 0.0])}
+        lo, hi = min(v.lo, 0.0), max(v.hi, 0.0)
+    elif op == "Gelu":
+        if g.ch.chance(0.5):
+            attrs = {"approximate": "tanh"}
+        lo, hi = -0.2, max(v.hi, 0.0) + 0.1
     else:  # LeakyRelu, Elu, Selu, HardSwish, Celu, Mish: within a small factor of the input
         if op == "LeakyRelu" and g.ch.chance(0.5):
             attrs = {"alpha": g.ch.pick([0.2, 0.01, 1.5])}
@@ -1001,18 +1010,186 @@ def p_misc(g: Gen) -> None:
         g.one("DepthToSpace", [x], (n, c // 4, h * b, w * b), x.lo, x.hi, blocksize=b, mode=g.ch.pick(["DCR", "CRD"]))
 
 
+def _exact(g: Gen, pred=lambda u: True, shape=None) -> Val:
+    """A graph input or constant (float32): what a discontinuous op may read, since a computed
+    value one rounding away from a threshold could land on either side in dlcc and onnxruntime."""
+    return g.pick(lambda u: u.exact and pred(u)) or g.input(shape() if shape else g.shape(2), -3.0, 3.0)
+
+
+def _to_float(g: Gen, v: Val, lo: float, hi: float) -> Val:
+    """A bool or integer value read back as float: a Cast, or (for bool) a Where."""
+    if v.dtype == "bool" and g.ch.chance(0.5):
+        a = g.pick_or_input(lambda u: _broadcastable(u.shape, v.shape))
+        if _broadcastable(a.shape, v.shape):
+            out = _bcast(v.shape, a.shape)
+            if int(np.prod(out)) <= 2 * MAX_NUMEL:
+                return g.one("Where", [v, a, g.scalar(-2.0)], out, min(a.lo, -2.0), max(a.hi, -2.0))
+    return g.one("Cast", [v], v.shape, lo, hi, to=TensorProto.FLOAT)
+
+
+def p_logic(g: Gen) -> None:
+    """And / Or / Xor of comparisons of exact values, IsNaN / IsInf of computed ones (false on the
+    finite values the generator keeps, so Or-ed into a comparison), read back as float."""
+    x = _exact(g, lambda u: u.rank >= 1)
+    c1 = g.one(g.ch.pick(["Greater", "Less"]), [x, g.scalar(0.0)], x.shape, 0, 1, dtype="bool")
+    op = g.ch.pick(["And", "Or", "Xor", "IsNaN", "IsInf"])
+    if op in ("IsNaN", "IsInf"):
+        v = g.pick(lambda u: u.shape == x.shape and u.name != x.name) or x
+        attrs = {"detect_negative": int(g.ch.chance(0.5))} if op == "IsInf" and g.ch.chance(0.5) else {}
+        c2 = g.one(op, [v], v.shape, 0, 1, dtype="bool", **attrs)
+        op = "Or"
+    else:
+        y = _exact(g, lambda u: _broadcastable(u.shape, x.shape) and u.name != x.name, lambda: g.bshape(x.shape))
+        c2 = g.one(g.ch.pick(["GreaterOrEqual", "LessOrEqual"]), [y, g.scalar(0.5)], y.shape, 0, 1, dtype="bool")
+    out = _bcast(c1.shape, c2.shape)
+    ins = [c1, c2] if g.ch.chance(0.5) else [c2, c1]
+    _to_float(g, g.one(op, ins, out, 0, 1, dtype="bool"), 0.0, 1.0)
+
+
+def p_mod(g: Gen) -> None:
+    """Mod of exact values: fmod on floats, or Python's sign rule on integers (fmod=0)."""
+    x = _exact(g, lambda u: u.rank >= 1 and u.mag <= 1e4)
+    d = g.ch.pick([1.5, 0.75, -2.0, 3.0])
+    if g.ch.chance(0.5):
+        if g.ch.chance(0.5):
+            dv = g.scalar(d)
+        else:  # a divisor per element, |d| in [0.5, 3], either sign
+            ds = g.bshape(x.shape)
+            dv = g.const((np.where(g.rs.random(ds) < 0.5, -1, 1) * g.rs.uniform(0.5, 3.0, ds)).astype(np.float32), "m")
+        out = _bcast(x.shape, dv.shape)
+        g.one("Mod", [x, dv], out, -max(abs(dv.lo), abs(dv.hi)), max(abs(dv.lo), abs(dv.hi)), fmod=1)
+        return
+    it = g.ch.pick([("int64", TensorProto.INT64), ("int32", TensorProto.INT32)])
+    xi = g.one("Cast", [x], x.shape, dtype=it[0], to=it[1])
+    k = g.const(np.array(g.ch.pick([3, -2, 5, 7]), _NP[it[0]]), "k")
+    m = g.one("Mod", [xi, k], x.shape, dtype=it[0])
+    _to_float(g, m, -7.0, 7.0)
+
+
+def p_topk(g: Gen) -> None:
+    """TopK (sorted, on exact values: no ties among uniform draws) and ArgMin."""
+    x = _exact(g, lambda u: u.rank >= 1 and max(u.shape) >= 2 and u.numel <= 4096)
+    axis = g.ch.below(x.rank)
+    n = x.shape[axis]
+    if g.ch.chance(0.3):
+        keep = int(g.ch.chance(0.5))
+        out = tuple(1 if k == axis else d for k, d in enumerate(x.shape)) if keep else \
+            tuple(d for k, d in enumerate(x.shape) if k != axis)
+        i = g.one("ArgMin", [x], out, dtype="int64", axis=axis, keepdims=keep)
+        _to_float(g, i, 0.0, float(n))
+        return
+    k = g.ch.between(1, min(n, 5))
+    out = tuple(k if j == axis else d for j, d in enumerate(x.shape))
+    ax = axis - x.rank if g.ch.chance(0.3) else axis
+    vals, idx = g.node("TopK", [x, g.ints([k])], [(out, "float32", x.lo, x.hi), (out, "int64", 0, n)],
+                       axis=ax, largest=int(g.ch.chance(0.7)), sorted=1)
+    if g.ch.chance(0.5):
+        _to_float(g, idx, 0.0, float(n))
+
+
+def p_gathernd(g: Gen) -> None:
+    v = g.pick_or_input(lambda u: u.rank >= 1 and u.numel <= 4096)
+    if v.rank == 0 or v.numel > 4096:
+        v = g.input(g.shape(g.ch.pick([2, 3])))
+    last = g.ch.between(1, v.rank)
+    lead = [g.ch.between(1, 4) for _ in range(g.ch.pick([1, 0, 2]))]
+    cols = [g.rs.integers(-v.shape[j], v.shape[j], lead or [1]) for j in range(last)]
+    idx = g.const(np.stack(cols, -1).reshape(tuple(lead) + (last,)).astype(np.int64), "idx")
+    out = tuple(lead) + v.shape[last:]
+    g.one("GatherND", [v, idx], out, v.lo, v.hi)
+
+
+def p_convtranspose(g: Gen) -> None:
+    d = g.ch.pick([2, 1])
+    x = _spatial_input(g, d)
+    n, c = x.shape[:2]
+    group = g.ch.pick([1, c, 2 if c % 2 == 0 else 1])
+    mg = g.ch.pick([1, 2, 3])
+    k = [g.ch.pick([1, 2, 3, 4]) for _ in range(d)]
+    stride = [g.ch.pick([1, 2]) for _ in range(d)]
+    pads = [g.ch.between(0, kk - 1) for kk in k] * 2
+    opad = [g.ch.between(0, s - 1) if g.ch.chance(0.3) else 0 for s in stride]
+    out_sp = []
+    for i in range(d):
+        o = (x.shape[2 + i] - 1) * stride[i] - pads[i] - pads[i + d] + k[i] + opad[i]
+        if o < 1:
+            return
+        out_sp.append(o)
+    fan = (c // group) * int(np.prod(k))
+    scale = 1.0 / math.sqrt(fan)
+    w = g.weight((c, mg) + tuple(k), scale)
+    ins = [x, w] + ([g.weight((mg * group,), 0.5, hint="bias")] if g.ch.chance(0.5) else [])
+    bound = fan * x.mag * scale + 0.5
+    attrs = {"kernel_shape": k, "strides": stride, "pads": pads, "group": group}
+    if any(opad):
+        attrs["output_padding"] = opad
+    y = g.one("ConvTranspose", ins, (n, mg * group) + tuple(out_sp), -bound, bound, **attrs)
+    _epilogue(g, y)
+
+
+def p_norm(g: Gen) -> None:
+    """InstanceNormalization and LRN on NC... tensors (instance norm on exact values, whose
+    spatial variance is not a rounding residue)."""
+    if g.ch.chance(0.5):
+        x = _exact(g, lambda u: u.rank >= 3 and int(np.prod(u.shape[2:])) >= 2 and u.numel <= 4096,
+                   lambda: (g.ch.pick([1, 2]), g.ch.pick([1, 3, 4]), g.ch.pick([5, 8, 17])))
+        c, sp = x.shape[1], int(np.prod(x.shape[2:]))
+        b = math.sqrt(sp) + 0.5
+        g.one("InstanceNormalization", [x, g.weight((c,), 1.0, hint="scale"), g.weight((c,), 0.5, hint="b")],
+              x.shape, -b, b, epsilon=g.ch.pick([1e-5, 1e-3]))
+        return
+    x = _spatial_input(g, 2)
+    size = g.ch.pick([1, 3, 5])
+    g.one("LRN", [x], x.shape, -x.mag, x.mag, size=size, alpha=g.ch.pick([1e-4, 0.01]),
+          beta=g.ch.pick([0.75, 0.5]), bias=g.ch.pick([1.0, 2.0]))
+
+
+def p_resize(g: Gen) -> None:
+    """Resize of an NCHW (or NCW) tensor by whole or half factors: nearest or linear, with the
+    coordinate rules exporters use."""
+    d = g.ch.pick([2, 1])
+    x = _spatial_input(g, d)
+    scales = [1.0, 1.0] + [g.ch.pick([2.0, 3.0, 0.5]) if s % 2 == 0 else g.ch.pick([2.0, 3.0])
+                           for s in x.shape[2:]]
+    out = x.shape[:2] + tuple(int(math.floor(s * f)) for s, f in zip(x.shape[2:], scales[2:]))
+    if int(np.prod(out)) > 2 * MAX_NUMEL:
+        return
+    mode = g.ch.pick(["nearest", "linear"])
+    ctm = g.ch.pick(["asymmetric", "half_pixel", "align_corners", "pytorch_half_pixel"])
+    attrs = {"mode": mode, "coordinate_transformation_mode": ctm}
+    if mode == "nearest":
+        attrs["nearest_mode"] = g.ch.pick(["round_prefer_floor", "floor", "round_prefer_ceil", "ceil"])
+    if g.ch.chance(0.5):
+        ins = [x, None, g.const(np.array(scales, np.float32), "scales")]
+    else:
+        ins = [x, None, None, g.ints(list(out))]
+    g.one("Resize", ins, out, x.lo, x.hi, **attrs)
+
+
+def p_alias(g: Gen) -> None:
+    """Identity, and inference Dropout (with its all-true mask output now and then)."""
+    v = g.pick_or_input()
+    if g.ch.chance(0.5):
+        g.one("Identity", [v], v.shape, v.lo, v.hi, dtype=v.dtype)
+        return
+    ins = [v] + ([g.scalar(g.ch.pick([0.1, 0.5]))] if g.ch.chance(0.5) else [])
+    outs = [(v.shape, "float32", v.lo, v.hi)] + ([(v.shape, "bool", 0, 1)] if g.ch.chance(0.4) else [])
+    g.node("Dropout", ins, outs)
+
+
 #: (pattern, weight): elementwise and reductions most, since they are what AStitch rewrites.
 PATTERNS = [
     (p_unary, 14), (p_binary, 14), (p_reduce, 10), (p_softmax, 4), (p_layernorm, 5), (p_reshape, 6),
     (p_transpose, 5), (p_slice, 4), (p_concat, 4), (p_split, 3), (p_gather, 3), (p_expand, 2), (p_pad, 2),
     (p_where, 2), (p_cast, 1), (p_cumsum, 1), (p_matmul, 6), (p_gemm, 3), (p_conv, 4), (p_rnn, 2),
-    (p_misc, 2),
+    (p_misc, 2), (p_logic, 1), (p_mod, 1), (p_topk, 1), (p_gathernd, 1), (p_convtranspose, 1), (p_norm, 1),
+    (p_resize, 1), (p_alias, 1),
 ]
 
 
 def build(ch: Chooser, seed: int, max_patterns: int = 8) -> tuple[onnx.ModelProto, dict, list[str]]:
     """The model and its feeds, from the chooser's answers (no check, no reference run)."""
-    opset = ch.pick([17, 18, 13])
+    opset = ch.pick([17, 18, 13, 20])
     g = Gen(ch, np.random.default_rng(seed), opset)
     g.input(g.shape(), hint="x")
     if g.ch.chance(0.3):

@@ -272,8 +272,9 @@ def _run(cm, model, feeds, refs, cfg, rt=None) -> Verdict:
     except Exception:
         return Verdict(cfg.name, "crash", "run: " + traceback.format_exc(limit=8))
     ok, notes, errs = compare_outputs(model, got, refs)
-    if not ok and conditioning_explains(model, feeds, got, refs):
-        return Verdict(cfg.name, "unstable", notes, errors=errs)
+    why = "" if ok else conditioning_explains(model, feeds, got, refs)
+    if why:
+        return Verdict(cfg.name, "unstable", f"{notes} | explained by rounding: {why}", errors=errs)
     return Verdict(cfg.name, "pass" if ok else "mismatch", notes, errors=errs)
 
 
@@ -284,7 +285,7 @@ CONDITIONING_FACTOR = 4.0
 SPREAD_FACTOR = 2.0
 
 
-def conditioning_explains(model: onnx.ModelProto, feeds: dict, got: dict, refs: dict) -> bool:
+def conditioning_explains(model: onnx.ModelProto, feeds: dict, got: dict, refs: dict) -> str:
     """True when every element of every output is, against the float64 answer, within what
     float32 rounding explains (or within verify's tolerance of it): then the disagreement is the
     graph's conditioning, not a dlcc bug. Rounding explains an error up to the larger of
@@ -296,30 +297,37 @@ def conditioning_explains(model: onnx.ModelProto, feeds: dict, got: dict, refs: 
     Both floors are taken over the whole output, not at the same element: where rounding is
     amplified (a variance taken as E[x^2] - E[x]^2 of nearly equal values), either side may land
     on the exact answer at one element by luck, and a bug lands far from it everywhere it strikes.
-    False whenever the float64 answer cannot be computed, or a shape or dtype differs."""
+    The answer is a note saying, per float output, dlcc's largest error against the bound (what
+    an `unstable` verdict records, for a reader to judge), or "" (false) when rounding does not
+    explain it, the float64 answer cannot be computed, or a shape or dtype differs."""
     try:
         judged = rounding_spread(model, feeds)
-    except Exception:
-        return False
+    except Exception:  # an op onnx.reference cannot run: no arbiter, so the mismatch stands
+        return ""
+    notes = []
     for name, r in refs.items():
         g = got.get(name)
         if g is None or g.shape != r.shape or g.dtype != r.dtype:
-            return False
+            return ""
         if r.dtype.kind != "f":
             if not np.array_equal(g, r):
-                return False
+                return ""
             continue
         t, spread = judged[name]
         if np.any(np.isnan(g) != np.isnan(r)) or not np.all(np.isfinite(t[~np.isnan(r)])):
-            return False
+            return ""
         m = ~np.isnan(r)
         err_dlcc = np.abs(g[m].astype(np.float64) - t[m])
         err_ort = np.abs(r[m].astype(np.float64) - t[m])
-        floor = max(CONDITIONING_FACTOR * (err_ort.max() if err_ort.size else 0.0),
-                    SPREAD_FACTOR * (np.nanmax(spread[m]) if err_ort.size else 0.0))
+        if not err_ort.size:
+            continue
+        worst_ort, worst_spread = float(err_ort.max()), float(np.nanmax(spread[m]))
+        floor = max(CONDITIONING_FACTOR * worst_ort, SPREAD_FACTOR * worst_spread)
         if not np.all(err_dlcc <= np.maximum(floor, ATOL + RTOL * np.abs(t[m]))):
-            return False
-    return True
+            return ""
+        notes.append(f"{name!r}: dlcc's error against float64 {err_dlcc.max():.3g} <= {floor:.3g} "
+                     f"(onnxruntime's {worst_ort:.3g}, rounding spread {worst_spread:.3g})")
+    return "; ".join(notes) or "conditioning"
 
 
 def default_targets() -> list[str]:

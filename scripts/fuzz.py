@@ -38,6 +38,9 @@ def main(argv=None) -> int:
                     "configuration before it counts as a hang (default 600)")
     ap.add_argument("--targets", default=None, help="opencl, cuda or opencl,cuda (default: OpenCL, and CUDA "
                     "when PyCUDA sees a GPU)")
+    ap.add_argument("--nvcc-every", type=int, default=None, metavar="K", help="also build every K-th graph's CUDA "
+                    "text with nvcc for sm_90 and sm_80, checking for errors and register spills (the `nvcc` "
+                    "target; default 10 where nvcc is installed, 0: never)")
     ap.add_argument("--configs", default=None, help="comma-separated configuration names (default: all; "
                     "`--list-configs` shows them)")
     ap.add_argument("--list-configs", action="store_true", help="print the configuration names and exit")
@@ -74,7 +77,7 @@ def main(argv=None) -> int:
 
     import dlcc  # noqa: F401  (configures PoCL before any worker's platform is touched)
     from dlcc.batch.report import write_atomic
-    from dlcc.testing.campaign import Campaign
+    from dlcc.testing.campaign import STATUSES, Campaign
     from dlcc.testing.oracle import all_configs, config_named, default_targets
     from dlcc.testing.pool import run_tasks
 
@@ -92,11 +95,18 @@ def main(argv=None) -> int:
             return 2
     targets = [t.strip() for t in args.targets.split(",")] if args.targets else default_targets()
     n_uns = args.n // 20 if args.unsupported is None else args.unsupported
-    meta = {"n": args.n, "seed": args.seed, "unsupported": n_uns, "targets": targets,
+    if args.nvcc_every is None:
+        from dlcc.backends.nvcc import find_nvcc
+
+        args.nvcc_every = 10 if find_nvcc() and "cuda" not in targets else 0
+    meta = {"n": args.n, "seed": args.seed, "unsupported": n_uns, "targets": targets, "nvcc_every": args.nvcc_every,
             "configs": configs or [c.name for c in all_configs()], "max_patterns": args.max_patterns,
             "timeout": args.timeout, "quick_build": args.quick_build,
             "segments": (earlier["meta"].get("segments", []) if earlier else []) + [_segment()]}
-    tasks = [(("g", args.seed + k), {"seed": args.seed + k, "configs": configs, "targets": targets,
+    def targets_of(k: int) -> list[str]:
+        return targets + (["nvcc"] if args.nvcc_every and k % args.nvcc_every == 0 else [])
+
+    tasks = [(("g", args.seed + k), {"seed": args.seed + k, "configs": configs, "targets": targets_of(k),
                                       "max_patterns": args.max_patterns}) for k in range(args.n)]
     # graphs dlcc must refuse go in among the others, so a run cut short by --minutes has its share
     for k in reversed(range(n_uns)):  # from the back, so earlier positions do not move
@@ -114,7 +124,8 @@ def main(argv=None) -> int:
     stop_at = time.time() + 60 * args.minutes if args.minutes is not None else None
     workers = args.workers or os.cpu_count() or 1
     con.print(f"dlcc fuzz: {args.n} graphs from seed {args.seed} (+{n_uns} unsupported on purpose), "
-              f"{len(configs or all_configs())} configurations, targets {', '.join(targets)}, {workers} workers"
+              f"{len(configs or all_configs())} configurations, targets {', '.join(targets)}"
+              + (f" (and nvcc on 1 graph in {args.nvcc_every})" if args.nvcc_every else "") + f", {workers} workers"
               + (f"; resuming {args.resume}: {len(seen)} cases done, {len(tasks)} to go" if earlier else ""),
               markup=False)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -126,8 +137,7 @@ def main(argv=None) -> int:
         def on_result(key, rec):
             camp.add(key, rec)
             s = camp.summary()
-            status = (f"pass {s['pass']}  mismatch {s['mismatch']}  crash {s['crash']}  hang {s['hang']}  "
-                      f"refused {s['refused']}  unstable {s['unstable']}")
+            status = "  ".join(f"{k} {s[k]}" for k in STATUSES if k != "spill" or s[k])
             prog.update(bar, advance=1, status=status)
             if not con.is_terminal and time.time() - last[0] > 60:  # a log file gets a line a minute
                 last[0] = time.time()
@@ -155,7 +165,7 @@ def main(argv=None) -> int:
     t = Table(title=f"dlcc fuzz: {s['graphs']} graphs ({s['nodes']} nodes), {s['seconds']:.0f} s")
     for c in ("verdict", "configurations", "distinct plans run"):
         t.add_column(c)
-    for st in ("pass", "mismatch", "crash", "hang", "refused", "unstable"):
+    for st in STATUSES:
         t.add_row(st, str(s[st]), str(s["distinct_plans"][st]))
     Console().print(t)
     if camp.unsupported:
@@ -173,7 +183,8 @@ def main(argv=None) -> int:
 
 
 #: The parameters that define a run, and so come from the report on --resume.
-RUN_PARAMETERS = ("n", "seed", "unsupported", "targets", "configs", "max_patterns", "timeout", "quick_build")
+RUN_PARAMETERS = ("n", "seed", "unsupported", "targets", "nvcc_every", "configs", "max_patterns", "timeout",
+                  "quick_build")
 
 
 def _load_report(path: str):
@@ -192,7 +203,9 @@ def _load_report(path: str):
 
 
 def _take_parameters(args, meta: dict) -> None:
-    """The resumed run's parameters replace the command line's."""
+    """The resumed run's parameters replace the command line's (a report from before `nvcc_every`
+    existed ran no nvcc target)."""
+    meta = {"nvcc_every": 0, **meta}
     for k in RUN_PARAMETERS:
         if k in meta:
             v = meta[k]

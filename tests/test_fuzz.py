@@ -13,12 +13,14 @@ import onnx
 import pytest
 
 from conftest import opencl_device_available
+from dlcc.backends.nvcc import find_nvcc
 from dlcc.testing import graphgen
 from dlcc.testing.choices import Chooser
 from dlcc.testing.oracle import FAILURES, all_configs, check_case_task, unsupported_task
 
 #: The default batch: seeds 0..BATCH-1, in chunks that pytest-xdist spreads over its workers.
 BATCH, CHUNK = 24, 3
+NVCC_BATCH = 6  # of those, through nvcc too (the CUDA text, for sm_90 and sm_80)
 needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
 
 
@@ -36,6 +38,20 @@ def test_fuzz_batch(first):
             if v["status"] in FAILURES + ("refused",):
                 problems.append(f"seed {seed} {v['config']}: {v['status']}: {v.get('detail', '')[:500]}")
     assert not problems, "\n".join(problems) + "\nshrink one with: scripts/fuzz.py --seed S --n 1 --shrink"
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed on this machine")
+@pytest.mark.parametrize("first", range(0, NVCC_BATCH, CHUNK))
+def test_fuzz_batch_nvcc(first):
+    """The first graphs of the batch through the `nvcc` target: every configuration's CUDA text
+    builds for sm_90 and sm_80 with no register spills."""
+    problems = []
+    for seed in range(first, first + CHUNK):
+        rec = check_case_task({"seed": seed, "targets": ["nvcc"]})
+        for v in rec["verdicts"]["nvcc"]:
+            if v["status"] != "pass":
+                problems.append(f"seed {seed} {v['config']}: {v['status']}: {v.get('detail', '')[:500]}")
+    assert not problems, "\n".join(problems)
 
 
 def _first_seed_of_each_unsupported_kind() -> dict[str, int]:
@@ -271,16 +287,18 @@ def test_an_interrupted_run_resumes_where_it_stopped(tmp_path):
     report = tmp_path / "fuzz.json"
     run = [sys.executable, str(script), "--quick-build", "-j", "1", "--targets", "opencl"]
     first = subprocess.run(run + ["--n", "3", "--seed", "7", "--unsupported", "1", "--configs", "baseline",
-                                  "--minutes", "0", "--json", str(report)], capture_output=True, text=True)
+                                  "--nvcc-every", "0", "--minutes", "0", "--json", str(report)],
+                           capture_output=True, text=True)
     assert first.returncode == 0, first.stderr
     assert json.loads(report.read_text())["cases"] == []  # nothing handed out: all of it is left
-    second = subprocess.run(run + ["--resume", str(report), "--n", "99", "--configs", "full"],
+    second = subprocess.run(run + ["--resume", str(report), "--n", "99", "--configs", "full", "--nvcc-every", "1"],
                             capture_output=True, text=True)
     assert second.returncode == 0, second.stderr
     assert "resuming" in second.stderr and "4 to go" in second.stderr
     r = json.loads(report.read_text())
     assert sorted(c["case"] for c in r["cases"]) == ["graph-7", "graph-8", "graph-9", "unsupported-7"]
-    assert r["summary"]["graphs"] == 3 and r["summary"]["configurations_run"] == 3  # baseline only, not --n 99
+    # baseline on OpenCL only: the report's parameters, not --n 99, full or --nvcc-every 1
+    assert r["summary"]["graphs"] == 3 and r["summary"]["configurations_run"] == 3
     assert len(r["meta"]["segments"]) == 2
     third = subprocess.run(run + ["--resume", str(report)], capture_output=True, text=True)
     assert third.returncode == 0 and "0 to go" in third.stderr
@@ -289,3 +307,28 @@ def test_an_interrupted_run_resumes_where_it_stopped(tmp_path):
     bad.write_text("{}")
     refused = subprocess.run(run + ["--resume", str(bad)], capture_output=True, text=True)
     assert refused.returncode == 2 and "cannot resume" in refused.stderr and "Traceback" not in refused.stderr
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed on this machine")
+def test_nvcc_target_builds_the_cuda_text_and_reports_spills(monkeypatch):
+    """The `nvcc` target (a machine without a GPU): every configuration's CUDA plan through nvcc for
+    sm_90 and sm_80. A graph builds with no spills; a kernel that spilled is a `spill` failure."""
+    from dlcc.backends import nvcc
+    from dlcc.testing.oracle import check_model, config_named
+
+    case = graphgen.generate_valid(3)
+    configs = [config_named("baseline"), config_named("full")]
+    assert [v.status for v in check_model(case.model, case.feeds, case.refs, configs, "nvcc")] == ["pass", "pass"]
+
+    real = nvcc.build_cubin
+
+    def spilling(source, arch="sm_80", **kw):
+        usage, cubin, log = real(source, arch, **kw)
+        first = next(iter(usage.values()))
+        first.spill_stores = 8
+        return usage, cubin, log
+
+    monkeypatch.setattr(nvcc, "build_cubin", spilling)
+    v = check_model(case.model, case.feeds, case.refs, configs[:1], "nvcc")[0]
+    assert v.status == "spill" and "sm_90" in v.detail, v
+    assert "spill" in FAILURES

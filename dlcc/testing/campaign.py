@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 
 from .oracle import FAILURES
 
+#: Every verdict, in the order reports list them.
+STATUSES = ("pass", "mismatch", "crash", "hang", "spill", "refused", "unstable")
+
 
 @dataclass
 class Failure:
@@ -106,7 +109,7 @@ class Campaign:
         return sum(n for (t, s), n in c.items() if s == status)
 
     def summary(self) -> dict:
-        statuses = ["pass", "mismatch", "crash", "hang", "refused", "unstable"]
+        statuses = list(STATUSES)
         return {
             "graphs": self.graphs, "invalid_skipped": self.invalid, "nodes": self.nodes,
             "configurations_run": sum(self.runs.values()), "distinct_plans_run": sum(self.unique_runs.values()),

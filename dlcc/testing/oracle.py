@@ -12,7 +12,9 @@ A verdict per configuration (NNSmith keeps crashes and wrong results apart, and 
   allows, measured by onnxruntime's own error and by a Monte Carlo rounding analysis
   (rounding.py). An E[x²] - mean² variance of nearly equal values, for example. Not a failure,
   and counted, so that a generator rule can avoid such graphs;
-- `hang`: set by pool.py when a case runs past its timeout.
+- `hang`: set by pool.py when a case runs past its timeout;
+- `spill` (the `nvcc` target only, which compiles the CUDA text without running it): nvcc built a
+  kernel with register spills.
 
 Configurations that give the same plan (kernels, launches and weights, which hold Rammer's
 schedule table) are run once: a graph without reductions, say, has the same plan under many
@@ -37,7 +39,7 @@ from .rounding import float64_reference, rounding_spread  # noqa: F401  (float64
 
 RTOL, ATOL = 1e-3, 1e-4  # dlcc verify's defaults
 SCHEMES = ("independent", "local", "regional", "global")
-FAILURES = ("mismatch", "crash", "hang")
+FAILURES = ("mismatch", "crash", "hang", "spill")
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,8 @@ def check_model(model: onnx.ModelProto, feeds: dict, refs: dict, configs: list[C
     import dlcc
     from ..errors import CompileError, DlccError
 
+    if target == "nvcc":
+        return check_nvcc(model, configs, workdir)
     with tempfile.TemporaryDirectory(dir=workdir) as d:
         path = Path(d) / "model.onnx"
         onnx.save(model, str(path))
@@ -188,6 +192,56 @@ def check_model(model: onnx.ModelProto, feeds: dict, refs: dict, configs: list[C
             else:
                 out.append(verdicts[cfg.name])
         return out
+
+
+#: The `nvcc` target: the CUDA text of each plan for these devices, through nvcc for their arch.
+NVCC_DEVICES = (("h100", "sm_90"), ("a100", "sm_80"))
+
+
+def check_nvcc(model: onnx.ModelProto, configs: list[Config], workdir: str | None = None) -> list[Verdict]:
+    """The `nvcc` target, for machines without a GPU: each configuration's CUDA plan for an H100
+    (sm_90) and an A100 (sm_80), compiled by nvcc. Nothing runs, so the verdict is about the code:
+    `pass` when nvcc builds it with no register spills; `spill` when a kernel spills (every kernel
+    dlcc emits must fit its registers); `crash` when nvcc rejects it or the compile fails;
+    `refused` on a clear DlccError, as on OpenCL. Identical sources are compiled once (the cubin
+    cache, dlcc/cache.py)."""
+    from ..backends.nvcc import find_nvcc
+    from ..cache import Cache
+    from ..compiler import compile_model
+    from ..errors import CompileError, DlccError
+
+    if not find_nvcc():
+        return [Verdict(c.name, "refused", "nvcc is not installed here") for c in configs]
+    out = []
+    with tempfile.TemporaryDirectory(dir=workdir) as d:
+        path = Path(d) / "model.onnx"
+        onnx.save(model, str(path))
+        cache = Cache(Path(d) / "cache")
+        for cfg in configs:
+            v = Verdict(cfg.name, "pass", "")
+            for device, arch in NVCC_DEVICES:
+                try:
+                    cm = compile_model(str(path), target="cuda", pipeline=cfg.spec(), device=device, cache=cache)
+                except CompileError as e:
+                    v = Verdict(cfg.name, "crash", f"{arch}: CompileError: {e}")
+                    break
+                except DlccError as e:
+                    v = Verdict(cfg.name, "refused", f"{arch}: {type(e).__name__}: {e}")
+                    break
+                except Exception:
+                    v = Verdict(cfg.name, "crash", f"{arch}: compile: " + traceback.format_exc(limit=8))
+                    break
+                res = cm.plan.get("cuda", {}).get("resources", {})
+                spills = {k: r["spill_bytes"] for k, r in res.items() if r.get("spill_bytes")}
+                if cm.plan.get("cuda", {}).get("arch") != arch:
+                    v = Verdict(cfg.name, "crash", f"{arch}: no cubin was built (the plan says "
+                                f"{cm.plan.get('cuda', {}).get('arch')!r})")
+                    break
+                if spills:
+                    v = Verdict(cfg.name, "spill", f"{arch}: register spills (bytes) in {spills}")
+                    break
+            out.append(v)
+    return out
 
 
 _DEFINES = re.compile(r"^(?:KERNEL|DEVICE|SITE_FN)\b[^(;]*?\b(\w+)\s*\(", re.M)

@@ -33,7 +33,8 @@ class AStitchOptions(BaseModel):
         description="stitch schemes allowed; without regional, row-local intermediates go through "
                     "global memory; without global, a stitch is split where it would need a grid barrier")
     smem_budget: int | None = Field(None, gt=0, description="shared memory per block for Regional buffers, in "
-                                    "bytes; default: the device's shared_mem_per_block, at most 48 KiB (static)")
+                                    "bytes; default and upper bound: the device's shared_mem_per_block, at most 48 KiB (static), "
+                                    "less 1 KiB of reduction scratch")
     gemm_fusion: bool = Field(True, description="fuse elementwise consumers into GEMM/Conv stores (epilogues) "
                               "and cheap per-element producers into their loads (prologues)")
     max_ops: int = Field(64, ge=1, description="cap on ops stitched into one kernel (and one epilogue)")

@@ -37,6 +37,7 @@ from .indexmap import access_kinds, input_index, is_identity, reduce_index
 from .nodes import NodeGraph
 
 BLOCK = 256
+STATIC_SMEM_LIMIT = 48 * 1024  # bytes of static shared memory a CUDA block may declare
 #: A grid barrier is used only while the work needs at most this many waves of resident blocks
 #: (vertical packing); beyond that, splitting keeps the parallelism.
 MAX_VERTICAL = 4
@@ -589,9 +590,12 @@ class Planner:
                 big.smem, big.glob, big.demoted = False, True, True
 
     def smem_budget(self) -> int:
-        if self.opts.smem_budget is not None:
-            return self.opts.smem_budget
-        return min(self.dev.shared_mem_per_block, 48 * 1024)
+        """Bytes a phase's `sm` buffers may take. A stitch kernel declares its shared memory
+        statically, and CUDA caps a block's static shared memory at 48 KiB, whatever the device
+        allows with dynamic opt-in; `red`, the scratch of cooperative reductions (BLOCK floats),
+        sits beside `sm` inside that cap. The option sets a smaller budget, never a larger one."""
+        cap = min(self.dev.shared_mem_per_block, STATIC_SMEM_LIMIT) - BLOCK * 4
+        return min(self.opts.smem_budget, cap) if self.opts.smem_budget is not None else cap
 
     def _alloc_smem(self, ph: Phase, st: Stitch) -> None:
         """Offsets by liveness inside the phase: a buffer is live from its stage to its last reader."""

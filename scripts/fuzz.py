@@ -68,6 +68,16 @@ def main(argv=None) -> int:
         if earlier is None:
             return 2
         _take_parameters(args, earlier["meta"])
+    if "POCL_CACHE_DIR" not in os.environ:
+        # PoCL keeps every program it builds in its kernel cache (~/.cache/pocl), and a run builds
+        # thousands that never come back: the workers share a cache of the run's own, removed at
+        # the end. Set POCL_CACHE_DIR to keep one.
+        import atexit
+        import shutil
+        import tempfile
+
+        os.environ["POCL_CACHE_DIR"] = tempfile.mkdtemp(prefix="dlcc-fuzz-pocl-")
+        atexit.register(shutil.rmtree, os.environ["POCL_CACHE_DIR"], True)
     if args.quick_build:  # read by every worker's OpenCL runtime (backends/opencl.py: build_options)
         os.environ["DLCC_OPENCL_BUILD_OPTIONS"] = (os.environ.get("DLCC_OPENCL_BUILD_OPTIONS", "")
                                                    + " -cl-opt-disable").strip()

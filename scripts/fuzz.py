@@ -87,7 +87,7 @@ def main(argv=None) -> int:
 
     import dlcc  # noqa: F401  (configures PoCL before any worker's platform is touched)
     from dlcc.batch.report import write_atomic
-    from dlcc.testing.campaign import STATUSES, Campaign
+    from dlcc.testing.campaign import STATUSES, Campaign, case_name
     from dlcc.testing.oracle import all_configs, config_named, default_targets
     from dlcc.testing.pool import run_tasks
 
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
         tasks.insert((k * args.n) // n_uns, (("u", args.seed + k), {"kind": "unsupported", "seed": args.seed + k}))
     camp = Campaign.resumed(earlier) if earlier else Campaign()
     seen = camp.done()
-    tasks = [t for t in tasks if f"{'unsupported' if t[0][0] == 'u' else 'graph'}-{t[0][1]}" not in seen]
+    tasks = [t for t in tasks if case_name(t[0]) not in seen]
     json_path = args.json_path or args.resume
 
     def save() -> None:

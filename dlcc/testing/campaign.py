@@ -18,6 +18,13 @@ from .oracle import FAILURES
 STATUSES = ("pass", "mismatch", "crash", "hang", "spill", "refused", "unstable")
 
 
+def case_name(key: tuple) -> str:
+    """A case's name in reports: "graph-SEED", or "unsupported-SEED" for a graph dlcc must refuse
+    (`key` is ("g", seed) or ("u", seed), as oracle.fuzz_task's callers key them)."""
+    kind, seed = key
+    return f"{'unsupported' if kind == 'u' else 'graph'}-{seed}"
+
+
 @dataclass
 class Failure:
     case: str  # "graph-SEED" or "unsupported-SEED"
@@ -58,6 +65,11 @@ class Campaign:
             camp.add(("u" if name.startswith("unsupported-") else "g", seed), rec)
         return camp
 
+    @property
+    def seconds(self) -> float:
+        """Run time so far, with that of the runs this one resumes."""
+        return self.earlier_seconds + time.time() - self.started
+
     def done(self) -> set:
         """The case names already run: "graph-SEED" and "unsupported-SEED"."""
         return {r["case"] for r in self.records}
@@ -66,7 +78,7 @@ class Campaign:
         """One case's record; `key` is ("g", seed) for a generated graph, ("u", seed) for a graph
         dlcc must refuse (oracle.fuzz_task)."""
         kind, seed = key
-        name = f"{'unsupported' if kind == 'u' else 'graph'}-{seed}"
+        name = case_name(key)
         self.records.append({"case": name, "seed": seed, **rec})
         if kind == "u" and "unsupported_kind" in rec:
             self.unsupported[rec["status"]] += 1
@@ -118,7 +130,7 @@ class Campaign:
             "unsupported_graphs": dict(self.unsupported),
             "generator_bugs": len(self.generator_bugs), "harness_errors": len(self.harness_errors),
             "failures": len(self.failures),
-            "seconds": round(self.earlier_seconds + time.time() - self.started, 1),
+            "seconds": round(self.seconds, 1),
             "passed": not self.failed,
         }
 
@@ -139,7 +151,7 @@ class Campaign:
             by_case.setdefault(f.case, []).append(f)
         cases = [r for r in self.records if "invalid" not in r]
         n_fail = sum(1 for r in cases if r["case"] in by_case or "generator_bug" in r or "harness_error" in r)
-        secs = f"{self.earlier_seconds + time.time() - self.started:.3f}"
+        secs = f"{self.seconds:.3f}"
         root = ET.Element("testsuites", name=suite, tests=str(len(cases)), failures=str(n_fail), time=secs)
         ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(cases)), failures=str(n_fail), time=secs)
         for r in cases:

@@ -116,6 +116,24 @@ def test_generated_graphs_are_valid_and_diverse():
     assert 1 in dims and any(d > graphgen.LONG_ROW[0] for d in dims) and any(d % 2 for d in dims if d > 1)
 
 
+def test_shape_check_catches_disagreements_and_skips_unknown_ranks():
+    """The generator's own shapes are checked against onnx's inference. A wrong one is a
+    GeneratorBug; a value whose rank onnx cannot infer (seed 101495: onnx's GatherND rule gives up on
+    a rank-0 result, and the Where after it inherits that) is not compared with the rank-0 shape."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])],
+                          "g", [x], [y])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    graphgen._check_shapes(model, {"r": (6,), "y": (6,)})
+    with pytest.raises(graphgen.GeneratorBug, match="Relu output 'r'.*says \\[3\\], onnx infers \\[6\\]"):
+        graphgen._check_shapes(model, {"r": (3,), "y": (6,)})
+    case = graphgen.generate(101495)  # a rank-0 GatherND into a Where: generated, not a GeneratorBug
+    assert "GatherND" in case.ops and "Where" in case.ops
+
+
 def test_chooser_answers_zero_when_a_replay_runs_out():
     ch = Chooser(replay=[3, 1])
     assert [ch.below(10), ch.below(10), ch.below(10), ch.chance(0.9)] == [3, 1, 0, False]
@@ -309,6 +327,24 @@ def test_an_interrupted_run_resumes_where_it_stopped(tmp_path):
     bad.write_text("{}")
     refused = subprocess.run(run + ["--resume", str(bad)], capture_output=True, text=True)
     assert refused.returncode == 2 and "cannot resume" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_resumed_run_retries_what_the_harness_failed_on():
+    """A generator bug or harness error never reached dlcc: resuming drops it, so the fixed
+    harness runs that case again, while every case that did reach dlcc is kept as it was."""
+    from dlcc.testing.campaign import Campaign
+
+    report = {"summary": {"seconds": 5.0}, "cases": [
+        {"case": "graph-1", "seed": 1, "nodes": 4, "ops": ["Add"], "verdicts": {"opencl": [
+            {"config": "baseline", "status": "pass"}, {"config": "full", "status": "mismatch", "detail": "d"}]}},
+        {"case": "graph-2", "seed": 2, "generator_bug": "Where output 'w': the generator says [6]"},
+        {"case": "graph-3", "seed": 3, "harness_error": "boom"},
+        {"case": "graph-4", "seed": 4, "invalid": "not finite"}]}
+    camp = Campaign.resumed(report)
+    assert camp.done() == {"graph-1", "graph-4"}
+    assert camp.graphs == 1 and camp.invalid == 1 and camp.count("pass") == 1
+    assert [f.config for f in camp.failures] == ["full"] and camp.failed
+    assert not camp.generator_bugs and not camp.harness_errors
 
 
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed on this machine")

@@ -57,9 +57,13 @@ class Campaign:
     @classmethod
     def resumed(cls, report: dict) -> "Campaign":
         """The campaign a JSON report (`json_report`) was written from, to go on with: its case
-        records are replayed, so counts and failures are what they were."""
+        records are replayed, so counts and failures are what they were. Cases the harness itself
+        failed on (a generator bug, a harness error) never reached dlcc: they are dropped, so the
+        resumed run, with the harness fixed, runs them again."""
         camp = cls(earlier_seconds=float(report.get("summary", {}).get("seconds", 0.0)))
         for rec in report.get("cases", []):
+            if "generator_bug" in rec or "harness_error" in rec:
+                continue
             rec = dict(rec)
             name, seed = rec.pop("case"), rec.pop("seed")
             camp.add(("u" if name.startswith("unsupported-") else "g", seed), rec)

@@ -50,3 +50,24 @@ typedef signed char i8;
 typedef __half f16;  /* float16 is storage only: loads and stores convert to and from float */
 #define LOAD_F16(p, i) __half2float((p)[i])
 #define STORE_F16(p, i, v) ((p)[i] = __float2half_rn(v))
+/* Tensor cores (kernels/gemm_mma.py; sm_80 and newer). TO_TF32 rounds a float to TF32 (10-bit
+ * mantissa, nearest, ties away) as the hardware's cvt.rna does; MMA_TF32 is one warp-wide
+ * mma.sync m16n8k8 (A row-major 16x8, B column-major 8x8, D += A.B in float32), each operand a
+ * per-lane fragment (lane = 4 * groupID + threadID_in_group; PTX ISA "Matrix Fragments for
+ * mma.m16n8k8"). An unused static function or macro emits nothing, so kernels that use
+ * neither still build for sm_70.
+ * MMA_EMU_FLOATS is the shared memory OpenCL's emulation needs per warp: none here. */
+DEVICE float dlcc_to_tf32(float x) {
+    unsigned u;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(x));
+    return __uint_as_float(u);
+}
+#define TO_TF32(x) dlcc_to_tf32(x)
+#define MMA_TF32(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1) \
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, " \
+                 "{%0,%1,%2,%3};" : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3) \
+                 : "r"(__float_as_uint(a0)), "r"(__float_as_uint(a1)), "r"(__float_as_uint(a2)), \
+                   "r"(__float_as_uint(a3)), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)))
+#define MMA_EMU_FLOATS 0
+/* The loops around MMA_TF32 unroll here (the accumulators must be registers); OpenCL keeps them. */
+#define MMA_UNROLL _Pragma("unroll")

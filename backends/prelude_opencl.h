@@ -41,3 +41,43 @@ typedef char i8;
 typedef half f16;  /* pointers to half need no cl_khr_fp16; vload/vstore_half convert */
 #define LOAD_F16(p, i) vload_half((i), (p))
 #define STORE_F16(p, i, v) vstore_half_rte((v), (i), (p))
+/* Tensor cores, emulated (prelude_cuda.h has the hardware's). OpenCL has no warp-wide matrix
+ * instruction, so a warp (32 consecutive work-items) exchanges its fragments through local memory:
+ * each lane stores its A and B elements where the PTX fragment layout puts them, and reads back
+ * the four D elements the same layout gives it. A template that loads the wrong fragment, or
+ * stores the wrong accumulator, gives wrong numbers here exactly as it would on a GPU. The two
+ * barriers need every work-item of the group to call it the same number of times, which the
+ * GEMM templates do (warp-uniform, unrolled loops). `mma_scr` (MMA_EMU_FLOATS floats of the
+ * warp's own) and `mma_lane` are the caller's. The products are exact in float32 (TF32 inputs); the
+ * sums are in k order. */
+DEVICE float dlcc_to_tf32(float x) {
+    uint u = as_uint(x);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;  /* nearest, ties away */
+    return as_float(u);
+}
+#define TO_TF32(x) dlcc_to_tf32(x)
+#define MMA_EMU_FLOATS 192
+DEVICE void dlcc_mma_tf32(float* d0, float* d1, float* d2, float* d3, float a0, float a1, float a2, float a3,
+                          float b0, float b1, LPTR float* scr, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    LPTR float* A = scr;         /* 16 x 8, row-major */
+    LPTR float* B = scr + 128;   /* 8 x 8, k-major: B[k * 8 + n] */
+    A[g * 8 + t] = a0; A[(g + 8) * 8 + t] = a1; A[g * 8 + t + 4] = a2; A[(g + 8) * 8 + t + 4] = a3;
+    B[t * 8 + g] = b0; B[(t + 4) * 8 + g] = b1;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    for (int k = 0; k < 8; ++k) {
+        s0 += A[g * 8 + k] * B[k * 8 + 2 * t];
+        s1 += A[g * 8 + k] * B[k * 8 + 2 * t + 1];
+        s2 += A[(g + 8) * 8 + k] * B[k * 8 + 2 * t];
+        s3 += A[(g + 8) * 8 + k] * B[k * 8 + 2 * t + 1];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    *d0 += s0; *d1 += s1; *d2 += s2; *d3 += s3;
+}
+/* The loops around MMA_TF32 stay loops here: unrolled, each emulated mma's two barriers would be
+ * copied per mma tile and k step, and PoCL's work-group compiler (one region per barrier) took
+ * minutes on a persistent kernel holding a few tensor-core rTasks. */
+#define MMA_UNROLL _Pragma("nounroll")
+#define MMA_TF32(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1) \
+    dlcc_mma_tf32(&(d0), &(d1), &(d2), &(d3), (a0), (a1), (a2), (a3), (b0), (b1), mma_scr, mma_lane)

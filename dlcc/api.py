@@ -74,7 +74,7 @@ class CompiledModel:
 
 def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shapes: dict | None = None,
             target: str = "auto", pipeline: str = "baseline", device: str | None = None, steps=None,
-            profile_db: str | os.PathLike | None = None, cache=None) -> CompiledModel:
+            profile_db: str | os.PathLike | None = None, cache=None, precision: str | None = None) -> CompiledModel:
     """Compile an ONNX file; writes the artifact directory when `out` is given.
 
     `pipeline="auto"` compiles with the built-in pipeline that `dlcc estimate` predicts fastest on
@@ -83,28 +83,31 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
     rTasks and its join decisions with them, and the plan records which times were measured.
     `cache` (a dlcc.cache.Cache, a directory, or True for the default one) looks the artifact up
     by content before compiling, and stores it after; it needs `out`. `.cache_hit` says which.
+    `precision` ("fp32", "tf32"; None: the pipeline's own, fp32 unless it says) is what GEMMs and
+    convolutions compute at: tf32 runs them on tensor cores (emulated on OpenCL).
     """
     shapes = _merge_shapes(shapes)
     tgt = pick_target(target)
     if cache and out is not None and Path(model).is_file():  # (a missing model: the compile's own error)
-        return _compile_cached(model, Path(out), shapes, tgt, pipeline, device, steps, profile_db, cache)
-    cm = _compile(model, shapes, tgt, pipeline, device, steps, profile_db)
+        return _compile_cached(model, Path(out), shapes, tgt, pipeline, device, steps, profile_db, cache, precision)
+    cm = _compile(model, shapes, tgt, pipeline, device, steps, profile_db, precision=precision)
     if out is not None:
         cm.save(out)
     return cm
 
 
-def cache_key(model, shapes: dict, tgt: str, pipeline, device, profile_db=None, cache=True):
+def cache_key(model, shapes: dict, tgt: str, pipeline, device, profile_db=None, cache=True, precision=None):
     """(Cache, key, key parts) of one compile: what `_compile_cached` and `dlcc batch`'s pre-check
     (dlcc.batch.runner.try_hit, which answers warm jobs without a worker) both look up.
     `tgt` is already resolved (pick_target)."""
     from .cache import Cache
     from .compiler import default_device
-    from .config import builtin_names, load_device, load_pipeline
+    from .config import builtin_names, load_device, load_pipeline, with_precision
 
     c = Cache.of(cache)
     names = builtin_names("pipelines") if pipeline == "auto" else [pipeline]
-    pipe_text = "\n".join((n if hasattr(n, "model_dump_json") else load_pipeline(n)).model_dump_json() for n in names)
+    pipe_text = "\n".join(with_precision(n if hasattr(n, "model_dump_json") else load_pipeline(n), precision)
+                          .model_dump_json() for n in names)
     dev = device if hasattr(device, "model_dump_json") else load_device(device or default_device(tgt))
     nvcc = None
     if tgt == "cuda":
@@ -115,7 +118,8 @@ def cache_key(model, shapes: dict, tgt: str, pipeline, device, profile_db=None, 
     return c, key, parts
 
 
-def _compile_cached(model, out: Path, shapes, tgt, pipeline, device, steps, profile_db, cache) -> CompiledModel:
+def _compile_cached(model, out: Path, shapes, tgt, pipeline, device, steps, profile_db, cache,
+                    precision=None) -> CompiledModel:
     """Content-addressed compile (dlcc/cache.py): a hit hard-links the cached artifact to `out`; a
     miss compiles into the cache (under the key's lock, so concurrent compiles of one key run
     once) and then links it out. The cubins below it are cached by build_cuda_binary."""
@@ -124,11 +128,11 @@ def _compile_cached(model, out: Path, shapes, tgt, pipeline, device, steps, prof
 
     steps = steps or Steps()
     with steps.step("cache lookup"):
-        c, key, parts = cache_key(model, shapes, tgt, pipeline, device, profile_db, cache)
+        c, key, parts = cache_key(model, shapes, tgt, pipeline, device, profile_db, cache, precision)
     with c.lock(key):
         hit = c.lookup("artifacts", key)
         if hit is None:
-            cm = _compile(model, shapes, tgt, pipeline, device, steps, profile_db, cache=c)
+            cm = _compile(model, shapes, tgt, pipeline, device, steps, profile_db, cache=c, precision=precision)
             with steps.step("cache store"):
                 entry = c.store("artifacts", key, parts, cm.save)
         else:
@@ -140,7 +144,7 @@ def _compile_cached(model, out: Path, shapes, tgt, pipeline, device, steps, prof
     return res
 
 
-def _compile(model, shapes, tgt, pipeline, device, steps, profile_db, cache=None) -> CompiledModel:
+def _compile(model, shapes, tgt, pipeline, device, steps, profile_db, cache=None, precision=None) -> CompiledModel:
     from .compiler import compile_model, default_device
 
     choice, imported = None, None
@@ -153,7 +157,7 @@ def _compile(model, shapes, tgt, pipeline, device, steps, profile_db, cache=None
                   "ranking": [{"name": p.name, "predicted_ms": p.predicted_us / 1e3} for p in est.pipelines]}
         imported = est.imported
     res = compile_model(model, shapes, target=tgt, pipeline=pipeline, device=device, steps=steps, imported=imported,
-                        profile_db=profile_db, cache=cache)
+                        profile_db=profile_db, cache=cache, precision=precision)
     if choice:
         res.plan["meta"]["pipeline_choice"] = choice
     from .inputs import gather_bounds

@@ -30,6 +30,9 @@ PipelineOpt = typer.Option("baseline", "--pipeline", "-p", help="pipeline name (
                            "auto: the built-in pipeline `dlcc estimate` predicts fastest on the device")
 DeviceOpt = typer.Option(None, "--device", "-d", help="device name (configs/devices) or YAML file; "
                          "default: the detected GPU, or pocl-cpu for OpenCL")
+PrecisionOpt = typer.Option(None, "--precision", help="what GEMMs and convolutions compute at: fp32 (CUDA "
+                            "cores), tf32 (tensor cores, float32 storage; sm_80+, emulated on OpenCL); default: "
+                            "the pipeline's own (fp32 unless it sets `precision:`)")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="no progress output")
 JsonOpt = typer.Option(False, "--json", help="print one JSON object instead of tables")
 ProfileDbOpt = typer.Option(None, "--profile-db", help="measured kernel times (a `dlcc profile` database): rammer "
@@ -42,11 +45,12 @@ def _steps(quiet: bool):
     return Steps() if quiet else RichSteps(err)
 
 
-def _compile(model, shape, target, pipeline, device, quiet, json_out, out_dir=None, profile_db=None, cache=None):
+def _compile(model, shape, target, pipeline, device, quiet, json_out, out_dir=None, profile_db=None, cache=None,
+             precision=None):
     import dlcc
 
     return dlcc.compile(model, out=out_dir, shapes=shape or [], target=target, pipeline=pipeline, device=device,
-                        steps=_steps(quiet or json_out), profile_db=profile_db, cache=cache)
+                        steps=_steps(quiet or json_out), profile_db=profile_db, cache=cache, precision=precision)
 
 
 CacheOpt = typer.Option(None, "--cache", help="compile cache directory (default: $DLCC_CACHE_DIR, else "
@@ -70,12 +74,13 @@ def _human(n: float) -> str:
 def compile(model: Path = typer.Argument(..., help="ONNX model file"),
             output: Optional[Path] = typer.Option(None, "--output", "-o", help="artifact directory (default: MODEL stem + '.dlcc')"),
             shape: Optional[List[str]] = ShapeOpt, target: str = TargetOpt, pipeline: str = PipelineOpt,
-            device: Optional[str] = DeviceOpt, profile_db: Optional[Path] = ProfileDbOpt, quiet: bool = QuietOpt,
+            device: Optional[str] = DeviceOpt, precision: Optional[str] = PrecisionOpt,
+            profile_db: Optional[Path] = ProfileDbOpt, quiet: bool = QuietOpt,
             json_out: bool = JsonOpt, cache_dir: Optional[Path] = CacheOpt, no_cache: bool = NoCacheOpt):
     """Compile MODEL into an artifact directory (kernels.cu, kernels.cl, plan.json, weights.bin, launcher.py)."""
     out_dir = output or model.with_suffix(".dlcc")
     cm = _compile(model, shape, target, pipeline, device, quiet, json_out, out_dir, profile_db=profile_db,
-                  cache=_cache_arg(cache_dir, no_cache))
+                  cache=_cache_arg(cache_dir, no_cache), precision=precision)
     s = cm.stats
     if json_out:
         print(json.dumps({"artifact": str(out_dir), "target": cm.target, "cache_hit": cm.cache_hit, **_summary(cm.plan),
@@ -86,7 +91,10 @@ def compile(model: Path = typer.Argument(..., help="ONNX model file"),
             out.print(f"pipeline auto → [bold]{_escape(choice['chosen'])}[/]: {_escape(choice['why'])}")
         out.print(("[bold green]from cache[/] " if cm.cache_hit else "[bold green]compiled[/] ") + f"{model} → {out_dir}  "
                   f"({s['kernels']} kernels, {s['launches']} launches, arena {_human(s['arena_bytes'])}, "
-                  f"pipeline {cm.plan['meta']['pipeline']}, device {cm.plan['meta']['device']})")
+                  f"pipeline {cm.plan['meta']['pipeline']}, precision {cm.plan['meta'].get('precision', 'fp32')}, "
+                  f"device {cm.plan['meta']['device']})")
+        if cm.plan["meta"].get("precision_note"):
+            out.print(f"[yellow]note:[/] {_escape(cm.plan['meta']['precision_note'])}")
 
 
 @app.command()
@@ -127,17 +135,24 @@ def run(artifact: Path = typer.Argument(..., help="artifact directory from `dlcc
 @app.command()
 def verify(model: Path = typer.Argument(..., help="ONNX model file"),
            shape: Optional[List[str]] = ShapeOpt, target: str = TargetOpt, pipeline: str = PipelineOpt,
-           device: Optional[str] = DeviceOpt,
+           device: Optional[str] = DeviceOpt, precision: Optional[str] = PrecisionOpt,
            inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help=".npz inputs (default: seeded random)"),
-           rtol: float = typer.Option(1e-3, help="relative tolerance"),
-           atol: float = typer.Option(1e-4, help="absolute tolerance"),
+           rtol: Optional[float] = typer.Option(None, help="relative tolerance (default: the precision's, "
+                                                "see `dlcc verify --help`)"),
+           atol: Optional[float] = typer.Option(None, help="absolute tolerance (default: the precision's)"),
            seed: int = typer.Option(0, help="seed for generated inputs"),
            profile_db: Optional[Path] = ProfileDbOpt, quiet: bool = QuietOpt, json_out: bool = JsonOpt):
     """Compile, run on the target, run onnxruntime on the same inputs, and compare every output of
-    the model's graph (a missing or extra output fails)."""
-    from .verify import verify_outputs
+    the model's graph (a missing or extra output fails). An output passes where |got - ref| <=
+    atol + rtol·|ref| everywhere; the default tolerances depend on the precision: fp32 rtol 1e-3,
+    atol 1e-4; tf32 rtol 1e-2, atol 1e-2 (TF32 keeps 10 of float32's 23 mantissa bits)."""
+    from .verify import DEFAULT_TOLERANCE, verify_outputs
 
-    cm = _compile(model, shape, target, pipeline, device, quiet, json_out, profile_db=profile_db)
+    cm = _compile(model, shape, target, pipeline, device, quiet, json_out, profile_db=profile_db, precision=precision)
+    prec = cm.plan["meta"].get("precision", "fp32")
+    tol_from = "given" if rtol is not None and atol is not None else f"{prec} default"
+    rtol = DEFAULT_TOLERANCE[prec][0] if rtol is None else rtol
+    atol = DEFAULT_TOLERANCE[prec][1] if atol is None else atol
     feeds = _load_inputs(inputs) if inputs else cm.sample_inputs(seed)
     steps = _steps(quiet or json_out)
     with steps.step(f"build kernels ({cm.target})"):
@@ -149,10 +164,11 @@ def verify(model: Path = typer.Argument(..., help="ONNX model file"),
         rows = verify_outputs(model, got, feeds, rtol, atol)
     passed = all(r["passed"] for r in rows)
     if json_out:
-        print(json.dumps({"passed": passed, "target": cm.target, "device": ex.rt.device_name, "rtol": rtol,
-                          "atol": atol, "outputs": rows, **_summary(cm.plan)}))
+        print(json.dumps({"passed": passed, "target": cm.target, "device": ex.rt.device_name, "precision": prec,
+                          "rtol": rtol, "atol": atol, "tolerance_from": tol_from, "outputs": rows, **_summary(cm.plan)}))
     else:
-        t = Table(title=f"{model.name} on {cm.target} ({ex.rt.device_name}) vs onnxruntime")
+        t = Table(title=f"{model.name} on {cm.target} ({ex.rt.device_name}, {prec}) vs onnxruntime",
+                  caption=f"tolerance: {tol_from}")
         for c in ("output", "shape", "max abs err", "max rel err", "tolerance", "result"):
             t.add_column(c)
         for r in rows:
@@ -176,6 +192,7 @@ def _summary(plan: dict) -> dict:
 @app.command()
 def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact directory"),
             shape: Optional[List[str]] = ShapeOpt, pipeline: str = PipelineOpt, device: Optional[str] = DeviceOpt,
+            precision: Optional[str] = PrecisionOpt,
             launches: bool = typer.Option(False, "--launches", "-l", help="also list every launch in order: node, op, "
                                           "kernel, kind/tiling, grid x block, FLOPs, modelled DRAM bytes, arguments"),
             kernel: Optional[str] = typer.Option(None, "--kernel", "-k", help="print the source of this kernel "
@@ -193,7 +210,7 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
         plan, _, sources = read_artifact(path)
         codes = None
     else:
-        cm = _compile(path, shape, "opencl", pipeline, device, quiet, json_out, profile_db=profile_db)
+        cm = _compile(path, shape, "opencl", pipeline, device, quiet, json_out, profile_db=profile_db, precision=precision)
         plan, codes = cm.plan, dict(zip((k["name"] for k in cm.plan["kernels"]), cm.kernel_codes))
     if kernel is not None:
         names = [k["name"] for k in plan["kernels"] if k["name"].startswith(kernel)]
@@ -207,7 +224,8 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
     kinfo = {k["name"]: k for k in plan["kernels"]}
     res = plan.get("cuda", {}).get("resources", {})  # ptxas figures, when compiled for CUDA with nvcc
     launch_rows = [{"index": i, "node": L["node"], "op": L["op_type"], "kernel": L["kernel"], "kind": kinfo[L["kernel"]]["kind"],
-             "tiling": kinfo[L["kernel"]]["tiling"], "grid": L["grid"], "block": L["block"], "flops": L["flops"],
+             "tiling": kinfo[L["kernel"]]["tiling"], "math": kinfo[L["kernel"]].get("math", "float32"),
+             "grid": L["grid"], "block": L["block"], "flops": L["flops"],
              "dram_bytes": L["dram_bytes"],
              **({"registers": res[L["kernel"]]["registers"], "blocks_per_sm": res[L["kernel"]]["blocks_per_sm"]}
                 if L["kernel"] in res else {}),
@@ -224,7 +242,9 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
             extra["rprogram"] = plan.get("rprogram", [])
         print(json.dumps({**s, "launches_by_category": by_kind, "meta": plan["meta"], **extra}))
         return
-    t = Table(title=f"{plan['meta']['model']} — pipeline {plan['meta']['pipeline']}, device {plan['meta']['device']}")
+    prec = plan["meta"].get("precision", "fp32")
+    t = Table(title=f"{plan['meta']['model']} — pipeline {plan['meta']['pipeline']}, precision {prec}, "
+                    f"device {plan['meta']['device']}")
     t.add_column("metric")
     t.add_column("value", justify="right")
     rows = [("ONNX nodes", s["onnx_nodes"]), ("nodes after folding", s["nodes_after_folding"]),
@@ -235,6 +255,10 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
             ("DRAM / lower bound", f"{s['dram_bytes'] / max(1, s['lower_bound_bytes']):.2f}x"),
             ("arena (memory plan)", _human(s["arena_bytes"])), ("naive sum of intermediates", _human(s["naive_bytes"])),
             ("in-place reuses", s["inplace_pairs"]), ("GFLOP / inference", f"{s['flops'] / 1e9:.3f}")]
+    by_math = _flops_by_math(plan)
+    for m, f in sorted(by_math.items()):
+        if m != "float32":
+            rows.append((f"  of which on tensor cores ({m})", f"{f / 1e9:.3f}"))
     for k, v in rows:
         t.add_row(k, str(v))
     out.print(t)
@@ -258,7 +282,8 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
             lt.add_column(c, overflow="fold")
         for r in launch_rows:
             extra = [str(r.get("registers", "")), str(r.get("blocks_per_sm", ""))] if res else []
-            lt.add_row(str(r["index"]), r["node"], r["op"], r["kernel"], r["kind"] + (f" {r['tiling']}" if r["tiling"] else ""),
+            lt.add_row(str(r["index"]), r["node"], r["op"], r["kernel"],
+                       r["kind"] + (f" {r['tiling']}" if r["tiling"] else "") + (f" ({r['math']})" if r["math"] != "float32" else ""),
                        f"{r['grid']} x {r['block']}", f"{r['flops'] / 1e6:.2f}", _human(r["dram_bytes"]), *extra,
                        " ".join(map(str, r["args"])))
         out.print(lt)
@@ -266,6 +291,24 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
         _print_stitch(plan)
     if rprogram:
         _print_rprogram(plan)
+
+
+def _flops_by_math(plan: dict) -> dict[str, int]:
+    """FLOPs per arithmetic (Kernel.math): a launch's own, or a persistent kernel's per wave."""
+    kinfo = {k["name"]: k for k in plan["kernels"]}
+    out: dict[str, int] = {}
+    for L in plan["launches"]:
+        waves = (L.get("rprogram") or {}).get("waves")
+        if waves:
+            for w in waves:
+                other = w.get("math_flops") or {}
+                for m, f in other.items():
+                    out[m] = out.get(m, 0) + f
+                out["float32"] = out.get("float32", 0) + w["flops"] - sum(other.values())
+        else:
+            m = kinfo.get(L["kernel"], {}).get("math", "float32")
+            out[m] = out.get(m, 0) + L["flops"]
+    return out
 
 
 def _print_rprogram(plan: dict) -> None:
@@ -418,6 +461,9 @@ def estimate(model: Optional[Path] = typer.Argument(None, help="ONNX model (plan
              device: Optional[str] = typer.Option(None, "--device", "-d", help="plan mode: device name or YAML (default h100)"),
              pipeline: Optional[List[str]] = typer.Option(None, "--pipeline", "-p", help="plan mode: pipelines to rank "
                                                           "(repeatable; default: every configs/pipelines file)"),
+             precision: Optional[List[str]] = typer.Option(None, "--precision", help="plan mode: precisions to rank "
+                                                           "each pipeline at (repeatable: fp32, tf32; default: each "
+                                                           "pipeline's own)"),
              profile_db: Optional[Path] = typer.Option(None, "--profile-db", help="plan mode: measured kernel times (JSON) to use "
                                                        "instead of the roofline where they exist"),
              quiet: bool = QuietOpt, json_out: bool = JsonOpt):
@@ -447,7 +493,7 @@ def estimate(model: Optional[Path] = typer.Argument(None, help="ONNX model (plan
     if steps or iterations:
         raise _E("--steps and --iterations select iterations of a trace; plan mode has one inference")
     res = estimate_plan(model, shapes=shape or [], device=device or "h100", pipelines=pipeline or None,
-                        profile_db=profile_db, steps=log, extra_what_ifs=what_if or [],
+                        precisions=precision or None, profile_db=profile_db, steps=log, extra_what_ifs=what_if or [],
                         what_if_files=[str(f) for f in what_if_file or []])
     if timeline:
         from .estimate.timeline import write_timeline
@@ -463,14 +509,15 @@ def estimate(model: Optional[Path] = typer.Argument(None, help="ONNX model (plan
 def profile(model: Path = typer.Argument(..., help="ONNX model file"),
             db: Path = typer.Option(..., "--db", help="profile database (JSON) to add the measurements to; created if missing"),
             shape: Optional[List[str]] = ShapeOpt, target: str = TargetOpt, pipeline: str = PipelineOpt,
-            device: Optional[str] = DeviceOpt, repeat: int = typer.Option(5, "--repeat", min=1, help="timed runs per launch (median)"),
+            device: Optional[str] = DeviceOpt, precision: Optional[str] = PrecisionOpt,
+            repeat: int = typer.Option(5, "--repeat", min=1, help="timed runs per launch (median)"),
             quiet: bool = QuietOpt, json_out: bool = JsonOpt):
     """Measure every kernel launch of MODEL on the target and record the times in a profile database,
     which `dlcc estimate --profile-db` then prefers to the roofline model."""
     from .estimate.profiledb import ProfileDB
 
     store = ProfileDB.load(db, missing_ok=True)  # a malformed database fails before any work
-    cm = _compile(model, shape, target, pipeline, device, quiet, json_out)
+    cm = _compile(model, shape, target, pipeline, device, quiet, json_out, precision=precision)
     steps = _steps(quiet or json_out)
     with steps.step(f"time {len(cm.plan['launches'])} launches x {repeat} on {cm.target}"):
         times, how = cm.executor().profile(cm.sample_inputs(), repeat)

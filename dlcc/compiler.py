@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from . import __version__
 from . import ops as _ops  # noqa: F401  (registers every op)
-from .config import DeviceSpec, PipelineSpec, load_device, load_pipeline
+from .config import DeviceSpec, PipelineSpec, check_precision, load_device, load_pipeline, with_precision
 from .errors import CompileError, UnsupportedOpsError
 from .frontend import ShapeBindings, check_static, dtype_problems, import_model
 from .ir import Graph
@@ -173,13 +173,16 @@ def import_checked(model, shapes):
 
 def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None, target: str = "opencl",
                   pipeline: str | PipelineSpec = "baseline", device: str | DeviceSpec | None = None,
-                  steps: Steps | None = None, imported=None, profile_db=None, cache=None) -> CompileResult:
+                  steps: Steps | None = None, imported=None, profile_db=None, cache=None,
+                  precision: str | None = None) -> CompileResult:
     """Import (unless `imported`, a Graph from `import_checked`, is given: the estimator imports once
     and compiles a copy per pipeline), run the pipeline's passes, and build the plan. `profile_db`
-    (a path or ProfileDB) gives passes measured launch times: rammer prices its rTasks with them."""
+    (a path or ProfileDB) gives passes measured launch times: rammer prices its rTasks with them.
+    `precision` (config.PRECISIONS) overrides the pipeline's own."""
     steps = steps or Steps()
-    pipe = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
+    pipe = with_precision(pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline), precision)
     dev = device if isinstance(device, DeviceSpec) else load_device(device or default_device(target))
+    precision_note = check_precision(pipe.precision, dev, target)
     if profile_db is not None and not hasattr(profile_db, "lookup"):
         from .estimate.profiledb import ProfileDB
 
@@ -192,7 +195,9 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
     else:
         with steps.step("import + fold + infer shapes"):
             graph = import_checked(model, shapes)
-    state = CompileState(graph=graph, device=dev, profile_db=profile_db)
+    state = CompileState(graph=graph, device=dev, profile_db=profile_db, precision=pipe.precision)
+    if precision_note:
+        state.log.append(precision_note)
     for p in pipe.passes:
         entry = PASSES[p.name]
         opts = entry.check_options(p.options, f"pipeline {pipe.name}: pass {p.name}")
@@ -209,6 +214,8 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
         "model": os.path.basename(str(model)),
         "model_sha256_16": digest,
         "pipeline": pipe.name,
+        "precision": pipe.precision,
+        **({"precision_note": precision_note} if precision_note else {}),
         "device": dev.name,
         "device_key": str(device) if isinstance(device, (str, os.PathLike)) else (None if device else default_device(target)),
         "target": target,

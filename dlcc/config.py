@@ -57,12 +57,50 @@ class PassSpec(Strict):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+#: What GEMMs and convolutions compute at (`precision:` in a pipeline, `--precision` on the CLI):
+#: fp32 on CUDA cores; tf32 on tensor cores (inputs rounded to TF32, float32 accumulation and
+#: storage: kernels/gemm_mma.py); fp16 and bf16 are reserved for half-precision storage.
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+BUILT_PRECISIONS = ("fp32", "tf32")
+Precision = Literal["fp32", "tf32", "fp16", "bf16"]
+
+
 class PipelineSpec(Strict):
-    """A named, ordered list of passes (TVM-style), validated against the pass registry."""
+    """A named, ordered list of passes (TVM-style), validated against the pass registry, and the
+    precision its GEMMs compute at."""
 
     name: str
     description: str = ""
+    precision: Precision = "fp32"
     passes: list[PassSpec]
+
+
+def with_precision(pipe: PipelineSpec, precision: str | None) -> PipelineSpec:
+    """`pipe` at `precision` (None keeps the pipeline's own). The plan's meta records the
+    precision, and the cache key covers it (the pipeline's JSON)."""
+    if precision is None or precision == pipe.precision:
+        return pipe
+    if precision not in PRECISIONS:
+        raise ConfigError(f"unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
+    return pipe.model_copy(update={"precision": precision})
+
+
+def check_precision(precision: str, device: DeviceSpec, target: str) -> str | None:
+    """Refuse a precision dlcc cannot compile for `device` (one error naming both); returns a note
+    where it compiles but is emulated (tensor cores on OpenCL)."""
+    if precision not in BUILT_PRECISIONS:
+        raise ConfigError(f"precision {precision} is not available yet: dlcc compiles "
+                          f"{' and '.join(BUILT_PRECISIONS)} (a float16 or bfloat16 model computes in float32)")
+    if precision == "fp32":
+        return None
+    arch = int(device.arch.removeprefix("sm_")) if device.arch and device.arch.startswith("sm_") else None
+    if device.kind == "gpu" and arch is not None and arch < 80:
+        raise ConfigError(f"precision {precision} needs tensor cores with {precision.upper()} (sm_80 or newer); "
+                          f"device {device.name} is {device.arch}")
+    if target != "cuda":
+        return (f"precision {precision} on {target}: no tensor cores there; the mma instructions are emulated "
+                f"(the same fragment layout and {precision.upper()} rounding, far slower than fp32)")
+    return None
 
 
 class ShapeBindings(Strict):

@@ -77,6 +77,7 @@ def build_plan(state, meta: dict) -> tuple[dict, "WeightsBlob"]:
             "node": L.node, "op_type": L.op_type, "category": L.category, "pass": L.pass_name,
             "flops": L.flops, "dram_bytes": L.dram_bytes, "reads": list(L.reads), "writes": list(L.writes),
             **({"grid_sync": True} if L.grid_sync else {}),
+            **({"dtype": L.math} if L.math != "float32" else {}),  # the cost model's FLOP dtype
             **({"rprogram": L.rprogram} if L.rprogram else {}),
         })
     weights = WeightsBlob(mem.weights_bytes, [
@@ -93,7 +94,7 @@ def build_plan(state, meta: dict) -> tuple[dict, "WeightsBlob"]:
             tensors[name] = {"shape": list(t.shape), "dtype": t.dtype, "storage": p.storage, "offset": p.offset,
                              "nbytes": t.nbytes, "view_of": b if b != name else None}
     kernels = [{"name": k.name, "block": k.block, "smem_bytes": k.smem_bytes, "kind": k.kind, "tiling": k.tiling,
-                "pass": k.pass_name} for k in prog.kernels.values()]
+                "pass": k.pass_name, "math": k.math} for k in prog.kernels.values()]
     weight_bytes = sum(g.tensors[b].nbytes for b, p in mem.placements.items() if p.storage == "weights")
     io_bytes = sum(g.tensors[n].nbytes for n in g.inputs) + sum(g.tensors[n].nbytes for n in g.outputs)
     plan = {

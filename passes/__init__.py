@@ -27,6 +27,7 @@ class CompileState:
     ctx: Any = None  # LowerCtx once `lower` ran: kernels, launches, aliases
     memory: Any = None  # MemoryPlan once `memplan` ran
     profile_db: Any = None  # a ProfileDB of measured launch times (--profile-db): rammer prices rTasks with it
+    precision: str = "fp32"  # what GEMMs compute at (config.PRECISIONS); `lower` picks their templates by it
     log: list[str] = field(default_factory=list)
 
 

@@ -14,9 +14,10 @@ from . import CompileState, register_pass
 
 
 def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "auto",
-                rnn_input: str = "batched") -> LowerCtx:
+                rnn_input: str = "batched", precision: str = "fp32") -> LowerCtx:
     ctx = LowerCtx(graph, device, pass_name=pass_name)
     ctx.rnn_input = rnn_input
+    ctx.precision = precision
     ctx.gemm_tiling = None if gemm_tiling == "auto" else next(t for t in TILINGS if t.name == gemm_tiling)
     for node in graph.nodes:
         entry = registry.lookup(node.op_type, graph.opset, node.domain)
@@ -72,6 +73,7 @@ class LowerOptions(BaseModel):
 @register_pass("lower", LowerOptions)
 def lower(state: CompileState, opts) -> None:
     """Lower every node with its registry entry (baseline: one kernel per op)."""
-    state.ctx = lower_graph(state.graph, state.device, gemm_tiling=opts.gemm_tiling, rnn_input=opts.rnn_input)
+    state.ctx = lower_graph(state.graph, state.device, gemm_tiling=opts.gemm_tiling, rnn_input=opts.rnn_input,
+                            precision=state.precision)
     n = len(state.ctx.program.launches)
     state.log.append(f"lower: {len(state.ctx.program.kernels)} kernel(s), {n} launch(es)")

@@ -61,7 +61,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..estimate.costmodel import kernel_fixed_us, kernel_time, rprogram_time
 from ..ir import Tensor
-from ..kernels.gemm import TILINGS, GemmExpr, gemm_source, tasks_for, tiling_cost
+from ..kernels.gemm import GemmExpr, gemm_source, tasks_for, tiling_family
 from ..kernels.program import STORAGE_ARRAY, STORAGE_PARAMS, Launch, ctype
 from ..kernels.roperator import NotAnROperator, to_roperator
 from . import CompileState, register_pass
@@ -139,6 +139,12 @@ def wave_info(w: list[Launch], measured: dict) -> dict:
     d = {"tasks": sum(L.grid for L in w), "flops": sum(L.flops for L in w),
          "dram_bytes": sum(L.dram_bytes for L in w), "gemm": any(L.category == "compute" for L in w),
          "ops": len(w), "entries": [[L.op_type or "op", L.grid, L.block] for L in w]}
+    math = {}
+    for L in w:
+        if L.math != "float32":
+            math[L.math] = math.get(L.math, 0) + L.flops
+    if math:
+        d["math_flops"] = math  # FLOPs not at float32 (tensor cores), by dtype
     if w and all(id(L) in measured for L in w):
         d["measured"] = [[round(measured[id(L)], 4), L.grid] for L in w]
     return d
@@ -313,7 +319,7 @@ def choose_rkernels(run: _Run, veus: int, dev, prog, policy: str = "wavefront") 
     GEMM of every wave instead), per wave. Where a wave's rTasks do not fill the vEUs, each GEMM keeps
     its fastest rKernel (the lowering's choice). Where they do, time x threads matters as much as
     time alone: the wave takes its longest GEMM alone or its GEMMs' summed SM-time over the vEUs,
-    whichever is more (kernels/gemm.py tiling_cost for both), and its GEMMs get the tilings that
+    whichever is more (the template's cost model for both: kernels/gemm.py tiling_family), and its GEMMs get the tilings that
     minimise that, found by coordinate descent from the fastest ones. With many GEMMs in a wave
     this lands on the resource-efficient tilings (least SM-time; every tiling has 256 threads).
     Only plain GEMM rOperators are re-tiled (not AStitch's fused ones).
@@ -328,8 +334,9 @@ def choose_rkernels(run: _Run, veus: int, dev, prog, policy: str = "wavefront") 
                  and prog.kernels[L.kernel].code == gemm_source(L.kernel, L.expr.spec, L.expr.tiling)]
         if not gemms:
             continue
-        cost = {(id(L), t): (tiling_cost(t, *_mnk(L), dev), tiling_cost(t, *_mnk(L), one_sm))
-                for L in gemms for t in TILINGS}
+        family = {id(L): tiling_family(L.expr.tiling) for L in gemms}
+        cost = {(id(L), t): (family[id(L)][1](t, *_mnk(L), dev), family[id(L)][1](t, *_mnk(L), one_sm))
+                for L in gemms for t in family[id(L)][0]}
 
         def wave_cycles(pick: dict) -> float:
             c = [cost[(id(L), pick[id(L)])] for L in gemms]
@@ -342,7 +349,7 @@ def choose_rkernels(run: _Run, veus: int, dev, prog, policy: str = "wavefront") 
         for _ in range(3):
             improved = False
             for L in gemms:
-                for t in TILINGS:
+                for t in family[id(L)][0]:
                     old, pick[id(L)] = pick[id(L)], t
                     c = wave_cycles(pick)
                     if c < best * (1 - 1e-9):
@@ -357,7 +364,8 @@ def choose_rkernels(run: _Run, veus: int, dev, prog, policy: str = "wavefront") 
                 continue
             sp = e.spec
             name = prog.add_kernel(f"{e.hint}_{t.name}", lambda n, t=t, sp=sp: gemm_source(n, sp, t), t.threads,
-                                   smem_bytes=4 * t.smem_floats, kind="gemm", tiling=t.name, pass_name="rammer")
+                                   smem_bytes=4 * t.smem_floats, kind="gemm", tiling=t.name, pass_name="rammer",
+                                   math=t.math)
             if policy == "efficient":
                 why[id(L)] = (f"tiling {t.name}: the least time x threads (kernels: efficient); its wave's summed "
                               f"SM-time over the {veus} vEUs drops from {start:.0f} to {best:.0f} modelled cycles; "
@@ -385,7 +393,7 @@ def _split_cost(run: _Run, dev) -> float:
             kt = dev.kernel_fixed_us + rprogram_time([w], dev.sms, dev, 0)[1][0]
         else:
             kt = kernel_time(w["flops"], w["dram_bytes"], "float32", dev, blocks=w["tasks"], threads=BLOCK,
-                             smem_bytes=run.smem, gemm=w["gemm"]).us
+                             smem_bytes=run.smem, gemm=w["gemm"], math_flops=w.get("math_flops")).us
         tot += max(kt, dev.launch_overhead_us)
     return tot
 

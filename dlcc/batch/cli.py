@@ -66,7 +66,8 @@ def register(app: typer.Typer, out, err) -> None:
         sh = parse_shard(shard_spec)
         jobs = shard(all_jobs, *sh) if sh else all_jobs
         if verify:
-            jobs = [j if j.verify else replace(j, verify=VerifySpec()) for j in jobs]
+            jobs = [j if j.verify else replace(j, verify=VerifySpec().for_precision(j.precision or "fp32"))
+                    for j in jobs]
         if timeout:
             jobs = [j if j.timeout else replace(j, timeout=timeout) for j in jobs]
         label = f"{sh[0]}/{sh[1]}" if sh else None

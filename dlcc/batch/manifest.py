@@ -6,9 +6,11 @@ pydantic, and its expansion into concrete jobs.
     jobs:
       - model: models/bert.onnx                         # a path relative to the manifest, or a glob
         shapes: {input_ids: [1, 128]}
-        pipelines: [baseline, astitch]                  # lists expand: models x pipelines x devices x targets
+        pipelines: [baseline, astitch]                  # lists expand: models x pipelines x precisions x devices x targets
+        precisions: [fp32, tf32]                        # GEMMs on CUDA cores or tensor cores
       - model: models/*.onnx
-        verify: {rtol: 1e-3, atol: 1e-4}                # compile, run, compare with onnxruntime
+        verify: {rtol: 1e-3, atol: 1e-4}                # compile, run, compare with onnxruntime (default
+                                                        # tolerances: the precision's, as `dlcc verify`)
       - model: models/exotic.onnx
         expect: unsupported                             # a known gap stays green until it is fixed
 
@@ -27,7 +29,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
-from ..config import load_yaml_model
+from ..config import Precision, load_yaml_model
 from ..errors import ConfigError
 
 Expect = Literal["pass", "unsupported", "fail"]
@@ -37,10 +39,19 @@ DEFAULT_TIMEOUT_S = 1800.0
 
 
 class VerifySpec(BaseModel):
+    """None tolerances are the job's precision's defaults (dlcc.verify.DEFAULT_TOLERANCE), filled in
+    when the manifest expands."""
     model_config = ConfigDict(extra="forbid", frozen=True)
-    rtol: float = Field(1e-3, ge=0)
-    atol: float = Field(1e-4, ge=0)
+    rtol: float | None = Field(None, ge=0)
+    atol: float | None = Field(None, ge=0)
     seed: int = 0
+
+    def for_precision(self, precision: str) -> "VerifySpec":
+        from ..verify import DEFAULT_TOLERANCE
+
+        r, a = DEFAULT_TOLERANCE.get(precision, DEFAULT_TOLERANCE["fp32"])
+        return self.model_copy(update={"rtol": r if self.rtol is None else self.rtol,
+                                       "atol": a if self.atol is None else self.atol})
 
 
 class Options(BaseModel):
@@ -53,6 +64,8 @@ class Options(BaseModel):
     pipelines: list[str] | None = None
     device: str | None = None
     devices: list[str] | None = None
+    precision: Precision | None = None
+    precisions: list[Precision] | None = None
     shapes: dict[str, list[PositiveInt] | PositiveInt] | None = None
     verify: bool | VerifySpec | None = None
     expect: Expect | None = None
@@ -60,7 +73,7 @@ class Options(BaseModel):
 
     @model_validator(mode="after")
     def _one_of_each(self):
-        for one in ("target", "pipeline", "device"):
+        for one in ("target", "pipeline", "device", "precision"):
             if getattr(self, one) is not None and getattr(self, one + "s") is not None:
                 raise ValueError(f"give `{one}` or `{one}s`, not both")
             if getattr(self, one + "s") == []:
@@ -98,9 +111,11 @@ class Job:
     cost_source: Literal["manifest", "measured", "size"] = "size"  # where `cost` came from (see with_costs)
     where: str = ""  # manifest file and field, for messages
     timeout: float | None = None  # seconds; None: the batch's default (DEFAULT_TIMEOUT_S unless --timeout)
+    precision: str | None = None  # None: the pipeline's own
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "model": self.model, "pipeline": self.pipeline, "device": self.device,
+        return {"name": self.name, "model": self.model, "pipeline": self.pipeline, "precision": self.precision,
+                "device": self.device,
                 "target": self.target, "shapes": self.shapes, "expect": self.expect, "cost": self.cost,
                 "verify": self.verify.model_dump() if self.verify else None, "where": self.where,
                 "timeout": self.timeout, "cost_source": self.cost_source}
@@ -170,16 +185,30 @@ def load_manifest(path: str | Path, _seen: tuple = ()) -> list[Job]:
         for model in models:
             stem = model.stem if not spec.name else (f"{spec.name}-{model.stem}" if len(models) > 1 else spec.name)
             size = model.stat().st_size or 1
-            for pipeline in _axis(spec, d, "pipeline", "baseline"):
+            for pipeline, precision in ((p, q) for p in _axis(spec, d, "pipeline", "baseline")
+                                        for q in _axis(spec, d, "precision", None)):
                 for device in _axis(spec, d, "device", None):
                     for target in _axis(spec, d, "target", "auto"):
-                        parts = [stem, pipeline, device or "default", target]
+                        parts = [stem, pipeline] + ([precision] if precision else []) + [device or "default", target]
                         name = "-".join(safe_name(Path(p).stem if p.endswith((".yaml", ".yml")) else p)
                                         for p in parts)
-                        jobs.append(Job(name, str(model), pipeline, device, target, dict(shapes), verify, expect,
+                        vspec = verify.for_precision(precision or _pipeline_precision(pipeline, base)) if verify else None
+                        jobs.append(Job(name, str(model), pipeline, device, target, dict(shapes), vspec, expect,
                                         spec.cost or size / 1e6, "manifest" if spec.cost else "size", where,
-                                        _pick(spec, d, "timeout", None)))
+                                        _pick(spec, d, "timeout", None), precision))
     return with_costs(jobs, [_read_costs(base / c, f"{path}: costs.{k}") for k, c in enumerate(man.costs)])
+
+
+def _pipeline_precision(pipeline: str, base: Path) -> str:
+    """The precision a pipeline sets itself (for its verify tolerances); fp32 where it cannot be
+    read here (the job's compile then reports why)."""
+    from ..config import load_pipeline
+
+    try:
+        p = Path(pipeline)
+        return load_pipeline(base / p if p.suffix in (".yaml", ".yml") and not p.is_absolute() else pipeline).precision
+    except Exception:
+        return "fp32"
 
 
 def _read_costs(path: Path, where: str) -> dict[str, float]:

@@ -51,7 +51,8 @@ def run_job(job: dict, out_dir: str, cache: str | bool = False) -> dict:
             import dlcc
 
             cm = dlcc.compile(job["model"], out=art, shapes=job["shapes"] or None, target=job["target"],
-                              pipeline=job["pipeline"], device=job["device"], cache=cache)
+                              pipeline=job["pipeline"], device=job["device"], cache=cache,
+                              precision=job.get("precision"))
             _compiled(row, cm, art, log)
             row["outcome"] = "passed"
             if job.get("verify"):
@@ -83,7 +84,7 @@ def try_hit(job: dict, out_dir: str, cache: str | bool) -> dict | None:
 
             tgt = pick_target(job["target"])
             c, key, _ = cache_key(job["model"], _merge_shapes(job["shapes"] or None), tgt, job["pipeline"],
-                                  job["device"], None, cache)
+                                  job["device"], None, cache, job.get("precision"))
             entry = c.lookup("artifacts", key)
             checked = None
             if entry is not None and job.get("verify"):

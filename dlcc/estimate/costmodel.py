@@ -125,12 +125,22 @@ def kernel_fixed_us(device: DeviceSpec, gemm: bool) -> float:
     return device.gemm_fixed_us if gemm and device.gemm_fixed_us is not None else device.kernel_fixed_us
 
 
+def compute_us(flops: float, dtype: str, device: DeviceSpec, math_flops: dict | None = None) -> float:
+    """µs of `flops` at peak: those in `math_flops` ({dtype: FLOPs}) at their dtype's peak, the
+    rest at `dtype`'s."""
+    other = sum((math_flops or {}).values())
+    us = max(0.0, flops - other) / (peak_tflops(dtype, device) * 1e6)
+    return us + sum(f / (peak_tflops(d, device) * 1e6) for d, f in (math_flops or {}).items())
+
+
 def kernel_time(flops: float, dram_bytes: float, dtype: str, device: DeviceSpec, *, blocks: int,
                 threads: int, smem_bytes: int = 0, registers: int | None = None, gemm: bool = False,
                 fixed_us: float | None = None, compute_efficiency: float | None = None,
-                dram_efficiency: float | None = None) -> KernelTime:
+                dram_efficiency: float | None = None, math_flops: dict | None = None) -> KernelTime:
     """The modelled time of one kernel from its work and launch shape. The calibration constants
-    come from `device` unless given (scripts/calibrate_costmodel.py passes trial values)."""
+    come from `device` unless given (scripts/calibrate_costmodel.py passes trial values).
+    `math_flops` ({dtype: FLOPs}) is the part of `flops` run at another dtype's peak (a persistent
+    kernel's tensor-core rTasks); the rest runs at `dtype`'s."""
     if fixed_us is None:
         fixed_us = kernel_fixed_us(device, gemm)
     ce = device.compute_efficiency if compute_efficiency is None else compute_efficiency
@@ -139,7 +149,7 @@ def kernel_time(flops: float, dram_bytes: float, dtype: str, device: DeviceSpec,
     slots = device.sms * bps
     waves = float(math.ceil(max(1, blocks) / slots))
     q = quantization(blocks, device)
-    compute = flops / (peak_tflops(dtype, device) * 1e6 * ce) * q
+    compute = compute_us(flops, dtype, device, math_flops) / ce * q
     memory = dram_bytes / (device.dram_bandwidth_gbps * 1e3 * de) * q
     return KernelTime(us=fixed_us + max(compute, memory), source="roofline", compute_us=compute,
                       memory_us=memory, waves=waves, fixed_us=fixed_us)
@@ -169,7 +179,7 @@ def rprogram_time(waves: list[dict], veus: int, device: DeviceSpec, sync_points:
                            sum(b * min(int(t), device.sms) for b, t in w["measured"]) / v))
             continue
         q = device.sms / max(1, min(int(w["tasks"]), max(1, veus), device.sms))
-        compute = float(w["flops"]) / (peak_tflops("float32", device) * 1e6 * ce) * q
+        compute = compute_us(float(w["flops"]), "float32", device, w.get("math_flops")) / ce * q
         memory = float(w["dram_bytes"]) / (device.dram_bandwidth_gbps * 1e3 * de) * q
         per.append(max(compute, memory))
     total = device.kernel_fixed_us + sum(per) + sync_points * device.grid_barrier_us

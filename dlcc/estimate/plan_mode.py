@@ -18,7 +18,7 @@ import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import builtin_dir, load_device, load_pipeline
+from ..config import builtin_dir, check_precision, load_device, load_pipeline, with_precision
 from ..errors import DlccError
 from .costmodel import kernel_time, roofline_us
 from .graph import Dep, TaskGraph
@@ -100,8 +100,10 @@ def lower_bound_us(plan: dict, device) -> float:
 
 def estimate_plan(model, shapes=(), device: str = "h100", pipelines: list[str] | None = None,
                   profile_db: str | Path | None = None, steps=None, what_ifs: bool = True,
-                  extra_what_ifs: list[str] = (), what_if_files: list[str] = ()) -> PlanEstimate:
-    """Rank `pipelines` (default: every built-in one) by predicted latency on `device`. With
+                  extra_what_ifs: list[str] = (), what_if_files: list[str] = (),
+                  precisions: list[str] | None = None) -> PlanEstimate:
+    """Rank `pipelines` (default: every built-in one) by predicted latency on `device`, each at
+    every one of `precisions` (default: its own; a row is "NAME@PRECISION" where one is given). With
     `what_ifs`, also apply the AStitch and Rammer estimates, plus `extra_what_ifs` (specs, as in
     trace mode; those defined in `what_if_files` too) to the best plan."""
     from ..api import _merge_shapes
@@ -117,6 +119,10 @@ def estimate_plan(model, shapes=(), device: str = "h100", pipelines: list[str] |
     calls = [parse(x) for x in specs]  # bad specs fail before any work
     dev = load_device(device)
     specs = [load_pipeline(p) for p in (pipelines or default_pipelines())]  # bad names fail before work
+    if precisions:
+        specs = [with_precision(s, pr).model_copy(update={"name": f"{s.name}@{pr}"}) for s in specs for pr in precisions]
+    for s in specs:
+        check_precision(s.precision, dev, "cuda")  # one a device cannot do is an error before any work
     names = [s.name for s in specs]
     dup = {n for n in names if names.count(n) > 1}
     if dup:

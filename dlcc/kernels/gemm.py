@@ -43,6 +43,13 @@ class Tiling:
     def name(self) -> str:
         return f"{self.bm}x{self.bn}x{self.bk}_{self.tm}x{self.tn}"
 
+    @property
+    def math(self) -> str:
+        return "float32"
+
+    def source(self, name: str, spec: "GemmSpec") -> str:
+        return simt_gemm_source(name, spec, self)
+
 
 #: Several rKernels per rOperator: big tiles for big GEMMs, small and skinny ones to fill the device,
 #: and deep-k variants for long reductions over few tiles (BERT's FFN down-projection: 96 tiles of
@@ -103,6 +110,14 @@ def choose_tiling(batch: int, M: int, N: int, K: int, device=None) -> Tiling:
     return best
 
 
+def tiling_family(t) -> tuple[tuple, Callable]:
+    """The tilings a GEMM's rKernel may be swapped for (Rammer re-tiles per wave), with their cost
+    function: those of its own template, so a tensor-core GEMM stays on tensor cores."""
+    from .gemm_mma import MMA_TILINGS, MmaTiling, mma_cost
+
+    return (MMA_TILINGS, mma_cost) if isinstance(t, MmaTiling) else (TILINGS, tiling_cost)
+
+
 @dataclass
 class GemmSpec:
     """What an op supplies to the template; expressions see ints `bt` (batch), `m`, `n`, `k`."""
@@ -154,10 +169,15 @@ def _indent(lines, n):
     return [" " * n + s for s in lines]
 
 
+def _per_thread_count(n_el: int, threads: int) -> int:
+    """Elements each of `threads` stages when they share `n_el` loads."""
+    return -(-n_el // threads)
+
+
 def _per_thread(t: Tiling, which: str) -> tuple[int, int]:
     """(elements of one k step's A or B tile, elements each thread stages)."""
     n_el = (t.bm if which == "a" else t.bn) * t.bk
-    return n_el, -(-n_el // t.threads)
+    return n_el, _per_thread_count(n_el, t.threads)
 
 
 def _walk(t: Tiling, which: str, spec: GemmSpec) -> list[str]:
@@ -194,8 +214,14 @@ def _commit(t: Tiling, which: str, spec: GemmSpec) -> list[str]:
     return [*_walk(t, which, spec), f"    {dst}", "}"]
 
 
-def gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
-    """The rOperator text. The k loop is software-pipelined through registers: step k+1's global
+def gemm_source(name: str, spec: GemmSpec, t) -> str:
+    """The rOperator text of tiling `t`: a SIMT Tiling here, or a tensor-core MmaTiling
+    (kernels/gemm_mma.py); each tiling knows its template."""
+    return t.source(name, spec)
+
+
+def simt_gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
+    """The SIMT rOperator text. The k loop is software-pipelined through registers: step k+1's global
     loads are issued before step k's arithmetic, so their latency overlaps it (one barrier pair
     per step, one shared tile)."""
     tiles_m, tiles_n = -(-spec.M // t.bm), -(-spec.N // t.bn)
@@ -267,14 +293,19 @@ def gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
 
 def emit_gemm(ctx, hint: str, spec: GemmSpec, args: list[str], reads: list[str], writes: list[str],
               tiling: Tiling | None = None) -> str:
-    """Pick a tiling for the target device, emit the rOperator and launch one block per rTask."""
+    """Pick a tiling for the target device, emit the rOperator and launch one block per rTask.
+    At precision tf32 the tiling is a tensor-core one (kernels/gemm_mma.py)."""
+    if tiling is None and getattr(ctx, "precision", "fp32") == "tf32":
+        from .gemm_mma import choose_mma_tiling
+
+        tiling = choose_mma_tiling(spec.batch, spec.M, spec.N, spec.K, ctx.device)
     if tiling is None:
         tiling = getattr(ctx, "gemm_tiling", None)
     if tiling is None:
         tiling = choose_tiling(spec.batch, spec.M, spec.N, spec.K, ctx.device)
     name = ctx.program.add_kernel(f"{hint}_{tiling.name}", lambda n: gemm_source(n, spec, tiling), tiling.threads,
                                   smem_bytes=4 * tiling.smem_floats, kind="gemm", tiling=tiling.name,
-                                  pass_name=ctx.pass_name)
+                                  pass_name=ctx.pass_name, math=tiling.math)
     ctx.launch(name, tasks_for(tiling, spec.batch, spec.M, spec.N), args, reads=reads, writes=writes,
                flops=2 * spec.batch * spec.M * spec.N * spec.K)
     ctx.program.launches[-1].expr = GemmExpr(hint, spec, tiling, list(args), list(reads), list(writes))

@@ -62,6 +62,9 @@ class Kernel:
     # `tid < block`). Rammer runs such rTasks with its 256 threads, so blocks of 32..128 threads
     # share one persistent kernel with 256-thread GEMM tiles.
     normalisable: bool = False
+    # The arithmetic its FLOPs run at: "float32" (CUDA cores), or "tf32" for the tensor-core GEMM
+    # template (kernels/gemm_mma.py). The cost model prices FLOPs at that dtype's peak.
+    math: str = "float32"
 
 
 @dataclass
@@ -96,6 +99,9 @@ class Launch:
     # A persistent kernel's per-entry operands: {"table", "first_entry", "entry_size", "slot_base",
     # "slots": [[tensor, ...] per table entry]}; fill_operand_table writes (storage, offset) pairs.
     operand_table: dict | None = None
+    # The kernel's Kernel.math (its FLOPs' dtype for the cost model); a persistent kernel's waves
+    # say it per rTask launch instead (wave_info's math_flops).
+    math: str = "float32"
 
 
 @dataclass
@@ -104,13 +110,14 @@ class KernelProgram:
     launches: list[Launch] = field(default_factory=list)
 
     def add_kernel(self, hint: str, make_code, block: int, smem_bytes: int = 0, kind: str = "map", tiling: str = "",
-                   pass_name: str = "baseline", normalisable: bool = False) -> str:
+                   pass_name: str = "baseline", normalisable: bool = False, math: str = "float32") -> str:
         """Register kernel text built by `make_code(name)`; identical text is shared."""
         probe = make_code("KNAME")
         digest = hashlib.sha1(probe.encode()).hexdigest()[:10]
         name = f"{hint}_{digest}"
         if name not in self.kernels:
-            self.kernels[name] = Kernel(name, make_code(name), block, smem_bytes, pass_name, kind, tiling, normalisable)
+            self.kernels[name] = Kernel(name, make_code(name), block, smem_bytes, pass_name, kind, tiling, normalisable,
+                                        math)
         return name
 
     def unwritten_read(self, ready, resolve) -> tuple[Launch, str] | None:

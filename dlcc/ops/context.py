@@ -30,6 +30,7 @@ class LowerCtx:
         self.node: Node | None = None
         self._ntemp = 0
         self.gemm_tiling = None  # a forced Tiling (lower option gemm_tiling), else chosen per GEMM
+        self.precision = "fp32"  # tf32: GEMMs and convolutions on the tensor-core template (kernels/gemm_mma.py)
 
     # -- queries ---------------------------------------------------------------------------
     def tensor(self, name: str) -> Tensor:
@@ -89,4 +90,5 @@ class LowerCtx:
             reads=list(reads), writes=list(writes),
             node=node.name if node else "", op_type=node.op_type if node else "",
             flops=int(flops), dram_bytes=int(dram_bytes), pass_name=self.pass_name, category=cat or "",
+            math=k.math,
         ))

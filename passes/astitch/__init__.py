@@ -81,12 +81,13 @@ def _rebuild(state, ng: NodeGraph, pl: Planner) -> list[dict]:
         text, args, reads, writes = gemm_source_fused(ng, pl, fus)
         k = prog.add_kernel(f"{g.gemm.hint}_{g.gemm.tiling.name}_fused", lambda nm, t=text: t.replace("KNAME", nm),
                             g.gemm.tiling.threads, smem_bytes=4 * g.gemm.tiling.smem_floats, kind="gemm",
-                            tiling=g.gemm.tiling.name, pass_name="astitch")
+                            tiling=g.gemm.tiling.name, pass_name="astitch", math=g.gemm.tiling.math)
         members = [gid] + fus.epilogue
         L = Launch(kernel=k, grid=g.launch.grid, block=g.launch.block, args=[("t", a) for a in args],
                    reads=reads, writes=writes, node=g.onnx_node, op_type=g.op_type,
                    flops=g.launch.flops + sum(node_flops(ng, ng.nodes[c]) for c in fus.epilogue),
-                   dram_bytes=_dram(ng, pl, reads, writes, members), pass_name="astitch", category="compute")
+                   dram_bytes=_dram(ng, pl, reads, writes, members), pass_name="astitch", category="compute",
+                   math=g.gemm.tiling.math)
         units.append({"nodes": set(members), "launch": L})
         covered |= set(members)
         base = sum(old[o].dram_bytes for o in {ng.nodes[c].order for c in members}) + sum(

@@ -1,0 +1,266 @@
+"""The tensor-core GEMM template (precision tf32): the same rOperator contract as kernels/gemm.py
+(GemmSpec's element loads, prologue and store; one BMxBN output tile per rTask, emitted as
+`NAME_task(args..., task, tid, smem)` plus a thin KERNEL), with the k loop's arithmetic done by
+warp-wide `mma.sync.m16n8k8` TF32 instructions instead of per-thread FMAs.
+
+Layout (PTX ISA, "Matrix Fragments for mma.m16n8k8", .tf32; g = lane / 4, t = lane % 4):
+  A fragment (16 x 8):  a0 (g, t)  a1 (g+8, t)  a2 (g, t+4)  a3 (g+8, t+4)      (row m, col k)
+  B fragment (8 x 8):   b0 (t, g)  b1 (t+4, g)                                 (row k, col n)
+  C fragment (16 x 8):  c0 (g, 2t) c1 (g, 2t+1) c2 (g+8, 2t) c3 (g+8, 2t+1)    (row m, col n)
+A block of 8 warps splits the tile into WARPS_M x WARPS_N warp tiles, each MI x NI mma tiles of
+16x8. A thread's accumulators form a (2*MI) x (2*NI) grid `acc[i][j]`, row i at m = (i/2)*16 +
+(i%2)*8 + g and column j at n = (j/2)*8 + 2t + (j%2) of its warp tile, so the store loop has
+the SIMT template's shape (`acc[i][j]` at (m, n)) and AStitch's fused epilogues work unchanged.
+
+Shared memory: each operand tile is stored in the order its global loads walk, so that
+consecutive threads store to consecutive banks, and padded so that the fragment reads are
+conflict-free: k-contiguous operands as [x][k] rows of BK+4 floats (lanes g*(BK+4)+t hit 32
+distinct banks), the others as [k][x] rows of extent+8 floats (t*(extent+8)+g likewise).
+Values are rounded to TF32 once, as they are stored.
+
+Every tiling has 256 threads, Rammer's vEU size, so Rammer runs these rTasks like the SIMT ones.
+On OpenCL the mma is emulated through local memory (backends/prelude_opencl.h), which needs
+MMA_EMU_FLOATS (192) floats per warp; `smem_floats` counts them, so the plan's shared memory is
+the OpenCL figure (6 KiB above what CUDA uses, where MMA_EMU_FLOATS is 0).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WARPS = 8
+MMA_EMU_FLOATS = 192  # backends/prelude_opencl.h: the 16x8 A and 8x8 B of one emulated mma
+
+
+@dataclass(frozen=True)
+class MmaTiling:
+    bm: int
+    bn: int
+    bk: int
+    warps_m: int
+    warps_n: int
+    precision: str = "tf32"
+
+    def __post_init__(self):
+        assert self.warps_m * self.warps_n == WARPS
+        assert self.bm % (16 * self.warps_m) == 0 and self.bn % (8 * self.warps_n) == 0 and self.bk % 8 == 0
+
+    @property
+    def threads(self) -> int:
+        return 32 * WARPS
+
+    @property
+    def mi(self) -> int:
+        """16-row mma tiles per warp."""
+        return self.bm // self.warps_m // 16
+
+    @property
+    def ni(self) -> int:
+        """8-column mma tiles per warp."""
+        return self.bn // self.warps_n // 8
+
+    def tile_floats(self, which: str, k_contiguous: bool) -> int:
+        ext = self.bm if which == "a" else self.bn
+        return ext * (self.bk + 4) if k_contiguous else self.bk * (ext + 8)
+
+    @property
+    def smem_floats(self) -> int:
+        """The most either operand layout needs, plus the OpenCL emulation's scratch."""
+        a = max(self.tile_floats("a", True), self.tile_floats("a", False))
+        b = max(self.tile_floats("b", True), self.tile_floats("b", False))
+        return a + b + WARPS * MMA_EMU_FLOATS
+
+    @property
+    def math(self) -> str:
+        return self.precision
+
+    @property
+    def name(self) -> str:
+        return f"tc{self.bm}x{self.bn}x{self.bk}_w{self.warps_m}x{self.warps_n}"
+
+    def source(self, name: str, spec) -> str:
+        return mma_gemm_source(name, spec, self)
+
+
+#: The tensor-core rKernels: large tiles for large GEMMs, then smaller ones that fill an H100's 132
+#: SMs on batch-1 shapes (BERT's 128 x 768 GEMMs are 12 tiles of 128x64 but 48 of 32x64).
+MMA_TILINGS = (
+    MmaTiling(128, 128, 32, 2, 4),
+    MmaTiling(128, 64, 32, 4, 2),
+    MmaTiling(64, 128, 32, 2, 4),
+    MmaTiling(64, 64, 32, 2, 4),
+    MmaTiling(32, 64, 32, 2, 4),
+    MmaTiling(32, 64, 64, 2, 4),
+    MmaTiling(16, 64, 64, 1, 8),
+)
+
+#: Cost-model constants. Not yet calibrated on a GPU (scripts/gemm_tilings.py measures them):
+#: an H100 SM retires one m16n8k8 TF32 mma per cycle per sub-core (4 per SM), about 1/8 of what
+#: the same FLOPs cost as FMAs; the k loop's latency per step is that of the SIMT template.
+MMA_PER_CYCLE = 4.0
+STEP_LATENCY = 400
+
+
+def mma_cost(t: MmaTiling, batch: int, M: int, N: int, K: int, device=None) -> float:
+    """Modelled cycles, in the form of kernels/gemm.py tiling_cost: the larger of an SM's issue
+    time (mma instructions, fragment and operand traffic, loop overhead) and its latency chain
+    (rounds of co-resident blocks x k steps x one step's latency)."""
+    from .gemm import tasks_for
+
+    sms = getattr(device, "sms", 80)
+    per_sm = -(-tasks_for(t, batch, M, N) // sms)
+    steps = -(-K // t.bk)
+    mmas = (t.bm // 16) * (t.bn // 8) * (t.bk // 8)
+    frag = WARPS * (t.bk // 8) * (4 * t.mi + 2 * t.ni)  # fragment loads from shared memory (warp instructions)
+    moves = 3 * (t.bm + t.bn) * t.bk / 32  # global load, TF32 round, shared store (warp instructions)
+    issue = mmas / MMA_PER_CYCLE + (frag + moves + 20 * WARPS) / 2.0
+    # registers per thread, fitted to ptxas on sm_90 (113 to 240 over MMA_TILINGS): accumulators,
+    # fragments and the staged next k step, which the register pipeline keeps live twice over
+    regs = 48 + 6 * t.mi * t.ni + 4 * t.mi + 2 * t.ni + 2 * ((t.bm + t.bn) * t.bk // t.threads)
+    occ = max(1, min(getattr(device, "max_blocks_per_sm", 32), getattr(device, "max_threads_per_sm", 2048) // t.threads,
+                     getattr(device, "registers_per_sm", 65536) // (regs * t.threads),
+                     getattr(device, "shared_mem_per_sm", 233472) // (4 * t.smem_floats)))
+    return max(per_sm * steps * issue, -(-per_sm // occ) * steps * STEP_LATENCY)
+
+
+def choose_mma_tiling(batch: int, M: int, N: int, K: int, device=None) -> MmaTiling:
+    best, best_cost = None, None
+    for t in MMA_TILINGS:
+        cost = mma_cost(t, batch, M, N, K, device)
+        if best_cost is None or cost < best_cost * (1 - 1e-9):
+            best, best_cost = t, cost
+    return best
+
+
+def _ind(lines, n):
+    return [" " * n + s for s in lines]
+
+
+def _addr(t: MmaTiling, which: str, k_contiguous: bool, x: str, k: str) -> str:
+    """Where operand element (x, k) of the tile (x: m for A, n for B) lives in its shared array."""
+    ext = t.bm if which == "a" else t.bn
+    return f"({x}) * {t.bk + 4} + ({k})" if k_contiguous else f"({k}) * {ext + 8} + ({x})"
+
+
+def _walk(t: MmaTiling, which: str, k_contiguous: bool) -> list[str]:
+    """A thread's share of one k step's A (or B) tile, split along the contiguous dimension so that
+    consecutive threads load consecutive addresses (`xx` the tile row, `kk` the k offset)."""
+    ext = t.bm if which == "a" else t.bn
+    n_el = ext * t.bk
+    per = -(-n_el // t.threads)
+    split = (f"const int xx = l / {t.bk}, kk = l % {t.bk};" if k_contiguous
+             else f"const int kk = l / {ext}, xx = l % {ext};")
+    guard = [] if n_el % t.threads == 0 else [f"    if (l >= {n_el}) continue;"]
+    return ["#pragma unroll", f"for (int r = 0; r < {per}; ++r) {{", f"    const int l = tid + r * {t.threads};",
+            *guard, f"    {split}"]
+
+
+def _stage(t: MmaTiling, which: str, k0: str, spec, kc: bool) -> list[str]:
+    if which == "a":
+        stmts, val = spec.load_a("m", "k")
+        where = [f"const int m = m0 + xx, k = {k0} + kk;", f"if (m < {spec.M} && k < {spec.K}) {{"]
+    else:
+        stmts, val = spec.load_b("k", "n")
+        where = [f"const int k = {k0} + kk, n = n0 + xx;", f"if (k < {spec.K} && n < {spec.N}) {{"]
+    return [*_walk(t, which, kc), f"    {where[0]}", "    float val = 0.0f;", f"    {where[1]}",
+            *_ind(stmts, 8), f"        val = {val};", "    }", f"    r{which}[r] = val;", "}"]
+
+
+def _commit(t: MmaTiling, which: str, kc: bool) -> list[str]:
+    arr = "As" if which == "a" else "Bs"
+    return [*_walk(t, which, kc), f"    {arr}[{_addr(t, which, kc, 'xx', 'kk')}] = TO_TF32(r{which}[r]);", "}"]
+
+
+def mma_gemm_source(name: str, spec, t: MmaTiling) -> str:
+    """The rOperator text; its k loop is software-pipelined through registers as the SIMT
+    template's is (step k+1's global loads issued before step k's mma)."""
+    from .gemm import _per_thread_count
+
+    tiles_m, tiles_n = -(-spec.M // t.bm), -(-spec.N // t.bn)
+    akc, bkc = spec.a_k_contiguous, not spec.b_n_contiguous
+    arg_names = [p.split()[-1].lstrip("*") for p in spec.params]
+    per_a, per_b = _per_thread_count(t.bm * t.bk, t.threads), _per_thread_count(t.bn * t.bk, t.threads)
+    a_floats = max(t.tile_floats("a", True), t.tile_floats("a", False))
+    b_floats = max(t.tile_floats("b", True), t.tile_floats("b", False))
+    wtm, wtn = t.bm // t.warps_m, t.bn // t.warps_n
+    MI, NI = t.mi, t.ni
+    fa = lambda dm, dk: f"As[{_addr(t, 'a', akc, f'mma_wm0 + mi * 16 + mma_g + {dm}', f'kk + mma_t + {dk}')}]"  # noqa: E731
+    fb = lambda dk: f"Bs[{_addr(t, 'b', bkc, 'mma_wn0 + ni * 8 + mma_g', f'kk + mma_t + {dk}')}]"  # noqa: E731
+    store = spec.store("m", "n", "acc[i][j]")
+    src = [
+        f"DEVICE void {name}_task({', '.join(spec.params)}, const int task, const int tid, LPTR float* smem) {{",
+        "    LPTR float* As = smem;",
+        f"    LPTR float* Bs = smem + {a_floats};",
+        "    const int mma_lane = tid % 32, mma_warp = tid / 32;",
+        f"    LPTR float* mma_scr = smem + {a_floats + b_floats} + mma_warp * MMA_EMU_FLOATS;  /* OpenCL's emulation */",
+        "    (void)mma_scr;",
+        f"    const int bt = task / {tiles_m * tiles_n};",
+        f"    const int tile = task % {tiles_m * tiles_n};",
+        f"    const int m0 = (tile / {tiles_n}) * {t.bm};",
+        f"    const int n0 = (tile % {tiles_n}) * {t.bn};",
+        f"    const int mma_wm0 = (mma_warp / {t.warps_n}) * {wtm}, mma_wn0 = (mma_warp % {t.warps_n}) * {wtn};",
+        "    const int mma_g = mma_lane / 4, mma_t = mma_lane % 4;",
+        *_ind(spec.prologue or [], 4),
+        f"    float acc[{2 * MI}][{2 * NI}];",
+        "    #pragma unroll",
+        f"    for (int i = 0; i < {2 * MI}; ++i) {{",
+        "        #pragma unroll",
+        f"        for (int j = 0; j < {2 * NI}; ++j) acc[i][j] = 0.0f;",
+        "    }",
+        f"    float ra[{per_a}], rb[{per_b}];",
+        *_ind(_stage(t, "a", "0", spec, akc), 4),
+        *_ind(_stage(t, "b", "0", spec, bkc), 4),
+        f"    for (int k0 = 0; k0 < {spec.K}; k0 += {t.bk}) {{",
+        *_ind(_commit(t, "a", akc), 8),
+        *_ind(_commit(t, "b", bkc), 8),
+        "        BARRIER();",
+        f"        if (k0 + {t.bk} < {spec.K}) {{",
+        *_ind(_stage(t, "a", f"(k0 + {t.bk})", spec, akc), 12),
+        *_ind(_stage(t, "b", f"(k0 + {t.bk})", spec, bkc), 12),
+        "        }",
+        "        MMA_UNROLL",
+        f"        for (int kk = 0; kk < {t.bk}; kk += 8) {{",
+        f"            float mma_af[{MI}][4], mma_bf[{NI}][2];",
+        "            #pragma unroll",
+        f"            for (int mi = 0; mi < {MI}; ++mi) {{",
+        f"                mma_af[mi][0] = {fa(0, 0)};",
+        f"                mma_af[mi][1] = {fa(8, 0)};",
+        f"                mma_af[mi][2] = {fa(0, 4)};",
+        f"                mma_af[mi][3] = {fa(8, 4)};",
+        "            }",
+        "            #pragma unroll",
+        f"            for (int ni = 0; ni < {NI}; ++ni) {{",
+        f"                mma_bf[ni][0] = {fb(0)};",
+        f"                mma_bf[ni][1] = {fb(4)};",
+        "            }",
+        "            MMA_UNROLL",
+        f"            for (int mi = 0; mi < {MI}; ++mi) {{",
+        "                MMA_UNROLL",
+        f"                for (int ni = 0; ni < {NI}; ++ni) {{",
+        "                    MMA_TF32(acc[2 * mi][2 * ni], acc[2 * mi][2 * ni + 1], acc[2 * mi + 1][2 * ni],",
+        "                             acc[2 * mi + 1][2 * ni + 1], mma_af[mi][0], mma_af[mi][1], mma_af[mi][2], mma_af[mi][3],",
+        "                             mma_bf[ni][0], mma_bf[ni][1]);",
+        "                }",
+        "            }",
+        "        }",
+        "        BARRIER();",
+        "    }",
+        "    #pragma unroll",
+        f"    for (int i = 0; i < {2 * MI}; ++i) {{",
+        "        const int m = m0 + mma_wm0 + (i / 2) * 16 + (i % 2) * 8 + mma_g;",
+        "        #pragma unroll",
+        f"        for (int j = 0; j < {2 * NI}; ++j) {{",
+        "            const int n = n0 + mma_wn0 + (j / 2) * 8 + 2 * mma_t + (j % 2);",
+        f"            if (m < {spec.M} && n < {spec.N}) {{",
+        *_ind(store, 16),
+        "            }",
+        "        }",
+        "    }",
+        "}",
+        "",
+        f"KERNEL void {name}({', '.join(spec.params)}) {{",
+        f"    SHARED float smem[{a_floats + b_floats} + {WARPS} * MMA_EMU_FLOATS];",
+        f"    {name}_task({', '.join(arg_names)}, BLOCK_ID, THREAD_ID, smem);",
+        "}",
+        "",
+    ]
+    return "\n".join(src)

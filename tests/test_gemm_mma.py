@@ -1,0 +1,125 @@
+"""The tensor-core GEMM template (dlcc/kernels/gemm_mma.py) without a GPU.
+
+On PoCL the mma instruction is emulated by exchanging the PTX fragments through local memory
+(backends/prelude_opencl.h), so every fragment load, accumulator index and store of the template
+runs as it would on a GPU: each tiling is checked against numpy on TF32-rounded operands, on
+shapes that leave partial tiles in every dimension and both operand layouts. nvcc builds the same
+text for sm_80 and sm_90 with ptxas's register report checked for spills."""
+from __future__ import annotations
+
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import opencl_device_available
+from dlcc.backends.nvcc import find_nvcc
+from dlcc.backends.source import render
+from dlcc.kernels.gemm import gemm_source, plain_spec
+from dlcc.kernels.gemm_mma import MMA_TILINGS, MmaTiling, choose_mma_tiling
+
+needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
+
+
+def tf32(x: np.ndarray) -> np.ndarray:
+    """numpy's twin of TO_TF32: round to a 10-bit mantissa, nearest, ties away from zero."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    finite = (u & 0x7F800000) != 0x7F800000
+    r = np.where(finite, (u + np.uint32(0x1000)) & np.uint32(0xFFFFE000), u).astype(np.uint32)
+    return r.view(np.float32)
+
+
+def test_tf32_rounding_twin():
+    x = np.array([1.0, 1 + 2 ** -11, 1 + 2 ** -10 + 2 ** -11, -(1 + 2 ** -11), 1 + 2 ** -12, np.inf], np.float32)
+    # ties go away from zero; below half an ulp (2**-11 at 1.0) rounds down
+    assert list(tf32(x)) == [1.0, 1 + 2 ** -10, 1 + 2 ** -9, -(1 + 2 ** -10), 1.0, np.inf]
+
+
+@pytest.fixture(scope="module")
+def rt():
+    from dlcc.executor import make_runtime
+
+    return make_runtime("opencl")
+
+
+def _run(rt, spec, t, A, B, M, N):
+    sizes = [A.nbytes, B.nbytes, M * N * 4]
+    bufs = [rt.alloc(n) for n in sizes]
+    rt.write(bufs[0], 0, A)
+    rt.write(bufs[1], 0, B)
+    rt.write(bufs[2], 0, np.full(M * N, np.nan, np.float32))  # every element must be written
+    args = [rt.view(b, 0, n) for b, n in zip(bufs, sizes)]
+    rt.launch(rt.kernel(f"g_{t.name}"), -(-M // t.bm) * -(-N // t.bn), t.threads, args)
+    out = np.empty((M, N), np.float32)
+    rt.read(bufs[2], 0, out)
+    rt.finish()
+    return out
+
+
+@needs_opencl
+@pytest.mark.parametrize("trans_b", [True, False], ids=["Bt", "B"])
+def test_every_mma_tiling_matches_numpy(rt, trans_b):
+    """Partial tiles in m, n and k (M=37, N=70, K=44: K is not a multiple of 8 either)."""
+    M, N, K = 37, 70, 44
+    spec = plain_spec(M, N, K, trans_b)
+    rt.compile(render([gemm_source(f"g_{t.name}", spec, t) for t in MMA_TILINGS], rt.dialect))
+    rng = np.random.default_rng(2)
+    A = rng.standard_normal((M, K), dtype=np.float32)
+    B = rng.standard_normal((N, K) if trans_b else (K, N), dtype=np.float32)
+    ref = tf32(A).astype(np.float64) @ (tf32(B).T if trans_b else tf32(B)).astype(np.float64)
+    plain = A.astype(np.float64) @ (B.T if trans_b else B).astype(np.float64)
+    assert np.abs(plain - ref).max() > 1e-3  # TF32 rounding is visible at this tolerance
+    for t in MMA_TILINGS:
+        out = _run(rt, spec, t, A, B, M, N)
+        np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5, err_msg=t.name)
+
+
+@needs_opencl
+def test_a_wrong_fragment_layout_is_caught(rt):
+    """The emulation checks the layout: the template with A's two k halves swapped (a2 <-> a0,
+    a plausible slip) gives wrong numbers on PoCL, as it would on a GPU."""
+    M, N, K = 32, 64, 32
+    t = MmaTiling(32, 64, 32, 2, 4)
+    spec = plain_spec(M, N, K)
+    good = gemm_source(f"g_{t.name}", spec, t)
+    bad = good.replace("mma_af[mi][0] = ", "mma_af[mi][9] = ").replace("mma_af[mi][2] = ", "mma_af[mi][0] = ") \
+              .replace("mma_af[mi][9] = ", "mma_af[mi][2] = ")
+    assert bad != good
+    rt.compile(render([bad], rt.dialect))
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((M, K), dtype=np.float32)
+    B = rng.standard_normal((N, K), dtype=np.float32)
+    out = _run(rt, spec, t, A, B, M, N)
+    assert not np.allclose(out, tf32(A).astype(np.float64) @ tf32(B).T.astype(np.float64), rtol=1e-3, atol=1e-3)
+
+
+def test_tiling_choice_fills_the_device():
+    """Batch-1 transformer GEMMs get a tile small enough to give every H100 SM work; a large
+    square GEMM gets a large tile."""
+    from dlcc.config import load_device
+    from dlcc.kernels.gemm import tasks_for
+
+    h100 = load_device("h100")
+    small = choose_mma_tiling(1, 128, 768, 768, h100)
+    assert tasks_for(small, 1, 128, 768) >= 48, small
+    big = choose_mma_tiling(1, 4096, 4096, 4096, h100)
+    assert big.bm * big.bn >= 128 * 64, big
+    for t in MMA_TILINGS:
+        assert t.threads == 256 and 4 * t.smem_floats <= 48 * 1024, t  # Rammer's vEU; CUDA's static limit
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed on this machine")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_nvcc_builds_every_mma_tiling_without_spills(tmp_path, arch):
+    spec = plain_spec(128, 768, 768, True)
+    src = tmp_path / "k.cu"
+    src.write_text(render([gemm_source(f"g_{t.name}", spec, t) for t in MMA_TILINGS], "cuda"))
+    r = subprocess.run([find_nvcc(), "-cubin", f"-arch={arch}", "-O3", "-Xptxas", "-v", "-o",
+                        str(tmp_path / "k.cubin"), str(src)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "mma.sync" in src.read_text() or "MMA_TF32" in src.read_text()
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)]
+    assert spills and not any(spills), r.stderr[-3000:]
+    ptx = subprocess.run([find_nvcc(), "-ptx", f"-arch={arch}", "-o", "-", str(src)], capture_output=True, text=True)
+    assert ptx.stdout.count("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32") >= len(MMA_TILINGS)

@@ -1,0 +1,191 @@
+"""Precision as a compile option (`--precision`, a pipeline's `precision:`, the API's argument):
+tf32 puts every GEMM and convolution on the tensor-core template, emulated on PoCL, and the
+result is checked against onnxruntime's float32 at verify's tf32 tolerance. Precisions a device
+cannot do, and ones not built yet, are one clear error."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dlcc
+from conftest import opencl_device_available, run_ort
+from dlcc.errors import ConfigError
+from dlcc.verify import DEFAULT_TOLERANCE
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "resnet-tiny.onnx"
+needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
+
+
+def cli(*args):
+    p = subprocess.run([sys.executable, "-m", "dlcc.cli", *map(str, args)], capture_output=True, text=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+def _gemm_kernels(plan):
+    return [k for k in plan["kernels"] if k["kind"] == "gemm"]
+
+
+def _max_err(cm, path):
+    import onnx
+
+    feeds = cm.sample_inputs(0)
+    got = cm.executor().run(feeds)
+    names = [o.name for o in onnx.load(str(path), load_external_data=False).graph.output]
+    ref = dict(zip(names, run_ort(path, feeds, names)))
+    return max(float(np.abs(got[n].astype(np.float64) - ref[n]).max()) for n in ref), got, ref
+
+
+@needs_opencl
+@pytest.mark.parametrize("name,pipeline", [("cnn", "full"), ("bert", "astitch"), ("lstm", "baseline")])
+def test_tf32_models_match_onnxruntime(model_path, name, pipeline):
+    """Every GEMM/conv runs on the tensor-core template, and the outputs are within the tf32
+    tolerance of onnxruntime's float32, while visibly not the fp32 plan's (TF32 is really used)."""
+    path = model_path(name)
+    tf = dlcc.compile(path, target="opencl", pipeline=pipeline, precision="tf32")
+    assert tf.plan["meta"]["precision"] == "tf32" and "emulated" in tf.plan["meta"]["precision_note"]
+    gk = _gemm_kernels(tf.plan)
+    assert gk and all(k["math"] == "tf32" and k["tiling"].startswith("tc") for k in gk), gk
+    err_tf, got, ref = _max_err(tf, path)
+    rtol, atol = DEFAULT_TOLERANCE["tf32"]
+    for n in ref:
+        np.testing.assert_allclose(got[n], ref[n], rtol=rtol, atol=atol, err_msg=n)
+    fp = dlcc.compile(path, target="opencl", pipeline=pipeline)
+    assert fp.plan["meta"]["precision"] == "fp32" and all(k["math"] == "float32" for k in fp.plan["kernels"])
+    err_fp, _, _ = _max_err(fp, path)
+    assert err_tf > 4 * err_fp, (err_tf, err_fp)
+
+
+def _parallel_gemms(path, n, M=64, K=96, N=96):
+    """n independent MatMuls of one input: one wave of n GEMMs (tests/test_rammer.py's shape,
+    smaller: PoCL's work-group compiler is slow on big persistent kernels)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(2)
+    outs = [f"y{i}" for i in range(n)]
+    inits = [helper.make_tensor(f"W{i}", TensorProto.FLOAT, [K, N], rng.standard_normal(K * N) / np.sqrt(K))
+             for i in range(n)]
+    g = helper.make_graph([helper.make_node("MatMul", ["x", f"W{i}"], [o]) for i, o in enumerate(outs)], "gemms",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [M, K])],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, [M, N]) for o in outs], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@needs_opencl
+def test_rammer_runs_tensor_core_rtasks(tmp_path):
+    """On an H100 plan, Rammer co-schedules tensor-core rTasks in a persistent kernel (every
+    tiling has its 256 threads), re-tiles them only within their template, and its waves tell the
+    cost model which FLOPs run at the TF32 peak. The persistent kernel runs right on PoCL."""
+    path = _parallel_gemms(tmp_path / "g.onnx", 3)
+    cm = dlcc.compile(path, target="opencl", pipeline="rammer", device="h100", precision="tf32")
+    (L,) = [L for L in cm.plan["launches"] if L.get("rprogram")]
+    (w,) = L["rprogram"]["waves"]
+    assert w["math_flops"] == {"tf32": w["flops"]} and w["flops"] == 3 * 2 * 64 * 96 * 96
+    assert all(k["tiling"].startswith("tc") for k in _gemm_kernels(cm.plan))
+    err, got, ref = _max_err(cm, path)
+    rtol, atol = DEFAULT_TOLERANCE["tf32"]
+    for n in ref:
+        np.testing.assert_allclose(got[n], ref[n], rtol=rtol, atol=atol, err_msg=n)
+
+
+def test_precision_from_the_pipeline_file_and_the_override(tmp_path):
+    pipe = tmp_path / "tc.yaml"
+    pipe.write_text("name: tc\nprecision: tf32\npasses:\n  - name: lower\n  - name: memplan\n")
+    cm = dlcc.compile(EXAMPLE, target="opencl", pipeline=str(pipe))
+    assert cm.plan["meta"]["precision"] == "tf32" and all(k["math"] == "tf32" for k in _gemm_kernels(cm.plan))
+    cm = dlcc.compile(EXAMPLE, target="opencl", pipeline=str(pipe), precision="fp32")
+    assert cm.plan["meta"]["precision"] == "fp32" and all(k["math"] == "float32" for k in _gemm_kernels(cm.plan))
+
+
+def test_the_cache_tells_precisions_apart(tmp_path):
+    from dlcc.api import cache_key
+
+    k32 = cache_key(EXAMPLE, {}, "opencl", "baseline", None, cache=tmp_path)[1]
+    ktf = cache_key(EXAMPLE, {}, "opencl", "baseline", None, cache=tmp_path, precision="tf32")[1]
+    assert k32 != ktf
+    assert cache_key(EXAMPLE, {}, "opencl", "baseline", None, cache=tmp_path, precision="fp32")[1] == k32
+
+
+def test_precisions_a_device_cannot_do_are_one_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="tf32 needs tensor cores.*sm_80 or newer.*V100.*sm_70"):
+        dlcc.compile(EXAMPLE, target="opencl", device="v100", precision="tf32")
+    with pytest.raises(ConfigError, match="precision bf16 is not available yet"):
+        dlcc.compile(EXAMPLE, target="opencl", precision="bf16")
+    rc, out, err = cli("compile", EXAMPLE, "-o", tmp_path / "a", "--precision", "fp8")
+    assert rc == 2 and "unknown precision 'fp8'" in err and "fp32, tf32, fp16, bf16" in err
+    assert "Traceback" not in out + err and not (tmp_path / "a").exists()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nprecision: tf33\npasses:\n  - name: lower\n  - name: memplan\n")
+    rc, out, err = cli("compile", EXAMPLE, "-o", tmp_path / "b", "-p", bad)
+    assert rc == 2 and "bad.yaml" in err and "precision" in err and "Traceback" not in out + err
+
+
+def _big_matmul(path):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024, 2048])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024, 2048])], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_estimate_ranks_precisions(tmp_path):
+    """`dlcc estimate -p baseline --precision fp32 --precision tf32` ranks both plans; on an H100
+    the tensor cores' peak makes tf32 the faster for a model whose time is in its GEMMs."""
+    rc, out, err = cli("estimate", _big_matmul(tmp_path / "mm.onnx"), "-d", "h100", "-p", "baseline",
+                       "--precision", "fp32", "--precision", "tf32", "--json", "-q")
+    assert rc == 0, err
+    d = json.loads(out)
+    rows = {p["name"]: p["predicted_ms"] for p in d["pipelines"]}
+    assert set(rows) == {"baseline@fp32", "baseline@tf32"}
+    assert rows["baseline@tf32"] < 0.5 * rows["baseline@fp32"], rows
+    rc, out, err = cli("estimate", EXAMPLE, "-d", "v100", "-p", "baseline", "--precision", "tf32", "-q")
+    assert rc == 2 and "sm_70" in err and "Traceback" not in out + err
+
+
+@needs_opencl
+def test_verify_uses_the_precisions_tolerance():
+    rc, out, err = cli("verify", EXAMPLE, "-t", "opencl", "--precision", "tf32", "--json", "-q")
+    d = json.loads(out)
+    assert rc == 0 and d["passed"] and d["precision"] == "tf32"
+    assert (d["rtol"], d["atol"]) == DEFAULT_TOLERANCE["tf32"] and d["tolerance_from"] == "tf32 default"
+
+
+@needs_opencl
+def test_batch_precision_axis(tmp_path, capsys):
+    """A manifest's `precisions:` list is a matrix axis: a job per precision, named for it, each
+    compiled at it and verified at its default tolerance."""
+    import shutil
+
+    from dlcc.batch import load_manifest
+    from dlcc.cli import main
+
+    shutil.copy(EXAMPLE, tmp_path / "resnet.onnx")
+    m = tmp_path / "m.yaml"
+    m.write_text("defaults: {target: opencl}\njobs:\n  - model: resnet.onnx\n    precisions: [fp32, tf32]\n"
+                 "    verify: true\n")
+    jobs = {j.name: j for j in load_manifest(m)}
+    assert set(jobs) == {"resnet-baseline-fp32-default-opencl", "resnet-baseline-tf32-default-opencl"}
+    tf = jobs["resnet-baseline-tf32-default-opencl"]
+    assert tf.precision == "tf32" and (tf.verify.rtol, tf.verify.atol) == DEFAULT_TOLERANCE["tf32"]
+    with pytest.raises(SystemExit) as e:
+        main(["batch", str(m), "-j", "1", "--out", str(tmp_path / "out"), "--json"])
+    assert e.value.code == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert all(r["outcome"] == "passed" for r in rows.values()), rows
+    plan = json.loads((tmp_path / "out" / "resnet-baseline-tf32-default-opencl" / "plan.json").read_text())
+    assert plan["meta"]["precision"] == "tf32"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("jobs:\n  - model: resnet.onnx\n    precision: fp8\n")
+    with pytest.raises(Exception, match="bad.yaml.*precision"):
+        load_manifest(bad)

@@ -72,3 +72,20 @@ def pytest_ignore_collect(collection_path, config):
         wanted = "slow" in expr.replace("not slow", "")
         return None if wanted else True
     return None
+
+
+def parallel_gemms(path, n, M=128, K=768, N=768):
+    """n independent MatMuls of one input: a single wave of n GEMMs (Rammer's tests)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(2)
+    outs = [f"y{i}" for i in range(n)]
+    inits = [helper.make_tensor(f"W{i}", TensorProto.FLOAT, [K, N], rng.standard_normal(K * N) / np.sqrt(K))
+             for i in range(n)]
+    g = helper.make_graph([helper.make_node("MatMul", ["x", f"W{i}"], [o]) for i, o in enumerate(outs)], "gemms",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [M, K])],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, [M, N]) for o in outs], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path

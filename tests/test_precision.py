@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import dlcc
-from conftest import opencl_device_available, run_ort
+from conftest import opencl_device_available, parallel_gemms, run_ort
 from dlcc.errors import ConfigError
 from dlcc.verify import DEFAULT_TOLERANCE
 
@@ -61,29 +61,12 @@ def test_tf32_models_match_onnxruntime(model_path, name, pipeline):
     assert err_tf > 4 * err_fp, (err_tf, err_fp)
 
 
-def _parallel_gemms(path, n, M=64, K=96, N=96):
-    """n independent MatMuls of one input: one wave of n GEMMs (tests/test_rammer.py's shape,
-    smaller: PoCL's work-group compiler is slow on big persistent kernels)."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    rng = np.random.default_rng(2)
-    outs = [f"y{i}" for i in range(n)]
-    inits = [helper.make_tensor(f"W{i}", TensorProto.FLOAT, [K, N], rng.standard_normal(K * N) / np.sqrt(K))
-             for i in range(n)]
-    g = helper.make_graph([helper.make_node("MatMul", ["x", f"W{i}"], [o]) for i, o in enumerate(outs)], "gemms",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [M, K])],
-                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, [M, N]) for o in outs], inits)
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
-
-
 @needs_opencl
 def test_rammer_runs_tensor_core_rtasks(tmp_path):
     """On an H100 plan, Rammer co-schedules tensor-core rTasks in a persistent kernel (every
     tiling has its 256 threads), re-tiles them only within their template, and its waves tell the
     cost model which FLOPs run at the TF32 peak. The persistent kernel runs right on PoCL."""
-    path = _parallel_gemms(tmp_path / "g.onnx", 3)
+    path = parallel_gemms(tmp_path / "g.onnx", 3, M=64, K=96, N=96)  # small: PoCL builds it fast
     cm = dlcc.compile(path, target="opencl", pipeline="rammer", device="h100", precision="tf32")
     (L,) = [L for L in cm.plan["launches"] if L.get("rprogram")]
     (w,) = L["rprogram"]["waves"]

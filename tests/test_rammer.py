@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 import dlcc
 from dlcc.verify import verify_outputs
 
-from conftest import SMALL_MODELS, export_model
+from conftest import SMALL_MODELS, export_model, parallel_gemms
 from test_hf_zoo import NAMES as HF_NAMES
 from test_hf_zoo import _export as hf_export
 
@@ -243,19 +243,6 @@ def test_rtask_times_come_from_the_profile_database(tmp_path, pipes, capsys):
     assert e.value.code != 0 and "profile database not found" in capsys.readouterr().err
 
 
-def _parallel_gemms(path, n, M=128, K=768, N=768):
-    """n independent MatMuls of one input: a single wave of n GEMMs."""
-    rng = np.random.default_rng(2)
-    outs = [f"y{i}" for i in range(n)]
-    inits = [helper.make_tensor(f"W{i}", TensorProto.FLOAT, [K, N], rng.standard_normal(K * N) / np.sqrt(K))
-             for i in range(n)]
-    g = helper.make_graph([helper.make_node("MatMul", ["x", f"W{i}"], [o]) for i, o in enumerate(outs)], "gemms",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [M, K])],
-                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, [M, N]) for o in outs], inits)
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
-
-
 def test_rkernel_choice_per_wave(tmp_path):
     """The wavefront policy on an H100 plan: two GEMMs that leave vEUs idle keep their fastest
     tiling; four that fill the 132 vEUs switch to the tiling that minimises the wave's modelled
@@ -265,10 +252,10 @@ def test_rkernel_choice_per_wave(tmp_path):
 
     dev = load_device("h100")
     fastest = choose_tiling(1, 128, 768, 768, dev)
-    two = dlcc.compile(_parallel_gemms(tmp_path / "two.onnx", 2), target="opencl", pipeline="rammer", device="h100")
+    two = dlcc.compile(parallel_gemms(tmp_path / "two.onnx", 2), target="opencl", pipeline="rammer", device="h100")
     rk = two.plan["rprogram"][0]["rkernels"]
     assert len(rk) == 2 and all(f"_{fastest.name}_" in r["rkernel"] and "chosen for its wave" not in r["why"] for r in rk)
-    path = _parallel_gemms(tmp_path / "four.onnx", 4)
+    path = parallel_gemms(tmp_path / "four.onnx", 4)
     four = dlcc.compile(path, target="opencl", pipeline="rammer", device="h100")
     (rp,) = four.plan["rprogram"]
     assert rp["tasks_per_wave"][0] >= rp["veus"]
@@ -299,7 +286,7 @@ def test_rkernel_policy_option(tmp_path):
 
     def tilings(n, policy):
         pipe = _pipeline(tmp_path, policy, base, f"{{kernels: {policy}}}")
-        m = dlcc.compile(_parallel_gemms(tmp_path / f"{n}.onnx", n), target="opencl", pipeline=pipe, device="h100")
+        m = dlcc.compile(parallel_gemms(tmp_path / f"{n}.onnx", n), target="opencl", pipeline=pipe, device="h100")
         (rp,) = m.plan["rprogram"]
         assert all(f"kernels: {policy}" in r["why"] for r in rp["rkernels"]), rp["rkernels"]
         return {t.name for t in TILINGS for r in rp["rkernels"] if f"_{t.name}_" in r["rkernel"]}, m

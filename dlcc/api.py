@@ -152,7 +152,7 @@ def _compile(model, shapes, tgt, pipeline, device, steps, profile_db, cache=None
         from .estimate.plan_mode import choose_pipeline
 
         dev = device or default_device(tgt)
-        pipeline, est = choose_pipeline(model, shapes, dev, steps=steps)
+        pipeline, est = choose_pipeline(model, shapes, dev, steps=steps, precision=precision)
         choice = {"chosen": pipeline, "why": est.why(), "device": est.device,
                   "ranking": [{"name": p.name, "predicted_ms": p.predicted_us / 1e3} for p in est.pipelines]}
         imported = est.imported

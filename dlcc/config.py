@@ -99,7 +99,7 @@ def check_precision(precision: str, device: DeviceSpec, target: str) -> str | No
                           f"device {device.name} is {device.arch}")
     if target != "cuda":
         return (f"precision {precision} on {target}: no tensor cores there; the mma instructions are emulated "
-                f"(the same fragment layout and {precision.upper()} rounding, far slower than fp32)")
+                f"(the same fragment layout and {precision.upper()} rounding: for testing, not for speed)")
     return None
 
 

@@ -172,3 +172,10 @@ def test_batch_precision_axis(tmp_path, capsys):
     bad.write_text("jobs:\n  - model: resnet.onnx\n    precision: fp8\n")
     with pytest.raises(Exception, match="bad.yaml.*precision"):
         load_manifest(bad)
+
+
+def test_auto_ranks_the_pipelines_at_the_compiles_precision():
+    cm = dlcc.compile(EXAMPLE, target="opencl", pipeline="auto", precision="tf32")
+    choice = cm.plan["meta"]["pipeline_choice"]
+    assert cm.plan["meta"]["precision"] == "tf32" and "@" not in cm.plan["meta"]["pipeline"]
+    assert all(r["name"].endswith("@tf32") for r in choice["ranking"]) and choice["chosen"] == cm.plan["meta"]["pipeline"]

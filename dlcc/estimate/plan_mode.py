@@ -153,10 +153,12 @@ def estimate_plan(model, shapes=(), device: str = "h100", pipelines: list[str] |
     return est
 
 
-def choose_pipeline(model, shapes, device, steps=None) -> tuple[str, PlanEstimate]:
-    """`--pipeline auto`: the built-in pipeline the estimator ranks best for `device`."""
-    est = estimate_plan(model, shapes, device, None, steps=steps, what_ifs=False)
-    return est.best.name, est
+def choose_pipeline(model, shapes, device, steps=None, precision: str | None = None) -> tuple[str, PlanEstimate]:
+    """`--pipeline auto`: the built-in pipeline the estimator ranks best for `device`, each ranked
+    at `precision` where one is given (the compile's)."""
+    est = estimate_plan(model, shapes, device, None, steps=steps, what_ifs=False,
+                        precisions=[precision] if precision else None)
+    return est.best.name.split("@")[0], est
 
 
 # ---------------------------------------------------------------------------------------------

@@ -57,6 +57,8 @@ def _materialize_outputs(ctx: LowerCtx) -> None:
 class LowerOptions(BaseModel):
     """`gemm_tiling`: "auto" picks each GEMM's tiling by wave-quantized cost on the target device;
     a tiling name (e.g. 64x64x16_4x4) forces that one everywhere (a pipeline to rank against).
+    Both are SIMT tilings: at precision tf32 every GEMM takes a tensor-core tiling instead
+    (kernels/gemm_mma.py choose_mma_tiling), and a forced one is not used.
 
     `rnn_input`: "batched" computes an LSTM's input projection for all steps in one GEMM (best
     when every launch is a kernel of its own); "per-step" folds it into each step's GEMM, so that

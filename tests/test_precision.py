@@ -179,3 +179,41 @@ def test_auto_ranks_the_pipelines_at_the_compiles_precision():
     choice = cm.plan["meta"]["pipeline_choice"]
     assert cm.plan["meta"]["precision"] == "tf32" and "@" not in cm.plan["meta"]["pipeline"]
     assert all(r["name"].endswith("@tf32") for r in choice["ranking"]) and choice["chosen"] == cm.plan["meta"]["pipeline"]
+
+
+def _generated_gemm_seeds(k: int) -> list[int]:
+    """The first k fuzzer seeds whose graph has a GEMM, convolution or RNN (dlcc/testing/graphgen)."""
+    from dlcc.testing import graphgen
+
+    gemm = {"MatMul", "Gemm", "Conv", "ConvTranspose", "LSTM", "GRU", "RNN"}
+    out, seed = [], 0
+    while len(out) < k:
+        try:
+            if set(graphgen.generate_valid(seed).ops) & gemm:
+                out.append(seed)
+        except graphgen.InvalidCase:
+            pass
+        seed += 1
+    return out
+
+
+@needs_opencl
+def test_generated_graphs_at_tf32(tmp_path):
+    """The fuzzer's odd shapes (broadcast batches, transposed operands, grouped and strided
+    convolutions, fused prologues and epilogues) through `full` at tf32, against onnxruntime at
+    the tf32 tolerance."""
+    import onnx
+
+    from dlcc.testing import graphgen
+
+    rtol, atol = DEFAULT_TOLERANCE["tf32"]
+    for seed in _generated_gemm_seeds(6):
+        case = graphgen.generate_valid(seed)
+        path = tmp_path / f"g{seed}.onnx"
+        onnx.save(case.model, path)
+        got = dlcc.compile(path, target="opencl", pipeline="full", precision="tf32")(case.feeds)
+        for name, ref in case.refs.items():
+            if ref.dtype.kind == "f":
+                np.testing.assert_allclose(got[name], ref, rtol=rtol, atol=atol, err_msg=f"seed {seed}: {name}")
+            else:
+                np.testing.assert_array_equal(got[name], ref, err_msg=f"seed {seed}: {name}")

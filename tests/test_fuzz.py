@@ -370,3 +370,42 @@ def test_nvcc_target_builds_the_cuda_text_and_reports_spills(monkeypatch):
     v = check_model(case.model, case.feeds, case.refs, configs[:1], "nvcc")[0]
     assert v.status == "spill" and "sm_90" in v.detail, v
     assert "spill" in FAILURES
+
+
+
+def test_tf32_configurations_are_judged_at_tf32():
+    """"NAME@tf32" configurations: judged at verify's tf32 tolerance, and the arbiter's rounding
+    spread adds the TF32 rounding of every GEMM operand. Two MatMuls with nearly equal weights,
+    subtracted, cancel: a tensor-core answer (operands rounded to TF32, as the hardware does)
+    is far from the exact one, explained at tf32 but not at fp32; an answer further off than
+    TF32 rounding can move it is not explained."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from dlcc.testing.oracle import compare_outputs, conditioning_explains, config_named
+
+    cfg = config_named("full@tf32")
+    assert cfg.precision == "tf32" and cfg.spec().precision == "tf32" and config_named("full").precision == "fp32"
+    with pytest.raises(KeyError, match="unknown precision"):
+        config_named("full@fp8")
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((64, 8)).astype(np.float32)
+    w2 = (w * (1 + 1e-3 * rng.standard_normal(w.shape))).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("MatMul", ["x", "w2"], ["b"]),
+                           helper.make_node("Sub", ["a", "b"], ["y"])], "cancel",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(w2, "w2")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = (100 * rng.standard_normal((4, 64))).astype(np.float32)  # a, b ~ 800, y ~ 1: cancellation
+    refs = graphgen.reference(m, {"x": x})
+
+    def tf32(a):
+        u = a.astype(np.float32).view(np.uint32)
+        return ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+
+    tc = (tf32(x) @ tf32(w) - tf32(x) @ tf32(w2)).astype(np.float32)
+    assert not compare_outputs(m, {"y": tc}, refs, "tf32")[0]  # beyond even the tf32 tolerance
+    assert conditioning_explains(m, {"x": x}, {"y": tc}, refs, "tf32")
+    assert not conditioning_explains(m, {"x": x}, {"y": tc}, refs, "fp32")
+    # here TF32 rounding alone moves y by about 1 (y itself is about 1): a bug lands further
+    assert not conditioning_explains(m, {"x": x}, {"y": (refs["y"] + 20).astype(np.float32)}, refs, "tf32")

@@ -29,7 +29,7 @@ import os
 import re
 import tempfile
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,18 +37,19 @@ import onnx
 
 from .rounding import float64_reference, rounding_spread  # noqa: F401  (float64_reference: re-exported)
 
-RTOL, ATOL = 1e-3, 1e-4  # dlcc verify's defaults
 SCHEMES = ("independent", "local", "regional", "global")
 FAILURES = ("mismatch", "crash", "hang", "spill")
 
 
 @dataclass(frozen=True)
 class Config:
-    """A built-in pipeline with some pass options changed."""
+    """A built-in pipeline with some pass options changed, at a precision ("NAME@tf32": its GEMMs
+    on the tensor-core template, judged at that precision's tolerance and rounding)."""
 
     name: str
     base: str
     overrides: tuple = ()  # ((pass name, option, value), ...)
+    precision: str = "fp32"
 
     def spec(self):
         from ..config import PassSpec, PipelineSpec, load_pipeline
@@ -61,15 +62,16 @@ class Config:
                 if name == ps.name:
                     opts[key] = list(value) if isinstance(value, tuple) else value
             passes.append(PassSpec(name=ps.name, options=opts))
-        return PipelineSpec(name=self.name, description=p.description, passes=passes)
+        return PipelineSpec(name=self.name, description=p.description, passes=passes, precision=self.precision)
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "base": self.base, "overrides": [list(o) for o in self.overrides]}
+        return {"name": self.name, "base": self.base, "overrides": [list(o) for o in self.overrides],
+                "precision": self.precision}
 
     @staticmethod
     def from_dict(d: dict) -> "Config":
         return Config(d["name"], d["base"], tuple((a, b, tuple(c) if isinstance(c, list) else c)
-                                                  for a, b, c in d.get("overrides", [])))
+                                                  for a, b, c in d.get("overrides", [])), d.get("precision", "fp32"))
 
 
 def all_configs() -> list[Config]:
@@ -86,10 +88,18 @@ def all_configs() -> list[Config]:
 
 
 def config_named(name: str) -> Config:
+    """A configuration of all_configs() by name, or "NAME@PRECISION" for it at that precision."""
+    from ..config import BUILT_PRECISIONS
+
+    base, _, precision = name.partition("@")
+    if precision and precision not in BUILT_PRECISIONS:
+        raise KeyError(f"fuzz configuration {name!r}: unknown precision {precision!r}; "
+                       f"built ones: {', '.join(BUILT_PRECISIONS)}")
     for c in all_configs():
-        if c.name == name:
-            return c
-    raise KeyError(f"no fuzz configuration {name!r}; known: {', '.join(c.name for c in all_configs())}")
+        if c.name == base:
+            return replace(c, name=name, precision=precision) if precision else c
+    raise KeyError(f"no fuzz configuration {name!r}; known: {', '.join(c.name for c in all_configs())} "
+                   f"(each also as NAME@tf32)")
 
 
 @dataclass
@@ -114,10 +124,12 @@ def _fingerprint(cm) -> str:
     return h.hexdigest()
 
 
-def compare_outputs(model: onnx.ModelProto, got: dict, refs: dict) -> tuple[bool, str, list]:
-    """Every graph output of `model` (not dlcc's own list), under verify's rule."""
-    from ..verify import compare
+def compare_outputs(model: onnx.ModelProto, got: dict, refs: dict, precision: str = "fp32") -> tuple[bool, str, list]:
+    """Every graph output of `model` (not dlcc's own list), under verify's rule at `precision`'s
+    default tolerance."""
+    from ..verify import DEFAULT_TOLERANCE, compare
 
+    rtol, atol = DEFAULT_TOLERANCE[precision]
     names = [o.name for o in model.graph.output]
     ok, notes, errs = True, [], []
     for extra in sorted(set(got) - set(names)):
@@ -133,7 +145,7 @@ def compare_outputs(model: onnx.ModelProto, got: dict, refs: dict) -> tuple[bool
             ok = False
             notes.append(f"output {n!r}: dtype {g.dtype}, onnxruntime's is {r.dtype}")
             continue
-        row = compare(n, g, r, RTOL, ATOL)
+        row = compare(n, g, r, rtol, atol)
         errs.append({"output": n, "max_abs_err": row["max_abs_err"], "max_rel_err": row["max_rel_err"]})
         if not row["passed"]:
             ok = False
@@ -325,8 +337,8 @@ def _run(cm, model, feeds, refs, cfg, rt=None) -> Verdict:
         return Verdict(cfg.name, "refused", f"run: {type(e).__name__}: {e}")
     except Exception:
         return Verdict(cfg.name, "crash", "run: " + traceback.format_exc(limit=8))
-    ok, notes, errs = compare_outputs(model, got, refs)
-    why = "" if ok else conditioning_explains(model, feeds, got, refs)
+    ok, notes, errs = compare_outputs(model, got, refs, cfg.precision)
+    why = "" if ok else conditioning_explains(model, feeds, got, refs, cfg.precision)
     if why:
         return Verdict(cfg.name, "unstable", f"{notes} | explained by rounding: {why}", errors=errs)
     return Verdict(cfg.name, "pass" if ok else "mismatch", notes, errors=errs)
@@ -339,7 +351,7 @@ CONDITIONING_FACTOR = 4.0
 SPREAD_FACTOR = 2.0
 
 
-def conditioning_explains(model: onnx.ModelProto, feeds: dict, got: dict, refs: dict) -> str:
+def conditioning_explains(model: onnx.ModelProto, feeds: dict, got: dict, refs: dict, precision: str = "fp32") -> str:
     """True when every element of every output is, against the float64 answer, within what
     float32 rounding explains (or within verify's tolerance of it): then the disagreement is the
     graph's conditioning, not a dlcc bug. Rounding explains an error up to the larger of
@@ -353,9 +365,14 @@ def conditioning_explains(model: onnx.ModelProto, feeds: dict, got: dict, refs: 
     on the exact answer at one element by luck, and a bug lands far from it everywhere it strikes.
     The answer is a note saying, per float output, dlcc's largest error against the bound (what
     an `unstable` verdict records, for a reader to judge), or "" (false) when rounding does not
-    explain it, the float64 answer cannot be computed, or a shape or dtype differs."""
+    explain it, the float64 answer cannot be computed, or a shape or dtype differs. At precision
+    tf32 the spread includes the TF32 rounding of every GEMM operand, and verify's tf32 tolerance
+    is the last floor."""
+    from ..verify import DEFAULT_TOLERANCE
+
+    rtol, atol = DEFAULT_TOLERANCE[precision]
     try:
-        judged = rounding_spread(model, feeds)
+        judged = rounding_spread(model, feeds, precision=precision)
     except Exception:  # an op onnx.reference cannot run: no arbiter, so the mismatch stands
         return ""
     notes = []
@@ -377,7 +394,7 @@ def conditioning_explains(model: onnx.ModelProto, feeds: dict, got: dict, refs: 
             continue
         worst_ort, worst_spread = float(err_ort.max()), float(np.nanmax(spread[m]))
         floor = max(CONDITIONING_FACTOR * worst_ort, SPREAD_FACTOR * worst_spread)
-        if not np.all(err_dlcc <= np.maximum(floor, ATOL + RTOL * np.abs(t[m]))):
+        if not np.all(err_dlcc <= np.maximum(floor, atol + rtol * np.abs(t[m]))):
             return ""
         notes.append(f"{name!r}: dlcc's error against float64 {err_dlcc.max():.3g} <= {floor:.3g} "
                      f"(onnxruntime's {worst_ort:.3g}, rounding spread {worst_spread:.3g})")

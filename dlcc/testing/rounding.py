@@ -21,6 +21,10 @@ The rounding model is the textbook one (Higham, *Accuracy and Stability of Numer
 - ops that do not round (Max, Relu, comparisons, layout) get no error; composite ops (Softmax,
   LayerNormalization, LSTM) only an elementwise one, which errs on the strict side.
 
+At precision tf32 (`--precision tf32`: GEMMs on tensor cores) every operand of MatMul, Gemm, Conv
+and ConvTranspose is first rounded to TF32 (unit roundoff 2**-11, TF32_UNIT), then summed in
+float32 as above.
+
 A bug is not rounding: it strikes far outside the spread on a well-conditioned graph, and the
 oracle only consults the spread once verify's rule has already failed.
 """
@@ -33,6 +37,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 UNIT = 2.0 ** -24  # float32 unit roundoff: half an ulp of 1.0
+TF32_UNIT = 2.0 ** -11  # TF32's (10 explicit mantissa bits), for GEMM operands at precision tf32
+GEMMS = {"MatMul", "Gemm", "Conv", "ConvTranspose"}
 
 #: Ops whose float result is rounded once per element, and by how many ulps at most on the
 #: targets dlcc runs on. + − × ÷ and sqrt are correctly rounded (half an ulp) there: PoCL compiles
@@ -138,8 +144,9 @@ def _terms(node, types: dict) -> int:
     return 1
 
 
-def perturbed_model(m64: onnx.ModelProto, seed: int) -> onnx.ModelProto:
-    """The float64 model with the float32 rounding model above applied at random (`seed`)."""
+def perturbed_model(m64: onnx.ModelProto, seed: int, precision: str = "fp32") -> onnx.ModelProto:
+    """The float64 model with the float32 rounding model above applied at random (`seed`), and
+    at precision tf32 the TF32 rounding of every GEMM operand."""
     types = _types(m64)
     g = m64.graph
     nodes, fresh, rng = [], iter(range(1 << 30)), np.random.default_rng(seed)
@@ -155,6 +162,13 @@ def perturbed_model(m64: onnx.ModelProto, seed: int) -> onnx.ModelProto:
         return bool(name) and types.get(name, (0, None))[0] == TensorProto.DOUBLE and types[name][1] is not None
 
     for node in g.node:
+        if precision == "tf32" and node.op_type in GEMMS:
+            for k in (0, 1):
+                if len(node.input) > k and is_double(node.input[k]):
+                    src = node.input[k]
+                    node.input[k] = f"{src}__mc_tf32{next(fresh)}"
+                    types[node.input[k]] = types[src]
+                    nodes += noisy(src, node.input[k], TF32_UNIT / UNIT)
         if node.op_type in SUMS and is_double(node.input[0]):
             src = node.input[0]
             node.input[0] = f"{src}__mc_in{next(fresh)}"
@@ -175,7 +189,7 @@ def perturbed_model(m64: onnx.ModelProto, seed: int) -> onnx.ModelProto:
     return m64
 
 
-def rounding_spread(model: onnx.ModelProto, feeds: dict, samples: int = 8) -> dict:
+def rounding_spread(model: onnx.ModelProto, feeds: dict, samples: int = 8, precision: str = "fp32") -> dict:
     """Per float output, the largest distance (elementwise) from the exact answer over `samples`
     runs under the rounding model, with the exact answer itself: `(exact, spread)` by name."""
     m64 = float64_model(model)
@@ -184,7 +198,7 @@ def rounding_spread(model: onnx.ModelProto, feeds: dict, samples: int = 8) -> di
     for s in range(samples):
         m = onnx.ModelProto()
         m.CopyFrom(m64)
-        got = _run64(perturbed_model(m, s), feeds)
+        got = _run64(perturbed_model(m, s, precision), feeds)
         for n in spread:
             with np.errstate(invalid="ignore"):
                 spread[n] = np.fmax(spread[n], np.abs(got[n] - exact[n]))

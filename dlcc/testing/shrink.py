@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -68,8 +68,10 @@ def shrink(seed: int, config: Config, target: str = "opencl", max_tries: int = 6
         tries += 1
         return _verdict(c.model, c.feeds, c.refs, cfg, target).status == status
 
-    # 1. the simplest configuration that still fails
-    for cfg in configs or all_configs():
+    # 1. the simplest configuration that still fails, at the failing one's precision
+    same = [replace(c, name=f"{c.name}@{config.precision}", precision=config.precision)
+            if config.precision != "fp32" else c for c in all_configs()]
+    for cfg in configs or same:
         if cfg.name == config.name:
             break
         if fails(case, cfg):

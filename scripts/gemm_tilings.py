@@ -10,6 +10,7 @@ prints the time, the rate, the kernel's registers, and which tiling the model pi
 
     python scripts/gemm_tilings.py                      # on CUDA (needs a GPU and PyCUDA)
     python scripts/gemm_tilings.py --target opencl --shapes 64x96x80 --repeat 3   # the script itself, on PoCL
+    python scripts/gemm_tilings.py --precision tf32     # the tensor-core tilings (kernels/gemm_mma.py)
 
 Shapes are MxNxK; B is stored [N, K] (a Linear/Gemm weight with transB=1), as in the models.
 """
@@ -43,18 +44,32 @@ CANDIDATES = (
 )
 
 
+def _tf32(x: np.ndarray) -> np.ndarray:
+    """x rounded to TF32 as the tensor cores' operands are (cvt.rna: nearest, ties away)."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    return ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="cuda")
     ap.add_argument("--device", default="h100", help="DeviceSpec for the model's pick (default h100)")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32"],
+                    help="tf32: the tensor-core tilings (kernels/gemm_mma.py), checked against numpy on "
+                    "TF32-rounded operands")
     a = ap.parse_args(argv)
     rt = make_runtime(a.target)
     dev = load_device(a.device)
     # On a CPU device (PoCL) the larger per-thread candidates overflow the worker threads' stack
     # (values live across barriers are kept there per work-item): only TILINGS run there.
     tilings = list(TILINGS) if rt.is_cpu() else list(dict.fromkeys(TILINGS + CANDIDATES))
+    choose, cost, rnd = choose_tiling, tiling_cost, (lambda x: x)
+    if a.precision == "tf32":
+        from dlcc.kernels.gemm_mma import MMA_TILINGS, choose_mma_tiling, mma_cost
+
+        tilings, choose, cost, rnd = list(MMA_TILINGS), choose_mma_tiling, mma_cost, _tf32
     rng = np.random.default_rng(0)
     summary = []
     for shp in a.shapes.split(","):
@@ -64,13 +79,13 @@ def main(argv=None) -> int:
         rt.compile(render([gemm_source(names[t], spec, t) for t in tilings], rt.dialect))
         A = rng.standard_normal((M, K), dtype=np.float32)
         B = rng.standard_normal((N, K), dtype=np.float32)
-        ref = A.astype(np.float64) @ B.astype(np.float64).T
+        ref = rnd(A).astype(np.float64) @ rnd(B).astype(np.float64).T
         sizes = [A.nbytes, B.nbytes, M * N * 4]
         bufs = [rt.alloc(n) for n in sizes]
         rt.write(bufs[0], 0, A)
         rt.write(bufs[1], 0, B)
         args = [rt.view(b, 0, n) for b, n in zip(bufs, sizes)]
-        pick = choose_tiling(1, M, N, K, dev)
+        pick = choose(1, M, N, K, dev)
         rows = []
         for t in tilings:
             k = rt.kernel(names[t])
@@ -97,7 +112,7 @@ def main(argv=None) -> int:
         for us, t, err, regs, grid in rows:
             mark = " ←" if t == pick else ""
             print(f"| {t.name}{mark} | {t.threads} | {regs} | {grid} | {us:.1f} | {2 * M * N * K / us / 1e6:.2f} | "
-                  f"{us / best:.2f} | {err:.1e} | {tiling_cost(t, 1, M, N, K, dev):.0f} |")
+                  f"{us / best:.2f} | {err:.1e} | {cost(t, 1, M, N, K, dev):.0f} |")
         picked = next((r[0] for r in rows if r[1] == pick), float("nan"))
         summary.append((shp, pick.name, picked, rows[0][1].name, best))
         if any(r[2] > 1e-4 for r in rows):

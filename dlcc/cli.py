@@ -418,12 +418,13 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
         rows = []
         for n in builtin_names("devices"):
             d = load_device(n)
-            rows.append((n, d.name, str(d.sms), f"{d.dram_bandwidth_gbps:g} GB/s", f"{d.peak_tflops.get('float32', 0):g}"))
-        cols = ("name", "device", "SMs", "DRAM", "fp32 TFLOP/s")
+            rows.append((n, d.name, str(d.sms), f"{d.dram_bandwidth_gbps:g} GB/s", f"{d.peak_tflops.get('float32', 0):g}",
+                         f"{d.peak_tflops['tf32']:g}" if "tf32" in d.peak_tflops else "-"))
+        cols = ("name", "device", "SMs", "DRAM", "fp32 TFLOP/s", "tf32 TFLOP/s")
     elif what == "pipelines":
-        rows = [(n, " → ".join(p.name for p in load_pipeline(n).passes), load_pipeline(n).description)
-                for n in builtin_names("pipelines")]
-        cols = ("name", "passes", "description")
+        rows = [(n, " → ".join(p.name for p in spec.passes), spec.precision, spec.description)
+                for n in builtin_names("pipelines") for spec in [load_pipeline(n)]]
+        cols = ("name", "passes", "precision", "description")
     elif what == "passes":
         rows = [(n, p.doc) for n, p in sorted(PASSES.items())]
         cols = ("pass", "what it does")

@@ -150,7 +150,8 @@ def verify(model: Path = typer.Argument(..., help="ONNX model file"),
 
     cm = _compile(model, shape, target, pipeline, device, quiet, json_out, profile_db=profile_db, precision=precision)
     prec = cm.plan["meta"].get("precision", "fp32")
-    tol_from = "given" if rtol is not None and atol is not None else f"{prec} default"
+    tol_from = ("given" if rtol is not None and atol is not None else f"{prec} default" if rtol is None and atol is None
+                else f"{'rtol' if rtol is not None else 'atol'} given, the other the {prec} default")
     rtol = DEFAULT_TOLERANCE[prec][0] if rtol is None else rtol
     atol = DEFAULT_TOLERANCE[prec][1] if atol is None else atol
     feeds = _load_inputs(inputs) if inputs else cm.sample_inputs(seed)

@@ -44,12 +44,6 @@ CANDIDATES = (
 )
 
 
-def _tf32(x: np.ndarray) -> np.ndarray:
-    """x rounded to TF32 as the tensor cores' operands are (cvt.rna: nearest, ties away)."""
-    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    return ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="cuda")
@@ -68,8 +62,9 @@ def main(argv=None) -> int:
     choose, cost, rnd = choose_tiling, tiling_cost, (lambda x: x)
     if a.precision == "tf32":
         from dlcc.kernels.gemm_mma import MMA_TILINGS, choose_mma_tiling, mma_cost
+        from dlcc.testing.rounding import tf32_round
 
-        tilings, choose, cost, rnd = list(MMA_TILINGS), choose_mma_tiling, mma_cost, _tf32
+        tilings, choose, cost, rnd = list(MMA_TILINGS), choose_mma_tiling, mma_cost, tf32_round
     rng = np.random.default_rng(0)
     summary = []
     for shp in a.shapes.split(","):

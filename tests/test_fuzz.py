@@ -382,6 +382,7 @@ def test_tf32_configurations_are_judged_at_tf32():
     from onnx import TensorProto, helper, numpy_helper
 
     from dlcc.testing.oracle import compare_outputs, conditioning_explains, config_named
+    from dlcc.testing.rounding import tf32_round
 
     cfg = config_named("full@tf32")
     assert cfg.precision == "tf32" and cfg.spec().precision == "tf32" and config_named("full").precision == "fp32"
@@ -400,8 +401,7 @@ def test_tf32_configurations_are_judged_at_tf32():
     refs = graphgen.reference(m, {"x": x})
 
     def tf32(a):
-        u = a.astype(np.float32).view(np.uint32)
-        return ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+        return tf32_round(a).astype(np.float64)
 
     tc = (tf32(x) @ tf32(w) - tf32(x) @ tf32(w2)).astype(np.float32)
     assert not compare_outputs(m, {"y": tc}, refs, "tf32")[0]  # beyond even the tf32 tolerance

@@ -19,15 +19,9 @@ from dlcc.backends.source import render
 from dlcc.kernels.gemm import gemm_source, plain_spec
 from dlcc.kernels.gemm_mma import MMA_TILINGS, MmaTiling, choose_mma_tiling
 
+from dlcc.testing.rounding import tf32_round as tf32  # numpy's twin of TO_TF32
+
 needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
-
-
-def tf32(x: np.ndarray) -> np.ndarray:
-    """numpy's twin of TO_TF32: round to a 10-bit mantissa, nearest, ties away from zero."""
-    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    finite = (u & 0x7F800000) != 0x7F800000
-    r = np.where(finite, (u + np.uint32(0x1000)) & np.uint32(0xFFFFE000), u).astype(np.uint32)
-    return r.view(np.float32)
 
 
 def test_tf32_rounding_twin():

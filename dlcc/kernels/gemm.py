@@ -100,14 +100,20 @@ def tiling_cost(t: Tiling, batch: int, M: int, N: int, K: int, device=None) -> f
     return max(per_sm * steps * instr / ISSUE_PER_CYCLE, -(-per_sm // occ) * steps * STEP_LATENCY)
 
 
-def choose_tiling(batch: int, M: int, N: int, K: int, device=None) -> Tiling:
-    """The tiling with the lowest modelled time (tiling_cost); ties go to the earlier, larger tile."""
+def cheapest(tilings, cost, batch: int, M: int, N: int, K: int, device=None):
+    """The tiling of `tilings` with the lowest `cost(t, batch, M, N, K, device)`; ties go to the
+    earlier, larger tile."""
     best, best_cost = None, None
-    for t in TILINGS:
-        cost = tiling_cost(t, batch, M, N, K, device)
-        if best_cost is None or cost < best_cost * (1 - 1e-9):
-            best, best_cost = t, cost
+    for t in tilings:
+        c = cost(t, batch, M, N, K, device)
+        if best_cost is None or c < best_cost * (1 - 1e-9):
+            best, best_cost = t, c
     return best
+
+
+def choose_tiling(batch: int, M: int, N: int, K: int, device=None) -> Tiling:
+    """The SIMT tiling with the lowest modelled time (tiling_cost)."""
+    return cheapest(TILINGS, tiling_cost, batch, M, N, K, device)
 
 
 def tiling_family(t) -> tuple[tuple, Callable]:

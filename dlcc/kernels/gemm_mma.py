@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .gemm import _indent, _per_thread_count, cheapest, tasks_for  # (gemm.py imports this module lazily)
+
 WARPS = 8
 MMA_EMU_FLOATS = 192  # backends/prelude_opencl.h: the 16x8 A and 8x8 B of one emulated mma
 
@@ -58,16 +60,15 @@ class MmaTiling:
         """8-column mma tiles per warp."""
         return self.bn // self.warps_n // 8
 
-    def tile_floats(self, which: str, k_contiguous: bool) -> int:
+    def operand_floats(self, which: str) -> int:
+        """Shared floats of operand `which`'s tile: the more of its two layouts (module docstring)."""
         ext = self.bm if which == "a" else self.bn
-        return ext * (self.bk + 4) if k_contiguous else self.bk * (ext + 8)
+        return max(ext * (self.bk + 4), self.bk * (ext + 8))
 
     @property
     def smem_floats(self) -> int:
-        """The most either operand layout needs, plus the OpenCL emulation's scratch."""
-        a = max(self.tile_floats("a", True), self.tile_floats("a", False))
-        b = max(self.tile_floats("b", True), self.tile_floats("b", False))
-        return a + b + WARPS * MMA_EMU_FLOATS
+        """Both operand tiles, plus the OpenCL emulation's scratch."""
+        return self.operand_floats("a") + self.operand_floats("b") + WARPS * MMA_EMU_FLOATS
 
     @property
     def math(self) -> str:
@@ -104,8 +105,6 @@ def mma_cost(t: MmaTiling, batch: int, M: int, N: int, K: int, device=None) -> f
     """Modelled cycles, in the form of kernels/gemm.py tiling_cost: the larger of an SM's issue
     time (mma instructions, fragment and operand traffic, loop overhead) and its latency chain
     (rounds of co-resident blocks x k steps x one step's latency)."""
-    from .gemm import tasks_for
-
     sms = getattr(device, "sms", 80)
     per_sm = -(-tasks_for(t, batch, M, N) // sms)
     steps = -(-K // t.bk)
@@ -123,16 +122,8 @@ def mma_cost(t: MmaTiling, batch: int, M: int, N: int, K: int, device=None) -> f
 
 
 def choose_mma_tiling(batch: int, M: int, N: int, K: int, device=None) -> MmaTiling:
-    best, best_cost = None, None
-    for t in MMA_TILINGS:
-        cost = mma_cost(t, batch, M, N, K, device)
-        if best_cost is None or cost < best_cost * (1 - 1e-9):
-            best, best_cost = t, cost
-    return best
-
-
-def _ind(lines, n):
-    return [" " * n + s for s in lines]
+    """The tensor-core tiling with the lowest modelled time (mma_cost)."""
+    return cheapest(MMA_TILINGS, mma_cost, batch, M, N, K, device)
 
 
 def _addr(t: MmaTiling, which: str, k_contiguous: bool, x: str, k: str) -> str:
@@ -146,7 +137,7 @@ def _walk(t: MmaTiling, which: str, k_contiguous: bool) -> list[str]:
     consecutive threads load consecutive addresses (`xx` the tile row, `kk` the k offset)."""
     ext = t.bm if which == "a" else t.bn
     n_el = ext * t.bk
-    per = -(-n_el // t.threads)
+    per = _per_thread_count(n_el, t.threads)
     split = (f"const int xx = l / {t.bk}, kk = l % {t.bk};" if k_contiguous
              else f"const int kk = l / {ext}, xx = l % {ext};")
     guard = [] if n_el % t.threads == 0 else [f"    if (l >= {n_el}) continue;"]
@@ -162,7 +153,7 @@ def _stage(t: MmaTiling, which: str, k0: str, spec, kc: bool) -> list[str]:
         stmts, val = spec.load_b("k", "n")
         where = [f"const int k = {k0} + kk, n = n0 + xx;", f"if (k < {spec.K} && n < {spec.N}) {{"]
     return [*_walk(t, which, kc), f"    {where[0]}", "    float val = 0.0f;", f"    {where[1]}",
-            *_ind(stmts, 8), f"        val = {val};", "    }", f"    r{which}[r] = val;", "}"]
+            *_indent(stmts, 8), f"        val = {val};", "    }", f"    r{which}[r] = val;", "}"]
 
 
 def _commit(t: MmaTiling, which: str, kc: bool) -> list[str]:
@@ -173,14 +164,11 @@ def _commit(t: MmaTiling, which: str, kc: bool) -> list[str]:
 def mma_gemm_source(name: str, spec, t: MmaTiling) -> str:
     """The rOperator text; its k loop is software-pipelined through registers as the SIMT
     template's is (step k+1's global loads issued before step k's mma)."""
-    from .gemm import _per_thread_count
-
     tiles_m, tiles_n = -(-spec.M // t.bm), -(-spec.N // t.bn)
     akc, bkc = spec.a_k_contiguous, not spec.b_n_contiguous
     arg_names = [p.split()[-1].lstrip("*") for p in spec.params]
     per_a, per_b = _per_thread_count(t.bm * t.bk, t.threads), _per_thread_count(t.bn * t.bk, t.threads)
-    a_floats = max(t.tile_floats("a", True), t.tile_floats("a", False))
-    b_floats = max(t.tile_floats("b", True), t.tile_floats("b", False))
+    a_floats, b_floats = t.operand_floats("a"), t.operand_floats("b")
     wtm, wtn = t.bm // t.warps_m, t.bn // t.warps_n
     MI, NI = t.mi, t.ni
     fa = lambda dm, dk: f"As[{_addr(t, 'a', akc, f'mma_wm0 + mi * 16 + mma_g + {dm}', f'kk + mma_t + {dk}')}]"  # noqa: E731
@@ -199,7 +187,7 @@ def mma_gemm_source(name: str, spec, t: MmaTiling) -> str:
         f"    const int n0 = (tile % {tiles_n}) * {t.bn};",
         f"    const int mma_wm0 = (mma_warp / {t.warps_n}) * {wtm}, mma_wn0 = (mma_warp % {t.warps_n}) * {wtn};",
         "    const int mma_g = mma_lane / 4, mma_t = mma_lane % 4;",
-        *_ind(spec.prologue or [], 4),
+        *_indent(spec.prologue or [], 4),
         f"    float acc[{2 * MI}][{2 * NI}];",
         "    #pragma unroll",
         f"    for (int i = 0; i < {2 * MI}; ++i) {{",
@@ -207,15 +195,15 @@ def mma_gemm_source(name: str, spec, t: MmaTiling) -> str:
         f"        for (int j = 0; j < {2 * NI}; ++j) acc[i][j] = 0.0f;",
         "    }",
         f"    float ra[{per_a}], rb[{per_b}];",
-        *_ind(_stage(t, "a", "0", spec, akc), 4),
-        *_ind(_stage(t, "b", "0", spec, bkc), 4),
+        *_indent(_stage(t, "a", "0", spec, akc), 4),
+        *_indent(_stage(t, "b", "0", spec, bkc), 4),
         f"    for (int k0 = 0; k0 < {spec.K}; k0 += {t.bk}) {{",
-        *_ind(_commit(t, "a", akc), 8),
-        *_ind(_commit(t, "b", bkc), 8),
+        *_indent(_commit(t, "a", akc), 8),
+        *_indent(_commit(t, "b", bkc), 8),
         "        BARRIER();",
         f"        if (k0 + {t.bk} < {spec.K}) {{",
-        *_ind(_stage(t, "a", f"(k0 + {t.bk})", spec, akc), 12),
-        *_ind(_stage(t, "b", f"(k0 + {t.bk})", spec, bkc), 12),
+        *_indent(_stage(t, "a", f"(k0 + {t.bk})", spec, akc), 12),
+        *_indent(_stage(t, "b", f"(k0 + {t.bk})", spec, bkc), 12),
         "        }",
         "        MMA_UNROLL",
         f"        for (int kk = 0; kk < {t.bk}; kk += 8) {{",
@@ -251,7 +239,7 @@ def mma_gemm_source(name: str, spec, t: MmaTiling) -> str:
         f"        for (int j = 0; j < {2 * NI}; ++j) {{",
         "            const int n = n0 + mma_wn0 + (j / 2) * 8 + 2 * mma_t + (j % 2);",
         f"            if (m < {spec.M} && n < {spec.N}) {{",
-        *_ind(store, 16),
+        *_indent(store, 16),
         "            }",
         "        }",
         "    }",

@@ -61,6 +61,14 @@ SUMS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "ReduceSum", "ReduceMean", "R
         "ReduceL1", "ReduceL2", "ReduceLogSum", "GlobalAveragePool", "AveragePool"}
 
 
+def tf32_round(x: np.ndarray) -> np.ndarray:
+    """x (float32) rounded to TF32 as tensor-core operands are, numpy's twin of the preludes'
+    TO_TF32 (cvt.rna: 10 mantissa bits, nearest, ties away from zero; inf and NaN kept)."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    finite = (u & 0x7F800000) != 0x7F800000
+    return np.where(finite, (u + np.uint32(0x1000)) & np.uint32(0xFFFFE000), u).astype(np.uint32).view(np.float32)
+
+
 def float64_model(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model` with every float32 tensor, constant and Cast-to-float made double."""
     m = onnx.ModelProto()

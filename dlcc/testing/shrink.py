@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 
 from .graphgen import Case, GeneratorBug, InvalidCase, generate, reference
-from .oracle import FAILURES, Config, all_configs, check_model
+from .oracle import FAILURES, Config, all_configs, check_model, config_named
 
 
 @dataclass
@@ -69,8 +69,7 @@ def shrink(seed: int, config: Config, target: str = "opencl", max_tries: int = 6
         return _verdict(c.model, c.feeds, c.refs, cfg, target).status == status
 
     # 1. the simplest configuration that still fails, at the failing one's precision
-    same = [replace(c, name=f"{c.name}@{config.precision}", precision=config.precision)
-            if config.precision != "fp32" else c for c in all_configs()]
+    same = [config_named(f"{c.name}@{config.precision}") if config.precision != "fp32" else c for c in all_configs()]
     for cfg in configs or same:
         if cfg.name == config.name:
             break

@@ -50,6 +50,9 @@ typedef signed char i8;
 typedef __half f16;  /* float16 is storage only: loads and stores convert to and from float */
 #define LOAD_F16(p, i) __half2float((p)[i])
 #define STORE_F16(p, i, v) ((p)[i] = __float2half_rn(v))
+typedef unsigned short bf16;  /* bfloat16 storage: a float's upper 16 bits (prelude_common.h converts) */
+#define AS_UINT(x) __float_as_uint(x)
+#define AS_FLOAT(u) __uint_as_float(u)
 /* Tensor cores (kernels/gemm_mma.py; sm_80 and newer). TO_TF32 rounds a float to TF32 (10-bit
  * mantissa, nearest, ties away) as the hardware's cvt.rna does; MMA_TF32 is one warp-wide
  * mma.sync m16n8k8 (A row-major 16x8, B column-major 8x8, D += A.B in float32), each operand a
@@ -69,5 +72,26 @@ DEVICE float dlcc_to_tf32(float x) {
                  : "r"(__float_as_uint(a0)), "r"(__float_as_uint(a1)), "r"(__float_as_uint(a2)), \
                    "r"(__float_as_uint(a3)), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)))
 #define MMA_EMU_FLOATS 0
+/* fp16 and bf16 (precision fp16/bf16): mma.sync m16n8k16, float32 accumulation. The template
+ * hands each lane its 8 A and 4 B elements as floats already rounded to the half type (TO_F16,
+ * TO_BF16); packing two into a .b32 register (the lower index in the lower 16 bits, PTX ISA
+ * "Matrix Fragments for mma.m16n8k16 with floating point type") is exact. */
+DEVICE float dlcc_to_f16(float x) { return __half2float(__float2half_rn(x)); }
+#define TO_F16(x) dlcc_to_f16(x)
+DEVICE unsigned dlcc_pack_f16(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&h);
+}
+DEVICE unsigned dlcc_pack_bf16(float lo, float hi) {
+    return (__float_as_uint(hi) & 0xffff0000u) | (__float_as_uint(lo) >> 16);
+}
+#define DLCC_MMA_K16(type, pack, d0, d1, d2, d3, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3) \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." type "." type ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, " \
+                 "{%8,%9}, {%0,%1,%2,%3};" : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3) \
+                 : "r"(pack(a0, a1)), "r"(pack(a2, a3)), "r"(pack(a4, a5)), "r"(pack(a6, a7)), \
+                   "r"(pack(b0, b1)), "r"(pack(b2, b3)))
+#define MMA_F16(...) DLCC_MMA_K16("f16", dlcc_pack_f16, __VA_ARGS__)
+#define MMA_BF16(...) DLCC_MMA_K16("bf16", dlcc_pack_bf16, __VA_ARGS__)
+#define MMA_EMU_FLOATS_K16 0
 /* The loops around MMA_TF32 unroll here (the accumulators must be registers); OpenCL keeps them. */
 #define MMA_UNROLL _Pragma("unroll")

@@ -41,6 +41,9 @@ typedef char i8;
 typedef half f16;  /* pointers to half need no cl_khr_fp16; vload/vstore_half convert */
 #define LOAD_F16(p, i) vload_half((i), (p))
 #define STORE_F16(p, i, v) vstore_half_rte((v), (i), (p))
+typedef ushort bf16;  /* bfloat16 storage: a float's upper 16 bits (prelude_common.h converts) */
+#define AS_UINT(x) as_uint(x)
+#define AS_FLOAT(u) as_float(u)
 /* Tensor cores, emulated (prelude_cuda.h has the hardware's). OpenCL has no warp-wide matrix
  * instruction, so a warp (32 consecutive work-items) exchanges its fragments through local memory:
  * each lane stores its A and B elements where the PTX fragment layout puts them, and reads back
@@ -81,3 +84,40 @@ DEVICE void dlcc_mma_tf32(float* d0, float* d1, float* d2, float* d3, float a0, 
 #define MMA_UNROLL _Pragma("nounroll")
 #define MMA_TF32(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1) \
     dlcc_mma_tf32(&(d0), &(d1), &(d2), &(d3), (a0), (a1), (a2), (a3), (b0), (b1), mma_scr, mma_lane)
+/* fp16 and bf16: the m16n8k16 fragments (PTX ISA "Matrix Fragments for mma.m16n8k16 with
+ * floating point type"), exchanged the same way: A 16 x 16 (a0..a7), B 16 x 8 (b0..b3). The
+ * operands are already rounded to the half type (TO_F16, TO_BF16), so the products are exact. */
+DEVICE float dlcc_to_f16(float x) {
+    ushort h;
+    vstore_half_rte(x, 0, (__private half*)&h);
+    return vload_half(0, (__private const half*)&h);
+}
+#define TO_F16(x) dlcc_to_f16(x)
+#define MMA_EMU_FLOATS_K16 384
+DEVICE void dlcc_mma_k16(float* d0, float* d1, float* d2, float* d3, float a0, float a1, float a2, float a3,
+                         float a4, float a5, float a6, float a7, float b0, float b1, float b2, float b3,
+                         LPTR float* scr, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    LPTR float* A = scr;         /* 16 x 16, row-major */
+    LPTR float* B = scr + 256;   /* 16 x 8, k-major: B[k * 8 + n] */
+    A[g * 16 + 2 * t] = a0; A[g * 16 + 2 * t + 1] = a1;
+    A[(g + 8) * 16 + 2 * t] = a2; A[(g + 8) * 16 + 2 * t + 1] = a3;
+    A[g * 16 + 2 * t + 8] = a4; A[g * 16 + 2 * t + 9] = a5;
+    A[(g + 8) * 16 + 2 * t + 8] = a6; A[(g + 8) * 16 + 2 * t + 9] = a7;
+    B[(2 * t) * 8 + g] = b0; B[(2 * t + 1) * 8 + g] = b1; B[(2 * t + 8) * 8 + g] = b2; B[(2 * t + 9) * 8 + g] = b3;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    for (int k = 0; k < 16; ++k) {
+        s0 += A[g * 16 + k] * B[k * 8 + 2 * t];
+        s1 += A[g * 16 + k] * B[k * 8 + 2 * t + 1];
+        s2 += A[(g + 8) * 16 + k] * B[k * 8 + 2 * t];
+        s3 += A[(g + 8) * 16 + k] * B[k * 8 + 2 * t + 1];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    *d0 += s0; *d1 += s1; *d2 += s2; *d3 += s3;
+}
+#define DLCC_MMA_K16(d0, d1, d2, d3, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3) \
+    dlcc_mma_k16(&(d0), &(d1), &(d2), &(d3), (a0), (a1), (a2), (a3), (a4), (a5), (a6), (a7), (b0), (b1), (b2), (b3), \
+                 mma_scr, mma_lane)
+#define MMA_F16 DLCC_MMA_K16
+#define MMA_BF16 DLCC_MMA_K16

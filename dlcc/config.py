@@ -58,10 +58,11 @@ class PassSpec(Strict):
 
 
 #: What GEMMs and convolutions compute at (`precision:` in a pipeline, `--precision` on the CLI):
-#: fp32 on CUDA cores; tf32 on tensor cores (inputs rounded to TF32, float32 accumulation and
-#: storage: kernels/gemm_mma.py); fp16 and bf16 are reserved for half-precision storage.
+#: fp32 on CUDA cores; tf32, fp16 and bf16 on tensor cores (kernels/gemm_mma.py): operands rounded
+#: to the precision's type, float32 accumulation and output. At fp16 and bf16 the GEMM and Conv
+#: weights are also stored in that type (ops/narrow.py); every other op computes in float32.
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-BUILT_PRECISIONS = ("fp32", "tf32")
+BUILT_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 Precision = Literal["fp32", "tf32", "fp16", "bf16"]
 
 

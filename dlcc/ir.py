@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 #: ONNX dtypes dlcc can hold in buffers, mapped to numpy; anything else is an unsupported dtype.
@@ -21,6 +22,10 @@ SUPPORTED_DTYPES = {
     "bool": np.bool_,
     "uint8": np.uint8,
     "int8": np.int8,
+}
+#: Internal storage dtypes: held by tensors dlcc creates, never accepted from a model (yet).
+STORAGE_DTYPES = {
+    "bfloat16": ml_dtypes.bfloat16,  # half weights at precision bf16 (ops/narrow.py)
 }
 
 

@@ -81,7 +81,8 @@ def build_plan(state, meta: dict) -> tuple[dict, "WeightsBlob"]:
             **({"rprogram": L.rprogram} if L.rprogram else {}),
         })
     weights = WeightsBlob(mem.weights_bytes, [
-        (p.offset, np.ascontiguousarray(g.tensors[b].value.astype(g.tensors[b].dtype, copy=False)).reshape(-1))
+        (p.offset, np.ascontiguousarray(g.tensors[b].value.astype(g.tensors[b].dtype, copy=False)).reshape(-1)
+         .view(np.uint8))  # bytes: memoryview cannot take ml_dtypes' bfloat16
         for b, p in mem.placements.items() if p.storage == "weights"])
     def io(names):
         return [{"name": g.output_name(n), "shape": list(g.tensors[n].shape), "dtype": g.tensors[n].dtype} for n in names]

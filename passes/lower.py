@@ -10,12 +10,15 @@ from ..kernels.gemm import TILINGS
 from ..ops import registry
 from ..ops.context import LowerCtx
 from ..ops.layout import identity_copy
+from ..ops.narrow import HALF_DTYPES, narrow_gemm_weights
 from . import CompileState, register_pass
 
 
 def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "auto",
                 rnn_input: str = "batched", precision: str = "fp32") -> LowerCtx:
+    narrowed = narrow_gemm_weights(graph, precision) if precision in HALF_DTYPES else []
     ctx = LowerCtx(graph, device, pass_name=pass_name)
+    ctx.narrowed = narrowed
     ctx.rnn_input = rnn_input
     ctx.precision = precision
     ctx.gemm_tiling = None if gemm_tiling == "auto" else next(t for t in TILINGS if t.name == gemm_tiling)
@@ -79,3 +82,7 @@ def lower(state: CompileState, opts) -> None:
                             precision=state.precision)
     n = len(state.ctx.program.launches)
     state.log.append(f"lower: {len(state.ctx.program.kernels)} kernel(s), {n} launch(es)")
+    if state.ctx.narrowed:
+        mb = sum(state.graph.tensors[w].nbytes for w in state.ctx.narrowed) / 1e6
+        state.log.append(f"lower: {len(state.ctx.narrowed)} GEMM/Conv weight(s) stored as "
+                         f"{HALF_DTYPES[state.precision]} ({mb:.1f} MB of float32 read as {mb / 2:.1f} MB)")

@@ -2,9 +2,10 @@
 
 On PoCL the mma instruction is emulated by exchanging the PTX fragments through local memory
 (backends/prelude_opencl.h), so every fragment load, accumulator index and store of the template
-runs as it would on a GPU: each tiling is checked against numpy on TF32-rounded operands, on
-shapes that leave partial tiles in every dimension and both operand layouts. nvcc builds the same
-text for sm_80 and sm_90 with ptxas's register report checked for spills."""
+runs as it would on a GPU: each tiling, at each precision (TF32's m16n8k8, fp16's and bf16's
+m16n8k16), is checked against numpy on operands rounded the same way, on shapes that leave
+partial tiles in every dimension and both operand layouts. nvcc builds the same text for sm_80
+and sm_90 with ptxas's register report checked for spills."""
 from __future__ import annotations
 
 import re
@@ -17,9 +18,11 @@ from conftest import opencl_device_available
 from dlcc.backends.nvcc import find_nvcc
 from dlcc.backends.source import render
 from dlcc.kernels.gemm import gemm_source, plain_spec
-from dlcc.kernels.gemm_mma import MMA_TILINGS, MmaTiling, choose_mma_tiling
+from dlcc.kernels.gemm_mma import MMA_KINDS, MMA_TILINGS, MmaTiling, choose_mma_tiling, mma_tilings
 
-from dlcc.testing.rounding import tf32_round as tf32  # numpy's twin of TO_TF32
+from dlcc.testing.rounding import operand_round, tf32_round as tf32  # numpy's twins of TO_TF32, TO_F16, TO_BF16
+
+PRECISIONS = list(MMA_KINDS)
 
 needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
 
@@ -51,41 +54,59 @@ def _run(rt, spec, t, A, B, M, N):
     return out
 
 
+def test_half_rounding_twins():
+    """TO_BF16 / TO_F16's numpy twins round to nearest, ties to even, and keep inf and NaN."""
+    one = 1.0
+    x = np.array([one + 2 ** -8, one + 3 * 2 ** -8, one + 2 ** -9, 65504.0 * 2, np.inf, np.nan], np.float32)
+    bf = operand_round(x, "bf16")
+    assert list(bf[:4]) == [1.0, one + 2 ** -6, 1.0, 131072.0] and bf[4] == np.inf and np.isnan(bf[5])
+    h = operand_round(x[:3], "fp16")
+    assert list(h) == [one + 2 ** -8, one + 3 * 2 ** -8, one + 2 ** -9]  # all exact in fp16 (10 bits)
+    assert operand_round(np.float32([one + 2 ** -11]), "fp16")[0] == 1.0  # a tie, to even
+
+
 @needs_opencl
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("trans_b", [True, False], ids=["Bt", "B"])
-def test_every_mma_tiling_matches_numpy(rt, trans_b):
-    """Partial tiles in m, n and k (M=37, N=70, K=44: K is not a multiple of 8 either)."""
+def test_every_mma_tiling_matches_numpy(rt, trans_b, precision):
+    """Partial tiles in m, n and k (M=37, N=70, K=44: K is not a multiple of 8 or 16 either)."""
     M, N, K = 37, 70, 44
     spec = plain_spec(M, N, K, trans_b)
-    rt.compile(render([gemm_source(f"g_{t.name}", spec, t) for t in MMA_TILINGS], rt.dialect))
+    tilings = mma_tilings(precision)
+    rt.compile(render([gemm_source(f"g_{t.name}", spec, t) for t in tilings], rt.dialect))
     rng = np.random.default_rng(2)
     A = rng.standard_normal((M, K), dtype=np.float32)
     B = rng.standard_normal((N, K) if trans_b else (K, N), dtype=np.float32)
-    ref = tf32(A).astype(np.float64) @ (tf32(B).T if trans_b else tf32(B)).astype(np.float64)
+    rA, rB = (operand_round(x, precision).astype(np.float64) for x in (A, B))
+    ref = rA @ (rB.T if trans_b else rB)
     plain = A.astype(np.float64) @ (B.T if trans_b else B).astype(np.float64)
-    assert np.abs(plain - ref).max() > 1e-3  # TF32 rounding is visible at this tolerance
-    for t in MMA_TILINGS:
+    assert np.abs(plain - ref).max() > 1e-3  # the operand rounding is visible at this tolerance
+    for t in tilings:
         out = _run(rt, spec, t, A, B, M, N)
         np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5, err_msg=t.name)
 
 
 @needs_opencl
-def test_a_wrong_fragment_layout_is_caught(rt):
-    """The emulation checks the layout: the template with A's two k halves swapped (a2 <-> a0,
-    a plausible slip) gives wrong numbers on PoCL, as it would on a GPU."""
+@pytest.mark.parametrize("precision,swap", [("tf32", (0, 2)), ("bf16", (1, 4)), ("bf16", (2, 4))])
+def test_a_wrong_fragment_layout_is_caught(rt, precision, swap):
+    """The emulation checks the layout: the template with two A fragment elements swapped (TF32's
+    two k halves; a half precision's pair order, or its rows against its k halves: plausible
+    slips) gives wrong numbers on PoCL, as it would on a GPU."""
     M, N, K = 32, 64, 32
-    t = MmaTiling(32, 64, 32, 2, 4)
+    t = MmaTiling(32, 64, 32, 2, 4, precision)
     spec = plain_spec(M, N, K)
     good = gemm_source(f"g_{t.name}", spec, t)
-    bad = good.replace("mma_af[mi][0] = ", "mma_af[mi][9] = ").replace("mma_af[mi][2] = ", "mma_af[mi][0] = ") \
-              .replace("mma_af[mi][9] = ", "mma_af[mi][2] = ")
+    x, y = swap
+    bad = good.replace(f"mma_af[mi][{x}] = ", "mma_af[mi][99] = ").replace(f"mma_af[mi][{y}] = ", f"mma_af[mi][{x}] = ") \
+              .replace("mma_af[mi][99] = ", f"mma_af[mi][{y}] = ")
     assert bad != good
     rt.compile(render([bad], rt.dialect))
     rng = np.random.default_rng(3)
     A = rng.standard_normal((M, K), dtype=np.float32)
     B = rng.standard_normal((N, K), dtype=np.float32)
     out = _run(rt, spec, t, A, B, M, N)
-    assert not np.allclose(out, tf32(A).astype(np.float64) @ tf32(B).T.astype(np.float64), rtol=1e-3, atol=1e-3)
+    rA, rB = (operand_round(v, precision).astype(np.float64) for v in (A, B))
+    assert not np.allclose(out, rA @ rB.T, rtol=1e-2, atol=1e-2)
 
 
 def test_tiling_choice_fills_the_device():
@@ -99,7 +120,7 @@ def test_tiling_choice_fills_the_device():
     assert tasks_for(small, 1, 128, 768) >= 48, small
     big = choose_mma_tiling(1, 4096, 4096, 4096, h100)
     assert big.bm * big.bn >= 128 * 64, big
-    for t in MMA_TILINGS:
+    for t in (t for p in PRECISIONS for t in mma_tilings(p)):
         assert t.threads == 256 and 4 * t.smem_floats <= 48 * 1024, t  # Rammer's vEU; CUDA's static limit
 
 
@@ -108,7 +129,8 @@ def test_tiling_choice_fills_the_device():
 def test_nvcc_builds_every_mma_tiling_without_spills(tmp_path, arch):
     spec = plain_spec(128, 768, 768, True)
     src = tmp_path / "k.cu"
-    src.write_text(render([gemm_source(f"g_{t.name}", spec, t) for t in MMA_TILINGS], "cuda"))
+    tilings = [t for p in PRECISIONS for t in mma_tilings(p)]
+    src.write_text(render([gemm_source(f"g_{t.name}", spec, t) for t in tilings], "cuda"))
     r = subprocess.run([find_nvcc(), "-cubin", f"-arch={arch}", "-O3", "-Xptxas", "-v", "-o",
                         str(tmp_path / "k.cubin"), str(src)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -116,4 +138,6 @@ def test_nvcc_builds_every_mma_tiling_without_spills(tmp_path, arch):
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)]
     assert spills and not any(spills), r.stderr[-3000:]
     ptx = subprocess.run([find_nvcc(), "-ptx", f"-arch={arch}", "-o", "-", str(src)], capture_output=True, text=True)
-    assert ptx.stdout.count("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32") >= len(MMA_TILINGS)
+    for ty in ("tf32", "f16", "bf16"):
+        k = "m16n8k8" if ty == "tf32" else "m16n8k16"
+        assert ptx.stdout.count(f"mma.sync.aligned.{k}.row.col.f32.{ty}.{ty}.f32") >= len(MMA_TILINGS), ty

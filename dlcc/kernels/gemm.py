@@ -119,9 +119,9 @@ def choose_tiling(batch: int, M: int, N: int, K: int, device=None) -> Tiling:
 def tiling_family(t) -> tuple[tuple, Callable]:
     """The tilings a GEMM's rKernel may be swapped for (Rammer re-tiles per wave), with their cost
     function: those of its own template, so a tensor-core GEMM stays on tensor cores."""
-    from .gemm_mma import MMA_TILINGS, MmaTiling, mma_cost
+    from .gemm_mma import MmaTiling, mma_cost, mma_tilings
 
-    return (MMA_TILINGS, mma_cost) if isinstance(t, MmaTiling) else (TILINGS, tiling_cost)
+    return (mma_tilings(t.precision), mma_cost) if isinstance(t, MmaTiling) else (TILINGS, tiling_cost)
 
 
 @dataclass
@@ -300,11 +300,12 @@ def simt_gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
 def emit_gemm(ctx, hint: str, spec: GemmSpec, args: list[str], reads: list[str], writes: list[str],
               tiling: Tiling | None = None) -> str:
     """Pick a tiling for the target device, emit the rOperator and launch one block per rTask.
-    At precision tf32 the tiling is a tensor-core one (kernels/gemm_mma.py)."""
-    if tiling is None and getattr(ctx, "precision", "fp32") == "tf32":
+    At precisions tf32, fp16 and bf16 the tiling is a tensor-core one (kernels/gemm_mma.py)."""
+    precision = getattr(ctx, "precision", "fp32")
+    if tiling is None and precision != "fp32":
         from .gemm_mma import choose_mma_tiling
 
-        tiling = choose_mma_tiling(spec.batch, spec.M, spec.N, spec.K, ctx.device)
+        tiling = choose_mma_tiling(spec.batch, spec.M, spec.N, spec.K, ctx.device, precision)
     if tiling is None:
         tiling = getattr(ctx, "gemm_tiling", None)
     if tiling is None:

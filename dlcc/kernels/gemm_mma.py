@@ -1,12 +1,16 @@
-"""The tensor-core GEMM template (precision tf32): the same rOperator contract as kernels/gemm.py
-(GemmSpec's element loads, prologue and store; one BMxBN output tile per rTask, emitted as
-`NAME_task(args..., task, tid, smem)` plus a thin KERNEL), with the k loop's arithmetic done by
-warp-wide `mma.sync.m16n8k8` TF32 instructions instead of per-thread FMAs.
+"""The tensor-core GEMM template (precisions tf32, fp16, bf16): the same rOperator contract as
+kernels/gemm.py (GemmSpec's element loads, prologue and store; one BMxBN output tile per rTask,
+emitted as `NAME_task(args..., task, tid, smem)` plus a thin KERNEL), with the k loop's arithmetic
+done by warp-wide mma.sync instructions instead of per-thread FMAs: `m16n8k8` TF32, or `m16n8k16`
+with fp16 or bf16 operands; float32 accumulation and output at every precision.
 
-Layout (PTX ISA, "Matrix Fragments for mma.m16n8k8", .tf32; g = lane / 4, t = lane % 4):
-  A fragment (16 x 8):  a0 (g, t)  a1 (g+8, t)  a2 (g, t+4)  a3 (g+8, t+4)      (row m, col k)
-  B fragment (8 x 8):   b0 (t, g)  b1 (t+4, g)                                 (row k, col n)
-  C fragment (16 x 8):  c0 (g, 2t) c1 (g, 2t+1) c2 (g+8, 2t) c3 (g+8, 2t+1)    (row m, col n)
+Layouts (PTX ISA "Matrix Fragments for mma.m16n8k8" .tf32 and "... mma.m16n8k16 with floating
+point type"; g = lane / 4, t = lane % 4; (row, col) as (m, k) for A, (k, n) for B, (m, n) for C):
+  tf32  A (16 x 8):   a0 (g, t)  a1 (g+8, t)  a2 (g, t+4)  a3 (g+8, t+4)
+        B (8 x 8):    b0 (t, g)  b1 (t+4, g)
+  half  A (16 x 16):  a0,a1 (g, 2t+{0,1})  a2,a3 (g+8, 2t+{0,1})  a4,a5 (g, 2t+8+{0,1})  a6,a7 (g+8, 2t+8+{0,1})
+        B (16 x 8):   b0,b1 (2t+{0,1}, g)  b2,b3 (2t+8+{0,1}, g)
+  both  C (16 x 8):   c0 (g, 2t) c1 (g, 2t+1) c2 (g+8, 2t) c3 (g+8, 2t+1)
 A block of 8 warps splits the tile into WARPS_M x WARPS_N warp tiles, each MI x NI mma tiles of
 16x8. A thread's accumulators form a (2*MI) x (2*NI) grid `acc[i][j]`, row i at m = (i/2)*16 +
 (i%2)*8 + g and column j at n = (j/2)*8 + 2t + (j%2) of its warp tile, so the store loop has
@@ -14,14 +18,17 @@ the SIMT template's shape (`acc[i][j]` at (m, n)) and AStitch's fused epilogues 
 
 Shared memory: each operand tile is stored in the order its global loads walk, so that
 consecutive threads store to consecutive banks, and padded so that the fragment reads are
-conflict-free: k-contiguous operands as [x][k] rows of BK+4 floats (lanes g*(BK+4)+t hit 32
-distinct banks), the others as [k][x] rows of extent+8 floats (t*(extent+8)+g likewise).
-Values are rounded to TF32 once, as they are stored.
+conflict-free for TF32: k-contiguous operands as [x][k] rows of BK+4 floats (lanes g*(BK+4)+t hit
+32 distinct banks), the others as [k][x] rows of extent+8 floats (t*(extent+8)+g likewise).
+Values are rounded to the precision's operand type (TO_TF32, TO_F16, TO_BF16) once, as they are
+stored; they stay floats in shared memory (the half-precision fragments read pairs, with 2-way
+bank conflicts, and pack them as they go into the mma).
 
 Every tiling has 256 threads, Rammer's vEU size, so Rammer runs these rTasks like the SIMT ones.
 On OpenCL the mma is emulated through local memory (backends/prelude_opencl.h), which needs
-MMA_EMU_FLOATS (192) floats per warp; `smem_floats` counts them, so the plan's shared memory is
-the OpenCL figure (6 KiB above what CUDA uses, where MMA_EMU_FLOATS is 0).
+MMA_EMU_FLOATS (192, m16n8k8) or MMA_EMU_FLOATS_K16 (384, m16n8k16) floats per warp; `smem_floats`
+counts them, so the plan's shared memory is the OpenCL figure (6 or 12 KiB above what CUDA uses,
+where both are 0).
 """
 from __future__ import annotations
 
@@ -30,7 +37,13 @@ from dataclasses import dataclass
 from .gemm import _indent, _per_thread_count, cheapest, tasks_for  # (gemm.py imports this module lazily)
 
 WARPS = 8
-MMA_EMU_FLOATS = 192  # backends/prelude_opencl.h: the 16x8 A and 8x8 B of one emulated mma
+#: The precisions this template computes at, each with its mma: (k of one mma, operand rounding,
+#: mma macro, OpenCL emulation scratch per warp in floats and its macro) (backends/prelude_*.h).
+MMA_KINDS = {
+    "tf32": (8, "TO_TF32", "MMA_TF32", 192, "MMA_EMU_FLOATS"),
+    "fp16": (16, "TO_F16", "MMA_F16", 384, "MMA_EMU_FLOATS_K16"),
+    "bf16": (16, "TO_BF16", "MMA_BF16", 384, "MMA_EMU_FLOATS_K16"),
+}
 
 
 @dataclass(frozen=True)
@@ -43,8 +56,18 @@ class MmaTiling:
     precision: str = "tf32"
 
     def __post_init__(self):
-        assert self.warps_m * self.warps_n == WARPS
-        assert self.bm % (16 * self.warps_m) == 0 and self.bn % (8 * self.warps_n) == 0 and self.bk % 8 == 0
+        assert self.warps_m * self.warps_n == WARPS and self.precision in MMA_KINDS
+        assert self.bm % (16 * self.warps_m) == 0 and self.bn % (8 * self.warps_n) == 0 and self.bk % self.kstep == 0
+
+    @property
+    def kstep(self) -> int:
+        """k of one mma: 8 (TF32) or 16 (fp16, bf16)."""
+        return MMA_KINDS[self.precision][0]
+
+    @property
+    def a_frag(self) -> int:
+        """A elements a lane holds per mma (B holds half as many)."""
+        return self.kstep // 2
 
     @property
     def threads(self) -> int:
@@ -68,7 +91,7 @@ class MmaTiling:
     @property
     def smem_floats(self) -> int:
         """Both operand tiles, plus the OpenCL emulation's scratch."""
-        return self.operand_floats("a") + self.operand_floats("b") + WARPS * MMA_EMU_FLOATS
+        return self.operand_floats("a") + self.operand_floats("b") + WARPS * MMA_KINDS[self.precision][3]
 
     @property
     def math(self) -> str:
@@ -76,14 +99,16 @@ class MmaTiling:
 
     @property
     def name(self) -> str:
-        return f"tc{self.bm}x{self.bn}x{self.bk}_w{self.warps_m}x{self.warps_n}"
+        base = f"tc{self.bm}x{self.bn}x{self.bk}_w{self.warps_m}x{self.warps_n}"
+        return base if self.precision == "tf32" else f"{base}_{self.precision}"
 
     def source(self, name: str, spec) -> str:
         return mma_gemm_source(name, spec, self)
 
 
-#: The tensor-core rKernels: large tiles for large GEMMs, then smaller ones that fill an H100's 132
-#: SMs on batch-1 shapes (BERT's 128 x 768 GEMMs are 12 tiles of 128x64 but 48 of 32x64).
+#: The tensor-core rKernels (TF32; mma_tilings() gives them at each precision): large tiles for
+#: large GEMMs, then smaller ones that fill an H100's 132 SMs on batch-1 shapes (BERT's 128 x 768
+#: GEMMs are 12 tiles of 128x64 but 48 of 32x64).
 MMA_TILINGS = (
     MmaTiling(128, 128, 32, 2, 4),
     MmaTiling(128, 64, 32, 4, 2),
@@ -94,9 +119,18 @@ MMA_TILINGS = (
     MmaTiling(16, 64, 64, 1, 8),
 )
 
+
+
+def mma_tilings(precision: str = "tf32") -> tuple[MmaTiling, ...]:
+    """MMA_TILINGS at `precision` (tf32, fp16 or bf16): the same tile shapes, each k step a whole
+    number of the precision's mmas."""
+    return tuple(MmaTiling(t.bm, t.bn, t.bk, t.warps_m, t.warps_n, precision) for t in MMA_TILINGS)
+
+
 #: Cost-model constants. Not yet calibrated on a GPU (scripts/gemm_tilings.py measures them):
 #: an H100 SM retires one m16n8k8 TF32 mma per cycle per sub-core (4 per SM), about 1/8 of what
-#: the same FLOPs cost as FMAs; the k loop's latency per step is that of the SIMT template.
+#: the same FLOPs cost as FMAs, and an m16n8k16 fp16/bf16 mma (twice the FLOPs) in the same time
+#: (the datasheet's 2x); the k loop's latency per step is that of the SIMT template.
 MMA_PER_CYCLE = 4.0
 STEP_LATENCY = 400
 
@@ -108,9 +142,9 @@ def mma_cost(t: MmaTiling, batch: int, M: int, N: int, K: int, device=None) -> f
     sms = getattr(device, "sms", 80)
     per_sm = -(-tasks_for(t, batch, M, N) // sms)
     steps = -(-K // t.bk)
-    mmas = (t.bm // 16) * (t.bn // 8) * (t.bk // 8)
-    frag = WARPS * (t.bk // 8) * (4 * t.mi + 2 * t.ni)  # fragment loads from shared memory (warp instructions)
-    moves = 3 * (t.bm + t.bn) * t.bk / 32  # global load, TF32 round, shared store (warp instructions)
+    mmas = (t.bm // 16) * (t.bn // 8) * (t.bk // t.kstep)
+    frag = WARPS * (t.bk // t.kstep) * (t.a_frag * t.mi + t.a_frag // 2 * t.ni)  # fragment loads from shared memory (warp instructions)
+    moves = 3 * (t.bm + t.bn) * t.bk / 32  # global load, operand rounding, shared store (warp instructions)
     issue = mmas / MMA_PER_CYCLE + (frag + moves + 20 * WARPS) / 2.0
     # registers per thread, fitted to ptxas on sm_90 (113 to 240 over MMA_TILINGS): accumulators,
     # fragments and the staged next k step, which the register pipeline keeps live twice over
@@ -121,9 +155,9 @@ def mma_cost(t: MmaTiling, batch: int, M: int, N: int, K: int, device=None) -> f
     return max(per_sm * steps * issue, -(-per_sm // occ) * steps * STEP_LATENCY)
 
 
-def choose_mma_tiling(batch: int, M: int, N: int, K: int, device=None) -> MmaTiling:
-    """The tensor-core tiling with the lowest modelled time (mma_cost)."""
-    return cheapest(MMA_TILINGS, mma_cost, batch, M, N, K, device)
+def choose_mma_tiling(batch: int, M: int, N: int, K: int, device=None, precision: str = "tf32") -> MmaTiling:
+    """The tensor-core tiling at `precision` with the lowest modelled time (mma_cost)."""
+    return cheapest(mma_tilings(precision), mma_cost, batch, M, N, K, device)
 
 
 def _addr(t: MmaTiling, which: str, k_contiguous: bool, x: str, k: str) -> str:
@@ -158,7 +192,21 @@ def _stage(t: MmaTiling, which: str, k0: str, spec, kc: bool) -> list[str]:
 
 def _commit(t: MmaTiling, which: str, kc: bool) -> list[str]:
     arr = "As" if which == "a" else "Bs"
-    return [*_walk(t, which, kc), f"    {arr}[{_addr(t, which, kc, 'xx', 'kk')}] = TO_TF32(r{which}[r]);", "}"]
+    rnd = MMA_KINDS[t.precision][1]
+    return [*_walk(t, which, kc), f"    {arr}[{_addr(t, which, kc, 'xx', 'kk')}] = {rnd}(r{which}[r]);", "}"]
+
+
+def _fragment_k(t: MmaTiling) -> list[str]:
+    """The k offset (from `kk`) of each A fragment element of a lane (module docstring); B's
+    elements take the same k offsets as A's first row, in order."""
+    if t.kstep == 8:
+        return ["mma_t", "mma_t", "mma_t + 4", "mma_t + 4"]
+    return [f"2 * mma_t + {d}" for d in (0, 1, 0, 1, 8, 9, 8, 9)]
+
+
+def _fragment_rows(t: MmaTiling) -> list[int]:
+    """The row offset (0 or 8, from the mma tile's first row) of each A fragment element."""
+    return [0, 8, 0, 8] if t.kstep == 8 else [0, 0, 8, 8, 0, 0, 8, 8]
 
 
 def mma_gemm_source(name: str, spec, t: MmaTiling) -> str:
@@ -171,15 +219,20 @@ def mma_gemm_source(name: str, spec, t: MmaTiling) -> str:
     a_floats, b_floats = t.operand_floats("a"), t.operand_floats("b")
     wtm, wtn = t.bm // t.warps_m, t.bn // t.warps_n
     MI, NI = t.mi, t.ni
-    fa = lambda dm, dk: f"As[{_addr(t, 'a', akc, f'mma_wm0 + mi * 16 + mma_g + {dm}', f'kk + mma_t + {dk}')}]"  # noqa: E731
-    fb = lambda dk: f"Bs[{_addr(t, 'b', bkc, 'mma_wn0 + ni * 8 + mma_g', f'kk + mma_t + {dk}')}]"  # noqa: E731
+    fa = lambda dm, dk: f"As[{_addr(t, 'a', akc, f'mma_wm0 + mi * 16 + mma_g + {dm}', f'kk + {dk}')}]"  # noqa: E731
+    fb = lambda dk: f"Bs[{_addr(t, 'b', bkc, 'mma_wn0 + ni * 8 + mma_g', f'kk + {dk}')}]"  # noqa: E731
+    FA, FB = t.a_frag, t.a_frag // 2
+    ks, rows = _fragment_k(t), _fragment_rows(t)
+    b_ks = [k for k, r in zip(ks, rows) if r == 0]  # B's k offsets: A's along its first row
+    _, _, mma, _, emu_macro = MMA_KINDS[t.precision]
+    frag_args = ", ".join([f"mma_af[mi][{e}]" for e in range(FA)] + [f"mma_bf[ni][{e}]" for e in range(FB)])
     store = spec.store("m", "n", "acc[i][j]")
     src = [
         f"DEVICE void {name}_task({', '.join(spec.params)}, const int task, const int tid, LPTR float* smem) {{",
         "    LPTR float* As = smem;",
         f"    LPTR float* Bs = smem + {a_floats};",
         "    const int mma_lane = tid % 32, mma_warp = tid / 32;",
-        f"    LPTR float* mma_scr = smem + {a_floats + b_floats} + mma_warp * MMA_EMU_FLOATS;  /* OpenCL's emulation */",
+        f"    LPTR float* mma_scr = smem + {a_floats + b_floats} + mma_warp * {emu_macro};  /* OpenCL's emulation */",
         "    (void)mma_scr;",
         f"    const int bt = task / {tiles_m * tiles_n};",
         f"    const int tile = task % {tiles_m * tiles_n};",
@@ -206,27 +259,22 @@ def mma_gemm_source(name: str, spec, t: MmaTiling) -> str:
         *_indent(_stage(t, "b", f"(k0 + {t.bk})", spec, bkc), 12),
         "        }",
         "        MMA_UNROLL",
-        f"        for (int kk = 0; kk < {t.bk}; kk += 8) {{",
-        f"            float mma_af[{MI}][4], mma_bf[{NI}][2];",
+        f"        for (int kk = 0; kk < {t.bk}; kk += {t.kstep}) {{",
+        f"            float mma_af[{MI}][{FA}], mma_bf[{NI}][{FB}];",
         "            #pragma unroll",
         f"            for (int mi = 0; mi < {MI}; ++mi) {{",
-        f"                mma_af[mi][0] = {fa(0, 0)};",
-        f"                mma_af[mi][1] = {fa(8, 0)};",
-        f"                mma_af[mi][2] = {fa(0, 4)};",
-        f"                mma_af[mi][3] = {fa(8, 4)};",
+        *[f"                mma_af[mi][{e}] = {fa(rows[e], ks[e])};" for e in range(FA)],
         "            }",
         "            #pragma unroll",
         f"            for (int ni = 0; ni < {NI}; ++ni) {{",
-        f"                mma_bf[ni][0] = {fb(0)};",
-        f"                mma_bf[ni][1] = {fb(4)};",
+        *[f"                mma_bf[ni][{e}] = {fb(b_ks[e])};" for e in range(FB)],
         "            }",
         "            MMA_UNROLL",
         f"            for (int mi = 0; mi < {MI}; ++mi) {{",
         "                MMA_UNROLL",
         f"                for (int ni = 0; ni < {NI}; ++ni) {{",
-        "                    MMA_TF32(acc[2 * mi][2 * ni], acc[2 * mi][2 * ni + 1], acc[2 * mi + 1][2 * ni],",
-        "                             acc[2 * mi + 1][2 * ni + 1], mma_af[mi][0], mma_af[mi][1], mma_af[mi][2], mma_af[mi][3],",
-        "                             mma_bf[ni][0], mma_bf[ni][1]);",
+        f"                    {mma}(acc[2 * mi][2 * ni], acc[2 * mi][2 * ni + 1], acc[2 * mi + 1][2 * ni],",
+        f"                             acc[2 * mi + 1][2 * ni + 1], {frag_args});",
         "                }",
         "            }",
         "        }",
@@ -246,7 +294,7 @@ def mma_gemm_source(name: str, spec, t: MmaTiling) -> str:
         "}",
         "",
         f"KERNEL void {name}({', '.join(spec.params)}) {{",
-        f"    SHARED float smem[{a_floats + b_floats} + {WARPS} * MMA_EMU_FLOATS];",
+        f"    SHARED float smem[{a_floats + b_floats} + {WARPS} * {emu_macro}];",
         f"    {name}_task({', '.join(arg_names)}, BLOCK_ID, THREAD_ID, smem);",
         "}",
         "",

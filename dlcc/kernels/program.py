@@ -21,11 +21,22 @@ _CTYPE = {
     "bool": "u8",
     "uint8": "u8",
     "int8": "i8",
+    "bfloat16": "bf16",  # storage only: the upper 16 bits of a float (LOAD_BF16)
 }
+
+#: 16-bit float storage: loads convert to float through these macros (backends/prelude_*.h).
+_FLOAT_LOADS = {"float16": "LOAD_F16", "bfloat16": "LOAD_BF16"}
 
 
 def ctype(dtype: str) -> str:
     return _CTYPE[dtype]
+
+
+def load_float(dtype: str, ptr: str, idx: str) -> str:
+    """The float value of element `idx` of parameter `ptr`, a buffer of `dtype`: a plain load, or a
+    conversion from 16-bit storage."""
+    macro = _FLOAT_LOADS.get(dtype)
+    return f"{macro}({ptr}, {idx})" if macro else f"{ptr}[{idx}]"
 
 
 def literal(value, dtype: str = "float32") -> str:

@@ -6,6 +6,8 @@ import numpy as np
 
 from ..kernels.gemm import GemmSpec, emit_gemm
 from ..kernels.map import emit_map, linear_index, unravel
+from ..kernels.program import load_float
+from .matmul import operand_param
 from .registry import COMPUTE, LAYOUT, register
 
 
@@ -73,13 +75,14 @@ def _conv(ctx, node):
         return [f"const int ci = {k} / {KS}, kr = {k} % {KS};"] + s1 + s2, f"({cond}) ? X[xoff + ci * {IS} + {idx}] : 0.0f"
 
     bias_term = " + Bz[g * %d + m]" % Cout_g if bias else ""
-    params = ["GPTR const float* X", "GPTR const float* W"] + (["GPTR const float* Bz"] if bias else []) + ["GPTR float* Y"]
+    params = (["GPTR const float* X", operand_param(ctx, w, "W")] + (["GPTR const float* Bz"] if bias else [])
+              + ["GPTR float* Y"])
     spec = GemmSpec(
         batch=B * G, M=Cout_g, N=OS, K=K, params=params,
         prologue=[f"const int img = bt / {G}, g = bt % {G};",
                   f"const int xoff = (img * {Cin} + g * {Cin_g}) * {IS};",
                   f"const int woff = g * {Cout_g * K};"],
-        load_a=lambda m, k: ([], f"W[woff + {m} * {K} + {k}]"),
+        load_a=lambda m, k: ([], load_float(ctx.dtype(w), "W", f"woff + {m} * {K} + {k}")),
         load_b=load_b,
         store=lambda m, n, acc: [f"Y[(img * {Cout} + g * {Cout_g} + {m}) * {OS} + {n}] = {acc}{bias_term};"],
         store_index=lambda m, n: f"(img * {Cout} + g * {Cout_g} + {m}) * {OS} + {n}",

@@ -5,7 +5,7 @@ import numpy as np
 
 from ..kernels.gemm import GemmSpec, emit_gemm
 from ..kernels.map import strides_of
-from ..kernels.program import literal
+from ..kernels.program import ctype, literal, load_float
 from .registry import COMPUTE, register
 
 
@@ -31,12 +31,22 @@ def batch_offsets(var: str, bshape, shape_op, prefix: str) -> list[str]:
     return stmts
 
 
+#: What a GEMM operand may be stored as: float32, or a half type for weights narrowed at
+#: precision fp16/bf16 (ops/narrow.py); the loads convert to float (load_float).
+FLOAT_OPERANDS = {"float32", "float16", "bfloat16"}
+
+
+def operand_param(ctx, tensor: str, pname: str) -> str:
+    """The parameter declaration of GEMM operand `tensor`, in its storage type."""
+    return f"GPTR const {ctype(ctx.dtype(tensor))}* {pname}"
+
+
 @register("MatMul", since=1, category=COMPUTE, float_only=True)
 def _matmul(ctx, node):
     a, b = node.inputs[:2]
     out = node.outputs[0]
     sa, sb = list(ctx.shape(a)), list(ctx.shape(b))
-    if ctx.dtype(a) != "float32" or ctx.dtype(b) != "float32":
+    if not {ctx.dtype(a), ctx.dtype(b)} <= FLOAT_OPERANDS:
         raise ctx.fail("only float32 MatMul is supported")
     if len(sa) == 1:
         sa = [1] + sa
@@ -51,10 +61,10 @@ def _matmul(ctx, node):
     prologue = batch_offsets("bt", bshape, sa, "a") + batch_offsets("bt", bshape, sb, "b")
     spec = GemmSpec(
         batch=batch, M=M, N=N, K=K,
-        params=["GPTR const float* A", "GPTR const float* B", "GPTR float* Y"],
+        params=[operand_param(ctx, a, "A"), operand_param(ctx, b, "B"), "GPTR float* Y"],
         prologue=prologue,
-        load_a=lambda m, k: ([], f"A[aoff + {m} * {K} + {k}]"),
-        load_b=lambda k, n: ([], f"B[boff + {k} * {N} + {n}]"),
+        load_a=lambda m, k: ([], load_float(ctx.dtype(a), "A", f"aoff + {m} * {K} + {k}")),
+        load_b=lambda k, n: ([], load_float(ctx.dtype(b), "B", f"boff + {k} * {N} + {n}")),
         store=lambda m, n, acc: [f"Y[bt * {M * N} + {m} * {N} + {n}] = {acc};"],
         store_index=lambda m, n: f"bt * {M * N} + {m} * {N} + {n}",
         store_value=lambda acc: acc,
@@ -72,7 +82,8 @@ def _gemm(ctx, node):
     sa, sb = ctx.shape(a), ctx.shape(b)
     M, K = (sa[1], sa[0]) if ta else (sa[0], sa[1])
     N = sb[0] if tb else sb[1]
-    params = ["GPTR const float* A", "GPTR const float* B"] + (["GPTR const float* C"] if c else []) + ["GPTR float* Y"]
+    params = ([operand_param(ctx, a, "A"), operand_param(ctx, b, "B")] + (["GPTR const float* C"] if c else [])
+              + ["GPTR float* Y"])
     cterm = ""
     if c and beta != 0.0:
         sc = list(ctx.shape(c))
@@ -84,8 +95,8 @@ def _gemm(ctx, node):
     scale = f"{literal(alpha)} * " if alpha != 1.0 else ""
     spec = GemmSpec(
         batch=1, M=M, N=N, K=K, params=params,
-        load_a=lambda m, k: ([], f"A[{k} * {M} + {m}]" if ta else f"A[{m} * {K} + {k}]"),
-        load_b=lambda k, n: ([], f"B[{n} * {K} + {k}]" if tb else f"B[{k} * {N} + {n}]"),
+        load_a=lambda m, k: ([], load_float(ctx.dtype(a), "A", f"{k} * {M} + {m}" if ta else f"{m} * {K} + {k}")),
+        load_b=lambda k, n: ([], load_float(ctx.dtype(b), "B", f"{n} * {K} + {k}" if tb else f"{k} * {N} + {n}")),
         store=lambda m, n, acc: [f"Y[{m} * {N} + {n}] = {scale}{acc}{cterm};"],
         store_index=lambda m, n: f"{m} * {N} + {n}",
         store_value=lambda acc: f"{scale}{acc}{cterm}",

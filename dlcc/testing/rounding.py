@@ -69,6 +69,21 @@ def tf32_round(x: np.ndarray) -> np.ndarray:
     return np.where(finite, (u + np.uint32(0x1000)) & np.uint32(0xFFFFE000), u).astype(np.uint32).view(np.float32)
 
 
+def operand_round(x: np.ndarray, precision: str) -> np.ndarray:
+    """x (float32) rounded as a tensor-core operand is at `precision`, still float32: TF32 (tf32_round),
+    float16 or bfloat16 (nearest, ties to even: TO_F16 and TO_BF16 in the preludes); fp32 unchanged."""
+    x = np.asarray(x, np.float32)
+    if precision == "tf32":
+        return tf32_round(x)
+    if precision == "fp16":
+        return x.astype(np.float16).astype(np.float32)
+    if precision == "bf16":
+        import ml_dtypes
+
+        return x.astype(ml_dtypes.bfloat16).astype(np.float32)
+    return x
+
+
 def float64_model(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model` with every float32 tensor, constant and Cast-to-float made double."""
     m = onnx.ModelProto()

@@ -118,7 +118,10 @@ class NodeGraph:
     # -- launches -> nodes --------------------------------------------------------------------
     def _add_launch(self, k, L):
         e = L.expr
-        dts = {self.tensor(t).dtype for t in list(L.reads) + list(L.writes)}
+        # a GEMM's half-precision weights (ops/narrow.py) are constants its own loads convert: no
+        # element function ever reads them, so they do not keep the GEMM from fusing
+        half_weights = set(_half_weights(e, self.graph)) if isinstance(e, GemmExpr) else set()
+        dts = {self.tensor(t).dtype for t in list(L.reads) + list(L.writes) if t not in half_weights}
         if e is None or not dts <= set(STITCHABLE_DTYPES) or len(L.writes) != 1:
             return self._opaque(k, L)
         if isinstance(e, MapExpr):
@@ -131,7 +134,7 @@ class NodeGraph:
         if isinstance(e, LayerNormExpr):
             return self._layernorm(k, L, e)
         if isinstance(e, GemmExpr):
-            if any(self.tensor(t).dtype != "float32" for t in e.reads + e.writes):
+            if any(self.tensor(t).dtype != "float32" for t in e.reads + e.writes if t not in half_weights):
                 return self._opaque(k, L)
             return self._new("gemm", k, L, inputs=[self.res(t) for t in e.reads], output=self.res(e.writes[0]),
                              gemm=e)
@@ -212,6 +215,14 @@ class NodeGraph:
 
 
 _RAW = __import__("re").compile(r"\bx\d+\b")
+
+
+def _half_weights(e: GemmExpr, g) -> list[str]:
+    """The GEMM's operands stored in a half type: constants read under one parameter only (the
+    fused re-emission renames a tensor read under two by rewriting `P[...]` loads, which a
+    LOAD_BF16(P, ...) is not)."""
+    half = [t for t in e.reads if g.tensors[t].dtype in ("float16", "bfloat16") and g.tensors[t].value is not None]
+    return [t for t in half if e.reads.count(t) == 1]
 
 
 def _uses_raw_params(e: MapExpr, g) -> bool:

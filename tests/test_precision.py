@@ -1,7 +1,8 @@
 """Precision as a compile option (`--precision`, a pipeline's `precision:`, the API's argument):
-tf32 puts every GEMM and convolution on the tensor-core template, emulated on PoCL, and the
-result is checked against onnxruntime's float32 at verify's tf32 tolerance. Precisions a device
-cannot do, and ones not built yet, are one clear error."""
+tf32, fp16 and bf16 put every GEMM and convolution on the tensor-core template, emulated on PoCL,
+and the result is checked against onnxruntime's float32 at verify's tolerance for the precision;
+at fp16 and bf16 the GEMM and Conv weights are stored in the half type. Precisions a device
+cannot do are one clear error."""
 from __future__ import annotations
 
 import json
@@ -61,19 +62,98 @@ def test_tf32_models_match_onnxruntime(model_path, name, pipeline):
     assert err_tf > 4 * err_fp, (err_tf, err_fp)
 
 
+def _weights(plan) -> dict[str, str]:
+    return {n: t["dtype"] for n, t in plan["tensors"].items() if t["storage"] == "weights"}
+
+
 @needs_opencl
-def test_rammer_runs_tensor_core_rtasks(tmp_path):
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("name,pipeline", [("cnn", "full"), ("bert", "astitch"), ("lstm", "baseline")])
+def test_half_models_match_onnxruntime(model_path, name, pipeline, precision):
+    """At fp16 and bf16 every GEMM/conv runs on the m16n8k16 template with its weights stored in
+    the half type (half the bytes), and the outputs are within the precision's tolerance of
+    onnxruntime's float32. The LSTM's gate weights are not MatMul/Gemm/Conv inputs: they stay
+    float32, and are rounded as the template stages them."""
+    path = model_path(name)
+    cm = dlcc.compile(path, target="opencl", pipeline=pipeline, precision=precision)
+    gk = _gemm_kernels(cm.plan)
+    assert gk and all(k["math"] == precision and k["tiling"].endswith(precision) for k in gk), gk
+    half = {"fp16": "float16", "bf16": "bfloat16"}[precision]
+    w = _weights(cm.plan)
+    if name != "lstm":
+        fp = dlcc.compile(path, target="opencl", pipeline=pipeline)
+        narrowed = [n for n, d in w.items() if d == half]
+        assert narrowed and all(n.startswith(f"%{half}:") for n in narrowed)
+        w32 = {n: t["nbytes"] for n, t in fp.plan["tensors"].items() if t["storage"] == "weights"}
+        for n in narrowed:  # the same values in half the bytes
+            assert cm.plan["tensors"][n]["nbytes"] * 2 == w32[n.split(":", 1)[1]]
+        assert any("stored as " + half in x for x in cm.plan["meta"]["pass_log"])
+    _, got, ref = _max_err(cm, path)
+    rtol, atol = DEFAULT_TOLERANCE[precision]
+    for n in ref:
+        np.testing.assert_allclose(got[n], ref[n], rtol=rtol, atol=atol, err_msg=n)
+
+
+def _tied(path):
+    """A weight read both by a Gather (an embedding) and by a Gemm (the LM head), a Gemm whose
+    A operand is the constant (transA), and a depthwise Conv (a map kernel, not the template)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(4)
+    E = numpy_helper.from_array(rng.standard_normal((40, 24)).astype(np.float32), "E")
+    A = numpy_helper.from_array(rng.standard_normal((24, 40)).astype(np.float32), "A")  # Gemm A, transA: 40 x 24
+    dw = numpy_helper.from_array(rng.standard_normal((4, 1, 3, 3)).astype(np.float32), "dw")
+    nodes = [helper.make_node("Gather", ["E", "ids"], ["emb"]),  # [5, 24]
+             helper.make_node("Gemm", ["emb", "E"], ["logits"], transB=1),  # [5, 40]
+             helper.make_node("Gemm", ["A", "emb"], ["g"], transA=1, transB=1),  # [40, 5]
+             helper.make_node("Conv", ["img", "dw"], ["c"], group=4, pads=[1, 1, 1, 1])]
+    g = helper.make_graph(nodes, "tied",
+                          [helper.make_tensor_value_info("ids", TensorProto.INT64, [5]),
+                           helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 4, 6, 6])],
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in
+                           (("emb", [5, 24]), ("logits", [5, 40]), ("g", [40, 5]), ("c", [1, 4, 6, 6]))],
+                          [E, A, dw])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@needs_opencl
+def test_narrowing_keeps_float32_where_another_op_reads_the_weight(tmp_path):
+    """A tied embedding stays float32 for its Gather (the embedding output is exact) while the LM
+    head reads a bfloat16 copy; a constant Gemm A operand is narrowed; a depthwise Conv's weight
+    (read by a map kernel, not the tensor-core template) stays float32."""
+    path = _tied(tmp_path / "tied.onnx")
+    cm = dlcc.compile(path, target="opencl", pipeline="full", precision="bf16")
+    w = _weights(cm.plan)
+    assert w.get("%bfloat16:A") == w.get("%bfloat16:E") == "bfloat16" and w.get("E") == "float32"
+    assert w.get("dw") == "float32" and "%bfloat16:dw" not in w
+    feeds = {"ids": np.array([0, 3, 39, 7, 3], np.int64),
+             "img": np.random.default_rng(5).standard_normal((1, 4, 6, 6)).astype(np.float32)}
+    got = cm.executor().run(feeds)
+    ref = dict(zip(["emb", "logits", "g", "c"], run_ort(path, feeds, ["emb", "logits", "g", "c"])))
+    np.testing.assert_array_equal(got["emb"], ref["emb"])  # gathered from the float32 weight
+    np.testing.assert_allclose(got["c"], ref["c"], rtol=1e-5, atol=1e-5)  # depthwise: float32 arithmetic
+    rtol, atol = DEFAULT_TOLERANCE["bf16"]
+    for n in ("logits", "g"):
+        np.testing.assert_allclose(got[n], ref[n], rtol=rtol, atol=atol, err_msg=n)
+
+
+@needs_opencl
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_rammer_runs_tensor_core_rtasks(tmp_path, precision):
     """On an H100 plan, Rammer co-schedules tensor-core rTasks in a persistent kernel (every
-    tiling has its 256 threads), re-tiles them only within their template, and its waves tell the
-    cost model which FLOPs run at the TF32 peak. The persistent kernel runs right on PoCL."""
+    tiling has its 256 threads), re-tiles them only within their template and precision, and its
+    waves tell the cost model which FLOPs run at the tensor cores' peak. The persistent kernel
+    runs right on PoCL."""
     path = parallel_gemms(tmp_path / "g.onnx", 3, M=64, K=96, N=96)  # small: PoCL builds it fast
-    cm = dlcc.compile(path, target="opencl", pipeline="rammer", device="h100", precision="tf32")
+    cm = dlcc.compile(path, target="opencl", pipeline="rammer", device="h100", precision=precision)
     (L,) = [L for L in cm.plan["launches"] if L.get("rprogram")]
     (w,) = L["rprogram"]["waves"]
-    assert w["math_flops"] == {"tf32": w["flops"]} and w["flops"] == 3 * 2 * 64 * 96 * 96
-    assert all(k["tiling"].startswith("tc") for k in _gemm_kernels(cm.plan))
+    assert w["math_flops"] == {precision: w["flops"]} and w["flops"] == 3 * 2 * 64 * 96 * 96
+    assert all(k["tiling"].startswith("tc") and k["math"] == precision for k in _gemm_kernels(cm.plan))
     err, got, ref = _max_err(cm, path)
-    rtol, atol = DEFAULT_TOLERANCE["tf32"]
+    rtol, atol = DEFAULT_TOLERANCE[precision]
     for n in ref:
         np.testing.assert_allclose(got[n], ref[n], rtol=rtol, atol=atol, err_msg=n)
 
@@ -99,8 +179,8 @@ def test_the_cache_tells_precisions_apart(tmp_path):
 def test_precisions_a_device_cannot_do_are_one_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="tf32 needs tensor cores.*sm_80 or newer.*V100.*sm_70"):
         dlcc.compile(EXAMPLE, target="opencl", device="v100", precision="tf32")
-    with pytest.raises(ConfigError, match="precision bf16 is not available yet"):
-        dlcc.compile(EXAMPLE, target="opencl", precision="bf16")
+    with pytest.raises(ConfigError, match="bf16 needs tensor cores.*sm_80 or newer.*V100.*sm_70"):
+        dlcc.compile(EXAMPLE, target="opencl", device="v100", precision="bf16")
     rc, out, err = cli("compile", EXAMPLE, "-o", tmp_path / "a", "--precision", "fp8")
     assert rc == 2 and "unknown precision 'fp8'" in err and "fp32, tf32, fp16, bf16" in err
     assert "Traceback" not in out + err and not (tmp_path / "a").exists()
@@ -123,15 +203,17 @@ def _big_matmul(path):
 
 
 def test_estimate_ranks_precisions(tmp_path):
-    """`dlcc estimate -p baseline --precision fp32 --precision tf32` ranks both plans; on an H100
-    the tensor cores' peak makes tf32 the faster for a model whose time is in its GEMMs."""
+    """`dlcc estimate -p baseline --precision fp32 --precision tf32 --precision bf16` ranks the
+    three plans; on an H100 the tensor cores' peaks make tf32 the faster for a model whose time is
+    in its GEMMs, and bf16 (twice TF32's peak, half the weight bytes) faster still."""
     rc, out, err = cli("estimate", _big_matmul(tmp_path / "mm.onnx"), "-d", "h100", "-p", "baseline",
-                       "--precision", "fp32", "--precision", "tf32", "--json", "-q")
+                       "--precision", "fp32", "--precision", "tf32", "--precision", "bf16", "--json", "-q")
     assert rc == 0, err
     d = json.loads(out)
     rows = {p["name"]: p["predicted_ms"] for p in d["pipelines"]}
-    assert set(rows) == {"baseline@fp32", "baseline@tf32"}
+    assert set(rows) == {"baseline@fp32", "baseline@tf32", "baseline@bf16"}
     assert rows["baseline@tf32"] < 0.5 * rows["baseline@fp32"], rows
+    assert rows["baseline@bf16"] < rows["baseline@tf32"], rows
     rc, out, err = cli("estimate", EXAMPLE, "-d", "v100", "-p", "baseline", "--precision", "tf32", "-q")
     assert rc == 2 and "sm_70" in err and "Traceback" not in out + err
 
@@ -198,20 +280,21 @@ def _generated_gemm_seeds(k: int) -> list[int]:
 
 
 @needs_opencl
-def test_generated_graphs_at_tf32(tmp_path):
+@pytest.mark.parametrize("precision,count", [("tf32", 6), ("bf16", 4)])
+def test_generated_graphs_at_tensor_core_precisions(tmp_path, precision, count):
     """The fuzzer's odd shapes (broadcast batches, transposed operands, grouped and strided
-    convolutions, fused prologues and epilogues) through `full` at tf32, against onnxruntime at
-    the tf32 tolerance."""
+    convolutions, fused prologues and epilogues, half weights beside float32 ones) through `full`
+    at tf32 and bf16, against onnxruntime at the precision's tolerance."""
     import onnx
 
     from dlcc.testing import graphgen
 
-    rtol, atol = DEFAULT_TOLERANCE["tf32"]
-    for seed in _generated_gemm_seeds(6):
+    rtol, atol = DEFAULT_TOLERANCE[precision]
+    for seed in _generated_gemm_seeds(count):
         case = graphgen.generate_valid(seed)
         path = tmp_path / f"g{seed}.onnx"
         onnx.save(case.model, path)
-        got = dlcc.compile(path, target="opencl", pipeline="full", precision="tf32")(case.feeds)
+        got = dlcc.compile(path, target="opencl", pipeline="full", precision=precision)(case.feeds)
         for name, ref in case.refs.items():
             if ref.dtype.kind == "f":
                 np.testing.assert_allclose(got[name], ref, rtol=rtol, atol=atol, err_msg=f"seed {seed}: {name}")

@@ -83,8 +83,9 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
     rTasks and its join decisions with them, and the plan records which times were measured.
     `cache` (a dlcc.cache.Cache, a directory, or True for the default one) looks the artifact up
     by content before compiling, and stores it after; it needs `out`. `.cache_hit` says which.
-    `precision` ("fp32", "tf32"; None: the pipeline's own, fp32 unless it says) is what GEMMs and
-    convolutions compute at: tf32 runs them on tensor cores (emulated on OpenCL).
+    `precision` ("fp32", "tf32", "fp16", "bf16"; None: the pipeline's own, fp32 unless it says) is
+    what GEMMs and convolutions compute at: the last three run them on tensor cores (emulated on
+    OpenCL), and fp16/bf16 store their weights in that type.
     """
     shapes = _merge_shapes(shapes)
     tgt = pick_target(target)

@@ -31,8 +31,9 @@ PipelineOpt = typer.Option("baseline", "--pipeline", "-p", help="pipeline name (
 DeviceOpt = typer.Option(None, "--device", "-d", help="device name (configs/devices) or YAML file; "
                          "default: the detected GPU, or pocl-cpu for OpenCL")
 PrecisionOpt = typer.Option(None, "--precision", help="what GEMMs and convolutions compute at: fp32 (CUDA "
-                            "cores), tf32 (tensor cores, float32 storage; sm_80+, emulated on OpenCL); default: "
-                            "the pipeline's own (fp32 unless it sets `precision:`)")
+                            "cores); tf32, fp16 or bf16 (tensor cores, float32 accumulation; fp16/bf16 also store "
+                            "their weights in that type; sm_80+, emulated on OpenCL); default: the pipeline's own "
+                            "(fp32 unless it sets `precision:`)")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="no progress output")
 JsonOpt = typer.Option(False, "--json", help="print one JSON object instead of tables")
 ProfileDbOpt = typer.Option(None, "--profile-db", help="measured kernel times (a `dlcc profile` database): rammer "
@@ -145,7 +146,8 @@ def verify(model: Path = typer.Argument(..., help="ONNX model file"),
     """Compile, run on the target, run onnxruntime on the same inputs, and compare every output of
     the model's graph (a missing or extra output fails). An output passes where |got - ref| <=
     atol + rtol·|ref| everywhere; the default tolerances depend on the precision: fp32 rtol 1e-3,
-    atol 1e-4; tf32 rtol 1e-2, atol 1e-2 (TF32 keeps 10 of float32's 23 mantissa bits)."""
+    atol 1e-4; tf32 and fp16 rtol 1e-2, atol 1e-2 (10 of float32's 23 mantissa bits); bf16 rtol
+    5e-2, atol 5e-2 (7 bits)."""
     from .verify import DEFAULT_TOLERANCE, verify_outputs
 
     cm = _compile(model, shape, target, pipeline, device, quiet, json_out, profile_db=profile_db, precision=precision)
@@ -260,6 +262,8 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
     for m, f in sorted(by_math.items()):
         if m != "float32":
             rows.append((f"  of which on tensor cores ({m})", f"{f / 1e9:.3f}"))
+    for dt, n in sorted(_weights_by_dtype(plan).items()):
+        rows.append((f"weights stored as {dt}", _human(n)))
     for k, v in rows:
         t.add_row(k, str(v))
     out.print(t)
@@ -292,6 +296,15 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
         _print_stitch(plan)
     if rprogram:
         _print_rprogram(plan)
+
+
+def _weights_by_dtype(plan: dict) -> dict[str, int]:
+    """Bytes of the weights storage by dtype (at fp16/bf16 the GEMM weights are half: ops/narrow.py)."""
+    out: dict[str, int] = {}
+    for t in plan.get("tensors", {}).values():
+        if t.get("storage") == "weights" and not t.get("view_of"):
+            out[t["dtype"]] = out.get(t["dtype"], 0) + t["nbytes"]
+    return out
 
 
 def _flops_by_math(plan: dict) -> dict[str, int]:
@@ -419,9 +432,9 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
         rows = []
         for n in builtin_names("devices"):
             d = load_device(n)
-            rows.append((n, d.name, str(d.sms), f"{d.dram_bandwidth_gbps:g} GB/s", f"{d.peak_tflops.get('float32', 0):g}",
-                         f"{d.peak_tflops['tf32']:g}" if "tf32" in d.peak_tflops else "-"))
-        cols = ("name", "device", "SMs", "DRAM", "fp32 TFLOP/s", "tf32 TFLOP/s")
+            peaks = [f"{d.peak_tflops[k]:g}" if k in d.peak_tflops else "-" for k in ("float32", "tf32", "bfloat16")]
+            rows.append((n, d.name, str(d.sms), f"{d.dram_bandwidth_gbps:g} GB/s", *peaks))
+        cols = ("name", "device", "SMs", "DRAM", "fp32 TFLOP/s", "tf32 TFLOP/s", "bf16 TFLOP/s")
     elif what == "pipelines":
         rows = [(n, " → ".join(p.name for p in spec.passes), spec.precision, spec.description)
                 for n in builtin_names("pipelines") for spec in [load_pipeline(n)]]
@@ -464,7 +477,7 @@ def estimate(model: Optional[Path] = typer.Argument(None, help="ONNX model (plan
              pipeline: Optional[List[str]] = typer.Option(None, "--pipeline", "-p", help="plan mode: pipelines to rank "
                                                           "(repeatable; default: every configs/pipelines file)"),
              precision: Optional[List[str]] = typer.Option(None, "--precision", help="plan mode: precisions to rank "
-                                                           "each pipeline at (repeatable: fp32, tf32; default: each "
+                                                           "each pipeline at (repeatable: fp32, tf32, fp16, bf16; default: each "
                                                            "pipeline's own)"),
              profile_db: Optional[Path] = typer.Option(None, "--profile-db", help="plan mode: measured kernel times (JSON) to use "
                                                        "instead of the roofline where they exist"),

@@ -50,31 +50,37 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="h100", help="DeviceSpec for the model's pick (default h100)")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32"],
-                    help="tf32: the tensor-core tilings (kernels/gemm_mma.py), checked against numpy on "
-                    "TF32-rounded operands")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "fp16", "bf16"],
+                    help="tf32, fp16, bf16: the tensor-core tilings (kernels/gemm_mma.py), checked against numpy "
+                    "on operands rounded the same way; at fp16 and bf16 B (the weight) is stored in the half "
+                    "type, as a compiled model stores it")
     a = ap.parse_args(argv)
     rt = make_runtime(a.target)
     dev = load_device(a.device)
     # On a CPU device (PoCL) the larger per-thread candidates overflow the worker threads' stack
     # (values live across barriers are kept there per work-item): only TILINGS run there.
     tilings = list(TILINGS) if rt.is_cpu() else list(dict.fromkeys(TILINGS + CANDIDATES))
-    choose, cost, rnd = choose_tiling, tiling_cost, (lambda x: x)
-    if a.precision == "tf32":
-        from dlcc.kernels.gemm_mma import MMA_TILINGS, choose_mma_tiling, mma_cost
-        from dlcc.testing.rounding import tf32_round
+    choose, cost, rnd, b_dtype = choose_tiling, tiling_cost, (lambda x: x), "float32"
+    if a.precision != "fp32":
+        from dlcc.kernels.gemm_mma import choose_mma_tiling, mma_cost, mma_tilings
+        from dlcc.ops.narrow import HALF_DTYPES
+        from dlcc.testing.rounding import operand_round
 
-        tilings, choose, cost, rnd = list(MMA_TILINGS), choose_mma_tiling, mma_cost, tf32_round
+        tilings, cost = list(mma_tilings(a.precision)), mma_cost
+        choose = lambda *args: choose_mma_tiling(*args, precision=a.precision)  # noqa: E731
+        rnd = lambda x: operand_round(x, a.precision)  # noqa: E731
+        b_dtype = HALF_DTYPES.get(a.precision, "float32")
     rng = np.random.default_rng(0)
     summary = []
     for shp in a.shapes.split(","):
         M, N, K = map(int, shp.split("x"))
-        spec = plain_spec(M, N, K)
+        spec = plain_spec(M, N, K, b_dtype=b_dtype)
         names = {t: f"gemm_{shp}_{t.name}" for t in tilings}
         rt.compile(render([gemm_source(names[t], spec, t) for t in tilings], rt.dialect))
         A = rng.standard_normal((M, K), dtype=np.float32)
         B = rng.standard_normal((N, K), dtype=np.float32)
         ref = rnd(A).astype(np.float64) @ rnd(B).astype(np.float64).T
+        B = B.astype(np.dtype(b_dtype)).view(np.uint8)  # the weight's storage (bytes: ml_dtypes' bfloat16)
         sizes = [A.nbytes, B.nbytes, M * N * 4]
         bufs = [rt.alloc(n) for n in sizes]
         rt.write(bufs[0], 0, A)

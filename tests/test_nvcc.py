@@ -24,13 +24,16 @@ def test_cuda_kernels_compile_without_spills(model_path, name):
             assert usage[k["name"]].registers * k["block"] <= 65536, k
 
 
-@pytest.mark.parametrize("name", ["cnn", "lstm", "bert", "vit"])
-def test_tensor_core_plans_compile_without_spills(model_path, name):
-    """At precision tf32 on an H100's plan (`full`: stitched epilogues on the mma accumulators,
-    tensor-core rTasks in persistent kernels), every kernel builds for sm_80 and sm_90 without
-    spills."""
-    m = dlcc.compile(model_path(name), target="opencl", pipeline="full", device="h100", precision="tf32")
-    assert "MMA_TF32(" in m.source("cuda")
+@pytest.mark.parametrize("name,precision", [("cnn", "tf32"), ("lstm", "tf32"), ("bert", "tf32"), ("vit", "tf32"),
+                                            ("cnn", "bf16"), ("bert", "bf16"), ("gpt2", "fp16")])
+def test_tensor_core_plans_compile_without_spills(model_path, name, precision):
+    """At the tensor-core precisions on an H100's plan (`full`: stitched epilogues on the mma
+    accumulators, tensor-core rTasks in persistent kernels, half weights loaded through
+    LOAD_BF16/LOAD_F16), every kernel builds for sm_80 and sm_90 without spills."""
+    m = dlcc.compile(model_path(name), target="opencl", pipeline="full", device="h100", precision=precision)
+    from dlcc.kernels.gemm_mma import MMA_KINDS
+
+    assert f"{MMA_KINDS[precision][2]}(" in m.source("cuda")
     for arch in ("sm_80", "sm_90"):
         usage = compile_cubin(m.source("cuda"), arch)
         spills = {k: (u.spill_stores, u.spill_loads) for k, u in usage.items() if u.spills}

@@ -7,7 +7,7 @@ pydantic, and its expansion into concrete jobs.
       - model: models/bert.onnx                         # a path relative to the manifest, or a glob
         shapes: {input_ids: [1, 128]}
         pipelines: [baseline, astitch]                  # lists expand: models x pipelines x precisions x devices x targets
-        precisions: [fp32, tf32]                        # GEMMs on CUDA cores or tensor cores
+        precisions: [fp32, bf16]                        # GEMMs on CUDA cores or tensor cores
       - model: models/*.onnx
         verify: {rtol: 1e-3, atol: 1e-4}                # compile, run, compare with onnxruntime (default
                                                         # tolerances: the precision's, as `dlcc verify`)

@@ -145,14 +145,17 @@ class GemmSpec:
     store_value: Callable[[str], str] | None = None
 
 
-def plain_spec(M: int, N: int, K: int, trans_b: bool = True) -> GemmSpec:
+def plain_spec(M: int, N: int, K: int, trans_b: bool = True, b_dtype: str = "float32") -> GemmSpec:
     """C = A·B for row-major float tensors A [M, K] and B, stored [N, K] (a Linear weight,
-    transB=1) or [K, N]: the rOperator on its own, for scripts/gemm_tilings.py and the tests."""
+    transB=1) or [K, N], B as `b_dtype` (float32, or a half weight's float16 / bfloat16): the
+    rOperator on its own, for scripts/gemm_tilings.py and the tests."""
+    from .program import ctype, load_float
+
     return GemmSpec(
         batch=1, M=M, N=N, K=K,
-        params=["GPTR const float* A", "GPTR const float* B", "GPTR float* C"],
+        params=["GPTR const float* A", f"GPTR const {ctype(b_dtype)}* B", "GPTR float* C"],
         load_a=lambda m, k: ([], f"A[{m} * {K} + {k}]"),
-        load_b=(lambda k, n: ([], f"B[{n} * {K} + {k}]")) if trans_b else (lambda k, n: ([], f"B[{k} * {N} + {n}]")),
+        load_b=lambda k, n: ([], load_float(b_dtype, "B", f"{n} * {K} + {k}" if trans_b else f"{k} * {N} + {n}")),
         store=lambda m, n, acc: [f"C[{m} * {N} + {n}] = {acc};"],
         a_k_contiguous=True, b_n_contiguous=not trans_b,
     )

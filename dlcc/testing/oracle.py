@@ -99,7 +99,7 @@ def config_named(name: str) -> Config:
         if c.name == base:
             return replace(c, name=name, precision=precision) if precision else c
     raise KeyError(f"no fuzz configuration {name!r}; known: {', '.join(c.name for c in all_configs())} "
-                   f"(each also as NAME@tf32)")
+                   f"(each also as NAME@tf32, NAME@fp16, NAME@bf16)")
 
 
 @dataclass
@@ -365,9 +365,9 @@ def conditioning_explains(model: onnx.ModelProto, feeds: dict, got: dict, refs: 
     on the exact answer at one element by luck, and a bug lands far from it everywhere it strikes.
     The answer is a note saying, per float output, dlcc's largest error against the bound (what
     an `unstable` verdict records, for a reader to judge), or "" (false) when rounding does not
-    explain it, the float64 answer cannot be computed, or a shape or dtype differs. At precision
-    tf32 the spread includes the TF32 rounding of every GEMM operand, and verify's tf32 tolerance
-    is the last floor."""
+    explain it, the float64 answer cannot be computed, or a shape or dtype differs. At a tensor-core
+    precision the spread includes the rounding of every GEMM operand to its type, and verify's
+    tolerance for that precision is the last floor."""
     from ..verify import DEFAULT_TOLERANCE
 
     rtol, atol = DEFAULT_TOLERANCE[precision]

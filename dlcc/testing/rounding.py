@@ -21,9 +21,10 @@ The rounding model is the textbook one (Higham, *Accuracy and Stability of Numer
 - ops that do not round (Max, Relu, comparisons, layout) get no error; composite ops (Softmax,
   LayerNormalization, LSTM) only an elementwise one, which errs on the strict side.
 
-At precision tf32 (`--precision tf32`: GEMMs on tensor cores) every operand of MatMul, Gemm, Conv
-and ConvTranspose is first rounded to TF32 (unit roundoff 2**-11, TF32_UNIT), then summed in
-float32 as above.
+At precisions tf32, fp16 and bf16 (GEMMs on tensor cores) every operand of MatMul, Gemm, Conv and
+ConvTranspose is first rounded to the precision's type (unit roundoff OPERAND_UNIT: 2**-11 for
+TF32 and fp16, 2**-8 for bf16), then summed in float32 as above. (fp16's range is not modelled:
+an operand beyond 65504 is infinite on the GPU and finite here.)
 
 A bug is not rounding: it strikes far outside the spread on a well-conditioned graph, and the
 oracle only consults the spread once verify's rule has already failed.
@@ -38,6 +39,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 UNIT = 2.0 ** -24  # float32 unit roundoff: half an ulp of 1.0
 TF32_UNIT = 2.0 ** -11  # TF32's (10 explicit mantissa bits), for GEMM operands at precision tf32
+#: The unit roundoff of a GEMM operand at each tensor-core precision.
+OPERAND_UNIT = {"tf32": TF32_UNIT, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
 GEMMS = {"MatMul", "Gemm", "Conv", "ConvTranspose"}
 
 #: Ops whose float result is rounded once per element, and by how many ulps at most on the
@@ -169,7 +172,7 @@ def _terms(node, types: dict) -> int:
 
 def perturbed_model(m64: onnx.ModelProto, seed: int, precision: str = "fp32") -> onnx.ModelProto:
     """The float64 model with the float32 rounding model above applied at random (`seed`), and
-    at precision tf32 the TF32 rounding of every GEMM operand."""
+    at a tensor-core precision the rounding of every GEMM operand to its type (OPERAND_UNIT)."""
     types = _types(m64)
     g = m64.graph
     nodes, fresh, rng = [], iter(range(1 << 30)), np.random.default_rng(seed)
@@ -185,13 +188,13 @@ def perturbed_model(m64: onnx.ModelProto, seed: int, precision: str = "fp32") ->
         return bool(name) and types.get(name, (0, None))[0] == TensorProto.DOUBLE and types[name][1] is not None
 
     for node in g.node:
-        if precision == "tf32" and node.op_type in GEMMS:
+        if precision in OPERAND_UNIT and node.op_type in GEMMS:
             for k in (0, 1):
                 if len(node.input) > k and is_double(node.input[k]):
                     src = node.input[k]
-                    node.input[k] = f"{src}__mc_tf32{next(fresh)}"
+                    node.input[k] = f"{src}__mc_op{next(fresh)}"
                     types[node.input[k]] = types[src]
-                    nodes += noisy(src, node.input[k], TF32_UNIT / UNIT)
+                    nodes += noisy(src, node.input[k], OPERAND_UNIT[precision] / UNIT)
         if node.op_type in SUMS and is_double(node.input[0]):
             src = node.input[0]
             node.input[0] = f"{src}__mc_in{next(fresh)}"

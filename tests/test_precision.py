@@ -300,3 +300,31 @@ def test_generated_graphs_at_tensor_core_precisions(tmp_path, precision, count):
                 np.testing.assert_allclose(got[name], ref, rtol=rtol, atol=atol, err_msg=f"seed {seed}: {name}")
             else:
                 np.testing.assert_array_equal(got[name], ref, err_msg=f"seed {seed}: {name}")
+
+
+@needs_opencl
+@pytest.mark.parametrize("name", ["cnn", "bert"])
+def test_float16_model_at_fp16(model_path, name, tmp_path):
+    """A float16 model (onnxconverter-common) at precision fp16: its inputs and outputs stay
+    float16, its GEMM weights go back to float16 storage (widened at import, narrowed at
+    lowering: the same values where no pass changed them), and its outputs are within the fp16
+    tolerance of onnxruntime running the float16 model."""
+    import onnx
+
+    float16 = pytest.importorskip("onnxconverter_common.float16")
+    import models
+
+    from dlcc.verify import verify_outputs
+
+    path = tmp_path / f"{name}-fp16.onnx"
+    model16 = float16.convert_float_to_float16(onnx.load(model_path(name)))
+    onnx.save(model16, path)
+    m = dlcc.compile(path, target="opencl", pipeline="full", precision="fp16")
+    assert all(t["dtype"] == "float16" for t in m.outputs)
+    assert [d for d in _weights(m.plan).values() if d == "float16"]
+    feeds = {k: (v.astype(np.float16) if v.dtype == np.float32 else v)
+             for k, v in models.sample_inputs(name, model_path(name), seed=0).items()}
+    got = m(feeds)
+    assert all(g.dtype == np.float16 for g in got.values())
+    rows = verify_outputs(path, got, feeds, *DEFAULT_TOLERANCE["fp16"])
+    assert all(r["passed"] for r in rows), rows

@@ -262,6 +262,9 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
     for m, f in sorted(by_math.items()):
         if m != "float32":
             rows.append((f"  of which on tensor cores ({m})", f"{f / 1e9:.3f}"))
+    kept = plan["meta"].get("float32_compute")
+    if kept:
+        rows.append((f"compute ops kept float32 at {prec}", ", ".join(f"{op} x{n}" for op, n in sorted(kept.items()))))
     for dt, n in sorted(_weights_by_dtype(plan).items()):
         rows.append((f"weights stored as {dt}", _human(n)))
     for k, v in rows:

@@ -195,7 +195,8 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
     else:
         with steps.step("import + fold + infer shapes"):
             graph = import_checked(model, shapes)
-    state = CompileState(graph=graph, device=dev, profile_db=profile_db, precision=pipe.precision)
+    state = CompileState(graph=graph, device=dev, profile_db=profile_db, precision=pipe.precision,
+                         fp32_ops=tuple(pipe.fp32_ops))
     if precision_note:
         state.log.append(precision_note)
     for p in pipe.passes:
@@ -222,6 +223,7 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
         "shapes": {k: list(v) for k, v in (shapes or {}).items()},
         "opset": graph.opset,
         "pass_log": state.log,
+        **({"float32_compute": state.ctx.kept_float32} if pipe.precision != "fp32" else {}),
         **({"profile_db": profile_db.name} if profile_db is not None else {}),
         "compile_s": {k: round(v, 4) for k, v in steps.times.items()},
     }

@@ -73,6 +73,10 @@ class PipelineSpec(Strict):
     name: str
     description: str = ""
     precision: Precision = "fp32"
+    # Op types whose GEMMs stay on the float32 SIMT template (and keep float32 weights) at a
+    # tensor-core precision: TensorRT's per-layer precision, by op type (e.g. [MatMul] keeps
+    # attention's score and context products in float32 while Gemm/Conv use tensor cores).
+    fp32_ops: list[str] = Field(default_factory=list)
     passes: list[PassSpec]
 
 
@@ -195,4 +199,10 @@ def load_pipeline(name_or_path: str | Path) -> PipelineSpec:
             raise ConfigError(f"{path}: passes.{k}.name: unknown pass {p.name!r}; registered passes are: "
                               f"{', '.join(sorted(PASSES))}")
         PASSES[p.name].check_options(p.options, f"{path}: passes.{k}.options")
+    from .ops.registry import _REGISTRY
+
+    for k, op in enumerate(spec.fp32_ops):
+        if op not in _REGISTRY:
+            raise ConfigError(f"{path}: fp32_ops.{k}: {op!r} is not an op type dlcc lowers "
+                              f"(`dlcc list ops` shows them)")
     return spec

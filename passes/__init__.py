@@ -28,6 +28,7 @@ class CompileState:
     memory: Any = None  # MemoryPlan once `memplan` ran
     profile_db: Any = None  # a ProfileDB of measured launch times (--profile-db): rammer prices rTasks with it
     precision: str = "fp32"  # what GEMMs compute at (config.PRECISIONS); `lower` picks their templates by it
+    fp32_ops: tuple = ()  # op types whose GEMMs stay float32 at a tensor-core precision (PipelineSpec.fp32_ops)
     log: list[str] = field(default_factory=list)
 
 

@@ -15,10 +15,11 @@ from . import CompileState, register_pass
 
 
 def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "auto",
-                rnn_input: str = "batched", precision: str = "fp32") -> LowerCtx:
-    narrowed = narrow_gemm_weights(graph, precision) if precision in HALF_DTYPES else []
+                rnn_input: str = "batched", precision: str = "fp32", fp32_ops=()) -> LowerCtx:
+    narrowed = narrow_gemm_weights(graph, precision, set(fp32_ops)) if precision in HALF_DTYPES else []
     ctx = LowerCtx(graph, device, pass_name=pass_name)
     ctx.narrowed = narrowed
+    ctx.fp32_ops = set(fp32_ops)
     ctx.rnn_input = rnn_input
     ctx.precision = precision
     ctx.gemm_tiling = None if gemm_tiling == "auto" else next(t for t in TILINGS if t.name == gemm_tiling)
@@ -79,9 +80,14 @@ class LowerOptions(BaseModel):
 def lower(state: CompileState, opts) -> None:
     """Lower every node with its registry entry (baseline: one kernel per op)."""
     state.ctx = lower_graph(state.graph, state.device, gemm_tiling=opts.gemm_tiling, rnn_input=opts.rnn_input,
-                            precision=state.precision)
+                            precision=state.precision, fp32_ops=state.fp32_ops)
     n = len(state.ctx.program.launches)
     state.log.append(f"lower: {len(state.ctx.program.kernels)} kernel(s), {n} launch(es)")
+    if state.precision != "fp32":
+        state.ctx.kept_float32 = kept = state.ctx.float32_compute()
+        if kept:
+            state.log.append(f"lower: computed in float32 at {state.precision}: "
+                             + ", ".join(f"{op} x{n}" for op, n in sorted(kept.items())))
     if state.ctx.narrowed:
         mb = sum(state.graph.tensors[w].nbytes for w in state.ctx.narrowed) / 1e6
         state.log.append(f"lower: {len(state.ctx.narrowed)} GEMM/Conv weight(s) stored as "

@@ -328,3 +328,29 @@ def test_float16_model_at_fp16(model_path, name, tmp_path):
     assert all(g.dtype == np.float16 for g in got.values())
     rows = verify_outputs(path, got, feeds, *DEFAULT_TOLERANCE["fp16"])
     assert all(r["passed"] for r in rows), rows
+
+
+@needs_opencl
+def test_fp32_ops_keep_op_types_on_the_float32_template(model_path, tmp_path):
+    """A pipeline's `fp32_ops:` keeps those op types' GEMMs in float32 at a tensor-core precision
+    (their weights too); the plan's meta, the pass log and `inspect` list every compute op kept
+    float32, whether by the list or for want of a tensor-core kernel; an unknown op type is an
+    error naming the file and the field."""
+    pipe = tmp_path / "keep.yaml"
+    pipe.write_text("name: keep\nprecision: bf16\nfp32_ops: [MatMul]\npasses:\n  - name: lower\n  - name: memplan\n")
+    path = model_path("bert")
+    cm = dlcc.compile(path, target="opencl", pipeline=str(pipe))
+    maths = {L["op_type"]: cm.plan["kernels"][[k["name"] for k in cm.plan["kernels"]].index(L["kernel"])]["math"]
+             for L in cm.plan["launches"] if L["op_type"] in ("MatMul", "Gemm")}
+    assert maths == {"MatMul": "float32", "Gemm": "bf16"}, maths
+    kept = cm.plan["meta"]["float32_compute"]
+    assert set(kept) == {"MatMul"} and kept["MatMul"] > 0
+    _, got, ref = _max_err(cm, path)
+    for n in ref:
+        np.testing.assert_allclose(got[n], ref[n], *DEFAULT_TOLERANCE["bf16"], err_msg=n)
+    rc, out, err = cli("inspect", path, "-p", pipe, "-q")
+    assert rc == 0 and "compute ops kept float32 at bf16" in out and "MatMul x" in out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nprecision: bf16\nfp32_ops: [Gemm, MatMull]\npasses:\n  - name: lower\n  - name: memplan\n")
+    rc, out, err = cli("compile", path, "-o", tmp_path / "o", "-p", bad)
+    assert rc == 2 and "bad.yaml: fp32_ops.1: 'MatMull'" in err and "Traceback" not in out + err

@@ -305,6 +305,8 @@ def emit_gemm(ctx, hint: str, spec: GemmSpec, args: list[str], reads: list[str],
     """Pick a tiling for the target device, emit the rOperator and launch one block per rTask.
     At precisions tf32, fp16 and bf16 the tiling is a tensor-core one (kernels/gemm_mma.py)."""
     precision = getattr(ctx, "precision", "fp32")
+    if getattr(ctx, "node", None) is not None and ctx.node.op_type in getattr(ctx, "fp32_ops", ()):
+        precision = "fp32"  # PipelineSpec.fp32_ops
     if tiling is None and precision != "fp32":
         from .gemm_mma import choose_mma_tiling
 

@@ -30,7 +30,10 @@ class LowerCtx:
         self.node: Node | None = None
         self._ntemp = 0
         self.gemm_tiling = None  # a forced Tiling (lower option gemm_tiling), else chosen per GEMM
-        self.precision = "fp32"  # tf32: GEMMs and convolutions on the tensor-core template (kernels/gemm_mma.py)
+        self.precision = "fp32"  # tf32/fp16/bf16: GEMMs and convolutions on the tensor-core template (kernels/gemm_mma.py)
+        self.fp32_ops: set[str] = set()  # op types kept on the float32 template at those (PipelineSpec.fp32_ops)
+        self.narrowed: list[str] = []  # constants stored in a half type (ops/narrow.py)
+        self.kept_float32: dict[str, int] = {}  # float32_compute() as lowered (passes/lower.py)
 
     # -- queries ---------------------------------------------------------------------------
     def tensor(self, name: str) -> Tensor:
@@ -62,6 +65,17 @@ class LowerCtx:
         while name in self.aliases:
             name = self.aliases[name]
         return name
+
+    def float32_compute(self) -> dict[str, int]:
+        """Nodes, by op type, whose FLOPs run in float32 arithmetic: at a tensor-core precision,
+        the compute ops with no tensor-core kernel (depthwise Conv, ConvTranspose, ...) and those
+        kept float32 by `fp32_ops`. Counted from the lowered launches (a node counts once)."""
+        seen, out = set(), {}
+        for L in self.program.launches:
+            if L.flops and L.category == "compute" and L.math == "float32" and L.node not in seen:
+                seen.add(L.node)
+                out[L.op_type] = out.get(L.op_type, 0) + 1
+        return out
 
     # -- emission --------------------------------------------------------------------------
     def alias(self, out: str, src: str) -> None:

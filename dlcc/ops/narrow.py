@@ -33,13 +33,16 @@ def gemm_operands(graph: Graph, node) -> list[int]:
     return []
 
 
-def narrow_gemm_weights(graph: Graph, precision: str) -> list[str]:
+def narrow_gemm_weights(graph: Graph, precision: str, fp32_ops=frozenset()) -> list[str]:
     """Rewire every constant float32 GEMM operand to a copy in the precision's half type (one copy
-    per constant, however many GEMMs read it). Returns the names of the constants narrowed."""
+    per constant, however many GEMMs read it), except in ops of `fp32_ops` (they stay on the
+    float32 template). Returns the names of the constants narrowed."""
     dtype = HALF_DTYPES[precision]
     np_dtype = np.dtype(dtype)  # "bfloat16" is ml_dtypes' (registered by dlcc.ir)
     narrowed: dict[str, str] = {}
     for node in graph.nodes:
+        if node.op_type in fp32_ops:
+            continue
         for k in gemm_operands(graph, node):
             name = node.inputs[k]
             t = graph.tensors.get(name) if name else None

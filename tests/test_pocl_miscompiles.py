@@ -25,3 +25,24 @@ def test_astitch_loop_forms_are_right_under_both_methods(form, method):
 def test_vectorizer_kernel_is_right_under_dlccs_method():
     got, want = run_with_method("VECTORIZER", None)
     assert got == want
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="PoCL 3.1's PEELED miscompile (dlcc/testing/pocl_kernels.py) in Rammer's "
+                   "dispatcher: its task loop `for (t = first; t < hi; t += GRID_DIM)` reads the block index, and a "
+                   "Regional stitch rTask inside it loses its stores; right with -cl-opt-disable. Not fixed yet: the "
+                   "dispatcher needs the GRID_TURNS form with predicated rTasks")
+def test_rammer_dispatcher_around_a_regional_stitch(tmp_path):
+    """Fuzz graph 300024 (found at bf16, wrong at every precision) through `full-join-always`:
+    a stitch whose Sqrt and Tanh stores follow Regional (shared-memory) reductions, joined with a
+    GEMM rTask into a persistent kernel. Its outputs must match onnxruntime's."""
+    import onnx
+
+    import dlcc
+    from dlcc.testing import graphgen
+    from dlcc.testing.oracle import compare_outputs, config_named
+
+    case = graphgen.generate_valid(300024)
+    onnx.save(case.model, tmp_path / "g.onnx")
+    got = dlcc.compile(tmp_path / "g.onnx", target="opencl", pipeline=config_named("full-join-always").spec())(case.feeds)
+    ok, notes, _ = compare_outputs(case.model, got, case.refs)
+    assert ok, notes

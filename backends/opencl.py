@@ -105,6 +105,8 @@ class OpenCLRuntime:
         self.ctx = cl.Context([self.device])
         self.queue = cl.CommandQueue(self.ctx)
         self.program = None
+        self.unoptimised = None  # the program again, without optimisation: PoCL's persistent kernels
+        self._unoptimised_names: set[str] = set()
         self._kernels = {}
         self._views = {}
 
@@ -115,15 +117,30 @@ class OpenCLRuntime:
     def is_cpu(self) -> bool:
         return bool(self.device.type & self.cl.device_type.CPU)
 
+    def is_pocl(self) -> bool:
+        return "portable computing language" in self.device.platform.name.lower()
+
     def compile(self, source: str, plan: dict | None = None, binaries: dict | None = None) -> None:
+        """Build the plan's kernels. On PoCL, Rammer's persistent kernels come from a second build
+        of the same text with -cl-opt-disable: their dispatch loop (`for (t = first; t < hi; t +=
+        GRID_DIM)`, `first` from the block index) around rTasks with barriers is the shape PoCL
+        3.1 miscompiles once LLVM has optimised it (dlcc/testing/pocl_kernels.py: PEELED; fuzz
+        graph 300024 lost a stitch's stores through `full-join-always`). Unoptimised, PoCL builds
+        every known case right (tests/test_pocl_miscompiles.py), and builds them faster; they run
+        slower, which only matters on the CPU, where persistent kernels are for testing."""
         self._kernels = {}  # kernels of a previous program must not be reused
+        persistent = {k["name"] for k in (plan or {}).get("kernels", []) if k.get("kind") == "persistent"}
+        self._unoptimised_names = persistent if self.is_pocl() else set()
         # PyOpenCL turns any compiler output (PoCL's remarks on real models) into a Python
         # CompilerWarning on the user's terminal. It is not the user's to act on: keep it as the
         # runtime's build log (dlcc batch writes it to the job's log), and log it at debug level.
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                self.program = self.cl.Program(self.ctx, source).build(options=["-cl-std=CL1.2"] + build_options())
+                options = ["-cl-std=CL1.2"] + build_options()
+                self.program = self.cl.Program(self.ctx, source).build(options=options)
+                self.unoptimised = (self.cl.Program(self.ctx, source).build(options=options + ["-cl-opt-disable"])
+                                    if self._unoptimised_names else None)
             except self.cl.RuntimeError as e:
                 raise CompileError(f"the OpenCL compiler rejected the generated kernels (a dlcc bug):\n{e}") from None
         self.build_log = "\n".join(str(w.message) for w in caught)
@@ -132,7 +149,8 @@ class OpenCLRuntime:
 
     def kernel(self, name: str):
         if name not in self._kernels:
-            self._kernels[name] = getattr(self.program, name)
+            prog = self.unoptimised if name in self._unoptimised_names else self.program
+            self._kernels[name] = getattr(prog, name)
         return self._kernels[name]
 
     def alloc(self, nbytes: int):
@@ -171,7 +189,7 @@ class OpenCLRuntime:
         if block > kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.device):
             return 0
         cus = int(self.device.max_compute_units)
-        if "portable computing language" in self.device.platform.name.lower():
+        if self.is_pocl():
             return 1 if POCL_THREADS is None else max(1, min(cus, POCL_THREADS - 1))
         return max(1, cus)
 

@@ -25,7 +25,9 @@ co-scheduled wave by wave on a virtual device.
     first rTask, rTask count, int arguments such as an RNN step, operands). The kernel holds one
     call site per distinct rOperator, and loops over the table; each call site is a loop whose
     bounds come from the table (empty unless the entry is its own), so every barrier sits in
-    straight-line code under a uniform loop, which PoCL needs. A wave's rTasks are numbered across
+    straight-line code under a uniform loop, which PoCL needs. (Each block's rTask loop still starts
+    from the block index, a shape PoCL 3.1 miscompiles once optimised: on PoCL the runtime builds
+    persistent kernels with -cl-opt-disable, backends/opencl.py compile.) A wave's rTasks are numbered across
     its entries and dealt round-robin to the vEUs; a block barrier follows each rTask (the next
     one reuses `smem`), and a grid barrier each wave. Code size grows with the distinct kernels,
     not with the program's length: LSTM-TC's 2,032 launches are 5 call sites.

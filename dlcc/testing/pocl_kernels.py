@@ -17,6 +17,11 @@ forms dlcc emits, under the method dlcc sets, are right.
    (upstream PoCL fixed bugs in that peeling code in 2026 and then removed it). dlcc emits no
    loop where each block takes one turn (ONCE), and elsewhere a turn count that reads only the
    grid size (GRID_TURNS), which PoCL compiles right (passes/astitch/codegen.py: _phase_code).
+   Rammer's persistent kernels keep that shape (each block's rTasks in a wave are a loop from
+   its own first one), and a Regional stitch rTask inside lost its stores (fuzz graph 300024).
+
+Built with -cl-opt-disable, PoCL gets both kernels right under both methods: the runtime builds
+persistent kernels that way on PoCL (backends/opencl.py compile).
 """
 from __future__ import annotations
 
@@ -77,7 +82,7 @@ def expected(name: str, x: np.ndarray) -> float:
     return float(x[0]) if name == "VECTORIZER" else float(x[1] - x[0] * x[0])
 
 
-def run(name: str) -> tuple[float, float]:
+def run(name: str, options: list[str] | None = None) -> tuple[float, float]:
     """(o[0] from the OpenCL device, the expected value), one 256-item work-group. PoCL reads its
     work-group method when it first runs a kernel: run_with_method() sets it in a fresh process."""
     import pyopencl as cl
@@ -86,7 +91,7 @@ def run(name: str) -> tuple[float, float]:
 
     ctx = cl.Context([_pick_device(cl)])
     q = cl.CommandQueue(ctx)
-    prg = cl.Program(ctx, KERNELS[name]).build(options=["-cl-std=CL1.2"])
+    prg = cl.Program(ctx, KERNELS[name]).build(options=["-cl-std=CL1.2"] + (options or []))
     x = np.arange(1, 513, dtype=np.float32)
     mf = cl.mem_flags
     bx = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=x)
@@ -98,9 +103,9 @@ def run(name: str) -> tuple[float, float]:
     return float(out[0]), expected(name, x)
 
 
-def run_with_method(name: str, method: str | None) -> tuple[float, float]:
-    """run(name) in a fresh Python process with POCL_WORK_GROUP_METHOD=method (None: whatever
-    `import dlcc` sets)."""
+def run_with_method(name: str, method: str | None, options: list[str] | None = None) -> tuple[float, float]:
+    """run(name, options) in a fresh Python process with POCL_WORK_GROUP_METHOD=method (None:
+    whatever `import dlcc` sets)."""
     import json
     import os
     import subprocess
@@ -111,7 +116,7 @@ def run_with_method(name: str, method: str | None) -> tuple[float, float]:
     if method:
         env["POCL_WORK_GROUP_METHOD"] = method
     code = ("import json, dlcc; from dlcc.testing.pocl_kernels import run; "
-            f"print(json.dumps(run({name!r})))")
+            f"print(json.dumps(run({name!r}, {options!r})))")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         raise RuntimeError(f"kernel {name} under {method}: {r.stderr[-2000:]}")

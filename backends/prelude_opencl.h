@@ -60,6 +60,21 @@ DEVICE float dlcc_to_tf32(float x) {
 }
 #define TO_TF32(x) dlcc_to_tf32(x)
 #define MMA_EMU_FLOATS 192
+/* Once every lane has stored its fragments: lane (g, t)'s four D elements from A (16 x K,
+ * row-major) and B (K x 8, k-major), summed in k order, then the scratch is free again. */
+DEVICE void dlcc_mma_emu_dot(LPTR float* A, LPTR float* B, int K, int g, int t, float* d0, float* d1, float* d2,
+                             float* d3) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    for (int k = 0; k < K; ++k) {
+        s0 += A[g * K + k] * B[k * 8 + 2 * t];
+        s1 += A[g * K + k] * B[k * 8 + 2 * t + 1];
+        s2 += A[(g + 8) * K + k] * B[k * 8 + 2 * t];
+        s3 += A[(g + 8) * K + k] * B[k * 8 + 2 * t + 1];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    *d0 += s0; *d1 += s1; *d2 += s2; *d3 += s3;
+}
 DEVICE void dlcc_mma_tf32(float* d0, float* d1, float* d2, float* d3, float a0, float a1, float a2, float a3,
                           float b0, float b1, LPTR float* scr, int lane) {
     const int g = lane >> 2, t = lane & 3;
@@ -67,16 +82,7 @@ DEVICE void dlcc_mma_tf32(float* d0, float* d1, float* d2, float* d3, float a0, 
     LPTR float* B = scr + 128;   /* 8 x 8, k-major: B[k * 8 + n] */
     A[g * 8 + t] = a0; A[(g + 8) * 8 + t] = a1; A[g * 8 + t + 4] = a2; A[(g + 8) * 8 + t + 4] = a3;
     B[t * 8 + g] = b0; B[(t + 4) * 8 + g] = b1;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-    for (int k = 0; k < 8; ++k) {
-        s0 += A[g * 8 + k] * B[k * 8 + 2 * t];
-        s1 += A[g * 8 + k] * B[k * 8 + 2 * t + 1];
-        s2 += A[(g + 8) * 8 + k] * B[k * 8 + 2 * t];
-        s3 += A[(g + 8) * 8 + k] * B[k * 8 + 2 * t + 1];
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    *d0 += s0; *d1 += s1; *d2 += s2; *d3 += s3;
+    dlcc_mma_emu_dot(A, B, 8, g, t, d0, d1, d2, d3);
 }
 /* The loops around MMA_TF32 stay loops here: unrolled, each emulated mma's two barriers would be
  * copied per mma tile and k step, and PoCL's work-group compiler (one region per barrier) took
@@ -105,16 +111,7 @@ DEVICE void dlcc_mma_k16(float* d0, float* d1, float* d2, float* d3, float a0, f
     A[g * 16 + 2 * t + 8] = a4; A[g * 16 + 2 * t + 9] = a5;
     A[(g + 8) * 16 + 2 * t + 8] = a6; A[(g + 8) * 16 + 2 * t + 9] = a7;
     B[(2 * t) * 8 + g] = b0; B[(2 * t + 1) * 8 + g] = b1; B[(2 * t + 8) * 8 + g] = b2; B[(2 * t + 9) * 8 + g] = b3;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-    for (int k = 0; k < 16; ++k) {
-        s0 += A[g * 16 + k] * B[k * 8 + 2 * t];
-        s1 += A[g * 16 + k] * B[k * 8 + 2 * t + 1];
-        s2 += A[(g + 8) * 16 + k] * B[k * 8 + 2 * t];
-        s3 += A[(g + 8) * 16 + k] * B[k * 8 + 2 * t + 1];
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    *d0 += s0; *d1 += s1; *d2 += s2; *d3 += s3;
+    dlcc_mma_emu_dot(A, B, 16, g, t, d0, d1, d2, d3);
 }
 #define DLCC_MMA_K16(d0, d1, d2, d3, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3) \
     dlcc_mma_k16(&(d0), &(d1), &(d2), &(d3), (a0), (a1), (a2), (a3), (a4), (a5), (a6), (a7), (b0), (b1), (b2), (b3), \

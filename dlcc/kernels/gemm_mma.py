@@ -120,7 +120,6 @@ MMA_TILINGS = (
 )
 
 
-
 def mma_tilings(precision: str = "tf32") -> tuple[MmaTiling, ...]:
     """MMA_TILINGS at `precision` (tf32, fp16 or bf16): the same tile shapes, each k step a whole
     number of the precision's mmas."""
@@ -143,7 +142,8 @@ def mma_cost(t: MmaTiling, batch: int, M: int, N: int, K: int, device=None) -> f
     per_sm = -(-tasks_for(t, batch, M, N) // sms)
     steps = -(-K // t.bk)
     mmas = (t.bm // 16) * (t.bn // 8) * (t.bk // t.kstep)
-    frag = WARPS * (t.bk // t.kstep) * (t.a_frag * t.mi + t.a_frag // 2 * t.ni)  # fragment loads from shared memory (warp instructions)
+    # fragment loads from shared memory (warp instructions)
+    frag = WARPS * (t.bk // t.kstep) * (t.a_frag * t.mi + t.a_frag // 2 * t.ni)
     moves = 3 * (t.bm + t.bn) * t.bk / 32  # global load, operand rounding, shared store (warp instructions)
     issue = mmas / MMA_PER_CYCLE + (frag + moves + 20 * WARPS) / 2.0
     # registers per thread, fitted to ptxas on sm_90 (113 to 240 over MMA_TILINGS): accumulators,

@@ -480,8 +480,8 @@ def estimate(model: Optional[Path] = typer.Argument(None, help="ONNX model (plan
              pipeline: Optional[List[str]] = typer.Option(None, "--pipeline", "-p", help="plan mode: pipelines to rank "
                                                           "(repeatable; default: every configs/pipelines file)"),
              precision: Optional[List[str]] = typer.Option(None, "--precision", help="plan mode: precisions to rank "
-                                                           "each pipeline at (repeatable: fp32, tf32, fp16, bf16; default: each "
-                                                           "pipeline's own)"),
+                                                           "each pipeline at (repeatable: fp32, tf32, fp16, bf16; "
+                                                           "default: each pipeline's own)"),
              profile_db: Optional[Path] = typer.Option(None, "--profile-db", help="plan mode: measured kernel times (JSON) to use "
                                                        "instead of the roofline where they exist"),
              quiet: bool = QuietOpt, json_out: bool = JsonOpt):

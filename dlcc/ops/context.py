@@ -30,7 +30,8 @@ class LowerCtx:
         self.node: Node | None = None
         self._ntemp = 0
         self.gemm_tiling = None  # a forced Tiling (lower option gemm_tiling), else chosen per GEMM
-        self.precision = "fp32"  # tf32/fp16/bf16: GEMMs and convolutions on the tensor-core template (kernels/gemm_mma.py)
+        # tf32/fp16/bf16: GEMMs and convolutions on the tensor-core template (kernels/gemm_mma.py)
+        self.precision = "fp32"
         self.fp32_ops: set[str] = set()  # op types kept on the float32 template at those (PipelineSpec.fp32_ops)
         self.narrowed: list[str] = []  # constants stored in a half type (ops/narrow.py)
         self.kept_float32: dict[str, int] = {}  # float32_compute() as lowered (passes/lower.py)

@@ -315,7 +315,8 @@ def _shared_runtime(group: list):
         codes.update(zip((k["name"] for k in cm.plan["kernels"]), cm.kernel_codes))
     try:
         rt = OpenCLRuntime()
-        kernels = [k for _, cm in group for k in cm.plan["kernels"]]  # which are persistent: built as the runtime builds them
+        # which kernels are persistent: the runtime builds those its own way (backends/opencl.py)
+        kernels = [k for _, cm in group for k in cm.plan["kernels"]]
         rt.compile(render(list(codes.values()), "opencl"), {"kernels": kernels})
         return rt
     except DlccError:

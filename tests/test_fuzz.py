@@ -409,3 +409,26 @@ def test_tf32_configurations_are_judged_at_tf32():
     assert not conditioning_explains(m, {"x": x}, {"y": tc}, refs, "fp32")
     # here TF32 rounding alone moves y by about 1 (y itself is about 1): a bug lands further
     assert not conditioning_explains(m, {"x": x}, {"y": (refs["y"] + 20).astype(np.float32)}, refs, "tf32")
+
+
+def test_the_arbiter_judges_only_what_failed():
+    """Graph 108185: a cancelling variance (dlcc's answer 5% off, rounding-explained) beside a node
+    onnx.reference cannot run (there a grouped ConvTranspose; here an op of an unknown domain).
+    The arbiter runs only the part the failing output depends on (rounding.pruned_to), so the
+    verdict is still `unstable`, not a mismatch for want of an answer."""
+    from onnx import TensorProto as T, helper as h
+
+    from dlcc.testing.oracle import conditioning_explains
+    from dlcc.testing.rounding import pruned_to
+
+    m = _one_element_model("Sub", 65)
+    m.graph.node.append(h.make_node("Nothing", ["x"], ["z"], domain="test.unrunnable"))
+    m.graph.output.append(h.make_tensor_value_info("z", T.FLOAT, [1, 65]))
+    m.opset_import.append(h.make_opsetid("test.unrunnable", 1))
+    x = (1.2 + 0.01 * np.random.default_rng(3).standard_normal((1, 65))).astype(np.float32)
+    p = pruned_to(m, ["y"])
+    assert [o.name for o in p.graph.output] == ["y"] and all(n.op_type != "Nothing" for n in p.graph.node)
+    refs = {"y": graphgen.reference(_one_element_model("Sub", 65), {"x": x})["y"], "z": x.copy()}
+    got = {"y": _sequential_f32("Sub", x), "z": x.copy()}
+    assert conditioning_explains(m, {"x": x}, got, refs)
+    assert not conditioning_explains(m, {"x": x}, {"y": refs["y"] * np.float32(1.5), "z": x.copy()}, refs)

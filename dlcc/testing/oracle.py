@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .rounding import float64_reference, rounding_spread  # noqa: F401  (float64_reference: re-exported)
+from .rounding import float64_reference, pruned_to, rounding_spread  # noqa: F401  (float64_reference: re-exported)
 
 SCHEMES = ("independent", "local", "regional", "global")
 FAILURES = ("mismatch", "crash", "hang", "spill")
@@ -370,14 +370,10 @@ def conditioning_explains(model: onnx.ModelProto, feeds: dict, got: dict, refs: 
     explain it, the float64 answer cannot be computed, or a shape or dtype differs. At a tensor-core
     precision the spread includes the rounding of every GEMM operand to its type, and verify's
     tolerance for that precision is the last floor."""
-    from ..verify import DEFAULT_TOLERANCE
+    from ..verify import DEFAULT_TOLERANCE, compare
 
     rtol, atol = DEFAULT_TOLERANCE[precision]
-    try:
-        judged = rounding_spread(model, feeds, precision=precision)
-    except Exception:  # an op onnx.reference cannot run: no arbiter, so the mismatch stands
-        return ""
-    notes = []
+    failing = []
     for name, r in refs.items():
         g = got.get(name)
         if g is None or g.shape != r.shape or g.dtype != r.dtype:
@@ -386,6 +382,17 @@ def conditioning_explains(model: onnx.ModelProto, feeds: dict, got: dict, refs: 
             if not np.array_equal(g, r):
                 return ""
             continue
+        if not compare(name, g, r, rtol, atol)["passed"]:
+            failing.append(name)
+    if not failing:
+        return "conditioning"
+    try:  # judged on the part of the graph the failing outputs depend on (rounding.pruned_to)
+        judged = rounding_spread(pruned_to(model, failing), feeds, precision=precision)
+    except Exception:  # an op onnx.reference cannot run: no arbiter, so the mismatch stands
+        return ""
+    notes = []
+    for name in failing:
+        g, r = got[name], refs[name]
         t, spread = judged[name]
         if np.any(np.isnan(g) != np.isnan(r)) or not np.all(np.isfinite(t[~np.isnan(r)])):
             return ""

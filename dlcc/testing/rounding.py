@@ -87,6 +87,29 @@ def operand_round(x: np.ndarray, precision: str) -> np.ndarray:
     return x
 
 
+def pruned_to(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
+    """`model` with only the nodes `outputs` depend on, and those outputs: the arbiter judges the
+    outputs that failed, and a node onnx.reference cannot run elsewhere in the graph (a grouped
+    ConvTranspose it mis-reshapes) must not leave it without an answer. Inputs stay (feeds)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    need, keep = set(outputs), []
+    for node in reversed(list(g.node)):
+        if any(o in need for o in node.output):
+            keep.append(node)
+            need.update(i for i in node.input if i)
+    del g.node[:]
+    g.node.extend(reversed(keep))
+    outs = [o for o in g.output if o.name in outputs]
+    del g.output[:]
+    g.output.extend(outs)
+    inits = [t for t in g.initializer if t.name in need]
+    del g.initializer[:]
+    g.initializer.extend(inits)
+    return m
+
+
 def float64_model(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model` with every float32 tensor, constant and Cast-to-float made double."""
     m = onnx.ModelProto()

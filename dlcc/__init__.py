@@ -7,6 +7,8 @@
 """
 __version__ = "0.1.0"
 
+import ml_dtypes  # noqa: E402,F401  registers numpy's "bfloat16" dtype name (bfloat16 models, half weights)
+
 from .backends.opencl import configure_pocl  # noqa: E402
 
 configure_pocl()  # before anything touches the OpenCL platform (DESIGN §3)

@@ -147,15 +147,15 @@ def verify(model: Path = typer.Argument(..., help="ONNX model file"),
     the model's graph (a missing or extra output fails). An output passes where |got - ref| <=
     atol + rtol·|ref| everywhere; the default tolerances depend on the precision: fp32 rtol 1e-3,
     atol 1e-4; tf32 and fp16 rtol 1e-2, atol 1e-2 (10 of float32's 23 mantissa bits); bf16 rtol
-    5e-2, atol 5e-2 (7 bits)."""
-    from .verify import DEFAULT_TOLERANCE, verify_outputs
+    5e-2, atol 5e-2 (7 bits). An output stored as float16 or bfloat16 gets at least that type's
+    pair. A float16 or bfloat16 model's reference is onnxruntime on the model widened to float32,
+    its outputs rounded to their own type."""
+    from .verify import DEFAULT_TOLERANCE, OUTPUT_TOLERANCE, verify_outputs
 
     cm = _compile(model, shape, target, pipeline, device, quiet, json_out, profile_db=profile_db, precision=precision)
     prec = cm.plan["meta"].get("precision", "fp32")
     tol_from = ("given" if rtol is not None and atol is not None else f"{prec} default" if rtol is None and atol is None
                 else f"{'rtol' if rtol is not None else 'atol'} given, the other the {prec} default")
-    rtol = DEFAULT_TOLERANCE[prec][0] if rtol is None else rtol
-    atol = DEFAULT_TOLERANCE[prec][1] if atol is None else atol
     feeds = _load_inputs(inputs) if inputs else cm.sample_inputs(seed)
     steps = _steps(quiet or json_out)
     with steps.step(f"build kernels ({cm.target})"):
@@ -164,11 +164,16 @@ def verify(model: Path = typer.Argument(..., help="ONNX model file"),
     with steps.step(f"run on {cm.target}"):
         got = ex.run(feeds, timing)
     with steps.step("run onnxruntime"):
-        rows = verify_outputs(model, got, feeds, rtol, atol)
+        rows = verify_outputs(model, got, feeds, rtol, atol, precision=prec)
     passed = all(r["passed"] for r in rows)
+    if rtol is None or atol is None:
+        halves = sorted({r["dtype"] for r in rows if r["dtype"] in OUTPUT_TOLERANCE})
+        tol_from += f" ({' and '.join(halves)} outputs: at least their type's)" if halves else ""
     if json_out:
         print(json.dumps({"passed": passed, "target": cm.target, "device": ex.rt.device_name, "precision": prec,
-                          "rtol": rtol, "atol": atol, "tolerance_from": tol_from, "outputs": rows, **_summary(cm.plan)}))
+                          "rtol": DEFAULT_TOLERANCE[prec][0] if rtol is None else rtol,
+                          "atol": DEFAULT_TOLERANCE[prec][1] if atol is None else atol,
+                          "tolerance_from": tol_from, "outputs": rows, **_summary(cm.plan)}))
     else:
         t = Table(title=f"{model.name} on {cm.target} ({ex.rt.device_name}, {prec}) vs onnxruntime",
                   caption=f"tolerance: {tol_from}")
@@ -176,7 +181,8 @@ def verify(model: Path = typer.Argument(..., help="ONNX model file"),
             t.add_column(c)
         for r in rows:
             t.add_row(r["name"], "x".join(map(str, r["shape"])), f"{r['max_abs_err']:.3g}", f"{r['max_rel_err']:.3g}",
-                      f"{atol:g} + {rtol:g}·|ref|", "[green]PASS[/]" if r["passed"] else "[red]FAIL[/]")
+                      f"{r['atol']:g} + {r['rtol']:g}·|ref|" if "rtol" in r else "-",
+                      "[green]PASS[/]" if r["passed"] else "[red]FAIL[/]")
         out.print(t)
         for r in rows:
             if "note" in r:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from . import __version__
 from . import ops as _ops  # noqa: F401  (registers every op)
 from .config import DeviceSpec, PipelineSpec, check_precision, load_device, load_pipeline, with_precision
+from .errors import ConfigError
 from .errors import CompileError, UnsupportedOpsError
 from .frontend import ShapeBindings, check_static, dtype_problems, import_model
 from .ir import Graph
@@ -171,6 +172,28 @@ def import_checked(model, shapes):
     return graph
 
 
+def _model_precision(pipe: PipelineSpec, graph, dev: DeviceSpec, target: str) -> tuple[PipelineSpec, str | None]:
+    """A float16 or bfloat16 model computes at its own precision where no precision was asked for
+    (TensorRT's strongly typed networks, torch.compile on a half model): fp16 or bf16 tensor cores
+    on a CUDA device that has them. Elsewhere (OpenCL, where the mma instructions are only
+    emulated, or an older GPU) it computes in float32, and the pass log says so."""
+    from .ir import HALF_FLOATS
+
+    halves = {graph.tensors[n].dtype for n in graph.inputs + graph.outputs} & set(HALF_FLOATS)
+    if len(halves) != 1:
+        return pipe, None
+    half = halves.pop()
+    own = {"float16": "fp16", "bfloat16": "bf16"}[half]
+    try:
+        if check_precision(own, dev, target) is None:
+            return with_precision(pipe, own), (f"precision {own}: the model's own ({half}); "
+                                               "--precision fp32 computes it in float32")
+    except ConfigError:
+        pass
+    return pipe, (f"a {half} model computes in float32 on {target} ({dev.name}), which has no {own.upper()} "
+                  f"tensor cores; --precision {own} asks for them (emulated on OpenCL)")
+
+
 def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None, target: str = "opencl",
                   pipeline: str | PipelineSpec = "baseline", device: str | DeviceSpec | None = None,
                   steps: Steps | None = None, imported=None, profile_db=None, cache=None,
@@ -195,6 +218,9 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
     else:
         with steps.step("import + fold + infer shapes"):
             graph = import_checked(model, shapes)
+    if precision is None and "precision" not in pipe.model_fields_set:
+        pipe, note = _model_precision(pipe, graph, dev, target)
+        precision_note = note or precision_note
     state = CompileState(graph=graph, device=dev, profile_db=profile_db, precision=pipe.precision,
                          fp32_ops=tuple(pipe.fp32_ops))
     if precision_note:
@@ -206,8 +232,6 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
             entry.run(state, opts)
         _check_reads(state, p.name)
     if state.ctx is None or state.memory is None:
-        from .errors import ConfigError
-
         raise ConfigError(f"pipeline {pipe.name!r} must include the 'lower' and 'memplan' passes")
     digest = digest_thread.result()
     meta = {

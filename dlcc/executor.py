@@ -93,6 +93,8 @@ class Executor:
             if tuple(a.shape) != tuple(t["shape"]):
                 raise InputError(f"input {t['name']!r} has shape {list(a.shape)}, the model was compiled for "
                                  f"{t['shape']} (recompile with --shape {t['name']}=...)")
+            if t["dtype"] == "bfloat16" and a.dtype == np.dtype("V2"):
+                a = a.view(t["dtype"])  # .npz files keep ml_dtypes' bfloat16 as 2-byte voids
             if a.dtype != np.dtype(t["dtype"]):
                 if not np.can_cast(a.dtype, t["dtype"], casting="same_kind"):
                     raise InputError(f"input {t['name']!r} has dtype {a.dtype}, expected {t['dtype']}")

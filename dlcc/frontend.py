@@ -17,7 +17,7 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from .errors import DynamicShapeError, ModelError, ShapeError, UnsupportedDtypesError
-from .ir import SUPPORTED_DTYPES, Graph, Node, Tensor
+from .ir import HALF_FLOATS, SUPPORTED_DTYPES, Graph, Node, Tensor
 
 log = logging.getLogger(__name__)
 
@@ -384,24 +384,28 @@ def _set_value(t: Tensor, val: np.ndarray) -> None:
     t.value, t.shape, t.dtype = val, tuple(val.shape), val.dtype.name
 
 
-def promote_float16(graph: Graph) -> None:
-    """float16 models compute in float32: tensors stay float16 only at the model's boundary.
+def promote_half(graph: Graph) -> None:
+    """float16 and bfloat16 models compute in float32: 16-bit tensors stay so only at the model's
+    boundary.
 
-    Constants are widened once at compile time, graph inputs get a Cast to float32 and graph
-    outputs a Cast back to float16, and Casts to float16 inside the graph become Casts to float32.
-    Kernels therefore only ever compute in float; float16 appears as storage in the boundary
-    Casts (LOAD_F16 / STORE_F16 in the dialect). Weights take twice the bytes of the model's.
+    Constants are widened once at compile time (exactly: every 16-bit float is a float32), graph
+    inputs get a Cast to float32 and graph outputs a Cast back to their own 16-bit type, and Casts
+    to a 16-bit float inside the graph become Casts to float32. Kernels therefore only ever compute
+    in float; 16-bit types appear as storage in the boundary Casts (LOAD_F16 / STORE_F16 and
+    LOAD_BF16 / STORE_BF16 in the dialect). At precision fp16 or bf16, ops/narrow.py stores the
+    GEMM and Conv weights in the half type again, so those keep the model's bytes.
     """
-    if not any(t.dtype == "float16" for t in graph.tensors.values()):
+    if not any(t.dtype in HALF_FLOATS for t in graph.tensors.values()):
         return
     boundary = set(graph.inputs) | set(graph.outputs)
     for t in graph.tensors.values():
-        if t.dtype == "float16" and t.name not in boundary:
+        if t.dtype in HALF_FLOATS and t.name not in boundary:
             if t.value is not None:
                 t.value = t.value.astype(np.float32)
             t.dtype = "float32"
     for n in graph.nodes:
-        if n.op_type == "Cast" and n.attrs.get("to") == onnx.TensorProto.FLOAT16 and n.outputs[0] not in boundary:
+        if (n.op_type == "Cast" and n.attrs.get("to") in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+                and n.outputs[0] not in boundary):
             n.attrs["to"] = onnx.TensorProto.FLOAT
 
     def rename(old: str, new: str) -> None:
@@ -412,7 +416,7 @@ def promote_float16(graph: Graph) -> None:
     head, tail = [], []
     for name in graph.inputs:
         t = graph.tensors[name]
-        if t.dtype == "float16":
+        if t.dtype in HALF_FLOATS:
             wide = f"%f32:{name}"
             graph.tensors[wide] = Tensor(wide, t.shape, "float32")
             for n in graph.nodes:
@@ -420,11 +424,12 @@ def promote_float16(graph: Graph) -> None:
             head.append(Node("Cast", f"%widen:{name}", [name], [wide], {"to": onnx.TensorProto.FLOAT}))
     for name in graph.outputs:
         t = graph.tensors[name]
-        if t.dtype == "float16" and name not in graph.inputs and t.value is None:
+        if t.dtype in HALF_FLOATS and name not in graph.inputs and t.value is None:
             wide = f"%f32:{name}"
             graph.tensors[wide] = Tensor(wide, t.shape, "float32")
             rename(name, wide)
-            tail.append(Node("Cast", f"%narrow:{name}", [wide], [name], {"to": onnx.TensorProto.FLOAT16}))
+            to = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(SUPPORTED_DTYPES[t.dtype]))
+            tail.append(Node("Cast", f"%narrow:{name}", [wide], [name], {"to": to}))
     graph.nodes = head + graph.nodes + tail
 
 
@@ -505,7 +510,7 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         if t.value is not None:
             t.shape = tuple(t.value.shape)
             t.dtype = t.value.dtype.name
-    promote_float16(graph)
+    promote_half(graph)
     _eliminate_dead(graph)
     return graph
 

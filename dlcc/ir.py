@@ -16,17 +16,22 @@ import numpy as np
 #: ONNX dtypes dlcc can hold in buffers, mapped to numpy; anything else is an unsupported dtype.
 SUPPORTED_DTYPES = {
     "float32": np.float32,
-    "float16": np.float16,  # stored as half, computed in float (see frontend.promote_float16)
+    "float16": np.float16,  # stored as half, computed in float (see frontend.promote_half)
+    "bfloat16": ml_dtypes.bfloat16,  # the same; also the half weights at precision bf16 (ops/narrow.py)
     "int64": np.int64,
     "int32": np.int32,
     "bool": np.bool_,
     "uint8": np.uint8,
     "int8": np.int8,
 }
-#: Internal storage dtypes: held by tensors dlcc creates, never accepted from a model (yet).
-STORAGE_DTYPES = {
-    "bfloat16": ml_dtypes.bfloat16,  # half weights at precision bf16 (ops/narrow.py)
-}
+#: The 16-bit float dtypes: storage only. Kernels load them into float and store from float.
+HALF_FLOATS = ("float16", "bfloat16")
+
+
+def is_float(dtype) -> bool:
+    """A floating-point numpy dtype, ml_dtypes' bfloat16 included (numpy calls its kind "V")."""
+    dt = np.dtype(dtype)
+    return dt.kind == "f" or dt == np.dtype(ml_dtypes.bfloat16)
 
 
 @dataclass

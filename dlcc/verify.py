@@ -1,7 +1,14 @@
 """Compare a compiled model's outputs with onnxruntime's on the same inputs (Polygraphy-style)."""
 from __future__ import annotations
 
+import os
+import tempfile
+
 import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .ir import SUPPORTED_DTYPES, is_float
 
 
 #: verify's default (rtol, atol) per precision (Polygraphy-style: one pair per precision, printed
@@ -11,6 +18,17 @@ import numpy as np
 #: fp16 keeps 10 bits as TF32 does (and the same tolerance); bf16 keeps 7 (2**-8 relative), about
 #: 8x TF32's error, and its pair is looser by that much.
 DEFAULT_TOLERANCE = {"fp32": (1e-3, 1e-4), "tf32": (1e-2, 1e-2), "fp16": (1e-2, 1e-2), "bf16": (5e-2, 5e-2)}
+#: An output stored in a 16-bit float is rounded to it, whatever the precision inside: one unit in
+#: its last place is 2**-11 (float16) or 2**-8 (bfloat16) of the value, so its default pair is at
+#: least that half type's.
+OUTPUT_TOLERANCE = {"float16": DEFAULT_TOLERANCE["fp16"], "bfloat16": DEFAULT_TOLERANCE["bf16"]}
+
+
+def default_tolerance(precision: str, dtype: str) -> tuple[float, float]:
+    """verify's (rtol, atol) for an output of `dtype` from a plan compiled at `precision`: the
+    looser of the precision's pair and the output type's."""
+    p, o = DEFAULT_TOLERANCE[precision], OUTPUT_TOLERANCE.get(str(dtype), (0.0, 0.0))
+    return max(p[0], o[0]), max(p[1], o[1])
 
 
 def compare(name: str, got: np.ndarray, ref: np.ndarray, rtol: float, atol: float) -> dict:
@@ -41,28 +59,95 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, rtol: float, atol: floa
     return {**res, "note": "NaN where onnxruntime has none, or the reverse"} if nan_mismatch else res
 
 
+_HALF = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
+
+
+def _widen_graph(g: onnx.GraphProto) -> None:
+    """Every 16-bit float in `g` (and its subgraphs) becomes float32, in place: value types,
+    initializers, Constant and ConstantOfShape tensors, and the `to`/`dtype` of Cast, EyeLike and
+    the random generators. Widening is exact, so the float32 graph computes what the 16-bit one
+    means, without rounding each intermediate."""
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        if vi.type.tensor_type.elem_type in _HALF:
+            vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+
+    def widen_tensor(t: onnx.TensorProto) -> None:
+        if t.data_type in _HALF:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))
+
+    for t in g.initializer:
+        widen_tensor(t)
+    for n in g.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                widen_tensor(a.t)
+            elif a.type == onnx.AttributeProto.INT and a.name in ("to", "dtype") and a.i in _HALF:
+                a.i = onnx.TensorProto.FLOAT
+            elif a.type == onnx.AttributeProto.GRAPH:
+                _widen_graph(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sub in a.graphs:
+                    _widen_graph(sub)
+
+
+def _has_half(model_path) -> bool:
+    m = onnx.load(str(model_path), load_external_data=False)
+    return any(vi.type.tensor_type.elem_type in _HALF for vi in list(m.graph.input) + list(m.graph.output))
+
+
 def _session(model_path):
+    """onnxruntime on the model; a float16 or bfloat16 model is run widened to float32 (the
+    reference is the float32 model: onnxruntime's CPU kernels would round every intermediate to the
+    16-bit type, or have none at all for bfloat16)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    return ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+    if not _has_half(model_path):
+        return ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+    m = onnx.load(str(model_path))
+    _widen_graph(m.graph)
+    if m.ByteSize() < 2**31 - 2**20:
+        return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    with tempfile.TemporaryDirectory(prefix="dlcc-widened-") as tmp:  # past protobuf's 2 GB
+        path = os.path.join(tmp, "model.onnx")
+        onnx.save(m, path, save_as_external_data=True, location="weights.bin")
+        return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def _reference(model_path, feeds: dict, names: list[str] | None = None) -> tuple[list[str], list[np.ndarray]]:
+    """(output names, onnxruntime's outputs), each in the model's declared output dtype: a widened
+    model's outputs are rounded back to their 16-bit type, as an exact 16-bit result would be."""
+    sess = _session(model_path)
+    declared = {o.name: o.type for o in sess.get_outputs()}
+    names = names or list(declared)
+    m = onnx.load(str(model_path), load_external_data=False)
+    half = {vi.name: _HALF[vi.type.tensor_type.elem_type] for vi in m.graph.output
+            if vi.type.tensor_type.elem_type in _HALF}
+    wide_in = {i.name for i in sess.get_inputs() if i.type == "tensor(float)"}
+    feeds = {k: (np.asarray(v, np.float32) if k in wide_in and is_float(np.asarray(v).dtype) else v)
+             for k, v in feeds.items()}
+    refs = sess.run(names, feeds)
+    return names, [r.astype(SUPPORTED_DTYPES[half[n]]) if n in half else r for n, r in zip(names, refs)]
 
 
 def run_onnxruntime(model_path: str, feeds: dict, output_names: list[str] | None = None) -> list[np.ndarray]:
-    return _session(model_path).run(output_names, feeds)
+    return _reference(model_path, feeds, output_names)[1]
 
 
-def verify_outputs(model_path, got: dict[str, np.ndarray], feeds: dict, rtol: float, atol: float) -> list[dict]:
+def verify_outputs(model_path, got: dict[str, np.ndarray], feeds: dict, rtol: float | None = None,
+                   atol: float | None = None, precision: str = "fp32") -> list[dict]:
     """One row per output: every graph output of the model (onnxruntime's list, not dlcc's), then
     every output dlcc returned that the model does not have. The model's list is the oracle, so an
-    output that dlcc drops or renames fails instead of going unchecked."""
-    sess = _session(model_path)
-    names = [o.name for o in sess.get_outputs()]
+    output that dlcc drops or renames fails instead of going unchecked. A tolerance left None is
+    `default_tolerance(precision, output dtype)`; each row says the pair it was judged by."""
+    names, refs = _reference(model_path, feeds)
     rows = []
-    for n, ref in zip(names, sess.run(names, feeds)):
+    for n, ref in zip(names, refs):
         if n in got:
-            rows.append(compare(n, np.asarray(got[n]), ref, rtol, atol))
+            d = default_tolerance(precision, ref.dtype.name)
+            rt, at = d[0] if rtol is None else rtol, d[1] if atol is None else atol
+            rows.append({**compare(n, np.asarray(got[n]), ref, rt, at), "rtol": rt, "atol": at})
         else:
             rows.append({"name": n, "shape": list(ref.shape), "dtype": str(ref.dtype), "max_abs_err": float("inf"),
                          "max_rel_err": float("inf"), "passed": False, "note": "missing from dlcc's outputs"})

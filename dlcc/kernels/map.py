@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from .program import ctype, literal
+from .program import ctype, literal, load_float, store_value
 
 BLOCK = 256
 
@@ -83,12 +83,10 @@ class MapView:
     in_shapes: list[tuple]
     in_names: list[str | None]  # param name, or None if the input is an inlined scalar literal
     in_literals: list[str | None]
-    in_half: list[bool] = None  # inputs stored as float16: loads convert to float
+    in_dtypes: list[str] | None = None  # each input's dtype: 16-bit float loads convert to float
 
     def _load(self, k: int, index: str) -> str:
-        if self.in_half and self.in_half[k]:
-            return f"LOAD_F16({self.in_names[k]}, {index})"
-        return f"{self.in_names[k]}[{index}]"
+        return load_float(self.in_dtypes[k] if self.in_dtypes else "float32", self.in_names[k], index)
 
     def ld(self, k: int, coords: list[str] | None = None) -> str:
         """Load input k at coordinates (default: numpy-broadcast from the output coords)."""
@@ -151,9 +149,9 @@ def emit_map(ctx, out: str, ins: list[str], body: Callable[[MapView], tuple[list
     n = int(np.prod(out_shape)) if out_shape else 1
     if n >= 2**31:
         raise ctx.fail(f"{n} elements exceed the 32-bit index space of map kernels")
-    params, args, names, lits, shapes, half = [], [], [], [], [], []
+    params, args, names, lits, shapes, dtypes = [], [], [], [], [], []
     for k, name in enumerate(ins):
-        half.append(bool(name) and ctx.dtype(name) == "float16")
+        dtypes.append(ctx.dtype(name) if name else "float32")
         if not name:
             names.append(None), lits.append("0"), shapes.append(())
             continue
@@ -171,10 +169,9 @@ def emit_map(ctx, out: str, ins: list[str], body: Callable[[MapView], tuple[list
     out_t = ctype(ctx.dtype(out))
     params.append(f"GPTR {out_t}* y")
     coords, unr = unravel("i", out_shape, "o")
-    v = MapView(coords, "i", tuple(out_shape), shapes, names, lits, half)
+    v = MapView(coords, "i", tuple(out_shape), shapes, names, lits, dtypes)
     stmts, expr = body(v)
-    store = f"STORE_F16(y, i, (float)({expr}));" if ctx.dtype(out) == "float16" else f"y[i] = ({out_t})({expr});"
-    tail = list(stmts) + [store]
+    tail = list(stmts) + [store_value(ctx.dtype(out), "y", "i", expr)]
     lines = prune_defs(unr, "\n".join(tail)) + tail
 
     def make(kname: str) -> str:

@@ -24,8 +24,10 @@ _CTYPE = {
     "bfloat16": "bf16",  # storage only: the upper 16 bits of a float (LOAD_BF16)
 }
 
-#: 16-bit float storage: loads convert to float through these macros (backends/prelude_*.h).
+#: 16-bit float storage: loads convert to float, and stores round from float (to nearest, ties to
+#: even), through these macros (backends/prelude_*.h).
 _FLOAT_LOADS = {"float16": "LOAD_F16", "bfloat16": "LOAD_BF16"}
+_FLOAT_STORES = {"float16": "STORE_F16", "bfloat16": "STORE_BF16"}
 
 
 def ctype(dtype: str) -> str:
@@ -37,6 +39,14 @@ def load_float(dtype: str, ptr: str, idx: str) -> str:
     conversion from 16-bit storage."""
     macro = _FLOAT_LOADS.get(dtype)
     return f"{macro}({ptr}, {idx})" if macro else f"{ptr}[{idx}]"
+
+
+def store_value(dtype: str, ptr: str, idx: str, value: str) -> str:
+    """The statement storing `value` into element `idx` of parameter `ptr`, a buffer of `dtype`:
+    a C conversion (which truncates toward zero for integers, as ONNX Cast does), or a rounding
+    into 16-bit float storage."""
+    macro = _FLOAT_STORES.get(dtype)
+    return f"{macro}({ptr}, {idx}, (float)({value}));" if macro else f"{ptr}[{idx}] = ({ctype(dtype)})({value});"
 
 
 def literal(value, dtype: str = "float32") -> str:

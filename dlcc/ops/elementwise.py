@@ -1,6 +1,7 @@
 """Elementwise ops (numpy broadcasting), each as a C expression over its inputs."""
 from __future__ import annotations
 
+from ..ir import HALF_FLOATS
 from ..kernels.map import emit_map
 from ..kernels.program import literal
 from .registry import ELEMENTWISE, register
@@ -194,7 +195,7 @@ _attr_unary("Gelu", lambda c: "0.5f * a * (1.0f + F_TANH(0.7978845608028654f * (
 @register("Cast", since=6, category=ELEMENTWISE)
 def _cast(ctx, node):
     src, dst = ctx.dtype(node.inputs[0]), ctx.dtype(node.outputs[0])
-    if src == "float16":  # loaded as float (float16 is storage only)
+    if src in HALF_FLOATS:  # loaded as float (16-bit floats are storage only)
         src = "float32"
     if dst == "bool":
         expr = "(a != 0)"

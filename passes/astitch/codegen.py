@@ -21,7 +21,7 @@ class _View(MapView):
     def __init__(self, node, reader):
         n = len(node.in_shapes)
         super().__init__([f"o{j}" for j in range(len(node.out_shape))], "i", tuple(node.out_shape), list(node.in_shapes),
-                         [f"x{k}" for k in range(n)], list(node.in_literals), [False] * n)
+                         [f"x{k}" for k in range(n)], list(node.in_literals))
         self.reader = reader
 
     def _load(self, k, index):

@@ -232,6 +232,6 @@ def _uses_raw_params(e: MapExpr, g) -> bool:
 
     shapes = [tuple(g.tensors[n].shape) if n else () for n in e.inputs]
     v = MapView([f"o{j}" for j in range(len(g.tensors[e.output].shape))], "i", tuple(g.tensors[e.output].shape),
-                shapes, ["@in" for _ in e.inputs], [None] * len(e.inputs), [False] * len(e.inputs))
+                shapes, ["@in" for _ in e.inputs], [None] * len(e.inputs))
     stmts, expr = e.body(v)
     return bool(_RAW.search("\n".join(stmts) + expr))

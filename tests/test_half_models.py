@@ -1,0 +1,138 @@
+"""float16 and bfloat16 models: their inputs and outputs keep the model's dtype, they compute in
+float32 inside (or at their own precision on tensor cores), and `verify`'s reference is
+onnxruntime on the model widened to float32, its outputs rounded to their own type."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import dlcc
+from conftest import opencl_device_available
+from dlcc.compiler import _model_precision, import_checked
+from dlcc.config import load_device, load_pipeline
+from dlcc.verify import default_tolerance, run_onnxruntime, verify_outputs
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
+
+
+def _export_bf16_encoder(path):
+    """A transformer encoder layer between two Linears, exported by torch in bfloat16: Gemm,
+    MatMul, Softmax, LayerNormalization, ReduceMean, all typed bfloat16."""
+    torch = pytest.importorskip("torch")
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp = torch.nn.Linear(8, 16)
+            self.enc = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+            self.head = torch.nn.Linear(16, 5)
+
+        def forward(self, x):
+            h = self.enc(torch.relu(self.inp(x)))
+            return self.head(h.mean(1)), h
+
+    torch.manual_seed(0)
+    m = M().to(torch.bfloat16).eval()
+    x = torch.randn(2, 12, 8, dtype=torch.bfloat16)
+    torch.onnx.export(m, (x,), str(path), dynamo=False, input_names=["x"], output_names=["logits", "h"])
+    return path
+
+
+@pytest.fixture(scope="module")
+def bf16_model(tmp_path_factory):
+    return _export_bf16_encoder(tmp_path_factory.mktemp("bf16") / "encoder-bf16.onnx")
+
+
+@needs_opencl
+@pytest.mark.parametrize("pipeline,precision", [("baseline", None), ("full", None), ("astitch", "bf16")])
+def test_bfloat16_model_matches_the_widened_reference(bf16_model, pipeline, precision):
+    m = dlcc.compile(bf16_model, target="opencl", pipeline=pipeline, precision=precision)
+    assert [t["dtype"] for t in m.inputs] == ["bfloat16"]
+    assert [t["dtype"] for t in m.outputs] == ["bfloat16", "bfloat16"]
+    assert m.plan["meta"]["precision"] == (precision or "fp32")  # OpenCL: float32 unless asked
+    feeds = m.sample_inputs(0)
+    got = m(feeds)
+    assert all(g.dtype == BF16 for g in got.values())
+    rows = verify_outputs(bf16_model, got, feeds, precision=m.plan["meta"]["precision"])
+    assert all(r["passed"] for r in rows), rows
+    assert all((r["rtol"], r["atol"]) == (0.05, 0.05) for r in rows)  # bfloat16 outputs: at least bf16's pair
+    # and the comparison can fail: one output two units in its last place off in one element
+    bad = dict(got)
+    h = bad["h"].astype(np.float32)
+    h.flat[0] = h.flat[0] * 1.125 + 0.25
+    bad["h"] = h.astype(BF16)
+    assert not verify_outputs(bf16_model, bad, feeds, precision="fp32")[1]["passed"]
+
+
+def test_the_reference_widens_casts_constants_and_rounds_outputs(tmp_path):
+    """Cast to bfloat16 inside, a bfloat16 Constant and a ConstantOfShape's value: onnxruntime has
+    no bfloat16 Add or Mul, so only the widened model runs; its outputs come back in bfloat16."""
+    c = np.array([0.3, -1.7, 2.5], dtype=BF16)
+    nodes = [
+        helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(c, "c")),
+        helper.make_node("Cast", ["x"], ["xb"], to=TensorProto.BFLOAT16),
+        helper.make_node("Mul", ["xb", "c"], ["p"]),
+        helper.make_node("ConstantOfShape", ["shape"], ["ones"],
+                         value=numpy_helper.from_array(np.array([1.5], dtype=BF16), "v")),
+        helper.make_node("Add", ["p", "ones"], ["y"]),
+    ]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [3])],
+                          [numpy_helper.from_array(np.array([3], np.int64), "shape")])
+    path = tmp_path / "casts.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), path)
+    x = np.array([1.01, 2.02, -3.03], np.float32)
+    (y,) = run_onnxruntime(str(path), {"x": x})
+    # the Cast to bfloat16 inside became a Cast to float32, as in dlcc's own import (x is not
+    # rounded: that would give -1.9297 for the second element); only the output is rounded
+    want = (x * c.astype(np.float32) + 1.5).astype(BF16)
+    assert y.dtype == BF16 and np.array_equal(y.view(np.uint16), want.view(np.uint16))
+
+
+def test_a_half_model_computes_at_its_own_precision_where_tensor_cores_are(bf16_model, tmp_path):
+    """No precision asked for: bf16 on an sm_80+ CUDA device, float32 on OpenCL and on an older GPU
+    (with a note each time); a precision set in the pipeline file or on the command line wins."""
+    graph = import_checked(bf16_model, None)
+    pipe = load_pipeline("baseline")
+    h100 = load_device("h100")
+    assert _model_precision(pipe, graph, h100, "cuda")[0].precision == "bf16"
+    for dev, target in [(h100, "opencl"), (h100.model_copy(update={"arch": "sm_75"}), "cuda")]:
+        kept, note = _model_precision(pipe, graph, dev, target)
+        assert kept.precision == "fp32" and "computes in float32" in note and "--precision bf16" in note
+    explicit = tmp_path / "p.yaml"
+    explicit.write_text("name: p\nprecision: fp32\npasses:\n  - name: lower\n  - name: memplan\n")
+    assert "precision" in load_pipeline(str(explicit)).model_fields_set
+    f32 = dlcc.compile(bf16_model, target="opencl", pipeline="baseline", precision="fp32")
+    assert f32.plan["meta"]["precision"] == "fp32"
+
+
+@needs_opencl
+def test_cli_run_and_verify_take_bfloat16(bf16_model, tmp_path):
+    """`dlcc run -i` reads bfloat16 inputs from an .npz (numpy keeps them as 2-byte voids), and
+    `dlcc verify` says which tolerance it used for bfloat16 outputs."""
+    x = np.random.default_rng(1).standard_normal((2, 12, 8)).astype(BF16)
+    np.savez(tmp_path / "in.npz", x=x)
+    art = tmp_path / "art"
+    cmd = [sys.executable, "-m", "dlcc.cli"]
+    assert subprocess.run(cmd + ["compile", str(bf16_model), "-o", str(art), "-q"], capture_output=True).returncode == 0
+    p = subprocess.run(cmd + ["run", str(art), "-i", str(tmp_path / "in.npz")], capture_output=True, text=True)
+    assert p.returncode == 0 and "bfloat16" in p.stdout, p.stdout + p.stderr
+    p = subprocess.run(cmd + ["verify", str(bf16_model), "--json"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    d = json.loads(p.stdout.strip().splitlines()[-1])
+    assert d["passed"] and "bfloat16 outputs: at least their type's" in d["tolerance_from"]
+
+
+def test_default_tolerance_is_the_looser_of_precision_and_output_type():
+    assert default_tolerance("fp32", "float32") == (1e-3, 1e-4)
+    assert default_tolerance("fp32", "float16") == (1e-2, 1e-2)
+    assert default_tolerance("tf32", "bfloat16") == (5e-2, 5e-2)
+    assert default_tolerance("bf16", "float16") == (5e-2, 5e-2)

@@ -127,10 +127,16 @@ class OpenCLRuntime:
         3.1 miscompiles once LLVM has optimised it (dlcc/testing/pocl_kernels.py: PEELED; fuzz
         graph 300024 lost a stitch's stores through `full-join-always`). Unoptimised, PoCL builds
         every known case right (tests/test_pocl_miscompiles.py), and builds them faster; they run
-        slower, which only matters on the CPU, where persistent kernels are for testing."""
+        slower, which only matters on the CPU, where persistent kernels are for testing.
+        Kernels on the GPU-only SIMT tilings (kernels/gemm.py GPU_TILINGS, in a plan compiled for
+        a GPU device spec) come from that build too: PoCL's LLVM crashes optimising them."""
+        from ..kernels.gemm import GPU_TILINGS
+
         self._kernels = {}  # kernels of a previous program must not be reused
-        persistent = {k["name"] for k in (plan or {}).get("kernels", []) if k.get("kind") == "persistent"}
-        self._unoptimised_names = persistent if self.is_pocl() else set()
+        slow_to_build = {t.name for t in GPU_TILINGS}
+        unoptimised = {k["name"] for k in (plan or {}).get("kernels", [])
+                       if k.get("kind") == "persistent" or k.get("tiling") in slow_to_build}
+        self._unoptimised_names = unoptimised if self.is_pocl() else set()
         # PyOpenCL turns any compiler output (PoCL's remarks on real models) into a Python
         # CompilerWarning on the user's terminal. It is not the user's to act on: keep it as the
         # runtime's build log (dlcc batch writes it to the job's log), and log it at debug level.

@@ -95,7 +95,7 @@ def check_precision(precision: str, device: DeviceSpec, target: str) -> str | No
     where it compiles but is emulated (tensor cores on OpenCL)."""
     if precision not in BUILT_PRECISIONS:
         raise ConfigError(f"precision {precision} is not available yet: dlcc compiles "
-                          f"{' and '.join(BUILT_PRECISIONS)} (a float16 or bfloat16 model computes in float32)")
+                          f"{' and '.join(BUILT_PRECISIONS)}")
     if precision == "fp32":
         return None
     arch = int(device.arch.removeprefix("sm_")) if device.arch and device.arch.startswith("sm_") else None

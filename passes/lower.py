@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ..kernels.gemm import TILINGS
+from ..kernels.gemm import ALL_TILINGS
 from ..ops import registry
 from ..ops.context import LowerCtx
 from ..ops.layout import identity_copy
@@ -22,7 +22,7 @@ def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "
     ctx.fp32_ops = set(fp32_ops)
     ctx.rnn_input = rnn_input
     ctx.precision = precision
-    ctx.gemm_tiling = None if gemm_tiling == "auto" else next(t for t in TILINGS if t.name == gemm_tiling)
+    ctx.gemm_tiling = None if gemm_tiling == "auto" else next(t for t in ALL_TILINGS if t.name == gemm_tiling)
     for node in graph.nodes:
         entry = registry.lookup(node.op_type, graph.opset, node.domain)
         assert entry is not None, node.op_type  # unsupported ops are rejected before passes run
@@ -72,7 +72,7 @@ class LowerOptions(BaseModel):
     steps run as separate launches and the batched projection is faster)."""
 
     model_config = ConfigDict(extra="forbid")
-    gemm_tiling: Literal[("auto",) + tuple(t.name for t in TILINGS)] = "auto"
+    gemm_tiling: Literal[("auto",) + tuple(t.name for t in ALL_TILINGS)] = "auto"
     rnn_input: Literal["batched", "per-step", "auto"] = "batched"
 
 

@@ -336,7 +336,7 @@ def choose_rkernels(run: _Run, veus: int, dev, prog, policy: str = "wavefront") 
                  and prog.kernels[L.kernel].code == gemm_source(L.kernel, L.expr.spec, L.expr.tiling)]
         if not gemms:
             continue
-        family = {id(L): tiling_family(L.expr.tiling) for L in gemms}
+        family = {id(L): tiling_family(L.expr.tiling, dev) for L in gemms}
         cost = {(id(L), t): (family[id(L)][1](t, *_mnk(L), dev), family[id(L)][1](t, *_mnk(L), one_sm))
                 for L in gemms for t in family[id(L)][0]}
 

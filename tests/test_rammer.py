@@ -275,9 +275,10 @@ def test_rkernel_policy_option(tmp_path):
     """`kernels: fastest` keeps the lowering's tiling even where the wave fills the vEUs;
     `kernels: efficient` takes the least SM-time tiling even where it does not."""
     from dlcc.config import load_device
-    from dlcc.kernels.gemm import TILINGS, choose_tiling, tiling_cost
+    from dlcc.kernels.gemm import choose_tiling, tiling_cost, tilings_for
 
     dev = load_device("h100")
+    TILINGS = tilings_for(dev)  # the GPU-only tilings too: rammer re-tiles among the device's
     one = dev.model_copy(update={"sms": 1})
     fastest = choose_tiling(1, 128, 768, 768, dev)
     leanest = min(TILINGS, key=lambda t: tiling_cost(t, 1, 128, 768, 768, one))

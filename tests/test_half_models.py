@@ -136,3 +136,22 @@ def test_default_tolerance_is_the_looser_of_precision_and_output_type():
     assert default_tolerance("fp32", "float16") == (1e-2, 1e-2)
     assert default_tolerance("tf32", "bfloat16") == (5e-2, 5e-2)
     assert default_tolerance("bf16", "float16") == (5e-2, 5e-2)
+
+
+@needs_opencl
+def test_batch_verify_judges_half_outputs_at_their_type(bf16_model, tmp_path, capsys):
+    """In `dlcc batch`, a verify with default tolerances judges a bfloat16 output at least at
+    bf16's pair, as `dlcc verify` does; tolerances the manifest gives are kept as they are (fp32's
+    pair is tighter than one bf16 unit in the last place, so that job fails)."""
+    import shutil
+
+    from dlcc.cli import main
+
+    shutil.copy(bf16_model, tmp_path / "enc.onnx")
+    m = tmp_path / "m.yaml"
+    m.write_text("defaults: {target: opencl}\njobs:\n  - model: enc.onnx\n    name: floor\n    verify: true\n"
+                 "  - model: enc.onnx\n    name: given\n    verify: {rtol: 1e-3, atol: 1e-4}\n")
+    with pytest.raises(SystemExit):
+        main(["batch", str(m), "-j", "1", "--no-cache", "--out", str(tmp_path / "out"), "--json"])
+    rows = {r["name"].split("-")[0]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["floor"]["outcome"] == "passed" and rows["given"]["outcome"] == "failed", rows

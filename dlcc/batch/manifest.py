@@ -45,13 +45,17 @@ class VerifySpec(BaseModel):
     rtol: float | None = Field(None, ge=0)
     atol: float | None = Field(None, ge=0)
     seed: int = 0
+    # A float16 or bfloat16 output is judged at least at its type's pair (verify.OUTPUT_TOLERANCE),
+    # as `dlcc verify` does with its default tolerances; set where a tolerance is the default.
+    half_output_floor: bool = False
 
     def for_precision(self, precision: str) -> "VerifySpec":
         from ..verify import DEFAULT_TOLERANCE
 
         r, a = DEFAULT_TOLERANCE.get(precision, DEFAULT_TOLERANCE["fp32"])
         return self.model_copy(update={"rtol": r if self.rtol is None else self.rtol,
-                                       "atol": a if self.atol is None else self.atol})
+                                       "atol": a if self.atol is None else self.atol,
+                                       "half_output_floor": self.half_output_floor or None in (self.rtol, self.atol)})
 
 
 class Options(BaseModel):

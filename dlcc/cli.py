@@ -418,7 +418,7 @@ def _kernel_text(source: str, name: str) -> str:
     """One kernel (its device functions and entry point) cut out of an artifact's kernels.cu."""
     import re
 
-    first = re.search(rf"\b{re.escape(name)}(_ef\d+_\d+|_task)?\(", source)
+    first = re.search(rf"\b{re.escape(name)}(_ef\d+|_task)?\(", source)
     entry = re.search(rf"KERNEL void (LAUNCH_BOUNDS\(\d+\) )?{re.escape(name)}\(", source)
     if first is None or entry is None:
         return ""

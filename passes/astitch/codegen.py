@@ -74,7 +74,9 @@ class Builder:
         key = (nid, self.phase, tuple(sorted(self.smem)))
         if key in self.fn:
             return self.fn[key]
-        name = f"KNAME_ef{nid}_{len(self.fn)}"
+        # Numbered in order of first use, not by node id, so that two stitches of the same structure
+        # (every layer of a transformer) have the same text and are emitted and compiled once.
+        name = f"KNAME_ef{len(self.fn)}"
         self.fn[key] = name
         node = self.ng.nodes[nid]
         stmts, expr = self.body_value(node)

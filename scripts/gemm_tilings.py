@@ -13,12 +13,24 @@ prints the time, the rate, the kernel's registers, and which tiling the model pi
     python scripts/gemm_tilings.py --precision tf32     # the tensor-core tilings (kernels/gemm_mma.py)
 
 Shapes are MxNxK; B is stored [N, K] (a Linear/Gemm weight with transB=1), as in the models.
+`--shapes models` takes every weight GEMM and ungrouped convolution (as implicit GEMM) of the
+full-size BERT-base, GPT-2, ViT-B/16 and ResNet-50 (scripts/models.py), each shape once; the
+attention's batched activation-by-activation MatMuls are not among them.
+
+`--vs-torch` times `torch.matmul` at the same precision on each shape (cuBLAS on a GPU; TF32 only
+at tf32; fp16/bf16 operands), as device time: 20 calls captured in one CUDA graph, replayed, so
+the host's launch cost is not in it. The summary then gives dlcc's pick as a fraction of
+torch's TFLOP/s, which issue 18's floors are stated in (>= 0.9 at fp32, >= 0.8 at tf32/fp16/bf16):
+
+    python scripts/gemm_tilings.py --precision bf16 --vs-torch --shapes models
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 
@@ -48,7 +60,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="cuda")
     ap.add_argument("--device", default="h100", help="DeviceSpec for the model's pick (default h100)")
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default=",".join(SHAPES),
+                    help="MxNxK,... ; `models`: every GEMM shape of the full-size test models")
+    ap.add_argument("--vs-torch", action="store_true", help="also time torch.matmul at the same precision")
+    ap.add_argument("--models-dir", type=Path, default=Path(__file__).resolve().parents[1] / ".cache" / "models")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "fp16", "bf16"],
                     help="tf32, fp16, bf16: the tensor-core tilings (kernels/gemm_mma.py), checked against numpy "
@@ -72,7 +87,8 @@ def main(argv=None) -> int:
         b_dtype = HALF_DTYPES.get(a.precision, "float32")
     rng = np.random.default_rng(0)
     summary = []
-    for shp in a.shapes.split(","):
+    shapes = model_gemm_shapes(a.models_dir) if a.shapes == "models" else a.shapes.split(",")
+    for shp in shapes:
         M, N, K = map(int, shp.split("x"))
         spec = plain_spec(M, N, K, b_dtype=b_dtype)
         names = {t: f"gemm_{shp}_{t.name}" for t in tilings}
@@ -115,15 +131,93 @@ def main(argv=None) -> int:
             print(f"| {t.name}{mark} | {t.threads} | {regs} | {grid} | {us:.1f} | {2 * M * N * K / us / 1e6:.2f} | "
                   f"{us / best:.2f} | {err:.1e} | {cost(t, 1, M, N, K, dev):.0f} |")
         picked = next((r[0] for r in rows if r[1] == pick), float("nan"))
-        summary.append((shp, pick.name, picked, rows[0][1].name, best))
+        torch_us = torch_matmul_us(M, N, K, a.precision, a.repeat) if a.vs_torch else None
+        summary.append((shp, pick.name, picked, rows[0][1].name, best, torch_us))
         if any(r[2] > 1e-4 for r in rows):
             print("MISMATCH: " + ", ".join(r[1].name for r in rows if r[2] > 1e-4))
             return 1
-    print("\n| shape | model's pick | µs | fastest | µs | pick / fastest |")
-    print("|---|---|---|---|---|---|")
-    for shp, pn, pu, bn, bu in summary:
-        print(f"| {shp} | {pn} | {pu:.1f} | {bn} | {bu:.1f} | {pu / bu:.2f} |")
+    print(f"\n{a.precision}" + (" (torch: share of torch.matmul's TFLOP/s = torch µs / dlcc µs)" if a.vs_torch else ""))
+    print("| shape | model's pick | µs | fastest | µs | pick / fastest |" + (" torch µs | pick's share | fastest's share |"
+                                                                           if a.vs_torch else ""))
+    print("|---|---|---|---|---|---|" + ("---|---|---|" if a.vs_torch else ""))
+    for shp, pn, pu, bn, bu, tu in summary:
+        more = f" {tu:.1f} | {tu / pu:.2f} | {tu / bu:.2f} |" if tu else ""
+        print(f"| {shp} | {pn} | {pu:.1f} | {bn} | {bu:.1f} | {pu / bu:.2f} |{more}")
     return 0
+
+
+def model_gemm_shapes(models_dir: Path, names=("bert", "gpt2", "vit", "cnn"), size: str = "full") -> list[str]:
+    """MxNxK of every MatMul/Gemm with a constant B and every ungrouped Conv (implicit GEMM: M =
+    batch x output pixels, N = output channels, K = input channels x kernel area) of the full-size
+    models, first-seen order, each once. Shapes are dlcc's own (import_model: folded and inferred,
+    every dim concrete)."""
+    from dlcc.frontend import import_model
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_check import model_path
+
+    seen: dict[str, None] = {}
+    for name in names:
+        g = import_model(model_path(name, size, models_dir))
+        for n in g.nodes:
+            if n.op_type not in ("MatMul", "Gemm", "Conv") or g.tensors[n.inputs[1]].value is None:
+                continue
+            x, w = g.tensors[n.inputs[0]].shape, g.tensors[n.inputs[1]].shape
+            if n.op_type == "Conv":
+                if n.attrs.get("group", 1) != 1:
+                    continue
+                y = g.tensors[n.outputs[0]].shape
+                M, N, K = int(np.prod((y[0],) + y[2:])), w[0], int(np.prod(w[1:]))
+            elif n.attrs.get("transA"):
+                M, K = x[-1], x[-2]
+            else:
+                M, K = int(np.prod(x[:-1])), x[-1]
+            if n.op_type != "Conv":
+                N = w[0] if n.attrs.get("transB") else w[-1]
+            seen[f"{M}x{N}x{K}"] = None
+    return list(seen)
+
+
+def torch_matmul_us(M: int, N: int, K: int, precision: str, repeat: int) -> float:
+    """torch.matmul(A, B.T) on [M, K] x [N, K] at `precision`, µs per call: on a GPU, 20 calls in
+    one CUDA graph, replayed and timed with events; on the CPU, wall time."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from vs_torch import torch_precision
+
+    dtype = torch_precision(precision)
+    cuda = torch.cuda.is_available()
+    dev = "cuda" if cuda else "cpu"
+    A = torch.randn(M, K, device=dev).to(dtype)
+    B = torch.randn(N, K, device=dev).to(dtype)
+    C = torch.empty(M, N, device=dev, dtype=dtype)
+    samples = []
+    if not cuda:
+        for _ in range(3 + repeat):
+            t0 = time.perf_counter()
+            torch.matmul(A, B.T, out=C)
+            samples.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(samples[3:])  # the first calls warm up
+    calls = 20
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture (cuBLAS picks its kernel here)
+        for _ in range(3):
+            torch.matmul(A, B.T, out=C)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            torch.matmul(A, B.T, out=C)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(repeat):
+        s.record()
+        graph.replay()
+        e.record()
+        e.synchronize()
+        samples.append(s.elapsed_time(e) * 1e3 / calls)
+    return statistics.median(samples)
 
 
 if __name__ == "__main__":

@@ -128,14 +128,20 @@ class OpenCLRuntime:
         graph 300024 lost a stitch's stores through `full-join-always`). Unoptimised, PoCL builds
         every known case right (tests/test_pocl_miscompiles.py), and builds them faster; they run
         slower, which only matters on the CPU, where persistent kernels are for testing.
-        Kernels on the GPU-only SIMT tilings (kernels/gemm.py GPU_TILINGS, in a plan compiled for
-        a GPU device spec) come from that build too: PoCL's LLVM crashes optimising them."""
+        AStitch's kernels with grid barriers come from it too: each block loops over its turns of
+        a phase (`for (it = 0; it < (U + GRID_DIM - 1) / GRID_DIM; ++it)`) around stages with
+        barriers, and optimised, PoCL lost a turn's shared-memory stores after the first (a Softmax
+        then Transpose stitch of an H100 plan, run with a clamped grid of 2: every row but each
+        block's first summed wrong; tests/test_half_activations.py's graph). Kernels on the
+        GPU-only SIMT tilings (kernels/gemm.py GPU_TILINGS, in a plan compiled for a GPU device
+        spec) come from that build too: PoCL's LLVM crashes optimising them."""
         from ..kernels.gemm import GPU_TILINGS
 
         self._kernels = {}  # kernels of a previous program must not be reused
         slow_to_build = {t.name for t in GPU_TILINGS}
+        spins = {L["kernel"] for L in (plan or {}).get("launches", []) if L.get("grid_sync")}
         unoptimised = {k["name"] for k in (plan or {}).get("kernels", [])
-                       if k.get("kind") == "persistent" or k.get("tiling") in slow_to_build}
+                       if k.get("kind") == "persistent" or k.get("tiling") in slow_to_build or k["name"] in spins}
         self._unoptimised_names = unoptimised if self.is_pocl() else set()
         # PyOpenCL turns any compiler output (PoCL's remarks on real models) into a Python
         # CompilerWarning on the user's terminal. It is not the user's to act on: keep it as the

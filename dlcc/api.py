@@ -85,7 +85,8 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
     by content before compiling, and stores it after; it needs `out`. `.cache_hit` says which.
     `precision` ("fp32", "tf32", "fp16", "bf16"; None: the pipeline's own, fp32 unless it says) is
     what GEMMs and convolutions compute at: the last three run them on tensor cores (emulated on
-    OpenCL), and fp16/bf16 store their weights in that type.
+    OpenCL), and fp16/bf16 store weights and activations in that type (`half_activations: false`
+    in a pipeline file keeps activations float32).
     """
     shapes = _merge_shapes(shapes)
     tgt = pick_target(target)

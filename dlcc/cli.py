@@ -32,7 +32,7 @@ DeviceOpt = typer.Option(None, "--device", "-d", help="device name (configs/devi
                          "default: the detected GPU, or pocl-cpu for OpenCL")
 PrecisionOpt = typer.Option(None, "--precision", help="what GEMMs and convolutions compute at: fp32 (CUDA "
                             "cores); tf32, fp16 or bf16 (tensor cores, float32 accumulation; fp16/bf16 also store "
-                            "their weights in that type; sm_80+, emulated on OpenCL); default: the pipeline's own "
+                            "weights and activations in that type; sm_80+, emulated on OpenCL); default: the pipeline's own "
                             "(fp32 unless it sets `precision:`)")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="no progress output")
 JsonOpt = typer.Option(False, "--json", help="print one JSON object instead of tables")
@@ -271,8 +271,11 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
     kept = plan["meta"].get("float32_compute")
     if kept:
         rows.append((f"compute ops kept float32 at {prec}", ", ".join(f"{op} x{n}" for op, n in sorted(kept.items()))))
-    for dt, n in sorted(_weights_by_dtype(plan).items()):
+    for dt, (c, n) in sorted(_bytes_by_dtype(plan, "weights").items()):
         rows.append((f"weights stored as {dt}", _human(n)))
+    if prec in ("fp16", "bf16"):  # the activations ops/narrow.py stores in the half type, and the rest
+        for dt, (c, n) in sorted(_bytes_by_dtype(plan, "arena", floats_only=True).items()):
+            rows.append((f"activations stored as {dt}", f"{c} ({_human(n)})"))
     for k, v in rows:
         t.add_row(k, str(v))
     out.print(t)
@@ -307,12 +310,14 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
         _print_rprogram(plan)
 
 
-def _weights_by_dtype(plan: dict) -> dict[str, int]:
-    """Bytes of the weights storage by dtype (at fp16/bf16 the GEMM weights are half: ops/narrow.py)."""
-    out: dict[str, int] = {}
+def _bytes_by_dtype(plan: dict, storage: str, floats_only: bool = False) -> dict[str, tuple[int, int]]:
+    """(tensors, bytes) of one storage by dtype, views not counted twice: at fp16/bf16 the GEMM
+    weights and the activations between converting ops are half (ops/narrow.py)."""
+    out: dict[str, tuple[int, int]] = {}
     for t in plan.get("tensors", {}).values():
-        if t.get("storage") == "weights" and not t.get("view_of"):
-            out[t["dtype"]] = out.get(t["dtype"], 0) + t["nbytes"]
+        if t.get("storage") == storage and not t.get("view_of") and (not floats_only or "float" in t["dtype"]):
+            c, n = out.get(t["dtype"], (0, 0))
+            out[t["dtype"]] = (c + 1, n + t["nbytes"])
     return out
 
 

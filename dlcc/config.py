@@ -59,8 +59,9 @@ class PassSpec(Strict):
 
 #: What GEMMs and convolutions compute at (`precision:` in a pipeline, `--precision` on the CLI):
 #: fp32 on CUDA cores; tf32, fp16 and bf16 on tensor cores (kernels/gemm_mma.py): operands rounded
-#: to the precision's type, float32 accumulation and output. At fp16 and bf16 the GEMM and Conv
-#: weights are also stored in that type (ops/narrow.py); every other op computes in float32.
+#: to the precision's type, float32 accumulation. At fp16 and bf16 the GEMM and Conv weights, and
+#: the activations between ops that convert, are also stored in that type (ops/narrow.py); every
+#: op computes in float32.
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 BUILT_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 Precision = Literal["fp32", "tf32", "fp16", "bf16"]
@@ -77,6 +78,10 @@ class PipelineSpec(Strict):
     # tensor-core precision: TensorRT's per-layer precision, by op type (e.g. [MatMul] keeps
     # attention's score and context products in float32 while Gemm/Conv use tensor cores).
     fp32_ops: list[str] = Field(default_factory=list)
+    # At fp16/bf16: store intermediate tensors in the half type wherever every op around them
+    # converts on load and store (ops/narrow.py narrow_activations); false keeps them float32 and
+    # narrows only the GEMM/Conv weights.
+    half_activations: bool = True
     passes: list[PassSpec]
 
 

@@ -29,6 +29,7 @@ class CompileState:
     profile_db: Any = None  # a ProfileDB of measured launch times (--profile-db): rammer prices rTasks with it
     precision: str = "fp32"  # what GEMMs compute at (config.PRECISIONS); `lower` picks their templates by it
     fp32_ops: tuple = ()  # op types whose GEMMs stay float32 at a tensor-core precision (PipelineSpec.fp32_ops)
+    half_activations: bool = True  # at fp16/bf16, activations stored in the half type (PipelineSpec.half_activations)
     log: list[str] = field(default_factory=list)
 
 

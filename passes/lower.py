@@ -10,15 +10,17 @@ from ..kernels.gemm import ALL_TILINGS
 from ..ops import registry
 from ..ops.context import LowerCtx
 from ..ops.layout import identity_copy
-from ..ops.narrow import HALF_DTYPES, narrow_gemm_weights
+from ..ops.narrow import HALF_DTYPES, narrow_activations, narrow_gemm_weights
 from . import CompileState, register_pass
 
 
 def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "auto",
-                rnn_input: str = "batched", precision: str = "fp32", fp32_ops=()) -> LowerCtx:
+                rnn_input: str = "batched", precision: str = "fp32", fp32_ops=(), half_activations: bool = True) -> LowerCtx:
     narrowed = narrow_gemm_weights(graph, precision, set(fp32_ops)) if precision in HALF_DTYPES else []
     ctx = LowerCtx(graph, device, pass_name=pass_name)
     ctx.narrowed = narrowed
+    if precision in HALF_DTYPES and half_activations:
+        ctx.half_activations = narrow_activations(graph, precision, set(fp32_ops))
     ctx.fp32_ops = set(fp32_ops)
     ctx.rnn_input = rnn_input
     ctx.precision = precision
@@ -80,7 +82,8 @@ class LowerOptions(BaseModel):
 def lower(state: CompileState, opts) -> None:
     """Lower every node with its registry entry (baseline: one kernel per op)."""
     state.ctx = lower_graph(state.graph, state.device, gemm_tiling=opts.gemm_tiling, rnn_input=opts.rnn_input,
-                            precision=state.precision, fp32_ops=state.fp32_ops)
+                            precision=state.precision, fp32_ops=state.fp32_ops,
+                            half_activations=state.half_activations)
     n = len(state.ctx.program.launches)
     state.log.append(f"lower: {len(state.ctx.program.kernels)} kernel(s), {n} launch(es)")
     if state.precision != "fp32":
@@ -92,3 +95,9 @@ def lower(state: CompileState, opts) -> None:
         mb = sum(state.graph.tensors[w].nbytes for w in state.ctx.narrowed) / 1e6
         state.log.append(f"lower: {len(state.ctx.narrowed)} GEMM/Conv weight(s) stored as "
                          f"{HALF_DTYPES[state.precision]} ({mb:.1f} MB of float32 read as {mb / 2:.1f} MB)")
+    acts = state.ctx.half_activations
+    if state.precision in HALF_DTYPES and state.half_activations:
+        floats = [t for t in state.graph.tensors.values() if t.value is None and t.dtype in ("float32", "float16", "bfloat16")]
+        state.log.append(f"lower: {len(acts)} of {len(floats)} float activation(s) stored as "
+                         f"{HALF_DTYPES[state.precision]} (the rest are graph inputs/outputs or touch an op "
+                         "that computes only in float32)")

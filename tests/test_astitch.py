@@ -125,6 +125,25 @@ def test_layers_of_the_same_structure_share_one_kernel(tmp_path):
     assert len(launches) == 2 * len(set(launches)), launches  # each layer's kernels are the other's
 
 
+def test_spinning_stitch_of_a_gpu_plan_on_pocl(tmp_path):
+    """Softmax, then a Transpose that reads across its rows: on an H100 plan one kernel with a grid
+    barrier between the two phases, run on PoCL with its grid clamped to the resident blocks, each
+    block looping over its turns. Optimised, PoCL lost later turns' stores (rows summing to 30);
+    backends/opencl.py builds such kernels unoptimised there. Run three times: the wrong rows
+    changed between runs."""
+    p, feeds = _model(tmp_path, [h.make_node("Softmax", ["x"], ["s"], axis=-1),
+                                 h.make_node("Reshape", ["s", "shape"], ["r"]),
+                                 h.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 1, 3])],
+                      [("x", [4, 12, 48])], ["y"], {"shape": np.array([4, 12, 8, 6], np.int64)})
+    m = dlcc.compile(p, target="opencl", pipeline="astitch", device="h100")
+    (r,) = _stitches(m)
+    assert r["mapping"]["grid_sync"] and [ph["grid_barrier_before"] for ph in r["mapping"]["phases"]] == [False, True]
+    ex = m.executor()
+    for _ in range(3):
+        rows = verify_outputs(p, ex.run(feeds), feeds, 1e-4, 1e-5)
+        assert all(x["passed"] for x in rows), rows
+
+
 def test_column_reduction_broadcast_is_global(tmp_path):
     p, feeds = _column_centre(tmp_path, 16, 32)
     m = _compile_check(p, feeds)

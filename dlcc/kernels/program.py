@@ -28,10 +28,18 @@ _CTYPE = {
 #: even), through these macros (backends/prelude_*.h).
 _FLOAT_LOADS = {"float16": "LOAD_F16", "bfloat16": "LOAD_BF16"}
 _FLOAT_STORES = {"float16": "STORE_F16", "bfloat16": "STORE_BF16"}
+#: The load macros' names, for passes that rewrite loads in generated text (AStitch's operands).
+FLOAT_LOAD_MACROS = tuple(_FLOAT_LOADS.values())
 
 
 def ctype(dtype: str) -> str:
     return _CTYPE[dtype]
+
+
+def value_ctype(dtype: str) -> str:
+    """The C type a kernel computes a `dtype` value in: float for the 16-bit floats (storage only,
+    converted by load_float / store_value), else the storage type."""
+    return "float" if dtype in _FLOAT_LOADS else _CTYPE[dtype]
 
 
 def load_float(dtype: str, ptr: str, idx: str) -> str:
@@ -47,6 +55,13 @@ def store_value(dtype: str, ptr: str, idx: str, value: str) -> str:
     into 16-bit float storage."""
     macro = _FLOAT_STORES.get(dtype)
     return f"{macro}({ptr}, {idx}, (float)({value}));" if macro else f"{ptr}[{idx}] = ({ctype(dtype)})({value});"
+
+
+def store_float(dtype: str, ptr: str, idx: str, value: str) -> str:
+    """The statement storing float `value` into element `idx` of `ptr`, a float buffer of `dtype`:
+    a plain assignment for float32 (the text the float32 templates always had), a rounding into
+    16-bit storage otherwise."""
+    return f"{ptr}[{idx}] = {value};" if dtype == "float32" else store_value(dtype, ptr, idx, value)
 
 
 def literal(value, dtype: str = "float32") -> str:

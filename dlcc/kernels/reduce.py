@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .map import strides_of, unravel
-from .program import literal
+from .program import ctype, literal, load_float, store_float
 
 @dataclass
 class ReduceExpr:
@@ -142,6 +142,8 @@ def emit_reduce(ctx, out: str, x: str, axes, op: str, hint: str, pre: str = "v",
     bstmts, base = lay.base("o")
     ostmts, off = lay.offset("r")
     comb = COMBINE[op].format(a="acc", b=f"({pre})")
+    dx, dy = ctx.dtype(x), ctx.dtype(out)  # storage: 16-bit floats load as float and store rounded
+    load = load_float(dx, "x", f"base + {off}")
     if lay.row or (lay.inner == 1):
         block = pick_block(R)
         body = [
@@ -153,11 +155,11 @@ def emit_reduce(ctx, out: str, x: str, axes, op: str, hint: str, pre: str = "v",
             f"float acc = {INIT[op]};",
             f"{lanes('r', R, block)} {{",
             *["    " + s for s in ostmts],
-            f"    const float v = x[base + {off}];",
+            f"    const float v = {load};",
             f"    acc = {comb};",
             "}",
             *block_reduce("acc", op, block),
-            f"if (tid == 0) y[o] = {post};",
+            f"if (tid == 0) {{ {store_float(dy, 'y', 'o', post)} }}",
         ]
         grid, kind = O, "reduce_row"
     else:
@@ -170,16 +172,16 @@ def emit_reduce(ctx, out: str, x: str, axes, op: str, hint: str, pre: str = "v",
             f"float acc = {INIT[op]};",
             f"for (int r = 0; r < {R}; ++r) {{",
             *["    " + s for s in ostmts],
-            f"    const float v = x[base + {off}];",
+            f"    const float v = {load};",
             f"    acc = {comb};",
             "}",
-            f"y[o] = {post};",
+            store_float(dy, "y", "o", post),
             "}",
         ]
         grid, kind = (O + block - 1) // block, "reduce_col"
 
     def make(name):
-        return (f"KERNEL void {name}(GPTR const float* x, GPTR float* y) {{\n    "
+        return (f"KERNEL void {name}(GPTR const {ctype(dx)}* x, GPTR {ctype(dy)}* y) {{\n    "
                 + "\n    ".join(body) + "\n}\n")
 
     k = ctx.program.add_kernel(hint, make, block, smem_bytes=4 * block if kind == "reduce_row" else 0, kind=kind,
@@ -188,32 +190,36 @@ def emit_reduce(ctx, out: str, x: str, axes, op: str, hint: str, pre: str = "v",
     ctx.program.launches[-1].expr = ReduceExpr(x, out, tuple(ctx.shape(x)), tuple(lay.axes), op, pre, post)
 
 
-def row_pass(length: int, block: int, acc: str, update: str) -> tuple[list[str], str, int]:
+def row_pass(length: int, block: int, acc: str, update: str, dx: str = "float32",
+             dy: str = "float32") -> tuple[list[str], str, int]:
     """Preamble of a block-per-row kernel plus its first pass over the row.
 
     The first pass reads each element from DRAM once (into `v`), keeps it in shared memory when
     the row fits (so later passes never go back to DRAM), and folds it into `acc` with `update`.
-    Returns (lines, expression reading element j in later passes, shared bytes used).
+    `dx`, `dy`: the storage dtypes of x and y (row pointers `xr`, `yr`; 16-bit floats load
+    through load_float). Returns (lines, expression reading element j in later passes, shared
+    bytes used).
     """
     cache = length <= ROW_CACHE
     lines = [
         f"SHARED float red[{block}];",
         *([f"SHARED float row[{length}];"] if cache else []),
         "const int tid = THREAD_ID;",
-        f"GPTR const float* xr = x + BLOCK_ID * {length};",
-        f"GPTR float* yr = y + BLOCK_ID * {length};",
-        f"{lanes('j', length, block)} {{ const float v = xr[j]; "
+        f"GPTR const {ctype(dx)}* xr = x + BLOCK_ID * {length};",
+        f"GPTR {ctype(dy)}* yr = y + BLOCK_ID * {length};",
+        f"{lanes('j', length, block)} {{ const float v = {load_float(dx, 'xr', 'j')}; "
         + ("row[j] = v; " if cache else "") + f"{acc} = {update}; }}",
     ]
-    return lines, "row[j]" if cache else "xr[j]", 4 * (block + (length if cache else 0))
+    return lines, "row[j]" if cache else load_float(dx, "xr", "j"), 4 * (block + (length if cache else 0))
 
 
 def emit_softmax(ctx, out: str, x: str, rows: int, length: int, inner: int, log: bool, hint: str) -> None:
     """Softmax over `length` elements of stride `inner`, for rows*inner independent vectors."""
     final = "(v - m) - F_LOG(s)" if log else "F_EXP(v - m) / s"
+    dx, dy = ctx.dtype(x), ctx.dtype(out)
     if inner == 1:
         block = pick_block(length)
-        first, rd, smem = row_pass(length, block, "m", "F_MAX(m, v)")
+        first, rd, smem = row_pass(length, block, "m", "F_MAX(m, v)", dx, dy)
         body = [
             "float m = (-DLCC_INF);",
             *first,
@@ -221,26 +227,29 @@ def emit_softmax(ctx, out: str, x: str, rows: int, length: int, inner: int, log:
             "float s = 0.0f;",
             f"{lanes('j', length, block)} s += F_EXP({rd} - m);",
             *block_reduce("s", "sum", block),
-            f"{lanes('j', length, block)} {{ const float v = {rd}; yr[j] = {final}; }}",
+            f"{lanes('j', length, block)} {{ const float v = {rd}; {store_float(dy, 'yr', 'j', final)} }}",
         ]
         grid, kind = rows, "softmax_row"
     else:
         block = 256
+        xj = load_float(dx, "x", f"base + j * {inner}")
         body = [
             "const int o = BLOCK_ID * BLOCK_DIM + THREAD_ID;",
             f"if (o < {rows * inner}) {{",
             f"const int base = (o / {inner}) * {length * inner} + (o % {inner});",
             "float m = (-DLCC_INF);",
-            f"for (int j = 0; j < {length}; ++j) m = F_MAX(m, x[base + j * {inner}]);",
+            f"for (int j = 0; j < {length}; ++j) m = F_MAX(m, {xj});",
             "float s = 0.0f;",
-            f"for (int j = 0; j < {length}; ++j) s += F_EXP(x[base + j * {inner}] - m);",
-            f"for (int j = 0; j < {length}; ++j) {{ const float v = x[base + j * {inner}]; y[base + j * {inner}] = {final}; }}",
+            f"for (int j = 0; j < {length}; ++j) s += F_EXP({xj} - m);",
+            f"for (int j = 0; j < {length}; ++j) {{ const float v = {xj}; "
+            f"{store_float(dy, 'y', f'base + j * {inner}', final)} }}",
             "}",
         ]
         grid, kind, smem = (rows * inner + block - 1) // block, "softmax_col", 0
 
     def make(name):
-        return f"KERNEL void {name}(GPTR const float* x, GPTR float* y) {{\n    " + "\n    ".join(body) + "\n}\n"
+        return (f"KERNEL void {name}(GPTR const {ctype(dx)}* x, GPTR {ctype(dy)}* y) {{\n    "
+                + "\n    ".join(body) + "\n}\n")
 
     k = ctx.program.add_kernel(hint, make, block, smem_bytes=smem, kind=kind, pass_name=ctx.pass_name,
                                normalisable=kind == "softmax_row")
@@ -254,9 +263,12 @@ def emit_layernorm(ctx, out: str, x: str, scale: str, bias: str, rows: int, leng
     block = pick_block(length)
     sidx = "j" if scale_mod == length else ("0" if scale_mod == 1 else f"j % {scale_mod}")
     bidx = "j" if bias_mod == length else ("0" if bias_mod == 1 else f"j % {bias_mod}")
-    bias_term = f" + b[{bidx}]" if bias else ""
-    params = "GPTR const float* x, GPTR const float* g, " + ("GPTR const float* b, " if bias else "") + "GPTR float* y"
-    first, rd, smem = row_pass(length, block, "s", "s + v")
+    dx, dy = ctx.dtype(x), ctx.dtype(out)
+    bias_term = f" + {load_float(ctx.dtype(bias), 'b', bidx)}" if bias else ""
+    params = (f"GPTR const {ctype(dx)}* x, GPTR const {ctype(ctx.dtype(scale))}* g, "
+              + (f"GPTR const {ctype(ctx.dtype(bias))}* b, " if bias else "") + f"GPTR {ctype(dy)}* y")
+    first, rd, smem = row_pass(length, block, "s", "s + v", dx, dy)
+    normed = f"({rd} - mean) * rstd * {load_float(ctx.dtype(scale), 'g', sidx)}{bias_term}"
     body = [
         "float s = 0.0f;",
         *first,
@@ -266,7 +278,7 @@ def emit_layernorm(ctx, out: str, x: str, scale: str, bias: str, rows: int, leng
         f"{lanes('j', length, block)} {{ const float d = {rd} - mean; q += d * d; }}",
         *block_reduce("q", "sum", block),
         f"const float rstd = F_RSQRT(q * {literal(1.0 / length)} + {literal(eps)});",
-        f"{lanes('j', length, block)} yr[j] = ({rd} - mean) * rstd * g[{sidx}]{bias_term};",
+        f"{lanes('j', length, block)} {{ {store_float(dy, 'yr', 'j', normed)} }}",
     ]
 
     def make(name):

@@ -28,7 +28,7 @@ from ..errors import DlccError
 
 _KERNEL = re.compile(r"KERNEL void (LAUNCH_BOUNDS\(\d+\) )?(\w+)\(")
 _SHARED = re.compile(r"SHARED (\w+) (\w+)\[(\d+)\];")
-_BYTES = {"float": 4, "int": 4, "f16": 2, "i64": 8, "u8": 1, "i8": 1}
+_BYTES = {"float": 4, "int": 4, "f16": 2, "bf16": 2, "i64": 8, "u8": 1, "i8": 1}
 _ALIGN = 16
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir import HALF_FLOATS
 from .map import strides_of, unravel
-from .program import ctype
+from .program import ctype, load_float, store_float
 
 TILE, ROWS = 32, 8  # 32x8 threads, each moving 4 elements of a 32x32 tile
 
@@ -36,7 +37,15 @@ def emit_tiled_transpose(ctx, out: str, x: str, perm) -> None:
     names, unr = unravel("b", [O[q] for q in others], "c")
     in_base = " + ".join(f"{c}*{ist[perm[q]]}" for c, q in zip(names, others) if O[q] != 1) or "0"
     out_base = " + ".join(f"{c}*{ost[q]}" for c, q in zip(names, others) if O[q] != 1) or "0"
-    T = ctype(ctx.dtype(x))
+    dx, dy = ctx.dtype(x), ctx.dtype(out)
+    # The tile holds the input's storage type, copied bit for bit, unless a side is a 16-bit float
+    # (ops/narrow.py): OpenCL has no `half` variables without cl_khr_fp16, and the output may be
+    # stored in another type, so those go through float (load_float / store_float).
+    bits = dx == dy and dx not in HALF_FLOATS
+    T = ctype(dx) if bits else "float"
+    load = f"x[ib + ua * {ist[a]} + pr]" if bits else load_float(dx, "x", f"ib + ua * {ist[a]} + pr")
+    store = (f"y[ob + po * {ost[p]} + uo] = tile[tx * {TILE + 1} + r];" if bits
+             else store_float(dy, "y", f"ob + po * {ost[p]} + uo", f"tile[tx * {TILE + 1} + r]"))
     lines = [
         f"SHARED {T} tile[{TILE * (TILE + 1)}];",
         f"const int tx = THREAD_ID % {TILE}, ty = THREAD_ID / {TILE};",
@@ -48,18 +57,20 @@ def emit_tiled_transpose(ctx, out: str, x: str, perm) -> None:
         f"const int ob = {out_base};",
         f"for (int r = ty; r < {TILE}; r += {ROWS}) {{",
         f"    const int ua = tu * {TILE} + r, pr = tp * {TILE} + tx;",
-        f"    if (ua < {U} && pr < {P}) tile[r * {TILE + 1} + tx] = x[ib + ua * {ist[a]} + pr];",
+        f"    if (ua < {U} && pr < {P}) tile[r * {TILE + 1} + tx] = {load};",
         "}",
         "BARRIER();",
         f"for (int r = ty; r < {TILE}; r += {ROWS}) {{",
         f"    const int uo = tu * {TILE} + tx, po = tp * {TILE} + r;",
-        f"    if (uo < {U} && po < {P}) y[ob + po * {ost[p]} + uo] = tile[tx * {TILE + 1} + r];",
+        f"    if (uo < {U} && po < {P}) {{ {store} }}",
         "}",
     ]
 
     def make(name):
-        return (f"KERNEL void {name}(GPTR const {T}* x, GPTR {T}* y) {{\n    " + "\n    ".join(lines) + "\n}\n")
+        return (f"KERNEL void {name}(GPTR const {ctype(dx)}* x, GPTR {ctype(dy)}* y) {{\n    " + "\n    ".join(lines)
+                + "\n}\n")
 
-    k = ctx.program.add_kernel("TransposeTiled", make, TILE * ROWS, smem_bytes=TILE * (TILE + 1) * np.dtype(ctx.dtype(x)).itemsize,
+    item = np.dtype(dx).itemsize if bits else 4
+    k = ctx.program.add_kernel("TransposeTiled", make, TILE * ROWS, smem_bytes=TILE * (TILE + 1) * item,
                                kind="transpose_tiled", pass_name=ctx.pass_name)
     ctx.launch(k, B * TP * TU, [x, out], reads=[x], writes=[out])

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DlccError
-from ..ir import Graph, Node, Tensor
+from ..ir import HALF_FLOATS, Graph, Node, Tensor
 from ..kernels.program import KernelProgram, Launch
 from .registry import lookup
 
@@ -34,6 +34,7 @@ class LowerCtx:
         self.precision = "fp32"
         self.fp32_ops: set[str] = set()  # op types kept on the float32 template at those (PipelineSpec.fp32_ops)
         self.narrowed: list[str] = []  # constants stored in a half type (ops/narrow.py)
+        self.half_activations: list[str] = []  # activations stored in a half type (narrow_activations)
         self.kept_float32: dict[str, int] = {}  # float32_compute() as lowered (passes/lower.py)
 
     # -- queries ---------------------------------------------------------------------------
@@ -44,7 +45,15 @@ class LowerCtx:
         return tuple(self.graph.tensors[name].shape)
 
     def dtype(self, name: str) -> str:
+        """The tensor's storage dtype (what its kernel parameters are declared as)."""
         return self.graph.tensors[name].dtype
+
+    def value_dtype(self, name: str) -> str:
+        """The dtype a kernel computes the tensor's values in: float32 for a 16-bit float (stored
+        so by ops/narrow.py or at a half model's boundary; loads convert, stores round), else its
+        own. Lowerings that branch on float against integer semantics ask this, not dtype()."""
+        dt = self.graph.tensors[name].dtype
+        return "float32" if dt in HALF_FLOATS else dt
 
     def const(self, name: str) -> np.ndarray | None:
         if not name:

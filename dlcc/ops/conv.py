@@ -6,8 +6,8 @@ import numpy as np
 
 from ..kernels.gemm import GemmSpec, emit_gemm
 from ..kernels.map import emit_map, linear_index, unravel
-from ..kernels.program import load_float
-from .matmul import operand_param
+from ..kernels.program import ctype, load_float, store_float
+from .matmul import operand_param, output_param
 from .registry import COMPUTE, LAYOUT, register
 
 
@@ -46,7 +46,7 @@ def _window(od, k_sp, in_sp, strides, dil, begin, var="kr"):
     return stmts, cond, linear_index([f"id{j}" for j in range(nd)], in_sp)
 
 
-@register("Conv", since=1, category=COMPUTE, float_only=True)
+@register("Conv", since=1, category=COMPUTE, float_only=True, half_io=True)
 def _conv(ctx, node):
     x, w = node.inputs[:2]
     bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else ""
@@ -67,16 +67,19 @@ def _conv(ctx, node):
     K = Cin_g * KS
     pointwise = KS == 1 and all(s == 1 for s in strides) and not any(begin) and in_sp == out_sp
 
+    dx = ctx.dtype(x)
+
     def load_b(k, n):
         if pointwise:
-            return [], f"X[xoff + {k} * {IS} + {n}]"
+            return [], load_float(dx, "X", f"xoff + {k} * {IS} + {n}")
         od, s1 = unravel(n, out_sp, "od")
         s2, cond, idx = _window(od, k_sp, in_sp, strides, dil, begin)
-        return [f"const int ci = {k} / {KS}, kr = {k} % {KS};"] + s1 + s2, f"({cond}) ? X[xoff + ci * {IS} + {idx}] : 0.0f"
+        return ([f"const int ci = {k} / {KS}, kr = {k} % {KS};"] + s1 + s2,
+                f"({cond}) ? {load_float(dx, 'X', f'xoff + ci * {IS} + {idx}')} : 0.0f")
 
-    bias_term = " + Bz[g * %d + m]" % Cout_g if bias else ""
-    params = (["GPTR const float* X", operand_param(ctx, w, "W")] + (["GPTR const float* Bz"] if bias else [])
-              + ["GPTR float* Y"])
+    bias_term = f" + {load_float(ctx.dtype(bias), 'Bz', f'g * {Cout_g} + m')}" if bias else ""
+    params = ([operand_param(ctx, x, "X"), operand_param(ctx, w, "W")] + ([operand_param(ctx, bias, "Bz")] if bias else [])
+              + [output_param(ctx, out, "Y")])
     spec = GemmSpec(
         batch=B * G, M=Cout_g, N=OS, K=K, params=params,
         prologue=[f"const int img = bt / {G}, g = bt % {G};",
@@ -84,7 +87,8 @@ def _conv(ctx, node):
                   f"const int woff = g * {Cout_g * K};"],
         load_a=lambda m, k: ([], load_float(ctx.dtype(w), "W", f"woff + {m} * {K} + {k}")),
         load_b=load_b,
-        store=lambda m, n, acc: [f"Y[(img * {Cout} + g * {Cout_g} + {m}) * {OS} + {n}] = {acc}{bias_term};"],
+        store=lambda m, n, acc: [store_float(ctx.dtype(out), "Y", f"(img * {Cout} + g * {Cout_g} + {m}) * {OS} + {n}",
+                                             f"{acc}{bias_term}")],
         store_index=lambda m, n: f"(img * {Cout} + g * {Cout_g} + {m}) * {OS} + {n}",
         store_value=lambda acc: f"{acc}{bias_term}",
     )
@@ -99,11 +103,12 @@ def _conv_direct(ctx, node, x, w, bias, out, nd, Cin, Cout_g, k_sp, in_sp, strid
     def body(v):
         s2, cond, idx = _window(v.o[2:], k_sp, in_sp, strides, dil, begin)
         s = [f"const int g = {v.o[1]} / {Cout_g};",
-             f"GPTR const float* xp = x0 + ({v.o[0]} * {Cin} + g) * {IS};",
-             f"GPTR const float* wp = x1 + {v.o[1]} * {KS};",
+             f"GPTR const {ctype(ctx.dtype(x))}* xp = x0 + ({v.o[0]} * {Cin} + g) * {IS};",
+             f"GPTR const {ctype(ctx.dtype(w))}* wp = x1 + {v.o[1]} * {KS};",
              f"float acc = {v.ld(2, [v.o[1]]) if bias else '0.0f'};",
              f"for (int kr = 0; kr < {KS}; ++kr) {{", *["    " + t for t in s2],
-             f"    if ({cond}) acc += wp[kr] * xp[{idx}];", "}"]
+             f"    if ({cond}) acc += {load_float(ctx.dtype(w), 'wp', 'kr')} * {load_float(ctx.dtype(x), 'xp', idx)};",
+             "}"]
         return s, "acc"
 
     emit_map(ctx, out, [x, w] + ([bias] if bias else []), body, "ConvDepthwise", flops_per_elem=2 * KS,
@@ -159,7 +164,7 @@ def _conv_transpose(ctx, node):
              inline_scalars=False)
 
 
-@register("MaxPool", "AveragePool", since=1, category=LAYOUT, float_only=True)
+@register("MaxPool", "AveragePool", since=1, category=LAYOUT, float_only=True, half_io=True)
 def _pool(ctx, node):
     x, out = node.inputs[0], node.outputs[0]
     if len(node.outputs) > 1 and node.outputs[1]:
@@ -176,8 +181,9 @@ def _pool(ctx, node):
     def body(v):
         od = v.o[2:]
         s2, cond, idx = _window(od, k_sp, in_sp, strides, dil, begin)
-        upd = f"acc = F_MAX(acc, xp[{idx}]);" if is_max else f"acc += xp[{idx}];"
-        s = [f"GPTR const float* xp = x0 + ({v.o[0]} * {xs[1]} + {v.o[1]}) * {IS};",
+        xv = load_float(ctx.dtype(x), "xp", idx)
+        upd = f"acc = F_MAX(acc, {xv});" if is_max else f"acc += {xv};"
+        s = [f"GPTR const {ctype(ctx.dtype(x))}* xp = x0 + ({v.o[0]} * {xs[1]} + {v.o[1]}) * {IS};",
              f"float acc = {'(-DLCC_INF)' if is_max else '0.0f'}; int cnt = 0;",
              f"for (int kr = 0; kr < {KS}; ++kr) {{", *["    " + t for t in s2],
              f"    if ({cond}) {{ {upd} ++cnt; }}", "}"]

@@ -1,7 +1,6 @@
 """Elementwise ops (numpy broadcasting), each as a C expression over its inputs."""
 from __future__ import annotations
 
-from ..ir import HALF_FLOATS
 from ..kernels.map import emit_map
 from ..kernels.program import literal
 from .registry import ELEMENTWISE, register
@@ -45,7 +44,7 @@ VARIADIC = {"Max": "F_NMAX", "Min": "F_NMIN", "Sum": "+", "Mean": "+"}
 
 
 def _unary(ctx, node):
-    dt = ctx.dtype(node.inputs[0])
+    dt = ctx.value_dtype(node.inputs[0])
     if node.op_type == "IsInf":
         pos, neg = ctx.attr("detect_positive", 1), ctx.attr("detect_negative", 1)
         expr = {(1, 1): "F_ISINF(a)", (1, 0): "(a == DLCC_INF)", (0, 1): "(a == -DLCC_INF)", (0, 0): "0"}[(pos, neg)]
@@ -72,13 +71,13 @@ for _op, _since in [("Relu", 6), ("Sigmoid", 6), ("Tanh", 6), ("Exp", 6), ("Log"
                     ("Erf", 9), ("Sin", 7), ("Cos", 7), ("Softplus", 1), ("Softsign", 1), ("Sign", 9),
                     ("HardSwish", 14), ("Mish", 18), ("Not", 1), ("IsNaN", 9), ("IsInf", 10)]:
     register(_op, since=_since, category=ELEMENTWISE,
-             float_only=_op not in INT_UNARY and _op not in ("Not", "IsNaN", "IsInf"))(_unary)
+             float_only=_op not in INT_UNARY and _op not in ("Not", "IsNaN", "IsInf"), half_io=True)(_unary)
 
 
 @register("Add", "Sub", "Mul", "Div", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
-          "And", "Or", "Xor", "PRelu", since=7, category=ELEMENTWISE)
+          "And", "Or", "Xor", "PRelu", since=7, category=ELEMENTWISE, half_io=True)
 def _binary(ctx, node):
-    a_dt, b_dt = ctx.dtype(node.inputs[0]), ctx.dtype(node.inputs[1])
+    a_dt, b_dt = ctx.value_dtype(node.inputs[0]), ctx.value_dtype(node.inputs[1])
     expr = BINARY[node.op_type]
     if node.op_type == "Div" and a_dt in ("int64", "int32"):
         # ONNX integer Div truncates toward zero, which is what C does.
@@ -90,7 +89,7 @@ def _binary(ctx, node):
              node.op_type)
 
 
-@register("Pow", since=7, category=ELEMENTWISE, float_only=True)
+@register("Pow", since=7, category=ELEMENTWISE, float_only=True, half_io=True)
 def _pow(ctx, node):
     """x**2, x**0.5, x**1 and x**3 (common in exported LayerNorm/GELU) avoid powf."""
     e = ctx.const(node.inputs[1])
@@ -99,17 +98,17 @@ def _pow(ctx, node):
     ins = node.inputs[:2]
     if e is not None and e.size == 1 and float(e.reshape(())) in special:
         expr, ins = special[float(e.reshape(()))], [node.inputs[0], ""]
-    if ctx.dtype(node.inputs[0]) != "float32":
+    if ctx.value_dtype(node.inputs[0]) != "float32":
         raise ctx.fail("Pow on integers is not supported")
     emit_map(ctx, node.outputs[0], ins,
              lambda v: ([f"const float a = {v.x(0)};"] + ([] if not ins[1] else [f"const float b = (float)({v.x(1)});"]), expr),
              "Pow", flops_per_elem=4)
 
 
-@register("Mod", since=10, category=ELEMENTWISE)
+@register("Mod", since=10, category=ELEMENTWISE, half_io=True)
 def _mod(ctx, node):
     fmod = ctx.attr("fmod", 0)
-    dt = ctx.dtype(node.inputs[0])
+    dt = ctx.value_dtype(node.inputs[0])
     if dt == "float32":
         expr = "F_FMOD(a, b)" if fmod else "(F_FMOD(a, b) != 0.0f && ((F_FMOD(a, b) < 0.0f) != (b < 0.0f)) ? F_FMOD(a, b) + b : F_FMOD(a, b))"
     else:
@@ -118,10 +117,10 @@ def _mod(ctx, node):
              lambda v: ([f"const {_ct(dt)} a = {v.x(0)};", f"const {_ct(dt)} b = {v.x(1)};"], expr), "Mod")
 
 
-@register("Max", "Min", "Sum", "Mean", since=8, category=ELEMENTWISE)
+@register("Max", "Min", "Sum", "Mean", since=8, category=ELEMENTWISE, half_io=True)
 def _variadic(ctx, node):
     f = VARIADIC[node.op_type]
-    dt = ctx.dtype(node.outputs[0])
+    dt = ctx.value_dtype(node.outputs[0])
     n = len(node.inputs)
 
     def body(v):
@@ -141,15 +140,15 @@ def _variadic(ctx, node):
     emit_map(ctx, node.outputs[0], list(node.inputs), body, node.op_type, flops_per_elem=n)
 
 
-@register("Where", since=9, category=ELEMENTWISE)
+@register("Where", since=9, category=ELEMENTWISE, half_io=True)
 def _where(ctx, node):
     emit_map(ctx, node.outputs[0], node.inputs[:3], lambda v: ([], f"({v.x(0)}) ? {v.x(1)} : {v.x(2)}"), "Where")
 
 
-@register("Clip", since=11, category=ELEMENTWISE, float_only=True)
+@register("Clip", since=11, category=ELEMENTWISE, float_only=True, half_io=True)
 def _clip(ctx, node):
     ins = [node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else "", node.inputs[2] if len(node.inputs) > 2 else ""]
-    dt = ctx.dtype(node.inputs[0])
+    dt = ctx.value_dtype(node.inputs[0])
     if dt != "float32":
         raise ctx.fail("Clip on integers is not supported")
 
@@ -164,14 +163,14 @@ def _clip(ctx, node):
     emit_map(ctx, node.outputs[0], ins, body, "Clip", flops_per_elem=2)
 
 
-@register("Clip", since=6, category=ELEMENTWISE, float_only=True)
+@register("Clip", since=6, category=ELEMENTWISE, float_only=True, half_io=True)
 def _clip6(ctx, node):
     lo, hi = literal(ctx.attr("min", -3.4028234663852886e38)), literal(ctx.attr("max", 3.4028234663852886e38))
     emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([], f"F_NMIN(F_NMAX({v.x(0)}, {lo}), {hi})"), "Clip")
 
 
 def _attr_unary(name, make_expr, since, fl=2):
-    @register(name, since=since, category=ELEMENTWISE, float_only=True)
+    @register(name, since=since, category=ELEMENTWISE, float_only=True, half_io=True)
     def lower(ctx, node):
         expr = make_expr(ctx)
         emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([f"const float a = {v.x(0)};"], expr), name,
@@ -192,21 +191,16 @@ _attr_unary("Gelu", lambda c: "0.5f * a * (1.0f + F_TANH(0.7978845608028654f * (
             if c.attr("approximate", "none") == "tanh" else "0.5f * a * (1.0f + F_ERF(a * 0.7071067811865476f))", 20, 6)
 
 
-@register("Cast", since=6, category=ELEMENTWISE)
+@register("Cast", since=6, category=ELEMENTWISE, half_io=True)
 def _cast(ctx, node):
-    src, dst = ctx.dtype(node.inputs[0]), ctx.dtype(node.outputs[0])
-    if src in HALF_FLOATS:  # loaded as float (16-bit floats are storage only)
-        src = "float32"
-    if dst == "bool":
-        expr = "(a != 0)"
-    elif src == "float32" and dst != "float32":
-        expr = "a"  # C conversion truncates toward zero, as ONNX Cast does
-    else:
-        expr = "a"
+    # 16-bit floats load as float (value_dtype); the store converts: a C conversion truncates
+    # toward zero, as ONNX Cast does, and a 16-bit float output rounds (store_value).
+    src, dst = ctx.value_dtype(node.inputs[0]), ctx.value_dtype(node.outputs[0])
+    expr = "(a != 0)" if dst == "bool" else "a"
     emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([f"const {_ct(src)} a = {v.x(0)};"], expr), "Cast")
 
 
-@register("BatchNormalization", since=9, category=ELEMENTWISE, float_only=True)
+@register("BatchNormalization", since=9, category=ELEMENTWISE, float_only=True, half_io=True)
 def _batchnorm(ctx, node):
     """Inference-mode BN: y = (x - mean) * scale / sqrt(var + eps) + bias, per channel (axis 1)."""
     if ctx.attr("training_mode", 0) or any(o for o in node.outputs[1:]):

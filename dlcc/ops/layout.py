@@ -8,9 +8,15 @@ from ..kernels.transpose import emit_tiled_transpose, wants_tiled
 from .registry import ALIAS, LAYOUT, register
 
 
-@register("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", since=1, category=ALIAS)
+@register("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", since=1, category=ALIAS, half_io=True)
 def _view(ctx, node):
-    """Row-major data is unchanged by these: the output is a view of the input's bytes."""
+    """Row-major data is unchanged by these: the output is a view of the input's bytes. A view
+    must hold exactly the input's elements (onnx shape inference does not check a Reshape's
+    target against its input; onnxruntime refuses the model when it runs)."""
+    x, y = ctx.tensor(node.inputs[0]), ctx.tensor(node.outputs[0])
+    if x.size != y.size:
+        raise ctx.fail(f"the output shape {list(y.shape)} holds {y.size} elements, the input "
+                       f"{list(x.shape)} {x.size}")
     ctx.alias(node.outputs[0], node.inputs[0])
 
 
@@ -32,7 +38,7 @@ def _axis(ax, rank):
     return ax + rank if ax < 0 else ax
 
 
-@register("Transpose", since=1, category=LAYOUT)
+@register("Transpose", since=1, category=LAYOUT, half_io=True)
 def _transpose(ctx, node):
     shape = ctx.shape(node.inputs[0])
     rank = len(shape)
@@ -60,7 +66,7 @@ def _grid(shape):
     return np.arange(int(np.prod(shape)) if len(shape) else 1, dtype=np.int64).reshape(shape)
 
 
-@register("Slice", since=1, category=LAYOUT)
+@register("Slice", since=1, category=LAYOUT, half_io=True)
 def _slice(ctx, node):
     shape = ctx.shape(node.inputs[0])
     rank = len(shape)
@@ -98,7 +104,7 @@ def _slice(ctx, node):
              index_maps={0: imap})
 
 
-@register("Concat", since=4, category=LAYOUT)
+@register("Concat", since=4, category=LAYOUT, half_io=True)
 def _concat(ctx, node):
     ins = [i for i in node.inputs if i and np.prod(ctx.shape(i)) > 0]
     rank = len(ctx.shape(node.outputs[0]))
@@ -129,7 +135,7 @@ def _concat(ctx, node):
              index_maps={k: (lambda k=k: imap(k)) for k in range(len(ins))})
 
 
-@register("Split", since=2, category=LAYOUT)
+@register("Split", since=2, category=LAYOUT, half_io=True)
 def _split(ctx, node):
     x = node.inputs[0]
     rank = len(ctx.shape(x))
@@ -148,7 +154,7 @@ def _split(ctx, node):
         start += n
 
 
-@register("Gather", since=1, category=LAYOUT)
+@register("Gather", since=1, category=LAYOUT, half_io=True)
 def _gather(ctx, node):
     data, idx = node.inputs[:2]
     dshape, ishape = ctx.shape(data), ctx.shape(idx)
@@ -174,7 +180,7 @@ def _gather(ctx, node):
              index_maps={0: imap})
 
 
-@register("GatherElements", since=11, category=LAYOUT)
+@register("GatherElements", since=11, category=LAYOUT, half_io=True)
 def _gather_elements(ctx, node):
     data, idx = node.inputs[:2]
     dshape = ctx.shape(data)
@@ -189,7 +195,7 @@ def _gather_elements(ctx, node):
     emit_map(ctx, node.outputs[0], [data, idx], body, "GatherElements", flops_per_elem=0, inline_scalars=False, sparse_reads=True)
 
 
-@register("GatherND", since=11, category=LAYOUT)
+@register("GatherND", since=11, category=LAYOUT, half_io=True)
 def _gather_nd(ctx, node):
     """out[o] = data[o[:b], indices[o[:q]], o[q:]]: q = rank(indices) - 1, b = batch_dims."""
     data, idx = node.inputs[:2]
@@ -208,13 +214,13 @@ def _gather_nd(ctx, node):
     emit_map(ctx, node.outputs[0], [data, idx], body, "GatherND", flops_per_elem=0, inline_scalars=False, sparse_reads=True)
 
 
-@register("Expand", since=8, category=LAYOUT)
+@register("Expand", since=8, category=LAYOUT, half_io=True)
 def _expand(ctx, node):
     emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([], v.x(0)), "Expand", flops_per_elem=0,
              inline_scalars=False)
 
 
-@register("Tile", since=6, category=LAYOUT)
+@register("Tile", since=6, category=LAYOUT, half_io=True)
 def _tile(ctx, node):
     shape = ctx.shape(node.inputs[0])
     emit_map(ctx, node.outputs[0], [node.inputs[0]],
@@ -223,7 +229,7 @@ def _tile(ctx, node):
              index_maps={0: lambda: np.tile(_grid(shape), [o // d for o, d in zip(ctx.shape(node.outputs[0]), shape)]).reshape(-1)})
 
 
-@register("Pad", since=11, category=LAYOUT)
+@register("Pad", since=11, category=LAYOUT, half_io=True)
 def _pad(ctx, node):
     x = node.inputs[0]
     shape = ctx.shape(x)
@@ -273,7 +279,7 @@ def _pad(ctx, node):
     emit_map(ctx, node.outputs[0], ins, body, "Pad", flops_per_elem=0, index_maps={0: imap})
 
 
-@register("DepthToSpace", since=11, category=LAYOUT)
+@register("DepthToSpace", since=11, category=LAYOUT, half_io=True)
 def _depth_to_space(ctx, node):
     n, c, h, w = ctx.shape(node.inputs[0])
     b = ctx.attr("blocksize")
@@ -288,7 +294,7 @@ def _depth_to_space(ctx, node):
     emit_map(ctx, node.outputs[0], [node.inputs[0]], body, "DepthToSpace", flops_per_elem=0)
 
 
-@register("Trilu", since=14, category=LAYOUT)
+@register("Trilu", since=14, category=LAYOUT, half_io=True)
 def _trilu(ctx, node):
     k = 0
     if len(node.inputs) > 1 and node.inputs[1]:

@@ -5,7 +5,7 @@ import numpy as np
 
 from ..kernels.gemm import GemmSpec, emit_gemm
 from ..kernels.map import strides_of
-from ..kernels.program import ctype, literal, load_float
+from ..kernels.program import ctype, literal, load_float, store_float
 from .registry import COMPUTE, register
 
 
@@ -41,7 +41,13 @@ def operand_param(ctx, tensor: str, pname: str) -> str:
     return f"GPTR const {ctype(ctx.dtype(tensor))}* {pname}"
 
 
-@register("MatMul", since=1, category=COMPUTE, float_only=True)
+def output_param(ctx, tensor: str, pname: str) -> str:
+    """The parameter declaration of a GEMM's output, in its storage type (float32, or a half type
+    for an activation ops/narrow.py stores so; the accumulator is float32 either way)."""
+    return f"GPTR {ctype(ctx.dtype(tensor))}* {pname}"
+
+
+@register("MatMul", since=1, category=COMPUTE, float_only=True, half_io=True)
 def _matmul(ctx, node):
     a, b = node.inputs[:2]
     out = node.outputs[0]
@@ -61,18 +67,18 @@ def _matmul(ctx, node):
     prologue = batch_offsets("bt", bshape, sa, "a") + batch_offsets("bt", bshape, sb, "b")
     spec = GemmSpec(
         batch=batch, M=M, N=N, K=K,
-        params=[operand_param(ctx, a, "A"), operand_param(ctx, b, "B"), "GPTR float* Y"],
+        params=[operand_param(ctx, a, "A"), operand_param(ctx, b, "B"), output_param(ctx, out, "Y")],
         prologue=prologue,
         load_a=lambda m, k: ([], load_float(ctx.dtype(a), "A", f"aoff + {m} * {K} + {k}")),
         load_b=lambda k, n: ([], load_float(ctx.dtype(b), "B", f"boff + {k} * {N} + {n}")),
-        store=lambda m, n, acc: [f"Y[bt * {M * N} + {m} * {N} + {n}] = {acc};"],
+        store=lambda m, n, acc: [store_float(ctx.dtype(out), "Y", f"bt * {M * N} + {m} * {N} + {n}", acc)],
         store_index=lambda m, n: f"bt * {M * N} + {m} * {N} + {n}",
         store_value=lambda acc: acc,
     )
     emit_gemm(ctx, "MatMul", spec, [a, b, out], reads=[a, b], writes=[out])
 
 
-@register("Gemm", since=7, category=COMPUTE, float_only=True)
+@register("Gemm", since=7, category=COMPUTE, float_only=True, half_io=True)
 def _gemm(ctx, node):
     a, b = node.inputs[:2]
     c = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else ""
@@ -82,8 +88,8 @@ def _gemm(ctx, node):
     sa, sb = ctx.shape(a), ctx.shape(b)
     M, K = (sa[1], sa[0]) if ta else (sa[0], sa[1])
     N = sb[0] if tb else sb[1]
-    params = ([operand_param(ctx, a, "A"), operand_param(ctx, b, "B")] + (["GPTR const float* C"] if c else [])
-              + ["GPTR float* Y"])
+    params = ([operand_param(ctx, a, "A"), operand_param(ctx, b, "B")] + ([operand_param(ctx, c, "C")] if c else [])
+              + [output_param(ctx, out, "Y")])
     cterm = ""
     if c and beta != 0.0:
         sc = list(ctx.shape(c))
@@ -91,13 +97,14 @@ def _gemm(ctx, node):
         cm = "m" if sc[0] != 1 else "0"
         cn = "n" if sc[1] != 1 else "0"
         idx = " + ".join(x for x in ([f"{cm} * {sc[1]}" if cm != "0" else ""] + ([cn] if cn != "0" else [])) if x) or "0"
-        cterm = f" + {literal(beta)} * C[{idx}]" if beta != 1.0 else f" + C[{idx}]"
+        cval = load_float(ctx.dtype(c), "C", idx)
+        cterm = f" + {literal(beta)} * {cval}" if beta != 1.0 else f" + {cval}"
     scale = f"{literal(alpha)} * " if alpha != 1.0 else ""
     spec = GemmSpec(
         batch=1, M=M, N=N, K=K, params=params,
         load_a=lambda m, k: ([], load_float(ctx.dtype(a), "A", f"{k} * {M} + {m}" if ta else f"{m} * {K} + {k}")),
         load_b=lambda k, n: ([], load_float(ctx.dtype(b), "B", f"{n} * {K} + {k}" if tb else f"{k} * {N} + {n}")),
-        store=lambda m, n, acc: [f"Y[{m} * {N} + {n}] = {scale}{acc}{cterm};"],
+        store=lambda m, n, acc: [store_float(ctx.dtype(out), "Y", f"{m} * {N} + {n}", f"{scale}{acc}{cterm}")],
         store_index=lambda m, n: f"{m} * {N} + {n}",
         store_value=lambda acc: f"{scale}{acc}{cterm}",
         a_k_contiguous=not ta, b_n_contiguous=not tb,

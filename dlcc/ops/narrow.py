@@ -1,11 +1,18 @@
-"""Half-precision weights at precision fp16 and bf16.
+"""Half-precision weights and activations at precision fp16 and bf16.
 
 At those precisions every GEMM and convolution runs on the tensor-core template, which rounds each
 operand to the precision's 16-bit type as it stages it (kernels/gemm_mma.py). A constant operand
 (a Linear or Conv weight) can therefore be converted once, here at compile time, with no change
 to any result: the kernel then reads half the bytes, and at batch 1 reading the weights is most
-of a transformer's time. Activations stay float32 (the template rounds them as it loads), so
-every other op still computes and stores in float32.
+of a transformer's time.
+
+Activations (narrow_activations) are stored in the half type too, wherever every op that writes
+or reads one has a lowering that converts (the registry's `half_io`): kernels load 16-bit values
+into float, compute in float (a Softmax's max and sum, a LayerNorm's mean and variance, a GEMM's
+accumulator), and round once when they store. That halves the bytes every memory-bound kernel
+moves, as in ORT's and TensorRT's mixed precision, where reductions also compute in float32.
+Graph inputs and outputs keep their dtype, and an op kept float32 (`fp32_ops`) or without a
+converting lowering keeps float32 tensors around it.
 
 Only the GEMM's own input is rewired: a weight that other nodes also read (GPT-2's tied embedding,
 gathered by token and multiplied by the LM head) keeps its float32 tensor for them.
@@ -15,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Graph, Tensor
+from .registry import ALIAS, ELEMENTWISE, REDUCTION, lookup
 
 #: The storage dtype of each half precision.
 HALF_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
@@ -54,3 +62,64 @@ def narrow_gemm_weights(graph: Graph, precision: str, fp32_ops=frozenset()) -> l
                 narrowed[name] = half
             node.inputs[k] = narrowed[name]
     return list(narrowed)
+
+
+def narrow_activations(graph: Graph, precision: str, fp32_ops=frozenset()) -> list[str]:
+    """Store float32 intermediates in the precision's half type where it is safe (module
+    docstring); returns the tensors narrowed.
+
+    A tensor qualifies when it is computed (not a constant), is not a graph input or output, is
+    not a statistic (below), and every node that writes or reads it is `half_io` and not in
+    `fp32_ops`. Views (ALIAS ops: Reshape, Squeeze, ...) share their input's bytes, so a view and
+    its source form one class that is narrowed whole or not at all."""
+    dtype = HALF_DTYPES[precision]
+    parent: dict[str, str] = {}
+
+    def find(t: str) -> str:
+        while parent.get(t, t) != t:
+            t = parent[t]
+        return t
+
+    users: dict[str, list] = {}
+    for n in graph.nodes:
+        for t in [i for i in n.inputs if i] + [o for o in n.outputs if o]:
+            users.setdefault(t, []).append(n)
+        entry = lookup(n.op_type, graph.opset, n.domain)
+        if entry is not None and entry.category == ALIAS and n.inputs and n.outputs and n.outputs[0]:
+            parent[find(n.outputs[0])] = find(n.inputs[0])
+
+    def converts(n) -> bool:
+        entry = lookup(n.op_type, graph.opset, n.domain)
+        return entry is not None and entry.half_io and n.op_type not in fp32_ops
+
+    # Statistics: a reduction's smaller output (a mean, a sum of squares) and what elementwise
+    # ops compute from statistics and constants alone (E[x]^2, E[x^2] - E[x]^2, + eps, sqrt).
+    # They are a few bytes per row, and the terms a variance cancels, where 16-bit storage would
+    # lose every digit: they stay float32, as autocast keeps reductions' results. Softmax and
+    # LayerNorm outputs are full-size and do not count.
+    stats: set[str] = set()
+    for n in graph.nodes:
+        entry = lookup(n.op_type, graph.opset, n.domain)
+        if entry is None or not n.inputs or not n.inputs[0]:
+            continue
+        computed = [i for i in n.inputs if i and graph.tensors[i].value is None]
+        if entry.category == REDUCTION:
+            small = all(graph.tensors[o].size < graph.tensors[n.inputs[0]].size for o in n.outputs if o)
+        else:
+            small = entry.category in (ELEMENTWISE, ALIAS) and bool(computed) and all(i in stats for i in computed)
+        if small:
+            stats.update(o for o in n.outputs if o)
+
+    boundary = set(graph.inputs) | set(graph.outputs)
+    classes: dict[str, list[str]] = {}
+    for name in users:
+        classes.setdefault(find(name), []).append(name)
+    narrowed = []
+    for members in classes.values():
+        ts = [graph.tensors.get(m) for m in members]
+        if all(t is not None and t.dtype == "float32" and t.value is None and t.name not in boundary
+               and t.name not in stats and all(converts(n) for n in users[t.name]) for t in ts):
+            for t in ts:
+                t.dtype = dtype
+            narrowed += members
+    return narrowed

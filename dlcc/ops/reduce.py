@@ -40,7 +40,7 @@ def _reduce_axes(ctx, node):
 
 
 def _lower_reduce(ctx, node):
-    if ctx.dtype(node.inputs[0]) != "float32":
+    if ctx.value_dtype(node.inputs[0]) != "float32":
         raise ctx.fail(f"{node.op_type} on {ctx.dtype(node.inputs[0])} is not supported (float32 only)")
     axes = _reduce_axes(ctx, node)
     if not axes:
@@ -50,10 +50,10 @@ def _lower_reduce(ctx, node):
 
 
 for _op in REDUCE:
-    register(_op, since=1, category=REDUCTION, float_only=True)(_lower_reduce)
+    register(_op, since=1, category=REDUCTION, float_only=True, half_io=True)(_lower_reduce)
 
 
-@register("GlobalAveragePool", "GlobalMaxPool", since=1, category=REDUCTION, float_only=True)
+@register("GlobalAveragePool", "GlobalMaxPool", since=1, category=REDUCTION, float_only=True, half_io=True)
 def _global_pool(ctx, node):
     rank = len(ctx.shape(node.inputs[0]))
     op, post = ("sum", "acc / R_F") if node.op_type == "GlobalAveragePool" else ("max", "acc")
@@ -73,10 +73,10 @@ def _softmax(ctx, node):
                  node.op_type)
 
 
-register("Softmax", "LogSoftmax", since=1, category=REDUCTION, float_only=True)(_softmax)
+register("Softmax", "LogSoftmax", since=1, category=REDUCTION, float_only=True, half_io=True)(_softmax)
 
 
-@register("LayerNormalization", since=17, category=REDUCTION, float_only=True)
+@register("LayerNormalization", since=17, category=REDUCTION, float_only=True, half_io=True)
 def _layernorm(ctx, node):
     x, scale = node.inputs[:2]
     bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else ""

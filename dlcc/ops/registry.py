@@ -26,13 +26,17 @@ class OpDef:
     category: str
     lower: Callable  # (ctx: LowerCtx, node: Node) -> None
     float_only: bool = False  # the lowering computes in float: the first input must be float32
+    # The lowering reads and writes its float tensors in their storage dtype (load_float and
+    # store_float; 16-bit floats convert to float and round back), so at precision fp16/bf16 the
+    # activations around it may be stored in the half type (ops/narrow.py narrow_activations).
+    half_io: bool = False
     shape_rule: str = "onnx.shape_inference"
 
 
 _REGISTRY: dict[str, list[OpDef]] = {}
 
 
-def register(*op_types: str, since: int = 1, category: str = OTHER, float_only: bool = False):
+def register(*op_types: str, since: int = 1, category: str = OTHER, float_only: bool = False, half_io: bool = False):
     """Decorator: `@register("Relu", since=6, category=ELEMENTWISE)` on a lowering function."""
     assert category in CATEGORIES, category
 
@@ -41,7 +45,7 @@ def register(*op_types: str, since: int = 1, category: str = OTHER, float_only: 
             entries = _REGISTRY.setdefault(op, [])
             if any(e.since == since for e in entries):
                 raise ValueError(f"{op} since opset {since} registered twice")
-            entries.append(OpDef(op, since, category, fn, float_only))
+            entries.append(OpDef(op, since, category, fn, float_only, half_io))
             entries.sort(key=lambda e: e.since)
         return fn
 

@@ -315,9 +315,10 @@ def _shared_runtime(group: list):
         codes.update(zip((k["name"] for k in cm.plan["kernels"]), cm.kernel_codes))
     try:
         rt = OpenCLRuntime()
-        # which kernels are persistent: the runtime builds those its own way (backends/opencl.py)
+        # which kernels are persistent or spin: the runtime builds those its own way (backends/opencl.py)
         kernels = [k for _, cm in group for k in cm.plan["kernels"]]
-        rt.compile(render(list(codes.values()), "opencl"), {"kernels": kernels})
+        launches = [L for _, cm in group for L in cm.plan["launches"]]
+        rt.compile(render(list(codes.values()), "opencl"), {"kernels": kernels, "launches": launches})
         return rt
     except DlccError:
         return None

@@ -23,8 +23,11 @@ The rounding model is the textbook one (Higham, *Accuracy and Stability of Numer
 
 At precisions tf32, fp16 and bf16 (GEMMs on tensor cores) every operand of MatMul, Gemm, Conv and
 ConvTranspose is first rounded to the precision's type (unit roundoff OPERAND_UNIT: 2**-11 for
-TF32 and fp16, 2**-8 for bf16), then summed in float32 as above. (fp16's range is not modelled:
-an operand beyond 65504 is infinite on the GPU and finite here.)
+TF32 and fp16, 2**-8 for bf16), then summed in float32 as above. At fp16 and bf16 dlcc also
+stores activations in that type (ops/narrow.py): every float result that is not a graph output is
+rounded once more, by the same unit, as it is stored. That errs on the lenient side where dlcc
+keeps a tensor float32 or AStitch keeps it in registers. (fp16's range is not modelled: a value
+beyond 65504 is infinite on the GPU and finite here.)
 
 A bug is not rounding: it strikes far outside the spread on a well-conditioned graph, and the
 oracle only consults the spread once verify's rule has already failed.
@@ -199,6 +202,8 @@ def perturbed_model(m64: onnx.ModelProto, seed: int, precision: str = "fp32") ->
     types = _types(m64)
     g = m64.graph
     nodes, fresh, rng = [], iter(range(1 << 30)), np.random.default_rng(seed)
+    outputs = {o.name for o in g.output}
+    stored = OPERAND_UNIT[precision] / UNIT if precision in ("fp16", "bf16") else 0.0  # activations in half
 
     def noisy(src: str, dst: str, units: float) -> list:
         """dst = src * (1 + e), e uniform in ±units·UNIT, drawn per element."""
@@ -225,12 +230,12 @@ def perturbed_model(m64: onnx.ModelProto, seed: int, precision: str = "fp32") ->
             nodes += noisy(src, node.input[0], max(1.0, _terms(node, types) / 2))
         rounded = []
         ulps = 1 if node.op_type in SUMS else ULPS.get(node.op_type)
-        if ulps:
-            for i, o in enumerate(node.output):
-                if is_double(o):
-                    node.output[i] = f"{o}__mc_out{next(fresh)}"
-                    types[node.output[i]] = types[o]
-                    rounded += noisy(node.output[i], o, 2 * ulps)
+        for i, o in enumerate(node.output):
+            units = (2 * ulps if ulps else 0.0) + (stored if o not in outputs else 0.0)
+            if units and is_double(o):
+                node.output[i] = f"{o}__mc_out{next(fresh)}"
+                types[node.output[i]] = types[o]
+                rounded += noisy(node.output[i], o, units)
         nodes.append(node)
         nodes += rounded
     del g.node[:]

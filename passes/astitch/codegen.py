@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...kernels.gemm import GemmSpec, gemm_source
 from ...kernels.map import MapView, prune_defs, unravel
-from ...kernels.program import ctype, literal
+from ...kernels.program import FLOAT_LOAD_MACROS, ctype, literal, load_float, store_float, value_ctype
 from ...kernels.reduce import COMBINE, INIT, ReduceLayout
 from .planner import BLOCK, Phase, Stitch
 
@@ -58,7 +58,7 @@ class Builder:
         if t in self.smem:
             off, per = self.smem[t]
             return f"sm[{off} + slot * {per} + (({idx}) - u * {per})]"
-        return f"{self.param(t)}[{idx}]"
+        return load_float(self.ng.tensor(t).dtype, self.param(t), idx)
 
     def body_value(self, node, index_var: str = "i") -> tuple[list[str], str]:
         """(statements, value) of map node `node` at flat index `index_var`."""
@@ -80,7 +80,7 @@ class Builder:
         self.fn[key] = name
         node = self.ng.nodes[nid]
         stmts, expr = self.body_value(node)
-        T = ctype(self.ng.tensor(node.output).dtype)
+        T = value_ctype(self.ng.tensor(node.output).dtype)
         inner = "\n    ".join(stmts)
         self.funcs.append(f"DEVICE {T} {name}({PD}{self.ctx_decl}const int i) {{\n    {inner}\n    return ({T})({expr});\n}}\n")
         return name
@@ -162,13 +162,13 @@ def _store(ng, b: Builder, s, n, idx: str, local: str, val: str) -> list[str]:
     if s.smem:
         lines.append(f"sm[{s.smem_off} + slot * {s.per_unit} + {local}] = {val};")
     if s.glob:
-        lines.append(f"{b.param(n.output, write=True)}[{idx}] = {val};")
+        lines.append(store_float(ng.tensor(n.output).dtype, b.param(n.output, write=True), idx, val))
     return lines
 
 
 def _map_stage(ng, b, ph, s, n) -> list[str]:
     size = ng.size(n.output)
-    T = ctype(ng.tensor(n.output).dtype)
+    T = value_ctype(ng.tensor(n.output).dtype)
     stmts, expr = b.body_value(n, "i")
     return [f"for (int j = lt; j < {s.per_unit}; j += {ph.tpr}) {{",
             f"    const int i = u * {s.per_unit} + j;",
@@ -221,8 +221,17 @@ def _lit(v) -> str:
 
 # --------------------------------------------------------------------------------------------
 def _subst_loads(text: str, name: str, repl) -> str:
-    """Replace every `name[expr]` (balanced brackets) in generated text by repl(expr)."""
-    out, i, key = [], 0, name + "["
+    """Replace every load of `name` in generated text by repl(expr): `name[expr]`, and
+    `LOAD_F16(name, expr)` / `LOAD_BF16(name, expr)` for 16-bit storage."""
+    for macro in FLOAT_LOAD_MACROS:
+        text = _subst_bracketed(text, f"{macro}({name}, ", "()", repl)
+    return _subst_bracketed(text, name + "[", "[]", repl)
+
+
+def _subst_bracketed(text: str, key: str, pair: str, repl) -> str:
+    """Replace every `key expr CLOSE` (key ends with the opening bracket of `pair`; brackets
+    balanced; `key` not preceded by an identifier character) by repl(expr)."""
+    out, i = [], 0
     while True:
         j = text.find(key, i)
         if j < 0:
@@ -234,7 +243,7 @@ def _subst_loads(text: str, name: str, repl) -> str:
             continue
         depth, k = 1, j + len(key)
         while depth:
-            depth += {"[": 1, "]": -1}.get(text[k], 0)
+            depth += {pair[0]: 1, pair[1]: -1}.get(text[k], 0)
             k += 1
         out.append(text[i:j])
         out.append(repl(text[j + len(key):k - 1]))
@@ -266,7 +275,8 @@ def gemm_source_fused(ng, planner, fus) -> tuple[str, list[str], list[str], int]
     texts = ["\n".join(a_st), a_val, "\n".join(b_st), b_val, "\n".join(spec.prologue or []), "\n".join(store)]
     for pn, t in keep:  # one tensor under two parameters (B and the Gemm bias C both x): one name
         if b.params[t] != pn:
-            texts = [_subst_loads(x, pn, lambda idx, first=b.params[t]: f"{first}[{idx}]") for x in texts]
+            texts = [_subst_loads(x, pn, lambda idx, first=b.params[t], dt=ng.tensor(t).dtype: load_float(dt, first, idx))
+                     for x in texts]
     for pn, t in inl:  # operands computed in the loads, through element functions
         texts = [_subst_loads(x, pn, lambda idx, t=t: b.read(t, idx)) for x in texts]
     a_st2, a_val2, b_st2, b_val2, pro2, store2 = texts
@@ -302,5 +312,5 @@ def _epilogue(b, ng, g, spec, fus) -> list[str]:
         store += [f"float e{k};", "{", *["    " + x for x in stmts], f"    e{k} = (float)({expr});", "}"]
         b.known[c.output] = f"e{k}"
     for t in fus.stored:
-        store.append(f"{b.param(t, write=True)}[ei] = {b.known[t]};")
+        store.append(store_float(ng.tensor(t).dtype, b.param(t, write=True), "ei", b.known[t]))
     return store

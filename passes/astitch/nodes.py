@@ -25,7 +25,11 @@ from ...kernels.map import MapExpr
 from ...kernels.program import literal
 from ...kernels.reduce import LayerNormExpr, ReduceExpr, SoftmaxExpr
 
-STITCHABLE_DTYPES = ("float32", "int64", "int32", "bool", "uint8", "int8")
+#: Tensor dtypes a stitched kernel reads and writes. 16-bit floats are storage: element functions
+#: load them into float (load_float) and stores round (store_float), so stitching never sees them
+#: as values (ops/narrow.py stores weights and activations so at precision fp16/bf16).
+STITCHABLE_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool", "uint8", "int8")
+FLOATS = ("float32", "float16", "bfloat16")
 
 
 @dataclass
@@ -118,10 +122,7 @@ class NodeGraph:
     # -- launches -> nodes --------------------------------------------------------------------
     def _add_launch(self, k, L):
         e = L.expr
-        # a GEMM's half-precision weights (ops/narrow.py) are constants its own loads convert: no
-        # element function ever reads them, so they do not keep the GEMM from fusing
-        half_weights = set(_half_weights(e, self.graph)) if isinstance(e, GemmExpr) else set()
-        dts = {self.tensor(t).dtype for t in list(L.reads) + list(L.writes) if t not in half_weights}
+        dts = {self.tensor(t).dtype for t in list(L.reads) + list(L.writes)}
         if e is None or not dts <= set(STITCHABLE_DTYPES) or len(L.writes) != 1:
             return self._opaque(k, L)
         if isinstance(e, MapExpr):
@@ -134,7 +135,7 @@ class NodeGraph:
         if isinstance(e, LayerNormExpr):
             return self._layernorm(k, L, e)
         if isinstance(e, GemmExpr):
-            if any(self.tensor(t).dtype != "float32" for t in e.reads + e.writes if t not in half_weights):
+            if any(self.tensor(t).dtype not in FLOATS for t in e.reads + e.writes):
                 return self._opaque(k, L)
             return self._new("gemm", k, L, inputs=[self.res(t) for t in e.reads], output=self.res(e.writes[0]),
                              gemm=e)
@@ -215,14 +216,6 @@ class NodeGraph:
 
 
 _RAW = __import__("re").compile(r"\bx\d+\b")
-
-
-def _half_weights(e: GemmExpr, g) -> list[str]:
-    """The GEMM's operands stored in a half type: constants read under one parameter only (the
-    fused re-emission renames a tensor read under two by rewriting `P[...]` loads, which a
-    LOAD_BF16(P, ...) is not)."""
-    half = [t for t in e.reads if g.tensors[t].dtype in ("float16", "bfloat16") and g.tensors[t].value is not None]
-    return [t for t in half if e.reads.count(t) == 1]
 
 
 def _uses_raw_params(e: MapExpr, g) -> bool:

@@ -34,7 +34,7 @@ import numpy as np
 from ...kernels.program import literal
 from ...kernels.reduce import ReduceExpr, ReduceLayout
 from .indexmap import access_kinds, input_index, is_identity, reduce_index
-from .nodes import NodeGraph
+from .nodes import FLOATS, NodeGraph
 
 BLOCK = 256
 STATIC_SMEM_LIMIT = 48 * 1024  # bytes of static shared memory a CUDA block may declare
@@ -199,7 +199,7 @@ class Planner:
                 if len(fus.epilogue) >= self.opts.max_ops:
                     break
                 if (c.kind != "map" or c.id in self.kept or c.id in self.absorbed or node_size(self.ng, c) != size
-                        or self.ng.tensor(c.output).dtype != "float32" or not any(t in known for t in c.inputs)):
+                        or self.ng.tensor(c.output).dtype not in FLOATS or not any(t in known for t in c.inputs)):
                     continue
                 ok = True
                 for k, t in enumerate(c.inputs):
@@ -473,8 +473,11 @@ class Planner:
                 self._reach(t, None, None, inlined, found)
 
     def reads_of_stage(self, nid: int, U: int, per_unit: int, inlined: set[int]) -> dict:
-        """Materialized tensors stage `nid` reads, with (unit, element) pairs (None: unknown)."""
-        key = (nid, U, per_unit)
+        """Materialized tensors stage `nid` reads, with (unit, element) pairs (None: unknown).
+        Memoised per inlined set too: a read through an inlined node is a read of what that node
+        reads, so the same stage reads other tensors under another inlining, and a stale entry
+        could hide a read of an earlier phase (no grid barrier before the stage: a race)."""
+        key = (nid, U, per_unit, frozenset(inlined))
         memo = self.__dict__.setdefault("_reads_memo", {})
         if key in memo:
             return memo[key]
@@ -572,9 +575,10 @@ class Planner:
                 outside = self.is_output(t) or any(c not in gset for c in self.consumers(t))
                 rs = readers.get(t, set())
                 s.glob = outside or any(r != pi for r in rs)
-                # shared memory holds float32 (`sm` is a float array): a bool or integer value
-                # read in its own phase goes through global memory, where it keeps its type
-                s.smem = pi in rs and "regional" in self.opts.schemes and self.ng.tensor(t).dtype == "float32"
+                # shared memory holds floats (`sm` is a float array; a 16-bit float keeps its
+                # unrounded value there): a bool or integer value read in its own phase goes
+                # through global memory, where it keeps its type
+                s.smem = pi in rs and "regional" in self.opts.schemes and self.ng.tensor(t).dtype in FLOATS
                 if pi in rs and not s.smem:
                     s.glob = s.demoted = True
         budget = self.smem_budget() // 4

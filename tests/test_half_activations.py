@@ -1,0 +1,118 @@
+"""Activations stored in the half type at precision fp16/bf16 (ops/narrow.py narrow_activations):
+which tensors are narrowed (exact expectations on the plan's dtypes), that every kernel around
+them converts (outputs against onnxruntime at the precision's documented tolerance, through every
+pipeline, on PoCL), that the bytes halve, and the switch that keeps them float32."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+import dlcc
+from dlcc.backends.nvcc import find_nvcc
+from dlcc.verify import DEFAULT_TOLERANCE, verify_outputs
+
+HALF = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+def _block(path):
+    """x -> MatMul -> Add bias -> Softmax -> Reshape -> Transpose -> LayerNorm -> Gelu-ish (Erf)
+    -> Conv-free tail: a Reduce and a TopK. The TopK has no converting lowering, so the tensor it
+    reads stays float32; `y` (a graph output, reached through a Reshape view) stays float32 with
+    its view source; `hidden` is both an output and read by the next op."""
+    rng = np.random.default_rng(0)
+    inits = {"w": rng.standard_normal((32, 48)).astype(np.float32) / 4, "b": rng.standard_normal(48).astype(np.float32),
+             "g": rng.standard_normal(48).astype(np.float32), "beta": rng.standard_normal(48).astype(np.float32),
+             "shape": np.array([4, 12, 8, 6], np.int64), "flat": np.array([4, 576], np.int64),
+             "half": np.array(0.5, np.float32), "rt2": np.array(0.70710678, np.float32), "one": np.array(1, np.float32),
+             "k": np.array([3], np.int64)}
+    nodes = [h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("Add", ["m", "b"], ["a"]),
+             h.make_node("Softmax", ["a"], ["s"], axis=-1),
+             h.make_node("Reshape", ["s", "shape"], ["r"]), h.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1, 3]),
+             h.make_node("Reshape", ["t", "flat"], ["tf"]),
+             h.make_node("Slice", ["tf", "zero", "n48", "ax1"], ["sl"]),
+             h.make_node("LayerNormalization", ["sl", "g", "beta"], ["ln"], axis=-1),
+             h.make_node("Mul", ["ln", "rt2"], ["u"]), h.make_node("Erf", ["u"], ["e"]),
+             h.make_node("Add", ["e", "one"], ["e1"]), h.make_node("Mul", ["ln", "e1"], ["g1"]),
+             h.make_node("Mul", ["g1", "half"], ["hidden"]),
+             h.make_node("ReduceMean", ["hidden"], ["red"], axes=[1], keepdims=0),
+             h.make_node("Neg", ["hidden"], ["nh"]), h.make_node("TopK", ["nh", "k"], ["topv", "topi"], axis=-1),
+             h.make_node("Relu", ["hidden"], ["rl"]), h.make_node("Reshape", ["rl", "flat2"], ["y"])]
+    inits.update({"zero": np.array([0], np.int64), "n48": np.array([48], np.int64), "ax1": np.array([1], np.int64),
+                  "flat2": np.array([4, 6, 8], np.int64)})
+    g = h.make_graph(nodes, "block", [h.make_tensor_value_info("x", T.FLOAT, [4, 12, 32])],
+                     [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("hidden", "red", "topv", "y")],
+                     [nh.from_array(v, k) for k, v in inits.items()])
+    m = onnx.shape_inference.infer_shapes(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
+    onnx.save(m, path)
+    return path, {"x": np.random.default_rng(1).standard_normal((4, 12, 32)).astype(np.float32)}
+
+
+def _dtypes(cm) -> dict[str, str]:
+    return {n: t["dtype"] for n, t in cm.plan["tensors"].items()}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_which_activations_are_half(tmp_path, precision):
+    path, _ = _block(tmp_path / "b.onnx")
+    cm = dlcc.compile(path, target="opencl", pipeline="baseline", precision=precision)
+    dt = _dtypes(cm)
+    half = HALF[precision]
+    # between converting ops, views included
+    for t in ("a", "s", "r", "t", "tf", "sl", "ln", "u", "e", "e1", "g1"):  # (MatMul became Gemm + views)
+        assert dt[t] == half, (t, dt[t])
+    # graph inputs and outputs keep their dtype; `rl` is the source of the output view `y`
+    for t in ("x", "hidden", "red", "topv", "y", "rl"):
+        assert dt[t] == "float32", (t, dt[t])
+    assert dt["nh"] == "float32"  # read by TopK, which computes only in float32
+    assert any(f"stored as {half}" in x and "activation" in x for x in cm.plan["meta"]["pass_log"])
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("pipeline", ["baseline", "astitch", "full"])
+def test_half_activations_match_onnxruntime(tmp_path, precision, pipeline):
+    path, feeds = _block(tmp_path / "b.onnx")
+    cm = dlcc.compile(path, target="opencl", pipeline=pipeline, precision=precision, device="h100")
+    rows = verify_outputs(path, cm(feeds), feeds, precision=precision)
+    assert all(r["passed"] for r in rows), rows
+    assert HALF[precision] in {t["dtype"] for t in cm.plan["tensors"].values() if t["storage"] == "arena"}
+
+
+def test_half_activations_halve_the_bytes(model_path):
+    """BERT (small) at bf16 against fp32 through astitch: the same kernels and launches, every
+    narrowed activation in half its bytes, the arena half."""
+    path = model_path("bert")
+    fp = dlcc.compile(path, target="opencl", pipeline="astitch")
+    bf = dlcc.compile(path, target="opencl", pipeline="astitch", precision="bf16")
+    assert bf.stats["launches"] == fp.stats["launches"]
+    narrowed = [n for n, t in bf.plan["tensors"].items() if t["dtype"] == "bfloat16" and t["storage"] == "arena"]
+    assert narrowed
+    for n in narrowed:
+        assert bf.plan["tensors"][n]["nbytes"] * 2 == fp.plan["tensors"][n]["nbytes"], n
+    assert bf.stats["arena_bytes"] * 2 <= fp.stats["arena_bytes"] + 1024
+
+
+def test_the_pipeline_switch_keeps_activations_float32(tmp_path, model_path):
+    pipe = tmp_path / "p.yaml"
+    pipe.write_text("name: p\nprecision: bf16\nhalf_activations: false\npasses:\n  - name: lower\n"
+                    "  - name: astitch\n  - name: memplan\n")
+    cm = dlcc.compile(model_path("bert"), target="opencl", pipeline=str(pipe))
+    arena = {t["dtype"] for t in cm.plan["tensors"].values() if t["storage"] == "arena"}
+    assert "bfloat16" not in arena
+    assert "bfloat16" in {t["dtype"] for t in cm.plan["tensors"].values() if t["storage"] == "weights"}
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed on this machine")
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_half_activation_kernels_compile_for_cuda(tmp_path, precision):
+    """The CUDA text of every pipeline at half precision (16-bit loads and rounding stores in map,
+    reduction, transpose, GEMM and stitched kernels) compiles for sm_80 and sm_90 with no spills."""
+    path, _ = _block(tmp_path / "b.onnx")
+    for pipeline in ("baseline", "astitch", "full"):
+        for dev in ("a100", "h100"):
+            cm = dlcc.compile(path, target="cuda", pipeline=pipeline, precision=precision, device=dev)
+            res = cm.plan["cuda"]["resources"]
+            assert res and not [k for k, v in res.items() if v["spill_bytes"]], (pipeline, dev)

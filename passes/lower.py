@@ -99,5 +99,5 @@ def lower(state: CompileState, opts) -> None:
     if state.precision in HALF_DTYPES and state.half_activations:
         floats = [t for t in state.graph.tensors.values() if t.value is None and t.dtype in ("float32", "float16", "bfloat16")]
         state.log.append(f"lower: {len(acts)} of {len(floats)} float activation(s) stored as "
-                         f"{HALF_DTYPES[state.precision]} (the rest are graph inputs/outputs or touch an op "
-                         "that computes only in float32)")
+                         f"{HALF_DTYPES[state.precision]} (the rest: graph inputs and outputs, statistics, "
+                         "and tensors an op without a converting kernel reads or writes)")

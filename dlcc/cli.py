@@ -276,6 +276,9 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
     if prec in ("fp16", "bf16"):  # the activations ops/narrow.py stores in the half type, and the rest
         for dt, (c, n) in sorted(_bytes_by_dtype(plan, "arena", floats_only=True).items()):
             rows.append((f"activations stored as {dt}", f"{c} ({_human(n)})"))
+        f32 = plan["meta"].get("float32_activation_ops")
+        if f32:
+            rows.append(("ops keeping float32 activations", ", ".join(f"{op} x{n}" for op, n in f32.items())))
     for k, v in rows:
         t.add_row(k, str(v))
     out.print(t)

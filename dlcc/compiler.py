@@ -250,6 +250,8 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
         "opset": graph.opset,
         "pass_log": state.log,
         **({"float32_compute": state.ctx.kept_float32} if pipe.precision != "fp32" else {}),
+        **({"float32_activation_ops": state.ctx.float32_activation_ops}
+           if state.ctx is not None and state.ctx.float32_activation_ops else {}),
         **({"profile_db": profile_db.name} if profile_db is not None else {}),
         "compile_s": {k: round(v, 4) for k, v in steps.times.items()},
     }

@@ -20,7 +20,7 @@ def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "
     ctx = LowerCtx(graph, device, pass_name=pass_name)
     ctx.narrowed = narrowed
     if precision in HALF_DTYPES and half_activations:
-        ctx.half_activations = narrow_activations(graph, precision, set(fp32_ops))
+        ctx.half_activations, ctx.float32_activation_ops = narrow_activations(graph, precision, set(fp32_ops))
     ctx.fp32_ops = set(fp32_ops)
     ctx.rnn_input = rnn_input
     ctx.precision = precision
@@ -101,3 +101,6 @@ def lower(state: CompileState, opts) -> None:
         state.log.append(f"lower: {len(acts)} of {len(floats)} float activation(s) stored as "
                          f"{HALF_DTYPES[state.precision]} (the rest: graph inputs and outputs, statistics, "
                          "and tensors an op without a converting kernel reads or writes)")
+        if state.ctx.float32_activation_ops:
+            state.log.append("lower: float32 activations kept for ops without a half-precision kernel: "
+                             + ", ".join(f"{op} x{n}" for op, n in state.ctx.float32_activation_ops.items()))

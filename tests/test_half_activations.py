@@ -68,7 +68,20 @@ def test_which_activations_are_half(tmp_path, precision):
     for t in ("x", "hidden", "red", "topv", "y", "rl"):
         assert dt[t] == "float32", (t, dt[t])
     assert dt["nh"] == "float32"  # read by TopK, which computes only in float32
+    assert cm.plan["meta"]["float32_activation_ops"] == {"TopK": 1}
     assert any(f"stored as {half}" in x and "activation" in x for x in cm.plan["meta"]["pass_log"])
+
+
+def test_inspect_lists_activations_by_dtype(tmp_path):
+    from typer.testing import CliRunner
+
+    from dlcc.cli import app
+
+    path, _ = _block(tmp_path / "b.onnx")
+    r = CliRunner().invoke(app, ["inspect", str(path), "--precision", "bf16", "-q"], terminal_width=200)
+    assert r.exit_code == 0, r.output
+    assert "activations stored as bfloat16" in r.output and "activations stored as float32" in r.output
+    assert "ops keeping float32 activations" in r.output and "TopK x1" in r.output
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])

@@ -35,6 +35,7 @@ class LowerCtx:
         self.fp32_ops: set[str] = set()  # op types kept on the float32 template at those (PipelineSpec.fp32_ops)
         self.narrowed: list[str] = []  # constants stored in a half type (ops/narrow.py)
         self.half_activations: list[str] = []  # activations stored in a half type (narrow_activations)
+        self.float32_activation_ops: dict[str, int] = {}  # op type -> nodes keeping float32 activations
         self.kept_float32: dict[str, int] = {}  # float32_compute() as lowered (passes/lower.py)
 
     # -- queries ---------------------------------------------------------------------------

@@ -115,7 +115,7 @@ def _conv_direct(ctx, node, x, w, bias, out, nd, Cin, Cout_g, k_sp, in_sp, strid
              inline_scalars=False)
 
 
-@register("ConvTranspose", since=1, category=COMPUTE, float_only=True)
+@register("ConvTranspose", since=1, category=COMPUTE, float_only=True, half_io=True)
 def _conv_transpose(ctx, node):
     """Direct gather form: each output sums the inputs whose window covers it (no col2im scatter)."""
     x, w = node.inputs[:2]
@@ -156,7 +156,8 @@ def _conv_transpose(ctx, node):
         s += [f"    if ({' && '.join(conds)}) {{",
               f"        for (int c = 0; c < {Cin_g}; ++c) {{",
               f"            const int ci = g * {Cin_g} + c;",
-              f"            acc += x0[({v.o[0]} * {Cin} + ci) * {IS} + {idx}] * x1[(ci * {Cout_g} + cg) * {KS} + kr];",
+              f"            acc += {load_float(ctx.dtype(x), 'x0', f'({v.o[0]} * {Cin} + ci) * {IS} + {idx}')} * "
+              f"{load_float(ctx.dtype(w), 'x1', f'(ci * {Cout_g} + cg) * {KS} + kr')};",
               "        }", "    }", "}"]
         return s, "acc"
 

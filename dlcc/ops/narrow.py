@@ -64,9 +64,10 @@ def narrow_gemm_weights(graph: Graph, precision: str, fp32_ops=frozenset()) -> l
     return list(narrowed)
 
 
-def narrow_activations(graph: Graph, precision: str, fp32_ops=frozenset()) -> list[str]:
+def narrow_activations(graph: Graph, precision: str, fp32_ops=frozenset()) -> tuple[list[str], dict[str, int]]:
     """Store float32 intermediates in the precision's half type where it is safe (module
-    docstring); returns the tensors narrowed.
+    docstring). Returns the tensors narrowed, and by op type the nodes that kept a float
+    activation float32 because they do not convert (or are in `fp32_ops`): what `inspect` lists.
 
     A tensor qualifies when it is computed (not a constant), is not a graph input or output, is
     not a statistic (below), and every node that writes or reads it is `half_io` and not in
@@ -114,12 +115,19 @@ def narrow_activations(graph: Graph, precision: str, fp32_ops=frozenset()) -> li
     classes: dict[str, list[str]] = {}
     for name in users:
         classes.setdefault(find(name), []).append(name)
-    narrowed = []
+    narrowed, blockers = [], {}
     for members in classes.values():
         ts = [graph.tensors.get(m) for m in members]
-        if all(t is not None and t.dtype == "float32" and t.value is None and t.name not in boundary
-               and t.name not in stats and all(converts(n) for n in users[t.name]) for t in ts):
-            for t in ts:
-                t.dtype = dtype
-            narrowed += members
-    return narrowed
+        if not all(t is not None and t.dtype == "float32" and t.value is None for t in ts):
+            continue
+        if any(t.name in boundary or t.name in stats for t in ts):
+            continue
+        blocking = [n for t in ts for n in users[t.name] if not converts(n)]
+        if blocking:
+            for n in blocking:
+                blockers.setdefault(n.op_type, set()).add(n.name)
+            continue
+        for t in ts:
+            t.dtype = dtype
+        narrowed += members
+    return narrowed, {op: len(names) for op, names in sorted(blockers.items())}

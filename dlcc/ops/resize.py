@@ -39,7 +39,7 @@ def _scales(ctx, node, in_shape, out_shape):
     return [o / i for o, i in zip(out_shape, in_shape)]
 
 
-@register("Resize", "Upsample", since=7, category=LAYOUT)
+@register("Resize", "Upsample", since=7, category=LAYOUT, half_io=True)
 def _resize(ctx, node):
     x, out = node.inputs[0], node.outputs[0]
     ins_, outs_ = ctx.shape(x), ctx.shape(out)

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from .artifact import read_artifact, read_binaries, write_artifact
-from .backends.source import render
+from .backends.source import file_name, render
+from .errors import DlccError
 from .executor import Executor, make_runtime, pick_target
 from .inputs import sample_inputs
 
@@ -49,6 +50,10 @@ class CompiledModel:
 
     def source(self, dialect: str) -> str:
         if dialect not in self._sources:
+            if self.kernel_codes is None:  # reopened from a directory that lacks this dialect's file
+                raise DlccError(f"the artifact has no {file_name(dialect)} for the {dialect} target (it has "
+                                f"{', '.join(file_name(d) for d in self._sources) or 'no kernel sources'}); "
+                                "compile the model again")
             self._sources[dialect] = render(self.kernel_codes, dialect)
         return self._sources[dialect]
 

@@ -15,6 +15,7 @@ import contextlib
 
 from .backends.source import DIALECTS, file_name, render
 from .errors import DlccError
+from .plan_schema import check_plan
 
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike, mode: str = "w"):
@@ -101,10 +102,18 @@ def read_artifact(path: str | os.PathLike):
     if not (path / "plan.json").is_file():
         raise DlccError(f"{path}: not a dlcc artifact directory (no plan.json); create one with `dlcc compile`")
     try:
-        plan = json.loads((path / "plan.json").read_text())
-    except json.JSONDecodeError as e:
+        plan = json.loads((path / "plan.json").read_bytes())  # bytes: JSON's own UTF-8/16/32 detection
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DlccError(f"{path}/plan.json is corrupt: {e}") from None
-    sources = {d: (path / file_name(d)).read_text() for d in DIALECTS if (path / file_name(d)).is_file()}
+    plan = check_plan(plan, f"{path}/plan.json")
+    sources = {}
+    for d in DIALECTS:
+        f = path / file_name(d)
+        if f.is_file():
+            try:
+                sources[d] = f.read_bytes().decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DlccError(f"{f} is not the UTF-8 text dlcc wrote ({e}); compile the model again") from None
     if not sources or not (path / "weights.bin").is_file():
         raise DlccError(f"{path}: incomplete artifact (kernel sources or weights.bin missing); compile it again")
     wpath = path / "weights.bin"

@@ -90,10 +90,11 @@ def compile(model: Path = typer.Argument(..., help="ONNX model file"),
         choice = cm.plan["meta"].get("pipeline_choice")
         if choice:
             out.print(f"pipeline auto → [bold]{_escape(choice['chosen'])}[/]: {_escape(choice['why'])}")
-        out.print(("[bold green]from cache[/] " if cm.cache_hit else "[bold green]compiled[/] ") + f"{model} → {out_dir}  "
+        out.print(("[bold green]from cache[/] " if cm.cache_hit else "[bold green]compiled[/] ") + _escape(
+                  f"{model} → {out_dir}  "
                   f"({s['kernels']} kernels, {s['launches']} launches, arena {_human(s['arena_bytes'])}, "
                   f"pipeline {cm.plan['meta']['pipeline']}, precision {cm.plan['meta'].get('precision', 'fp32')}, "
-                  f"device {cm.plan['meta']['device']})")
+                  f"device {cm.plan['meta']['device']})"))
         if cm.plan["meta"].get("precision_note"):
             out.print(f"[yellow]note:[/] {_escape(cm.plan['meta']['precision_note'])}")
 
@@ -128,7 +129,7 @@ def run(artifact: Path = typer.Argument(..., help="artifact directory from `dlcc
     for c in ("output", "shape", "dtype", "mean", "std"):
         t.add_column(c)
     for r in rows:
-        t.add_row(r["name"], "x".join(map(str, r["shape"])), r["dtype"], f"{r['mean']:.6g}", f"{r['std']:.6g}")
+        t.add_row(_escape(r["name"]), "x".join(map(str, r["shape"])), r["dtype"], f"{r['mean']:.6g}", f"{r['std']:.6g}")
     if not quiet:
         out.print(t)
 
@@ -175,18 +176,18 @@ def verify(model: Path = typer.Argument(..., help="ONNX model file"),
                           "atol": DEFAULT_TOLERANCE[prec][1] if atol is None else atol,
                           "tolerance_from": tol_from, "outputs": rows, **_summary(cm.plan)}))
     else:
-        t = Table(title=f"{model.name} on {cm.target} ({ex.rt.device_name}, {prec}) vs onnxruntime",
+        t = Table(title=_escape(f"{model.name} on {cm.target} ({ex.rt.device_name}, {prec}) vs onnxruntime"),
                   caption=f"tolerance: {tol_from}")
         for c in ("output", "shape", "max abs err", "max rel err", "tolerance", "result"):
             t.add_column(c)
         for r in rows:
-            t.add_row(r["name"], "x".join(map(str, r["shape"])), f"{r['max_abs_err']:.3g}", f"{r['max_rel_err']:.3g}",
+            t.add_row(_escape(r["name"]), "x".join(map(str, r["shape"])), f"{r['max_abs_err']:.3g}", f"{r['max_rel_err']:.3g}",
                       f"{r['atol']:g} + {r['rtol']:g}·|ref|" if "rtol" in r else "-",
                       "[green]PASS[/]" if r["passed"] else "[red]FAIL[/]")
         out.print(t)
         for r in rows:
             if "note" in r:
-                out.print(f"{r['name']}: {r['note']}")
+                out.print(_escape(f"{r['name']}: {r['note']}"))
         out.print("[bold green]all outputs match[/]" if passed else "[bold red]mismatch[/]")
     raise typer.Exit(0 if passed else 1)
 
@@ -252,8 +253,8 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
         print(json.dumps({**s, "launches_by_category": by_kind, "meta": plan["meta"], **extra}))
         return
     prec = plan["meta"].get("precision", "fp32")
-    t = Table(title=f"{plan['meta']['model']} — pipeline {plan['meta']['pipeline']}, precision {prec}, "
-                    f"device {plan['meta']['device']}")
+    t = Table(title=_escape(f"{plan['meta']['model']} — pipeline {plan['meta']['pipeline']}, precision {prec}, "
+                            f"device {plan['meta']['device']}"))
     t.add_column("metric")
     t.add_column("value", justify="right")
     rows = [("ONNX nodes", s["onnx_nodes"]), ("nodes after folding", s["nodes_after_folding"]),
@@ -280,13 +281,13 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
         if f32:
             rows.append(("ops keeping float32 activations", ", ".join(f"{op} x{n}" for op, n in f32.items())))
     for k, v in rows:
-        t.add_row(k, str(v))
+        t.add_row(_escape(k), _escape(str(v)))
     out.print(t)
     h = Table(title="op histogram (after folding)")
     h.add_column("op")
     h.add_column("count", justify="right")
     for op, c in s["op_histogram"].items():
-        h.add_row(op, str(c))
+        h.add_row(_escape(op), str(c))
     k = Table(title="launches by category")
     k.add_column("category")
     k.add_column("launches", justify="right")
@@ -302,10 +303,11 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
             lt.add_column(c, overflow="fold")
         for r in launch_rows:
             extra = [str(r.get("registers", "")), str(r.get("blocks_per_sm", ""))] if res else []
-            lt.add_row(str(r["index"]), r["node"], r["op"], r["kernel"],
-                       r["kind"] + (f" {r['tiling']}" if r["tiling"] else "") + (f" ({r['math']})" if r["math"] != "float32" else ""),
-                       f"{r['grid']} x {r['block']}", f"{r['flops'] / 1e6:.2f}", _human(r["dram_bytes"]), *extra,
-                       " ".join(map(str, r["args"])))
+            lt.add_row(*map(_escape, [
+                str(r["index"]), r["node"], r["op"], r["kernel"],
+                r["kind"] + (f" {r['tiling']}" if r["tiling"] else "") + (f" ({r['math']})" if r["math"] != "float32" else ""),
+                f"{r['grid']} x {r['block']}", f"{r['flops'] / 1e6:.2f}", _human(r["dram_bytes"]), *extra,
+                " ".join(map(str, r["args"]))]))
         out.print(lt)
     if stitch:
         _print_stitch(plan)
@@ -387,26 +389,28 @@ def _print_stitch(plan: dict) -> None:
     for r in rep:
         saved = r["baseline_dram_bytes"] - r["dram_bytes"]
         if r["kind"] == "gemm":
-            out.print(f"[bold]{_escape(r['kernel'])}[/] rOperator {' + '.join(r['ops'])}  prologue: "
+            out.print(f"[bold]{_escape(r['kernel'])}[/] " + _escape(
+                      f"rOperator {' + '.join(r['ops'])}  prologue: "
                       f"{', '.join(r['prologue']) or '-'}  epilogue: {', '.join(r['epilogue']) or '-'}  "
-                      f"DRAM {_human(r['dram_bytes'])} (saves {_human(saved)})")
+                      f"DRAM {_human(r['dram_bytes'])} (saves {_human(saved)})"))
             continue
         mp = r["mapping"]
-        out.print(f"[bold]{_escape(r['kernel'])}[/] stitch of {len(r['ops'])} ops: {', '.join(r['ops'])}")
-        out.print(f"  dominants: {', '.join(r['dominants']) or '-'}   independent parts: {r['independent_components']}   "
-                  f"DRAM {_human(r['dram_bytes'])} vs baseline {_human(r['baseline_dram_bytes'])} (saves {_human(saved)})")
+        out.print(f"[bold]{_escape(r['kernel'])}[/] " + _escape(f"stitch of {len(r['ops'])} ops: {', '.join(r['ops'])}"))
+        out.print(_escape(f"  dominants: {', '.join(r['dominants']) or '-'}   independent parts: {r['independent_components']}   "
+                          f"DRAM {_human(r['dram_bytes'])} vs baseline {_human(r['baseline_dram_bytes'])} (saves {_human(saved)})"))
         e = Table(title="edges", title_justify="left")
         for c in ("producer", "consumer", "dependency", "scheme", "where"):
             e.add_column(c)
         for x in r["edges"]:
-            e.add_row(x["producer"], x["consumer"], x["dependency"], x["scheme"], x["where"])
+            e.add_row(*map(_escape, (x["producer"], x["consumer"], x["dependency"], x["scheme"], x["where"])))
         if r["edges"]:
             out.print(e)
         i = Table(title="intermediates", title_justify="left")
         for c in ("op", "phase", "lives in", "demoted"):
             i.add_column(c)
         for x in r["intermediates"]:
-            i.add_row(x["op"], "" if x["phase"] is None else str(x["phase"]), x["where"], "yes" if x["demoted"] else "")
+            i.add_row(_escape(x["op"]), "" if x["phase"] is None else str(x["phase"]), _escape(x["where"]),
+                      "yes" if x["demoted"] else "")
         out.print(i)
         m = Table(title=f"thread mapping: block {mp['block']}, grid {mp['grid']}, {mp['waves']} wave(s)"
                         + (f", grid barrier (resident {mp['resident_blocks']}: {mp['residency']})" if mp["grid_sync"] else "")
@@ -473,7 +477,7 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
     for c in cols:
         t.add_column(c)
     for r in rows:
-        t.add_row(*map(str, r))
+        t.add_row(*(_escape(str(v)) for v in r))
     out.print(t)
 
 

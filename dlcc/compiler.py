@@ -16,7 +16,7 @@ from .errors import CompileError, ConfigError, UnsupportedOpsError
 from .frontend import ShapeBindings, check_static, dtype_problems, import_model
 from .ir import Graph
 from .ops.registry import lookup
-from .passes import PASSES, CompileState
+from .passes import PASSES, CompileState, check_order
 from .plan import build_plan, kernel_sources
 from .progress import Steps
 
@@ -164,7 +164,8 @@ def _check_reads(state, after: str) -> None:
 
 
 def import_checked(model, shapes):
-    """The imported Graph, after the checks every compile makes (supported ops, static shapes)."""
+    """The imported Graph, after the checks every compile makes (supported ops, static shapes;
+    import_model has checked the attributes against the spec: ops/checks.py)."""
     graph = import_model(model, shapes)
     check_supported(graph)
     check_static(graph, model)
@@ -227,6 +228,7 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
                          fp32_ops=tuple(pipe.fp32_ops), half_activations=pipe.half_activations)
     if precision_note:
         state.log.append(precision_note)
+    check_order([p.name for p in pipe.passes], f"pipeline {pipe.name!r}")  # also for specs built in code
     for p in pipe.passes:
         entry = PASSES[p.name]
         opts = entry.check_options(p.options, f"pipeline {pipe.name}: pass {p.name}")

@@ -11,13 +11,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
 from .errors import ConfigError
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: a bandwidth or peak of .inf or .nan in a YAML file would pass gt=0 and
+    # make the cost model's times zero or NaN
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class DeviceSpec(Strict):
@@ -37,6 +39,17 @@ class DeviceSpec(Strict):
     shared_mem_per_block: int = Field(gt=0, description="bytes usable by one block")
     dram_bandwidth_gbps: float = Field(gt=0, description="GB/s (1e9 bytes per second)")
     peak_tflops: dict[str, float] = Field(description="peak TFLOP/s per dtype, e.g. {float32: 67}")
+
+    @field_validator("peak_tflops")
+    @classmethod
+    def _peaks(cls, v: dict[str, float]) -> dict[str, float]:
+        """The cost model divides by these: float32 must be there, and every peak positive."""
+        if "float32" not in v:
+            raise ValueError("needs a float32 peak (the cost model's default dtype)")
+        bad = {k: x for k, x in v.items() if not x > 0}
+        if bad:
+            raise ValueError(f"peaks must be positive: {bad}")
+        return v
     launch_overhead_us: float = Field(ge=0, description="typical host cost of one kernel launch")
     l2_bytes: int | None = None
     notes: str = ""
@@ -154,7 +167,7 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 def load_yaml_model(path: str | Path, cls: type[BaseModel]) -> Any:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_bytes()  # bytes: YAML's own encoding detection (UTF-8, or UTF-16 with a BOM)
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
     try:
@@ -204,6 +217,9 @@ def load_pipeline(name_or_path: str | Path) -> PipelineSpec:
             raise ConfigError(f"{path}: passes.{k}.name: unknown pass {p.name!r}; registered passes are: "
                               f"{', '.join(sorted(PASSES))}")
         PASSES[p.name].check_options(p.options, f"{path}: passes.{k}.options")
+    from .passes import check_order
+
+    check_order([p.name for p in spec.passes], str(path))
     from .ops.registry import _REGISTRY
 
     for k, op in enumerate(spec.fp32_ops):

@@ -229,7 +229,7 @@ def fold_with_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto | None:
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         so.optimized_model_filepath = dst
-        so.log_severity_level = 3
+        so.log_severity_level = 4  # fatal only: a model ORT cannot load is dlcc's to report (None below)
         if large:
             so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "out.data")
         try:
@@ -455,6 +455,11 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     weights = split_weights(model, path)
     check_model(model, path)
     model = bind_shapes(model, shapes, source=str(path), weights=weights)
+    # Attributes are checked on the model as written: onnxruntime's folding below fuses a
+    # BatchNormalization into the Conv before it, inf or NaN weights included.
+    from .ops.checks import check_attributes
+
+    check_attributes(_attribute_view(infer_shapes(model, path)), path)
     if fold:
         folded = fold_with_onnxruntime(model)
         if folded is not None:
@@ -513,6 +518,32 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     promote_half(graph)
     _eliminate_dead(graph)
     return graph
+
+
+def _attribute_view(model: onnx.ModelProto) -> Graph:
+    """A light Graph of `model` for ops/checks.py: nodes with their attributes, tensors with the
+    shapes shape inference gave, and the values of small constants only (a check reads a
+    variance, split sizes, K or scales, never a weight)."""
+    g = model.graph
+    tensors: dict[str, Tensor] = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        shape, dtype = _tensor_type_info(vi)
+        if dtype is not None:
+            tensors[vi.name] = Tensor(vi.name, shape, dtype)  # type: ignore[arg-type]
+    small = [(i.name, i) for i in g.initializer if int(np.prod(i.dims)) <= 65536]
+    small += [(n.output[0], n.attribute[0].t) for n in g.node
+              if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"]
+    for name, t in small:
+        try:
+            arr = numpy_helper.to_array(t)
+        except Exception:  # external or malformed data: the loaders report it; no value here
+            continue
+        tensors[name] = Tensor(name, tuple(arr.shape), arr.dtype.name, arr)
+    nodes = [Node(n.op_type, n.name or f"{n.op_type}_{k}", list(n.input), list(n.output),
+                  {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}, n.domain)
+             for k, n in enumerate(g.node)]
+    return Graph(name=g.name, nodes=nodes, tensors=tensors, inputs=[], outputs=[o.name for o in g.output],
+                 opset=opset_of(model))
 
 
 def check_static(graph: Graph, path) -> None:

@@ -39,6 +39,8 @@ class Pass:
     run: Callable[[CompileState, Any], None]
     options: type[BaseModel] = NoOptions
     doc: str = ""
+    after: tuple = ()  # passes that must run earlier in the pipeline (what this one reads)
+    before: tuple = ()  # passes that, where present, must run later (they consume what this one changes)
 
     def check_options(self, opts: dict, where: str) -> BaseModel:
         try:
@@ -51,11 +53,41 @@ class Pass:
 PASSES: dict[str, Pass] = {}
 
 
-def register_pass(name: str, options: type[BaseModel] = NoOptions):
+def register_pass(name: str, options: type[BaseModel] = NoOptions, after: tuple = (), before: tuple = ()):
+    """`after`/`before` declare the pass's place in a pipeline; check_order enforces them when a
+    pipeline loads, so a pass never runs on state it does not expect."""
     def deco(fn):
-        PASSES[name] = Pass(name, fn, options, (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else "")
+        PASSES[name] = Pass(name, fn, options, (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else "",
+                            tuple(after), tuple(before))
         return fn
     return deco
+
+
+#: Passes every pipeline has: lowering makes the kernels, memory planning places their buffers.
+REQUIRED = ("lower", "memplan")
+
+
+def check_order(names: list[str], where: str) -> None:
+    """One ConfigError naming the first misplaced pass (`where`: the file, or the pipeline's
+    name): a pass listed twice, one before a pass it must follow, or a required one missing."""
+    seen: dict[str, int] = {}
+    for k, name in enumerate(names):
+        if name in seen:
+            raise ConfigError(f"{where}: passes.{k}.name: {name!r} is already passes.{seen[name]}; each pass runs once")
+        seen[name] = k
+    for k, name in enumerate(names):
+        p = PASSES.get(name)
+        if p is None:
+            continue
+        for a in p.after:
+            if a in REQUIRED + tuple(names) and seen.get(a, len(names)) > k:
+                raise ConfigError(f"{where}: passes.{k}.name: {name!r} must come after {a!r}")
+        for b in p.before:
+            if seen.get(b, len(names)) < k:
+                raise ConfigError(f"{where}: passes.{k}.name: {name!r} must come before {b!r}")
+    missing = [r for r in REQUIRED if r not in seen]
+    if missing:
+        raise ConfigError(f"{where}: passes: the pipeline must include {' and '.join(map(repr, missing))}")
 
 
 from . import astitch, fold_bn, lower, memplan, rammer, simplify  # noqa: E402,F401  (registration)

@@ -43,7 +43,7 @@ def _fold(g, conv: Node, bn: Node) -> bool:
     return True
 
 
-@register_pass("fold-bn")
+@register_pass("fold-bn", before=("lower",))
 def fold_bn(state: CompileState, opts) -> None:
     """Fold inference BatchNormalization into the preceding Conv's weights and bias."""
     g = state.graph

@@ -78,7 +78,7 @@ class LowerOptions(BaseModel):
     rnn_input: Literal["batched", "per-step", "auto"] = "batched"
 
 
-@register_pass("lower", LowerOptions)
+@register_pass("lower", LowerOptions, before=("memplan",))
 def lower(state: CompileState, opts) -> None:
     """Lower every node with its registry entry (baseline: one kernel per op)."""
     state.ctx = lower_graph(state.graph, state.device, gemm_tiling=opts.gemm_tiling, rnn_input=opts.rnn_input,

@@ -134,7 +134,7 @@ def plan_memory(graph, ctx, inplace: bool = True, share: bool = True) -> MemoryP
     return plan
 
 
-@register_pass("memplan", MemplanOptions)
+@register_pass("memplan", MemplanOptions, after=("lower",))
 def memplan(state: CompileState, opts: MemplanOptions) -> None:
     """Place intermediates in one arena by lifetime, in place where the consumer is the last reader."""
     state.memory = plan_memory(state.graph, state.ctx, inplace=opts.inplace, share=opts.share)

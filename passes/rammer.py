@@ -400,7 +400,7 @@ def _split_cost(run: _Run, dev) -> float:
     return tot
 
 
-@register_pass("rammer", RammerOptions)
+@register_pass("rammer", RammerOptions, after=("lower", "astitch"), before=("memplan",))
 def run_rammer(state: CompileState, opts: RammerOptions) -> None:
     """Co-schedule runs of launches as rTasks in table-driven persistent kernels (Rammer)."""
     ctx = state.ctx

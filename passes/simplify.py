@@ -4,7 +4,7 @@ from __future__ import annotations
 from . import CompileState, register_pass
 
 
-@register_pass("simplify")
+@register_pass("simplify", before=("lower",))
 def simplify(state: CompileState, opts) -> None:
     """Remove dead nodes (never fuse or lower what no output needs — an NNFusion pitfall)."""
     g = state.graph

@@ -113,7 +113,7 @@ def register(app: typer.Typer, out, err) -> None:
         if json_out:
             print(json.dumps(report))
         elif not quiet:
-            t = Table(title=f"dlcc batch {manifest.name}" + (f" (shard {label})" if label else "") + f": {seconds:.1f} s")
+            t = Table(title=escape(f"dlcc batch {manifest.name}" + (f" (shard {label})" if label else "") + f": {seconds:.1f} s"))
             for c in ("job", "outcome", "expect", "time", "cache", "launches", "DRAM / bound", "verify err"):
                 t.add_column(c, justify="right" if c in ("time", "launches", "DRAM / bound", "verify err") else "left",
                              overflow="fold", min_width=12 if c in ("job", "outcome", "expect") else None)

@@ -43,7 +43,7 @@ class AStitchOptions(BaseModel):
                               "rOperator loads instead of written once")
 
 
-@register_pass("astitch", AStitchOptions)
+@register_pass("astitch", AStitchOptions, after=("lower",), before=("memplan", "rammer"))
 def astitch(state: CompileState, opts: AStitchOptions) -> None:
     """Stitch memory-bound ops (Local/Regional/Global/Independent) and fuse GEMM epilogues and prologues."""
     if state.ctx is None:

@@ -1,0 +1,190 @@
+"""Attribute checks against the ONNX spec, before any pass runs.
+
+Why here and not in each lowering: an attribute outside the spec reached the lowerings as a raw
+Python exception (Conv `group: 0` divided by zero), a kernel that never finished (`group: -1`
+made a loop bound negative) or a wrong answer without an error (BatchNormalization with
+`var + epsilon` zero: onnxruntime and dlcc disagree on which inf or NaN comes out). Each check
+names the node, the attribute and the rule it breaks, and `check_attributes` reports every
+problem in the model at once, as the unsupported-ops error does.
+
+A check sees the node and the graph (shapes where import inferred them, constant values); it
+returns the problems it found as strings. One function per op type, registered with `@check`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ModelError
+
+_CHECKS: dict[str, list[Callable]] = {}
+
+
+def check(*op_types: str):
+    def deco(fn):
+        for op in op_types:
+            _CHECKS.setdefault(op, []).append(fn)
+        return fn
+    return deco
+
+
+def check_attributes(graph, path) -> None:
+    """Raise one ModelError listing every attribute of the model that breaks the spec."""
+    problems = []
+    for n in graph.nodes:
+        for fn in _CHECKS.get(n.op_type, ()):
+            for why in fn(graph, n):
+                problems.append(f"{n.op_type} node {n.name!r}: {why}")
+    if problems:
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise ModelError(f"{path}: attributes outside the ONNX spec:\n  " + "\n  ".join(problems[:20]) + more)
+
+
+def _ints(n, name, default=None):
+    v = n.attrs.get(name, default)
+    return None if v is None else [int(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
+
+
+def _shape(graph, name):
+    t = graph.tensors.get(name) if name else None
+    return None if t is None or t.shape is None else tuple(t.shape)
+
+
+def _at_least(n, name, least, default=None) -> list[str]:
+    v = _ints(n, name, default)
+    if v is not None and any(x < least for x in v):
+        shown = n.attrs.get(name, default)
+        return [f"{name} {list(shown) if isinstance(shown, (list, tuple)) else shown} must be at least {least}"
+                + (" in every entry" if isinstance(shown, (list, tuple)) else "")]
+    return []
+
+
+def _axis(graph, n, name="axis", default=None, rank_of=0, extra=0) -> list[str]:
+    """An axis attribute within [-rank, rank) of input `rank_of` (rank + `extra` for ops that
+    insert one)."""
+    if name not in n.attrs and default is None:
+        return []
+    s = _shape(graph, n.inputs[rank_of]) if len(n.inputs) > rank_of else None
+    if s is None:
+        return []
+    r = len(s) + extra
+    a = int(n.attrs.get(name, default))
+    if not -r <= a < max(r, 1):
+        return [f"{name} {a} is outside [-{r}, {r}) for a rank-{len(s)} input"]
+    return []
+
+
+@check("Conv", "ConvTranspose")
+def _conv(graph, n):
+    out = _at_least(n, "group", 1, 1) + _at_least(n, "strides", 1) + _at_least(n, "dilations", 1)
+    out += _at_least(n, "pads", 0) + _at_least(n, "kernel_shape", 1) + _at_least(n, "output_padding", 0)
+    g = _ints(n, "group", 1)[0]
+    x, w = _shape(graph, n.inputs[0]), _shape(graph, n.inputs[1] if len(n.inputs) > 1 else "")
+    if g >= 1 and x is not None and w is not None and len(x) >= 3 and len(w) == len(x):
+        cin = x[1]
+        if cin % g:
+            out.append(f"group {g} does not divide the input's {cin} channels")
+        elif n.op_type == "Conv" and w[1] * g != cin:
+            out.append(f"the weight's {w[1]} input channels x group {g} is not the input's {cin} channels")
+        elif n.op_type == "Conv" and w[0] % g:
+            out.append(f"group {g} does not divide the weight's {w[0]} output channels")
+        if any(d < 1 for d in w[2:]):
+            out.append(f"the weight's kernel dims {list(w[2:])} must each be at least 1")
+        ks = _ints(n, "kernel_shape")
+        if ks is not None and tuple(ks) != tuple(w[2:]):
+            out.append(f"kernel_shape {ks} differs from the weight's kernel dims {list(w[2:])}")
+    return out
+
+
+@check("MaxPool", "AveragePool", "LpPool")
+def _pool(graph, n):
+    if "kernel_shape" not in n.attrs:
+        return ["kernel_shape is required"]
+    return (_at_least(n, "kernel_shape", 1) + _at_least(n, "strides", 1) + _at_least(n, "dilations", 1)
+            + _at_least(n, "pads", 0))
+
+
+@check("LSTM", "GRU", "RNN")
+def _rnn(graph, n):
+    out = []
+    if "hidden_size" not in n.attrs:
+        out.append("hidden_size is required")
+    else:
+        out += _at_least(n, "hidden_size", 1)
+    d = n.attrs.get("direction", "forward")
+    d = d.decode() if isinstance(d, bytes) else d
+    if d not in ("forward", "reverse", "bidirectional"):
+        out.append(f"direction {d!r} is not forward, reverse or bidirectional")
+    return out
+
+
+@check("BatchNormalization")
+def _batchnorm(graph, n):
+    eps = float(n.attrs.get("epsilon", 1e-5))
+    if not np.isfinite(eps):
+        return [f"epsilon {eps} is not finite"]
+    var = graph.tensors.get(n.inputs[4]) if len(n.inputs) > 4 else None
+    if var is not None and var.value is not None:
+        bad = np.flatnonzero(~(np.asarray(var.value, np.float64).reshape(-1) + eps > 0))
+        if bad.size:
+            c = int(bad[0])
+            return [f"var + epsilon is not positive for {bad.size} channel(s) (channel {c}: var "
+                    f"{float(var.value.reshape(-1)[c]):g}, epsilon {eps:g}): the output would be inf or NaN"]
+    return []
+
+
+@check("Softmax", "LogSoftmax", "Hardmax", "Flatten", "Concat", "Gather", "GatherElements", "Split", "CumSum",
+       "ArgMax", "ArgMin", "TopK", "LayerNormalization", "Compress", "ScatterElements")
+def _axis_attr(graph, n):
+    defaults = {"Softmax": -1 if graph.opset >= 13 else 1, "LogSoftmax": -1 if graph.opset >= 13 else 1,
+                "Hardmax": -1 if graph.opset >= 13 else 1, "Flatten": 1, "Gather": 0, "GatherElements": 0,
+                "Split": 0, "ArgMax": 0, "ArgMin": 0, "TopK": -1, "LayerNormalization": -1}
+    return _axis(graph, n, "axis", defaults.get(n.op_type), extra=1 if n.op_type == "Flatten" else 0)
+
+
+@check("Split")
+def _split(graph, n):
+    out = []
+    sizes = _ints(n, "split")
+    if sizes is None and len(n.inputs) > 1 and n.inputs[1]:
+        t = graph.tensors.get(n.inputs[1])
+        sizes = None if t is None or t.value is None else [int(v) for v in t.value.reshape(-1)]
+    if sizes is not None and any(v < 0 for v in sizes):
+        out.append(f"split sizes {sizes} must not be negative")
+    return out
+
+
+@check("TopK")
+def _topk(graph, n):
+    t = graph.tensors.get(n.inputs[1]) if len(n.inputs) > 1 else None
+    if t is not None and t.value is not None and t.value.size == 1 and int(t.value.reshape(())) < 0:
+        return [f"K {int(t.value.reshape(()))} must not be negative"]
+    return []
+
+
+@check("Resize", "Upsample")
+def _resize(graph, n):
+    for k in (1, 2):  # Upsample's scales, Resize's scales
+        t = graph.tensors.get(n.inputs[k]) if len(n.inputs) > k and n.inputs[k] else None
+        if t is not None and t.value is not None and t.dtype == "float32" and t.value.size:
+            v = np.asarray(t.value, np.float64).reshape(-1)
+            if not np.all(np.isfinite(v) & (v > 0)):
+                return [f"scales {v.tolist()} must be finite and positive"]
+    return []
+
+
+@check("Reshape")
+def _reshape(graph, n):
+    az = int(n.attrs.get("allowzero", 0))
+    return [] if az in (0, 1) else [f"allowzero {az} is not 0 or 1"]
+
+
+@check("DepthToSpace", "SpaceToDepth")
+def _blocksize(graph, n):
+    return _at_least(n, "blocksize", 1, 1)
+
+
+@check("LRN")
+def _lrn(graph, n):
+    return _at_least(n, "size", 1, 1)

@@ -1,0 +1,129 @@
+"""The schema of an artifact's plan.json, checked before anything touches a device.
+
+Why: `dlcc run` and `dlcc.load` take a directory from anywhere (a cache, a colleague, a CI job),
+and the executor trusts the plan to size buffers and bind kernel arguments. A `plan.json` of
+`{}`, an offset past the end of the arena, a grid of -1 or a shape of 8 TiB reached PyOpenCL or
+the device as a raw exception or a crash. Here every field the executor reads is typed (pydantic),
+every argument view lies inside its storage, every launch names a kernel the plan lists, and the
+buffers fit in this machine's memory; a violation is one error naming the field.
+"""
+import os
+import re
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import DlccError
+from .ir import SUPPORTED_DTYPES
+
+_INT32 = 2**31 - 1
+_NAME = re.compile(r"[A-Za-z_]\w*\Z")
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+class IOSpec(_Open):
+    name: str
+    shape: list[int] = Field(..., description="every dim >= 0")
+    dtype: Literal[tuple(SUPPORTED_DTYPES)]  # type: ignore[valid-type]  (a dtype dlcc knows)
+
+
+class ViewArg(_Open):
+    storage: str
+    offset: int = Field(ge=0)
+    nbytes: int = Field(ge=0)
+
+
+class IntArg(_Open):
+    value: int = Field(alias="int", ge=-_INT32 - 1, le=_INT32)
+
+
+class LaunchSpec(_Open):
+    kernel: str
+    grid: int = Field(ge=1, le=_INT32)
+    block: int = Field(ge=1, le=1024)
+    args: list[Union[IntArg, ViewArg]]
+    grid_sync: bool = False
+
+
+class KernelSpec(_Open):
+    name: str
+    block: int = Field(ge=1, le=1024)
+    smem_bytes: int = Field(0, ge=0)
+
+
+class PlanFile(_Open):
+    storages: dict[str, int]
+    inputs: list[IOSpec]
+    outputs: list[IOSpec]
+    kernels: list[KernelSpec]
+    launches: list[LaunchSpec]
+    meta: dict = {}
+
+
+def _nbytes(t: IOSpec) -> int:
+    import numpy as np
+
+    n = 1
+    for d in t.shape:
+        n *= d
+    return n * np.dtype(t.dtype).itemsize
+
+
+def _host_memory() -> "int | None":
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_plan(data, where: str) -> dict:
+    """`data` (plan.json, parsed) if it is a plan the executor can run safely; DlccError otherwise."""
+    if not isinstance(data, dict):
+        raise DlccError(f"{where}: expected a JSON object with the plan's fields, found {type(data).__name__}; "
+                        "compile the model again")
+    try:
+        plan = PlanFile.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[:5]
+        msgs = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in first)
+        more = f" (and {e.error_count() - 5} more)" if e.error_count() > 5 else ""
+        raise DlccError(f"{where} is not a dlcc plan: {msgs}{more}; compile the model again") from None
+    st = plan.storages
+    for need in ("arena", "weights"):
+        if need not in st:
+            raise DlccError(f"{where}: storages.{need} is missing; compile the model again")
+    bad = {k: v for k, v in st.items() if v < 0}
+    if bad:
+        raise DlccError(f"{where}: storages {bad} have negative sizes")
+    for side in ("inputs", "outputs"):
+        for k, t in enumerate(getattr(plan, side)):
+            if any(d < 0 for d in t.shape):
+                raise DlccError(f"{where}: {side}.{k}.shape {t.shape} has a negative dim")
+    sizes = dict(st)
+    sizes.update({f"input:{k}": _nbytes(t) for k, t in enumerate(plan.inputs)})
+    sizes.update({f"output:{k}": _nbytes(t) for k, t in enumerate(plan.outputs)})
+    mem = _host_memory()
+    total = sum(sizes.values())
+    if mem is not None and total > mem:
+        raise DlccError(f"{where}: its buffers need {total / 2**30:.1f} GiB, more than this machine's "
+                        f"{mem / 2**30:.1f} GiB of memory")
+    names = set()
+    for k, kern in enumerate(plan.kernels):
+        if not _NAME.match(kern.name):
+            raise DlccError(f"{where}: kernels.{k}.name {kern.name!r} is not a kernel identifier")
+        names.add(kern.name)
+    for j, L in enumerate(plan.launches):
+        if L.kernel not in names:
+            raise DlccError(f"{where}: launches.{j}.kernel {L.kernel!r} is not among the plan's kernels")
+        for i, a in enumerate(L.args):
+            if isinstance(a, ViewArg):
+                size = sizes.get(a.storage)
+                if size is None:
+                    raise DlccError(f"{where}: launches.{j}.args.{i}: unknown storage {a.storage!r}")
+                if a.offset + a.nbytes > size:
+                    raise DlccError(f"{where}: launches.{j}.args.{i}: bytes {a.offset}..{a.offset + a.nbytes} lie "
+                                    f"outside {a.storage} ({size} bytes)")
+    return data

@@ -1,0 +1,225 @@
+"""Hostile input (issue 19): attributes outside the ONNX spec are one error naming the node and the
+attribute (ops/checks.py), before anything can divide by zero, loop forever or compute a wrong
+answer; names that look like rich markup print as themselves."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+from typer.testing import CliRunner
+
+import dlcc
+from dlcc.cli import app
+from dlcc.errors import ModelError
+
+
+def _model(path, node, inputs, outputs, inits=None, opset=17):
+    g = h.make_graph([node], "g", [h.make_tensor_value_info(n, T.FLOAT, s) for n, s in inputs],
+                     [h.make_tensor_value_info(n, T.FLOAT, s) for n, s in outputs],
+                     [nh.from_array(v, k) for k, v in (inits or {}).items()])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", opset)]), path)
+    return path
+
+
+W = np.ones((4, 1, 3, 3), np.float32)
+BN = {"s": np.ones(3, np.float32), "b": np.zeros(3, np.float32), "m": np.zeros(3, np.float32)}
+X = [("x", [1, 4, 8, 8])]
+
+CASES = {
+    # a negative group made the depthwise kernel's loop bound negative: it never finished
+    "conv-group-minus-one": (h.make_node("Conv", ["x", "w"], ["y"], group=-1, name="c"), X, [("y", [1, 4, 6, 6])],
+                             {"w": W}, "group -1 must be at least 1"),
+    "conv-group-zero": (h.make_node("Conv", ["x", "w"], ["y"], group=0, name="c"), X, [("y", [1, 4, 6, 6])],
+                        {"w": W}, "group 0 must be at least 1"),
+    "conv-group-not-dividing": (h.make_node("Conv", ["x", "w"], ["y"], group=3, name="c"), X, [("y", [1, 4, 6, 6])],
+                                {"w": W}, "group 3 does not divide the input's 4 channels"),
+    "conv-negative-stride": (h.make_node("Conv", ["x", "w"], ["y"], group=4, strides=[1, -1], name="c"), X,
+                             [("y", [1, 4, 6, 6])], {"w": W}, "(op_type:Conv, node name: c): [ShapeInferenceError] Attribute strides must only "
+                             "contain positive values"),
+    "maxpool-zero-kernel": (h.make_node("MaxPool", ["x"], ["y"], kernel_shape=[0, 2], name="c"), X,
+                            [("y", [1, 4, 8, 7])], {}, "(op_type:MaxPool, node name: c): [ShapeInferenceError] Attribute "
+                            "kernel_shape must only contain positive values"),
+    "lstm-hidden-zero": (h.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=0, name="c"), [("x", [5, 1, 4])],
+                         [("y", [5, 1, 1, 0])], {"W": np.zeros((1, 0, 4), np.float32), "R": np.zeros((1, 0, 0), np.float32)},
+                         "hidden_size 0 must be at least 1"),
+    "lstm-sideways": (h.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=2, direction="sideways", name="c"),
+                      [("x", [5, 1, 4])], [("y", [5, 1, 1, 2])],
+                      {"W": np.zeros((1, 8, 4), np.float32), "R": np.zeros((1, 8, 2), np.float32)},
+                      "direction 'sideways' is not forward, reverse or bidirectional"),
+    # onnxruntime gives NaN where dlcc gave inf: no answer is right, so none is given
+    "batchnorm-var-plus-eps-zero": (h.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], epsilon=0.0,
+                                                name="c"), [("x", [1, 3, 4, 4])], [("y", [1, 3, 4, 4])],
+                                    {**BN, "v": np.array([1, 0, 2], np.float32)},
+                                    "var + epsilon is not positive for 1 channel(s) (channel 1: var 0, epsilon 0)"),
+    "softmax-axis-far-out": (h.make_node("Softmax", ["x"], ["y"], axis=-(2 ** 63), name="c"), X, [("y", [1, 4, 8, 8])],
+                             {}, f"axis {-(2 ** 63)} is outside [-4, 4)"),
+    "reshape-allowzero-five": (h.make_node("Reshape", ["x", "s"], ["y"], allowzero=5, name="c"), X, [("y", [4, 64])],
+                               {"s": np.array([4, 64], np.int64)}, "allowzero 5 is not 0 or 1"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_attributes_outside_the_spec_are_one_clear_error(tmp_path, case):
+    node, inputs, outputs, inits, needle = CASES[case]
+    path = _model(tmp_path / f"{case}.onnx", node, inputs, outputs, inits)
+    with pytest.raises(ModelError) as e:  # ops/checks.py's, or onnx shape inference's where it checks first
+        dlcc.compile(path, target="opencl")
+    if not needle.startswith("(op_type"):
+        needle = f"attributes outside the ONNX spec: {node.op_type} node 'c': {needle}"
+    assert needle in " ".join(str(e.value).split()), str(e.value)
+    p = subprocess.run([sys.executable, "-m", "dlcc.cli", "compile", str(path), "-o", str(tmp_path / "out"), "-q"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "Traceback" not in p.stdout + p.stderr and needle in " ".join(p.stderr.split())
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_problem_is_listed_at_once(tmp_path):
+    g = h.make_graph([h.make_node("Conv", ["x", "w"], ["a"], group=0, name="first"),
+                      h.make_node("BatchNormalization", ["a", "s", "b", "m", "v"], ["y"], epsilon=-1.0, name="second")],
+                     "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 8, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 6, 6])],
+                     [nh.from_array(W, "w")] + [nh.from_array(np.ones(4, np.float32), k) for k in "sbmv"])
+    path = tmp_path / "two.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+    with pytest.raises(ModelError) as e:
+        dlcc.compile(path, target="opencl")
+    assert "node 'first': group 0" in str(e.value) and "node 'second': var + epsilon" in str(e.value)
+
+
+def test_names_that_look_like_markup_print_as_themselves(tmp_path):
+    """A model file, an output name and a node name with rich markup in them: compile, run, verify
+    and inspect print them verbatim instead of dying with rich.errors.MarkupError."""
+    path = tmp_path / "m[red]x.onnx"
+    g = h.make_graph([h.make_node("Relu", ["x"], ["y[/]"], name="n[bold]")], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, [4])], [h.make_tensor_value_info("y[/]", T.FLOAT, [4])])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+    run = CliRunner()
+    art = tmp_path / "a[/]"
+    for args, needles in ((["compile", str(path), "-o", str(art), "--no-cache"], ["m[red]x.onnx", "a[/]"]),
+                          (["run", str(art)], ["y[/]"]),
+                          (["verify", str(path), "-q"], ["y[/]", "m[red]x.onnx"]),
+                          (["inspect", str(path), "-q", "--launches"], ["n[bold]", "m[red]x.onnx"])):
+        r = run.invoke(app, args, terminal_width=250)
+        assert r.exit_code == 0, (args, r.output, r.exception)
+        for n in needles:
+            assert n in r.output, (args, n, r.output)
+
+
+@pytest.mark.parametrize("passes,needle", [
+    (["memplan", "lower"], "passes.0.name: 'memplan' must come after 'lower'"),
+    (["astitch", "lower", "memplan"], "passes.0.name: 'astitch' must come after 'lower'"),
+    (["lower", "rammer", "astitch", "memplan"], "passes.1.name: 'rammer' must come after 'astitch'"),
+    (["lower", "memplan", "astitch"], "passes.2.name: 'astitch' must come before 'memplan'"),
+    (["lower", "fold-bn", "memplan"], "passes.1.name: 'fold-bn' must come before 'lower'"),
+    (["lower", "lower", "memplan"], "passes.1.name: 'lower' is already passes.0; each pass runs once"),
+    (["lower"], "passes: the pipeline must include 'memplan'"),
+])
+def test_passes_out_of_order_are_refused_when_the_pipeline_loads(tmp_path, passes, needle):
+    """Each pass declares what must run before and after it (register_pass's after/before): a
+    pipeline file that breaks that is an error naming the file and the entry, before any work
+    (memplan before lower was an AttributeError deep in memplan)."""
+    from dlcc.config import load_pipeline
+    from dlcc.errors import ConfigError
+
+    path = tmp_path / "p.yaml"
+    path.write_text("name: p\npasses:\n" + "".join(f"  - name: {p}\n" for p in passes))
+    with pytest.raises(ConfigError) as e:
+        load_pipeline(path)
+    assert str(e.value) == f"{path}: {needle}"
+
+
+@pytest.mark.parametrize("peaks,needle", [
+    ("{}", "peak_tflops: Value error, needs a float32 peak"),
+    ("{float32: 0}", "peak_tflops: Value error, peaks must be positive: {'float32': 0.0}"),
+    ("{float32: 67, tf32: -1}", "peaks must be positive: {'tf32': -1.0}"),
+    ("{float32: .inf}", "peak_tflops.float32: Input should be a finite number"),
+])
+def test_device_specs_the_cost_model_would_divide_by_zero_with(tmp_path, peaks, needle):
+    """Empty or zero peaks were a ZeroDivisionError in the cost model; infinite ones made every
+    time zero. The device file is refused, naming the file and the field."""
+    from pathlib import Path
+
+    from dlcc.config import builtin_dir, load_device
+    from dlcc.errors import ConfigError
+
+    text = (Path(builtin_dir("devices")) / "h100.yaml").read_text()
+    path = tmp_path / "d.yaml"
+    path.write_text("\n".join(f"peak_tflops: {peaks}" if ln.startswith("peak_tflops:") else ln
+                              for ln in text.splitlines()))
+    with pytest.raises(ConfigError) as e:
+        load_device(path)
+    assert str(e.value).startswith(f"{path}: ") and needle in str(e.value)
+
+
+def _artifact(tmp_path):
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "resnet-tiny.onnx"
+    out = tmp_path / "art"
+    dlcc.compile(example, out, target="opencl")
+    return out
+
+
+def _first_arena_arg(plan):
+    return next(a for L in plan["launches"] for a in L["args"] if a.get("storage") == "arena")
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda p: "{}", "plan.json is not a dlcc plan: storages: Field required"),
+    (lambda p: "null", "plan.json: expected a JSON object with the plan's fields, found NoneType"),
+    (lambda p: "[]", "plan.json: expected a JSON object with the plan's fields, found list"),
+    (lambda p: b"\xff\xfe\x00{", "plan.json is corrupt"),
+    (lambda p: p["storages"].update(arena=-5), "storages {'arena': -5} have negative sizes"),
+    (lambda p: _first_arena_arg(p).update(offset=10**9), "lie outside arena"),
+    (lambda p: p["launches"][0].update(grid=-1), "launches.0.grid: Input should be greater than or equal to 1"),
+    (lambda p: p["inputs"][0].update(shape=[1 << 20, 1 << 20, 1 << 10]), "GiB, more than this machine's"),
+    (lambda p: p["launches"][0].update(kernel="nope"), "launches.0.kernel 'nope' is not among the plan's kernels"),
+    (lambda p: p["kernels"][0].update(name="x(); evil"), "kernels.0.name 'x(); evil' is not a kernel identifier"),
+])
+def test_artifact_plans_are_checked_before_the_device(tmp_path, mutate, needle):
+    """`dlcc run` and dlcc.load trust nothing in plan.json: each of these reached PyOpenCL or the
+    device as a raw exception or a crash."""
+    import json
+
+    from dlcc.errors import DlccError
+
+    art = _artifact(tmp_path)
+    plan = json.loads((art / "plan.json").read_text())
+    out = mutate(plan)
+    data = out if out is not None else json.dumps(plan)
+    (art / "plan.json").write_bytes(data if isinstance(data, bytes) else data.encode())
+    with pytest.raises(DlccError) as e:
+        dlcc.load(art)
+    assert needle in str(e.value), str(e.value)
+
+
+def test_an_artifact_without_its_targets_source_is_one_error(tmp_path):
+    from dlcc.errors import DlccError
+
+    art = _artifact(tmp_path)
+    (art / "kernels.cl").unlink()
+    m = dlcc.load(art, target="opencl")
+    with pytest.raises(DlccError, match="the artifact has no kernels.cl for the opencl target"):
+        m.executor()
+
+
+@pytest.mark.parametrize("encoding,ok", [("utf-16", True), ("latin-1", False)])
+def test_yaml_in_another_encoding(tmp_path, encoding, ok):
+    """YAML's own detection reads UTF-16 with a BOM; bytes that are not UTF-8 are an error naming
+    the file (they were a UnicodeDecodeError traceback)."""
+    from dlcc.config import load_pipeline
+    from dlcc.errors import ConfigError
+
+    path = tmp_path / "p.yaml"
+    path.write_bytes("name: café\npasses: [{name: lower}, {name: memplan}]\n".encode(encoding))
+    if ok:
+        assert load_pipeline(path).name == "café"
+    else:
+        with pytest.raises(ConfigError, match=f"{path}: not valid YAML: .*UTF-8"):
+            load_pipeline(path)

@@ -148,6 +148,13 @@ def cached_cubin(source: str, arch: str, cache):
     return usage, (hit / "kernels.cubin").read_bytes(), (hit / "nvcc.log").read_text()
 
 
+def _input_index_checks(checks: list[dict], graph) -> list[dict]:
+    """The lowering's index checks with each input named as the user feeds it (its position in
+    the plan's inputs), tightest bounds first."""
+    order = {n: k for k, n in enumerate(graph.inputs)}
+    return [{**c, "input": order[c["input"]], "name": c["input"]} for c in checks if c["input"] in order]
+
+
 def _check_reads(state, after: str) -> None:
     """After every pass: no launch reads a tensor before a launch wrote it (KernelProgram.
     unwritten_read). A pass that breaks this is a dlcc bug; it fails the compile, naming the pass,
@@ -254,6 +261,7 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
         **({"float32_compute": state.ctx.kept_float32} if pipe.precision != "fp32" else {}),
         **({"float32_activation_ops": state.ctx.float32_activation_ops}
            if state.ctx is not None and state.ctx.float32_activation_ops else {}),
+        **({"index_checks": _input_index_checks(state.ctx.index_checks, graph)} if state.ctx.index_checks else {}),
         **({"profile_db": profile_db.name} if profile_db is not None else {}),
         "compile_s": {k: round(v, 4) for k, v in steps.times.items()},
     }

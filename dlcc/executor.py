@@ -100,7 +100,25 @@ class Executor:
                     raise InputError(f"input {t['name']!r} has dtype {a.dtype}, expected {t['dtype']}")
                 a = a.astype(t["dtype"])
             arrays.append(np.ascontiguousarray(a))
+        self.check_indices(arrays)
         return arrays
+
+    def check_indices(self, arrays: list[np.ndarray]) -> None:
+        """Gather indices fed by the user (an embedding's token ids) lie inside their tensor, as
+        onnxruntime checks: an id past the vocabulary is an error naming the node, the index and
+        its position. (The kernels clamp every index too, so nothing reads outside a tensor.)"""
+        for c in (self.plan.get("meta") or {}).get("index_checks", []):
+            a = arrays[c["input"]]
+            if a.dtype.kind not in "iu":
+                continue
+            comps = ([(a[..., j], b, [j]) for j, b in enumerate(c["bounds"])] if c.get("per_last_axis")
+                     else [(a, c["bounds"][0], [])])
+            for comp, b, extra in comps:
+                bad = (comp < -b) | (comp >= b)
+                if bad.any():
+                    pos = [int(x) for x in np.argwhere(bad)[0]]
+                    raise InputError(f"input {c['name']!r}: index {int(comp[tuple(pos)])} at {pos + extra} is outside "
+                                     f"[-{b}, {b}) for {c['op']} node {c['node']!r} ({int(bad.sum())} such)")
 
     def launch_all(self) -> None:
         """Queue every launch of one inference, inputs already on the device (no synchronize)."""

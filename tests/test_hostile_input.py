@@ -223,3 +223,45 @@ def test_yaml_in_another_encoding(tmp_path, encoding, ok):
     else:
         with pytest.raises(ConfigError, match=f"{path}: not valid YAML: .*UTF-8"):
             load_pipeline(path)
+
+
+def _gather_model(path, op="Gather", computed=False):
+    """An embedding lookup (data [10, 4]) on indices that are a graph input, or computed from a
+    float input (Cast) when `computed`."""
+    idx_in = h.make_tensor_value_info("ids", T.FLOAT if computed else T.INT64, [2, 3] if op != "GatherND" else [2, 2])
+    nodes = [h.make_node("Cast", ["ids"], ["i"], to=T.INT64)] if computed else []
+    src = "i" if computed else "ids"
+    out_shape = {"Gather": [2, 3, 4], "GatherND": [2]}[op]
+    nodes.append(h.make_node(op, ["data", src], ["y"], name="g"))
+    g = h.make_graph(nodes, "g", [idx_in], [h.make_tensor_value_info("y", T.FLOAT, out_shape)],
+                     [nh.from_array(np.arange(40, dtype=np.float32).reshape(10, 4), "data")])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_out_of_range_gather_ids_are_an_input_error(tmp_path):
+    """An id past the table (1e9 killed the process with SIGSEGV) is refused before the launch,
+    naming the input, the index, its position, the bounds and the node; negative ids in range
+    wrap, as ONNX says."""
+    from dlcc.executor import InputError
+
+    m = dlcc.compile(_gather_model(tmp_path / "g.onnx"), target="opencl")
+    ids = np.array([[0, 1, 2], [3, 10**9, -1]], np.int64)
+    with pytest.raises(InputError, match=r"input 'ids': index 1000000000 at \[1, 1\] is outside \[-10, 10\) "
+                                         r"for Gather node 'g'"):
+        m({"ids": ids})
+    ids[1, 1] = -10
+    np.testing.assert_array_equal(m({"ids": ids})["y"], np.arange(40, dtype=np.float32).reshape(10, 4)[ids])
+    nd = dlcc.compile(_gather_model(tmp_path / "nd.onnx", "GatherND"), target="opencl")
+    with pytest.raises(InputError, match=r"index 4 at \[1, 1\] is outside \[-4, 4\) for GatherND"):
+        nd({"ids": np.array([[0, 0], [9, 4]], np.int64)})
+
+
+def test_computed_indices_never_read_outside_the_tensor(tmp_path):
+    """Indices computed inside the model cannot be checked before the launch: the kernel clamps
+    them, so a wild one reads a row of the table, never memory past it."""
+    m = dlcc.compile(_gather_model(tmp_path / "c.onnx", computed=True), target="opencl")
+    y = m({"ids": np.array([[0, 1e9, -1e9], [3, 4, 5]], np.float32)})["y"]
+    table = np.arange(40, dtype=np.float32).reshape(10, 4)
+    np.testing.assert_array_equal(y[0], table[[0, 9, 0]])
+    np.testing.assert_array_equal(y[1], table[[3, 4, 5]])

@@ -36,6 +36,7 @@ class LowerCtx:
         self.narrowed: list[str] = []  # constants stored in a half type (ops/narrow.py)
         self.half_activations: list[str] = []  # activations stored in a half type (narrow_activations)
         self.float32_activation_ops: dict[str, int] = {}  # op type -> nodes keeping float32 activations
+        self.index_checks: list[dict] = []  # Gather indices read from graph inputs (ops/layout.py index_check)
         self.kept_float32: dict[str, int] = {}  # float32_compute() as lowered (passes/lower.py)
 
     # -- queries ---------------------------------------------------------------------------

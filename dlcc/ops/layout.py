@@ -154,6 +154,25 @@ def _split(ctx, node):
         start += n
 
 
+def _index(var: str, value: str, dim: int) -> list[str]:
+    """Statements setting i64 `var` to index `value` wrapped (ONNX's negative indices) and then
+    clamped into [0, dim): a kernel never reads outside its tensor, whatever the index. Indices
+    that come from graph inputs are checked on the host before the launch (index_check), so a
+    user's out-of-range id is an error, as in onnxruntime; computed ones are clamped."""
+    return [f"i64 {var} = (i64)({value});", f"if ({var} < 0) {var} += {dim};",
+            f"{var} = {var} < 0 ? 0 : ({var} >= {dim} ? {dim - 1} : {var});"]
+
+
+def index_check(ctx, node, idx: str, bounds: list[int], last_axis: bool = False) -> None:
+    """Where a Gather's indices are a graph input (through views), record the bounds the host
+    checks before every run (Executor.check_indices): `bounds[j]` for component j of the last
+    axis (GatherND), else one bound for every element."""
+    src = ctx.resolve(idx)
+    if src in ctx.graph.inputs:
+        ctx.index_checks.append({"input": src, "node": node.name, "op": node.op_type, "bounds": [int(b) for b in bounds],
+                                 "per_last_axis": last_axis})
+
+
 @register("Gather", since=1, category=LAYOUT, half_io=True)
 def _gather(ctx, node):
     data, idx = node.inputs[:2]
@@ -161,10 +180,11 @@ def _gather(ctx, node):
     ax = _axis(ctx.attr("axis", 0), len(dshape))
     q = len(ishape)
     dim = dshape[ax]
+    index_check(ctx, node, idx, [dim])
 
     def body(v):
         icoords = v.o[ax:ax + q]
-        s = [f"i64 g = (i64)({v.ld(1, icoords)});", f"if (g < 0) g += {dim};"]
+        s = _index("g", v.ld(1, icoords), dim)
         coords = v.o[:ax] + ["(int)g"] + v.o[ax + q:]
         return s, v.ld(0, coords)
 
@@ -185,9 +205,10 @@ def _gather_elements(ctx, node):
     data, idx = node.inputs[:2]
     dshape = ctx.shape(data)
     ax = _axis(ctx.attr("axis", 0), len(dshape))
+    index_check(ctx, node, idx, [dshape[ax]])
 
     def body(v):
-        s = [f"i64 g = (i64)({v.ld(1, v.o)});", f"if (g < 0) g += {dshape[ax]};"]
+        s = _index("g", v.ld(1, v.o), dshape[ax])
         coords = list(v.o)
         coords[ax] = "(int)g"
         return s, v.ld(0, coords)
@@ -202,12 +223,12 @@ def _gather_nd(ctx, node):
     dshape, ishape = ctx.shape(data), ctx.shape(idx)
     b = ctx.attr("batch_dims", 0)
     q, k = len(ishape) - 1, ishape[-1]
+    index_check(ctx, node, idx, [dshape[b + j] for j in range(k)], last_axis=True)
 
     def body(v):
         s, coords = [], list(v.o[:b])
         for j in range(k):
-            s.append(f"i64 g{j} = (i64)({v.ld(1, v.o[:q] + [str(j)])});")
-            s.append(f"if (g{j} < 0) g{j} += {dshape[b + j]};")
+            s += _index(f"g{j}", v.ld(1, v.o[:q] + [str(j)]), dshape[b + j])
             coords.append(f"(int)g{j}")
         return s, v.ld(0, coords + v.o[q:])
 

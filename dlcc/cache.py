@@ -118,6 +118,15 @@ class Cache:
         _write_json(memo, m)
         return m
 
+    def _external_digest(self, folder: Path, name: str) -> str:
+        """The digest of one external-data file; for a name that is no readable file (a NUL byte,
+        a symlink loop, missing) a marker, so that the compile itself reports it (frontend's
+        load_model) instead of the key failing first with a raw exception."""
+        try:
+            return self.file_digest(folder / name)
+        except (OSError, RuntimeError, ValueError) as e:
+            return f"unreadable: {type(e).__name__}"
+
     def _memo_path(self, p: Path, onnx_model: bool) -> Path:
         return self.root / "memo" / f"{hashlib.sha1(f'{p}|{onnx_model}'.encode()).hexdigest()}.json"
 
@@ -129,7 +138,7 @@ class Cache:
         info = self._memo(model, onnx_model=True)
         parts = {
             "model": info["sha256"],
-            "external_data": {name: self.file_digest(model.parent / name) for name in info["external"]},
+            "external_data": {name: self._external_digest(model.parent, name) for name in info["external"]},
             "shapes": {k: list(v) for k, v in sorted((shapes or {}).items())},
             "pipeline": hashlib.sha256(pipeline_spec.encode()).hexdigest(),
             "device": hashlib.sha256(device_spec.encode()).hexdigest(),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
@@ -134,7 +134,7 @@ class ShapeBindings(Strict):
           batch: 8
     """
 
-    shapes: dict[str, list[PositiveInt] | PositiveInt]
+    shapes: dict[str, list[Annotated[int, Field(gt=0, le=2**31 - 1)]] | Annotated[int, Field(gt=0, le=2**31 - 1)]]
 
 
 def load_shape_bindings(path: str | Path) -> dict[str, tuple[int, ...]]:

@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 ShapeBindings = dict[str, tuple[int, ...]]
 
 
+#: The largest dim a binding may give: kernels index with 32-bit ints.
+MAX_DIM = 2**31 - 1
+
+
 def parse_shape_binding(text: str) -> tuple[str, tuple[int, ...]]:
     """Parse `NAME=1x3x224x224` (also `NAME=1,3,224,224`; `NAME=8` binds a symbolic dim)."""
     if "=" not in text:
@@ -35,6 +39,8 @@ def parse_shape_binding(text: str) -> tuple[str, tuple[int, ...]]:
         raise ShapeError(f"--shape {text!r}: dims must be positive integers separated by 'x'") from None
     if not name or any(d <= 0 for d in shape):
         raise ShapeError(f"--shape {text!r}: expected NAME=DIMxDIMx... with positive dims")
+    if any(d > MAX_DIM for d in shape):
+        raise ShapeError(f"--shape {text!r}: a dim above {MAX_DIM} is more than dlcc's 32-bit indices address")
     return name, shape
 
 
@@ -53,7 +59,14 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     for init in _all_initializers(model):
         if init.data_location == onnx.TensorProto.EXTERNAL:
             loc = {e.key: e.value for e in init.external_data}.get("location", "")
-            target = (base / loc).resolve()
+            if "\0" in loc or not loc:
+                raise ModelError(f"{path}: initializer {init.name!r} names external data {loc!r}, which is not a "
+                                 "file name")
+            try:
+                target = (base / loc).resolve()
+            except (OSError, RuntimeError) as e:  # a symlink loop, a name too long
+                raise ModelError(f"{path}: external data {loc!r} for initializer {init.name!r} cannot be "
+                                 f"resolved: {e}") from None
             if os.path.isabs(loc) or not target.is_relative_to(base):
                 raise ModelError(
                     f"{path}: initializer {init.name!r} points at external data {loc!r}, which lies outside "

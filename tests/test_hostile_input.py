@@ -265,3 +265,38 @@ def test_computed_indices_never_read_outside_the_tensor(tmp_path):
     table = np.arange(40, dtype=np.float32).reshape(10, 4)
     np.testing.assert_array_equal(y[0], table[[0, 9, 0]])
     np.testing.assert_array_equal(y[1], table[[3, 4, 5]])
+
+
+def test_shape_bindings_past_32_bits(tmp_path):
+    from dlcc.errors import ConfigError, ShapeError
+    from dlcc.frontend import parse_shape_binding
+
+    with pytest.raises(ShapeError, match="a dim above 2147483647"):
+        parse_shape_binding("x=99999999999999999999999x16")
+    from dlcc.config import load_shape_bindings
+
+    f = tmp_path / "s.yaml"
+    f.write_text("shapes:\n  x: [99999999999999999999999, 16]\n")
+    with pytest.raises(ConfigError, match="shapes.x.0: Input should be less than or equal to 2147483647"):
+        load_shape_bindings(f)
+
+
+@pytest.mark.parametrize("loc,needle", [("loop.bin", "cannot be resolved: Symlink loop"),
+                                        ("a\0b.bin", "which is not a file name")])
+def test_external_data_names_that_are_no_file(tmp_path, loc, needle):
+    """A symlink loop and a NUL byte in an external-data location were a RuntimeError and a
+    ValueError, first in the cache key, then in the loader."""
+    from onnx.external_data_helper import set_external_data
+
+    t = nh.from_array(np.ones(4, np.float32), "w")
+    set_external_data(t, location=loc)
+    t.ClearField("raw_data")
+    t.data_location = onnx.TensorProto.EXTERNAL
+    g = h.make_graph([h.make_node("Add", ["x", "w"], ["y"])], "g", [h.make_tensor_value_info("x", T.FLOAT, [4])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [4])], [t])
+    path = tmp_path / "m.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+    (tmp_path / "loop.bin").symlink_to("loop.bin")
+    for cache in (None, tmp_path / "cache"):  # the cache key reads the external data's names first
+        with pytest.raises(ModelError, match=needle):
+            dlcc.compile(path, tmp_path / "out", target="opencl", cache=cache)

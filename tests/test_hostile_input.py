@@ -300,3 +300,45 @@ def test_external_data_names_that_are_no_file(tmp_path, loc, needle):
     for cache in (None, tmp_path / "cache"):  # the cache key reads the external data's names first
         with pytest.raises(ModelError, match=needle):
             dlcc.compile(path, tmp_path / "out", target="opencl", cache=cache)
+
+
+def _trace(events):
+    return {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H100"}], "traceEvents": events}
+
+
+def _kernel(**k):
+    e = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 0, "dur": 5,
+         "args": {"correlation": 1, "stream": 7, "device": 0}}
+    e.update(k)
+    return e
+
+
+@pytest.mark.parametrize("event,needle", [
+    (_kernel(name=5), "traceEvents[0]: 'name' is int '5', expected a string"),
+    (_kernel(name=float("nan")), "traceEvents[0]: 'name' is float 'nan', expected a string"),
+    (_kernel(pid={"a": 1}), "traceEvents[0]: 'pid' is dict"),
+    (_kernel(args=3), "traceEvents[0]: 'args' is int '3', expected an object"),
+    (_kernel(args={"correlation": [1, 2]}), "traceEvents[0]: args['correlation'] is list '[1, 2]', expected an integer"),
+])
+def test_trace_fields_of_the_wrong_type(tmp_path, event, needle):
+    """Each was a raw TypeError or KeyError in the trace reader or the simulator."""
+    import json
+
+    from dlcc.errors import TraceError
+    from dlcc.estimate.kineto import load_trace
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(_trace([event, _kernel(ts=10, name="k2")]), allow_nan=True))
+    with pytest.raises(TraceError) as e:
+        load_trace(path)
+    assert str(e.value) == f"{path}: {needle}" or needle in str(e.value), str(e.value)
+
+
+def test_a_trace_nested_too_deeply(tmp_path):
+    from dlcc.errors import TraceError
+    from dlcc.estimate.kineto import load_trace
+
+    path = tmp_path / "deep.json"
+    path.write_text('{"traceEvents":' + "[" * 100000 + "]" * 100000 + "}")
+    with pytest.raises(TraceError, match="nested too deeply"):
+        load_trace(path)

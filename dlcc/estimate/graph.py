@@ -30,6 +30,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from ..errors import DlccError
+
 #: The six dependency kinds of Daydream. Program order on a CPU thread and order on a GPU stream
 #: are implicit in each resource's task order; the other four are explicit edges.
 DEP_KINDS = ("cpu-order", "gpu-order", "launch", "sync", "comm", "cpu-cpu")
@@ -90,8 +92,9 @@ class Iteration:
         return self.end.start - self.begin.start
 
 
-class SimulationError(RuntimeError):
-    pass
+class SimulationError(DlccError, RuntimeError):
+    """A task graph the simulator cannot replay (a dependency cycle, a wait on a task that never
+    runs): what a malformed trace leads to, reported as one error rather than a traceback."""
 
 
 class TaskGraph:

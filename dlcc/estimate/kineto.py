@@ -69,6 +69,8 @@ def read_trace_json(path: str | Path) -> dict:
         data = json.loads(raw)
     except UnicodeDecodeError:
         raise TraceError(f"{path}: not a text JSON file (or a gzip of one)") from None
+    except RecursionError:
+        raise TraceError(f"{path}: JSON nested too deeply to be a profiler trace") from None
     except json.JSONDecodeError as e:
         hint = " (the file looks truncated)" if e.pos >= len(raw) - 2 or "Unterminated" in e.msg else ""
         raise TraceError(f"{path}: not valid JSON at line {e.lineno} column {e.colno}: {e.msg}{hint}") from None
@@ -107,8 +109,37 @@ def load_trace(path: str | Path, iterations: str | None = None) -> TaskGraph:
     return build_graph(data, str(path), iterations)
 
 
+#: The fields the reader uses, and the JSON types a profiler writes for them.
+_FIELD_TYPES = {"name": (str,), "cat": (str,), "ph": (str,), "pid": (int, str), "tid": (int, str),
+                "id": (int, str), "args": (dict,)}
+_ARG_TYPES = {"correlation": (int,), "External id": (int,), "stream": (int,), "device": (int,)}
+
+
+def _check_event(e: dict, k: int, where: str) -> None:
+    """A field of the wrong JSON type (a name that is a number, args that are a list, a list as a
+    correlation id) is one TraceError naming the event, instead of a TypeError deep in the
+    simulator. Absent fields stay absent; the reader treats them as before."""
+    def bad(field, v, types):
+        want = " or ".join("an integer" if t is int else {str: "a string", dict: "an object"}[t] for t in types)
+        raise TraceError(f"{where}: traceEvents[{k}]: {field} is {type(v).__name__} {str(v)[:40]!r}, expected {want}")
+
+    for f, types in _FIELD_TYPES.items():
+        v = e.get(f)
+        if v is not None and (not isinstance(v, types) or isinstance(v, bool)):
+            bad(repr(f), v, types)
+    args = e.get("args")
+    if args:
+        for f, types in _ARG_TYPES.items():
+            v = args.get(f)
+            if v is not None and (not isinstance(v, types) or isinstance(v, bool)):
+                bad(f"args[{f!r}]", v, types)
+
+
 def build_graph(data: dict, where: str = "trace", iterations: str | None = None) -> TaskGraph:
     events = data["traceEvents"]
+    for k, e in enumerate(events):
+        if isinstance(e, dict):
+            _check_event(e, k, where)
     cpu_ops: dict[tuple, list] = defaultdict(list)
     runtime: dict[tuple, list] = defaultdict(list)
     gpu: list[dict] = []

@@ -569,6 +569,13 @@ def check_static(graph: Graph, path) -> None:
                     "time even with every input shape bound; it depends on tensor values computed at run time "
                     "(data-dependent shapes are not supported: dlcc compiles static shapes)"
                 )
+            if o and any(d < 0 for d in graph.tensors[o].shape):
+                # onnx shape inference computes a pooling or convolution window larger than its
+                # padded input as a negative dim, and does not object
+                raise ShapeError(
+                    f"{path}: the shape of {o!r} (output of {node.op_type} node {node.name!r}) comes out as "
+                    f"{list(graph.tensors[o].shape)}: a negative dim (is a kernel or window larger than its input?)"
+                )
 
 
 def dtype_problems(graph: Graph) -> list[str]:

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 import dlcc
 from dlcc.cli import app
-from dlcc.errors import ModelError
+from dlcc.errors import DlccError, ModelError
 
 
 def _model(path, node, inputs, outputs, inits=None, opset=17):
@@ -342,3 +342,24 @@ def test_a_trace_nested_too_deeply(tmp_path):
     path.write_text('{"traceEvents":' + "[" * 100000 + "]" * 100000 + "}")
     with pytest.raises(TraceError, match="nested too deeply"):
         load_trace(path)
+
+
+def test_found_by_the_property_tests(tmp_path):
+    """Each case tests/test_properties.py found: LRN of size 2**63 - 1 (a loop that never
+    finished: the window is clamped to the channels), DepthToSpace whose block does not divide the
+    channels (computed silently; onnxruntime refuses), and a pooling window larger than its input
+    (a negative output dim, then a ValueError at run time)."""
+    x = np.random.default_rng(0).standard_normal((1, 4, 3, 3)).astype(np.float32)
+    path = _model(tmp_path / "lrn.onnx", h.make_node("LRN", ["x"], ["y"], size=2**63 - 1, alpha=1e-4),
+                  [("x", [1, 4, 3, 3])], [("y", [1, 4, 3, 3])])
+    got = dlcc.compile(path, target="opencl")({"x": x})["y"]
+    sq = (x ** 2).sum(axis=1, keepdims=True)  # every channel is inside the window
+    np.testing.assert_allclose(got, x / (1.0 + 1e-4 / (2**63 - 1) * sq) ** 0.75, rtol=1e-5)
+    path = _model(tmp_path / "d2s.onnx", h.make_node("DepthToSpace", ["x"], ["y"], blocksize=3, name="c"),
+                  [("x", [1, 8, 2, 2])], [("y", [1, 0, 6, 6])])
+    with pytest.raises(ModelError, match="blocksize 3: the input's 8 channels are not a multiple of 9"):
+        dlcc.compile(path, target="opencl")
+    path = _model(tmp_path / "pool.onnx", h.make_node("MaxPool", ["x"], ["y"], kernel_shape=[1, 8], name="c"),
+                  [("x", [1, 2, 6, 6])], [("y", [1, 2, 6, "w"])])
+    with pytest.raises(DlccError, match=r"comes out as \[1, 2, 6, -1\]: a negative dim"):
+        dlcc.compile(path, target="opencl")

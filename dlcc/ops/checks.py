@@ -182,7 +182,14 @@ def _reshape(graph, n):
 
 @check("DepthToSpace", "SpaceToDepth")
 def _blocksize(graph, n):
-    return _at_least(n, "blocksize", 1, 1)
+    out = _at_least(n, "blocksize", 1, 1)
+    b, x = _ints(n, "blocksize", 1)[0], _shape(graph, n.inputs[0])
+    if not out and x is not None and len(x) == 4:
+        if n.op_type == "DepthToSpace" and x[1] % (b * b):
+            out.append(f"blocksize {b}: the input's {x[1]} channels are not a multiple of {b * b}")
+        if n.op_type == "SpaceToDepth" and (x[2] % b or x[3] % b):
+            out.append(f"blocksize {b} does not divide the input's height and width {list(x[2:])}")
+    return out
 
 
 @check("LRN")

@@ -144,8 +144,10 @@ def _lrn(ctx, node):
     shape = ctx.shape(node.inputs[0])
     size = ctx.attr("size")
     alpha, beta, bias = ctx.attr("alpha", 1e-4), ctx.attr("beta", 0.75), ctx.attr("bias", 1.0)
-    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
     C = shape[1]
+    # The window past the channels adds nothing: clamp it to C, so a huge `size` (2**63 - 1 ran a
+    # loop that never finished) is the same short loop; alpha / size keeps the model's size.
+    lo, hi = min((size - 1) // 2, C - 1), min(size - 1 - (size - 1) // 2, C - 1)
 
     def body(v):
         c = v.o[1]
@@ -155,7 +157,8 @@ def _lrn(ctx, node):
              "}"]
         return s, f"{v.x(0)} / F_POW({literal(bias)} + {literal(alpha / size)} * sq, {literal(beta)})"
 
-    emit_map(ctx, node.outputs[0], [node.inputs[0]], body, "LRN", flops_per_elem=2 * size + 4, inline_scalars=False)
+    emit_map(ctx, node.outputs[0], [node.inputs[0]], body, "LRN", flops_per_elem=2 * (lo + hi + 1) + 4,
+             inline_scalars=False)
 
 
 @register("CumSum", since=11, category=REDUCTION)

@@ -472,7 +472,11 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     # BatchNormalization into the Conv before it, inf or NaN weights included.
     from .ops.checks import check_attributes
 
-    check_attributes(_attribute_view(infer_shapes(model, path)), path)
+    try:
+        shaped = infer_shapes(model, path)
+    except ModelError:  # reported below, after folding, where folding does not cure it
+        shaped = model
+    check_attributes(_attribute_view(shaped), path)
     if fold:
         folded = fold_with_onnxruntime(model)
         if folded is not None:

@@ -40,11 +40,9 @@ CASES = {
     "conv-group-not-dividing": (h.make_node("Conv", ["x", "w"], ["y"], group=3, name="c"), X, [("y", [1, 4, 6, 6])],
                                 {"w": W}, "group 3 does not divide the input's 4 channels"),
     "conv-negative-stride": (h.make_node("Conv", ["x", "w"], ["y"], group=4, strides=[1, -1], name="c"), X,
-                             [("y", [1, 4, 6, 6])], {"w": W}, "(op_type:Conv, node name: c): [ShapeInferenceError] Attribute strides must only "
-                             "contain positive values"),
+                             [("y", [1, 4, 6, 6])], {"w": W}, "strides [1, -1] must be at least 1 in every entry"),
     "maxpool-zero-kernel": (h.make_node("MaxPool", ["x"], ["y"], kernel_shape=[0, 2], name="c"), X,
-                            [("y", [1, 4, 8, 7])], {}, "(op_type:MaxPool, node name: c): [ShapeInferenceError] Attribute "
-                            "kernel_shape must only contain positive values"),
+                            [("y", [1, 4, 8, 7])], {}, "kernel_shape [0, 2] must be at least 1 in every entry"),
     "lstm-hidden-zero": (h.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=0, name="c"), [("x", [5, 1, 4])],
                          [("y", [5, 1, 1, 0])], {"W": np.zeros((1, 0, 4), np.float32), "R": np.zeros((1, 0, 0), np.float32)},
                          "hidden_size 0 must be at least 1"),
@@ -68,10 +66,9 @@ CASES = {
 def test_attributes_outside_the_spec_are_one_clear_error(tmp_path, case):
     node, inputs, outputs, inits, needle = CASES[case]
     path = _model(tmp_path / f"{case}.onnx", node, inputs, outputs, inits)
-    with pytest.raises(ModelError) as e:  # ops/checks.py's, or onnx shape inference's where it checks first
+    with pytest.raises(ModelError) as e:
         dlcc.compile(path, target="opencl")
-    if not needle.startswith("(op_type"):
-        needle = f"attributes outside the ONNX spec: {node.op_type} node 'c': {needle}"
+    needle = f"attributes outside the ONNX spec: {node.op_type} node 'c': {needle}"
     assert needle in " ".join(str(e.value).split()), str(e.value)
     p = subprocess.run([sys.executable, "-m", "dlcc.cli", "compile", str(path), "-o", str(tmp_path / "out"), "-q"],
                        capture_output=True, text=True, timeout=300)

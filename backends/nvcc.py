@@ -52,17 +52,13 @@ def nvcc_version(nvcc: str | None = None) -> str | None:
     return lines[-1].strip() if lines else None
 
 
-@functools.lru_cache(maxsize=4)
 def _parallel_flags(nvcc: str) -> tuple[str, ...]:
     """`--split-compile=0` where nvcc has it (CUDA 12.1 on): nvcc optimises the translation unit's
     functions on every core. The machine code is the same (every .text section of ResNet-50's 27
     kernels compared equal with and without it); the compile is 1.3-1.6x shorter on 2 cores, and
-    more on a GPU machine's 16."""
-    try:
-        p = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return ()
-    m = re.search(r"release (\d+)\.(\d+)", p.stdout)
+    more on a GPU machine's 16. The release is read from nvcc_version's build line
+    (`Build cuda_13.0.r13.0/...`)."""
+    m = re.search(r"cuda_(\d+)\.(\d+)", nvcc_version(nvcc) or "")
     return ("--split-compile=0",) if m and (int(m.group(1)), int(m.group(2))) >= (12, 1) else ()
 
 

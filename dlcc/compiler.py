@@ -149,8 +149,8 @@ def cached_cubin(source: str, arch: str, cache):
 
 
 def _input_index_checks(checks: list[dict], graph) -> list[dict]:
-    """The lowering's index checks with each input named as the user feeds it (its position in
-    the plan's inputs), tightest bounds first."""
+    """The lowering's index checks with each input given by its position in the plan's inputs
+    (how the executor finds the array) and by its name (for the error)."""
     order = {n: k for k, n in enumerate(graph.inputs)}
     return [{**c, "input": order[c["input"]], "name": c["input"]} for c in checks if c["input"] in order]
 

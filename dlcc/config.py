@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
 from .errors import ConfigError
+from .ir import INT32_MAX
 
 
 class Strict(BaseModel):
@@ -126,6 +127,10 @@ def check_precision(precision: str, device: DeviceSpec, target: str) -> str | No
     return None
 
 
+#: A bound dim: positive, and within the kernels' 32-bit indices.
+Dim = Annotated[int, Field(gt=0, le=INT32_MAX)]
+
+
 class ShapeBindings(Strict):
     """`shapes:` maps an input name to its dims, or a symbolic dim name to one value.
 
@@ -134,7 +139,7 @@ class ShapeBindings(Strict):
           batch: 8
     """
 
-    shapes: dict[str, list[Annotated[int, Field(gt=0, le=2**31 - 1)]] | Annotated[int, Field(gt=0, le=2**31 - 1)]]
+    shapes: dict[str, list[Dim] | Dim]
 
 
 def load_shape_bindings(path: str | Path) -> dict[str, tuple[int, ...]]:

@@ -17,15 +17,11 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from .errors import DynamicShapeError, ModelError, ShapeError, UnsupportedDtypesError
-from .ir import HALF_FLOATS, SUPPORTED_DTYPES, Graph, Node, Tensor
+from .ir import HALF_FLOATS, INT32_MAX, SUPPORTED_DTYPES, Graph, Node, Tensor
 
 log = logging.getLogger(__name__)
 
 ShapeBindings = dict[str, tuple[int, ...]]
-
-
-#: The largest dim a binding may give: kernels index with 32-bit ints.
-MAX_DIM = 2**31 - 1
 
 
 def parse_shape_binding(text: str) -> tuple[str, tuple[int, ...]]:
@@ -39,8 +35,8 @@ def parse_shape_binding(text: str) -> tuple[str, tuple[int, ...]]:
         raise ShapeError(f"--shape {text!r}: dims must be positive integers separated by 'x'") from None
     if not name or any(d <= 0 for d in shape):
         raise ShapeError(f"--shape {text!r}: expected NAME=DIMxDIMx... with positive dims")
-    if any(d > MAX_DIM for d in shape):
-        raise ShapeError(f"--shape {text!r}: a dim above {MAX_DIM} is more than dlcc's 32-bit indices address")
+    if any(d > INT32_MAX for d in shape):
+        raise ShapeError(f"--shape {text!r}: a dim above {INT32_MAX} is more than dlcc's 32-bit indices address")
     return name, shape
 
 

@@ -34,6 +34,10 @@ def is_float(dtype) -> bool:
     return dt.kind == "f" or dt == np.dtype(ml_dtypes.bfloat16)
 
 
+#: The largest index, dim or kernel integer argument: kernels index with 32-bit ints.
+INT32_MAX = 2**31 - 1
+
+
 @dataclass
 class Tensor:
     name: str

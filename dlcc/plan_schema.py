@@ -14,9 +14,8 @@ from typing import Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import DlccError
+from .ir import INT32_MAX as _INT32
 from .ir import SUPPORTED_DTYPES
-
-_INT32 = 2**31 - 1
 _NAME = re.compile(r"[A-Za-z_]\w*\Z")
 
 

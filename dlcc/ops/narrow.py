@@ -81,16 +81,17 @@ def narrow_activations(graph: Graph, precision: str, fp32_ops=frozenset()) -> tu
             t = parent[t]
         return t
 
+    entries = {id(n): lookup(n.op_type, graph.opset, n.domain) for n in graph.nodes}
     users: dict[str, list] = {}
     for n in graph.nodes:
         for t in [i for i in n.inputs if i] + [o for o in n.outputs if o]:
             users.setdefault(t, []).append(n)
-        entry = lookup(n.op_type, graph.opset, n.domain)
+        entry = entries[id(n)]
         if entry is not None and entry.category == ALIAS and n.inputs and n.outputs and n.outputs[0]:
             parent[find(n.outputs[0])] = find(n.inputs[0])
 
     def converts(n) -> bool:
-        entry = lookup(n.op_type, graph.opset, n.domain)
+        entry = entries[id(n)]
         return entry is not None and entry.half_io and n.op_type not in fp32_ops
 
     # Statistics: a reduction's smaller output (a mean, a sum of squares) and what elementwise
@@ -100,7 +101,7 @@ def narrow_activations(graph: Graph, precision: str, fp32_ops=frozenset()) -> tu
     # LayerNorm outputs are full-size and do not count.
     stats: set[str] = set()
     for n in graph.nodes:
-        entry = lookup(n.op_type, graph.opset, n.domain)
+        entry = entries[id(n)]
         if entry is None or not n.inputs or not n.inputs[0]:
             continue
         computed = [i for i in n.inputs if i and graph.tensors[i].value is None]

@@ -24,6 +24,7 @@
 #define ATOMIC_LOAD_I32(p) (*(volatile int*)(p))
 #define ATOMIC_STORE_I32(p, v) (*(volatile int*)(p) = (v))
 #define ATOMIC_ADD_I32(p, v) atomicAdd((int*)(p), (v))
+#define ATOMIC_CAS_I32(p, cmp, v) atomicCAS((int*)(p), (cmp), (v))
 typedef long long i64;
 typedef unsigned char u8;
 typedef signed char i8;

@@ -295,6 +295,7 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
         k.add_row(cat, str(c))
     out.print(h)
     out.print(k)
+    _print_index_checks(plan["meta"])
     if launch_rows is not None:
         lt = Table(title="launches, in order")
         cols = ["#", "node", "op", "kernel", "kind", "grid x block", "MFLOP", "DRAM"]
@@ -313,6 +314,24 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
         _print_stitch(plan)
     if rprogram:
         _print_rprogram(plan)
+
+
+def _print_index_checks(meta: dict) -> None:
+    """Where each Gather's indices are checked (kernels/index_check.py): constants at compile time
+    (not listed), graph inputs on the host before a run, computed indices by a device kernel."""
+    host, dev = meta.get("index_checks", []), meta.get("device_index_checks", [])
+    if not host and not dev:
+        return
+    t = Table(title="index checks (out-of-range indices are errors, as in onnxruntime)")
+    for c in ("node", "op", "indices", "checked", "bound"):
+        t.add_column(c, overflow="fold")
+    for c in host:
+        t.add_row(*map(_escape, [c["node"], c["op"], f"input {c['name']}", "on the host, before the run",
+                                 " x ".join(map(str, c["bounds"]))]))
+    for c in dev:
+        t.add_row(*map(_escape, [c["node"], c["op"], f"computed {c['shape']}", f"on the device: {c['kernel']}",
+                                 " x ".join(map(str, c["bounds"]))]))
+    out.print(t)
 
 
 def _bytes_by_dtype(plan: dict, storage: str, floats_only: bool = False) -> dict[str, tuple[int, int]]:

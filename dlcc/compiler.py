@@ -262,6 +262,7 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
         **({"float32_activation_ops": state.ctx.float32_activation_ops}
            if state.ctx is not None and state.ctx.float32_activation_ops else {}),
         **({"index_checks": _input_index_checks(state.ctx.index_checks, graph)} if state.ctx.index_checks else {}),
+        **({"device_index_checks": state.ctx.device_index_checks} if state.ctx.device_index_checks else {}),
         **({"profile_db": profile_db.name} if profile_db is not None else {}),
         "compile_s": {k: round(v, 4) for k, v in steps.times.items()},
     }

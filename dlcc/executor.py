@@ -16,6 +16,11 @@ class InputError(DlccError):
     """Inputs given to a compiled model do not match its signature."""
 
 
+class DeviceIndexError(InputError):
+    """An index computed inside the model fell outside its tensor (kernels/index_check.py): the
+    inputs led the model somewhere onnxruntime refuses to go as well."""
+
+
 def make_runtime(target: str):
     if target == "cuda":
         from .backends.cuda import CudaRuntime
@@ -53,6 +58,9 @@ class Executor:
             # back to back (and after an interrupted one) need no reset.
             self.storages["sync"] = rt.alloc(st["sync"])
             rt.write(self.storages["sync"], 0, bytes(st["sync"]))
+        if st.get("errors"):
+            self.storages["errors"] = rt.alloc(st["errors"])
+            rt.write(self.storages["errors"], 0, bytes(st["errors"]))
         for k, t in enumerate(plan["inputs"]):
             self.storages[f"input:{k}"] = rt.alloc(_nbytes(t))
         for k, t in enumerate(plan["outputs"]):
@@ -135,6 +143,7 @@ class Executor:
         rt.finish()
         if timing is not None:
             timing["run_s"] = time.perf_counter() - t0
+        self.raise_device_errors()
         outs = {}
         for k, t in enumerate(self.plan["outputs"]):
             arr = np.empty(t["shape"], dtype=t["dtype"])
@@ -143,6 +152,21 @@ class Executor:
         rt.finish()
         return outs
 
+
+    def raise_device_errors(self) -> None:
+        """After a finished inference: raise what a device index check recorded (the error words,
+        kernels/index_check.py), clearing them so the next inference starts clean."""
+        if "errors" not in self.storages:
+            return
+        from .kernels.index_check import ERROR_WORDS, decode_error
+
+        words = np.zeros(ERROR_WORDS, np.int32)
+        self.rt.read(self.storages["errors"], 0, words)
+        self.rt.finish()
+        if words[0] == 0:
+            return
+        self.rt.write(self.storages["errors"], 0, bytes(words.nbytes))
+        raise DeviceIndexError(decode_error(words, (self.plan.get("meta") or {}).get("device_index_checks", [])))
 
     def profile(self, inputs: dict, repeat: int = 5) -> tuple[list[float], str]:
         """Per-launch kernel time in µs, the median of `repeat` runs after a warm-up run, and how it
@@ -155,6 +179,7 @@ class Executor:
             rt.write(self.storages[f"input:{k}"], 0, a)
         self.launch_all()  # warm-up: first-use compilation, page faults
         rt.finish()
+        self.raise_device_errors()
         timed = getattr(rt, "time_launch", None)
         samples: list[list[float]] = [[] for _ in self.calls]
         for _ in range(max(1, repeat)):

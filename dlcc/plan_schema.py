@@ -53,13 +53,37 @@ class KernelSpec(_Open):
     smem_bytes: int = Field(0, ge=0)
 
 
+class HostIndexCheck(_Open):
+    """An index input the executor checks before a run (Executor.check_indices)."""
+    input: int = Field(ge=0)
+    name: str
+    node: str
+    op: str
+    bounds: list[int] = Field(min_length=1)
+    per_last_axis: bool = False
+
+
+class DeviceIndexCheck(_Open):
+    """A site of a device index check (kernels/index_check.py decode_error)."""
+    node: str
+    op: str
+    bounds: list[int] = Field(min_length=1)
+    per_last_axis: bool = False
+    shape: list[int]
+
+
+class Meta(_Open):
+    index_checks: list[HostIndexCheck] = []
+    device_index_checks: list[DeviceIndexCheck] = []
+
+
 class PlanFile(_Open):
     storages: dict[str, int]
     inputs: list[IOSpec]
     outputs: list[IOSpec]
     kernels: list[KernelSpec]
     launches: list[LaunchSpec]
-    meta: dict = {}
+    meta: Meta = Meta()
 
 
 def _nbytes(t: IOSpec) -> int:
@@ -109,6 +133,13 @@ def check_plan(data, where: str) -> dict:
     if mem is not None and total > mem:
         raise DlccError(f"{where}: its buffers need {total / 2**30:.1f} GiB, more than this machine's "
                         f"{mem / 2**30:.1f} GiB of memory")
+    for k, c in enumerate(plan.meta.index_checks):
+        if c.input >= len(plan.inputs):
+            raise DlccError(f"{where}: meta.index_checks.{k}.input {c.input} names no input")
+        shape = plan.inputs[c.input].shape
+        if c.per_last_axis and (not shape or shape[-1] != len(c.bounds)):
+            raise DlccError(f"{where}: meta.index_checks.{k} has {len(c.bounds)} bounds for index tuples of "
+                            f"{shape[-1] if shape else 0} components")
     names = set()
     for k, kern in enumerate(plan.kernels):
         if not _NAME.match(kern.name):

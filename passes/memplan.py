@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..kernels.index_check import ERRORS
+
 from . import CompileState, register_pass
 
 ALIGN = 256  # bytes; ≥ OpenCL's CL_DEVICE_MEM_BASE_ADDR_ALIGN on PoCL (128) and CUDA's 256
@@ -39,6 +41,7 @@ class MemoryPlan:
     weights_bytes: int = 0
     inplace_pairs: int = 0
     sync_bytes: int = 0
+    errors_bytes: int = 0
 
 
 def _align(n: int) -> int:
@@ -66,6 +69,10 @@ def plan_memory(graph, ctx, inplace: bool = True, share: bool = True) -> MemoryP
             if b == "%sync":  # grid-barrier counters (astitch): their own zeroed storage, kept across runs
                 plan.placements[b] = Placement("sync", 0, graph.tensors[b].nbytes)
                 plan.sync_bytes = graph.tensors[b].nbytes
+                continue
+            if b == ERRORS:  # device index checks' error words: their own storage, read after each run
+                plan.placements[b] = Placement("errors", 0, graph.tensors[b].nbytes)
+                plan.errors_bytes = graph.tensors[b].nbytes
                 continue
             if graph.tensors[b].value is not None:
                 plan.placements[b] = Placement("weights", woff, graph.tensors[b].nbytes)

@@ -255,14 +255,70 @@ def test_out_of_range_gather_ids_are_an_input_error(tmp_path):
         nd({"ids": np.array([[0, 0], [9, 4]], np.int64)})
 
 
-def test_computed_indices_never_read_outside_the_tensor(tmp_path):
-    """Indices computed inside the model cannot be checked before the launch: the kernel clamps
-    them, so a wild one reads a row of the table, never memory past it."""
-    m = dlcc.compile(_gather_model(tmp_path / "c.onnx", computed=True), target="opencl")
-    y = m({"ids": np.array([[0, 1e9, -1e9], [3, 4, 5]], np.float32)})["y"]
-    table = np.arange(40, dtype=np.float32).reshape(10, 4)
-    np.testing.assert_array_equal(y[0], table[[0, 9, 0]])
-    np.testing.assert_array_equal(y[1], table[[3, 4, 5]])
+def _computed_index_model(path, op):
+    """`op` on indices computed from a float input x (Floor, Cast), so only the device knows them:
+    Gather and GatherElements on data [10, 4] (axis 0), GatherND on index pairs into it."""
+    shape = {"Gather": [2, 3], "GatherElements": [3, 4], "GatherND": [3, 2]}[op]
+    out_shape = {"Gather": [2, 3, 4], "GatherElements": [3, 4], "GatherND": [3]}[op]
+    nodes = [h.make_node("Floor", ["x"], ["f"]), h.make_node("Cast", ["f"], ["i"], to=T.INT64),
+             h.make_node(op, ["data", "i"], ["g"], name="g"), h.make_node("Neg", ["g"], ["y"])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, shape)],
+                     [h.make_tensor_value_info("y", T.FLOAT, out_shape)],
+                     [nh.from_array(np.arange(40, dtype=np.float32).reshape(10, 4), "data")])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+    return path
+
+
+COMPUTED = {  # op: (indices in range, negative ones wrapping; an out-of-range one, its position and bound)
+    "Gather": ([[0, 9, -1], [-10, 4, 5]], (1, 2), 10, "[1, 2]"),
+    "GatherElements": ([[0, 1, 2, 3], [9, 8, 7, 6], [-1, -2, -10, 0]], (2, 3), 10, "[2, 3]"),
+    "GatherND": ([[0, 0], [9, 3], [-1, -4]], (2, 1), 4, "[2, 1]"),
+}
+
+
+@pytest.mark.parametrize("pipeline", ["baseline", "astitch", "rammer", "full"])
+@pytest.mark.parametrize("op", sorted(COMPUTED))
+def test_computed_indices_out_of_range_are_an_error_from_the_device(tmp_path, op, pipeline):
+    """Indices computed inside the model cannot be checked before the launch. The Gather clamps
+    them, so nothing reads outside the table, and a check kernel records the first bad one; the
+    run raises naming the node, the index, its position and the bound (onnxruntime refuses these
+    too). In-range indices, negative ones wrapped, match onnxruntime, also right after an error
+    (the error words are cleared)."""
+    import onnxruntime as ort
+
+    from dlcc.executor import DeviceIndexError
+
+    path = _computed_index_model(tmp_path / "c.onnx", op)
+    m = dlcc.compile(path, target="opencl", pipeline=pipeline)
+    assert [c["node"] for c in m.plan["meta"]["device_index_checks"]] == ["g"]
+    good, at, bound, pos = COMPUTED[op]
+    x = np.array(good, np.float32) + np.float32(0.25)  # Floor brings them back to the integers
+    ref = ort.InferenceSession(str(path)).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(m({"x": x})["y"], ref)
+    for wild in (bound, -bound - 1, 1e9):
+        bad = x.copy()
+        bad[at] = wild
+        with pytest.raises(DeviceIndexError) as e:
+            m({"x": bad})
+        assert (f"{op} node 'g': a computed index {int(np.floor(np.float32(wild)))} at {pos} is outside "
+                f"[-{bound}, {bound})") in str(e.value)
+        np.testing.assert_array_equal(m({"x": x})["y"], ref)
+
+
+def test_constant_indices_out_of_range_fail_the_compile(tmp_path):
+    g = h.make_graph([h.make_node("Gather", ["data", "i"], ["y"], name="g")], "g",
+                     [h.make_tensor_value_info("data", T.FLOAT, [10, 4])], [h.make_tensor_value_info("y", T.FLOAT, [2, 4])],
+                     [nh.from_array(np.array([3, 10], np.int64), "i")])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "k.onnx")
+    with pytest.raises(DlccError, match=r"Gather node 'g': constant index 10 at \[1\] is outside \[-10, 10\)"):
+        dlcc.compile(tmp_path / "k.onnx", target="opencl")
+
+
+def test_inspect_says_where_indices_are_checked(tmp_path):
+    res = CliRunner().invoke(app, ["inspect", str(_computed_index_model(tmp_path / "c.onnx", "Gather"))])
+    assert res.exit_code == 0, res.output
+    text = "".join(res.output.split())
+    assert "indexchecks" in text and "computed" in text and "check_index_" in text
 
 
 def test_shape_bindings_past_32_bits(tmp_path):

@@ -38,3 +38,18 @@ def test_tensor_core_plans_compile_without_spills(model_path, name, precision):
         usage = compile_cubin(m.source("cuda"), arch)
         spills = {k: (u.spill_stores, u.spill_loads) for k, u in usage.items() if u.spills}
         assert not spills, f"{arch}: register spills in {spills}"
+
+
+def test_device_index_checks_compile(tmp_path):
+    """The device index check (kernels/index_check.py: atomicCAS on the error words) builds for
+    both architectures, in a baseline plan and inside a persistent kernel."""
+    from test_hostile_input import _computed_index_model
+
+    for op in ("Gather", "GatherND"):
+        for pipeline in ("baseline", "full"):
+            m = dlcc.compile(_computed_index_model(tmp_path / f"{op}.onnx", op), target="opencl", pipeline=pipeline,
+                             device="h100")
+            assert "ATOMIC_CAS_I32" in m.source("cuda")
+            for arch in ("sm_80", "sm_90"):
+                usage = compile_cubin(m.source("cuda"), arch)
+                assert {k["name"] for k in m.plan["kernels"]} <= set(usage)

@@ -5,6 +5,7 @@ import numpy as np
 
 from ..kernels.map import MapExpr, emit_map
 from ..kernels.transpose import emit_tiled_transpose, wants_tiled
+from ..kernels.index_check import emit_index_check
 from .registry import ALIAS, LAYOUT, register
 
 
@@ -156,21 +157,38 @@ def _split(ctx, node):
 
 def _index(var: str, value: str, dim: int) -> list[str]:
     """Statements setting i64 `var` to index `value` wrapped (ONNX's negative indices) and then
-    clamped into [0, dim): a kernel never reads outside its tensor, whatever the index. Indices
-    that come from graph inputs are checked on the host before the launch (index_check), so a
-    user's out-of-range id is an error, as in onnxruntime; computed ones are clamped."""
+    clamped into [0, dim): a kernel never reads outside its tensor, whatever the index. Every
+    index is also checked (index_check), so a clamped read never becomes an answer."""
     return [f"i64 {var} = (i64)({value});", f"if ({var} < 0) {var} += {dim};",
             f"{var} = {var} < 0 ? 0 : ({var} >= {dim} ? {dim - 1} : {var});"]
 
 
 def index_check(ctx, node, idx: str, bounds: list[int], last_axis: bool = False) -> None:
-    """Where a Gather's indices are a graph input (through views), record the bounds the host
-    checks before every run (Executor.check_indices): `bounds[j]` for component j of the last
-    axis (GatherND), else one bound for every element."""
+    """Check node's indices `idx` against `bounds` (one bound for every element; with `last_axis`,
+    `bounds[j]` for component j of the last axis, GatherND's index tuples) where they are first
+    known (kernels/index_check.py): a constant now, a graph input (through views) on the host
+    before every run (Executor.check_indices), a computed index on the device after the run."""
+    value = ctx.const(idx)
+    if value is not None:
+        _check_constant(ctx, np.asarray(value), bounds, last_axis)
+        return
     src = ctx.resolve(idx)
     if src in ctx.graph.inputs:
         ctx.index_checks.append({"input": src, "node": node.name, "op": node.op_type, "bounds": [int(b) for b in bounds],
                                  "per_last_axis": last_axis})
+        return
+    emit_index_check(ctx, node, idx, bounds, last_axis)
+
+
+def _check_constant(ctx, value: np.ndarray, bounds: list[int], last_axis: bool) -> None:
+    if value.size == 0:
+        return
+    b = np.asarray(bounds, np.int64) if last_axis else np.int64(bounds[0])
+    bad = (value < -b) | (value >= b)
+    if bad.any():
+        pos = [int(x) for x in np.argwhere(bad)[0]]
+        bound = int(bounds[pos[-1]]) if last_axis else int(bounds[0])
+        raise ctx.fail(f"constant index {int(value[tuple(pos)])} at {pos} is outside [-{bound}, {bound})")
 
 
 @register("Gather", since=1, category=LAYOUT, half_io=True)
@@ -180,7 +198,6 @@ def _gather(ctx, node):
     ax = _axis(ctx.attr("axis", 0), len(dshape))
     q = len(ishape)
     dim = dshape[ax]
-    index_check(ctx, node, idx, [dim])
 
     def body(v):
         icoords = v.o[ax:ax + q]
@@ -198,6 +215,7 @@ def _gather(ctx, node):
 
     emit_map(ctx, node.outputs[0], [data, idx], body, "Gather", flops_per_elem=0, inline_scalars=False, sparse_reads=True,
              index_maps={0: imap})
+    index_check(ctx, node, idx, [dim])  # after the Gather: a stitch may compute idx inside it
 
 
 @register("GatherElements", since=11, category=LAYOUT, half_io=True)
@@ -205,7 +223,6 @@ def _gather_elements(ctx, node):
     data, idx = node.inputs[:2]
     dshape = ctx.shape(data)
     ax = _axis(ctx.attr("axis", 0), len(dshape))
-    index_check(ctx, node, idx, [dshape[ax]])
 
     def body(v):
         s = _index("g", v.ld(1, v.o), dshape[ax])
@@ -214,6 +231,7 @@ def _gather_elements(ctx, node):
         return s, v.ld(0, coords)
 
     emit_map(ctx, node.outputs[0], [data, idx], body, "GatherElements", flops_per_elem=0, inline_scalars=False, sparse_reads=True)
+    index_check(ctx, node, idx, [dshape[ax]])
 
 
 @register("GatherND", since=11, category=LAYOUT, half_io=True)
@@ -223,7 +241,6 @@ def _gather_nd(ctx, node):
     dshape, ishape = ctx.shape(data), ctx.shape(idx)
     b = ctx.attr("batch_dims", 0)
     q, k = len(ishape) - 1, ishape[-1]
-    index_check(ctx, node, idx, [dshape[b + j] for j in range(k)], last_axis=True)
 
     def body(v):
         s, coords = [], list(v.o[:b])
@@ -233,6 +250,7 @@ def _gather_nd(ctx, node):
         return s, v.ld(0, coords + v.o[q:])
 
     emit_map(ctx, node.outputs[0], [data, idx], body, "GatherND", flops_per_elem=0, inline_scalars=False, sparse_reads=True)
+    index_check(ctx, node, idx, [dshape[b + j] for j in range(k)], last_axis=True)
 
 
 @register("Expand", since=8, category=LAYOUT, half_io=True)

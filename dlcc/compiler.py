@@ -162,7 +162,8 @@ def _check_reads(state, after: str) -> None:
     if state.ctx is None:
         return
     g = state.graph
-    ready = set(g.inputs) | {name for name, t in g.tensors.items() if t.value is not None}
+    ready = set(g.inputs) | {name for name, t in g.tensors.items()
+                             if t.value is not None or (t.shape is not None and t.size == 0)}  # empty: nothing to read
     bad = state.ctx.program.unwritten_read(ready, state.ctx.resolve)
     if bad is not None:
         L, t = bad

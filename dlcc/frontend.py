@@ -208,6 +208,12 @@ def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: st
                 value = symbols[d.dim_param]
                 d.Clear()
                 d.dim_value = value
+            elif d.HasField("dim_value") and d.dim_value == 0:
+                raise ShapeError(
+                    f"input {inp.name!r} of {source} has dim {k} of size 0, and dlcc does not compile empty "
+                    f"inputs; if the exporter wrote 0 for a dynamic dim, "
+                    f"bind it with --shape {inp.name}=" + "x".join(
+                        str(x.dim_value) if x.HasField("dim_value") and x.dim_value > 0 else "N" for x in tt.shape.dim))
             else:
                 label = f"'{d.dim_param}'" if d.dim_param else "(unnamed)"
                 raise ShapeError(

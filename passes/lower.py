@@ -28,11 +28,23 @@ def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "
     for node in graph.nodes:
         entry = registry.lookup(node.op_type, graph.opset, node.domain)
         assert entry is not None, node.op_type  # unsupported ops are rejected before passes run
+        if _writes_nothing(graph, node):
+            ctx.skipped_empty.append(node.name)
+            continue
         ctx.node = node
         entry.lower(ctx, node)
     ctx.node = None
     _materialize_outputs(ctx)
     return ctx
+
+
+def _writes_nothing(graph, node) -> bool:
+    """Every output of `node` is empty (a zero-sized dim, as onnxruntime allows): it gets no launch
+    at all. Why: a kernel over no elements would at best idle, and the shape arithmetic of several
+    templates (a GEMM's tiles per row, a reduction's rows) divides by a zero dim. Readers of an
+    empty tensor read nothing, so nothing needs to write it."""
+    outs = [graph.tensors[o] for o in node.outputs if o]
+    return bool(outs) and all(t.shape is not None and t.size == 0 for t in outs)
 
 
 def _materialize_outputs(ctx: LowerCtx) -> None:
@@ -86,6 +98,9 @@ def lower(state: CompileState, opts) -> None:
                             half_activations=state.half_activations)
     n = len(state.ctx.program.launches)
     state.log.append(f"lower: {len(state.ctx.program.kernels)} kernel(s), {n} launch(es)")
+    if state.ctx.skipped_empty:
+        state.log.append(f"lower: {len(state.ctx.skipped_empty)} node(s) with only empty outputs get no launch: "
+                         + ", ".join(state.ctx.skipped_empty[:8]) + (" ..." if len(state.ctx.skipped_empty) > 8 else ""))
     if state.precision != "fp32":
         state.ctx.kept_float32 = kept = state.ctx.float32_compute()
         if kept:

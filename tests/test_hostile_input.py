@@ -417,3 +417,58 @@ def test_found_by_the_property_tests(tmp_path):
                   [("x", [1, 2, 6, 6])], [("y", [1, 2, 6, "w"])])
     with pytest.raises(DlccError, match=r"comes out as \[1, 2, 6, -1\]: a negative dim"):
         dlcc.compile(path, target="opencl")
+
+
+EMPTY_CASES = {  # op(s) applied to sl = x[:, :, 4:4], an empty [2, 3, 0] computed at run time
+    # a GEMM with N = 0 divided by its zero tiles per row, and hung PoCL
+    "matmul-n0": [h.make_node("MatMul", ["x", "w80"], ["y"])],
+    "matmul-k0": [h.make_node("MatMul", ["sl", "w0"], ["y"])],
+    # astitch's planner divided by the empty output's rows (ZeroDivisionError)
+    "reducemax-empty-output": [h.make_node("ReduceMax", ["sl"], ["y"], axes=[1], keepdims=1)],
+    # the mean of nothing was 0 / 0 = NaN; onnxruntime gives 0
+    "reducemean-over-nothing": [h.make_node("ReduceMean", ["sl"], ["y"], axes=[2], keepdims=1)],
+    "reducemax-over-nothing": [h.make_node("ReduceMax", ["sl"], ["y"], axes=[2], keepdims=1)],
+    "concat-with-empty": [h.make_node("Concat", ["sl", "x"], ["y"], axis=2)],
+    "gather-no-indices": [h.make_node("Gather", ["x", "eidx"], ["y"], axis=2)],
+    "pad-an-empty-axis": [h.make_node("Pad", ["sl", "pads"], ["y"])],
+}
+
+
+@pytest.mark.parametrize("case", sorted(EMPTY_CASES))
+def test_empty_tensors_inside_a_model(tmp_path, case):
+    """Zero-sized intermediates, as onnxruntime allows them: nodes with only empty outputs get no
+    launch (passes/lower.py), and the rest match onnxruntime on every pipeline."""
+    import onnxruntime as ort
+
+    def c(name, v, dt=np.int64):
+        return nh.from_array(np.array(v, dt), name)
+
+    nodes = [h.make_node("Slice", ["x", "s", "e", "ax"], ["sl"])] + EMPTY_CASES[case]
+    inits = [c("s", [4]), c("e", [4]), c("ax", [2]), c("w0", np.ones((0, 5)), np.float32),
+             c("w80", np.ones((8, 0)), np.float32), c("eidx", np.zeros(0)), c("pads", [0, 0, 1, 0, 0, 2])]
+    used = {i for n in nodes for i in n.input}
+    g = h.make_graph(nodes, "e", [h.make_tensor_value_info("x", T.FLOAT, [2, 3, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], [t for t in inits if t.name in used])
+    m = onnx.shape_inference.infer_shapes(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
+    for v in m.graph.value_info:  # the output's inferred shape (where inference left it here)
+        if v.name == "y":
+            m.graph.output[0].CopyFrom(v)
+    path = tmp_path / "e.onnx"
+    onnx.save(m, path)
+    x = np.random.RandomState(0).randn(2, 3, 8).astype(np.float32)
+    ref = ort.InferenceSession(str(path)).run(None, {"x": x})[0]
+    for pipeline in ("baseline", "astitch", "full"):
+        got = dlcc.compile(path, target="opencl", pipeline=pipeline)({"x": x})["y"]
+        assert got.shape == ref.shape, pipeline
+        np.testing.assert_allclose(got, ref, rtol=1e-6, err_msg=pipeline)
+
+
+def test_an_input_with_a_zero_dim_is_refused_clearly(tmp_path):
+    g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "z", [h.make_tensor_value_info("x", T.FLOAT, [0, 16])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [0, 16])])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "z.onnx")
+    with pytest.raises(DlccError, match=r"input 'x' of .*z.onnx has dim 0 of size 0, and dlcc does not compile "
+                                        r"empty inputs; .* bind it with --shape x=Nx16"):
+        dlcc.compile(tmp_path / "z.onnx", target="opencl")
+    m = dlcc.compile(tmp_path / "z.onnx", target="opencl", shapes={"x": (2, 16)})
+    np.testing.assert_array_equal(m({"x": -np.ones((2, 16), np.float32)})["y"], np.zeros((2, 16), np.float32))

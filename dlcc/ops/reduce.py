@@ -46,6 +46,9 @@ def _lower_reduce(ctx, node):
     if not axes:
         return ctx.alias(node.outputs[0], node.inputs[0])
     op, pre, post = REDUCE[node.op_type]
+    shape = ctx.shape(node.inputs[0])
+    if post == "acc / R_F" and int(np.prod([shape[a] for a in axes])) == 0:
+        post = "acc"  # the mean of nothing: onnxruntime gives 0 (the empty sum), not 0 / 0
     emit_reduce(ctx, node.outputs[0], node.inputs[0], axes, op, node.op_type, pre=pre, post=post)
 
 

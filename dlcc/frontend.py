@@ -99,10 +99,7 @@ def split_weights(model: onnx.ModelProto, path) -> dict[str, np.ndarray]:
         t = inits[k]
         if _tensor_bytes(t) < WEIGHT_BYTES or t.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
             continue
-        try:
-            weights[t.name] = numpy_helper.to_array(t)
-        except Exception as e:
-            raise ModelError(f"{path}: initializer {t.name!r} cannot be read: {e}") from None
+        weights[t.name] = tensor_value(t, path)
         if t.name not in listed:
             model.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
         del inits[k]
@@ -301,9 +298,13 @@ def _anonymous(dim_param: str) -> bool:
     return dim_param.strip() in ("?", "-1", "")
 
 
-def _tensor_type_info(vi: onnx.ValueInfoProto):
+def _tensor_type_info(vi: onnx.ValueInfoProto, path="model"):
     tt = vi.type.tensor_type
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else None
+    try:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else None
+    except KeyError:
+        raise ModelError(f"{path}: value {vi.name!r} has element type {tt.elem_type}, which is no ONNX data "
+                         "type") from None
     if not tt.HasField("shape"):
         return None, dtype
     dims = []
@@ -478,7 +479,7 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         shaped = infer_shapes(model, path)
     except ModelError:  # reported below, after folding, where folding does not cure it
         shaped = model
-    check_attributes(_attribute_view(shaped), path)
+    check_attributes(_attribute_view(shaped, path), path)
     if fold:
         folded = fold_with_onnxruntime(model)
         if folded is not None:
@@ -497,23 +498,27 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
 
     tensors: dict[str, Tensor] = {}
     for vi in list(g.input) + list(g.value_info) + list(g.output):
-        shape, dtype = _tensor_type_info(vi)
+        shape, dtype = _tensor_type_info(vi, path)
         if dtype is not None:
             tensors[vi.name] = Tensor(vi.name, shape if shape is not None else None, dtype)  # type: ignore[arg-type]
     for init in g.initializer:
-        arr = numpy_helper.to_array(init)
+        arr = tensor_value(init, path)
         tensors[init.name] = Tensor(init.name, tuple(arr.shape), arr.dtype.name, arr)
     for name, arr in weights.items():
         tensors[name] = Tensor(name, tuple(arr.shape), arr.dtype.name, arr)
     nodes: list[Node] = []
     for k, n in enumerate(g.node):
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        attrs = node_attributes(n, k, path)
         if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
             m = onnx.helper.make_model(onnx.helper.make_graph([n], "c", [], [onnx.helper.make_tensor_value_info(n.output[0], 0, None)]),
                                        opset_imports=[onnx.helper.make_opsetid("", opset)])
             from onnx.reference import ReferenceEvaluator
 
-            val = np.asarray(ReferenceEvaluator(m).run(None, {})[0])
+            try:
+                val = np.asarray(ReferenceEvaluator(m).run(None, {})[0])
+            except Exception as e:  # a value attribute whose data does not match its dims or type
+                raise ModelError(f"{path}: Constant node {n.name or n.output[0]!r} cannot be evaluated: "
+                                 f"{_first_line(e)}") from None
             tensors[n.output[0]] = Tensor(n.output[0], tuple(val.shape), val.dtype.name, val)
             continue
         nodes.append(Node(n.op_type, n.name or f"{n.op_type}_{k}", list(n.input), list(n.output), attrs, n.domain))
@@ -539,14 +544,14 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     return graph
 
 
-def _attribute_view(model: onnx.ModelProto) -> Graph:
+def _attribute_view(model: onnx.ModelProto, path="model") -> Graph:
     """A light Graph of `model` for ops/checks.py: nodes with their attributes, tensors with the
     shapes shape inference gave, and the values of small constants only (a check reads a
     variance, split sizes, K or scales, never a weight)."""
     g = model.graph
     tensors: dict[str, Tensor] = {}
     for vi in list(g.input) + list(g.value_info) + list(g.output):
-        shape, dtype = _tensor_type_info(vi)
+        shape, dtype = _tensor_type_info(vi, path)
         if dtype is not None:
             tensors[vi.name] = Tensor(vi.name, shape, dtype)  # type: ignore[arg-type]
     small = [(i.name, i) for i in g.initializer if int(np.prod(i.dims)) <= 65536]
@@ -559,10 +564,53 @@ def _attribute_view(model: onnx.ModelProto) -> Graph:
             continue
         tensors[name] = Tensor(name, tuple(arr.shape), arr.dtype.name, arr)
     nodes = [Node(n.op_type, n.name or f"{n.op_type}_{k}", list(n.input), list(n.output),
-                  {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}, n.domain)
+                  node_attributes(n, k, path), n.domain)
              for k, n in enumerate(g.node)]
     return Graph(name=g.name, nodes=nodes, tensors=tensors, inputs=[], outputs=[o.name for o in g.output],
                  opset=opset_of(model))
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return (text.splitlines()[0][:200] if text else type(e).__name__)
+
+
+def tensor_value(t: onnx.TensorProto, path, what: str = "initializer") -> np.ndarray:
+    """The array of TensorProto `t`; a ModelError naming it where its data does not match its dims
+    or its type (raw data of the wrong length, an unknown data_type, segments): the checker lets
+    those through, and numpy's ValueError named nothing."""
+    try:
+        return numpy_helper.to_array(t)
+    except Exception as e:
+        raise ModelError(f"{path}: {what} {t.name!r} cannot be read (data_type {t.data_type}, dims {list(t.dims)}): "
+                         f"{_first_line(e)}") from None
+
+
+def _text(v):
+    """Attribute strings as str: bytes that are not UTF-8 keep their place as U+FFFD, so a check
+    names the value (\"direction '\ufffd' is not ...\") instead of raising UnicodeDecodeError."""
+    if isinstance(v, bytes):
+        return v.decode("utf-8", errors="replace")
+    if isinstance(v, list) and v and isinstance(v[0], bytes):
+        return [x.decode("utf-8", errors="replace") for x in v]
+    return v
+
+
+def node_attributes(n: onnx.NodeProto, k: int, path) -> dict:
+    """Node `n`'s attributes by name, with a ModelError naming the node and the attribute where
+    one cannot be read: a reference to a function's attribute outside any function, a value of
+    a type the field does not hold."""
+    out = {}
+    for a in n.attribute:
+        where = f"{path}: {n.op_type} node {n.name or f'{n.op_type}_{k}'!r}: attribute {a.name!r}"
+        if a.ref_attr_name:
+            raise ModelError(f"{where} refers to {a.ref_attr_name!r}, an attribute of a function, outside any "
+                             "function body")
+        try:
+            out[a.name] = _text(onnx.helper.get_attribute_value(a))
+        except Exception as e:
+            raise ModelError(f"{where} cannot be read: {_first_line(e)}") from None
+    return out
 
 
 def check_static(graph: Graph, path) -> None:

@@ -125,13 +125,17 @@ def _check_event(e: dict, k: int, where: str) -> None:
 
     for f, types in _FIELD_TYPES.items():
         v = e.get(f)
-        if v is not None and (not isinstance(v, types) or isinstance(v, bool)):
+        if v is None:
+            e.pop(f, None)  # JSON null is an absent field (the reader's defaults apply)
+        elif not isinstance(v, types) or isinstance(v, bool):
             bad(repr(f), v, types)
     args = e.get("args")
     if args:
         for f, types in _ARG_TYPES.items():
             v = args.get(f)
-            if v is not None and (not isinstance(v, types) or isinstance(v, bool)):
+            if v is None:
+                args.pop(f, None)
+            elif not isinstance(v, types) or isinstance(v, bool):
                 bad(f"args[{f!r}]", v, types)
 
 

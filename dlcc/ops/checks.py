@@ -75,12 +75,27 @@ def _axis(graph, n, name="axis", default=None, rank_of=0, extra=0) -> list[str]:
     return []
 
 
+def _window_lengths(n, nd: int) -> list[str]:
+    """A windowed op's per-axis attributes have one entry per spatial axis (pads two)."""
+    out = []
+    for name, per in (("kernel_shape", 1), ("strides", 1), ("dilations", 1), ("pads", 2), ("output_padding", 1),
+                      ("output_shape", 1)):
+        v = _ints(n, name)
+        if v is not None and len(v) != per * nd:
+            out.append(f"{name} {v} has {len(v)} entries for {nd} spatial axes (expected {per * nd})")
+    return out
+
+
 @check("Conv", "ConvTranspose")
 def _conv(graph, n):
     out = _at_least(n, "group", 1, 1) + _at_least(n, "strides", 1) + _at_least(n, "dilations", 1)
     out += _at_least(n, "pads", 0) + _at_least(n, "kernel_shape", 1) + _at_least(n, "output_padding", 0)
     g = _ints(n, "group", 1)[0]
     x, w = _shape(graph, n.inputs[0]), _shape(graph, n.inputs[1] if len(n.inputs) > 1 else "")
+    if x is not None and w is not None and len(w) != len(x):
+        out.append(f"the weight's rank {len(w)} differs from the input's {len(x)}")
+    if x is not None and len(x) >= 3:
+        out += _window_lengths(n, len(x) - 2)
     if g >= 1 and x is not None and w is not None and len(x) >= 3 and len(w) == len(x):
         cin = x[1]
         if cin % g:
@@ -101,8 +116,11 @@ def _conv(graph, n):
 def _pool(graph, n):
     if "kernel_shape" not in n.attrs:
         return ["kernel_shape is required"]
-    return (_at_least(n, "kernel_shape", 1) + _at_least(n, "strides", 1) + _at_least(n, "dilations", 1)
-            + _at_least(n, "pads", 0))
+    out = (_at_least(n, "kernel_shape", 1) + _at_least(n, "strides", 1) + _at_least(n, "dilations", 1)
+           + _at_least(n, "pads", 0))
+    x = _shape(graph, n.inputs[0]) if n.inputs else None
+    nd = len(x) - 2 if x is not None and len(x) >= 3 else len(_ints(n, "kernel_shape"))
+    return out + _window_lengths(n, nd)
 
 
 @check("LSTM", "GRU", "RNN")

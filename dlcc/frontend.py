@@ -51,6 +51,7 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise ModelError(f"{path}: not a readable ONNX model (truncated or not protobuf?): {e}") from None
     if not model.HasField("graph") or len(model.graph.node) == 0 and len(model.graph.output) == 0:
         raise ModelError(f"{path}: the file parsed but holds no ONNX graph (is it really an .onnx file?)")
+    _check_text(model, path)
     base = path.resolve().parent
     for init in _all_initializers(model):
         if init.data_location == onnx.TensorProto.EXTERNAL:
@@ -83,6 +84,30 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
 #: Shape-like constants (a Reshape's target, Gather indices) are far smaller, so they stay and
 #: still fold. 4 KB also keeps BERT's int64 position ids [1, 512] in.
 WEIGHT_BYTES = 4097
+
+
+def _check_text(msg, path, where: str = "model") -> None:
+    """Every string field of the model holds UTF-8 text. protobuf parses ONNX's proto2 strings
+    without checking them and hands invalid ones to Python as bytes, which then broke whatever
+    used the name (a UnicodeDecodeError deep in onnx.helper). Byte fields (raw tensor data) are
+    not looked at, so the walk stays cheap for large models."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    for f, value in msg.ListFields():
+        if f.type == F.TYPE_STRING:
+            for v in (value if is_repeated_field(f) else [value]):
+                if isinstance(v, bytes):
+                    raise ModelError(f"{path}: {where}.{f.name} {v[:40]!r} is not UTF-8 text; the file is corrupt or "
+                                     "not written by an ONNX exporter")
+        elif f.type == F.TYPE_MESSAGE:
+            items = value if is_repeated_field(f) else [value]
+            for k, v in enumerate(items):
+                _check_text(v, path, f"{where}.{f.name}[{k}]" if is_repeated_field(f) else f"{where}.{f.name}")
+
+
+def is_repeated_field(f) -> bool:
+    rep = getattr(f, "is_repeated", None)  # protobuf >= 5.28; `label` went in 7
+    return bool(rep) if rep is not None else f.label == f.LABEL_REPEATED
 
 
 def split_weights(model: onnx.ModelProto, path) -> dict[str, np.ndarray]:

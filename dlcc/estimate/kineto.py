@@ -186,8 +186,9 @@ def build_graph(data: dict, where: str = "trace", iterations: str | None = None)
             rx = re.compile(iterations)
         except re.error as e:
             raise TraceError(f"--iterations {iterations!r} is not a regular expression: {e}") from None
+        # a thread key (pid, tid) may mix ints, strings and absent ids: order by time, then its text
         found = sorted({(float(e["ts"]), float(e["dur"]), k) for k, lst in cpu_ops.items() for e in lst
-                        if rx.search(e.get("name", ""))})
+                        if rx.search(e.get("name", ""))}, key=lambda f: (f[0], f[1], str(f[2])))
         if not found:
             raise TraceError(f"{where}: no CPU op or annotation matches --iterations {iterations!r}")
         # a match that encloses another match is a wrapper (a harness's outer range): keep the inner
@@ -205,7 +206,7 @@ def build_graph(data: dict, where: str = "trace", iterations: str | None = None)
                 if m:
                     a = float(e["ts"]) - t0
                     step_spans.append((a, a + float(e["dur"]), k, e["name"], int(m.group(1))))
-        step_spans.sort()
+        step_spans.sort(key=lambda s: (s[0], s[1], str(s[2]), s[3], s[4]))  # thread keys as above
 
     # ---- CPU leaves per thread ------------------------------------------------------------
     corr_owner: dict = {}

@@ -51,6 +51,16 @@ def _shape(graph, name):
     return None if t is None or t.shape is None else tuple(t.shape)
 
 
+def _values(graph, name, kinds: str = "iu"):
+    """The constant value of input `name` as a flat array, where it is one and of a numpy dtype
+    kind in `kinds` (integers by default); None otherwise (a complex K or string sizes are the
+    dtype checks' business, not a reason to crash here)."""
+    t = graph.tensors.get(name) if name else None
+    if t is None or t.value is None or np.asarray(t.value).dtype.kind not in kinds:
+        return None
+    return np.asarray(t.value).reshape(-1)
+
+
 def _at_least(n, name, least, default=None) -> list[str]:
     v = _ints(n, name, default)
     if v is not None and any(x < least for x in v):
@@ -142,13 +152,13 @@ def _batchnorm(graph, n):
     eps = float(n.attrs.get("epsilon", 1e-5))
     if not np.isfinite(eps):
         return [f"epsilon {eps} is not finite"]
-    var = graph.tensors.get(n.inputs[4]) if len(n.inputs) > 4 else None
-    if var is not None and var.value is not None:
-        bad = np.flatnonzero(~(np.asarray(var.value, np.float64).reshape(-1) + eps > 0))
+    var = _values(graph, n.inputs[4] if len(n.inputs) > 4 else "", "fiu")
+    if var is not None:
+        bad = np.flatnonzero(~(var.astype(np.float64) + eps > 0))
         if bad.size:
             c = int(bad[0])
             return [f"var + epsilon is not positive for {bad.size} channel(s) (channel {c}: var "
-                    f"{float(var.value.reshape(-1)[c]):g}, epsilon {eps:g}): the output would be inf or NaN"]
+                    f"{float(var[c]):g}, epsilon {eps:g}): the output would be inf or NaN"]
     return []
 
 
@@ -166,8 +176,8 @@ def _split(graph, n):
     out = []
     sizes = _ints(n, "split")
     if sizes is None and len(n.inputs) > 1 and n.inputs[1]:
-        t = graph.tensors.get(n.inputs[1])
-        sizes = None if t is None or t.value is None else [int(v) for v in t.value.reshape(-1)]
+        v = _values(graph, n.inputs[1])
+        sizes = None if v is None else [int(x) for x in v]
     if sizes is not None and any(v < 0 for v in sizes):
         out.append(f"split sizes {sizes} must not be negative")
     return out
@@ -175,18 +185,18 @@ def _split(graph, n):
 
 @check("TopK")
 def _topk(graph, n):
-    t = graph.tensors.get(n.inputs[1]) if len(n.inputs) > 1 else None
-    if t is not None and t.value is not None and t.value.size == 1 and int(t.value.reshape(())) < 0:
-        return [f"K {int(t.value.reshape(()))} must not be negative"]
+    k = _values(graph, n.inputs[1] if len(n.inputs) > 1 else "")
+    if k is not None and k.size == 1 and int(k[0]) < 0:
+        return [f"K {int(k[0])} must not be negative"]
     return []
 
 
 @check("Resize", "Upsample")
 def _resize(graph, n):
     for k in (1, 2):  # Upsample's scales, Resize's scales
-        t = graph.tensors.get(n.inputs[k]) if len(n.inputs) > k and n.inputs[k] else None
-        if t is not None and t.value is not None and t.dtype == "float32" and t.value.size:
-            v = np.asarray(t.value, np.float64).reshape(-1)
+        v = _values(graph, n.inputs[k] if len(n.inputs) > k else "", "f")
+        if v is not None and v.size:
+            v = v.astype(np.float64)
             if not np.all(np.isfinite(v) & (v > 0)):
                 return [f"scales {v.tolist()} must be finite and positive"]
     return []

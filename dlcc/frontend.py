@@ -141,6 +141,12 @@ def check_model(model: onnx.ModelProto, path) -> None:
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(f"{path}: the ONNX checker rejects this model: {first}") from None
+    opset, known = opset_of(model), onnx.defs.onnx_opset_version()
+    if not 1 <= opset <= known:
+        # The checker lets any stamp through; ops would then be read by the rules of the newest
+        # opset dlcc knows, which is not what a model from the future means.
+        raise ModelError(f"{path}: the model is stamped with opset {opset} of the ONNX domain; this installation "
+                         f"knows opsets 1 to {known} (onnx {onnx.__version__})")
 
 
 def _all_initializers(model: onnx.ModelProto):

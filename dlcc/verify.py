@@ -8,7 +8,12 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from .errors import DlccError
 from .ir import SUPPORTED_DTYPES, is_float
+
+
+class NoReferenceError(DlccError):
+    """onnxruntime, the reference `verify` compares with, cannot run the model or its inputs."""
 
 
 #: verify's default (rtol, atol) per precision (Polygraphy-style: one pair per precision, printed
@@ -126,13 +131,20 @@ def _reference(model_path, feeds: dict, names: list[str] | None = None) -> tuple
     """(output names, onnxruntime's outputs), each in the model's declared output dtype: a widened
     model's outputs are rounded back to their 16-bit type, as an exact 16-bit result would be."""
     widen, half = _half_outputs(model_path)
-    sess = _session(model_path, widen)
-    names = names or [o.name for o in sess.get_outputs()]
-    if widen:
-        wide_in = {i.name for i in sess.get_inputs() if i.type == "tensor(float)"}
-        feeds = {k: (np.asarray(v, np.float32) if k in wide_in and is_float(np.asarray(v).dtype) else v)
-                 for k, v in feeds.items()}
-    refs = sess.run(names, feeds)
+    try:
+        sess = _session(model_path, widen)
+        names = names or [o.name for o in sess.get_outputs()]
+        if widen:
+            wide_in = {i.name for i in sess.get_inputs() if i.type == "tensor(float)"}
+            feeds = {k: (np.asarray(v, np.float32) if k in wide_in and is_float(np.asarray(v).dtype) else v)
+                     for k, v in feeds.items()}
+        refs = sess.run(names, feeds)
+    except Exception as e:  # onnxruntime refuses the model or these inputs: there is no reference
+        if isinstance(e, DlccError):
+            raise
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise NoReferenceError(f"{model_path}: onnxruntime, the reference, cannot run this model on these inputs, "
+                              f"so there is nothing to compare with: {text[:400]}") from None
     return names, [r.astype(SUPPORTED_DTYPES[half[n]]) if n in half else r for n, r in zip(names, refs)]
 
 

@@ -472,3 +472,30 @@ def test_an_input_with_a_zero_dim_is_refused_clearly(tmp_path):
         dlcc.compile(tmp_path / "z.onnx", target="opencl")
     m = dlcc.compile(tmp_path / "z.onnx", target="opencl", shapes={"x": (2, 16)})
     np.testing.assert_array_equal(m({"x": -np.ones((2, 16), np.float32)})["y"], np.zeros((2, 16), np.float32))
+
+
+def test_an_opset_from_the_future_is_refused(tmp_path):
+    """onnx's checker lets any opset stamp through; dlcc would have read the ops by the newest rules
+    it knows (found by scripts/hostile_corpus.py: opset 256 compiled)."""
+    path = _model(tmp_path / "o.onnx", h.make_node("Relu", ["x"], ["y"]), [("x", [2])], [("y", [2])], opset=256)
+    with pytest.raises(ModelError, match=r"stamped with opset 256 of the ONNX domain; this installation knows "
+                                         r"opsets 1 to \d+"):
+        dlcc.compile(path, target="opencl")
+
+
+def test_verify_where_onnxruntime_cannot_run_the_model(tmp_path):
+    """Where the reference refuses (here: LayerNormalization over an empty axis, which dlcc runs to
+    an empty output), verify says so with exit code 2; it was an internal error with a traceback."""
+    nodes = [h.make_node("Slice", ["x", "s", "e", "ax"], ["sl"]),
+             h.make_node("LayerNormalization", ["sl", "g", "b"], ["y"], axis=-1)]
+    inits = [nh.from_array(np.array([4], np.int64), n) for n in ("s", "e")] + [
+        nh.from_array(np.array([2], np.int64), "ax"), nh.from_array(np.ones(0, np.float32), "g"),
+        nh.from_array(np.zeros(0, np.float32), "b")]
+    g = h.make_graph(nodes, "e", [h.make_tensor_value_info("x", T.FLOAT, [2, 3, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [2, 3, 0])], inits)
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "ln.onnx")
+    res = subprocess.run([sys.executable, "-m", "dlcc.cli", "verify", str(tmp_path / "ln.onnx"), "-q", "-t", "opencl"],
+                         capture_output=True, text=True)
+    text = "".join((res.stdout + res.stderr).split())
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "onnxruntime,thereference,cannotrunthismodelontheseinputs" in text and "Traceback" not in text

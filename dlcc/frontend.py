@@ -385,6 +385,7 @@ def _fold_and_infer(graph: Graph) -> None:
     from onnx.reference import ReferenceEvaluator
 
     keep: list[Node] = []
+    declared = set(graph.outputs)
     for node in graph.nodes:
         ins = [i for i in node.inputs if i]
         known = all(graph.tensors.get(i) is not None and graph.tensors[i].shape is not None for i in ins)
@@ -405,14 +406,18 @@ def _fold_and_infer(graph: Graph) -> None:
                 continue
             except Exception:
                 pass
-        if known and any(o and graph.tensors[o].shape is None for o in node.outputs):
+        # A graph output's shape is the model's declaration, which can be wrong (an exporter's
+        # guess, or a model edited by hand); a kernel sized by the declaration but fed by its
+        # inputs wrote past the output's buffer. As onnxruntime does, the shape its producer
+        # computes wins.
+        if known and any(o and (graph.tensors[o].shape is None or o in declared) for o in node.outputs):
             try:
                 m, _ = _mini_model(graph, node)
                 inferred = shape_inference.infer_shapes(m, data_prop=True).graph.output
                 for vi in inferred:
                     shape, dtype = _tensor_type_info(vi)
                     t = graph.tensors[vi.name]
-                    if shape is not None and t.shape is None:
+                    if shape is not None and (t.shape is None or vi.name in declared):
                         t.shape = shape
                     if dtype is not None:
                         t.dtype = dtype

@@ -499,3 +499,26 @@ def test_verify_where_onnxruntime_cannot_run_the_model(tmp_path):
     text = "".join((res.stdout + res.stderr).split())
     assert res.returncode == 2, res.stdout + res.stderr
     assert "onnxruntime,thereference,cannotrunthismodelontheseinputs" in text and "Traceback" not in text
+
+
+def test_a_graph_output_declared_with_the_wrong_shape(tmp_path):
+    """The declaration says [1, 10], the MatMul computes [4, 10]. Where onnx's whole-model shape
+    inference sees it, the model is refused naming the op; where it cannot (an upstream node it
+    fails on, folded by dlcc), the computed shape wins, as in onnxruntime: a kernel sized by its
+    inputs once wrote 160 bytes into the 40-byte output buffer (heap corruption, SIGABRT on PoCL;
+    found by scripts/hostile_corpus.py)."""
+    from dlcc.frontend import _fold_and_infer
+    from dlcc.ir import Graph, Node, Tensor
+
+    w = np.random.RandomState(0).randn(8, 10).astype(np.float32)
+    g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "g", [h.make_tensor_value_info("x", T.FLOAT, [4, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 10])], [nh.from_array(w, "w")])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "o.onnx")
+    with pytest.raises(ModelError, match=r"Inferred shape and existing shape differ in dimension 0: \(4\) vs \(1\)"):
+        dlcc.compile(tmp_path / "o.onnx", target="opencl")
+    graph = Graph(name="g", nodes=[Node("MatMul", "mm", ["x", "w"], ["y"], {}, "")],
+                  tensors={"x": Tensor("x", (4, 8), "float32"), "w": Tensor("w", (8, 10), "float32", w),
+                           "y": Tensor("y", (1, 10), "float32")},
+                  inputs=["x"], outputs=["y"], opset=17, source_node_count=1)
+    _fold_and_infer(graph)
+    assert graph.tensors["y"].shape == (4, 10)

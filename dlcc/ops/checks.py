@@ -122,6 +122,17 @@ def _conv(graph, n):
     return out
 
 
+@check("MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool", "Conv",
+       "ConvTranspose", "BatchNormalization", "InstanceNormalization", "LRN")
+def _spatial_rank(graph, n):
+    """These ops take N x C x D1 ... Dn: a rank-1 input (onnxruntime refuses it) was folded by
+    onnx.reference into a shape nothing downstream expected."""
+    x = _shape(graph, n.inputs[0]) if n.inputs else None
+    least = 2 if n.op_type == "BatchNormalization" else 3
+    return [] if x is None or len(x) >= least else [f"the input has rank {len(x)}; it must be at least {least} "
+                                                    "(N x C x D1 ...)"]
+
+
 @check("MaxPool", "AveragePool", "LpPool")
 def _pool(graph, n):
     if "kernel_shape" not in n.attrs:

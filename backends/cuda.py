@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import CompileError, RuntimeBackendError
+from ..errors import CompileError, DlccError, RuntimeBackendError
 
 
 def available() -> bool:
@@ -65,7 +65,11 @@ class CudaRuntime:
 
     def kernel(self, name: str):
         if name not in self._fns:
-            self._fns[name] = self.module.get_function(name)
+            try:
+                self._fns[name] = self.module.get_function(name)
+            except self.drv.LogicError:
+                raise DlccError(f"kernel {name} is not in the kernel source (a damaged artifact, or one edited by "
+                                "hand); compile the model again") from None
         return self._fns[name]
 
     def alloc(self, nbytes: int):

@@ -8,7 +8,7 @@ import warnings
 
 import numpy as np
 
-from ..errors import CompileError, RuntimeBackendError
+from ..errors import CompileError, DlccError, RuntimeBackendError
 
 #: PoCL's worker threads, when dlcc could fix them before the OpenCL platform was first touched
 #: (claim_pocl_threads); None when it could not know them.
@@ -162,7 +162,11 @@ class OpenCLRuntime:
     def kernel(self, name: str):
         if name not in self._kernels:
             prog = self.unoptimised if name in self._unoptimised_names else self.program
-            self._kernels[name] = getattr(prog, name)
+            try:
+                self._kernels[name] = getattr(prog, name)
+            except AttributeError:
+                raise DlccError(f"kernel {name} is not in the kernel source (a damaged artifact, or one edited by "
+                                "hand); compile the model again") from None
         return self._kernels[name]
 
     def alloc(self, nbytes: int):

@@ -5,6 +5,7 @@ artifact is replaced only once the new one is complete.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -58,17 +59,23 @@ def write_artifact(out_dir: str | os.PathLike, plan: dict, weights: bytes, kerne
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
+        digests = {}
         for d in DIALECTS:
-            (tmp / file_name(d)).write_text(render(kernel_codes, d))
+            text = render(kernel_codes, d).encode()
+            (tmp / file_name(d)).write_bytes(text)
+            digests[file_name(d)] = hashlib.sha256(text).hexdigest()
         if hasattr(weights, "write_to"):  # a plan.WeightsBlob: streamed from its arrays
             with open(tmp / "weights.bin", "wb") as f:
                 weights.write_to(f)
         else:
             (tmp / "weights.bin").write_bytes(weights)
-        (tmp / "plan.json").write_text(json.dumps(plan, indent=1))
-        (tmp / "launcher.py").write_text(LAUNCHER)
         for name, data in (binaries or {}).items():
             (tmp / name).write_bytes(data)
+            digests[name] = hashlib.sha256(data).hexdigest()
+        # The sha256 of each kernel file: a truncated or swapped kernels.cl is named as such when the
+        # artifact is read, instead of failing in the OpenCL compiler or on a missing kernel.
+        (tmp / "plan.json").write_text(json.dumps({**plan, "file_sha256": digests}, indent=1))
+        (tmp / "launcher.py").write_text(LAUNCHER)
         replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -91,9 +98,15 @@ def replace_dir(tmp: Path, out: Path) -> None:
 
 
 def read_binaries(path: str | os.PathLike, plan: dict) -> dict[str, bytes]:
+    """The artifact's cubin, where it has one that matches the plan (a damaged one is left out:
+    the runtime then builds from kernels.cu)."""
     cub = plan.get("cuda", {}).get("cubin")
-    p = Path(path) / cub if cub else None
-    return {cub: p.read_bytes()} if p is not None and p.is_file() else {}
+    p = Path(path) / cub if isinstance(cub, str) and cub else None
+    if p is None or not p.is_file():
+        return {}
+    data = p.read_bytes()
+    want = (plan.get("file_sha256") or {}).get(cub)
+    return {cub: data} if want is None or hashlib.sha256(data).hexdigest() == want else {}
 
 
 def read_artifact(path: str | os.PathLike):
@@ -114,6 +127,14 @@ def read_artifact(path: str | os.PathLike):
                 sources[d] = f.read_bytes().decode("utf-8")
             except UnicodeDecodeError as e:
                 raise DlccError(f"{f} is not the UTF-8 text dlcc wrote ({e}); compile the model again") from None
+    digests = plan.get("file_sha256") or {}
+    if not isinstance(digests, dict):
+        raise DlccError(f"{path}/plan.json: file_sha256 is not an object; compile the model again")
+    for d, text in sources.items():
+        want = digests.get(file_name(d))
+        if want is not None and hashlib.sha256(text.encode()).hexdigest() != want:
+            raise DlccError(f"{path / file_name(d)} is not the file this plan was compiled with (its sha256 "
+                            "differs: truncated, edited or copied from another artifact); compile the model again")
     if not sources or not (path / "weights.bin").is_file():
         raise DlccError(f"{path}: incomplete artifact (kernel sources or weights.bin missing); compile it again")
     wpath = path / "weights.bin"

@@ -197,6 +197,18 @@ def test_artifact_plans_are_checked_before_the_device(tmp_path, mutate, needle):
     assert needle in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize("file", ["kernels.cl", "kernels.cu"])
+def test_a_truncated_kernel_file_is_named(tmp_path, file):
+    """A kernels.cl cut short reached the OpenCL compiler ("a dlcc bug") or pyopencl's missing
+    kernel (a traceback; found by scripts/hostile_corpus.py); the plan now carries each kernel
+    file's sha256."""
+    art = _artifact(tmp_path)
+    text = (art / file).read_bytes()
+    (art / file).write_bytes(text[: len(text) // 2])
+    with pytest.raises(DlccError, match=f"{file} is not the file this plan was compiled with"):
+        dlcc.load(art)
+
+
 def test_an_artifact_without_its_targets_source_is_one_error(tmp_path):
     from dlcc.errors import DlccError
 
@@ -522,3 +534,23 @@ def test_a_graph_output_declared_with_the_wrong_shape(tmp_path):
                   inputs=["x"], outputs=["y"], opset=17, source_node_count=1)
     _fold_and_infer(graph)
     assert graph.tensors["y"].shape == (4, 10)
+
+
+@pytest.mark.parametrize("scale_shape,bias_shape", [([1, 6, 8], [8]), ([8], [6, 8]), ([6, 1], [1])])
+def test_layernorm_scale_that_varies_across_rows(tmp_path, scale_shape, bias_shape):
+    """A LayerNormalization scale or bias broadcasting over more than the normalised axis: the row
+    template read it within a row only, a wrong answer on every pipeline (found by
+    scripts/hostile_corpus.py: a scale input rewired to the activation itself)."""
+    import onnxruntime as ort
+
+    rng = np.random.RandomState(0)
+    g = h.make_graph([h.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1)], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 6, 8])], [h.make_tensor_value_info("y", T.FLOAT, [1, 6, 8])],
+                     [nh.from_array(rng.randn(*scale_shape).astype(np.float32), "g"),
+                      nh.from_array(rng.randn(*bias_shape).astype(np.float32), "b")])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "ln.onnx")
+    x = rng.randn(1, 6, 8).astype(np.float32)
+    ref = ort.InferenceSession(str(tmp_path / "ln.onnx")).run(None, {"x": x})[0]
+    for pipeline in ("baseline", "astitch", "full"):
+        got = dlcc.compile(tmp_path / "ln.onnx", target="opencl", pipeline=pipeline)({"x": x})["y"]
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5, err_msg=pipeline)

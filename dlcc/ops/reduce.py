@@ -92,14 +92,48 @@ def _layernorm(ctx, node):
     rows = int(np.prod(shape[:ax]))
 
     def mod(name):
+        """The size of `name` where the row template can index it as `j % size` (a suffix of the
+        normalised axes, or one value); None where it broadcasts some other way."""
         s = ctx.shape(name)
+        try:
+            fits = np.broadcast_shapes(tuple(shape), tuple(s)) == tuple(shape)
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ctx.fail(f"scale/bias of shape {list(s)} do not broadcast to the input's {list(shape)}")
         n = int(np.prod(s)) if s else 1
-        if n not in (1, length) and tuple(shape[len(shape) - len(s):]) != tuple(s):
-            raise ctx.fail(f"scale/bias of shape {s} do not broadcast as a suffix of {shape}")
-        return n
+        s = list(s)
+        while s and s[0] == 1:
+            s.pop(0)
+        inside = n == 1 or (len(s) <= len(shape) - ax and tuple(shape[len(shape) - len(s):]) == tuple(s))
+        return n if inside else None
 
-    emit_layernorm(ctx, node.outputs[0], x, scale, bias, rows, length, ctx.attr("epsilon", 1e-5), mod(scale),
-                   mod(bias) if bias else 1)
+    eps = ctx.attr("epsilon", 1e-5)
+    if mod(scale) is None or (bias and mod(bias) is None):
+        # Scale or bias vary across rows too (a [N, L, D] scale on a [N, L, D] input broadcasts
+        # in onnxruntime): the row template indexes them within a row only, so normalise with
+        # unit scale and apply them as a broadcasting map.
+        _normalise_then_affine(ctx, node.outputs[0], x, scale, bias, rows, length, eps)
+        return
+    emit_layernorm(ctx, node.outputs[0], x, scale, bias, rows, length, eps, mod(scale), mod(bias) if bias else 1)
+
+
+def _normalise_then_affine(ctx, out: str, x: str, scale: str, bias: str, rows: int, length: int, eps: float,
+                           scale_of=None) -> None:
+    """out = normalise(x over rows of `length`) * scale + bias, the affine as a map kernel whose
+    operands broadcast numpy-style, or at `scale_of(v)` coordinates where given."""
+    ones = ctx.temp((1,))
+    ctx.graph.tensors[ones].value = np.ones(1, np.float32)
+    tmp = ctx.temp(ctx.shape(x))
+    emit_layernorm(ctx, tmp, x, ones, "", rows, length, eps, 1, 1)
+    ins = [tmp, scale] + ([bias] if bias else [])
+
+    def body(v):
+        at = scale_of(v) if scale_of else None
+        expr = f"{v.x(0)} * {v.ld(1, at)}"
+        return [], expr + (f" + {v.ld(2, at)}" if bias else "")
+
+    emit_map(ctx, out, ins, body, "NormAffine", 2)
 
 
 @register("InstanceNormalization", since=6, category=REDUCTION, float_only=True)
@@ -108,14 +142,8 @@ def _instancenorm(ctx, node):
     x, scale, bias = node.inputs[:3]
     shape = ctx.shape(x)
     rows, length = shape[0] * shape[1], int(np.prod(shape[2:]))
-    ones = ctx.temp((1,))
-    ctx.graph.tensors[ones].value = np.ones(1, np.float32)
-    zero = ctx.temp((1,))
-    ctx.graph.tensors[zero].value = np.zeros(1, np.float32)
-    tmp = ctx.temp(shape)
-    emit_layernorm(ctx, tmp, x, ones, zero, rows, length, ctx.attr("epsilon", 1e-5), 1, 1)
-    emit_map(ctx, node.outputs[0], [tmp, scale, bias],
-             lambda v: ([], f"{v.x(0)} * {v.ld(1, [v.o[1]])} + {v.ld(2, [v.o[1]])}"), "InstanceNorm", 2)
+    _normalise_then_affine(ctx, node.outputs[0], x, scale, bias, rows, length, ctx.attr("epsilon", 1e-5),
+                           scale_of=lambda v: [v.o[1]])
 
 
 @register("ArgMax", "ArgMin", since=1, category=REDUCTION, float_only=True)

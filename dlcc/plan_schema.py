@@ -20,7 +20,9 @@ _NAME = re.compile(r"[A-Za-z_]\w*\Z")
 
 
 class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    # strict: the executor reads the JSON values themselves, not pydantic's coercions, so a grid of
+    # 2000000000.0 must be refused here, not reach pyopencl as a float (std::bad_cast)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 
 
 class IOSpec(_Open):
@@ -148,6 +150,9 @@ def check_plan(data, where: str) -> dict:
     for j, L in enumerate(plan.launches):
         if L.kernel not in names:
             raise DlccError(f"{where}: launches.{j}.kernel {L.kernel!r} is not among the plan's kernels")
+        if L.grid * L.block > _INT32:  # kernels index threads with 32-bit ints
+            raise DlccError(f"{where}: launches.{j} has {L.grid} x {L.block} threads, more than 32-bit thread "
+                            "indices reach")
         for i, a in enumerate(L.args):
             if isinstance(a, ViewArg):
                 size = sizes.get(a.storage)

@@ -55,6 +55,10 @@ CASES = {
                                                 name="c"), [("x", [1, 3, 4, 4])], [("y", [1, 3, 4, 4])],
                                     {**BN, "v": np.array([1, 0, 2], np.float32)},
                                     "var + epsilon is not positive for 1 channel(s) (channel 1: var 0, epsilon 0)"),
+    # found by scripts/hostile_corpus.py: an IndexError in the Transpose lowering
+    "transpose-perm-not-a-permutation": (h.make_node("Transpose", ["x"], ["y"], perm=[0, 0, 1, 2], name="c"), X,
+                                         [("y", [1, 1, 4, 8])], {}, "perm [0, 0, 1, 2] is not a permutation of the "
+                                                                     "input's 4 axes"),
     "softmax-axis-far-out": (h.make_node("Softmax", ["x"], ["y"], axis=-(2 ** 63), name="c"), X, [("y", [1, 4, 8, 8])],
                              {}, f"axis {-(2 ** 63)} is outside [-4, 4)"),
     "reshape-allowzero-five": (h.make_node("Reshape", ["x", "s"], ["y"], allowzero=5, name="c"), X, [("y", [4, 64])],
@@ -179,6 +183,10 @@ def _first_arena_arg(plan):
     (lambda p: p["inputs"][0].update(shape=[1 << 20, 1 << 20, 1 << 10]), "GiB, more than this machine's"),
     (lambda p: p["launches"][0].update(kernel="nope"), "launches.0.kernel 'nope' is not among the plan's kernels"),
     (lambda p: p["kernels"][0].update(name="x(); evil"), "kernels.0.name 'x(); evil' is not a kernel identifier"),
+    # found by scripts/hostile_corpus.py: a float grid reached pyopencl (std::bad_cast), and an
+    # argument dropped from a launch reached set_args (TypeError)
+    (lambda p: p["launches"][0].update(grid=2e9), "launches.0.grid: Input should be a valid integer"),
+    (lambda p: p["launches"][0]["args"].pop(), "launch 0 passes"),
 ])
 def test_artifact_plans_are_checked_before_the_device(tmp_path, mutate, needle):
     """`dlcc run` and dlcc.load trust nothing in plan.json: each of these reached PyOpenCL or the

@@ -234,3 +234,12 @@ def _blocksize(graph, n):
 @check("LRN")
 def _lrn(graph, n):
     return _at_least(n, "size", 1, 1)
+
+
+@check("Transpose")
+def _transpose(graph, n):
+    x = _shape(graph, n.inputs[0]) if n.inputs else None
+    perm = _ints(n, "perm")
+    if x is None or perm is None or sorted(perm) == list(range(len(x))):
+        return []
+    return [f"perm {perm} is not a permutation of the input's {len(x)} axes"]

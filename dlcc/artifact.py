@@ -16,7 +16,7 @@ import contextlib
 
 from .backends.source import DIALECTS, file_name, render
 from .errors import DlccError
-from .plan_schema import check_plan
+from .plan_schema import check_arities, check_plan
 
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike, mode: str = "w"):
@@ -135,6 +135,8 @@ def read_artifact(path: str | os.PathLike):
         if want is not None and hashlib.sha256(text.encode()).hexdigest() != want:
             raise DlccError(f"{path / file_name(d)} is not the file this plan was compiled with (its sha256 "
                             "differs: truncated, edited or copied from another artifact); compile the model again")
+    for text in sources.values():
+        check_arities(plan, text, f"{path}/plan.json")
     if not sources or not (path / "weights.bin").is_file():
         raise DlccError(f"{path}: incomplete artifact (kernel sources or weights.bin missing); compile it again")
     wpath = path / "weights.bin"

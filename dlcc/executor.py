@@ -5,12 +5,12 @@ all of the plan interpretation lives here, so it is exercised by every OpenCL te
 """
 from __future__ import annotations
 
-import re
 import time
 
 import numpy as np
 
 from .errors import DlccError
+from .plan_schema import check_arities
 
 
 class InputError(DlccError):
@@ -67,12 +67,8 @@ class Executor:
         for k, t in enumerate(plan["outputs"]):
             self.storages[f"output:{k}"] = rt.alloc(_nbytes(t))
         self.calls = []
-        arity = _kernel_arities(source)
-        for j, L in enumerate(plan["launches"]):
-            want = arity.get(L["kernel"])
-            if want is not None and want != len(L["args"]):
-                raise DlccError(f"launch {j} passes {len(L['args'])} arguments to kernel {L['kernel']}, which takes "
-                                f"{want} (a damaged or hand-edited plan); compile the model again")
+        check_arities(plan, source, "the plan")
+        for L in plan["launches"]:
             args = [a["int"] if "int" in a else rt.view(self.storages[a["storage"]], a["offset"], a["nbytes"])
                     for a in L["args"]]
             grid = L["grid"]
@@ -202,15 +198,6 @@ class Executor:
                 samples[i].append(max(0.0, (t2 - t1) - (t1 - t0)) * 1e6)
         how = "device events" if timed is not None else "wall time minus a bare synchronize"
         return [statistics.median(s) for s in samples], how
-
-
-_SIGNATURE = re.compile(r"KERNEL void (?:LAUNCH_BOUNDS\(\d+\) )?(\w+)\(([^)]*)\)")
-
-
-def _kernel_arities(source: str) -> dict[str, int]:
-    """Each KERNEL's parameter count, read from the source (every emitter writes one signature per
-    kernel, parameters without parentheses: storage-addressed kernels have theirs filled in)."""
-    return {m.group(1): len([p for p in m.group(2).split(",") if p.strip()]) for m in _SIGNATURE.finditer(source or "")}
 
 
 def _nbytes(t: dict) -> int:

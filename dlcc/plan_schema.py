@@ -162,3 +162,19 @@ def check_plan(data, where: str) -> dict:
                     raise DlccError(f"{where}: launches.{j}.args.{i}: bytes {a.offset}..{a.offset + a.nbytes} lie "
                                     f"outside {a.storage} ({size} bytes)")
     return data
+
+
+_SIGNATURE = re.compile(r"KERNEL void (?:LAUNCH_BOUNDS\(\d+\) )?(\w+)\(([^)]*)\)")
+
+
+def check_arities(plan: dict, source: str, where: str) -> None:
+    """Every launch passes as many arguments as its kernel's signature in `source` takes (each
+    emitter writes one signature per kernel, its parameters without parentheses). A launch with
+    one argument too few reached pyopencl's set_args; on CUDA it would read a stale pointer."""
+    arity = {m.group(1): len([p for p in m.group(2).split(",") if p.strip()])
+             for m in _SIGNATURE.finditer(source or "")}
+    for j, L in enumerate(plan["launches"]):
+        want = arity.get(L["kernel"])
+        if want is not None and want != len(L["args"]):
+            raise DlccError(f"{where}: launches.{j} passes {len(L['args'])} arguments to kernel {L['kernel']}, which "
+                            f"takes {want} (a damaged or hand-edited plan); compile the model again")

@@ -186,7 +186,7 @@ def _first_arena_arg(plan):
     # found by scripts/hostile_corpus.py: a float grid reached pyopencl (std::bad_cast), and an
     # argument dropped from a launch reached set_args (TypeError)
     (lambda p: p["launches"][0].update(grid=2e9), "launches.0.grid: Input should be a valid integer"),
-    (lambda p: p["launches"][0]["args"].pop() and None, "launch 0 passes"),
+    (lambda p: p["launches"][0]["args"].pop() and None, "launches.0 passes"),
 ])
 def test_artifact_plans_are_checked_before_the_device(tmp_path, mutate, needle):
     """`dlcc run` and dlcc.load trust nothing in plan.json: each of these reached PyOpenCL or the

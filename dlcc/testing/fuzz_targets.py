@@ -245,25 +245,17 @@ def mutate_onnx(data: bytes, rng: random.Random, max_size: int) -> bytes | None:
 
 def _mutate_tree(doc, rng: random.Random, depth: int = 0):
     """`doc` (parsed JSON or YAML) with one value somewhere replaced, deleted or duplicated."""
-    if isinstance(doc, dict) and doc and depth < 12:
-        k = rng.choice(list(doc))
+    if isinstance(doc, (dict, list)) and doc and depth < 12:
+        k = rng.choice(list(doc)) if isinstance(doc, dict) else rng.randrange(len(doc))
         r = rng.random()
         if r < 0.6:
             doc[k] = _mutate_tree(doc[k], rng, depth + 1)
         elif r < 0.75:
             del doc[k]
-        else:
+        elif isinstance(doc, dict):
             doc[rng.choice(_STRINGS + (k,))] = _edge_value(rng)
-        return doc
-    if isinstance(doc, list) and doc and depth < 12:
-        i = rng.randrange(len(doc))
-        r = rng.random()
-        if r < 0.6:
-            doc[i] = _mutate_tree(doc[i], rng, depth + 1)
-        elif r < 0.75:
-            del doc[i]
         else:
-            doc.insert(rng.randrange(len(doc) + 1), json.loads(json.dumps(doc[i])) if rng.random() < 0.7
+            doc.insert(rng.randrange(len(doc) + 1), json.loads(json.dumps(doc[k])) if rng.random() < 0.7
                        else _edge_value(rng))
         return doc
     return _edge_value(rng, doc)

@@ -10,7 +10,7 @@ import pytest
 from dlcc.testing.fuzz_targets import TARGETS, accepts, seeds
 
 HERE = Path(__file__).resolve().parent / "fuzz_inputs"
-CASES = [(t, p) for t in TARGETS for p in sorted((HERE / t).iterdir()) if p.is_file()] if HERE.is_dir() else []
+CASES = [(t, p) for t in TARGETS if (HERE / t).is_dir() for p in sorted((HERE / t).iterdir()) if p.is_file()]
 
 
 @pytest.mark.parametrize("target,path", CASES, ids=[f"{t}/{p.name}" for t, p in CASES])

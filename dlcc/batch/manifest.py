@@ -151,27 +151,36 @@ def _models(spec: JobSpec, base: Path, where: str) -> list[Path]:
     pats = [spec.model] if isinstance(spec.model, str) else spec.model
     found: list[Path] = []
     for pat in pats:
-        p = Path(pat).expanduser()
-        p = p if p.is_absolute() else base / p
-        if glob.has_magic(str(p)):
-            hits = sorted(Path(h) for h in glob.glob(str(p), recursive=True) if Path(h).is_file())
-            if not hits:
-                raise ConfigError(f"{where}.model: the glob {pat!r} matches no file (relative to {base})")
-            found += hits
-        elif not p.is_file():
-            raise ConfigError(f"{where}.model: {pat!r} not found (looked for {p})")
-        else:
-            found.append(p)
+        try:
+            p = Path(pat).expanduser()
+            p = p if p.is_absolute() else base / p
+            if glob.has_magic(str(p)):
+                hits = sorted(Path(h) for h in glob.glob(str(p), recursive=True) if Path(h).is_file())
+                if not hits:
+                    raise ConfigError(f"{where}.model: the glob {pat!r} matches no file (relative to {base})")
+                found += hits
+            elif not p.is_file():
+                raise ConfigError(f"{where}.model: {pat!r} not found (looked for {p})")
+            else:
+                found.append(p)
+        except (OSError, ValueError, RuntimeError) as e:  # a name too long, a NUL byte, ~nosuchuser
+            raise ConfigError(f"{where}.model: {pat[:80]!r} is not a usable path: {getattr(e, 'strerror', None) or e}"
+                              ) from None
     return list(dict.fromkeys(p.resolve() for p in found))
 
 
 def load_manifest(path: str | Path, _seen: tuple = ()) -> list[Job]:
     """The jobs of manifest `path` (and of the manifests it includes), in order, with unique names."""
-    path = Path(path).resolve()
+    try:
+        path = Path(path).resolve()
+        present = path.is_file()
+    except (OSError, ValueError, RuntimeError) as e:
+        raise ConfigError(f"{_seen[-1] if _seen else 'manifest'}: {str(path)[:80]!r} is not a usable path: "
+                          f"{getattr(e, 'strerror', None) or e}") from None
     if path in _seen:
         raise ConfigError(f"{_seen[-1]}: include: {path} includes itself (cycle: "
                           f"{' -> '.join(str(p) for p in _seen + (path,))})")
-    if not path.is_file():
+    if not present:
         raise ConfigError(f"{path}: manifest not found" if not _seen else f"{_seen[-1]}: include: {path} not found")
     man: Manifest = load_yaml_model(path, Manifest)
     base = path.parent

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,9 @@ from .backends.source import file_name, render
 from .errors import DlccError
 from .executor import Executor, make_runtime, pick_target
 from .inputs import sample_inputs
+
+#: Guards building a model's executor on first use (one per model, however many threads call it).
+_BUILD_LOCK = threading.Lock()
 
 
 class CompiledModel:
@@ -58,9 +62,12 @@ class CompiledModel:
         return self._sources[dialect]
 
     def executor(self) -> Executor:
+        """The model's executor, built on first use (once, even when threads race to it)."""
         if self._exec is None:
-            rt = make_runtime(self.target)
-            self._exec = Executor(self.plan, self.weights, self.source(rt.dialect), rt, self.binaries)
+            with _BUILD_LOCK:
+                if self._exec is None:
+                    rt = make_runtime(self.target)
+                    self._exec = Executor(self.plan, self.weights, self.source(rt.dialect), rt, self.binaries)
         return self._exec
 
     def __call__(self, inputs: dict | None = None, **kw) -> dict[str, np.ndarray]:

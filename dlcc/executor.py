@@ -5,6 +5,7 @@ all of the plan interpretation lives here, so it is exercised by every OpenCL te
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -46,7 +47,16 @@ def pick_target(target: str = "auto") -> str:
 
 
 class Executor:
+    """One compiled plan bound to a runtime: its buffers, kernels and launch list.
+
+    Calls are serialised (a lock around each `run` and `profile`): a plan owns one arena, one set
+    of input and output buffers and one set of grid-barrier counters, so two inferences at once
+    would overwrite each other's intermediates (a model called from two threads returned wrong
+    outputs, silently). Several models in one process run concurrently; one model shared by
+    threads runs one call at a time."""
+
     def __init__(self, plan: dict, weights: bytes, source: str, runtime, binaries: dict[str, bytes] | None = None):
+        self._lock = threading.Lock()
         self.plan = plan
         self.rt = runtime
         rt = runtime
@@ -136,8 +146,12 @@ class Executor:
             self.rt.launch(kernel, grid, block, args)
 
     def run(self, inputs: dict, timing: dict | None = None) -> dict[str, np.ndarray]:
-        rt = self.rt
         arrays = self.check_inputs(inputs)
+        with self._lock:
+            return self._run(arrays, timing)
+
+    def _run(self, arrays: list[np.ndarray], timing: dict | None) -> dict[str, np.ndarray]:
+        rt = self.rt
         for k, a in enumerate(arrays):
             rt.write(self.storages[f"input:{k}"], 0, a)
         t0 = time.perf_counter()
@@ -174,10 +188,15 @@ class Executor:
         """Per-launch kernel time in µs, the median of `repeat` runs after a warm-up run, and how it
         was measured: on the device (CUDA events, OpenCL profiling events) when the runtime can,
         else the wall time of launch + synchronize minus a bare synchronize."""
+        arrays = self.check_inputs(inputs)
+        with self._lock:
+            return self._profile(arrays, repeat)
+
+    def _profile(self, arrays: list[np.ndarray], repeat: int) -> tuple[list[float], str]:
         import statistics
 
         rt = self.rt
-        for k, a in enumerate(self.check_inputs(inputs)):
+        for k, a in enumerate(arrays):
             rt.write(self.storages[f"input:{k}"], 0, a)
         self.launch_all()  # warm-up: first-use compilation, page faults
         rt.finish()

@@ -40,12 +40,12 @@ BAD = ("wrong", "traceback", "crash", "hang")
 
 # -- building cases (parent process) -----------------------------------------------------------
 
-def build_cases(n_total: int, seed: int, families: list[str]) -> list[tuple[str, dict]]:
+def build_cases(n_total: int, seed: int, families: list[str], models: list[Path] = ()) -> list[tuple[str, dict]]:
     from dlcc.testing import fuzz_targets as ft
 
     rng = random.Random(seed)
     scale = n_total / sum(FAMILIES.values())
-    onnx_seeds, trace_seed = ft.seeds("onnx"), ft.seeds("trace")[0]
+    onnx_seeds, trace_seed = ft.seeds("onnx") + [p.read_bytes() for p in models], ft.seeds("trace")[0]
     yaml_seeds = {k: [p.read_bytes() for p in sorted((ROOT / "configs" / k).glob("*.yaml"))]
                   for k in ("pipelines", "devices")}
     cases = []
@@ -258,6 +258,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per case before it is a hang")
     ap.add_argument("--show", default="wrong,traceback,crash,hang", help="verdicts whose output is printed")
     ap.add_argument("--json", type=Path, help="write every case's verdict here")
+    ap.add_argument("--models", type=Path, nargs="*", default=[],
+                    help="more ONNX files to mutate in the onnx families (e.g. .cache/models/*-small.onnx)")
     args = ap.parse_args()
     fams = [f for f in args.families.split(",") if f]
     unknown = [f for f in fams if f not in FAMILIES]
@@ -265,7 +267,7 @@ def main() -> int:
         ap.error(f"unknown families {unknown}; choose from {list(FAMILIES)}")
     from dlcc.testing.pool import run_tasks
 
-    cases = build_cases(args.cases, args.seed, fams)
+    cases = build_cases(args.cases, args.seed, fams, args.models)
     tasks = dict(cases)
     t0 = time.time()
     done = [0]

@@ -368,7 +368,7 @@ def _print_rprogram(plan: dict) -> None:
     their rTasks and predicted time, and the rKernel chosen for each op and why."""
     rep = plan.get("rprogram")
     if not rep:
-        out.print("[yellow]no rProgram: add the rammer pass to the pipeline (README, Rammer)[/]")
+        out.print("[yellow]no rProgram: add the rammer pass to the pipeline (docs/rammer.md)[/]")
         return
     for r in rep:
         t = Table(title=f"{_escape(r['kernel'])}: {r['launches']} launches in {r['waves']} wave(s), "

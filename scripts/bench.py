@@ -64,9 +64,9 @@ compile cold (s)
     op modules).
 compile warm (s)
     Wall time of a second compile of the same model in the same process.
-    dlcc has no compile cache yet, so this redoes all the work; the
-    difference from the cold time is onnx/onnxruntime warm-up and the OS file
-    cache, not anything dlcc reuses.
+    ``dlcc.compile`` without ``cache=`` does not use the artifact cache, so this
+    redoes all the work; the difference from the cold time is onnx/onnxruntime
+    warm-up and the OS file cache, not anything dlcc reuses.
 dlcc ms / ORT ms / dlcc/ORT (``--run`` only)
     Median wall time of ``m(feeds)`` (OpenCL, including copying inputs in and
     outputs out) and of onnxruntime's CPU ``InferenceSession.run`` on the same

@@ -2,7 +2,7 @@
 """Check dlcc's kernel cost model (dlcc/estimate/costmodel.py) on real H100 kernels, and fit its
 calibration constants.
 
-Input: the PyTorch profiler traces /work/shared/traces/h100_*.json.gz (bf16 Hugging Face
+Input: the PyTorch profiler traces h100_*.json.gz in $DLCC_TRACES (default ../shared/traces) (bf16 Hugging Face
 inference, record_shapes on). Each GPU kernel is mapped to its innermost launching aten op:
 
 1. the kernel's args["External id"] names a cpu_op directly, or
@@ -63,6 +63,7 @@ import bisect
 import gzip
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -77,7 +78,9 @@ from dlcc.config import DeviceSpec, load_device  # noqa: E402
 from dlcc.estimate.costmodel import kernel_time, roofline_us  # noqa: E402
 from dlcc.estimate.kernelclass import classify_kernel  # noqa: E402
 
-DEFAULT_TRACES = sorted(Path("/work/shared/traces").glob("h100_*.json.gz"))
+# DLCC_TRACES, else the project's traces folder beside the checkout (../shared/traces)
+_TRACE_DIR = Path(os.environ.get("DLCC_TRACES") or Path(__file__).resolve().parents[2] / "shared" / "traces")
+DEFAULT_TRACES = sorted(_TRACE_DIR.glob("h100_*.json.gz"))
 CLASSES = ("gemm", "elementwise", "reduction")
 CALIB_FIELDS = ("kernel_fixed_us", "gemm_fixed_us", "dram_efficiency", "compute_efficiency")
 

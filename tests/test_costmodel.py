@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -146,7 +147,7 @@ def test_profiledb_missing(tmp_path):
     assert len(ProfileDB.load(tmp_path / "none.json", missing_ok=True)) == 0
 
 
-# -- kernel classes (names from /work/shared/traces) ----------------------------------------------
+# -- kernel classes (names from the H100 profiler traces) ----------------------------------------------
 KERNELS = [
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas", "gemm", True),
     ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x6_tn_align8>(cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x6_tn_align8::Params)", "gemm", True),
@@ -214,7 +215,10 @@ def test_plan_kernel_times_resnet_tiny():
 
 
 # -- the calibration script runs and maps most H100 kernels ---------------------------------------
-@pytest.mark.skipif(not list(Path("/work/shared/traces").glob("h100_*.json.gz")), reason="no H100 traces")
+_TRACES = Path(os.environ.get("DLCC_TRACES") or ROOT.parent / "shared" / "traces")
+
+
+@pytest.mark.skipif(not list(_TRACES.glob("h100_*.json.gz")), reason="no H100 traces (DLCC_TRACES)")
 def test_calibration_script_json():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "calibrate_costmodel.py"), "--json"],
                          capture_output=True, text=True, timeout=60, check=True).stdout

@@ -220,7 +220,7 @@ def test_plan_what_if_on_a_trace_is_refused():
 
 
 def test_example_what_if_file_in_plan_mode(capsys):
-    """examples/my_whatif.py (the README's example) loads, and its parameters work in plan mode."""
+    """examples/my_whatif.py (the example in docs/estimate.md) loads, and its parameters work in plan mode."""
     code, out, err = run_cli(capsys, "estimate", str(MODEL), "-p", "baseline", "--what-if-file",
                              str(ROOT / "examples" / "my_whatif.py"), "-w", "fast-attention:pattern=Conv,factor=2", "--json")
     assert code == 0, err

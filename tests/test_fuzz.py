@@ -2,7 +2,7 @@
 graphs through every pipeline and option set on OpenCL, compared with onnxruntime; graphs dlcc
 must refuse; and the generator, shrinker and worker pool themselves.
 
-Large runs are `scripts/fuzz.py` (README: "Differential fuzzing")."""
+Large runs are `scripts/fuzz.py` (docs/fuzzing.md)."""
 from __future__ import annotations
 
 import os

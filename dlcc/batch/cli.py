@@ -37,7 +37,7 @@ def parse_shard(s: str | None) -> tuple[int, int] | None:
 
 def register(app: typer.Typer, out, err) -> None:
     @app.command()
-    def batch(manifest: Path = typer.Argument(..., help="YAML manifest of jobs (see README: Batch compiles)"),
+    def batch(manifest: Path = typer.Argument(..., help="YAML manifest of jobs (see docs/batch-and-cache.md)"),
               jobs_n: Optional[int] = typer.Option(None, "-j", "--jobs", min=1, help="worker processes (default: cores)"),
               shard_spec: Optional[str] = typer.Option(None, "--shard", help="run part I of N (e.g. 2/4): a deterministic, "
                                                        "disjoint, cost-balanced split; N machines together run every job once"),

@@ -3,7 +3,7 @@
 Profiler traces name kernels, not operators, so Daydream-style what-ifs ("AMP: compute-bound
 kernels /3, the rest /2") and the cost model's calibration need a kernel's class from its name
 alone. The rules below come from the distinct kernel names in the 11 real Kineto traces in
-/work/shared/traces (cuDNN, cuBLAS/cuBLASLt, CUTLASS, PyTorch ATen, NCCL and flash-attention
+the project's profiler traces (cuDNN, cuBLAS/cuBLASLt, CUTLASS, PyTorch ATen, NCCL and flash-attention
 kernels on V100, RTX 2080 Ti, A100 and H100); each rule says which names it exists for.
 
 Matching is on a *signature*: the name, lower-cased, with "(anonymous namespace)" removed and the

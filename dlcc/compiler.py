@@ -172,11 +172,17 @@ def _check_reads(state, after: str) -> None:
 
 
 def import_checked(model, shapes):
-    """The imported Graph, after the checks every compile makes (supported ops, static shapes;
-    import_model has checked the attributes against the spec: ops/checks.py)."""
+    """The imported Graph, after the checks every compile makes: supported ops, static shapes, and
+    the attribute checks (ops/checks.py) once more on the final graph. import_model ran them on
+    the model as written, where some shapes may still be unknown (the output of an Expand whose
+    shape only folding finds); a check that needs a shape it did not have then passed silently,
+    and an axis of 2^32 reached a lowering as an IndexError."""
+    from .ops.checks import check_attributes
+
     graph = import_model(model, shapes)
     check_supported(graph)
     check_static(graph, model)
+    check_attributes(graph, model)
     return graph
 
 

@@ -48,6 +48,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="work folder (corpus/ and crash files); default "
                     ".cache/fuzz/TARGET")
     ap.add_argument("--replay", type=Path, nargs="*", help="run these files or folders once, without atheris")
+    ap.add_argument("--seeds", type=Path, nargs="*", default=[],
+                    help="more starting inputs (e.g. .cache/models/*-small.onnx): real files of the target's family")
     args = ap.parse_args()
 
     kw = {"depth": args.depth, "fold": args.fold} if args.target == "onnx" else {}
@@ -69,7 +71,7 @@ def main() -> int:
     out = args.out or ROOT / ".cache" / "fuzz" / args.target
     corpus = out / "corpus"
     corpus.mkdir(parents=True, exist_ok=True)
-    for k, s in enumerate(ft.seeds(args.target)):
+    for k, s in enumerate(ft.seeds(args.target) + [p.read_bytes() for p in args.seeds]):
         (corpus / f"seed-{k}").write_bytes(s)
     stats = {"execs": 0, "refused": 0, "accepted": 0, "t0": time.time()}
     mutate = ft.MUTATORS[args.target]

@@ -59,6 +59,12 @@ CASES = {
     "transpose-perm-not-a-permutation": (h.make_node("Transpose", ["x"], ["y"], perm=[0, 0, 1, 2], name="c"), X,
                                          [("y", [1, 1, 4, 8])], {}, "perm [0, 0, 1, 2] is not a permutation of the "
                                                                      "input's 4 axes"),
+    "gatherelements-indices-of-another-rank": (h.make_node("GatherElements", ["x", "i"], ["y"], name="c"), X,
+                                               [("y", [2, 2])], {"i": np.zeros((2, 2), np.int64)},
+                                               "indices of rank 2 for data of rank 4: they must have the same rank"),
+    "gathernd-index-tuples-too-long": (h.make_node("GatherND", ["x", "i"], ["y"], name="c"), X, [("y", [2])],
+                                       {"i": np.zeros((2, 5), np.int64)},
+                                       "index tuples of 5 components for data of rank 4 with batch_dims 0"),
     "softmax-axis-far-out": (h.make_node("Softmax", ["x"], ["y"], axis=-(2 ** 63), name="c"), X, [("y", [1, 4, 8, 8])],
                              {}, f"axis {-(2 ** 63)} is outside [-4, 4)"),
     "reshape-allowzero-five": (h.make_node("Reshape", ["x", "s"], ["y"], allowzero=5, name="c"), X, [("y", [4, 64])],

@@ -243,3 +243,26 @@ def _transpose(graph, n):
     if x is None or perm is None or sorted(perm) == list(range(len(x))):
         return []
     return [f"perm {perm} is not a permutation of the input's {len(x)} axes"]
+
+
+@check("GatherElements", "ScatterElements")
+def _same_rank(graph, n):
+    """data and indices have the same rank (the spec's rule; the kernel indexes one with the other's
+    coordinates)."""
+    x, i = (_shape(graph, n.inputs[k]) if len(n.inputs) > k else None for k in (0, 1))
+    if x is None or i is None or len(x) == len(i):
+        return []
+    return [f"indices of rank {len(i)} for data of rank {len(x)}: they must have the same rank"]
+
+
+@check("GatherND")
+def _gather_nd(graph, n):
+    x, i = (_shape(graph, n.inputs[k]) if len(n.inputs) > k else None for k in (0, 1))
+    b = int(n.attrs.get("batch_dims", 0))
+    if x is None or i is None:
+        return []
+    if not 0 <= b < min(len(x), len(i)):
+        return [f"batch_dims {b} must lie in [0, {min(len(x), len(i))})"]
+    if not i or not 1 <= i[-1] <= len(x) - b:
+        return [f"index tuples of {i[-1] if i else 0} components for data of rank {len(x)} with batch_dims {b}"]
+    return []

@@ -51,11 +51,13 @@ def _scratch(name: str, data: bytes) -> Path:
 def onnx_target(data: bytes, depth: str = "load", fold: bool = False) -> None:
     from ..compiler import check_static, check_supported
     from ..frontend import import_model
+    from ..ops.checks import check_attributes
 
     path = _scratch("model.onnx", data)
-    graph = import_model(path, None, fold=fold)
+    graph = import_model(path, None, fold=fold)  # import_checked, with folding optional
     check_supported(graph)
     check_static(graph, path)
+    check_attributes(graph, path)
     if depth == "compile":
         from ..compiler import compile_model
 

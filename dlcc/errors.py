@@ -6,6 +6,13 @@ and exit non-zero instead of a traceback. Anything else escaping is a dlcc bug.
 from __future__ import annotations
 
 
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """The first line of a foreign exception's message (its type where it has none), cut to
+    `limit` characters: what a DlccError quotes of an onnx, onnxruntime or numpy failure."""
+    text = str(e).strip()
+    return text.splitlines()[0][:limit] if text else type(e).__name__
+
+
 class DlccError(Exception):
     """Base class: the message is shown to the user as is."""
 

@@ -11,7 +11,6 @@ import time
 import numpy as np
 
 from .errors import DlccError
-from .plan_schema import check_arities
 
 
 class InputError(DlccError):
@@ -64,20 +63,18 @@ class Executor:
         st = plan["storages"]
         self.storages = {"arena": rt.alloc(st["arena"]), "weights": rt.alloc(st["weights"])}
         rt.write(self.storages["weights"], 0, weights)
-        if st.get("sync"):
+        for own in ("sync", "errors"):
             # Grid-barrier counters start at zero once; every barrier leaves them balanced, so runs
-            # back to back (and after an interrupted one) need no reset.
-            self.storages["sync"] = rt.alloc(st["sync"])
-            rt.write(self.storages["sync"], 0, bytes(st["sync"]))
-        if st.get("errors"):
-            self.storages["errors"] = rt.alloc(st["errors"])
-            rt.write(self.storages["errors"], 0, bytes(st["errors"]))
+            # back to back (and after an interrupted one) need no reset. The index checks' error
+            # words start at zero too, and raise_device_errors clears them after reporting.
+            if st.get(own):
+                self.storages[own] = rt.alloc(st[own])
+                rt.write(self.storages[own], 0, bytes(st[own]))
         for k, t in enumerate(plan["inputs"]):
             self.storages[f"input:{k}"] = rt.alloc(_nbytes(t))
         for k, t in enumerate(plan["outputs"]):
             self.storages[f"output:{k}"] = rt.alloc(_nbytes(t))
         self.calls = []
-        check_arities(plan, source, "the plan")
         for L in plan["launches"]:
             args = [a["int"] if "int" in a else rt.view(self.storages[a["storage"]], a["offset"], a["nbytes"])
                     for a in L["args"]]

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
 
-from .errors import DynamicShapeError, ModelError, ShapeError, UnsupportedDtypesError
+from .errors import DynamicShapeError, ModelError, ShapeError, UnsupportedDtypesError, first_line
 from .ir import HALF_FLOATS, INT32_MAX, SUPPORTED_DTYPES, Graph, Node, Tensor
 
 log = logging.getLogger(__name__)
@@ -139,8 +139,7 @@ def check_model(model: onnx.ModelProto, path) -> None:
     try:
         onnx.checker.check_model(model)
     except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelError(f"{path}: the ONNX checker rejects this model: {first}") from None
+        raise ModelError(f"{path}: the ONNX checker rejects this model: {first_line(e, 10**6)}") from None
     opset, known = opset_of(model), onnx.defs.onnx_opset_version()
     if not 1 <= opset <= known:
         # The checker lets any stamp through; ops would then be read by the rules of the newest
@@ -554,7 +553,7 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
                 val = np.asarray(ReferenceEvaluator(m).run(None, {})[0])
             except Exception as e:  # a value attribute whose data does not match its dims or type
                 raise ModelError(f"{path}: Constant node {n.name or n.output[0]!r} cannot be evaluated: "
-                                 f"{_first_line(e)}") from None
+                                 f"{first_line(e)}") from None
             tensors[n.output[0]] = Tensor(n.output[0], tuple(val.shape), val.dtype.name, val)
             continue
         nodes.append(Node(n.op_type, n.name or f"{n.op_type}_{k}", list(n.input), list(n.output), attrs, n.domain))
@@ -606,11 +605,6 @@ def _attribute_view(model: onnx.ModelProto, path="model") -> Graph:
                  opset=opset_of(model))
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return (text.splitlines()[0][:200] if text else type(e).__name__)
-
-
 def tensor_value(t: onnx.TensorProto, path, what: str = "initializer") -> np.ndarray:
     """The array of TensorProto `t`; a ModelError naming it where its data does not match its dims
     or its type (raw data of the wrong length, an unknown data_type, segments): the checker lets
@@ -619,7 +613,7 @@ def tensor_value(t: onnx.TensorProto, path, what: str = "initializer") -> np.nda
         return numpy_helper.to_array(t)
     except Exception as e:
         raise ModelError(f"{path}: {what} {t.name!r} cannot be read (data_type {t.data_type}, dims {list(t.dims)}): "
-                         f"{_first_line(e)}") from None
+                         f"{first_line(e)}") from None
 
 
 def _text(v):
@@ -645,7 +639,7 @@ def node_attributes(n: onnx.NodeProto, k: int, path) -> dict:
         try:
             out[a.name] = _text(onnx.helper.get_attribute_value(a))
         except Exception as e:
-            raise ModelError(f"{where} cannot be read: {_first_line(e)}") from None
+            raise ModelError(f"{where} cannot be read: {first_line(e)}") from None
     return out
 
 

@@ -54,8 +54,7 @@ def build_plan(state, meta: dict) -> tuple[dict, "WeightsBlob"]:
         p = mem.placements[b]
         return {"storage": p.storage, "offset": p.offset, "nbytes": g.tensors[name].nbytes}
 
-    storage_bytes = {"arena": mem.arena_bytes, "weights": mem.weights_bytes, "sync": mem.sync_bytes,
-                     "errors": mem.errors_bytes}
+    storage_bytes = {"arena": mem.arena_bytes, "weights": mem.weights_bytes, **mem.own_bytes}
     for p in mem.placements.values():
         storage_bytes[p.storage] = max(storage_bytes.get(p.storage, 0), p.offset + p.nbytes)
 
@@ -105,8 +104,7 @@ def build_plan(state, meta: dict) -> tuple[dict, "WeightsBlob"]:
         "inputs": io(g.inputs),
         "outputs": io(g.outputs),
         "storages": {"arena": mem.arena_bytes, "weights": mem.weights_bytes,
-                     **({"sync": mem.sync_bytes} if mem.sync_bytes else {}),
-                     **({"errors": mem.errors_bytes} if mem.errors_bytes else {})},
+                     **{k: v for k, v in mem.own_bytes.items() if v}},
         "kernels": kernels,
         "launches": launches,
         "tensors": tensors,

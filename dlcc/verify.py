@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .errors import DlccError
+from .errors import DlccError, first_line
 from .ir import SUPPORTED_DTYPES, is_float
 
 
@@ -142,9 +142,8 @@ def _reference(model_path, feeds: dict, names: list[str] | None = None) -> tuple
     except Exception as e:  # onnxruntime refuses the model or these inputs: there is no reference
         if isinstance(e, DlccError):
             raise
-        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise NoReferenceError(f"{model_path}: onnxruntime, the reference, cannot run this model on these inputs, "
-                              f"so there is nothing to compare with: {text[:400]}") from None
+                              f"so there is nothing to compare with: {first_line(e, 400)}") from None
     return names, [r.astype(SUPPORTED_DTYPES[half[n]]) if n in half else r for n, r in zip(names, refs)]
 
 

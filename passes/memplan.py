@@ -17,6 +17,10 @@ from ..kernels.index_check import ERRORS
 
 from . import CompileState, register_pass
 
+#: Tensors with a storage of their own: the grid barriers' counters (astitch, rammer) and the
+#: device index checks' error words (kernels/index_check.py, read and cleared after each run).
+OWN_STORAGES = {"%sync": "sync", ERRORS: "errors"}
+
 ALIGN = 256  # bytes; ≥ OpenCL's CL_DEVICE_MEM_BASE_ADDR_ALIGN on PoCL (128) and CUDA's 256
 
 
@@ -40,8 +44,8 @@ class MemoryPlan:
     naive_bytes: int = 0
     weights_bytes: int = 0
     inplace_pairs: int = 0
-    sync_bytes: int = 0
-    errors_bytes: int = 0
+    # Storages of one tensor each, zeroed once and kept across runs: storage name -> bytes
+    own_bytes: dict[str, int] = field(default_factory=dict)
 
 
 def _align(n: int) -> int:
@@ -66,13 +70,9 @@ def plan_memory(graph, ctx, inplace: bool = True, share: bool = True) -> MemoryP
             b = res(t)
             if b in plan.placements:
                 continue
-            if b == "%sync":  # grid-barrier counters (astitch): their own zeroed storage, kept across runs
-                plan.placements[b] = Placement("sync", 0, graph.tensors[b].nbytes)
-                plan.sync_bytes = graph.tensors[b].nbytes
-                continue
-            if b == ERRORS:  # device index checks' error words: their own storage, read after each run
-                plan.placements[b] = Placement("errors", 0, graph.tensors[b].nbytes)
-                plan.errors_bytes = graph.tensors[b].nbytes
+            if b in OWN_STORAGES:
+                plan.placements[b] = Placement(OWN_STORAGES[b], 0, graph.tensors[b].nbytes)
+                plan.own_bytes[OWN_STORAGES[b]] = graph.tensors[b].nbytes
                 continue
             if graph.tensors[b].value is not None:
                 plan.placements[b] = Placement("weights", woff, graph.tensors[b].nbytes)

@@ -151,8 +151,7 @@ def _rnn(graph, n):
         out.append("hidden_size is required")
     else:
         out += _at_least(n, "hidden_size", 1)
-    d = n.attrs.get("direction", "forward")
-    d = d.decode() if isinstance(d, bytes) else d
+    d = n.attrs.get("direction", "forward")  # text: frontend.node_attributes decodes strings
     if d not in ("forward", "reverse", "bidirectional"):
         out.append(f"direction {d!r} is not forward, reverse or bidirectional")
     return out

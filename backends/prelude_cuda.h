@@ -10,7 +10,8 @@
 #define SITE_FN static __device__ __noinline__
 #define GPTR
 #define LPTR
-#define SHARED __shared__
+/* 16-byte aligned: cp.async and ldmatrix (kernels/gemm_mma_async.py) address 16-byte chunks. */
+#define SHARED __shared__ __align__(16)
 #define THREAD_ID ((int)threadIdx.x)
 #define BLOCK_ID ((int)blockIdx.x)
 #define BLOCK_DIM ((int)blockDim.x)
@@ -94,5 +95,36 @@ DEVICE unsigned dlcc_pack_bf16(float lo, float hi) {
 #define MMA_F16(...) DLCC_MMA_K16("f16", dlcc_pack_f16, __VA_ARGS__)
 #define MMA_BF16(...) DLCC_MMA_K16("bf16", dlcc_pack_bf16, __VA_ARGS__)
 #define MMA_EMU_FLOATS_K16 0
+/* The fp16/bf16 pipeline (kernels/gemm_mma_async.py; sm_80 and newer): shared memory holds raw
+ * 16-bit values (u16). CP_ASYNC16 copies 16 bytes global -> shared without the registers, zero-
+ * filling where `valid` is 0 (src-size 0: nothing is read); COMMIT closes a group of copies and
+ * WAIT(n) returns when at most n of this thread's groups are still in flight (PTX ISA "cp.async").
+ * LDSM_X4/X2 are ldmatrix: lane l gives the address of row l % 8 of matrix l / 8 and receives,
+ * of each matrix, row l / 4's elements 2(l % 4), 2(l % 4) + 1 packed low to high (_T: the
+ * transposed matrix's). MMA_F16_P/MMA_BF16_P are the m16n8k16 mma on such packed registers. */
+typedef unsigned short u16;
+DEVICE void dlcc_cp_async16(void* dst, const void* src, int valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+#define CP_ASYNC16(dst, src, valid) dlcc_cp_async16((dst), (src), (valid))
+#define CP_ASYNC_COMMIT() asm volatile("cp.async.commit_group;\n" ::: "memory")
+#define CP_ASYNC_WAIT(n) asm volatile("cp.async.wait_group %0;\n" :: "n"(n) : "memory")
+#define DLCC_LDSM4(tr, r0, r1, r2, r3, base, off) \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4" tr ".shared.b16 {%0,%1,%2,%3}, [%4];\n" \
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"((unsigned)__cvta_generic_to_shared((base) + (off))) : "memory")
+#define DLCC_LDSM2(tr, r0, r1, base, off) \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2" tr ".shared.b16 {%0,%1}, [%2];\n" \
+                 : "=r"(r0), "=r"(r1) : "r"((unsigned)__cvta_generic_to_shared((base) + (off))) : "memory")
+#define LDSM_X4(...) DLCC_LDSM4("", __VA_ARGS__)
+#define LDSM_X4_T(...) DLCC_LDSM4(".trans", __VA_ARGS__)
+#define LDSM_X2(...) DLCC_LDSM2("", __VA_ARGS__)
+#define LDSM_X2_T(...) DLCC_LDSM2(".trans", __VA_ARGS__)
+#define DLCC_MMA_P(type, d0, d1, d2, d3, a0, a1, a2, a3, b0, b1) \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." type "." type ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, " \
+                 "{%8,%9}, {%0,%1,%2,%3};" : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3) \
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+#define MMA_F16_P(...) DLCC_MMA_P("f16", __VA_ARGS__)
+#define MMA_BF16_P(...) DLCC_MMA_P("bf16", __VA_ARGS__)
 /* The loops around MMA_TF32 unroll here (the accumulators must be registers); OpenCL keeps them. */
 #define MMA_UNROLL _Pragma("unroll")

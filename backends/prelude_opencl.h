@@ -4,7 +4,7 @@
 #define SITE_FN static inline  /* PoCL inlines everything that holds a barrier anyway */
 #define GPTR __global
 #define LPTR __local
-#define SHARED __local
+#define SHARED __local __attribute__((aligned(16)))  /* cp.async's 16-byte chunks */
 #define THREAD_ID ((int)get_local_id(0))
 #define BLOCK_ID ((int)get_group_id(0))
 #define BLOCK_DIM ((int)get_local_size(0))
@@ -119,3 +119,56 @@ DEVICE void dlcc_mma_k16(float* d0, float* d1, float* d2, float* d3, float a0, f
                  mma_scr, mma_lane)
 #define MMA_F16 DLCC_MMA_K16
 #define MMA_BF16 DLCC_MMA_K16
+/* The fp16/bf16 pipeline (kernels/gemm_mma_async.py), emulated. CP_ASYNC16 is a plain copy of
+ * 16 bytes (zeros where `valid` is 0), done at once, so COMMIT and WAIT have nothing to do; a
+ * chunk whose global or shared address is not 16-byte aligned, which the hardware would fault on,
+ * is filled with NaN instead, so the tests see it. LDSM_* exchange the lanes' row addresses
+ * through the warp's scratch and hand each lane what ldmatrix would (prelude_cuda.h); the
+ * packed mmas unpack their registers into dlcc_mma_k16. */
+typedef ushort u16;
+DEVICE void dlcc_cp_async16(LPTR void* dst, GPTR const void* src, int valid) {
+    LPTR ushort* d = (LPTR ushort*)dst;
+    GPTR const ushort* s = (GPTR const ushort*)src;
+    const int aligned = ((((size_t)dst) | ((size_t)src)) & 15) == 0;
+    for (int i = 0; i < 8; ++i) d[i] = !aligned ? (ushort)0x7fff : valid ? s[i] : (ushort)0;
+}
+#define CP_ASYNC16(dst, src, valid) dlcc_cp_async16((dst), (src), (valid))
+#define CP_ASYNC_COMMIT()
+#define CP_ASYNC_WAIT(n)
+DEVICE void dlcc_ldsm(uint* r0, uint* r1, uint* r2, uint* r3, int n, int trans, LPTR const ushort* base, int off,
+                      LPTR float* scr, int lane) {
+    LPTR int* rows = (LPTR int*)scr;
+    const int g = lane >> 2, t = lane & 3;
+    uint v[4];
+    rows[lane] = off;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int i = 0; i < n; ++i) {
+        uint lo, hi;
+        if (trans) {
+            lo = base[rows[i * 8 + 2 * t] + g];
+            hi = base[rows[i * 8 + 2 * t + 1] + g];
+        } else {
+            lo = base[rows[i * 8 + g] + 2 * t];
+            hi = base[rows[i * 8 + g] + 2 * t + 1];
+        }
+        v[i] = lo | (hi << 16);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    *r0 = v[0];
+    *r1 = v[1];
+    if (n == 4) { *r2 = v[2]; *r3 = v[3]; }
+}
+#define LDSM_X4(r0, r1, r2, r3, base, off) dlcc_ldsm(&(r0), &(r1), &(r2), &(r3), 4, 0, (base), (off), mma_scr, mma_lane)
+#define LDSM_X4_T(r0, r1, r2, r3, base, off) dlcc_ldsm(&(r0), &(r1), &(r2), &(r3), 4, 1, (base), (off), mma_scr, mma_lane)
+#define LDSM_X2(r0, r1, base, off) dlcc_ldsm(&(r0), &(r1), &(r0), &(r1), 2, 0, (base), (off), mma_scr, mma_lane)
+#define LDSM_X2_T(r0, r1, base, off) dlcc_ldsm(&(r0), &(r1), &(r0), &(r1), 2, 1, (base), (off), mma_scr, mma_lane)
+DEVICE float dlcc_f16_bits(uint h) {
+    ushort u = (ushort)(h & 0xffffu);
+    return vload_half(0, (__private const half*)&u);
+}
+DEVICE float dlcc_bf16_bits(uint h) { return as_float((h & 0xffffu) << 16); }
+#define DLCC_MMA_P(cv, d0, d1, d2, d3, a0, a1, a2, a3, b0, b1) \
+    dlcc_mma_k16(&(d0), &(d1), &(d2), &(d3), cv(a0), cv((a0) >> 16), cv(a1), cv((a1) >> 16), cv(a2), cv((a2) >> 16), \
+                 cv(a3), cv((a3) >> 16), cv(b0), cv((b0) >> 16), cv(b1), cv((b1) >> 16), mma_scr, mma_lane)
+#define MMA_F16_P(...) DLCC_MMA_P(dlcc_f16_bits, __VA_ARGS__)
+#define MMA_BF16_P(...) DLCC_MMA_P(dlcc_bf16_bits, __VA_ARGS__)

@@ -67,8 +67,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "fp16", "bf16"],
                     help="tf32, fp16, bf16: the tensor-core tilings (kernels/gemm_mma.py), checked against numpy "
-                    "on operands rounded the same way; at fp16 and bf16 B (the weight) is stored in the half "
-                    "type, as a compiled model stores it")
+                    "on operands rounded the same way; at fp16 and bf16 A and B are stored in the half type, as "
+                    "a compiled model stores activations and weights (so both go by cp.async)")
     a = ap.parse_args(argv)
     rt = make_runtime(a.target)
     dev = load_device(a.device)
@@ -90,13 +90,14 @@ def main(argv=None) -> int:
     shapes = model_gemm_shapes(a.models_dir) if a.shapes == "models" else a.shapes.split(",")
     for shp in shapes:
         M, N, K = map(int, shp.split("x"))
-        spec = plain_spec(M, N, K, b_dtype=b_dtype)
+        spec = plain_spec(M, N, K, b_dtype=b_dtype, a_dtype=b_dtype)
         names = {t: f"gemm_{shp}_{t.name}" for t in tilings}
         rt.compile(render([gemm_source(names[t], spec, t) for t in tilings], rt.dialect))
         A = rng.standard_normal((M, K), dtype=np.float32)
         B = rng.standard_normal((N, K), dtype=np.float32)
         ref = rnd(A).astype(np.float64) @ rnd(B).astype(np.float64).T
-        B = B.astype(np.dtype(b_dtype)).view(np.uint8)  # the weight's storage (bytes: ml_dtypes' bfloat16)
+        A = A.astype(np.dtype(b_dtype)).view(np.uint8)  # storage in the precision's type (bytes: ml_dtypes' bfloat16)
+        B = B.astype(np.dtype(b_dtype)).view(np.uint8)
         sizes = [A.nbytes, B.nbytes, M * N * 4]
         bufs = [rt.alloc(n) for n in sizes]
         rt.write(bufs[0], 0, A)

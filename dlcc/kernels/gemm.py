@@ -143,6 +143,21 @@ def tiling_family(t, device=None) -> tuple[tuple, Callable]:
     return (mma_tilings(t.precision), mma_cost) if isinstance(t, MmaTiling) else (tilings_for(device), tiling_cost)
 
 
+@dataclass(frozen=True)
+class RawOperand:
+    """A GEMM operand that is a plain tensor read: element (x, k) (x is m for A, n for B) at
+    `ptr[base + x * stride + k]` (k_contiguous) or `ptr[base + k * stride + x]`, stored as `dtype`.
+    Set by the ops whose loads are exactly that; the tensor-core template copies such an operand
+    into shared memory as it is stored (cp.async, kernels/gemm_mma_async.py) instead of converting
+    it element by element through load_a/load_b."""
+
+    ptr: str
+    dtype: str
+    base: str
+    stride: int
+    k_contiguous: bool
+
+
 @dataclass
 class GemmSpec:
     """What an op supplies to the template; expressions see ints `bt` (batch), `m`, `n`, `k`."""
@@ -162,21 +177,29 @@ class GemmSpec:
     # AStitch then fuses elementwise consumers of the output into the store (a GEMM epilogue).
     store_index: Callable[[str, str], str] | None = None
     store_value: Callable[[str], str] | None = None
+    # Where load_a / load_b is a plain read of a tensor (RawOperand); None where it computes
+    # (im2col windows, fused prologues, the LSTM's concatenated operands).
+    raw_a: RawOperand | None = None
+    raw_b: RawOperand | None = None
 
 
-def plain_spec(M: int, N: int, K: int, trans_b: bool = True, b_dtype: str = "float32") -> GemmSpec:
-    """C = A·B for row-major float tensors A [M, K] and B, stored [N, K] (a Linear weight,
-    transB=1) or [K, N], B as `b_dtype` (float32, or a half weight's float16 / bfloat16): the
-    rOperator on its own, for scripts/gemm_tilings.py and the tests."""
+def plain_spec(M: int, N: int, K: int, trans_b: bool = True, b_dtype: str = "float32",
+               a_dtype: str = "float32", trans_a: bool = False) -> GemmSpec:
+    """C = A·B for row-major tensors A, stored [M, K] (or [K, M] with trans_a) as `a_dtype`, and
+    B, stored [N, K] (a Linear weight, transB=1) or [K, N] as `b_dtype` (float32, or float16 /
+    bfloat16 as a compiled model stores half weights and activations): the rOperator on its own,
+    for scripts/gemm_tilings.py and the tests."""
     from .program import ctype, load_float
 
     return GemmSpec(
         batch=1, M=M, N=N, K=K,
-        params=["GPTR const float* A", f"GPTR const {ctype(b_dtype)}* B", "GPTR float* C"],
-        load_a=lambda m, k: ([], f"A[{m} * {K} + {k}]"),
+        params=[f"GPTR const {ctype(a_dtype)}* A", f"GPTR const {ctype(b_dtype)}* B", "GPTR float* C"],
+        load_a=lambda m, k: ([], load_float(a_dtype, "A", f"{k} * {M} + {m}" if trans_a else f"{m} * {K} + {k}")),
         load_b=lambda k, n: ([], load_float(b_dtype, "B", f"{n} * {K} + {k}" if trans_b else f"{k} * {N} + {n}")),
         store=lambda m, n, acc: [f"C[{m} * {N} + {n}] = {acc};"],
-        a_k_contiguous=True, b_n_contiguous=not trans_b,
+        a_k_contiguous=not trans_a, b_n_contiguous=not trans_b,
+        raw_a=RawOperand("A", a_dtype, "0", M if trans_a else K, not trans_a),
+        raw_b=RawOperand("B", b_dtype, "0", K if trans_b else N, trans_b),
     )
 
 

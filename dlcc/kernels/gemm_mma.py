@@ -54,10 +54,14 @@ class MmaTiling:
     warps_m: int
     warps_n: int
     precision: str = "tf32"
+    #: 1: this module's template (operands staged through registers, float shared memory); 2 or
+    #: more (fp16, bf16): kernels/gemm_mma_async.py's cp.async pipeline with that many buffers.
+    stages: int = 1
 
     def __post_init__(self):
         assert self.warps_m * self.warps_n == WARPS and self.precision in MMA_KINDS
         assert self.bm % (16 * self.warps_m) == 0 and self.bn % (8 * self.warps_n) == 0 and self.bk % self.kstep == 0
+        assert self.stages == 1 or (self.precision != "tf32" and self.bk % 16 == 0 and self.bm % 8 == 0)
 
     @property
     def kstep(self) -> int:
@@ -90,8 +94,13 @@ class MmaTiling:
 
     @property
     def smem_floats(self) -> int:
-        """Both operand tiles, plus the OpenCL emulation's scratch."""
-        return self.operand_floats("a") + self.operand_floats("b") + WARPS * MMA_KINDS[self.precision][3]
+        """Both operand tiles (every stage's, 16-bit values two to a float in the async
+        template), plus the OpenCL emulation's scratch."""
+        if self.stages > 1:
+            tiles = self.stages * (self.bm + self.bn) * self.bk // 2
+        else:
+            tiles = self.operand_floats("a") + self.operand_floats("b")
+        return tiles + WARPS * MMA_KINDS[self.precision][3]
 
     @property
     def math(self) -> str:
@@ -100,9 +109,14 @@ class MmaTiling:
     @property
     def name(self) -> str:
         base = f"tc{self.bm}x{self.bn}x{self.bk}_w{self.warps_m}x{self.warps_n}"
+        base = base if self.stages == 1 else f"{base}_s{self.stages}"
         return base if self.precision == "tf32" else f"{base}_{self.precision}"
 
     def source(self, name: str, spec) -> str:
+        if self.stages > 1:
+            from .gemm_mma_async import async_mma_source
+
+            return async_mma_source(name, spec, self)
         return mma_gemm_source(name, spec, self)
 
 
@@ -120,10 +134,25 @@ MMA_TILINGS = (
 )
 
 
+#: The fp16/bf16 rKernels (kernels/gemm_mma_async.py): the same range of tile shapes, each with
+#: as many stages as fit CUDA's 48 KiB of static shared memory beside OpenCL's emulation scratch
+#: (12 KiB), so a plan's shared memory is the same figure on both targets.
+ASYNC_TILINGS = (
+    MmaTiling(128, 128, 32, 2, 4, "fp16", 2),
+    MmaTiling(128, 64, 32, 4, 2, "fp16", 3),
+    MmaTiling(64, 128, 32, 2, 4, "fp16", 3),
+    MmaTiling(64, 64, 32, 2, 4, "fp16", 4),
+    MmaTiling(32, 64, 32, 2, 4, "fp16", 4),
+    MmaTiling(32, 64, 64, 2, 4, "fp16", 3),
+    MmaTiling(16, 64, 64, 1, 8, "fp16", 3),
+)
+
+
 def mma_tilings(precision: str = "tf32") -> tuple[MmaTiling, ...]:
-    """MMA_TILINGS at `precision` (tf32, fp16 or bf16): the same tile shapes, each k step a whole
-    number of the precision's mmas."""
-    return tuple(MmaTiling(t.bm, t.bn, t.bk, t.warps_m, t.warps_n, precision) for t in MMA_TILINGS)
+    """The tensor-core tilings at `precision`: MMA_TILINGS for tf32, ASYNC_TILINGS for fp16 and
+    bf16 (each k step a whole number of the precision's mmas)."""
+    base = MMA_TILINGS if precision == "tf32" else ASYNC_TILINGS
+    return tuple(MmaTiling(t.bm, t.bn, t.bk, t.warps_m, t.warps_n, precision, t.stages) for t in base)
 
 
 #: Cost-model constants. Not yet calibrated on a GPU (scripts/gemm_tilings.py measures them):
@@ -138,6 +167,8 @@ def mma_cost(t: MmaTiling, batch: int, M: int, N: int, K: int, device=None) -> f
     """Modelled cycles, in the form of kernels/gemm.py tiling_cost: the larger of an SM's issue
     time (mma instructions, fragment and operand traffic, loop overhead) and its latency chain
     (rounds of co-resident blocks x k steps x one step's latency)."""
+    if t.stages > 1:
+        return _async_cost(t, batch, M, N, K, device)
     sms = getattr(device, "sms", 80)
     per_sm = -(-tasks_for(t, batch, M, N) // sms)
     steps = -(-K // t.bk)
@@ -149,10 +180,31 @@ def mma_cost(t: MmaTiling, batch: int, M: int, N: int, K: int, device=None) -> f
     # registers per thread, fitted to ptxas on sm_90 (113 to 240 over MMA_TILINGS): accumulators,
     # fragments and the staged next k step, which the register pipeline keeps live twice over
     regs = 48 + 6 * t.mi * t.ni + 4 * t.mi + 2 * t.ni + 2 * ((t.bm + t.bn) * t.bk // t.threads)
-    occ = max(1, min(getattr(device, "max_blocks_per_sm", 32), getattr(device, "max_threads_per_sm", 2048) // t.threads,
-                     getattr(device, "registers_per_sm", 65536) // (regs * t.threads),
-                     getattr(device, "shared_mem_per_sm", 233472) // (4 * t.smem_floats)))
-    return max(per_sm * steps * issue, -(-per_sm // occ) * steps * STEP_LATENCY)
+    return max(per_sm * steps * issue, -(-per_sm // _occupancy(t, regs, device)) * steps * STEP_LATENCY)
+
+
+def _occupancy(t: MmaTiling, regs: int, device) -> int:
+    """Co-resident blocks of tiling `t` per SM at `regs` registers per thread."""
+    return max(1, min(getattr(device, "max_blocks_per_sm", 32), getattr(device, "max_threads_per_sm", 2048) // t.threads,
+                      getattr(device, "registers_per_sm", 65536) // (regs * t.threads),
+                      getattr(device, "shared_mem_per_sm", 233472) // (4 * t.smem_floats)))
+
+
+def _async_cost(t: MmaTiling, batch: int, M: int, N: int, K: int, device=None) -> float:
+    """mma_cost of an async tiling: the issue time counts ldmatrix and cp.async instructions in
+    place of scalar fragment reads and register staging, and the k loop's latency is paid once
+    per round of resident blocks plus a share per step that the stages in flight hide."""
+    sms = getattr(device, "sms", 80)
+    per_sm = -(-tasks_for(t, batch, M, N) // sms)
+    steps = -(-K // t.bk)
+    ksteps = t.bk // t.kstep
+    mmas = (t.bm // 16) * (t.bn // 8) * ksteps
+    ldsm = WARPS * ksteps * (t.mi + -(-t.ni // 2))
+    copies = (t.bm + t.bn) * t.bk / 8 / 32
+    issue = mmas / MMA_PER_CYCLE + (ldsm + copies + 20 * WARPS) / 2.0
+    regs = 48 + 4 * t.mi * t.ni + 4 * t.mi + 2 * t.ni
+    rounds = -(-per_sm // _occupancy(t, regs, device))
+    return max(per_sm * steps * issue, rounds * (steps / (t.stages - 1) + t.stages) * STEP_LATENCY)
 
 
 def choose_mma_tiling(batch: int, M: int, N: int, K: int, device=None, precision: str = "tf32") -> MmaTiling:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.gemm import GemmSpec, emit_gemm
+from ..kernels.gemm import GemmSpec, RawOperand, emit_gemm
 from ..kernels.map import emit_map, linear_index, unravel
 from ..kernels.program import ctype, load_float, store_float
 from .matmul import operand_param, output_param
@@ -91,6 +91,8 @@ def _conv(ctx, node):
                                              f"{acc}{bias_term}")],
         store_index=lambda m, n: f"(img * {Cout} + g * {Cout_g} + {m}) * {OS} + {n}",
         store_value=lambda acc: f"{acc}{bias_term}",
+        raw_a=RawOperand("W", ctx.dtype(w), "woff", K, True),
+        raw_b=RawOperand("X", dx, "xoff", IS, False) if pointwise else None,
     )
     ins = [x, w] + ([bias] if bias else [])
     emit_gemm(ctx, "Conv", spec, ins + [out], reads=ins, writes=[out])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.gemm import GemmSpec, emit_gemm
+from ..kernels.gemm import GemmSpec, RawOperand, emit_gemm
 from ..kernels.map import strides_of
 from ..kernels.program import ctype, literal, load_float, store_float
 from .registry import COMPUTE, register
@@ -74,6 +74,8 @@ def _matmul(ctx, node):
         store=lambda m, n, acc: [store_float(ctx.dtype(out), "Y", f"bt * {M * N} + {m} * {N} + {n}", acc)],
         store_index=lambda m, n: f"bt * {M * N} + {m} * {N} + {n}",
         store_value=lambda acc: acc,
+        raw_a=RawOperand("A", ctx.dtype(a), "aoff", K, True),
+        raw_b=RawOperand("B", ctx.dtype(b), "boff", N, False),
     )
     emit_gemm(ctx, "MatMul", spec, [a, b, out], reads=[a, b], writes=[out])
 
@@ -108,6 +110,8 @@ def _gemm(ctx, node):
         store_index=lambda m, n: f"{m} * {N} + {n}",
         store_value=lambda acc: f"{scale}{acc}{cterm}",
         a_k_contiguous=not ta, b_n_contiguous=not tb,
+        raw_a=RawOperand("A", ctx.dtype(a), "0", M if ta else K, not ta),
+        raw_b=RawOperand("B", ctx.dtype(b), "0", K if tb else N, bool(tb)),
     )
     ins = [a, b] + ([c] if c else [])
     emit_gemm(ctx, "Gemm", spec, ins + [out], reads=ins, writes=[out])

@@ -273,6 +273,7 @@ def gemm_source_fused(ng, planner, fus) -> tuple[str, list[str], list[str], int]
     else:
         store = _epilogue(b, ng, g, spec, fus)
     texts = ["\n".join(a_st), a_val, "\n".join(b_st), b_val, "\n".join(spec.prologue or []), "\n".join(store)]
+    texts_in = list(texts)
     for pn, t in keep:  # one tensor under two parameters (B and the Gemm bias C both x): one name
         if b.params[t] != pn:
             texts = [_subst_loads(x, pn, lambda idx, first=b.params[t], dt=ng.tensor(t).dtype: load_float(dt, first, idx))
@@ -291,7 +292,10 @@ def gemm_source_fused(ng, planner, fus) -> tuple[str, list[str], list[str], int]
                    load_b=lambda k, n: (lines(b_st2), b_val2),
                    store=lambda m, n, acc: lines(store2),
                    prologue=lines(pro2),
-                   a_k_contiguous=spec.a_k_contiguous, b_n_contiguous=spec.b_n_contiguous)
+                   a_k_contiguous=spec.a_k_contiguous, b_n_contiguous=spec.b_n_contiguous,
+                   # an operand whose load text survived unchanged is still the plain tensor read
+                   raw_a=spec.raw_a if (a_st2, a_val2) == tuple(texts_in[:2]) else None,
+                   raw_b=spec.raw_b if (b_st2, b_val2) == tuple(texts_in[2:4]) else None)
     src = gemm_source("KNAME", new, e.tiling)
     pd = "".join(d + ", " for d in decls)
     pa = "".join(b.params[t] + ", " for t in ordered)

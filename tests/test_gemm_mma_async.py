@@ -1,0 +1,216 @@
+"""The fp16/bf16 cp.async + ldmatrix GEMM template (dlcc/kernels/gemm_mma_async.py) without a GPU.
+
+On PoCL, cp.async is a copy that poisons a misaligned chunk with NaN, and ldmatrix and the mma
+exchange lanes through local memory (backends/prelude_opencl.h), so the template's swizzled
+addresses, its lanes' row addresses and its packed fragments run as they would on a GPU: every
+tiling is checked against numpy with operands copied raw (cp.async) and through the element
+loads, in both layouts of each operand, on shapes with partial tiles. The swizzle's bank pattern
+is checked by evaluating the template's own address expressions, and nvcc builds the text for
+sm_80 and sm_90 with ptxas's spill report read."""
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import opencl_device_available
+from dlcc.backends.nvcc import find_nvcc
+from dlcc.backends.source import render
+from dlcc.kernels.gemm import gemm_source, plain_spec
+from dlcc.kernels.gemm_mma import ASYNC_TILINGS, mma_tilings
+from dlcc.kernels.gemm_mma_async import (CHUNK, THREADS, OperandTile, a_lane_address, async_ok, b_lane_address, swizzle,
+                                         swizzle_expr)
+from dlcc.testing.rounding import operand_round
+
+needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
+HALF = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+def _np_dtype(name):
+    import ml_dtypes
+
+    return {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}[name]
+
+
+@pytest.fixture(scope="module")
+def rt():
+    from dlcc.executor import make_runtime
+
+    return make_runtime("opencl")
+
+
+def _operands(M, N, K, trans_a, trans_b, seed=2):
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((K, M) if trans_a else (M, K), dtype=np.float32)
+    B = rng.standard_normal((N, K) if trans_b else (K, N), dtype=np.float32)
+    return A, B
+
+
+def _reference(A, B, precision, trans_a, trans_b):
+    rA, rB = (operand_round(x, precision).astype(np.float64) for x in (A, B))
+    return (rA.T if trans_a else rA) @ (rB.T if trans_b else rB)
+
+
+def _run(rt, kname, t, spec, A, B, a_dtype, b_dtype):
+    M, N = spec.M, spec.N
+    As = A.astype(_np_dtype(a_dtype)).view(np.uint8)
+    Bs = B.astype(_np_dtype(b_dtype)).view(np.uint8)
+    sizes = [As.nbytes, Bs.nbytes, M * N * 4]
+    bufs = [rt.alloc(n) for n in sizes]
+    rt.write(bufs[0], 0, As)
+    rt.write(bufs[1], 0, Bs)
+    rt.write(bufs[2], 0, np.full(M * N, np.nan, np.float32))  # every element must be written
+    rt.launch(rt.kernel(kname), -(-M // t.bm) * -(-N // t.bn), t.threads, [rt.view(b, 0, n) for b, n in zip(bufs, sizes)])
+    out = np.empty((M, N), np.float32)
+    rt.read(bufs[2], 0, out)
+    rt.finish()
+    return out
+
+
+#: (precision, M, N, K, trans_a, trans_b, A stored in the half type, copies expected per fill)
+CASES = [
+    ("fp16", 37, 70, 48, False, True, True, 2),     # A and B k-contiguous, both by cp.async
+    ("bf16", 37, 72, 48, False, False, True, 2),    # B [K, N]: ldmatrix.trans
+    ("bf16", 40, 72, 48, True, False, True, 2),     # A [K, M] too: both .trans
+    ("fp16", 37, 70, 40, False, False, True, 1),    # N = 70: B's rows are not 16-byte chunks, loaded per element
+    ("bf16", 37, 70, 44, False, True, False, 0),    # float32 A (a graph input), K = 44: everything per element
+]
+
+
+@needs_opencl
+@pytest.mark.parametrize("precision,M,N,K,trans_a,trans_b,a_half,raw", CASES,
+                         ids=[f"{c[0]}-{c[1]}x{c[2]}x{c[3]}-{'At' if c[4] else 'A'}{'Bt' if c[5] else 'B'}-{c[7]}raw"
+                              for c in CASES])
+def test_every_async_tiling_matches_numpy(rt, precision, M, N, K, trans_a, trans_b, a_half, raw):
+    a_dtype, b_dtype = (HALF[precision] if a_half else "float32"), HALF[precision]
+    spec = plain_spec(M, N, K, trans_b, b_dtype=b_dtype, a_dtype=a_dtype, trans_a=trans_a)
+    tilings = mma_tilings(precision)
+    assert all(t.stages > 1 for t in tilings)
+    sources = [gemm_source(f"g_{t.name}", spec, t) for t in tilings]
+    for src in sources:  # the operands that can go by cp.async do, and only those
+        copies = src.count("CP_ASYNC16(")
+        assert copies == 2 * raw, (copies, raw)  # each fill is written twice: the first stages, the loop
+        assert "LDSM_X4" in src
+    rt.compile(render(sources, rt.dialect))
+    A, B = _operands(M, N, K, trans_a, trans_b)
+    ref = _reference(A, B, precision, trans_a, trans_b)
+    for t in tilings:
+        out = _run(rt, f"g_{t.name}", t, spec, A, B, a_dtype, b_dtype)
+        np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5, err_msg=t.name)
+
+
+@needs_opencl
+def test_a_misaligned_copy_is_poisoned(rt):
+    """The emulated cp.async fills a chunk whose address is not 16-byte aligned with NaN, so the
+    passing tests above also prove every copy they made was aligned, as the hardware requires."""
+    t = mma_tilings("fp16")[3]
+    spec = plain_spec(64, 64, 64, True, b_dtype="float16", a_dtype="float16")
+    bad = dataclasses.replace(spec, raw_a=dataclasses.replace(spec.raw_a, base="1"))  # one element off
+    rt.compile(render([gemm_source("g_mis", bad, t), gemm_source("g_ok", spec, t)], rt.dialect))
+    A, B = _operands(64, 64, 64, False, True)
+    assert np.isnan(_run(rt, "g_mis", t, bad, A, B, "float16", "float16")).any()
+    assert not np.isnan(_run(rt, "g_ok", t, spec, A, B, "float16", "float16")).any()
+
+
+@needs_opencl
+@pytest.mark.parametrize("slip", ["chunk", "trans"])
+def test_a_wrong_ldmatrix_is_caught(rt, slip):
+    """Plausible slips in the ldmatrix addressing give wrong numbers on PoCL, as on a GPU: A's
+    lanes 16-31 addressing the first k half instead of the second, or B [K, N] read without
+    .trans."""
+    t = mma_tilings("bf16")[4]
+    spec = plain_spec(32, 64, 64, False, b_dtype="bfloat16", a_dtype="bfloat16")
+    good = gemm_source("g_slip", spec, t)
+    bad = (good.replace(f"kk / {CHUNK} + mma_lane / 16", f"kk / {CHUNK} + 0") if slip == "chunk"
+           else good.replace("LDSM_X4_T(", "LDSM_X4("))
+    assert bad != good
+    rt.compile(render([bad], rt.dialect))
+    A, B = _operands(32, 64, 64, False, False, seed=3)
+    out = _run(rt, "g_slip", t, spec, A, B, "bfloat16", "bfloat16")
+    assert not np.allclose(out, _reference(A, B, "bf16", False, False), rtol=1e-2, atol=1e-2)
+
+
+def _ceval(expr: str, **env) -> int:
+    """A template index expression (ints, + - * / % ^ &, all non-negative) evaluated as C does."""
+    return eval(expr.replace("/", "//"), {}, env)  # noqa: S307 (our own generated text)
+
+
+def _banks(elem_offsets) -> list[int]:
+    """The 32-bit banks that 16-byte reads or writes at these 16-bit element offsets touch."""
+    return [(o * 2 // 4 + w) % 32 for o in elem_offsets for w in range(4)]
+
+
+def test_swizzle_expression_is_the_function():
+    for per_row in (2, 4, 8, 16):
+        for chunk in range(512):
+            assert _ceval(swizzle_expr("c", per_row), c=chunk) == swizzle(chunk, per_row)
+
+
+@pytest.mark.parametrize("t", ASYNC_TILINGS, ids=lambda t: t.name)
+def test_the_swizzle_has_no_bank_conflicts(t):
+    """For every tiling and both layouts of each operand: each buffer's chunks map one to one,
+    the eight chunks one cp.async phase (8 consecutive threads) writes cover the 32 banks, and
+    so do the eight rows each ldmatrix matrix reads, for every warp, mma tile and k offset."""
+    for which in ("a", "b"):
+        for kc in (True, False):
+            op = OperandTile(which, t, kc)
+            phys = [swizzle(c, op.per_row) for c in range(op.chunks)]
+            assert sorted(phys) == list(range(op.chunks)), (which, kc)
+            for base in range(0, op.chunks, 8):  # cp.async: thread l copies chunk l
+                assert len(set(_banks([p * CHUNK for p in phys[base:base + 8]]))) == 32, (which, kc, base)
+            for warp in range(8):
+                wm0 = (warp // t.warps_n) * (t.bm // t.warps_m)
+                wn0 = (warp % t.warps_n) * (t.bn // t.warps_n)
+                for kk in range(0, t.bk, 16):
+                    if which == "a":
+                        reads = [{L: _ceval(a_lane_address(op), mma_lane=L, mma_wm0=wm0, mi=mi, kk=kk) for L in range(32)}
+                                 for mi in range(t.mi)]
+                        mats = 4
+                    else:
+                        pair = t.ni > 1
+                        reads = [{L: _ceval(b_lane_address(op, pair), mma_lane=L, mma_wn0=wn0, ni=ni, kk=kk)
+                                  for L in range(32)} for ni in range(0, t.ni, 2 if pair else 1)]
+                        mats = 4 if pair else 2
+                    for addr in reads:
+                        for m in range(mats):
+                            rows = [addr[L] for L in range(8 * m, 8 * m + 8)]
+                            assert len(set(_banks(rows))) == 32, (which, kc, warp, kk, m)
+
+
+def test_raw_operands_need_the_half_type_and_whole_chunks():
+    spec = plain_spec(64, 72, 48, False, b_dtype="bfloat16", a_dtype="bfloat16")
+    assert async_ok(spec.raw_a, "bf16", 64, 48) and async_ok(spec.raw_b, "bf16", 72, 48)
+    assert not async_ok(spec.raw_a, "fp16", 64, 48)  # a bf16 tensor is not copied into an fp16 tile
+    assert not async_ok(plain_spec(64, 70, 48, False, b_dtype="bfloat16").raw_b, "bf16", 70, 48)  # rows of 70
+    assert not async_ok(plain_spec(64, 72, 44, True, b_dtype="bfloat16").raw_b, "bf16", 72, 44)  # k rows of 44
+    assert not async_ok(None, "bf16", 64, 48)
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed on this machine")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_nvcc_builds_the_async_pipeline_without_spills(tmp_path, arch):
+    """Every tiling at both precisions, with operands copied raw in both layouts, builds; the PTX
+    holds the cp.async, ldmatrix (plain and .trans) and mma instructions; nothing spills."""
+    sources = []
+    for precision, half in HALF.items():
+        for tb in (True, False):
+            spec = plain_spec(128, 768, 768, tb, b_dtype=half, a_dtype=half)
+            sources += [gemm_source(f"g_{t.name}_{int(tb)}", spec, t) for t in mma_tilings(precision)]
+    src = tmp_path / "k.cu"
+    src.write_text(render(sources, "cuda"))
+    r = subprocess.run([find_nvcc(), "-cubin", f"-arch={arch}", "-O3", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
+                        str(src)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)]
+    assert len(spills) == len(sources) and not any(spills), r.stderr[-3000:]
+    ptx = subprocess.run([find_nvcc(), "-ptx", f"-arch={arch}", "-o", "-", str(src)], capture_output=True, text=True).stdout
+    n = len(sources)
+    assert ptx.count("cp.async.cg.shared.global") >= 2 * n and ptx.count("cp.async.wait_group") >= n
+    assert ptx.count("ldmatrix.sync.aligned.m8n8.x4.shared.b16") >= n
+    assert ptx.count("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") >= n // 2
+    for ty in ("f16", "bf16"):
+        assert ptx.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32") >= n // 2, ty
+    assert THREADS == 256  # Rammer's vEU size: these stay rTasks

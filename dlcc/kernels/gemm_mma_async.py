@@ -214,7 +214,10 @@ def async_mma_source(name: str, spec, t) -> str:
         "        }",
         f"        LPTR const u16* At = (LPTR const u16*)(As + (kb % {S}) * {a.elems});",
         f"        LPTR const u16* Bt = (LPTR const u16*)(Bs + (kb % {S}) * {b.elems});",
-        "        MMA_UNROLL",
+        # A loop on both targets: unrolled, ptxas gave the rTask 255 registers and 240 bytes of
+        # spills as the out-of-line call site of a persistent kernel (BERT-base's GEMMs; 70 as a
+        # loop, the whole kernel 143 and none spilled), though a kernel of its own did not.
+        "        #pragma unroll 1",
         f"        for (int kk = 0; kk < {t.bk}; kk += 16) {{",
         f"            unsigned int mma_af[{MI}][4], mma_bf[{NI}][2];",
         "            #pragma unroll",

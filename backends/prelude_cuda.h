@@ -107,6 +107,7 @@ DEVICE void dlcc_cp_async16(void* dst, const void* src, int valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                  :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
+#define CP_ASYNC_STATE  /* the hardware keeps the groups (OpenCL's emulation needs a queue) */
 #define CP_ASYNC16(dst, src, valid) dlcc_cp_async16((dst), (src), (valid))
 #define CP_ASYNC_COMMIT() asm volatile("cp.async.commit_group;\n" ::: "memory")
 #define CP_ASYNC_WAIT(n) asm volatile("cp.async.wait_group %0;\n" :: "n"(n) : "memory")

@@ -119,22 +119,54 @@ DEVICE void dlcc_mma_k16(float* d0, float* d1, float* d2, float* d3, float a0, f
                  mma_scr, mma_lane)
 #define MMA_F16 DLCC_MMA_K16
 #define MMA_BF16 DLCC_MMA_K16
-/* The fp16/bf16 pipeline (kernels/gemm_mma_async.py), emulated. CP_ASYNC16 is a plain copy of
- * 16 bytes (zeros where `valid` is 0), done at once, so COMMIT and WAIT have nothing to do; a
- * chunk whose global or shared address is not 16-byte aligned, which the hardware would fault on,
- * is filled with NaN instead, so the tests see it. LDSM_* exchange the lanes' row addresses
- * through the warp's scratch and hand each lane what ldmatrix would (prelude_cuda.h); the
- * packed mmas unpack their registers into dlcc_mma_k16. */
+/* The fp16/bf16 pipeline (kernels/gemm_mma_async.py), emulated. cp.async is emulated at its
+ * latest: CP_ASYNC16 only queues the copy (in the task's CP_ASYNC_STATE), COMMIT closes a group,
+ * and WAIT(n) lands every queued group but the n newest, as the PTX ISA allows no later. So a
+ * template that waited for too few groups, or read a buffer before the barrier that follows its
+ * wait, reads stale data here as it might on a GPU. A chunk whose global or shared address is not
+ * 16-byte aligned, which the hardware would fault on, lands as NaN (0x7fff in both half types).
+ * LDSM_* exchange the lanes' row addresses through the warp's scratch and hand each lane what
+ * ldmatrix would (prelude_cuda.h); the packed mmas unpack their registers into dlcc_mma_k16. */
 typedef ushort u16;
-DEVICE void dlcc_cp_async16(LPTR void* dst, GPTR const void* src, int valid) {
-    LPTR ushort* d = (LPTR ushort*)dst;
-    GPTR const ushort* s = (GPTR const ushort*)src;
-    const int aligned = ((((size_t)dst) | ((size_t)src)) & 15) == 0;
+#define DLCC_CPQ_MAX 32
+typedef struct {
+    LPTR ushort* dst[DLCC_CPQ_MAX];
+    GPTR const ushort* src[DLCC_CPQ_MAX];
+    int valid[DLCC_CPQ_MAX], group[DLCC_CPQ_MAX];
+    int n, groups;
+} dlcc_cpq_t;
+#define CP_ASYNC_STATE dlcc_cpq_t dlcc_cpq; dlcc_cpq.n = 0; dlcc_cpq.groups = 0;
+DEVICE void dlcc_cp_land(LPTR ushort* d, GPTR const ushort* s, int valid) {
+    const int aligned = ((((size_t)d) | ((size_t)s)) & 15) == 0;
     for (int i = 0; i < 8; ++i) d[i] = !aligned ? (ushort)0x7fff : valid ? s[i] : (ushort)0;
 }
-#define CP_ASYNC16(dst, src, valid) dlcc_cp_async16((dst), (src), (valid))
-#define CP_ASYNC_COMMIT()
-#define CP_ASYNC_WAIT(n)
+DEVICE void dlcc_cp_async16(dlcc_cpq_t* q, LPTR void* dst, GPTR const void* src, int valid) {
+    if (q->n == DLCC_CPQ_MAX) {  /* more copies in flight than any tiling issues: make it visible */
+        dlcc_cp_land((LPTR ushort*)dst, (GPTR const ushort*)src + 1, valid);
+        return;
+    }
+    q->dst[q->n] = (LPTR ushort*)dst;
+    q->src[q->n] = (GPTR const ushort*)src;
+    q->valid[q->n] = valid;
+    q->group[q->n] = q->groups;
+    q->n++;
+}
+DEVICE void dlcc_cp_wait(dlcc_cpq_t* q, int pending) {
+    int keep = 0;
+    for (int i = 0; i < q->n; ++i) {
+        if (q->group[i] < q->groups - pending) {
+            dlcc_cp_land(q->dst[i], q->src[i], q->valid[i]);
+        } else {
+            q->dst[keep] = q->dst[i]; q->src[keep] = q->src[i];
+            q->valid[keep] = q->valid[i]; q->group[keep] = q->group[i];
+            keep++;
+        }
+    }
+    q->n = keep;
+}
+#define CP_ASYNC16(dst, src, valid) dlcc_cp_async16(&dlcc_cpq, (dst), (src), (valid))
+#define CP_ASYNC_COMMIT() (dlcc_cpq.groups++)
+#define CP_ASYNC_WAIT(n) dlcc_cp_wait(&dlcc_cpq, (n))
 DEVICE void dlcc_ldsm(uint* r0, uint* r1, uint* r2, uint* r3, int n, int trans, LPTR const ushort* base, int off,
                       LPTR float* scr, int lane) {
     LPTR int* rows = (LPTR int*)scr;

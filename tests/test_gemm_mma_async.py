@@ -1,8 +1,9 @@
 """The fp16/bf16 cp.async + ldmatrix GEMM template (dlcc/kernels/gemm_mma_async.py) without a GPU.
 
-On PoCL, cp.async is a copy that poisons a misaligned chunk with NaN, and ldmatrix and the mma
-exchange lanes through local memory (backends/prelude_opencl.h), so the template's swizzled
-addresses, its lanes' row addresses and its packed fragments run as they would on a GPU: every
+On PoCL, a cp.async lands only at the wait that covers its group (a misaligned chunk as NaN),
+and ldmatrix and the mma exchange lanes through local memory (backends/prelude_opencl.h), so the
+template's swizzled addresses, group accounting, lanes' row addresses and packed fragments run
+as they would on a GPU: every
 tiling is checked against numpy with operands copied raw (cp.async) and through the element
 loads, in both layouts of each operand, on shapes with partial tiles. The swizzle's bank pattern
 is checked by evaluating the template's own address expressions, and nvcc builds the text for
@@ -71,12 +72,12 @@ def _run(rt, kname, t, spec, A, B, a_dtype, b_dtype):
 
 
 #: (precision, M, N, K, trans_a, trans_b, A stored in the half type, copies expected per fill)
-CASES = [
-    ("fp16", 37, 70, 48, False, True, True, 2),     # A and B k-contiguous, both by cp.async
-    ("bf16", 37, 72, 48, False, False, True, 2),    # B [K, N]: ldmatrix.trans
+CASES = [  # K spans more k blocks than stages, so every buffer is refilled inside the loop
+    ("fp16", 37, 70, 200, False, True, True, 2),    # A and B k-contiguous, both by cp.async
+    ("bf16", 37, 72, 136, False, False, True, 2),   # B [K, N]: ldmatrix.trans
     ("bf16", 40, 72, 48, True, False, True, 2),     # A [K, M] too: both .trans
-    ("fp16", 37, 70, 40, False, False, True, 1),    # N = 70: B's rows are not 16-byte chunks, loaded per element
-    ("bf16", 37, 70, 44, False, True, False, 0),    # float32 A (a graph input), K = 44: everything per element
+    ("fp16", 37, 70, 200, False, False, True, 1),   # N = 70: B's rows are not 16-byte chunks, loaded per element
+    ("bf16", 37, 70, 260, False, True, False, 0),   # float32 A (a graph input), K = 260: everything per element
 ]
 
 
@@ -100,6 +101,22 @@ def test_every_async_tiling_matches_numpy(rt, precision, M, N, K, trans_a, trans
     for t in tilings:
         out = _run(rt, f"g_{t.name}", t, spec, A, B, a_dtype, b_dtype)
         np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5, err_msg=t.name)
+
+
+@needs_opencl
+def test_waiting_for_too_few_copies_is_caught(rt):
+    """The emulated copies land at the latest wait the PTX ISA allows, so a pipeline that waits
+    for one group too few (it reads block kb while its copies may still be in flight) reads a
+    stale buffer on PoCL, as it might on a GPU."""
+    t = mma_tilings("bf16")[4]
+    spec = plain_spec(32, 64, 256, True, b_dtype="bfloat16", a_dtype="bfloat16")
+    good = gemm_source("g_wait", spec, t)
+    bad = good.replace(f"CP_ASYNC_WAIT({t.stages - 2});", f"CP_ASYNC_WAIT({t.stages - 1});")
+    assert bad != good
+    rt.compile(render([bad], rt.dialect))
+    A, B = _operands(32, 64, 256, False, True, seed=4)
+    out = _run(rt, "g_wait", t, spec, A, B, "bfloat16", "bfloat16")
+    assert not np.allclose(out, _reference(A, B, "bf16", False, True), rtol=1e-2, atol=1e-2)
 
 
 @needs_opencl

@@ -8,8 +8,9 @@ its operands (PTX ISA: "cp.async", "ldmatrix", "mma.m16n8k16"):
   - An operand that is a plain tensor read already stored in the half type (GemmSpec.raw_a /
     raw_b, aligned to 16 bytes) goes from global to shared memory with `cp.async` in 16-byte
     chunks, past the registers; a chunk outside the tensor is zero-filled. Any other operand
-    (an im2col window, a fused prologue, a float32 graph input) is loaded, rounded and stored
-    element by element into the same layout.
+    (an im2col window, a fused prologue, a float32 graph input) is loaded element by element
+    into registers when its block is issued, and rounded and stored into the same layout after
+    the current block's mmas, so that its latency overlaps arithmetic too.
   - The fragments come out of shared memory with `ldmatrix` (four 8x8 matrices per instruction;
     `.trans` where the operand's contiguous dimension is not k), already packed as the mma wants.
   - Each buffer is XOR-swizzled in 16-byte chunks (`swizzle` below), so that the eight rows one
@@ -17,10 +18,11 @@ its operands (PTX ISA: "cp.async", "ldmatrix", "mma.m16n8k16"):
     (tests/test_gemm_mma_async.py checks every tiling's address pattern).
 
 The accumulators are the `acc[i][j]` grid of kernels/gemm_mma.py, so its store loop, and AStitch's
-fused epilogues, apply unchanged. On OpenCL, cp.async is a plain copy (that poisons the chunk
-with NaN if either address is not 16-byte aligned, as the hardware would fault), and ldmatrix and
-the mma exchange lanes through local memory (backends/prelude_opencl.h): the same tile code, the
-same swizzled addresses and the same fragment registers run on PoCL in the default suite.
+fused epilogues, apply unchanged. On OpenCL, cp.async copies land as late as the PTX ISA allows
+(at the wait that covers their group), and a chunk whose address is not 16-byte aligned lands as
+NaN where the hardware would fault; ldmatrix and the mma exchange lanes through local memory
+(backends/prelude_opencl.h). So the same tile code, the same swizzled addresses, the same group
+accounting and the same fragment registers run on PoCL in the default suite.
 """
 from __future__ import annotations
 
@@ -90,28 +92,40 @@ def _fill_raw(op: OperandTile, t, spec, raw, dst: str, k0: str) -> list[str]:
             f"    CP_ASYNC16({dst} + {swizzle_expr('l', op.per_row)} * {CHUNK}, {raw.ptr} + (ok ? {idx} : 0), ok);", "}"]
 
 
-def _fill_generic(op: OperandTile, t, spec, dst: str, k0: str, store: str) -> list[str]:
-    """One k block of an operand through its element loads, rounded into the half type and stored
-    where the swizzled layout puts it (consecutive threads walk the contiguous dimension)."""
+def _generic_walk(op: OperandTile, t) -> tuple[list[str], str, str, int]:
+    """A thread's share of one k block of an operand loaded element by element: the loop head
+    (element l = tid + r*THREADS, split so that consecutive threads walk the contiguous
+    dimension into `xx`, `kk`), and the swizzled shared offset of element (xx, kk)."""
     per = _per_thread_count(op.elems, THREADS)
     contiguous = t.bk if op.kc else op.ext
-    if op.which == "a":
-        stmts, val = spec.load_a("m", "k")
-        names = ("m", "m0", spec.M)
-    else:
-        stmts, val = spec.load_b("k", "n")
-        names = ("n", "n0", spec.N)
-    x, x0, xext = names
-    pos = ([f"const int xx = l / {contiguous}, kk = l % {contiguous};"] if op.kc
-           else [f"const int kk = l / {contiguous}, xx = l % {contiguous};"])
+    pos = (f"const int xx = l / {contiguous}, kk = l % {contiguous};" if op.kc
+           else f"const int kk = l / {contiguous}, xx = l % {contiguous};")
     row, col = ("xx", "kk") if op.kc else ("kk", "xx")
     guard = [] if op.elems % THREADS == 0 else [f"    if (l >= {op.elems}) continue;"]
     # MMA_UNROLL: unrolled for nvcc; a loop on OpenCL, where PoCL's LLVM 15 crashed (SIGSEGV in
     # the inliner) building an AStitch-fused kernel whose unrolled fills each inlined a prologue.
-    return ["MMA_UNROLL", f"for (int r = 0; r < {per}; ++r) {{", f"    const int l = tid + r * {THREADS};", *guard,
-            *_indent(pos, 4), f"    const int {x} = {x0} + xx, k = {k0} + kk;", "    float val = 0.0f;",
+    head = ["MMA_UNROLL", f"for (int r = 0; r < {per}; ++r) {{", f"    const int l = tid + r * {THREADS};", *guard,
+            f"    {pos}"]
+    return head, f"{op.addr(row, f'{col} / {CHUNK}')} + {col} % {CHUNK}", f"stage_{op.which}", per
+
+
+def _load_generic(op: OperandTile, t, spec, k0: str) -> list[str]:
+    """Element loads of one k block of an operand into the thread's staging registers (`stage_a`
+    or `stage_b`), zero outside the tensor."""
+    head, _, regs, _ = _generic_walk(op, t)
+    if op.which == "a":
+        (stmts, val), (x, x0, xext) = spec.load_a("m", "k"), ("m", "m0", spec.M)
+    else:
+        (stmts, val), (x, x0, xext) = spec.load_b("k", "n"), ("n", "n0", spec.N)
+    return [*head, f"    const int {x} = {x0} + xx, k = {k0} + kk;", "    float val = 0.0f;",
             f"    if ({x} < {xext} && k < {spec.K}) {{", *_indent(stmts, 8), f"        val = {val};", "    }",
-            f"    {store}({dst}, {op.addr(row, f'{col} / {CHUNK}')} + {col} % {CHUNK}, val);", "}"]
+            f"    {regs}[r] = val;", "}"]
+
+
+def _store_generic(op: OperandTile, t, dst: str, store: str) -> list[str]:
+    """The staging registers, rounded into the half type, where the swizzled layout puts them."""
+    head, addr, regs, _ = _generic_walk(op, t)
+    return [*head, f"    {store}({dst}, {addr}, {regs}[r]);", "}"]
 
 
 def a_lane_address(op: OperandTile) -> str:
@@ -163,13 +177,18 @@ def async_mma_source(name: str, spec, t) -> str:
     MI, NI = t.mi, t.ni
     tile_floats = S * (a.elems + b.elems) // 2
 
-    def fill(op, raw_ok, raw, k0):
-        dst = f"{op.which.upper()}s + st * {op.elems}"
-        return _fill_raw(op, t, spec, raw, dst, k0) if raw_ok else _fill_generic(op, t, spec, dst, k0, store_macro)
-
     a_raw = async_ok(spec.raw_a, t.precision, spec.M, spec.K) and (spec.raw_a.k_contiguous == a.kc)
     b_raw = async_ok(spec.raw_b, t.precision, spec.N, spec.K) and (spec.raw_b.k_contiguous == b.kc)
-    fills = [*fill(a, a_raw, spec.raw_a, "kf"), *fill(b, b_raw, spec.raw_b, "kf")]
+    raws = [(op, raw) for op, ok, raw in ((a, a_raw, spec.raw_a), (b, b_raw, spec.raw_b)) if ok]
+    generic = [op for op, ok in ((a, a_raw), (b, b_raw)) if not ok]
+    dst = lambda op: f"{op.which.upper()}s + st * {op.elems}"  # noqa: E731
+    # Copies issued now: cp.async for the raw operands; the other operands' loads go into
+    # registers here and into shared memory after the block's mmas, so that their latency, too,
+    # overlaps arithmetic (the SIMT template's register pipeline).
+    issue = [line for op, raw in raws for line in _fill_raw(op, t, spec, raw, dst(op), "kf")]
+    issue += [line for op in generic for line in _load_generic(op, t, spec, "kf")]
+    land = [line for op in generic for line in _store_generic(op, t, dst(op), store_macro)]
+    staging = [f"float stage_{op.which}[{_generic_walk(op, t)[3]}];" for op in generic]
     b_loads = ["#pragma unroll", f"for (int ni = 0; ni + 1 < {NI}; ni += 2) {{",
                *_indent(_ldsm_b(b, "Bt", True), 4), "}"]
     if NI % 2:
@@ -182,6 +201,7 @@ def async_mma_source(name: str, spec, t) -> str:
         "    const int mma_lane = tid % 32, mma_warp = tid / 32;",
         f"    LPTR float* mma_scr = smem + {tile_floats} + mma_warp * MMA_EMU_FLOATS_K16;  /* OpenCL's emulation */",
         "    (void)mma_scr;",
+        "    CP_ASYNC_STATE",
         f"    const int bt = task / {tiles_m * tiles_n};",
         f"    const int tile = task % {tiles_m * tiles_n};",
         f"    const int m0 = (tile / {tiles_n}) * {t.bm};",
@@ -194,24 +214,24 @@ def async_mma_source(name: str, spec, t) -> str:
         "        #pragma unroll",
         f"        for (int j = 0; j < {2 * NI}; ++j) acc[i][j] = 0.0f;",
         "    }",
+        *_indent(staging, 4),
         f"    for (int st = 0; st < {S - 1}; ++st) {{  /* the first {S - 1} k blocks in flight */",
         f"        if (st < {KB}) {{",
         f"            const int kf = st * {t.bk};",
-        *_indent(fills, 12),
+        *_indent(issue, 12),
+        *_indent(land, 12),
         "        }",
         "        CP_ASYNC_COMMIT();",
         "    }",
         f"    for (int kb = 0; kb < {KB}; ++kb) {{",
         f"        CP_ASYNC_WAIT({S - 2});  /* this thread's copies of block kb have landed */",
         "        BARRIER();  /* everyone's have, and nobody still reads the buffer refilled next */",
-        "        {",
-        f"            const int kn = kb + {S - 1}, st = kn % {S};",
-        f"            if (kn < {KB}) {{",
-        f"                const int kf = kn * {t.bk};",
-        *_indent(fills, 16),
-        "            }",
-        "            CP_ASYNC_COMMIT();",
+        f"        const int kn = kb + {S - 1}, st = kn % {S};  /* the block refilled meanwhile, and its buffer */",
+        f"        if (kn < {KB}) {{",
+        f"            const int kf = kn * {t.bk};",
+        *_indent(issue, 12),
         "        }",
+        "        CP_ASYNC_COMMIT();",
         f"        LPTR const u16* At = (LPTR const u16*)(As + (kb % {S}) * {a.elems});",
         f"        LPTR const u16* Bt = (LPTR const u16*)(Bs + (kb % {S}) * {b.elems});",
         # A loop on both targets: unrolled, ptxas gave the rTask 255 registers and 240 bytes of
@@ -235,6 +255,7 @@ def async_mma_source(name: str, spec, t) -> str:
         "                }",
         "            }",
         "        }",
+        *([f"        if (kn < {KB}) {{", *_indent(land, 12), "        }"] if land else []),
         "    }",
         "    CP_ASYNC_WAIT(0);",
         "    BARRIER();  /* the buffers are free for the next rTask that runs on this block */",

@@ -2,8 +2,18 @@
 
 Everything else (plans, views, argument binding, validation) is shared with OpenCL in
 dlcc.executor and tested there, because no machine of this project's CI has a GPU.
+
+The context: dlcc works in the device's *primary* context, the one the CUDA runtime API (and so
+PyTorch, CuPy, JAX, Triton) uses, retained from the driver and made current only around dlcc's
+own work (`active()`), then popped. `pycuda.autoinit`, which dlcc used before, creates a second
+context and leaves it current: a program that had used torch on the GPU, then ran a dlcc model,
+then called torch.compile got "invalid resource handle". Being current only while it works also
+lets any thread call a model: the context is pushed on the calling thread.
 """
 from __future__ import annotations
+
+import contextlib
+import threading
 
 import numpy as np
 
@@ -20,22 +30,63 @@ def available() -> bool:
         return False
 
 
+def _in_context(method):
+    """Run `method` with the runtime's primary context current (CudaRuntime.active)."""
+    import functools
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kw):
+        with self.active():
+            return method(self, *args, **kw)
+
+    return wrapper
+
+
 class CudaRuntime:
     name = "cuda"
     dialect = "cuda"
 
-    def __init__(self):
+    def __init__(self, index: int | None = None):
+        from ..devices import CUDA_DEVICE_ENV, cuda_device_index
+
         try:
-            import pycuda.autoinit  # noqa: F401
             import pycuda.driver as drv
         except ImportError:
             raise RuntimeBackendError("the CUDA target needs pycuda and an NVIDIA driver: pip install 'dlcc[cuda]'") from None
+        index = cuda_device_index() if index is None else index
+        try:
+            drv.init()
+            count = drv.Device.count()
+            if index >= count:
+                raise RuntimeBackendError(f"CUDA device {index} does not exist: this machine has {count} "
+                                          f"({CUDA_DEVICE_ENV} or --device-index picks one)")
+            self.dev = drv.Device(index)
+            self.ctx = self.dev.retain_primary_context()
+        except RuntimeBackendError:
+            raise
         except Exception as e:
             raise RuntimeBackendError(f"no usable CUDA device: {e}") from None
         self.drv = drv
-        self.dev = drv.Context.get_device()
+        self.index = index
         self.module = None
         self._fns = {}
+        self._tls = threading.local()  # per thread: how deep inside active() it is
+
+    @contextlib.contextmanager
+    def active(self):
+        """The device's primary context, current on this thread for the duration (pushed on entry
+        and popped on exit, unless an enclosing active() already did): what every call below runs
+        in. The executor holds it around a whole inference, so a launch pays no push of its own."""
+        depth = getattr(self._tls, "depth", 0)
+        if depth == 0:
+            self.ctx.push()
+        self._tls.depth = depth + 1
+        try:
+            yield self
+        finally:
+            self._tls.depth -= 1
+            if self._tls.depth == 0:
+                self.drv.Context.pop()
 
     @property
     def device_name(self) -> str:
@@ -47,6 +98,7 @@ class CudaRuntime:
     def is_cpu(self) -> bool:
         return False
 
+    @_in_context
     def compile(self, source: str, plan: dict | None = None, binaries: dict | None = None) -> None:
         """Load the artifact's cubin when it was built for this GPU's arch; otherwise compile now."""
         from pycuda.compiler import SourceModule
@@ -63,6 +115,7 @@ class CudaRuntime:
         except Exception as e:
             raise CompileError(f"nvcc rejected the generated kernels (a dlcc bug):\n{e}") from None
 
+    @_in_context
     def kernel(self, name: str):
         if name not in self._fns:
             try:
@@ -72,17 +125,20 @@ class CudaRuntime:
                                 "hand); compile the model again") from None
         return self._fns[name]
 
+    @_in_context
     def alloc(self, nbytes: int):
         return self.drv.mem_alloc(max(int(nbytes), 4))
 
     def view(self, buf, offset: int, nbytes: int):
         return np.uintp(int(buf) + offset)
 
+    @_in_context
     def write(self, buf, offset: int, data) -> None:
         arr = np.frombuffer(data, np.uint8) if isinstance(data, (bytes, bytearray)) else np.ascontiguousarray(data)
         if arr.nbytes:
             self.drv.memcpy_htod(int(buf) + offset, arr)
 
+    @_in_context
     def read(self, buf, offset: int, out: np.ndarray) -> None:
         if out.nbytes:
             self.drv.memcpy_dtoh(out, int(buf) + offset)
@@ -91,15 +147,20 @@ class CudaRuntime:
         """A prepared call: the argument layout is packed once per kernel (pointers 'P', ints 'i'),
         which takes a few µs off every launch against PyCUDA's generic call; for the small models
         the host's launch loop, not the GPU, sets the time of an inference."""
+        if not getattr(self._tls, "depth", 0):  # a caller outside active(): push for this launch
+            with self.active():
+                return self.launch(kernel, grid, block, args)
         sig = "".join("i" if isinstance(a, (int, np.int32)) else "P" for a in args)
         if getattr(kernel, "_dlcc_sig", None) != sig:
             kernel.prepare(sig)
             kernel._dlcc_sig = sig
         kernel.prepared_call((grid, 1), (block, 1, 1), *[int(a) for a in args])
 
+    @_in_context
     def finish(self) -> None:
         self.drv.Context.synchronize()
 
+    @_in_context
     def resident_blocks(self, kernel, block: int, smem_bytes: int = 0) -> int:
         """Blocks of `kernel` the GPU holds at once: SMs × the occupancy from the compiled
         function's own registers and shared memory (what a cooperative launch would check)."""
@@ -116,6 +177,7 @@ class CudaRuntime:
         by_smem = self.dev.get_attribute(d.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) // smem if smem else by_threads
         return sms * max(0, min(by_regs, by_threads, by_smem, 32))
 
+    @_in_context
     def time_launch(self, kernel, grid: int, block: int, args: list, batch: int = 8) -> float:
         """Device time of one launch in µs (CUDA events), used by `dlcc profile`: the mean of
         `batch` launches queued back to back, so that the host's launch overhead, which an event
@@ -129,6 +191,7 @@ class CudaRuntime:
         stop.synchronize()
         return start.time_till(stop) * 1e3 / batch
 
+    @_in_context
     def timer(self):
         """(start, stop) CUDA events for timing a run on the device."""
         return self.drv.Event(), self.drv.Event()

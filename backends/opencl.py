@@ -117,6 +117,13 @@ class OpenCLRuntime:
     def is_cpu(self) -> bool:
         return bool(self.device.type & self.cl.device_type.CPU)
 
+    def active(self):
+        """Nothing to make current on OpenCL (the queue carries the context); the CUDA runtime's
+        active() pushes its primary context."""
+        import contextlib
+
+        return contextlib.nullcontext(self)
+
     def is_pocl(self) -> bool:
         return "portable computing language" in self.device.platform.name.lower()
 
@@ -134,11 +141,16 @@ class OpenCLRuntime:
         then Transpose stitch of an H100 plan, run with a clamped grid of 2: every row but each
         block's first summed wrong; tests/test_half_activations.py's graph). Kernels on the
         GPU-only SIMT tilings (kernels/gemm.py GPU_TILINGS, in a plan compiled for a GPU device
-        spec) come from that build too: PoCL's LLVM crashes optimising them."""
+        spec) come from that build too: PoCL's LLVM crashes optimising them. So do the fp16/bf16
+        tensor-core rKernels (kernels/gemm_mma_async.py, with their emulated cp.async queue and
+        ldmatrix): LLVM 15 crashed optimising AStitch-fused ones (SIGSEGV in the inliner on a bf16
+        encoder, in InstCombine on mobilenet-small at bf16)."""
         from ..kernels.gemm import GPU_TILINGS
+        from ..kernels.gemm_mma import mma_tilings
 
         self._kernels = {}  # kernels of a previous program must not be reused
-        slow_to_build = {t.name for t in GPU_TILINGS}
+        slow_to_build = {t.name for t in GPU_TILINGS} | {t.name for p in ("fp16", "bf16") for t in mma_tilings(p)
+                                                           if t.stages > 1}
         spins = {L["kernel"] for L in (plan or {}).get("launches", []) if L.get("grid_sync")}
         unoptimised = {k["name"] for k in (plan or {}).get("kernels", [])
                        if k.get("kind") == "persistent" or k.get("tiling") in slow_to_build or k["name"] in spins}

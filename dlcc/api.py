@@ -115,14 +115,14 @@ def cache_key(model, shapes: dict, tgt: str, pipeline, device, profile_db=None, 
     (dlcc.batch.runner.try_hit, which answers warm jobs without a worker) both look up.
     `tgt` is already resolved (pick_target)."""
     from .cache import Cache
-    from .compiler import default_device
-    from .config import builtin_names, load_device, load_pipeline, with_precision
+    from .config import builtin_names, load_pipeline, with_precision
+    from .devices import resolve_device
 
     c = Cache.of(cache)
     names = builtin_names("pipelines") if pipeline == "auto" else [pipeline]
     pipe_text = "\n".join(with_precision(n if hasattr(n, "model_dump_json") else load_pipeline(n), precision)
                           .model_dump_json() for n in names)
-    dev = device if hasattr(device, "model_dump_json") else load_device(device or default_device(tgt))
+    dev = resolve_device(device, tgt)[0]
     nvcc = None
     if tgt == "cuda":
         from .backends.nvcc import nvcc_version
@@ -159,13 +159,14 @@ def _compile_cached(model, out: Path, shapes, tgt, pipeline, device, steps, prof
 
 
 def _compile(model, shapes, tgt, pipeline, device, steps, profile_db, cache=None, precision=None) -> CompiledModel:
-    from .compiler import compile_model, default_device
+    from .compiler import compile_model
+    from .devices import resolve_device
 
     choice, imported = None, None
     if pipeline == "auto":
         from .estimate.plan_mode import choose_pipeline
 
-        dev = device or default_device(tgt)
+        dev = resolve_device(device, tgt)[0]
         pipeline, est = choose_pipeline(model, shapes, dev, steps=steps, precision=precision)
         choice = {"chosen": pipeline, "why": est.why(), "device": est.device,
                   "ranking": [{"name": p.name, "predicted_ms": p.predicted_us / 1e3} for p in est.pipelines]}

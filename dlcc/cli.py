@@ -23,6 +23,22 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 out = Console()
 err = Console(stderr=True)
 
+
+@app.callback()
+def _global_options(device_index: Optional[int] = typer.Option(
+        None, "--device-index", help="CUDA device ordinal to run on and, with no --device, to plan for "
+        "(default: $DLCC_CUDA_DEVICE, else 0)")):
+    """dlcc — compile ONNX models to CUDA/OpenCL kernels, run them, check them against onnxruntime,
+    and estimate what optimizations buy."""
+    if device_index is not None:
+        import os
+
+        from .devices import CUDA_DEVICE_ENV
+
+        if device_index < 0:
+            raise DlccError(f"--device-index {device_index} is not a device index (0, 1, ...)")
+        os.environ[CUDA_DEVICE_ENV] = str(device_index)  # read by the runtime and the device detection
+
 ShapeOpt = typer.Option(None, "--shape", "--input-shape", "-s", help="bind an input's shape: NAME=1x3x224x224 (repeatable); "
                         "NAME=8 binds a symbolic dim; FILE.yaml reads bindings from `shapes: {NAME: [dims]}`")
 TargetOpt = typer.Option("auto", "--target", "-t", help="auto (CUDA if a GPU is present, else OpenCL), cuda, opencl")

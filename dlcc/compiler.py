@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from . import __version__
 from . import ops as _ops  # noqa: F401  (registers every op)
-from .config import DeviceSpec, PipelineSpec, check_precision, load_device, load_pipeline, with_precision
+from .config import DeviceSpec, PipelineSpec, check_precision, load_pipeline, with_precision
 from .errors import CompileError, ConfigError, UnsupportedOpsError
 from .frontend import ShapeBindings, check_static, dtype_problems, import_model
 from .ir import Graph
@@ -41,21 +41,6 @@ def check_supported(graph: Graph) -> None:
 
             raise UnsupportedDtypesError("the model uses tensor dtypes dlcc cannot compile yet:\n" + "\n".join(dt))
         raise UnsupportedOpsError(bad, dt)
-
-
-def default_device(target: str) -> str:
-    if target == "cuda":
-        try:
-            from .backends.cuda import CudaRuntime
-
-            name = CudaRuntime().device_name.lower()
-            for key in ("h100", "a100", "v100", "2080"):
-                if key in name:
-                    return {"2080": "rtx2080ti"}.get(key, key)
-        except Exception:
-            pass
-        return "h100"
-    return "pocl-cpu"
 
 
 def _file_digest(path) -> str:
@@ -222,7 +207,9 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
     `precision` (config.PRECISIONS) overrides the pipeline's own."""
     steps = steps or Steps()
     pipe = with_precision(pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline), precision)
-    dev = device if isinstance(device, DeviceSpec) else load_device(device or default_device(target))
+    from .devices import resolve_device
+
+    dev, device_key, device_from = resolve_device(device, target)
     precision_note = check_precision(pipe.precision, dev, target)
     if profile_db is not None and not hasattr(profile_db, "lookup"):
         from .estimate.profiledb import ProfileDB
@@ -260,7 +247,8 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
         "precision": pipe.precision,
         **({"precision_note": precision_note} if precision_note else {}),
         "device": dev.name,
-        "device_key": str(device) if isinstance(device, (str, os.PathLike)) else (None if device else default_device(target)),
+        "device_key": device_key,
+        "device_from": device_from,
         "target": target,
         "shapes": {k: list(v) for k, v in (shapes or {}).items()},
         "opset": graph.opset,

@@ -58,7 +58,11 @@ class Executor:
         self._lock = threading.Lock()
         self.plan = plan
         self.rt = runtime
-        rt = runtime
+        with runtime.active():  # CUDA: the primary context current while we work (backends/cuda.py)
+            self._build(weights, source, binaries)
+
+    def _build(self, weights: bytes, source: str, binaries: dict[str, bytes] | None) -> None:
+        plan, rt = self.plan, self.rt
         rt.compile(source, plan, binaries or {})
         st = plan["storages"]
         self.storages = {"arena": rt.alloc(st["arena"]), "weights": rt.alloc(st["weights"])}
@@ -144,7 +148,7 @@ class Executor:
 
     def run(self, inputs: dict, timing: dict | None = None) -> dict[str, np.ndarray]:
         arrays = self.check_inputs(inputs)
-        with self._lock:
+        with self._lock, self.rt.active():
             return self._run(arrays, timing)
 
     def _run(self, arrays: list[np.ndarray], timing: dict | None) -> dict[str, np.ndarray]:
@@ -186,7 +190,7 @@ class Executor:
         was measured: on the device (CUDA events, OpenCL profiling events) when the runtime can,
         else the wall time of launch + synchronize minus a bare synchronize."""
         arrays = self.check_inputs(inputs)
-        with self._lock:
+        with self._lock, self.rt.active():
             return self._profile(arrays, repeat)
 
     def _profile(self, arrays: list[np.ndarray], repeat: int) -> tuple[list[float], str]:

@@ -7,6 +7,7 @@ Whether the kernels themselves compile for the GPU is tests/test_nvcc.py's job.
 from __future__ import annotations
 
 import sys
+import threading
 import types
 
 import numpy as np
@@ -18,19 +19,60 @@ from test_bad_input import EXAMPLE
 
 
 class FakeDriver:
+    """pycuda.driver as the CUDA runtime uses it, keeping each thread's context stack: every
+    allocation, copy, launch and synchronize asserts that the device's primary context is
+    current on the calling thread, and `pushes`/`pops` count what the runtime did."""
+
     def __init__(self):
         self.next_ptr = 1 << 20
         self.allocs, self.h2d, self.launches = [], [], []
+        self.pushes, self.pops, self.retained, self.created = 0, 0, [], 0
+        self.stacks = threading.local()
         outer = self
+
+        class Primary:
+            def __init__(self, index):
+                self.index = index
+
+            def push(self):
+                outer.stack().append(self)
+                outer.pushes += 1
 
         class Ctx:
             @staticmethod
-            def get_device():
-                return types.SimpleNamespace(name=lambda: "Fake H100", compute_capability=lambda: (9, 0))
+            def pop():
+                assert outer.stack(), "pop with no context current"
+                outer.stack().pop()
+                outer.pops += 1
 
             @staticmethod
             def synchronize():
-                pass
+                outer.current()
+
+        class Device:
+            @staticmethod
+            def count():
+                return 2
+
+            def __init__(self, index):
+                assert 0 <= index < 2
+                self.index = index
+
+            def name(self):
+                return "Fake H100"
+
+            def compute_capability(self):
+                return (9, 0)
+
+            def retain_primary_context(self):
+                outer.retained.append(self.index)
+                return Primary(self.index)
+
+            def make_context(self):  # what pycuda.autoinit does: a second context, left current
+                outer.created += 1
+                raise AssertionError("dlcc must use the primary context")
+
+        self.Context, self.Device, self.Primary = Ctx, Device, Primary
 
         class Fn:
             def __init__(self, name):
@@ -41,6 +83,7 @@ class FakeDriver:
                 self.sig = sig
 
             def prepared_call(self, grid, block, *args):
+                outer.current()
                 # Record what PyCUDA would pack: 'i' as a 32-bit int, 'P' as a pointer.
                 assert len(args) == len(self.sig) and all(type(a) is int for a in args)
                 packed = tuple(np.int32(a) if f == "i" else np.uintp(a) for f, a in zip(self.sig, args))
@@ -49,16 +92,31 @@ class FakeDriver:
         self.Context = Ctx
         self.Fn = Fn
 
+    def stack(self) -> list:
+        if not hasattr(self.stacks, "s"):
+            self.stacks.s = []
+        return self.stacks.s
+
+    def current(self):
+        assert self.stack() and isinstance(self.stack()[-1], self.Primary), "no primary context current"
+        return self.stack()[-1]
+
+    def init(self):
+        pass
+
     def mem_alloc(self, n):
+        self.current()
         p = self.next_ptr
         self.next_ptr += (n + 4095) // 4096 * 4096
         self.allocs.append((p, n))
         return p
 
     def memcpy_htod(self, ptr, arr):
+        self.current()
         self.h2d.append((int(ptr), arr.nbytes))
 
     def memcpy_dtoh(self, out, ptr):
+        self.current()
         out[...] = 0
 
 
@@ -79,8 +137,9 @@ def fake_pycuda(monkeypatch):
 
     compiler.SourceModule = SourceModule
     driver = types.ModuleType("pycuda.driver")
-    for k in ("Context", "mem_alloc", "memcpy_htod", "memcpy_dtoh"):
+    for k in ("Context", "Device", "init", "mem_alloc", "memcpy_htod", "memcpy_dtoh"):
         setattr(driver, k, getattr(drv, k))
+    driver.device_attribute = types.SimpleNamespace()  # no attributes: a compile names its device
     drv.loaded_cubins = []
 
     class Module:
@@ -88,12 +147,12 @@ def fake_pycuda(monkeypatch):
             return drv.Fn(name)
 
     def module_from_buffer(data):
+        drv.current()
         drv.loaded_cubins.append(data)
         return Module()
 
     driver.module_from_buffer = module_from_buffer
     monkeypatch.setitem(sys.modules, "pycuda", pkg)
-    monkeypatch.setitem(sys.modules, "pycuda.autoinit", types.ModuleType("pycuda.autoinit"))
     monkeypatch.setitem(sys.modules, "pycuda.driver", driver)
     monkeypatch.setitem(sys.modules, "pycuda.compiler", compiler)
     pkg.driver, pkg.compiler = driver, compiler
@@ -143,3 +202,41 @@ def test_cuda_artifact_carries_cubin_and_resources(fake_pycuda, tmp_path):
     loaded(loaded.sample_inputs())
     assert fake_pycuda.loaded_cubins == [(out / "kernels.sm_90.cubin").read_bytes()]
     assert len(fake_pycuda.launches) == len(plan["launches"])
+
+
+def test_the_runtime_works_in_the_primary_context_and_leaves_none_current(fake_pycuda, monkeypatch):
+    """No context of dlcc's own (pycuda.autoinit made one and left it current, which broke
+    torch.compile later in the process): the device's primary context, pushed around each
+    inference and popped after, on whichever thread calls; DLCC_CUDA_DEVICE picks the device."""
+    drv = fake_pycuda
+    monkeypatch.setenv("DLCC_CUDA_DEVICE", "1")
+    m = dlcc.compile(EXAMPLE, target="cuda", device="h100")
+    feeds = m.sample_inputs()
+    m(feeds)
+    assert drv.retained == [1] and drv.created == 0 and "pycuda.autoinit" not in sys.modules
+    assert drv.pushes == drv.pops and not drv.stack()  # balanced, nothing left current
+    before = drv.pushes
+    m(feeds)
+    assert drv.pushes == before + 1  # one push for a whole inference, not one per launch
+    errors = []
+
+    def call():
+        try:
+            m(feeds)
+            assert not drv.stack()
+        except Exception as e:  # pragma: no cover (reported below)
+            errors.append(e)
+
+    t = threading.Thread(target=call)
+    t.start()
+    t.join()
+    assert not errors and drv.pushes == drv.pops
+
+
+def test_a_device_index_past_the_last_gpu_is_one_clear_error(fake_pycuda, monkeypatch):
+    from dlcc.errors import RuntimeBackendError
+
+    monkeypatch.setenv("DLCC_CUDA_DEVICE", "5")
+    m = dlcc.compile(EXAMPLE, target="cuda", device="h100")
+    with pytest.raises(RuntimeBackendError, match="CUDA device 5 does not exist: this machine has 2"):
+        m(m.sample_inputs())

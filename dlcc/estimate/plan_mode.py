@@ -18,7 +18,7 @@ import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import builtin_dir, check_precision, load_device, load_pipeline, with_precision
+from ..config import DeviceSpec, builtin_dir, check_precision, load_device, load_pipeline, with_precision
 from ..errors import DlccError
 from .costmodel import kernel_time, roofline_us
 from .graph import Dep, TaskGraph
@@ -117,7 +117,7 @@ def estimate_plan(model, shapes=(), device: str = "h100", pipelines: list[str] |
     for f in what_if_files:
         specs += [n for n in load_file(f) if n not in specs]
     calls = [parse(x) for x in specs]  # bad specs fail before any work
-    dev = load_device(device)
+    dev = device if isinstance(device, DeviceSpec) else load_device(device)
     specs = [load_pipeline(p) for p in (pipelines or default_pipelines())]  # bad names fail before work
     if precisions:
         specs = [with_precision(s, pr).model_copy(update={"name": f"{s.name}@{pr}"}) for s in specs for pr in precisions]

@@ -30,6 +30,15 @@ def available() -> bool:
         return False
 
 
+def _libcuda():
+    """The CUDA driver library, for the few calls PyCUDA does not wrap (pointer attributes,
+    synchronizing a foreign stream)."""
+    import ctypes
+    import sys
+
+    return ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+
+
 def _in_context(method):
     """Run `method` with the runtime's primary context current (CudaRuntime.active)."""
     import functools
@@ -142,6 +151,48 @@ class CudaRuntime:
     def read(self, buf, offset: int, out: np.ndarray) -> None:
         if out.nbytes:
             self.drv.memcpy_dtoh(out, int(buf) + offset)
+
+    # -- device arrays (dlcc/interop.py) ---------------------------------------------------------
+    @_in_context
+    def copy_in(self, buf, ref) -> None:
+        """A device input (interop.ArrayRef) into `buf`, device to device, ordered after the
+        producer's stream when its __cuda_array_interface__ names one other than the default
+        streams (1: legacy, 2: per-thread), which dlcc's launches already follow."""
+        if ref.stream not in (None, 1, 2):
+            self.sync_stream(int(ref.stream))
+        if ref.nbytes:
+            self.drv.memcpy_dtod(int(buf), ref.ptr, ref.nbytes)
+
+    @_in_context
+    def copy_device(self, dst, src, nbytes: int) -> None:
+        if nbytes:
+            self.drv.memcpy_dtod(int(dst), int(src), nbytes)
+
+    @_in_context
+    def read_ref(self, ref, out: np.ndarray) -> None:
+        """A device input's bytes on the host (to check the token ids of an embedding)."""
+        if ref.stream not in (None, 1, 2):
+            self.sync_stream(int(ref.stream))
+        if out.nbytes:
+            self.drv.memcpy_dtoh(out, ref.ptr)
+
+    def pointer_device(self, ptr: int) -> int | None:
+        """The CUDA ordinal of the device memory at `ptr`, or None when it is not device memory
+        (cuPointerGetAttribute: CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)."""
+        import ctypes
+
+        ordinal = ctypes.c_int(-1)
+        err = _libcuda().cuPointerGetAttribute(ctypes.byref(ordinal), 9, ctypes.c_uint64(ptr))
+        return ordinal.value if err == 0 else None
+
+    def sync_stream(self, handle: int) -> None:
+        """Wait for a foreign stream (a raw CUstream handle) to drain."""
+        import ctypes
+
+        err = _libcuda().cuStreamSynchronize(ctypes.c_void_p(handle))
+        if err != 0:
+            raise RuntimeBackendError(f"cuStreamSynchronize on the input's stream {handle:#x} failed (CUresult "
+                                      f"{err}): a stream of another context or process?")
 
     def launch(self, kernel, grid: int, block: int, args: list) -> None:
         """A prepared call: the argument layout is packed once per kernel (pointers 'P', ints 'i'),

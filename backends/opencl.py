@@ -117,6 +117,21 @@ class OpenCLRuntime:
     def is_cpu(self) -> bool:
         return bool(self.device.type & self.cl.device_type.CPU)
 
+    index = None  # CUDA's device ordinal; an OpenCL runtime has none
+
+    def copy_in(self, buf, ref) -> None:
+        """A pyopencl array (interop.ArrayRef of the same context) into `buf`, on the device,
+        after whatever its own queue still has to do."""
+        ref.cl_queue.finish()
+        if ref.nbytes:
+            self.cl.enqueue_copy(self.queue, buf, ref.cl_buffer, src_offset=ref.ptr, byte_count=ref.nbytes)
+
+    def read_ref(self, ref, out: np.ndarray) -> None:
+        ref.cl_queue.finish()
+        if out.nbytes:
+            self.cl.enqueue_copy(self.queue, out, ref.cl_buffer, src_offset=ref.ptr)
+            self.queue.finish()
+
     def active(self):
         """Nothing to make current on OpenCL (the queue carries the context); the CUDA runtime's
         active() pushes its primary context."""

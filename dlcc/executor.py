@@ -100,7 +100,13 @@ class Executor:
                             f"(astitch option schemes) to split it")
         return max(1, min(grid, resident))
 
-    def check_inputs(self, inputs: dict) -> list[np.ndarray]:
+    def check_inputs(self, inputs: dict) -> list:
+        """Each input as the run takes it: a C-contiguous numpy array of the signature's dtype
+        (host values are converted as numpy converts them), or an interop.ArrayRef to a device
+        array of exactly the signature's shape and dtype on this runtime's device (copied device
+        to device into the plan's input buffer; never converted or silently misread)."""
+        from .interop import describe
+
         sig = self.plan["inputs"]
         names = [t["name"] for t in sig]
         unknown = [k for k in inputs if k not in names]
@@ -109,8 +115,24 @@ class Executor:
             raise InputError(f"inputs do not match the model: missing {missing or 'none'}, unknown {unknown or 'none'}; "
                              f"expected {names}")
         arrays = []
+        try:
+            self._convert_inputs(sig, inputs, arrays, describe)
+            self.check_indices(arrays)
+        except BaseException:
+            for a in arrays:  # a DLPack producer's memory is released even when an input is refused
+                if not isinstance(a, np.ndarray):
+                    a.done()
+            raise
+        return arrays
+
+    def _convert_inputs(self, sig: list, inputs: dict, arrays: list, describe) -> None:
         for t in sig:
-            a = np.asarray(inputs[t["name"]])
+            ref = describe(inputs[t["name"]])
+            if ref.where != "host":
+                arrays.append(ref)
+                self._check_device_input(t, ref)
+                continue
+            a = np.asarray(inputs[t["name"]] if ref.host is None else ref.host)
             if tuple(a.shape) != tuple(t["shape"]):
                 raise InputError(f"input {t['name']!r} has shape {list(a.shape)}, the model was compiled for "
                                  f"{t['shape']} (recompile with --shape {t['name']}=...)")
@@ -121,8 +143,43 @@ class Executor:
                     raise InputError(f"input {t['name']!r} has dtype {a.dtype}, expected {t['dtype']}")
                 a = a.astype(t["dtype"])
             arrays.append(np.ascontiguousarray(a))
-        self.check_indices(arrays)
-        return arrays
+
+    def _check_device_input(self, t: dict, ref) -> None:
+        """A device array for input `t`: on this runtime's device, contiguous, and of exactly the
+        signature's shape and dtype (a device array is not converted: that would be a kernel of
+        its own, or a silent round trip through the host)."""
+        from .interop import InteropError
+
+        name, rt = t["name"], self.rt
+        if ref.where != rt.name:
+            if ref.where == "cuda":
+                raise InteropError(f"input {name!r} is a CUDA device array, and this model runs on {rt.name}: "
+                                   "device arrays need the CUDA target (compile with -t cuda), or pass a host "
+                                   "(numpy) array")
+            raise InteropError(f"input {name!r} is an OpenCL (pyopencl) array, and this model runs on {rt.name}: "
+                               "pass a host (numpy) array or a CUDA device array")
+        if tuple(ref.shape) != tuple(t["shape"]):
+            raise InputError(f"input {name!r} has shape {list(ref.shape)}, the model was compiled for "
+                             f"{t['shape']} (recompile with --shape {name}=...)")
+        if ref.dtype != t["dtype"]:
+            raise InputError(f"input {name!r} is a device array of dtype {ref.dtype}, the model takes {t['dtype']}; "
+                             "device arrays are not converted: convert it first, or pass a host array")
+        if not ref.contiguous():
+            raise InteropError(f"input {name!r} is a non-contiguous device array (strides {list(ref.strides)} bytes "
+                               f"for shape {list(ref.shape)}): make it contiguous first (.contiguous(), "
+                               "cupy.ascontiguousarray)")
+        if ref.where == "cuda":
+            where = ref.device_id if ref.device_id is not None else rt.pointer_device(ref.ptr)
+            if where is None:
+                raise InteropError(f"input {name!r}: its __cuda_array_interface__ pointer is not device memory "
+                                   "(a host pointer?); pass host arrays as numpy")
+            if where != rt.index:
+                raise InteropError(f"input {name!r} is on CUDA device {where}, and this model runs on device "
+                                   f"{rt.index} (DLCC_CUDA_DEVICE / --device-index pick the device)")
+        elif ref.cl_queue.context != rt.ctx:
+            raise InteropError(f"input {name!r} is a pyopencl array of another OpenCL context than the model's; "
+                               "create it with the model's runtime context (model.executor().rt.ctx), or pass "
+                               "a numpy array")
 
     def check_indices(self, arrays: list[np.ndarray]) -> None:
         """Gather indices fed by the user (an embedding's token ids) lie inside their tensor, as
@@ -130,6 +187,10 @@ class Executor:
         its position. (The kernels clamp every index too, so nothing reads outside a tensor.)"""
         for c in (self.plan.get("meta") or {}).get("index_checks", []):
             a = arrays[c["input"]]
+            if not isinstance(a, np.ndarray):  # a device array of token ids: read back to check it
+                host = np.empty(a.shape, a.dtype)
+                self.rt.read_ref(a, host)
+                a = host
             if a.dtype.kind not in "iu":
                 continue
             comps = ([(a[..., j], b, [j]) for j, b in enumerate(c["bounds"])] if c.get("per_last_axis")
@@ -146,25 +207,50 @@ class Executor:
         for kernel, grid, block, args in self.calls:
             self.rt.launch(kernel, grid, block, args)
 
-    def run(self, inputs: dict, timing: dict | None = None) -> dict[str, np.ndarray]:
-        arrays = self.check_inputs(inputs)
-        with self._lock, self.rt.active():
-            return self._run(arrays, timing)
+    def run(self, inputs: dict, timing: dict | None = None, outputs: str = "host") -> dict:
+        """One inference. `outputs`: "host" (numpy arrays) or "device" (interop.DeviceArray, CUDA
+        only: each its own allocation, which the next inference does not touch)."""
+        from .interop import InteropError
 
-    def _run(self, arrays: list[np.ndarray], timing: dict | None) -> dict[str, np.ndarray]:
+        if outputs not in ("host", "device"):
+            raise DlccError(f"outputs={outputs!r}: use 'host' or 'device'")
+        if outputs == "device" and self.rt.name != "cuda":
+            raise InteropError(f"outputs='device' needs the CUDA target; on {self.rt.name} outputs come back as "
+                               "numpy arrays (outputs='host')")
+        with self.rt.active():
+            arrays = self.check_inputs(inputs)
+            with self._lock:
+                return self._run(arrays, timing, outputs)
+
+    def _run(self, arrays: list, timing: dict | None, outputs: str = "host") -> dict:
         rt = self.rt
-        for k, a in enumerate(arrays):
-            rt.write(self.storages[f"input:{k}"], 0, a)
-        t0 = time.perf_counter()
-        self.launch_all()
-        rt.finish()
+        try:
+            for k, a in enumerate(arrays):
+                if isinstance(a, np.ndarray):
+                    rt.write(self.storages[f"input:{k}"], 0, a)
+                else:  # a device array: device to device, after the producer's stream (CAI v3)
+                    rt.copy_in(self.storages[f"input:{k}"], a)
+            t0 = time.perf_counter()
+            self.launch_all()
+            rt.finish()
+        finally:
+            for a in arrays:
+                if not isinstance(a, np.ndarray):
+                    a.done()  # DLPack: the producer's deleter, now that nothing reads it
         if timing is not None:
             timing["run_s"] = time.perf_counter() - t0
         self.raise_device_errors()
         outs = {}
         for k, t in enumerate(self.plan["outputs"]):
-            arr = np.empty(t["shape"], dtype=t["dtype"])
-            rt.read(self.storages[f"output:{k}"], 0, arr)
+            src = self.storages[f"output:{k}"]
+            if outputs == "device":
+                from .interop import DeviceArray
+
+                arr = DeviceArray(rt.alloc(_nbytes(t)), t["shape"], t["dtype"], rt.index, rt)
+                rt.copy_device(arr._alloc, src, _nbytes(t))
+            else:
+                arr = np.empty(t["shape"], dtype=t["dtype"])
+                rt.read(src, 0, arr)
             outs[t["name"]] = arr
         rt.finish()
         return outs
@@ -193,12 +279,16 @@ class Executor:
         with self._lock, self.rt.active():
             return self._profile(arrays, repeat)
 
-    def _profile(self, arrays: list[np.ndarray], repeat: int) -> tuple[list[float], str]:
+    def _profile(self, arrays: list, repeat: int) -> tuple[list[float], str]:
         import statistics
 
         rt = self.rt
         for k, a in enumerate(arrays):
-            rt.write(self.storages[f"input:{k}"], 0, a)
+            if isinstance(a, np.ndarray):
+                rt.write(self.storages[f"input:{k}"], 0, a)
+            else:
+                rt.copy_in(self.storages[f"input:{k}"], a)
+                a.done()
         self.launch_all()  # warm-up: first-use compilation, page faults
         rt.finish()
         self.raise_device_errors()

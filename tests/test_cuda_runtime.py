@@ -25,7 +25,7 @@ class FakeDriver:
 
     def __init__(self):
         self.next_ptr = 1 << 20
-        self.allocs, self.h2d, self.launches = [], [], []
+        self.allocs, self.h2d, self.d2d, self.launches = [], [], [], []
         self.pushes, self.pops, self.retained, self.created = 0, 0, [], 0
         self.stacks = threading.local()
         outer = self
@@ -119,6 +119,10 @@ class FakeDriver:
         self.current()
         out[...] = 0
 
+    def memcpy_dtod(self, dst, src, n):
+        self.current()
+        self.d2d.append((int(dst), int(src), n))
+
 
 @pytest.fixture
 def fake_pycuda(monkeypatch):
@@ -137,7 +141,7 @@ def fake_pycuda(monkeypatch):
 
     compiler.SourceModule = SourceModule
     driver = types.ModuleType("pycuda.driver")
-    for k in ("Context", "Device", "init", "mem_alloc", "memcpy_htod", "memcpy_dtoh"):
+    for k in ("Context", "Device", "init", "mem_alloc", "memcpy_htod", "memcpy_dtoh", "memcpy_dtod"):
         setattr(driver, k, getattr(drv, k))
     driver.device_attribute = types.SimpleNamespace()  # no attributes: a compile names its device
     drv.loaded_cubins = []
@@ -240,3 +244,56 @@ def test_a_device_index_past_the_last_gpu_is_one_clear_error(fake_pycuda, monkey
     m = dlcc.compile(EXAMPLE, target="cuda", device="h100")
     with pytest.raises(RuntimeBackendError, match="CUDA device 5 does not exist: this machine has 2"):
         m(m.sample_inputs())
+
+
+def test_device_arrays_in_and_out_without_a_host_copy(fake_pycuda, monkeypatch):
+    """A CUDA device input (__cuda_array_interface__ or DLPack) is copied device to device into
+    the plan's input buffer, with no host copy of it; outputs="device" come back as DeviceArrays,
+    each a new allocation filled device to device from the output buffer (the next inference
+    cannot overwrite them). Wrong device, dtype, strides or shape: one clear error each."""
+    from dlcc import interop
+    from dlcc.backends.cuda import CudaRuntime
+    from dlcc.executor import InputError
+
+    drv = fake_pycuda
+    monkeypatch.setattr(CudaRuntime, "pointer_device", lambda self, ptr: 0 if ptr >= 0x7f0000000000 else None)
+    m = dlcc.compile(EXAMPLE, target="cuda", device="h100")
+    sig = m.inputs[0]
+    name, shape, nbytes = sig["name"], tuple(sig["shape"]), int(np.prod(sig["shape"])) * 4
+    ex = m.executor()
+    in_buf = int(ex.storages["input:0"])
+    cai = {"shape": shape, "typestr": "<f4", "data": (0x7f0000001000, False), "version": 3, "strides": None}
+    x = types.SimpleNamespace(__cuda_array_interface__=cai)
+    h2d_before = len(drv.h2d)
+    outs = m.run({name: x}, outputs="device")
+    assert (in_buf, 0x7f0000001000, nbytes) in drv.d2d and len(drv.h2d) == h2d_before  # no host copy in
+    for k, (oname, arr) in enumerate(outs.items()):
+        t = m.outputs[k]
+        assert isinstance(arr, interop.DeviceArray) and arr.shape == tuple(t["shape"])
+        assert arr.ptr != int(ex.storages[f"output:{k}"])  # its own allocation
+        assert (arr.ptr, int(ex.storages[f"output:{k}"]), int(np.prod(t["shape"])) * 4) in drv.d2d
+        assert arr.__cuda_array_interface__["data"] == (arr.ptr, False)
+    # through DLPack (JAX's way): read in place, the producer's deleter run after the copy
+    live = len(interop._LIVE)
+
+    class Jax:
+        def __dlpack_device__(self):
+            return (interop.KDL_CUDA, 0)
+
+        def __dlpack__(self, stream=None, **kw):
+            return interop.dlpack_capsule(0x7f0000002000, shape, "float32", (interop.KDL_CUDA, 0), self)
+
+    m.run({name: Jax()})
+    assert (in_buf, 0x7f0000002000, nbytes) in drv.d2d and len(interop._LIVE) == live
+    bad = {"another GPU": ({"data": (0x7f0000003000, False)}, "on CUDA device 1"),
+           "a host pointer": ({"data": (4096, False)}, "not device memory"),
+           "a transpose": ({"strides": tuple(reversed([4 * int(np.prod(shape[i + 1:])) for i in range(len(shape))]))},
+                           "non-contiguous device array"),
+           "float16": ({"typestr": "<f2"}, "dtype float16, the model takes float32"),
+           "a shape": ({"shape": shape[:-1] + (shape[-1] + 1,)}, "has shape")}
+    monkeypatch.setattr(CudaRuntime, "pointer_device",
+                        lambda self, ptr: None if ptr < 0x7f0000000000 else (1 if ptr == 0x7f0000003000 else 0))
+    for what, (change, msg) in bad.items():
+        y = types.SimpleNamespace(__cuda_array_interface__={**cai, **change})
+        with pytest.raises((interop.InteropError, InputError), match=msg):
+            m({name: y})

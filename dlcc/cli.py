@@ -275,6 +275,7 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
     t.add_column("value", justify="right")
     rows = [("ONNX nodes", s["onnx_nodes"]), ("nodes after folding", s["nodes_after_folding"]),
             ("kernels (distinct)", s["kernels"]), ("launches per inference", s["launches"]),
+            ("host launches on CUDA", "1 (a CUDA graph)" if plan["meta"].get("graphs") else s["launches"]),
             ("memory-bound launches", s.get("memory_bound_launches", "")),
             ("modelled DRAM bytes / inference", _human(s["dram_bytes"])),
             ("lower bound (weights + inputs + outputs)", _human(s["lower_bound_bytes"])),

@@ -245,6 +245,7 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
         "model_sha256_16": digest,
         "pipeline": pipe.name,
         "precision": pipe.precision,
+        "graphs": pipe.graphs,  # the CUDA runtime replays the launches as one CUDA graph
         **({"precision_note": precision_note} if precision_note else {}),
         "device": dev.name,
         "device_key": device_key,

@@ -96,6 +96,9 @@ class PipelineSpec(Strict):
     # converts on load and store (ops/narrow.py narrow_activations); false keeps them float32 and
     # narrows only the GEMM/Conv weights.
     half_activations: bool = True
+    # On CUDA: capture the plan's whole launch sequence into a CUDA graph once and replay it per
+    # inference (one launch from the host instead of one per kernel); false launches each kernel.
+    graphs: bool = True
     passes: list[PassSpec]
 
 

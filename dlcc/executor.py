@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
+import weakref
 
 import numpy as np
 
@@ -58,6 +60,8 @@ class Executor:
         self._lock = threading.Lock()
         self.plan = plan
         self.rt = runtime
+        self.graph, self.graph_error = None, None
+        self._graph_wanted = bool((plan.get("meta") or {}).get("graphs")) and hasattr(runtime, "capture")
         with runtime.active():  # CUDA: the primary context current while we work (backends/cuda.py)
             self._build(weights, source, binaries)
 
@@ -203,7 +207,22 @@ class Executor:
                                      f"[-{b}, {b}) for {c['op']} node {c['node']!r} ({int(bad.sum())} such)")
 
     def launch_all(self) -> None:
-        """Queue every launch of one inference, inputs already on the device (no synchronize)."""
+        """Queue every launch of one inference, inputs already on the device (no synchronize): on
+        CUDA, unless the pipeline said `graphs: false`, as one replay of a CUDA graph captured at
+        the first inference (backends/cuda.py capture); otherwise kernel by kernel. A capture the
+        driver refuses falls back to kernel-by-kernel launches, with a warning, once."""
+        if self.graph is None and self._graph_wanted:
+            self._graph_wanted = False
+            try:
+                self.graph = self.rt.capture(self.calls)
+                weakref.finalize(self, self.rt.destroy_graph, self.graph)
+            except Exception as e:
+                self.graph_error = str(e)
+                warnings.warn(f"dlcc: no CUDA graph for this model ({e}); launching kernel by kernel",
+                              RuntimeWarning, stacklevel=2)
+        if self.graph is not None:
+            self.rt.launch_graph(self.graph)
+            return
         for kernel, grid, block, args in self.calls:
             self.rt.launch(kernel, grid, block, args)
 

@@ -77,6 +77,7 @@ class DeviceIndexCheck(_Open):
 class Meta(_Open):
     index_checks: list[HostIndexCheck] = []
     device_index_checks: list[DeviceIndexCheck] = []
+    graphs: bool = False
 
 
 class PlanFile(_Open):

@@ -72,7 +72,15 @@ class FakeDriver:
                 outer.created += 1
                 raise AssertionError("dlcc must use the primary context")
 
-        self.Context, self.Device, self.Primary = Ctx, Device, Primary
+        class Stream:
+            def __init__(self, flags=0):
+                outer.current()
+                assert flags == 1  # non-blocking: no implicit sync with the legacy stream mid-capture
+                outer.next_stream += 1
+                self.handle = outer.next_stream
+
+        self.Context, self.Device, self.Primary, self.Stream = Ctx, Device, Primary, Stream
+        self.next_stream, self.capturing, self.captured, self.graphs, self.graph_launches = 0x5000, None, [], {}, 0
 
         class Fn:
             def __init__(self, name):
@@ -82,8 +90,15 @@ class FakeDriver:
                 assert set(sig) <= {"P", "i"}
                 self.sig = sig
 
+            def prepared_async_call(self, grid, block, stream, *args):
+                outer.current()
+                assert outer.capturing == stream.handle, "an async launch outside the capture"
+                packed = tuple(np.int32(a) if f == "i" else np.uintp(a) for f, a in zip(self.sig, args))
+                outer.captured.append((self.name, packed, block, grid))
+
             def prepared_call(self, grid, block, *args):
                 outer.current()
+                assert outer.capturing is None, "a launch on the legacy stream during a capture"
                 # Record what PyCUDA would pack: 'i' as a 32-bit int, 'P' as a pointer.
                 assert len(args) == len(self.sig) and all(type(a) is int for a in args)
                 packed = tuple(np.int32(a) if f == "i" else np.uintp(a) for f, a in zip(self.sig, args))
@@ -124,6 +139,47 @@ class FakeDriver:
         self.d2d.append((int(dst), int(src), n))
 
 
+class FakeLibcuda:
+    """The driver calls dlcc makes through ctypes (CUDA graphs): a capture collects the async
+    launches; a graph launch replays them into the driver's launch log, as the GPU would run them."""
+
+    def __init__(self, drv):
+        self.drv = drv
+
+    def cuStreamBeginCapture_v2(self, stream, mode):
+        assert self.drv.capturing is None and mode.value == 1  # thread-local
+        self.drv.capturing = stream.value
+        self.drv.captured = []
+        return 0
+
+    def cuStreamEndCapture(self, stream, graph_out):
+        assert self.drv.capturing == stream.value
+        self.drv.capturing = None
+        graph_out._obj.value = 0x6000 + len(self.drv.graphs)
+        self.drv.graphs[graph_out._obj.value] = list(self.drv.captured)
+        return 0
+
+    def cuGraphInstantiateWithFlags(self, exec_out, graph, flags):
+        exec_out._obj.value = graph.value + 0x100
+        self.drv.graphs[exec_out._obj.value] = self.drv.graphs[graph.value]
+        return 0
+
+    def cuGraphDestroy(self, graph):
+        self.drv.graphs.pop(graph.value)
+        return 0
+
+    def cuGraphLaunch(self, exe, stream):
+        self.drv.current()
+        assert stream.value is None  # the legacy default stream
+        self.drv.launches.extend(self.drv.graphs[exe.value])
+        self.drv.graph_launches += 1
+        return 0
+
+    def cuGraphExecDestroy(self, exe):
+        self.drv.graphs.pop(exe.value, None)
+        return 0
+
+
 @pytest.fixture
 def fake_pycuda(monkeypatch):
     drv = FakeDriver()
@@ -141,7 +197,7 @@ def fake_pycuda(monkeypatch):
 
     compiler.SourceModule = SourceModule
     driver = types.ModuleType("pycuda.driver")
-    for k in ("Context", "Device", "init", "mem_alloc", "memcpy_htod", "memcpy_dtoh", "memcpy_dtod"):
+    for k in ("Context", "Device", "Stream", "init", "mem_alloc", "memcpy_htod", "memcpy_dtoh", "memcpy_dtod"):
         setattr(driver, k, getattr(drv, k))
     driver.device_attribute = types.SimpleNamespace()  # no attributes: a compile names its device
     drv.loaded_cubins = []
@@ -156,6 +212,9 @@ def fake_pycuda(monkeypatch):
         return Module()
 
     driver.module_from_buffer = module_from_buffer
+    from dlcc.backends import cuda as cuda_backend
+
+    monkeypatch.setattr(cuda_backend, "_libcuda", lambda: FakeLibcuda(drv))
     monkeypatch.setitem(sys.modules, "pycuda", pkg)
     monkeypatch.setitem(sys.modules, "pycuda.driver", driver)
     monkeypatch.setitem(sys.modules, "pycuda.compiler", compiler)
@@ -297,3 +356,36 @@ def test_device_arrays_in_and_out_without_a_host_copy(fake_pycuda, monkeypatch):
         y = types.SimpleNamespace(__cuda_array_interface__={**cai, **change})
         with pytest.raises((interop.InteropError, InputError), match=msg):
             m({name: y})
+
+
+def test_an_inference_is_one_cuda_graph_launch(fake_pycuda):
+    """The plan's launches are captured once, at the first inference, into a CUDA graph (no
+    kernel runs during the capture), and every inference after that is one graph launch
+    replaying them all in plan order; `graphs: false` launches kernel by kernel."""
+    drv = fake_pycuda
+    m = dlcc.compile(EXAMPLE, target="cuda", device="h100")
+    feeds = m.sample_inputs()
+    n = len(m.plan["launches"])
+    assert m.plan["meta"]["graphs"] is True
+    m(feeds)
+    m(feeds)
+    assert drv.graph_launches == 2 and len(drv.captured) == n and len(drv.launches) == 2 * n
+    assert [x[0] for x in drv.launches[:n]] == [L["kernel"] for L in m.plan["launches"]]
+    ex = m.executor()
+    assert ex.graph is not None and ex.graph_error is None
+    from dlcc.config import load_pipeline
+
+    plain = load_pipeline("baseline").model_copy(update={"graphs": False})
+    m2 = dlcc.compile(EXAMPLE, target="cuda", device="h100", pipeline=plain)
+    before = (drv.graph_launches, len(drv.launches))
+    m2(feeds)
+    assert drv.graph_launches == before[0] and len(drv.launches) == before[1] + n
+
+
+def test_a_refused_capture_falls_back_to_kernel_launches(fake_pycuda, monkeypatch):
+    drv = fake_pycuda
+    monkeypatch.setattr(FakeLibcuda, "cuGraphInstantiateWithFlags", lambda self, e, g, f: 801)  # not supported
+    m = dlcc.compile(EXAMPLE, target="cuda", device="h100")
+    with pytest.warns(RuntimeWarning, match="no CUDA graph for this model.*CUresult 801"):
+        m(m.sample_inputs())
+    assert drv.graph_launches == 0 and len(drv.launches) == len(m.plan["launches"]) and not drv.stack()

@@ -80,12 +80,16 @@ def test_latency_exact_when_gpu_bound(plan, tmp_path):
 
 
 def test_latency_exact_when_launch_bound(plan, tmp_path):
-    """Launches cost 100 µs, kernels 1 µs: latency = n launches + the last kernel + the sync."""
+    """Launches cost 100 µs, kernels 1 µs: kernel by kernel, latency = n launches + the last
+    kernel + the sync; replayed as a CUDA graph (`meta.graphs`), one launch + n kernels + the sync."""
     dev = load_device(device_with(tmp_path, launch_overhead_us=100.0))
     db = fake_db(plan, dev.name, lambda k, L: 1.0)
-    g = plan_graph(plan, dev, db)
     n = len(plan["launches"])
-    assert g.simulate() == pytest.approx(n * 100.0 + 1.0 + SYNC_US)
+    assert n > 2
+    plain = {**plan, "meta": {**plan.get("meta", {}), "graphs": False}}
+    assert plan_graph(plain, dev, db).simulate() == pytest.approx(n * 100.0 + 1.0 + SYNC_US)
+    graphed = {**plan, "meta": {**plan.get("meta", {}), "graphs": True}}
+    assert plan_graph(graphed, dev, db).simulate() == pytest.approx(100.0 + n * 1.0 + SYNC_US)
 
 
 def test_predicted_latency_equals_timeline_span(tmp_path, capsys):

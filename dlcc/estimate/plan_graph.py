@@ -3,7 +3,9 @@
 It mirrors what the launcher does (dlcc/executor.py): one host thread launches every kernel in
 plan order on one stream, then synchronizes once. So the graph has
 
-- per launch, a CPU "launch" task costing the DeviceSpec's `launch_overhead_us`, and a GPU kernel
+- per launch, a CPU "launch" task costing the DeviceSpec's `launch_overhead_us` (on a GPU device,
+  when the plan replays its launches as a CUDA graph (`meta.graphs`), the first costs that for the
+  whole graph and the others nothing: the host issues one cuGraphLaunch), and a GPU kernel
   task whose time comes from the cost model (`costmodel.launch_time`: roofline with wave
   quantization and a fixed cost, or a profile database's measurement; each task records which in
   ``args["source"]``);
@@ -30,14 +32,16 @@ def plan_graph(plan: dict, device: DeviceSpec, db: ProfileDB | None = None, name
         resources = {}
     tensors = plan.get("tensors", {})
     host, stream = "cpu:host", "gpu0:stream 0"
+    graphs = bool((plan.get("meta") or {}).get("graphs")) and device.kind == "gpu"
     begin = g.add(Task("begin inference", "marker", host, 0.0, iteration=0))
     writer: dict[str, Task] = {}
     last = None
     for i, L in enumerate(plan.get("launches", [])):
         k = kernels.get(L["kernel"])
         kt = launch_time(L, k, device, dtype=L.get("dtype") or "float32", resources=resources.get(L["kernel"]), db=db)
-        cpu = g.add(Task(f"launch {L['kernel']}", "launch", host, device.launch_overhead_us, iteration=0,
-                         ops=(L.get("op_type") or "?",)))
+        overhead = device.launch_overhead_us if not graphs or i == 0 else 0.0
+        cpu = g.add(Task(f"launch {L['kernel']}", "launch", host, overhead, iteration=0,
+                         ops=(L.get("op_type") or "?",), args={"graph": graphs}))
         gpu = Task(L["kernel"], "kernel", stream, kt.us, iteration=0, ops=(L.get("op_type") or "?",),
                    args={"index": i, "source": kt.source, "flops": L.get("flops", 0), "dram_bytes": L.get("dram_bytes", 0),
                          "category": L.get("category", ""), "class": "gemm" if L.get("category") == "compute" else "memory",

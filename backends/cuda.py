@@ -265,6 +265,38 @@ class CudaRuntime:
 
         _check(_libcuda().cuGraphLaunch(ctypes.c_void_p(graph.exec), ctypes.c_void_p(0)), "cuGraphLaunch")
 
+    # -- a caller's stream -------------------------------------------------------------------------
+    @staticmethod
+    def stream_handle(stream) -> int:
+        """The CUstream handle of `stream`: a PyCUDA Stream (.handle), a torch.cuda.Stream
+        (.cuda_stream), a CuPy stream (.ptr) or a raw handle (int)."""
+        for attr in ("handle", "cuda_stream", "ptr"):
+            if hasattr(stream, attr) and not callable(getattr(stream, attr)):
+                return int(getattr(stream, attr))
+        if isinstance(stream, (int, np.integer)) and int(stream) >= 0:
+            return int(stream)
+        raise DlccError(f"stream={stream!r}: pass a PyCUDA, torch or CuPy stream, or a raw CUstream handle")
+
+    @_in_context
+    def join(self, handle: int, into_ours: bool) -> None:
+        """Order two streams with an event: dlcc's (the legacy default stream) after the work
+        already queued on `handle` (into_ours), or `handle` after dlcc's work so far."""
+        import ctypes
+
+        cu = _libcuda()
+        if getattr(self, "_join_event", None) is None:
+            ev = ctypes.c_void_p()
+            _check(cu.cuEventCreate(ctypes.byref(ev), ctypes.c_uint(2)), "cuEventCreate")  # DISABLE_TIMING
+            self._join_event = ev
+        theirs, ours = ctypes.c_void_p(handle or None), ctypes.c_void_p(None)
+        src, dst = (theirs, ours) if into_ours else (ours, theirs)
+        err = cu.cuEventRecord(self._join_event, src)
+        if err == 0:
+            err = cu.cuStreamWaitEvent(dst, self._join_event, ctypes.c_uint(0))
+        if err != 0:
+            raise RuntimeBackendError(f"stream {handle:#x} cannot be joined with dlcc's work (CUresult {err}): a "
+                                      f"stream of another device or context?")
+
     def destroy_graph(self, graph: "CudaGraph") -> None:
         import ctypes
 

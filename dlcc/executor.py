@@ -226,20 +226,44 @@ class Executor:
         for kernel, grid, block, args in self.calls:
             self.rt.launch(kernel, grid, block, args)
 
-    def run(self, inputs: dict, timing: dict | None = None, outputs: str = "host") -> dict:
+    def run(self, inputs: dict, timing: dict | None = None, outputs: str = "host", stream=None) -> dict:
         """One inference. `outputs`: "host" (numpy arrays) or "device" (interop.DeviceArray, CUDA
-        only: each its own allocation, which the next inference does not touch)."""
+        only: each its own allocation, which the next inference does not touch). `stream` (CUDA):
+        the caller's stream; dlcc's work is ordered after what is queued there, and what is queued
+        there next after dlcc's work. By default, the current torch stream when an input is a
+        torch CUDA tensor."""
         from .interop import InteropError
 
         if outputs not in ("host", "device"):
             raise DlccError(f"outputs={outputs!r}: use 'host' or 'device'")
-        if outputs == "device" and self.rt.name != "cuda":
-            raise InteropError(f"outputs='device' needs the CUDA target; on {self.rt.name} outputs come back as "
-                               "numpy arrays (outputs='host')")
+        if self.rt.name != "cuda" and (outputs == "device" or stream is not None):
+            what = "outputs='device'" if outputs == "device" else "stream="
+            raise InteropError(f"{what} needs the CUDA target; on {self.rt.name} outputs come back as numpy arrays "
+                               "and the queue is dlcc's own")
         with self.rt.active():
+            handle = self._stream_of(inputs, stream)
+            if handle:  # (0, the legacy default stream, is dlcc's own: nothing to join)
+                self.rt.join(handle, into_ours=True)  # inputs the caller queued there are written first
             arrays = self.check_inputs(inputs)
             with self._lock:
-                return self._run(arrays, timing, outputs)
+                outs = self._run(arrays, timing, outputs)
+            if handle:
+                self.rt.join(handle, into_ours=False)  # the caller's next work sees our outputs
+            return outs
+
+    def _stream_of(self, inputs: dict, stream) -> int | None:
+        """The CUstream to join: `stream` as given, else torch's current stream when torch is
+        loaded and an input is a torch CUDA tensor, else None (dlcc's own ordering only)."""
+        if stream is not None:
+            return self.rt.stream_handle(stream)
+        import sys
+
+        torch = sys.modules.get("torch")
+        if torch is not None and self.rt.name == "cuda":
+            for v in inputs.values():
+                if isinstance(v, torch.Tensor) and v.is_cuda:
+                    return int(torch.cuda.current_stream(v.device).cuda_stream)
+        return None
 
     def _run(self, arrays: list, timing: dict | None, outputs: str = "host") -> dict:
         rt = self.rt

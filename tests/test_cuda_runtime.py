@@ -81,6 +81,7 @@ class FakeDriver:
 
         self.Context, self.Device, self.Primary, self.Stream = Ctx, Device, Primary, Stream
         self.next_stream, self.capturing, self.captured, self.graphs, self.graph_launches = 0x5000, None, [], {}, 0
+        self.stream_ops = []
 
         class Fn:
             def __init__(self, name):
@@ -177,6 +178,20 @@ class FakeLibcuda:
 
     def cuGraphExecDestroy(self, exe):
         self.drv.graphs.pop(exe.value, None)
+        return 0
+
+    def cuEventCreate(self, ev_out, flags):
+        ev_out._obj.value = 0x7000
+        return 0
+
+    def cuEventRecord(self, ev, stream):
+        if stream.value == 0xBAD:
+            return 400  # CUDA_ERROR_INVALID_HANDLE
+        self.drv.stream_ops.append(("record", stream.value, len(self.drv.launches)))
+        return 0
+
+    def cuStreamWaitEvent(self, stream, ev, flags):
+        self.drv.stream_ops.append(("wait", stream.value, len(self.drv.launches)))
         return 0
 
 
@@ -389,3 +404,24 @@ def test_a_refused_capture_falls_back_to_kernel_launches(fake_pycuda, monkeypatc
     with pytest.warns(RuntimeWarning, match="no CUDA graph for this model.*CUresult 801"):
         m(m.sample_inputs())
     assert drv.graph_launches == 0 and len(drv.launches) == len(m.plan["launches"]) and not drv.stack()
+
+
+def test_the_callers_stream_is_joined_before_and_after(fake_pycuda):
+    """m.run(feeds, stream=s): dlcc's work waits for what is queued on s (an event recorded there,
+    waited for on dlcc's stream) and s waits for dlcc's (the reverse), around the inference; a
+    stream the driver cannot join, or an object that is no stream, is one clear error."""
+    from dlcc.errors import DlccError, RuntimeBackendError
+
+    drv = fake_pycuda
+    m = dlcc.compile(EXAMPLE, target="cuda", device="h100")
+    feeds = m.sample_inputs()
+    m.run(feeds, stream=types.SimpleNamespace(cuda_stream=0x1234))  # a torch stream
+    n = len(m.plan["launches"])
+    assert drv.stream_ops == [("record", 0x1234, 0), ("wait", None, 0), ("record", None, n), ("wait", 0x1234, n)]
+    drv.stream_ops.clear()
+    m.run(feeds, stream=0)  # the legacy default stream is dlcc's own: nothing to join
+    assert drv.stream_ops == []
+    with pytest.raises(RuntimeBackendError, match="cannot be joined"):
+        m.run(feeds, stream=0xBAD)
+    with pytest.raises(DlccError, match="pass a PyCUDA, torch or CuPy stream"):
+        m.run(feeds, stream="default")

@@ -103,6 +103,8 @@ def test_cuda_device_arrays_and_device_outputs_say_they_need_cuda(model):
     assert len(interop._LIVE) == live  # the refused tensor's deleter ran: nothing of the producer is held
     with pytest.raises(interop.InteropError, match="outputs='device' needs the CUDA target"):
         m.run(feeds, outputs="device")
+    with pytest.raises(interop.InteropError, match="stream= needs the CUDA target"):
+        m.run(feeds, stream=0x1234)
     with pytest.raises(DlccError, match="use 'host' or 'device'"):
         m.run(feeds, outputs="gpu")
 

@@ -261,12 +261,45 @@ def _fragment_rows(t: MmaTiling) -> list[int]:
     return [0, 8, 0, 8] if t.kstep == 8 else [0, 0, 8, 8, 0, 0, 8, 8]
 
 
+def zero_accumulators(MI: int, NI: int) -> list[str]:
+    """A thread's accumulator grid `acc[2MI][2NI]` (module docstring), zeroed."""
+    return [f"    float acc[{2 * MI}][{2 * NI}];", "    #pragma unroll", f"    for (int i = 0; i < {2 * MI}; ++i) {{",
+            "        #pragma unroll", f"        for (int j = 0; j < {2 * NI}; ++j) acc[i][j] = 0.0f;", "    }"]
+
+
+def store_accumulators(spec, MI: int, NI: int) -> list[str]:
+    """Each accumulator through the op's store (and AStitch's epilogue) at its (m, n), inside
+    the matrix: the mma C fragment layout, c0..c3 at (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)
+    (`mma_g`, `mma_t` are the caller's: g = lane / 4, t = lane % 4)."""
+    return ["    #pragma unroll",
+            f"    for (int i = 0; i < {2 * MI}; ++i) {{",
+            "        const int m = m0 + mma_wm0 + (i / 2) * 16 + (i % 2) * 8 + mma_g;",
+            "        #pragma unroll", f"        for (int j = 0; j < {2 * NI}; ++j) {{",
+            "            const int n = n0 + mma_wn0 + (j / 2) * 8 + 2 * mma_t + (j % 2);",
+            f"            if (m < {spec.M} && n < {spec.N}) {{", *_indent(spec.store("m", "n", "acc[i][j]"), 16),
+            "            }", "        }", "    }"]
+
+
+def mma_loops(mma: str, MI: int, NI: int, frag_args: str) -> list[str]:
+    """One k step's mmas over the warp's MI x NI tiles, each into its four accumulators."""
+    return ["MMA_UNROLL", f"for (int mi = 0; mi < {MI}; ++mi) {{", "    MMA_UNROLL",
+            f"    for (int ni = 0; ni < {NI}; ++ni) {{",
+            f"        {mma}(acc[2 * mi][2 * ni], acc[2 * mi][2 * ni + 1], acc[2 * mi + 1][2 * ni],",
+            f"              acc[2 * mi + 1][2 * ni + 1], {frag_args});", "    }", "}"]
+
+
+def thin_kernel(name: str, spec, smem_floats: str) -> list[str]:
+    """The KERNEL that runs one rTask per block on `smem_floats` floats of shared memory."""
+    arg_names = [p.split()[-1].lstrip("*") for p in spec.params]
+    return [f"KERNEL void {name}({', '.join(spec.params)}) {{", f"    SHARED float smem[{smem_floats}];",
+            f"    {name}_task({', '.join(arg_names)}, BLOCK_ID, THREAD_ID, smem);", "}", ""]
+
+
 def mma_gemm_source(name: str, spec, t: MmaTiling) -> str:
     """The rOperator text; its k loop is software-pipelined through registers as the SIMT
     template's is (step k+1's global loads issued before step k's mma)."""
     tiles_m, tiles_n = -(-spec.M // t.bm), -(-spec.N // t.bn)
     akc, bkc = spec.a_k_contiguous, not spec.b_n_contiguous
-    arg_names = [p.split()[-1].lstrip("*") for p in spec.params]
     per_a, per_b = _per_thread_count(t.bm * t.bk, t.threads), _per_thread_count(t.bn * t.bk, t.threads)
     a_floats, b_floats = t.operand_floats("a"), t.operand_floats("b")
     wtm, wtn = t.bm // t.warps_m, t.bn // t.warps_n
@@ -278,7 +311,6 @@ def mma_gemm_source(name: str, spec, t: MmaTiling) -> str:
     b_ks = [k for k, r in zip(ks, rows) if r == 0]  # B's k offsets: A's along its first row
     _, _, mma, _, emu_macro = MMA_KINDS[t.precision]
     frag_args = ", ".join([f"mma_af[mi][{e}]" for e in range(FA)] + [f"mma_bf[ni][{e}]" for e in range(FB)])
-    store = spec.store("m", "n", "acc[i][j]")
     src = [
         f"DEVICE void {name}_task({', '.join(spec.params)}, const int task, const int tid, LPTR float* smem) {{",
         "    LPTR float* As = smem;",
@@ -293,12 +325,7 @@ def mma_gemm_source(name: str, spec, t: MmaTiling) -> str:
         f"    const int mma_wm0 = (mma_warp / {t.warps_n}) * {wtm}, mma_wn0 = (mma_warp % {t.warps_n}) * {wtn};",
         "    const int mma_g = mma_lane / 4, mma_t = mma_lane % 4;",
         *_indent(spec.prologue or [], 4),
-        f"    float acc[{2 * MI}][{2 * NI}];",
-        "    #pragma unroll",
-        f"    for (int i = 0; i < {2 * MI}; ++i) {{",
-        "        #pragma unroll",
-        f"        for (int j = 0; j < {2 * NI}; ++j) acc[i][j] = 0.0f;",
-        "    }",
+        *zero_accumulators(MI, NI),
         f"    float ra[{per_a}], rb[{per_b}];",
         *_indent(_stage(t, "a", "0", spec, akc), 4),
         *_indent(_stage(t, "b", "0", spec, bkc), 4),
@@ -321,34 +348,13 @@ def mma_gemm_source(name: str, spec, t: MmaTiling) -> str:
         f"            for (int ni = 0; ni < {NI}; ++ni) {{",
         *[f"                mma_bf[ni][{e}] = {fb(b_ks[e])};" for e in range(FB)],
         "            }",
-        "            MMA_UNROLL",
-        f"            for (int mi = 0; mi < {MI}; ++mi) {{",
-        "                MMA_UNROLL",
-        f"                for (int ni = 0; ni < {NI}; ++ni) {{",
-        f"                    {mma}(acc[2 * mi][2 * ni], acc[2 * mi][2 * ni + 1], acc[2 * mi + 1][2 * ni],",
-        f"                             acc[2 * mi + 1][2 * ni + 1], {frag_args});",
-        "                }",
-        "            }",
+        *_indent(mma_loops(mma, MI, NI, frag_args), 12),
         "        }",
         "        BARRIER();",
         "    }",
-        "    #pragma unroll",
-        f"    for (int i = 0; i < {2 * MI}; ++i) {{",
-        "        const int m = m0 + mma_wm0 + (i / 2) * 16 + (i % 2) * 8 + mma_g;",
-        "        #pragma unroll",
-        f"        for (int j = 0; j < {2 * NI}; ++j) {{",
-        "            const int n = n0 + mma_wn0 + (j / 2) * 8 + 2 * mma_t + (j % 2);",
-        f"            if (m < {spec.M} && n < {spec.N}) {{",
-        *_indent(store, 16),
-        "            }",
-        "        }",
-        "    }",
+        *store_accumulators(spec, MI, NI),
         "}",
         "",
-        f"KERNEL void {name}({', '.join(spec.params)}) {{",
-        f"    SHARED float smem[{a_floats + b_floats} + {WARPS} * {emu_macro}];",
-        f"    {name}_task({', '.join(arg_names)}, BLOCK_ID, THREAD_ID, smem);",
-        "}",
-        "",
+        *thin_kernel(name, spec, f"{a_floats + b_floats} + {WARPS} * {emu_macro}"),
     ]
     return "\n".join(src)

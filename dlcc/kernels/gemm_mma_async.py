@@ -27,6 +27,7 @@ accounting and the same fragment registers run on PoCL in the default suite.
 from __future__ import annotations
 
 from .gemm import _indent, _per_thread_count
+from .gemm_mma import mma_loops, store_accumulators, thin_kernel, zero_accumulators
 
 WARPS = 8
 THREADS = 32 * WARPS
@@ -172,7 +173,6 @@ def async_mma_source(name: str, spec, t) -> str:
     a = OperandTile("a", t, spec.a_k_contiguous)
     b = OperandTile("b", t, not spec.b_n_contiguous)
     S, KB = t.stages, -(-spec.K // t.bk)
-    arg_names = [p.split()[-1].lstrip("*") for p in spec.params]
     wtm, wtn = t.bm // t.warps_m, t.bn // t.warps_n
     MI, NI = t.mi, t.ni
     tile_floats = S * (a.elems + b.elems) // 2
@@ -193,7 +193,6 @@ def async_mma_source(name: str, spec, t) -> str:
                *_indent(_ldsm_b(b, "Bt", True), 4), "}"]
     if NI % 2:
         b_loads += ["{", f"    const int ni = {NI - 1};", *_indent(_ldsm_b(b, "Bt", False), 4), "}"]
-    store = spec.store("m", "n", "acc[i][j]")
     src = [
         f"DEVICE void {name}_task({', '.join(spec.params)}, const int task, const int tid, LPTR float* smem) {{",
         f"    LPTR {stype}* As = (LPTR {stype}*)smem;  /* {S} stages of {t.bm}x{t.bk}, then of {t.bn}x{t.bk} */",
@@ -208,12 +207,7 @@ def async_mma_source(name: str, spec, t) -> str:
         f"    const int n0 = (tile % {tiles_n}) * {t.bn};",
         f"    const int mma_wm0 = (mma_warp / {t.warps_n}) * {wtm}, mma_wn0 = (mma_warp % {t.warps_n}) * {wtn};",
         *_indent(spec.prologue or [], 4),
-        f"    float acc[{2 * MI}][{2 * NI}];",
-        "    #pragma unroll",
-        f"    for (int i = 0; i < {2 * MI}; ++i) {{",
-        "        #pragma unroll",
-        f"        for (int j = 0; j < {2 * NI}; ++j) acc[i][j] = 0.0f;",
-        "    }",
+        *zero_accumulators(MI, NI),
         *_indent(staging, 4),
         f"    for (int st = 0; st < {S - 1}; ++st) {{  /* the first {S - 1} k blocks in flight */",
         f"        if (st < {KB}) {{",
@@ -245,38 +239,17 @@ def async_mma_source(name: str, spec, t) -> str:
         *_indent(_ldsm_a(a, "At"), 16),
         "            }",
         *_indent(b_loads, 12),
-        "            MMA_UNROLL",
-        f"            for (int mi = 0; mi < {MI}; ++mi) {{",
-        "                MMA_UNROLL",
-        f"                for (int ni = 0; ni < {NI}; ++ni) {{",
-        f"                    {mma}(acc[2 * mi][2 * ni], acc[2 * mi][2 * ni + 1], acc[2 * mi + 1][2 * ni],",
-        "                          acc[2 * mi + 1][2 * ni + 1], mma_af[mi][0], mma_af[mi][1], mma_af[mi][2],",
-        "                          mma_af[mi][3], mma_bf[ni][0], mma_bf[ni][1]);",
-        "                }",
-        "            }",
+        *_indent(mma_loops(mma, MI, NI, "mma_af[mi][0], mma_af[mi][1], mma_af[mi][2], mma_af[mi][3], "
+                                         "mma_bf[ni][0], mma_bf[ni][1]"), 12),
         "        }",
         *([f"        if (kn < {KB}) {{", *_indent(land, 12), "        }"] if land else []),
         "    }",
         "    CP_ASYNC_WAIT(0);",
         "    BARRIER();  /* the buffers are free for the next rTask that runs on this block */",
         "    const int mma_g = mma_lane / 4, mma_t = mma_lane % 4;",
-        "    #pragma unroll",
-        f"    for (int i = 0; i < {2 * MI}; ++i) {{",
-        "        const int m = m0 + mma_wm0 + (i / 2) * 16 + (i % 2) * 8 + mma_g;",
-        "        #pragma unroll",
-        f"        for (int j = 0; j < {2 * NI}; ++j) {{",
-        "            const int n = n0 + mma_wn0 + (j / 2) * 8 + 2 * mma_t + (j % 2);",
-        f"            if (m < {spec.M} && n < {spec.N}) {{",
-        *_indent(store, 16),
-        "            }",
-        "        }",
-        "    }",
+        *store_accumulators(spec, MI, NI),
         "}",
         "",
-        f"KERNEL void {name}({', '.join(spec.params)}) {{",
-        f"    SHARED float smem[{tile_floats} + {WARPS} * MMA_EMU_FLOATS_K16];",
-        f"    {name}_task({', '.join(arg_names)}, BLOCK_ID, THREAD_ID, smem);",
-        "}",
-        "",
+        *thin_kernel(name, spec, f"{tile_floats} + {WARPS} * MMA_EMU_FLOATS_K16"),
     ]
     return "\n".join(src)

@@ -185,6 +185,12 @@ class CudaRuntime:
             self.drv.memcpy_dtod(int(buf), ref.ptr, ref.nbytes)
 
     @_in_context
+    def copy_out(self, ref, src, nbytes: int) -> None:
+        """An output buffer into a caller's device array (`out=`), device to device."""
+        if nbytes:
+            self.drv.memcpy_dtod(ref.ptr, int(src), nbytes)
+
+    @_in_context
     def copy_device(self, dst, src, nbytes: int) -> None:
         if nbytes:
             self.drv.memcpy_dtod(int(dst), int(src), nbytes)
@@ -310,7 +316,12 @@ class CudaRuntime:
 
     @_in_context
     def finish(self) -> None:
-        self.drv.Context.synchronize()
+        """Wait for dlcc's own work: the legacy default stream, where every copy, launch and graph
+        replay of dlcc's runs. Not the whole context (Context.synchronize), which would also wait
+        for work other libraries queued on their own streams of the shared primary context."""
+        import ctypes
+
+        _check(_libcuda().cuStreamSynchronize(ctypes.c_void_p(None)), "cuStreamSynchronize")
 
     @_in_context
     def resident_blocks(self, kernel, block: int, smem_bytes: int = 0) -> int:

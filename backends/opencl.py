@@ -126,6 +126,12 @@ class OpenCLRuntime:
         if ref.nbytes:
             self.cl.enqueue_copy(self.queue, buf, ref.cl_buffer, src_offset=ref.ptr, byte_count=ref.nbytes)
 
+    def copy_out(self, ref, src, nbytes: int) -> None:
+        """An output buffer into a caller's pyopencl array (`out=`), buffer to buffer."""
+        ref.cl_queue.finish()
+        if nbytes:
+            self.cl.enqueue_copy(self.queue, ref.cl_buffer, src, dst_offset=ref.ptr, byte_count=nbytes)
+
     def read_ref(self, ref, out: np.ndarray) -> None:
         ref.cl_queue.finish()
         if out.nbytes:

@@ -74,15 +74,17 @@ class CompiledModel:
         feeds = dict(inputs or {}, **kw)
         return self.executor().run(feeds)
 
-    def run(self, inputs: dict, outputs: str = "host", stream=None) -> dict:
+    def run(self, inputs: dict, outputs: str = "host", stream=None, out: dict | None = None) -> dict:
         """One inference on `inputs` (name -> array): numpy (or anything numpy converts), a CUDA
         device array (torch, CuPy, JAX, numba: `__cuda_array_interface__` or DLPack) on the CUDA
         target, a pyopencl array of the model's context on OpenCL. `outputs="device"` (CUDA)
         returns interop.DeviceArray objects (`torch.from_dlpack`, `cupy.asarray`), each its own
         allocation; the default returns numpy arrays. `stream` (CUDA: a torch, CuPy or PyCUDA
         stream, or a raw handle; by default torch's current stream when the inputs are torch CUDA
-        tensors) orders the inference after the work queued there. See docs/interop.md."""
-        return self.executor().run(dict(inputs), outputs=outputs, stream=stream)
+        tensors) orders the inference after the work queued there. `out` (name -> array: numpy,
+        or a device array of the model's target) receives those outputs in place of new arrays.
+        See docs/interop.md."""
+        return self.executor().run(dict(inputs), outputs=outputs, stream=stream, out=out)
 
     def sample_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
         return sample_inputs(self.inputs, seed, self.plan.get("meta", {}).get("int_high"))

@@ -148,40 +148,44 @@ class Executor:
                 a = a.astype(t["dtype"])
             arrays.append(np.ascontiguousarray(a))
 
-    def _check_device_input(self, t: dict, ref) -> None:
-        """A device array for input `t`: on this runtime's device, contiguous, and of exactly the
-        signature's shape and dtype (a device array is not converted: that would be a kernel of
-        its own, or a silent round trip through the host)."""
+    def _check_device_input(self, t: dict, ref, role: str = "input") -> None:
+        """A device array for input `t` (or for output `t`'s `out=` destination, role "out"): on
+        this runtime's device, contiguous, and of exactly the signature's shape and dtype (a
+        device array is not converted: that would be a kernel of its own, or a silent round trip
+        through the host)."""
         from .interop import InteropError
 
-        name, rt = t["name"], self.rt
+        rt = self.rt
+        name = _role_name(role, t["name"])
+        if role == "out" and ref.readonly:
+            raise InteropError(f"{name} is a read-only device array")
         if ref.where != rt.name:
             if ref.where == "cuda":
-                raise InteropError(f"input {name!r} is a CUDA device array, and this model runs on {rt.name}: "
+                raise InteropError(f"{name} is a CUDA device array, and this model runs on {rt.name}: "
                                    "device arrays need the CUDA target (compile with -t cuda), or pass a host "
                                    "(numpy) array")
-            raise InteropError(f"input {name!r} is an OpenCL (pyopencl) array, and this model runs on {rt.name}: "
+            raise InteropError(f"{name} is an OpenCL (pyopencl) array, and this model runs on {rt.name}: "
                                "pass a host (numpy) array or a CUDA device array")
         if tuple(ref.shape) != tuple(t["shape"]):
-            raise InputError(f"input {name!r} has shape {list(ref.shape)}, the model was compiled for "
-                             f"{t['shape']} (recompile with --shape {name}=...)")
+            hint = f" (recompile with --shape {t['name']}=...)" if role == "input" else ""
+            raise InputError(f"{name} has shape {list(ref.shape)}, the model's is {t['shape']}{hint}")
         if ref.dtype != t["dtype"]:
-            raise InputError(f"input {name!r} is a device array of dtype {ref.dtype}, the model takes {t['dtype']}; "
+            raise InputError(f"{name} is a device array of dtype {ref.dtype}, the model's is {t['dtype']}; "
                              "device arrays are not converted: convert it first, or pass a host array")
         if not ref.contiguous():
-            raise InteropError(f"input {name!r} is a non-contiguous device array (strides {list(ref.strides)} bytes "
+            raise InteropError(f"{name} is a non-contiguous device array (strides {list(ref.strides)} bytes "
                                f"for shape {list(ref.shape)}): make it contiguous first (.contiguous(), "
                                "cupy.ascontiguousarray)")
         if ref.where == "cuda":
             where = ref.device_id if ref.device_id is not None else rt.pointer_device(ref.ptr)
             if where is None:
-                raise InteropError(f"input {name!r}: its __cuda_array_interface__ pointer is not device memory "
+                raise InteropError(f"{name}: its __cuda_array_interface__ pointer is not device memory "
                                    "(a host pointer?); pass host arrays as numpy")
             if where != rt.index:
-                raise InteropError(f"input {name!r} is on CUDA device {where}, and this model runs on device "
+                raise InteropError(f"{name} is on CUDA device {where}, and this model runs on device "
                                    f"{rt.index} (DLCC_CUDA_DEVICE / --device-index pick the device)")
         elif ref.cl_queue.context != rt.ctx:
-            raise InteropError(f"input {name!r} is a pyopencl array of another OpenCL context than the model's; "
+            raise InteropError(f"{name} is a pyopencl array of another OpenCL context than the model's; "
                                "create it with the model's runtime context (model.executor().rt.ctx), or pass "
                                "a numpy array")
 
@@ -226,12 +230,14 @@ class Executor:
         for kernel, grid, block, args in self.calls:
             self.rt.launch(kernel, grid, block, args)
 
-    def run(self, inputs: dict, timing: dict | None = None, outputs: str = "host", stream=None) -> dict:
+    def run(self, inputs: dict, timing: dict | None = None, outputs: str = "host", stream=None,
+            out: dict | None = None) -> dict:
         """One inference. `outputs`: "host" (numpy arrays) or "device" (interop.DeviceArray, CUDA
-        only: each its own allocation, which the next inference does not touch). `stream` (CUDA):
-        the caller's stream; dlcc's work is ordered after what is queued there, and what is queued
-        there next after dlcc's work. By default, the current torch stream when an input is a
-        torch CUDA tensor."""
+        only: each its own allocation, which the next inference does not touch). `out`: arrays
+        (numpy, or device arrays of this runtime) to write outputs into, by name; those outputs
+        come back as the objects given. `stream` (CUDA): the caller's stream; dlcc's work is
+        ordered after what is queued there, and what is queued there next after dlcc's work. By
+        default, the current torch stream when an input is a torch CUDA tensor."""
         from .interop import InteropError
 
         if outputs not in ("host", "device"):
@@ -241,12 +247,13 @@ class Executor:
             raise InteropError(f"{what} needs the CUDA target; on {self.rt.name} outputs come back as numpy arrays "
                                "and the queue is dlcc's own")
         with self.rt.active():
+            dests = self._check_out(out or {})
             handle = self._stream_of(inputs, stream)
             if handle:  # (0, the legacy default stream, is dlcc's own: nothing to join)
                 self.rt.join(handle, into_ours=True)  # inputs the caller queued there are written first
             arrays = self.check_inputs(inputs)
             with self._lock:
-                outs = self._run(arrays, timing, outputs)
+                outs = self._run(arrays, timing, outputs, dests)
             if handle:
                 self.rt.join(handle, into_ours=False)  # the caller's next work sees our outputs
             return outs
@@ -265,7 +272,33 @@ class Executor:
                     return int(torch.cuda.current_stream(v.device).cuda_stream)
         return None
 
-    def _run(self, arrays: list, timing: dict | None, outputs: str = "host") -> dict:
+    def _check_out(self, out: dict) -> dict:
+        """`out=` destinations by output position: ("host", ndarray) or ("device", ArrayRef,
+        the object given), each of exactly the output's shape and dtype, contiguous and writeable."""
+        from .interop import InteropError, describe
+
+        sig = {t["name"]: (k, t) for k, t in enumerate(self.plan["outputs"])}
+        unknown = [n for n in out if n not in sig]
+        if unknown:
+            raise InputError(f"out= names {unknown}, which are not outputs of the model {list(sig)}")
+        dests = {}
+        for name, dest in out.items():
+            k, t = sig[name]
+            ref = describe(dest)
+            if ref.where == "host":
+                if ref.host is None or not isinstance(dest, np.ndarray):
+                    raise InteropError(f"out[{name!r}] must be an array to write into (numpy, or a device array)")
+                if (tuple(dest.shape) != tuple(t["shape"]) or dest.dtype != np.dtype(t["dtype"])
+                        or not dest.flags.c_contiguous or not dest.flags.writeable):
+                    raise InteropError(f"out[{name!r}] must be a writeable C-contiguous {t['dtype']} array of shape "
+                                       f"{t['shape']}; it is {dest.dtype} {list(dest.shape)}")
+                dests[k] = ("host", dest)
+                continue
+            self._check_device_input(t, ref, role="out")
+            dests[k] = ("device", ref, dest)
+        return dests
+
+    def _run(self, arrays: list, timing: dict | None, outputs: str = "host", dests: dict | None = None) -> dict:
         rt = self.rt
         try:
             for k, a in enumerate(arrays):
@@ -286,7 +319,15 @@ class Executor:
         outs = {}
         for k, t in enumerate(self.plan["outputs"]):
             src = self.storages[f"output:{k}"]
-            if outputs == "device":
+            dest = (dests or {}).get(k)
+            if dest is not None and dest[0] == "host":
+                rt.read(src, 0, dest[1])
+                arr = dest[1]
+            elif dest is not None:  # a device array of the caller's: device to device
+                rt.copy_out(dest[1], src, _nbytes(t))
+                dest[1].done()
+                arr = dest[2]
+            elif outputs == "device":
                 from .interop import DeviceArray
 
                 arr = DeviceArray(rt.alloc(_nbytes(t)), t["shape"], t["dtype"], rt.index, rt)
@@ -351,6 +392,11 @@ class Executor:
                 samples[i].append(max(0.0, (t2 - t1) - (t1 - t0)) * 1e6)
         how = "device events" if timed is not None else "wall time minus a bare synchronize"
         return [statistics.median(s) for s in samples], how
+
+
+def _role_name(role: str, name: str) -> str:
+    """How an error names the array: `input 'x'` or `out['y']`."""
+    return f"input {name!r}" if role == "input" else f"out[{name!r}]"
 
 
 def _nbytes(t: dict) -> int:

@@ -106,6 +106,7 @@ class ArrayRef:
     host: np.ndarray | None = None
     cl_buffer: Any = None
     cl_queue: Any = None
+    readonly: bool = False  # the producer says it must not be written (an `out=` destination)
     release: Callable[[], None] | None = None
     keep: list = field(default_factory=list)  # objects that must outlive the copy
 
@@ -155,7 +156,7 @@ def from_cuda_array_interface(x) -> ArrayRef:
     strides = cai.get("strides")
     return ArrayRef("cuda", shape, _dtype_name(dtype), ptr=ptr,
                     strides=tuple(int(s) for s in strides) if strides is not None else None,
-                    stream=cai.get("stream"), keep=[x])
+                    stream=cai.get("stream"), readonly=bool(cai["data"][1]), keep=[x])
 
 
 def _parse_capsule(capsule, owner) -> ArrayRef:
@@ -207,8 +208,9 @@ def _parse_capsule(capsule, owner) -> ArrayRef:
         release()
         raise InteropError(f"a DLPack tensor on a {_DEVICE_NAMES.get(kind, f'type {kind}')} device: dlcc takes CPU "
                            "and CUDA ones")
+    readonly = struct is DLManagedTensorVersioned and bool(managed.flags & 1)  # DLPACK_FLAG_BITMASK_READ_ONLY
     return ArrayRef("cuda", shape, dtype, ptr=ptr, strides=strides, device_id=int(t.device.device_id),
-                    release=release, keep=[owner, capsule])
+                    readonly=readonly, release=release, keep=[owner, capsule])
 
 
 def from_dlpack(x, stream: int | None = 1) -> ArrayRef:

@@ -81,7 +81,7 @@ class FakeDriver:
 
         self.Context, self.Device, self.Primary, self.Stream = Ctx, Device, Primary, Stream
         self.next_stream, self.capturing, self.captured, self.graphs, self.graph_launches = 0x5000, None, [], {}, 0
-        self.stream_ops = []
+        self.stream_ops, self.syncs = [], []
 
         class Fn:
             def __init__(self, name):
@@ -178,6 +178,11 @@ class FakeLibcuda:
 
     def cuGraphExecDestroy(self, exe):
         self.drv.graphs.pop(exe.value, None)
+        return 0
+
+    def cuStreamSynchronize(self, stream):
+        self.drv.current()
+        self.drv.syncs.append(stream.value)
         return 0
 
     def cuEventCreate(self, ev_out, flags):
@@ -293,6 +298,7 @@ def test_the_runtime_works_in_the_primary_context_and_leaves_none_current(fake_p
     m(feeds)
     assert drv.retained == [1] and drv.created == 0 and "pycuda.autoinit" not in sys.modules
     assert drv.pushes == drv.pops and not drv.stack()  # balanced, nothing left current
+    assert drv.syncs and set(drv.syncs) == {None}  # dlcc waits for its own (legacy) stream, not the context
     before = drv.pushes
     m(feeds)
     assert drv.pushes == before + 1  # one push for a whole inference, not one per launch
@@ -363,7 +369,7 @@ def test_device_arrays_in_and_out_without_a_host_copy(fake_pycuda, monkeypatch):
            "a host pointer": ({"data": (4096, False)}, "not device memory"),
            "a transpose": ({"strides": tuple(reversed([4 * int(np.prod(shape[i + 1:])) for i in range(len(shape))]))},
                            "non-contiguous device array"),
-           "float16": ({"typestr": "<f2"}, "dtype float16, the model takes float32"),
+           "float16": ({"typestr": "<f2"}, "dtype float16, the model's is float32"),
            "a shape": ({"shape": shape[:-1] + (shape[-1] + 1,)}, "has shape")}
     monkeypatch.setattr(CudaRuntime, "pointer_device",
                         lambda self, ptr: None if ptr < 0x7f0000000000 else (1 if ptr == 0x7f0000003000 else 0))
@@ -371,6 +377,16 @@ def test_device_arrays_in_and_out_without_a_host_copy(fake_pycuda, monkeypatch):
         y = types.SimpleNamespace(__cuda_array_interface__={**cai, **change})
         with pytest.raises((interop.InteropError, InputError), match=msg):
             m({name: y})
+    # out=: the caller's device array receives the output, device to device, and comes back as given
+    t0 = m.outputs[0]
+    dest = types.SimpleNamespace(__cuda_array_interface__={"shape": tuple(t0["shape"]), "typestr": "<f4",
+                                                          "data": (0x7f0000009000, False), "version": 3})
+    got = m.run({name: x}, out={t0["name"]: dest})
+    assert got[t0["name"]] is dest
+    assert (0x7f0000009000, int(ex.storages["output:0"]), int(np.prod(t0["shape"])) * 4) == drv.d2d[-1]
+    ro = types.SimpleNamespace(__cuda_array_interface__={**dest.__cuda_array_interface__, "data": (0x7f0000009000, True)})
+    with pytest.raises(interop.InteropError, match="read-only device array"):
+        m.run({name: x}, out={t0["name"]: ro})
 
 
 def test_an_inference_is_one_cuda_graph_launch(fake_pycuda):

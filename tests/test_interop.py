@@ -58,7 +58,7 @@ def test_pyopencl_arrays_of_the_models_context_go_in_on_the_device(model):
     other = cl.CommandQueue(cl.Context([rt.device]))
     with pytest.raises(interop.InteropError, match="another OpenCL context"):
         m({name: cla.to_device(other, feeds[name])})
-    with pytest.raises(dlcc.executor.InputError, match="dtype float64, the model takes float32; device arrays are not"):
+    with pytest.raises(dlcc.executor.InputError, match="dtype float64, the model's is float32; device arrays are not"):
         m({name: cla.to_device(rt.queue, feeds[name].astype(np.float64))})
     with pytest.raises(dlcc.executor.InputError, match="has shape"):
         m({name: cla.to_device(rt.queue, np.ascontiguousarray(feeds[name][:, :, :2]))})
@@ -174,3 +174,31 @@ def test_device_array_exports_for_bfloat16():
     assert d.__dlpack_device__() == (interop.KDL_CUDA, 0)
     with pytest.raises(BufferError):
         d.__dlpack__(dl_device=(interop.KDL_CPU, 0))
+
+
+@needs_opencl
+def test_out_buffers_receive_the_outputs(model):
+    """out={name: array}: numpy arrays (any target) and pyopencl arrays (OpenCL) are written in
+    place and returned as given; a wrong shape, dtype, a read-only array or an unknown name is one
+    clear error before anything runs."""
+    pytest.importorskip("pyopencl")
+    import pyopencl.array as cla
+
+    m, feeds, ref = model
+    (oname, oref), = ref.items()
+    host = np.full(oref.shape, np.nan, oref.dtype)
+    got = m.run(feeds, out={oname: host})
+    assert got[oname] is host and np.array_equal(host, oref)
+    rt = m.executor().rt
+    dev = cla.to_device(rt.queue, np.full(oref.shape, np.nan, oref.dtype))
+    got = m.run(feeds, out={oname: dev})
+    assert got[oname] is dev and np.array_equal(dev.get(), oref)
+    with pytest.raises(dlcc.executor.InputError, match="not outputs of the model"):
+        m.run(feeds, out={"nope": host})
+    ro = np.empty_like(oref)
+    ro.flags.writeable = False
+    for bad in (np.empty(oref.shape, np.float64), np.empty(oref.shape[:-1] + (oref.shape[-1] + 1,), oref.dtype), ro):
+        with pytest.raises(interop.InteropError, match=f"out\\['{oname}'\\] must be a writeable C-contiguous"):
+            m.run(feeds, out={oname: bad})
+    with pytest.raises(interop.InteropError, match=f"out\\['{oname}'\\] is a CUDA device array"):
+        m.run(feeds, out={oname: _CudaArray(oref.shape)})

@@ -330,7 +330,7 @@ class Executor:
             elif outputs == "device":
                 from .interop import DeviceArray
 
-                arr = DeviceArray(rt.alloc(_nbytes(t)), t["shape"], t["dtype"], rt.index, rt)
+                arr = DeviceArray(rt.alloc_output(_nbytes(t)), t["shape"], t["dtype"], rt.index, rt)
                 rt.copy_device(arr._alloc, src, _nbytes(t))
             else:
                 arr = np.empty(t["shape"], dtype=t["dtype"])
@@ -400,4 +400,6 @@ def _role_name(role: str, name: str) -> str:
 
 
 def _nbytes(t: dict) -> int:
-    return int(np.prod(t["shape"], dtype=np.int64)) * np.dtype(t["dtype"]).itemsize
+    import math
+
+    return math.prod(t["shape"]) * np.dtype(t["dtype"]).itemsize

@@ -18,6 +18,8 @@ tensors, which differ from CUDA ones only in their device type.
 from __future__ import annotations
 
 import ctypes
+import functools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -112,12 +114,12 @@ class ArrayRef:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * _itemsize(self.dtype)
 
     def contiguous(self) -> bool:
         if self.strides is None:
             return True
-        expect, acc = [], np.dtype(self.dtype).itemsize
+        expect, acc = [], _itemsize(self.dtype)
         for d in reversed(self.shape):
             expect.append(acc)
             acc *= d
@@ -128,6 +130,11 @@ class ArrayRef:
         if self.release is not None:
             self.release()
             self.release = None
+
+
+@functools.lru_cache(maxsize=64)
+def _itemsize(dtype: str) -> int:
+    return 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
 
 
 def _dtype_name(dt) -> str:

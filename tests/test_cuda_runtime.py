@@ -238,7 +238,17 @@ def fake_pycuda(monkeypatch):
     monkeypatch.setitem(sys.modules, "pycuda", pkg)
     monkeypatch.setitem(sys.modules, "pycuda.driver", driver)
     monkeypatch.setitem(sys.modules, "pycuda.compiler", compiler)
-    pkg.driver, pkg.compiler = driver, compiler
+    tools = types.ModuleType("pycuda.tools")
+
+    class DeviceMemoryPool:  # PyCUDA's pool, as far as dlcc uses it
+        def allocate(self, n):
+            drv.pooled += 1
+            return drv.mem_alloc(n)
+
+    tools.DeviceMemoryPool = DeviceMemoryPool
+    drv.pooled = 0
+    monkeypatch.setitem(sys.modules, "pycuda.tools", tools)
+    pkg.driver, pkg.compiler, pkg.tools = driver, compiler, tools
     return drv
 
 
@@ -347,6 +357,7 @@ def test_device_arrays_in_and_out_without_a_host_copy(fake_pycuda, monkeypatch):
     h2d_before = len(drv.h2d)
     outs = m.run({name: x}, outputs="device")
     assert (in_buf, 0x7f0000001000, nbytes) in drv.d2d and len(drv.h2d) == h2d_before  # no host copy in
+    assert drv.pooled == len(outs)  # device outputs come from the memory pool
     for k, (oname, arr) in enumerate(outs.items()):
         t = m.outputs[k]
         assert isinstance(arr, interop.DeviceArray) and arr.shape == tuple(t["shape"])

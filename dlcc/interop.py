@@ -161,9 +161,17 @@ def from_cuda_array_interface(x) -> ArrayRef:
     if dtype.kind == "V" and dtype.itemsize == 2:
         dtype = "bfloat16"  # no typestr says bfloat16: a 2-byte void is what producers give for it
     strides = cai.get("strides")
+    try:
+        strides = tuple(int(x) for x in strides) if strides is not None else None
+        readonly = bool(cai["data"][1]) if len(cai["data"]) > 1 else False
+    except (TypeError, ValueError):
+        raise InteropError(f"a malformed __cuda_array_interface__ (strides, data): {cai!r}") from None
+    if strides is not None and len(strides) != len(shape):
+        raise InteropError(f"a malformed __cuda_array_interface__: {len(strides)} strides for {len(shape)} dims")
+    if any(d < 0 for d in shape):
+        raise InteropError(f"a malformed __cuda_array_interface__: shape {list(shape)}")
     return ArrayRef("cuda", shape, _dtype_name(dtype), ptr=ptr,
-                    strides=tuple(int(s) for s in strides) if strides is not None else None,
-                    stream=cai.get("stream"), readonly=bool(cai["data"][1]), keep=[x])
+                    strides=strides, stream=cai.get("stream"), readonly=readonly, keep=[x])
 
 
 def _parse_capsule(capsule, owner) -> ArrayRef:
@@ -252,10 +260,16 @@ def describe(x) -> ArrayRef:
             raise InteropError("a non-contiguous pyopencl array: make it contiguous first")
         return ArrayRef("opencl", tuple(x.shape), _dtype_name(x.dtype), ptr=int(x.offset), cl_buffer=x.base_data,
                         cl_queue=x.queue, keep=[x])
-    if hasattr(x, "__cuda_array_interface__"):
-        return from_cuda_array_interface(x)
-    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
-        return from_dlpack(x)
+    try:  # a producer's property may raise anything (torch raises AttributeError on CPU tensors)
+        has_cai = hasattr(x, "__cuda_array_interface__")
+        if has_cai:
+            return from_cuda_array_interface(x)
+        if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
+            return from_dlpack(x)
+    except InteropError:
+        raise
+    except Exception as e:
+        raise InteropError(f"reading a {type(x).__name__} as a device array failed: {type(e).__name__}: {e}") from None
     return ArrayRef("host", (), "", host=None, keep=[x])  # check_inputs converts it with np.asarray
 
 

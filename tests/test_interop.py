@@ -121,6 +121,14 @@ def test_the_cuda_array_interface_is_read_with_its_strides_and_stream():
         interop.describe(bad)
     with pytest.raises(interop.InteropError, match="typestr"):
         interop.describe(_CudaArray((2,), "<q9"))
+    with pytest.raises(interop.InteropError, match="1 strides for 2 dims"):  # not read as contiguous
+        interop.describe(_CudaArray((2, 3), strides=(4,)))
+    with pytest.raises(interop.InteropError, match="shape"):
+        interop.describe(_CudaArray((2, -3)))
+    for cai in ({"shape": (2,), "typestr": "<f4", "data": None}, {"shape": 5, "typestr": "<f4", "data": (0, False)},
+                {"shape": (2,), "typestr": "<f4", "data": (0, False), "strides": "x"}):
+        with pytest.raises(interop.InteropError, match="malformed"):
+            interop.describe(type("A", (), {"__cuda_array_interface__": cai})())
 
 
 def test_a_cuda_dlpack_capsule_is_read_in_place_and_released_after_use():
@@ -202,3 +210,22 @@ def test_out_buffers_receive_the_outputs(model):
             m.run(feeds, out={oname: bad})
     with pytest.raises(interop.InteropError, match=f"out\\['{oname}'\\] is a CUDA device array"):
         m.run(feeds, out={oname: _CudaArray(oref.shape)})
+
+
+def test_a_producer_that_raises_is_one_clear_error():
+    class Broken:
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("the stream is gone")
+
+    class BadCapsule:
+        def __dlpack_device__(self):
+            return (interop.KDL_CUDA, 0)
+
+        def __dlpack__(self, stream=None, **kw):
+            return "not a capsule"
+
+    with pytest.raises(interop.InteropError, match="reading a Broken as a device array failed: RuntimeError"):
+        interop.describe(Broken())
+    with pytest.raises(interop.InteropError, match="unused DLPack capsule"):
+        interop.describe(BadCapsule())

@@ -98,7 +98,8 @@ class CompiledModel:
 
 def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shapes: dict | None = None,
             target: str = "auto", pipeline: str = "baseline", device: str | None = None, steps=None,
-            profile_db: str | os.PathLike | None = None, cache=None, precision: str | None = None) -> CompiledModel:
+            profile_db: str | os.PathLike | None = None, cache=None, precision: str | None = None,
+            tune: bool = False, tune_top: int = 3, tune_repeat: int = 10) -> CompiledModel:
     """Compile an ONNX file; writes the artifact directory when `out` is given.
 
     `pipeline="auto"` compiles with the built-in pipeline that `dlcc estimate` predicts fastest on
@@ -111,14 +112,34 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
     what GEMMs and convolutions compute at: the last three run them on tensor cores (emulated on
     OpenCL), and fp16/bf16 store weights and activations in that type (`half_activations: false`
     in a pipeline file keeps activations float32).
+    `tune=True` picks the pipeline by measurement instead (dlcc/tuning.py): the estimator's
+    `tune_top` best candidates are compiled and timed on the target device (`tune_repeat` runs
+    each), the fastest is compiled, and the times are kept in the cache's tuning records, so the
+    same compile does not measure again; `pipeline` must then be "auto" (or left at its default).
     """
     shapes = _merge_shapes(shapes)
     tgt = pick_target(target)
+    choice = None
+    if tune:
+        from .tuning import TuningError, tune as measure
+
+        if pipeline not in ("auto", "baseline"):
+            raise TuningError(f"--tune chooses the pipeline by measuring the built-in ones; drop --pipeline "
+                              f"{pipeline} (or use --pipeline auto)")
+        if not Path(model).is_file():
+            raise DlccError(f"no such model file: {model}")
+        choice = measure(model, shapes, tgt, device, precision, tune_top, tune_repeat, cache, steps)
+        pipeline = choice["chosen"]
     if cache and out is not None and Path(model).is_file():  # (a missing model: the compile's own error)
-        return _compile_cached(model, Path(out), shapes, tgt, pipeline, device, steps, profile_db, cache, precision)
-    cm = _compile(model, shapes, tgt, pipeline, device, steps, profile_db, precision=precision)
-    if out is not None:
-        cm.save(out)
+        cm = _compile_cached(model, Path(out), shapes, tgt, pipeline, device, steps, profile_db, cache, precision)
+    else:
+        cm = _compile(model, shapes, tgt, pipeline, device, steps, profile_db, precision=precision)
+        if out is not None and choice is None:
+            cm.save(out)
+    if choice is not None:
+        cm.plan["meta"]["pipeline_choice"] = choice
+        if out is not None and not cache:
+            cm.save(out)
     return cm
 
 

@@ -63,11 +63,12 @@ def _steps(quiet: bool):
 
 
 def _compile(model, shape, target, pipeline, device, quiet, json_out, out_dir=None, profile_db=None, cache=None,
-             precision=None):
+             precision=None, **tuning):
     import dlcc
 
     return dlcc.compile(model, out=out_dir, shapes=shape or [], target=target, pipeline=pipeline, device=device,
-                        steps=_steps(quiet or json_out), profile_db=profile_db, cache=cache, precision=precision)
+                        steps=_steps(quiet or json_out), profile_db=profile_db, cache=cache, precision=precision,
+                        **tuning)
 
 
 CacheOpt = typer.Option(None, "--cache", help="compile cache directory (default: $DLCC_CACHE_DIR, else "
@@ -93,11 +94,17 @@ def compile(model: Path = typer.Argument(..., help="ONNX model file"),
             shape: Optional[List[str]] = ShapeOpt, target: str = TargetOpt, pipeline: str = PipelineOpt,
             device: Optional[str] = DeviceOpt, precision: Optional[str] = PrecisionOpt,
             profile_db: Optional[Path] = ProfileDbOpt, quiet: bool = QuietOpt,
-            json_out: bool = JsonOpt, cache_dir: Optional[Path] = CacheOpt, no_cache: bool = NoCacheOpt):
+            json_out: bool = JsonOpt, cache_dir: Optional[Path] = CacheOpt, no_cache: bool = NoCacheOpt,
+            tune: bool = typer.Option(False, "--tune", help="pick the pipeline by measuring the estimator's best "
+                                      "candidates on the target device; the times are kept in the cache's tuning "
+                                      "records, so the same compile does not measure again"),
+            tune_top: int = typer.Option(3, "--tune-top", help="with --tune: how many candidates to measure"),
+            tune_repeat: int = typer.Option(10, "--tune-repeat", help="with --tune: timed runs per candidate")):
     """Compile MODEL into an artifact directory (kernels.cu, kernels.cl, plan.json, weights.bin, launcher.py)."""
     out_dir = output or model.with_suffix(".dlcc")
     cm = _compile(model, shape, target, pipeline, device, quiet, json_out, out_dir, profile_db=profile_db,
-                  cache=_cache_arg(cache_dir, no_cache), precision=precision)
+                  cache=_cache_arg(cache_dir, no_cache), precision=precision, tune=tune, tune_top=tune_top,
+                  tune_repeat=tune_repeat)
     s = cm.stats
     if json_out:
         print(json.dumps({"artifact": str(out_dir), "target": cm.target, "cache_hit": cm.cache_hit, **_summary(cm.plan),
@@ -105,7 +112,11 @@ def compile(model: Path = typer.Argument(..., help="ONNX model file"),
     elif not quiet:
         choice = cm.plan["meta"].get("pipeline_choice")
         if choice:
-            out.print(f"pipeline auto → [bold]{_escape(choice['chosen'])}[/]: {_escape(choice['why'])}")
+            how = "tuned" if choice.get("tuned") else "auto"
+            out.print(f"pipeline {how} → [bold]{_escape(choice['chosen'])}[/]: {_escape(choice['why'])}")
+            if choice.get("tuned"):
+                out.print("  " + _escape(", ".join(f"{n} {t:.1f} µs" for n, t in sorted(choice["times_us"].items(),
+                                                                                     key=lambda x: x[1]))))
         out.print(("[bold green]from cache[/] " if cm.cache_hit else "[bold green]compiled[/] ") + _escape(
                   f"{model} → {out_dir}  "
                   f"({s['kernels']} kernels, {s['launches']} launches, arena {_human(s['arena_bytes'])}, "

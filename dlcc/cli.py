@@ -667,11 +667,15 @@ def _print_trace_estimate(d: dict, timeline) -> None:
 def _print_plan_estimate(d: dict, timeline) -> None:
     out.print(f"[bold]{_escape(d['model'])}[/] on {_escape(d['device'])}: kernel times from {', '.join(d['time_sources'])}")
     t = Table(title="pipelines ranked by predicted latency")
-    for c in ("rank", "pipeline", "predicted µs", "launches", "DRAM", "lower bound µs", "vs bound"):
-        t.add_column(c, justify="left" if c == "pipeline" else "right", overflow="fold")
+    for c in ("rank", "pipeline", "predicted µs", "time from", "launches", "DRAM", "lower bound µs", "vs bound"):
+        t.add_column(c, justify="left" if c in ("pipeline", "time from") else "right", overflow="fold")
     for k, p in enumerate(d["pipelines"], 1):
-        t.add_row(str(k), _escape(p["name"]), f"{p['predicted_ms'] * 1e3:.1f}", str(p["launches"]), _human(p["dram_bytes"]),
-                  f"{p['lower_bound_ms'] * 1e3:.2f}", f"{p['predicted_ms'] / p['lower_bound_ms']:.1f}x" if p["lower_bound_ms"] else "-")
+        src = p.get("source", "modelled")
+        if p.get("measured_ms") is not None:  # --tune measured it: the device's time beside the model's
+            src = f"tuned: {p['measured_ms'] * 1e3:.1f} µs measured"
+        t.add_row(str(k), _escape(p["name"]), f"{p['predicted_ms'] * 1e3:.1f}", _escape(src), str(p["launches"]),
+                  _human(p["dram_bytes"]), f"{p['lower_bound_ms'] * 1e3:.2f}",
+                  f"{p['predicted_ms'] / p['lower_bound_ms']:.1f}x" if p["lower_bound_ms"] else "-")
     out.print(t)
     if d.get("what_ifs"):
         w = Table(title=f"what-ifs on {_escape(d['pipelines'][0]['name'])} (the AStitch and Rammer estimates say what those passes should buy)")

@@ -125,6 +125,7 @@ def tune(model, shapes: dict, tgt: str, device, precision, top: int, repeat: int
         chosen = min(times, key=lambda n: (times[n], candidates.index(n)))
         rec = {"schema": SCHEMA, "key": key, "candidates": candidates, "times_us": times, "chosen": chosen,
                "measured_on": rt.device_name, "model_sha256": parts["model"], "precision": precision,
+               "device": dev.name, "shapes": parts["shapes"],
                "predicted_us": {p.name.split("@")[0]: p.predicted_us for p in est.pipelines}}
         save_record(c, key, rec)
     times = rec["times_us"]
@@ -137,3 +138,30 @@ def tune(model, shapes: dict, tgt: str, device, precision, top: int, repeat: int
             "times_us": times, "candidates": rec["candidates"],
             "ranking": [{"name": p.name, "predicted_ms": p.predicted_us / 1e3} for p in est.pipelines],
             "all_pipelines": builtin_names("pipelines")}
+
+
+def measured_times(model, device_name: str, precision: str | None, cache=None) -> dict[str, float]:
+    """Pipeline -> µs measured by `--tune` for `model` (any shapes bound as in the record) planned
+    for device spec `device_name` at `precision`, from the tuning records of the default cache
+    (or `cache`): what `dlcc estimate` shows beside its predictions. Unreadable records are
+    skipped silently here (the compile that owns them warns)."""
+    from .cache import Cache
+
+    c = Cache.of(cache if cache else True)
+    d = c.root / "tuning"
+    if not d.is_dir():
+        return {}
+    try:
+        sha = c.file_digest(model)
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for f in sorted(d.glob("*.json")):
+        try:
+            rec = json.loads(f.read_text())
+            if (rec.get("schema") == SCHEMA and rec.get("model_sha256") == sha and rec.get("device") == device_name
+                    and rec.get("precision") == precision):
+                out.update({k: float(v) for k, v in rec["times_us"].items()})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return out

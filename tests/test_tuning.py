@@ -111,3 +111,19 @@ def test_tune_without_a_device_or_with_a_pipeline_is_one_clear_error(tmp_path, c
     with pytest.raises(SystemExit) as e:
         main(["compile", str(EXAMPLE), "-t", "opencl", "--tune", "-p", "astitch", "-o", str(tmp_path / "y")])
     assert e.value.code == 2 and "drop --pipeline astitch" in capsys.readouterr().err
+
+
+def test_estimate_says_which_rows_were_measured(monkeypatch, tmp_path):
+    """After a tuned compile into the default cache, `dlcc estimate` marks the measured pipelines
+    "tuned" with their measured time, the rest "modelled"."""
+    from dlcc.estimate.plan_mode import estimate_plan
+
+    monkeypatch.setenv("DLCC_CACHE_DIR", str(tmp_path / "cache"))
+    before = estimate_plan(EXAMPLE, device="pocl-cpu", what_ifs=False).to_dict()["pipelines"]
+    assert {p["source"] for p in before} == {"modelled"} and all(p["measured_ms"] is None for p in before)
+    _fake_times(monkeypatch, {}, [])
+    m = dlcc.compile(EXAMPLE, target="opencl", tune=True, tune_top=2, cache=True)
+    rows = {p["name"]: p for p in estimate_plan(EXAMPLE, device="pocl-cpu", what_ifs=False).to_dict()["pipelines"]}
+    tuned = m.plan["meta"]["pipeline_choice"]["times_us"]
+    assert {n for n, p in rows.items() if p["source"] == "tuned"} == set(tuned)
+    assert all(rows[n]["measured_ms"] == pytest.approx(t / 1e3) for n, t in tuned.items())

@@ -34,6 +34,16 @@ class PipelineEstimate:
     plan: dict
     predicted_us: float
     lower_bound_us: float
+    measured_us: float | None = None  # from a `dlcc compile --tune` record (dlcc/tuning.py), if any
+
+    @property
+    def source(self) -> str:
+        """How this row's time is known: "tuned" (measured on a device by --tune), "profiled"
+        (kernel times from a profile database) or "modelled" (the cost model alone)."""
+        if self.measured_us is not None:
+            return "tuned"
+        kinds = {t.args.get("source", "") for t in self.graph.select(kind="kernel")}
+        return "profiled" if any(k.startswith("profile") for k in kinds) else "modelled"
 
     @property
     def launches(self) -> int:
@@ -79,7 +89,8 @@ class PlanEstimate:
         return {
             "model": self.model, "device": self.device, "time_sources": sorted(self.sources),
             "pipelines": [{"name": p.name, "predicted_ms": p.predicted_us / 1e3, "launches": p.launches,
-                           "dram_bytes": p.dram_bytes, "lower_bound_ms": p.lower_bound_us / 1e3}
+                           "dram_bytes": p.dram_bytes, "lower_bound_ms": p.lower_bound_us / 1e3, "source": p.source,
+                           "measured_ms": p.measured_us / 1e3 if p.measured_us is not None else None}
                           for p in self.pipelines],
             "what_ifs": [{"name": n, "predicted_ms": t / 1e3, "speedup": base / t if t else None,
                           "launches": len(g.select(kind="kernel")), "help": h} for n, g, t, h in self.what_ifs],
@@ -140,6 +151,11 @@ def estimate_plan(model, shapes=(), device: str = "h100", pipelines: list[str] |
             t = g.simulate()
             results.append(PipelineEstimate(spec.name, g, res.plan, t, lower_bound_us(res.plan, dev)))
     results.sort(key=lambda p: (p.predicted_us, p.name))
+    from ..tuning import measured_times
+
+    measured = measured_times(model, dev.name, precisions[0] if precisions and len(precisions) == 1 else None)
+    for p in results:
+        p.measured_us = measured.get(p.name.split("@")[0])
     est = PlanEstimate(Path(str(model)).name, dev.name, results, imported=graph)
     for p in results:
         for t in p.graph.select(kind="kernel"):

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""How well `--pipeline auto` picks, measured on the target device (issue 20's floors).
+
+For each model: `dlcc estimate`'s ranking of the built-in pipelines for the device spec, then every
+pipeline compiled and timed on the target (dlcc/tuning.py's measurement: a warm-up, then the median
+wall time of --repeat inferences), and
+
+  - `auto / fastest`: the measured time of the pipeline auto picks over the measured-fastest one
+    (the floor: within 1.05 on every model);
+  - Kendall's tau between the predicted and the measured order (the floor: >= 0.8);
+  - predicted / measured for auto's pick.
+
+    python scripts/auto_accuracy.py                          # small models, OpenCL (PoCL here)
+    python scripts/auto_accuracy.py --target cuda --device h100 --models bert,cnn,gpt2,vit --size full
+
+Exit status 0; the numbers are the result.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+def kendall_tau(a: list[str], b: list[str]) -> float:
+    """Kendall's tau between two orders of the same names (1: the same order, -1: reversed)."""
+    pos = {n: i for i, n in enumerate(b)}
+    pairs = [(x, y) for i, x in enumerate(a) for y in a[i + 1:]]
+    if not pairs:
+        return 1.0
+    agree = sum(1 if pos[x] < pos[y] else -1 for x, y in pairs)
+    return agree / len(pairs)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="cnn,mobilenet,yolo,ocr,lstm,gru,bert,gpt2,vit")
+    ap.add_argument("--size", default="small", choices=["small", "full"])
+    ap.add_argument("--target", default="opencl", choices=["opencl", "cuda"])
+    ap.add_argument("--device", default=None, help="device spec for the estimate (default: the target's default)")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--models-dir", type=Path, default=ROOT / ".cache" / "models")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+
+    import dlcc
+    from dlcc.devices import resolve_device
+    from dlcc.estimate.plan_mode import estimate_plan
+    from dlcc.tuning import time_inference
+    from gpu_check import model_path
+
+    dev = resolve_device(a.device, a.target)[0]
+    rows = []
+    for name in a.models.split(","):
+        path = model_path(name, a.size, a.models_dir)
+        est = estimate_plan(path, device=dev, what_ifs=False)
+        predicted = {p.name: p.predicted_us for p in est.pipelines}
+        measured = {}
+        for p in predicted:
+            cm = dlcc.compile(path, target=a.target, pipeline=p, device=dev, cache=False)
+            measured[p] = time_inference(cm, a.repeat)
+            print(f"[auto] {name} {p}: predicted {predicted[p]:.0f} µs, measured {measured[p]:.0f} µs",
+                  file=sys.stderr, flush=True)
+        pick, fastest = est.best.name, min(measured, key=measured.get)
+        row = {"model": name, "auto": pick, "fastest": fastest, "auto_over_fastest": measured[pick] / measured[fastest],
+               "kendall_tau": kendall_tau([p.name for p in est.pipelines], sorted(measured, key=measured.get)),
+               "predicted_over_measured": predicted[pick] / measured[pick], "measured_us": measured,
+               "predicted_us": predicted}
+        rows.append(row)
+    if a.json:
+        print(json.dumps({"target": a.target, "device": dev.name, "rows": rows}, indent=1))
+        return 0
+    print(f"\n{a.target} on {dev.name}, {a.size} models, median of {a.repeat}")
+    print("| model | auto picks | measured fastest | auto / fastest | Kendall τ | predicted / measured (pick) |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['auto']} | {r['fastest']} | {r['auto_over_fastest']:.2f} | {r['kendall_tau']:.2f} "
+              f"| {r['predicted_over_measured']:.2f} |")
+    within = sum(r["auto_over_fastest"] <= 1.05 for r in rows)
+    print(f"\nauto within 5% of the fastest on {within} of {len(rows)} models; "
+          f"median τ {sorted(r['kendall_tau'] for r in rows)[len(rows) // 2]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

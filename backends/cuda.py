@@ -40,10 +40,11 @@ def _libcuda():
 
 
 class CudaGraph:
-    """An instantiated CUDA graph of one inference's launches (CUgraphExec handle)."""
+    """An instantiated CUDA graph of one inference's launches (CUgraphExec handle), and the
+    capture stream, kept alive with it."""
 
-    def __init__(self, exec_handle: int, nodes: int, stream):
-        self.exec, self.nodes, self._stream = exec_handle, nodes, stream
+    def __init__(self, exec_handle: int, stream):
+        self.exec, self._stream = exec_handle, stream
 
 
 def _check(err: int, what: str) -> None:
@@ -181,8 +182,7 @@ class CudaRuntime:
         """A device input (interop.ArrayRef) into `buf`, device to device, ordered after the
         producer's stream when its __cuda_array_interface__ names one other than the default
         streams (1: legacy, 2: per-thread), which dlcc's launches already follow."""
-        if ref.stream not in (None, 1, 2):
-            self.sync_stream(int(ref.stream))
+        self._after_producer(ref)
         if ref.nbytes:
             self.drv.memcpy_dtod(int(buf), ref.ptr, ref.nbytes)
 
@@ -201,11 +201,9 @@ class CudaRuntime:
                 self._pool = False
         return self._pool.allocate(max(int(nbytes), 4)) if self._pool else self.alloc(nbytes)
 
-    @_in_context
     def copy_out(self, ref, src, nbytes: int) -> None:
         """An output buffer into a caller's device array (`out=`), device to device."""
-        if nbytes:
-            self.drv.memcpy_dtod(ref.ptr, int(src), nbytes)
+        self.copy_device(ref.ptr, src, nbytes)
 
     @_in_context
     def copy_device(self, dst, src, nbytes: int) -> None:
@@ -215,10 +213,15 @@ class CudaRuntime:
     @_in_context
     def read_ref(self, ref, out: np.ndarray) -> None:
         """A device input's bytes on the host (to check the token ids of an embedding)."""
-        if ref.stream not in (None, 1, 2):
-            self.sync_stream(int(ref.stream))
+        self._after_producer(ref)
         if out.nbytes:
             self.drv.memcpy_dtoh(out, ref.ptr)
+
+    def _after_producer(self, ref) -> None:
+        """Wait for the stream a __cuda_array_interface__ says its producer wrote on, unless it is
+        one of the default streams (1: legacy, 2: per-thread) that dlcc's copies already follow."""
+        if ref.stream not in (None, 1, 2):
+            self.sync_stream(int(ref.stream))
 
     def pointer_device(self, ptr: int) -> int | None:
         """The CUDA ordinal of the device memory at `ptr`, or None when it is not device memory
@@ -238,13 +241,10 @@ class CudaRuntime:
             raise RuntimeBackendError(f"cuStreamSynchronize on the input's stream {handle:#x} failed (CUresult "
                                       f"{err}): a stream of another context or process?")
 
+    @_in_context
     def launch(self, kernel, grid: int, block: int, args: list) -> None:
-        """A prepared call: the argument layout is packed once per kernel (pointers 'P', ints 'i'),
-        which takes a few µs off every launch against PyCUDA's generic call; for the small models
-        the host's launch loop, not the GPU, sets the time of an inference."""
-        if not getattr(self._tls, "depth", 0):  # a caller outside active(): push for this launch
-            with self.active():
-                return self.launch(kernel, grid, block, args)
+        """A prepared call (_prepare); for the small models the host's launch loop, not the GPU,
+        sets the time of an inference."""
         _prepare(kernel, args)
         kernel.prepared_call((grid, 1), (block, 1, 1), *[int(a) for a in args])
 
@@ -278,7 +278,7 @@ class CudaRuntime:
                    "cuGraphInstantiateWithFlags")
         finally:
             cu.cuGraphDestroy(graph)  # the instantiated graph keeps what it needs
-        return CudaGraph(exe.value, len(calls), stream)
+        return CudaGraph(exe.value, stream)
 
     @_in_context
     def launch_graph(self, graph: "CudaGraph") -> None:

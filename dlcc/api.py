@@ -134,12 +134,10 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
         cm = _compile_cached(model, Path(out), shapes, tgt, pipeline, device, steps, profile_db, cache, precision)
     else:
         cm = _compile(model, shapes, tgt, pipeline, device, steps, profile_db, precision=precision)
-        if out is not None and choice is None:
-            cm.save(out)
-    if choice is not None:
+    if choice is not None:  # (a cached artifact's plan.json keeps the plain pipeline; the result says how)
         cm.plan["meta"]["pipeline_choice"] = choice
-        if out is not None and not cache:
-            cm.save(out)
+    if out is not None and not (cache and Path(model).is_file()):
+        cm.save(out)
     return cm
 
 

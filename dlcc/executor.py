@@ -5,6 +5,7 @@ all of the plan interpretation lives here, so it is exercised by every OpenCL te
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 import warnings
@@ -123,9 +124,7 @@ class Executor:
             self._convert_inputs(sig, inputs, arrays, describe)
             self.check_indices(arrays)
         except BaseException:
-            for a in arrays:  # a DLPack producer's memory is released even when an input is refused
-                if not isinstance(a, np.ndarray):
-                    a.done()
+            _release(arrays)  # a DLPack producer's memory is released even when an input is refused
             raise
         return arrays
 
@@ -247,16 +246,20 @@ class Executor:
             raise InteropError(f"{what} needs the CUDA target; on {self.rt.name} outputs come back as numpy arrays "
                                "and the queue is dlcc's own")
         with self.rt.active():
-            dests = self._check_out(out or {})
-            handle = self._stream_of(inputs, stream)
-            if handle:  # (0, the legacy default stream, is dlcc's own: nothing to join)
-                self.rt.join(handle, into_ours=True)  # inputs the caller queued there are written first
-            arrays = self.check_inputs(inputs)
-            with self._lock:
-                outs = self._run(arrays, timing, outputs, dests)
-            if handle:
-                self.rt.join(handle, into_ours=False)  # the caller's next work sees our outputs
-            return outs
+            dests = {}
+            try:
+                self._check_out(out or {}, dests)
+                handle = self._stream_of(inputs, stream)
+                if handle:  # (0, the legacy default stream, is dlcc's own: nothing to join)
+                    self.rt.join(handle, into_ours=True)  # inputs the caller queued there are written first
+                arrays = self.check_inputs(inputs)
+                with self._lock:
+                    outs = self._run(arrays, timing, outputs, dests)
+                if handle:
+                    self.rt.join(handle, into_ours=False)  # the caller's next work sees our outputs
+                return outs
+            finally:  # DLPack destinations: released however the call ends (after its finish)
+                _release([d[1] for d in dests.values() if d[0] == "device"])
 
     def _stream_of(self, inputs: dict, stream) -> int | None:
         """The CUstream to join: `stream` as given, else torch's current stream when torch is
@@ -272,16 +275,16 @@ class Executor:
                     return int(torch.cuda.current_stream(v.device).cuda_stream)
         return None
 
-    def _check_out(self, out: dict) -> dict:
-        """`out=` destinations by output position: ("host", ndarray) or ("device", ArrayRef,
-        the object given), each of exactly the output's shape and dtype, contiguous and writeable."""
+    def _check_out(self, out: dict, dests: dict) -> None:
+        """`out=` destinations into `dests`, by output position: ("host", ndarray) or ("device",
+        ArrayRef, the object given), each of exactly the output's shape and dtype, contiguous and
+        writeable (filled as they are checked, so the caller releases those read before a refusal)."""
         from .interop import InteropError, describe
 
         sig = {t["name"]: (k, t) for k, t in enumerate(self.plan["outputs"])}
         unknown = [n for n in out if n not in sig]
         if unknown:
             raise InputError(f"out= names {unknown}, which are not outputs of the model {list(sig)}")
-        dests = {}
         for name, dest in out.items():
             k, t = sig[name]
             ref = describe(dest)
@@ -294,44 +297,46 @@ class Executor:
                                        f"{t['shape']}; it is {dest.dtype} {list(dest.shape)}")
                 dests[k] = ("host", dest)
                 continue
-            self._check_device_input(t, ref, role="out")
             dests[k] = ("device", ref, dest)
-        return dests
+            self._check_device_input(t, ref, role="out")
+
+    def _upload(self, arrays: list) -> None:
+        """The checked inputs into the plan's input buffers: host arrays copied in, device arrays
+        device to device (after the producer's stream, CAI v3). The copies may still be queued:
+        release the device arrays (_release) only after a finish."""
+        for k, a in enumerate(arrays):
+            if isinstance(a, np.ndarray):
+                self.rt.write(self.storages[f"input:{k}"], 0, a)
+            else:
+                self.rt.copy_in(self.storages[f"input:{k}"], a)
 
     def _run(self, arrays: list, timing: dict | None, outputs: str = "host", dests: dict | None = None) -> dict:
         rt = self.rt
         try:
-            for k, a in enumerate(arrays):
-                if isinstance(a, np.ndarray):
-                    rt.write(self.storages[f"input:{k}"], 0, a)
-                else:  # a device array: device to device, after the producer's stream (CAI v3)
-                    rt.copy_in(self.storages[f"input:{k}"], a)
+            self._upload(arrays)
             t0 = time.perf_counter()
             self.launch_all()
             rt.finish()
         finally:
-            for a in arrays:
-                if not isinstance(a, np.ndarray):
-                    a.done()  # DLPack: the producer's deleter, now that nothing reads it
+            _release(arrays)
         if timing is not None:
             timing["run_s"] = time.perf_counter() - t0
         self.raise_device_errors()
         outs = {}
         for k, t in enumerate(self.plan["outputs"]):
-            src = self.storages[f"output:{k}"]
+            src, n = self.storages[f"output:{k}"], _nbytes(t)
             dest = (dests or {}).get(k)
             if dest is not None and dest[0] == "host":
                 rt.read(src, 0, dest[1])
                 arr = dest[1]
             elif dest is not None:  # a device array of the caller's: device to device
-                rt.copy_out(dest[1], src, _nbytes(t))
-                dest[1].done()
+                rt.copy_out(dest[1], src, n)
                 arr = dest[2]
             elif outputs == "device":
                 from .interop import DeviceArray
 
-                arr = DeviceArray(rt.alloc_output(_nbytes(t)), t["shape"], t["dtype"], rt.index, rt)
-                rt.copy_device(arr._alloc, src, _nbytes(t))
+                arr = DeviceArray(rt.alloc_output(n), t["shape"], t["dtype"], rt.index, rt)
+                rt.copy_device(arr._alloc, src, n)
             else:
                 arr = np.empty(t["shape"], dtype=t["dtype"])
                 rt.read(src, 0, arr)
@@ -367,14 +372,12 @@ class Executor:
         import statistics
 
         rt = self.rt
-        for k, a in enumerate(arrays):
-            if isinstance(a, np.ndarray):
-                rt.write(self.storages[f"input:{k}"], 0, a)
-            else:
-                rt.copy_in(self.storages[f"input:{k}"], a)
-                a.done()
-        self.launch_all()  # warm-up: first-use compilation, page faults
-        rt.finish()
+        try:
+            self._upload(arrays)
+            self.launch_all()  # warm-up: first-use compilation, page faults
+            rt.finish()
+        finally:
+            _release(arrays)
         self.raise_device_errors()
         timed = getattr(rt, "time_launch", None)
         samples: list[list[float]] = [[] for _ in self.calls]
@@ -394,12 +397,18 @@ class Executor:
         return [statistics.median(s) for s in samples], how
 
 
+def _release(refs: list) -> None:
+    """Run the DLPack deleters of the device arrays among `refs` (numpy arrays are skipped; a
+    second call does nothing)."""
+    for a in refs:
+        if not isinstance(a, np.ndarray):
+            a.done()
+
+
 def _role_name(role: str, name: str) -> str:
     """How an error names the array: `input 'x'` or `out['y']`."""
     return f"input {name!r}" if role == "input" else f"out[{name!r}]"
 
 
 def _nbytes(t: dict) -> int:
-    import math
-
     return math.prod(t["shape"]) * np.dtype(t["dtype"]).itemsize

@@ -15,6 +15,7 @@ key is not its file's, is ignored with a warning and measured again.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import statistics
@@ -91,7 +92,6 @@ def tune(model, shapes: dict, tgt: str, device, precision, top: int, repeat: int
     "measured"} (measured: False when the record in the cache answered)."""
     from .api import _compile, cache_key
     from .cache import Cache
-    from .config import builtin_names
     from .devices import resolve_device
     from .estimate.plan_mode import choose_pipeline
     from .executor import make_runtime
@@ -109,8 +109,6 @@ def tune(model, shapes: dict, tgt: str, device, precision, top: int, repeat: int
     candidates = [p.name.split("@")[0] for p in est.pipelines][:top]
     c = Cache.of(cache if cache else True)
     _, base_key, parts = cache_key(model, shapes, tgt, "auto", device, None, c, precision)
-    import hashlib
-
     key = hashlib.sha256(json.dumps({"artifact": base_key, "measured_on": rt.device_name,
                                      "candidates": candidates, "repeat": repeat}, sort_keys=True).encode()).hexdigest()
     rec = load_record(c, key)
@@ -136,8 +134,7 @@ def tune(model, shapes: dict, tgt: str, device, precision, top: int, repeat: int
               if rest else "") + ("" if measured else "; from the tuning record"))
     return {"chosen": chosen, "why": why, "device": est.device, "tuned": True, "measured": measured,
             "times_us": times, "candidates": rec["candidates"],
-            "ranking": [{"name": p.name, "predicted_ms": p.predicted_us / 1e3} for p in est.pipelines],
-            "all_pipelines": builtin_names("pipelines")}
+            "ranking": [{"name": p.name, "predicted_ms": p.predicted_us / 1e3} for p in est.pipelines]}
 
 
 def measured_times(model, device_name: str, precision: str | None, cache=None) -> dict[str, float]:

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Which of the minimal kernels in dlcc/testing/pocl_kernels.py this OpenCL driver gets wrong,
 under each of PoCL's work-group methods. On PoCL 3.1 (Debian 12) VECTORIZER is wrong under
-"loopvec" (PoCL's default) and right under "loops" (what dlcc sets); PEELED is wrong under
-both; ONCE and GRID_TURNS, the forms dlcc emits instead, are right under both.
+"loopvec" (PoCL's default, which dlcc keeps) and right under "loops"; PEELED is wrong under
+both; ONCE and GRID_TURNS, the forms dlcc emits instead, and VECTORIZER's body in those forms,
+are right under both. dlcc builds every kernel whose loops around barriers depend on the grid
+with -cl-opt-disable (backends/opencl.py unoptimised_kernels).
 
     .venv/bin/python scripts/pocl_miscompiles.py
 """

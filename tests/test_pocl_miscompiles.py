@@ -1,11 +1,14 @@
 """The PoCL 3.1 miscompiles dlcc works around (dlcc/testing/pocl_kernels.py), kept from coming
-back: the loop forms dlcc emits must be right under both of PoCL's work-group methods, and the
-vectorizer kernel must be right under the method `import dlcc` sets. Each run is a fresh process,
-since PoCL reads its work-group method when it first builds a kernel.
+back: the loop forms dlcc emits must be right under both of PoCL's work-group methods, and no
+kernel that PoCL builds optimised may hold the miscompiled shape (a loop whose bounds depend on
+the launch grid, around a barrier). Each run is a fresh process, since PoCL reads its work-group
+method when it first builds a kernel.
 
 `scripts/pocl_miscompiles.py` shows the other half of the proof: the original forms are wrong
 under PoCL's defaults on this driver."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +19,7 @@ pytestmark = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL
 
 
 @pytest.mark.parametrize("method", ["loopvec", "loops"])
-@pytest.mark.parametrize("form", ["ONCE", "GRID_TURNS"])
+@pytest.mark.parametrize("form", ["ONCE", "GRID_TURNS", "VECTORIZER_ONCE", "VECTORIZER_GRID_TURNS"])
 def test_astitch_loop_forms_are_right_under_both_methods(form, method):
     got, want = run_with_method(form, method)
     assert got == want
@@ -31,9 +34,83 @@ def test_unoptimised_builds_are_right(name, method):
     assert got == want
 
 
-def test_vectorizer_kernel_is_right_under_dlccs_method():
-    got, want = run_with_method("VECTORIZER", None)
-    assert got == want
+def test_dlcc_keeps_pocls_default_method():
+    """dlcc leaves PoCL's work-group method alone (its faster default); the guard is the shape test
+    below, not a slower method."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "POCL_WORK_GROUP_METHOD"}
+    out = subprocess.run([sys.executable, "-c", "import os, dlcc; print(os.environ.get('POCL_WORK_GROUP_METHOD'))"],
+                         env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out[-1] == "None"
+
+
+@pytest.mark.parametrize("name,flagged", [("VECTORIZER", True), ("PEELED", True), ("GRID_TURNS", True),
+                                          ("VECTORIZER_GRID_TURNS", True), ("ONCE", False), ("VECTORIZER_ONCE", False)])
+def test_shape_finder_flags_the_miscompiled_loops(name, flagged):
+    from dlcc.testing.pocl_kernels import KERNELS, grid_dependent_barrier_loops
+
+    assert bool(grid_dependent_barrier_loops(KERNELS[name])) == flagged
+
+
+def test_shape_finder_follows_declarations_calls_and_macros():
+    from dlcc.testing.pocl_kernels import grid_dependent_barrier_loops
+
+    src = """#define SYNC barrier(CLK_LOCAL_MEM_FENCE)
+#define KERNEL __kernel
+#define DEVICE static inline
+DEVICE void stage(int j) { SYNC; }
+DEVICE void task(int task_id, int n) {
+    const int first = task_id * 4;
+    for (int t = first; t < n; ++t) { stage(t); }
+    for (int t = 0; t < n; ++t) { stage(t); }
+}
+KERNEL void LAUNCH_BOUNDS(256) k(__global float* x, const int n) {
+    task(BLOCK_ID, n);
+    for (int i = 0; i < n; ++i) { x[i] = 0; }
+}
+KERNEL void plain(__global float* x, const int n) {
+    task(3, n);
+}
+"""
+    assert grid_dependent_barrier_loops(src) == [("k", "for (int t = first; t < n; in task")]
+
+
+def _models():
+    from conftest import export_model
+
+    root = Path(__file__).resolve().parents[1]
+    yield "resnet-tiny", root / "examples" / "resnet-tiny.onnx"
+    for name in ("cnn", "mobilenet", "yolo", "ocr", "lstm", "gru", "bert", "gpt2", "vit"):
+        yield name, export_model(name)
+
+
+@pytest.mark.parametrize("pipeline", ["baseline", "astitch", "rammer", "full", "large-tiles"])
+@pytest.mark.parametrize("device", ["pocl-cpu", "h100"])
+def test_no_optimised_kernel_has_the_miscompiled_shape(pipeline, device):
+    """Every kernel of the test models (at fp32 and bf16, planned for PoCL and for an H100, whose
+    plans have grid-barrier stitches) whose loops around barriers depend on the launch grid is
+    one that the runtime builds with -cl-opt-disable on PoCL. So PoCL's default work-group
+    method is safe for all the others. Source generation only: nothing is built or run."""
+    import dlcc
+    from dlcc.backends.opencl import unoptimised_kernels
+    from dlcc.testing.pocl_kernels import grid_dependent_barrier_loops
+
+    bad, checked, exempt_hits = [], 0, 0
+    for name, path in _models():
+        for precision in ("fp32", "bf16"):
+            m = dlcc.compile(path, target="opencl", pipeline=pipeline, device=device, precision=precision)
+            exempt = unoptimised_kernels(m.plan)
+            found = grid_dependent_barrier_loops(m.source("opencl"))
+            checked += len(m.plan["kernels"])
+            bad += [(name, precision, k, loop) for k, loop in found if k not in exempt]
+            exempt_hits += sum(k in exempt for k, _ in found)
+    assert checked >= 20
+    assert not bad, bad
+    if pipeline in ("rammer", "full"):  # the finder sees the persistent kernels' dispatch loops
+        assert exempt_hits > 0
 
 
 def test_rammer_dispatcher_around_a_regional_stitch(tmp_path):

@@ -37,7 +37,7 @@ import numpy as np
 from dlcc.backends.source import render
 from dlcc.config import load_device
 from dlcc.executor import make_runtime
-from dlcc.kernels.gemm import ALL_TILINGS, TILINGS, Tiling, choose_tiling, gemm_source, plain_spec, tiling_cost
+from dlcc.kernels.gemm import ALL_TILINGS, TILINGS, Tiling, choose_tiling, gemm_source, plain_spec, simt_cost
 
 SHAPES = ["128x768x768", "128x3072x768", "128x768x3072", "3136x64x576", "128x50257x768", "1024x1024x1024"]
 
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     # On a CPU device (PoCL) LLVM crashes optimising the larger per-thread tiles (GPU_TILINGS and
     # most CANDIDATES): only TILINGS run there.
     tilings = list(TILINGS) if rt.is_cpu() else list(dict.fromkeys(ALL_TILINGS + CANDIDATES))
-    choose, cost, rnd, b_dtype = choose_tiling, tiling_cost, (lambda x: x), "float32"
+    choose, cost, rnd, b_dtype = choose_tiling, simt_cost(dev), (lambda x: x), "float32"
     if a.precision != "fp32":
         from dlcc.kernels.gemm_mma import choose_mma_tiling, mma_cost, mma_tilings
         from dlcc.ops.narrow import HALF_DTYPES

@@ -63,6 +63,24 @@ def test_tiling_choice_follows_h100_measurements(shape):
     assert cheapest(TILINGS, tiling_cost, 1, *shape, load_device("h100")).name == H100_FASTEST[shape]
 
 
+# Measured on PoCL (2 cores, 2026-11-25, scripts/gemm_tilings.py --target opencl --device pocl-cpu,
+# two runs): the fastest tiling per shape where it won by a clear margin in both.
+POCL_FASTEST = {
+    (1024, 32, 288): "32x32x16_2x2",   # N = 32: a 64-wide tile is half padding
+    (16, 1000, 512): "16x64x16_1x4",   # M = 16
+    (64, 64, 64): "32x32x64_2x2",      # K in one deep step
+    (128, 768, 128): "64x64x16_4x4",
+    (32, 512, 128): "32x64x16_2x4",
+}
+
+
+@pytest.mark.parametrize("shape", list(POCL_FASTEST), ids=lambda s: "x".join(map(str, s)))
+def test_tiling_choice_follows_pocl_measurements(shape):
+    """A CPU device gets its own tiling model (kernels/gemm.py cpu_tiling_cost): the GPU model,
+    which favours deep k to hide latency a CPU does not have, picked tilings 2.4x slower on PoCL."""
+    assert choose_tiling(1, *shape, load_device("pocl-cpu")).name == POCL_FASTEST[shape]
+
+
 def test_gpu_tilings_are_chosen_on_gpus_only():
     """On an H100 the larger per-thread tiles win where they measured faster (GPT-2's LM head:
     388.8 against 312.9 µs; 1024³: 90.6 against 79.3, issue 18), and nowhere else of the measured

@@ -57,20 +57,28 @@ def build_options() -> list[str]:
     return os.environ.get("DLCC_OPENCL_BUILD_OPTIONS", "").split()
 
 
-def unoptimised_kernels(plan: dict | None) -> set[str]:
-    """The kernels of `plan` that PoCL builds with -cl-opt-disable (OpenCLRuntime.compile says
-    why for each kind): Rammer's persistent kernels and AStitch's grid-barrier kernels (loops
-    whose bounds read the block index, around barriers: the shape PoCL 3.1 miscompiles
-    optimised), the GPU-only SIMT tilings, and the multi-stage fp16/bf16 tensor-core rKernels
-    (PoCL's LLVM crashes optimising them)."""
+def builds_unoptimised(kernel: dict | None, grid_sync: bool = False) -> bool:
+    """Whether PoCL gets `kernel` (a plan's kernel entry; `grid_sync`: a launch of it spins at grid
+    barriers) from the -cl-opt-disable build (OpenCLRuntime.compile says why for each kind):
+    Rammer's persistent kernels and AStitch's grid-barrier kernels (loops whose bounds depend on
+    the launch grid, around barriers: the shape PoCL 3.1 miscompiles optimised), the GPU-only
+    SIMT tilings, and the multi-stage fp16/bf16 tensor-core rKernels (PoCL's LLVM crashes
+    optimising them). The cost model prices them with DeviceSpec.unoptimised_slowdown."""
     from ..kernels.gemm import GPU_TILINGS
     from ..kernels.gemm_mma import mma_tilings
 
+    k = kernel or {}
+    if grid_sync or k.get("kind") == "persistent":
+        return True
     slow_to_build = {t.name for t in GPU_TILINGS} | {t.name for p in ("fp16", "bf16") for t in mma_tilings(p)
                                                        if t.stages > 1}
+    return k.get("tiling") in slow_to_build
+
+
+def unoptimised_kernels(plan: dict | None) -> set[str]:
+    """The names of `plan`'s kernels that PoCL builds with -cl-opt-disable (builds_unoptimised)."""
     spins = {L["kernel"] for L in (plan or {}).get("launches", []) if L.get("grid_sync")}
-    return {k["name"] for k in (plan or {}).get("kernels", [])
-            if k.get("kind") == "persistent" or k.get("tiling") in slow_to_build or k["name"] in spins}
+    return {k["name"] for k in (plan or {}).get("kernels", []) if builds_unoptimised(k, k["name"] in spins)}
 
 
 def available() -> bool:

@@ -64,6 +64,15 @@ class DeviceSpec(Strict):
     compute_efficiency: float = Field(0.7, gt=0, le=1, description="achievable fraction of peak_tflops")
     grid_barrier_us: float = Field(2.0, ge=0, description="one grid barrier across the resident blocks of a "
                                    "persistent kernel, in µs (AStitch measured 2.5-2.7 µs on a V100)")
+    fused_gemm_slowdown: float = Field(1.0, gt=0, description="factor on the modelled time of a GEMM that AStitch "
+                                       "re-emitted with a fused prologue or epilogue (1 on GPUs, where they ride "
+                                       "along; PoCL vectorizes them worse)")
+    unoptimised_slowdown: float = Field(1.0, ge=1, description="factor on the modelled time of the kernels "
+                                        "the OpenCL runtime builds with -cl-opt-disable on this device "
+                                        "(PoCL: backends/opencl.py builds_unoptimised); 1 elsewhere")
+    unoptimised_task_us: float = Field(0.0, ge=0, description="what each block (a persistent kernel: each "
+                                       "rTask) of such a kernel costs besides, in waves over the SMs: an "
+                                       "unoptimised work-group's per-item overhead on a CPU")
 
 
 class PassSpec(Strict):

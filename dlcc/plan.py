@@ -79,6 +79,7 @@ def build_plan(state, meta: dict) -> tuple[dict, "WeightsBlob"]:
             **({"grid_sync": True} if L.grid_sync else {}),
             **({"dtype": L.math} if L.math != "float32" else {}),  # the cost model's FLOP dtype
             **({"rprogram": L.rprogram} if L.rprogram else {}),
+            **({"gemm": _gemm_shape(L.expr)} if _gemm_shape(L.expr) else {}),  # the cost model's tiling cost
         })
     weights = WeightsBlob(mem.weights_bytes, [
         (p.offset, np.ascontiguousarray(g.tensors[b].value.astype(g.tensors[b].dtype, copy=False)).reshape(-1)
@@ -135,3 +136,11 @@ def build_plan(state, meta: dict) -> tuple[dict, "WeightsBlob"]:
 
 def kernel_sources(state) -> list[str]:
     return [k.code for k in state.ctx.program.kernels.values()]
+
+
+def _gemm_shape(expr) -> list[int] | None:
+    """[batch, M, N, K] of a GEMM launch (its GemmExpr), for the cost model; None for others."""
+    spec = getattr(expr, "spec", None)
+    if spec is None or not all(hasattr(spec, a) for a in ("batch", "M", "N", "K")):
+        return None
+    return [int(spec.batch), int(spec.M), int(spec.N), int(spec.K)]

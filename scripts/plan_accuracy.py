@@ -19,12 +19,15 @@ Usage::
     python scripts/plan_accuracy.py                         # small models, OpenCL, pocl-cpu spec
     python scripts/plan_accuracy.py --models cnn,bert --repeat 21 --json
     python scripts/plan_accuracy.py --fit                   # also fit the device's cost-model constants
+    python scripts/plan_accuracy.py --fit --pipelines baseline,astitch,rammer,full,large-tiles
 
-With ``--fit`` the measured per-launch times also calibrate the cost model for the device, with
-the fitter of scripts/calibrate_costmodel.py (fixed costs from the fastest kernels, efficiencies
-by least squares on log time, kernel classes weighted equally), on dlcc's own kernels: the
-script prints the constants to put in the device YAML, the median per-launch error per class
+With ``--fit`` the measured per-launch times also calibrate the cost model for the device on
+dlcc's own kernels (fit_launches: the cost model itself on trial constants, least squares on log
+time, one class of kernels per step: memory-bound, GEMM, AStitch's fused GEMMs, unoptimised builds
+with persistent kernels).
+The script prints the constants to put in the device YAML, the median per-launch error per class
 before and after, and the whole-inference roofline prediction with the fitted constants.
+``--pipelines`` compiles each model with each of them, so that every kind of kernel is measured.
 """
 from __future__ import annotations
 
@@ -70,14 +73,21 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", type=Path, default=ROOT / ".cache" / "models")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--fit", action="store_true", help="fit the device's cost-model constants on the measured launches")
+    ap.add_argument("--samples", type=Path, default=None,
+                    help="with --fit: also write the measured launches (launch, kernel, µs) to this JSON file")
+    ap.add_argument("--pipelines", default=None,
+                    help="comma-separated pipelines to compile each model with (default: the target's default); "
+                         "rows are MODEL/PIPELINE, and --fit sees every pipeline's kernels")
     args = ap.parse_args(argv)
     dev_key = args.device or ("pocl-cpu" if args.target == "opencl" else "h100")
     dev = load_device(dev_key)
     err = Console(stderr=True)
     rows, samples, plans = [], [], []
-    for name in args.models.split(","):
+    pipes = args.pipelines.split(",") if args.pipelines else [None]
+    for name, pipe in [(n, p) for n in args.models.split(",") for p in pipes]:
         path = model_path(name, args.cache)
-        m = dlcc.compile(path, target=args.target, device=dev_key)
+        m = dlcc.compile(path, target=args.target, device=dev_key, **({"pipeline": pipe} if pipe else {}))
+        name = f"{name}/{pipe}" if pipe else name
         ex = m.executor()
         x = m.sample_inputs()
         times, how = ex.profile(x, args.repeat)
@@ -85,7 +95,7 @@ def main(argv=None) -> int:
         for L, us in zip(m.plan["launches"], times):
             db.record(dev.name, L["kernel"], L["grid"], L["block"], us)
         if args.fit:
-            samples += launch_samples(name, m.plan, times)
+            samples += launch_samples(m.plan, times)
         plans.append(m.plan)
         pred_db = plan_graph(m.plan, dev, db).simulate()
         pred_rf = plan_graph(m.plan, dev, None).simulate()
@@ -107,6 +117,9 @@ def main(argv=None) -> int:
                "median_abs_roofline_error_pct": statistics.median(abs(r["roofline_error_pct"]) for r in rows)}
     fitted = None
     if args.fit:
+        if args.samples:
+            args.samples.write_text(json.dumps([{"launch": {k: v for k, v in L.items() if k not in ("args", "reads", "writes")},
+                                                 "kernel": k, "us": us} for L, k, us in samples]))
         fitted = fit_constants(samples, dev, rows, plans)
         summary["fit"] = fitted
     if args.json:
@@ -136,55 +149,86 @@ def main(argv=None) -> int:
     return 0
 
 
-def launch_samples(model: str, plan: dict, times: list[float]):
-    """calibrate_costmodel.Sample per plan launch, with its measured time."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from calibrate_costmodel import Sample
-
-    out = []
-    for L, us in zip(plan["launches"], times):
-        cls = "gemm" if L.get("category") == "compute" else ("reduction" if L.get("category") == "reduction" else "elementwise")
-        out.append(Sample(model, L["kernel"], cls, L.get("op_type", ""), max(us, 1e-3), float(L["flops"]),
-                          float(L["dram_bytes"]), "float32", int(L["grid"]), int(L["block"]), 0, None))
-    return out
+def launch_samples(plan: dict, times: list[float]) -> list[tuple]:
+    """(launch, kernel entry, measured µs) per plan launch."""
+    kernels = {k["name"]: k for k in plan.get("kernels", [])}
+    return [(L, kernels.get(L["kernel"]), max(us, 1e-3)) for L, us in zip(plan["launches"], times)]
 
 
-def joint_fit(samples, dev, predict, start: dict) -> dict:
-    """Each fixed cost together with its efficiency, by grid search on mean squared log error.
+def sample_class(L: dict, k: dict | None) -> str:
+    """The constants a launch's modelled time depends on: persistent (grid_barrier_us), unoptimised
+    (unoptimised_slowdown), gemm (gemm_fixed_us, compute_efficiency), fused gemm (also
+    fused_gemm_slowdown) or memory (kernel_fixed_us, dram_efficiency)."""
+    from dlcc.backends.opencl import builds_unoptimised
+    from dlcc.estimate.costmodel import is_gemm_launch
 
-    calibrate_costmodel.fit takes fixed costs from the fastest GPU kernels, which suits an H100;
-    on a CPU OpenCL device every launch pays a large dispatch cost, so fixed cost and efficiency
-    are searched jointly here (fixed: 5th-50th percentile of the class's times)."""
+    if L.get("rprogram"):
+        return "persistent"
+    if builds_unoptimised(k, bool(L.get("grid_sync"))):
+        return "unoptimised"
+    if is_gemm_launch(L, k):
+        return "fused gemm" if (k or {}).get("pass") == "astitch" else "gemm"
+    return "memory"
+
+
+#: The constants fitted per step, on the launches of the step's classes, each searched over its
+#: grid with the earlier ones fixed ("fixed": the 0-50th percentiles of the classes' times).
+FIT_STEPS = (
+    (("memory",), {"kernel_fixed_us": "fixed", "dram_efficiency": [round(0.01 * i, 2) for i in range(1, 101)]}),
+    (("gemm",), {"gemm_fixed_us": "fixed", "compute_efficiency": [round(0.005 * i, 3) for i in range(1, 201)]}),
+    (("fused gemm",), {"fused_gemm_slowdown": [round(0.5 + 0.1 * i, 2) for i in range(0, 56)]}),
+    (("unoptimised", "persistent"), {"unoptimised_slowdown": [round(1 + i, 2) for i in range(0, 40)],
+                                     "unoptimised_task_us": [float(x) for x in range(0, 81, 2)],
+                                     "grid_barrier_us": [float(x) for x in range(0, 201, 20)]}),
+)
+
+
+def fit_launches(samples, dev) -> dict:
+    """The device's cost-model constants fitted on measured launches of dlcc's own kernels, by
+    grid search on mean squared log error with the cost model itself (costmodel.launch_time on a
+    trial DeviceSpec), class by class (FIT_STEPS): fixed costs from the 0-50th percentile of the
+    class's times jointly with its efficiency; then the unoptimised builds' slowdown together
+    with the persistent kernels' barrier cost. A CPU OpenCL device pays a large dispatch cost per launch,
+    so fixed cost and efficiency are searched together."""
+    import itertools
     import math
 
-    c = dict(start)
-    groups = {("kernel_fixed_us", "dram_efficiency"): [s for s in samples if s.cls != "gemm"],
-              ("gemm_fixed_us", "compute_efficiency"): [s for s in samples if s.cls == "gemm"]}
-    effs = [round(0.01 * i, 2) for i in range(1, 101)]
-    for (fk, ek), group in groups.items():
+    from dlcc.estimate.costmodel import launch_time
+
+    c = {k: getattr(dev, k) for _, grid in FIT_STEPS for k in grid}
+    c["gemm_fixed_us"] = c["gemm_fixed_us"] if c["gemm_fixed_us"] is not None else c["kernel_fixed_us"]
+    by_class = {}
+    for L, k, us in samples:
+        by_class.setdefault(sample_class(L, k), []).append((L, k, us))
+
+    def err(group, trial):
+        d = dev.model_copy(update=trial)
+        return sum(math.log(launch_time(L, k, d).us / us) ** 2 for L, k, us in group) / len(group)
+
+    for classes, grid in FIT_STEPS:
+        group = [x for cls in classes for x in by_class.get(cls, [])]
         if not group:
             continue
-        ts = sorted(s.meas for s in group)
-        fixed = sorted({round(ts[int(q * (len(ts) - 1))], 2) for q in (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)} | {0.0})
-        best = None
-        for f in fixed:
-            for e in effs:
-                trial = dict(c, **{fk: f, ek: e})
-                err = sum(math.log(predict(s, dev, trial) / s.meas) ** 2 for s in group) / len(group)
-                if best is None or err < best[0] - 1e-12:
-                    best = (err, f, e)
-        c[fk], c[ek] = best[1], best[2]
+        ts = sorted(us for _, _, us in group)
+        axes = {key: (sorted({round(ts[int(q * (len(ts) - 1))], 2) for q in (0.05, 0.1, 0.2, 0.3, 0.5)} | {0.0})
+                      if vals == "fixed" else vals) for key, vals in grid.items()}
+        best = min((err(group, dict(c, **dict(zip(axes, combo)))), combo) for combo in itertools.product(*axes.values()))
+        c.update(zip(axes, best[1]))
     return c
 
 
 def fit_constants(samples, dev, rows, plans) -> dict:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from calibrate_costmodel import constants_of, predict, rel_errors
-
-    c = joint_fit(samples, dev, predict, constants_of(dev))
-    before = rel_errors(samples, lambda s: predict(s, dev, constants_of(dev)))
-    after = rel_errors(samples, lambda s: predict(s, dev, c))
+    c = fit_launches(samples, dev)
     tuned = dev.model_copy(update=c)
+    from dlcc.estimate.costmodel import launch_time
+
+    def errors(d):
+        out = {}
+        for L, k, us in samples:
+            out.setdefault(sample_class(L, k), []).append(abs(launch_time(L, k, d).us - us) / us)
+        return out
+
+    before, after = errors(dev), errors(tuned)
     for r, plan in zip(rows, plans):
         p = plan_graph(plan, tuned, None).simulate()
         r["roofline_fitted_us"] = p

@@ -41,7 +41,7 @@ or its kernel kind is gemm/conv; everything else uses `kernel_fixed_us`.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 from ..config import DeviceSpec
@@ -169,7 +169,11 @@ def rprogram_time(waves: list[dict], veus: int, device: DeviceSpec, sync_points:
     A wave whose every rTask launch was measured (`measured`: [busy µs, rTasks] per entry, from
     a profile database: the launch's time less its fixed cost) is priced from those instead: its
     launches overlap on the vEUs, so it takes the longest one, or their summed SM-time spread over
-    the vEUs, whichever is more."""
+    the vEUs, whichever is more.
+
+    On a device that builds persistent kernels unoptimised (DeviceSpec.unoptimised_slowdown and
+    unoptimised_task_us, PoCL), the waves' time is scaled by the slowdown, and each rTask costs
+    unoptimised_task_us more, in waves over the SMs (added to the last wave)."""
     ce, de = device.compute_efficiency, device.dram_efficiency
     per = []
     for w in waves:
@@ -182,8 +186,31 @@ def rprogram_time(waves: list[dict], veus: int, device: DeviceSpec, sync_points:
         compute = compute_us(float(w["flops"]), "float32", device, w.get("math_flops")) / ce * q
         memory = float(w["dram_bytes"]) / (device.dram_bandwidth_gbps * 1e3 * de) * q
         per.append(max(compute, memory))
+    if device.unoptimised_slowdown != 1.0 or device.unoptimised_task_us:
+        # built unoptimised on this device (PoCL: backends/opencl.py builds_unoptimised): slower
+        # work, and a cost per rTask in waves over the SMs
+        tasks = sum(max(1, int(w.get("tasks") or 1)) for w in waves)
+        per = [u * device.unoptimised_slowdown for u in per]
+        per[-1:] = [per[-1] + -(-tasks // max(1, device.sms)) * device.unoptimised_task_us] if per else []
     total = device.kernel_fixed_us + sum(per) + sync_points * device.grid_barrier_us
     return total, per
+
+
+def cpu_gemm_time(model: KernelTime, launch: dict, kernel: dict, dtype: str, device: DeviceSpec) -> KernelTime:
+    """A SIMT GEMM's time on a CPU device from its tiling's cost (kernels/gemm.py cpu_tiling_cost:
+    padded tile work, a cost per k step, work-groups in waves over the cores) instead of its
+    FLOPs: on PoCL the tiling, not the FLOP count, sets a GEMM's time (the 64x64 tile of
+    `large-tiles` runs 1.3-3x slower than the tiling chosen per shape). The cost is in FMAs of
+    one core, at the core's share of the peak and the device's compute_efficiency."""
+    from ..kernels.gemm import cpu_tiling_cost, tiling_named
+
+    t = tiling_named(kernel["tiling"])
+    if t is None:  # a tensor-core tiling (emulated on the CPU): the FLOP model stands
+        return model
+    batch, M, N, K = (int(x) for x in launch["gemm"])
+    core_peak = peak_tflops(dtype, device) * 1e6 / max(1, device.sms)  # FLOP/µs of one core
+    compute = 2 * cpu_tiling_cost(t, batch, M, N, K, device) / (core_peak * device.compute_efficiency)
+    return replace(model, us=model.fixed_us + max(compute, model.memory_us), compute_us=compute)
 
 
 def is_gemm_launch(launch: dict, kernel: dict | None) -> bool:
@@ -194,7 +221,11 @@ def launch_time(launch: dict, kernel: dict | None, device: DeviceSpec, dtype: st
                 resources: dict | None = None, db: ProfileDB | None = None) -> KernelTime:
     """Time of one plan launch: the ProfileDB's measurement when it has this (device, kernel, grid,
     block), else the model above. `kernel` is the plan's kernel entry (block, smem_bytes, kind);
-    `resources` the ptxas entry from plan["cuda"]["resources"] (registers, smem_bytes)."""
+    `resources` the ptxas entry from plan["cuda"]["resources"] (registers, smem_bytes). A kernel
+    that the device builds unoptimised (PoCL) has its modelled time beyond the fixed cost scaled by
+    DeviceSpec.unoptimised_slowdown, plus unoptimised_task_us per block (rTask) in waves over the
+    SMs, and a GEMM with AStitch's fused prologue or epilogue by
+    DeviceSpec.fused_gemm_slowdown."""
     threads = _threads(launch.get("block") or (kernel or {}).get("block") or 1)
     blocks = _blocks(launch.get("grid") or 1)
     smem = int((kernel or {}).get("smem_bytes") or 0)
@@ -205,12 +236,23 @@ def launch_time(launch: dict, kernel: dict | None, device: DeviceSpec, dtype: st
     model = kernel_time(float(launch.get("flops") or 0), float(launch.get("dram_bytes") or 0), dtype, device,
                         blocks=blocks, threads=threads, smem_bytes=smem, registers=regs,
                         gemm=is_gemm_launch(launch, kernel))
+    if device.kind == "cpu" and launch.get("gemm") and (kernel or {}).get("tiling"):
+        model = cpu_gemm_time(model, launch, kernel, dtype, device)
     rp = launch.get("rprogram")
     if rp:  # a persistent kernel: its waves one after another on its vEUs (rprogram_time)
         us, _ = rprogram_time(rp["waves"], min(blocks, int(rp.get("veus") or blocks)), device,
                               int(rp.get("sync_points") or 0))
         model = KernelTime(us=us, source="roofline (rProgram)", compute_us=model.compute_us,
                            memory_us=model.memory_us, waves=float(len(rp["waves"])), fixed_us=device.kernel_fixed_us)
+    if device.fused_gemm_slowdown != 1.0 and (kernel or {}).get("kind") in _GEMM_KINDS and kernel.get("pass") == "astitch":
+        model = replace(model, us=model.fixed_us + (model.us - model.fixed_us) * device.fused_gemm_slowdown)
+    if device.unoptimised_slowdown != 1.0:
+        from ..backends.opencl import builds_unoptimised
+
+        if not rp and builds_unoptimised(kernel, bool(launch.get("grid_sync"))):  # (rprogram_time prices rProgram's)
+            extra = -(-max(1, blocks) // max(1, device.sms)) * device.unoptimised_task_us
+            model = replace(model, us=model.fixed_us + (model.us - model.fixed_us) * device.unoptimised_slowdown + extra,
+                            source=model.source + ", unoptimised build")
     if db is not None:
         us = db.lookup(device.name, launch, kernel)
         if us is not None:

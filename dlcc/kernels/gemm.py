@@ -147,6 +147,11 @@ def cpu_tiling_cost(t: Tiling, batch: int, M: int, N: int, K: int, device=None) 
     return waves * steps * (t.bm * t.bn * t.bk / eff + CPU_STEP_OVERHEAD)
 
 
+def tiling_named(name: str) -> Tiling | None:
+    """The SIMT tiling called `name` (Tiling.name), or None."""
+    return next((t for t in ALL_TILINGS if t.name == name), None)
+
+
 def simt_cost(device=None) -> Callable:
     """The SIMT tiling cost model for `device`: cpu_tiling_cost on a CPU, tiling_cost elsewhere."""
     return cpu_tiling_cost if getattr(device, "kind", "gpu") == "cpu" else tiling_cost

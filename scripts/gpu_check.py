@@ -16,7 +16,13 @@ Per model and pipeline it reports:
   - `kernel µs`: the sum of the per-launch device times (`dlcc profile`'s measurement), i.e. the
     time the GPU is busy;
   - `torch µs`: the same model in PyTorch eager (float32, TF32 off), CUDA events, median; only for
-    the models scripts/models.py can build.
+    the models scripts/models.py can build;
+  - `pred µs`, `pred/run`: plan mode's prediction (`dlcc estimate`'s cost model for the device
+    spec the plan was compiled for) and its ratio to `run µs`.
+
+With more than one pipeline, a second table gives per model the pipeline the cost model ranks
+first, the measured-fastest one, the first one's measured time over the fastest's, and Kendall's
+τ between the predicted and the measured order (issue 20's floors: within 1.05, τ >= 0.8).
 
     python scripts/gpu_check.py --models-dir .gpu/models                       # the small models
     python scripts/gpu_check.py --size full --models bert,cnn,gpt2,vit --json-out results.json
@@ -143,6 +149,10 @@ def check(name: str, size: str, pipeline: str, models_dir: Path, repeat: int, ta
     row["ok"] = ok
     row["max_rel_err"] = worst
     row["run_us"] = time_run(ex, repeat)
+    from dlcc.devices import resolve_device
+    from dlcc.estimate.plan_graph import plan_graph
+
+    row["predicted_us"] = plan_graph(cm.plan, resolve_device(None, target)[0]).simulate()
     times, how = ex.profile(feeds, max(3, repeat // 4))
     row["kernel_us"] = sum(times)
     row["timed_by"] = how
@@ -186,17 +196,40 @@ def main(argv=None) -> int:
             if a.json_out:
                 a.json_out.write_text(json.dumps(rows, indent=1))
     print(f"device: {next((r['device'] for r in rows if 'device' in r), '?')}")
-    print("| model | pipeline | ok | max rel err | launches | spin | run µs | kernel µs | torch eager µs | compile s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | pipeline | ok | max rel err | launches | spin | run µs | kernel µs | pred µs | pred/run "
+          "| torch eager µs | compile s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
             print(f"| {r['model']} | {r['pipeline']} | ERROR | {r['error'][:120]} |")
             continue
         tu = f"{r['torch_us']:.0f}" if r.get("torch_us") else "-"
         print(f"| {r['model']} | {r['pipeline']} | {'yes' if r['ok'] else 'NO'} | {r['max_rel_err']:.1e} | "
-              f"{r['launches']} | {r['spin_launches']} | {r['run_us']:.0f} | {r['kernel_us']:.0f} | {tu} | "
-              f"{r['compile_s']:.1f} |")
+              f"{r['launches']} | {r['spin_launches']} | {r['run_us']:.0f} | {r['kernel_us']:.0f} | "
+              f"{r['predicted_us']:.0f} | {r['predicted_us'] / r['run_us']:.2f} | {tu} | {r['compile_s']:.1f} |")
+    ranking_table(rows)
     return 1 if failed else 0
+
+
+def ranking_table(rows: list[dict]) -> None:
+    """Per model with two or more timed pipelines: predicted-first against measured-fastest, and
+    Kendall's tau of the two orders."""
+    from auto_accuracy import kendall_tau
+
+    by_model: dict[str, list[dict]] = {}
+    for r in rows:
+        if "error" not in r:
+            by_model.setdefault(r["model"], []).append(r)
+    ranked = {m: rs for m, rs in by_model.items() if len(rs) > 1}
+    if not ranked:
+        return
+    print("\n| model | predicted first | measured fastest | first / fastest | Kendall τ |")
+    print("|---|---|---|---|---|")
+    for m, rs in ranked.items():
+        pred = [r["pipeline"] for r in sorted(rs, key=lambda r: (r["predicted_us"], r["pipeline"]))]
+        meas = [r["pipeline"] for r in sorted(rs, key=lambda r: r["run_us"])]
+        run = {r["pipeline"]: r["run_us"] for r in rs}
+        print(f"| {m} | {pred[0]} | {meas[0]} | {run[pred[0]] / run[meas[0]]:.2f} | {kendall_tau(pred, meas):.2f} |")
 
 
 if __name__ == "__main__":

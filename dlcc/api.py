@@ -112,10 +112,11 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
     what GEMMs and convolutions compute at: the last three run them on tensor cores (emulated on
     OpenCL), and fp16/bf16 store weights and activations in that type (`half_activations: false`
     in a pipeline file keeps activations float32).
-    `tune=True` picks the pipeline by measurement instead (dlcc/tuning.py): the estimator's
-    `tune_top` best candidates are compiled and timed on the target device (`tune_repeat` runs
-    each), the fastest is compiled, and the times are kept in the cache's tuning records, so the
-    same compile does not measure again; `pipeline` must then be "auto" (or left at its default).
+    `tune=True` picks the pipeline by measurement instead (dlcc/tuning.py): each GEMM problem's
+    tilings are timed on the target device, then the estimator's `tune_top` best candidates are
+    compiled with the fastest tilings and timed (`tune_repeat` runs each), the fastest is
+    compiled, and the times are kept in the cache's tuning records, so the same compile does not
+    measure again; `pipeline` must then be "auto" (or left at its default).
     """
     shapes = _merge_shapes(shapes)
     tgt = pick_target(target)
@@ -129,7 +130,9 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
         if not Path(model).is_file():
             raise DlccError(f"no such model file: {model}")
         choice = measure(model, shapes, tgt, device, precision, tune_top, tune_repeat, cache, steps)
-        pipeline = choice["chosen"]
+        from .tuning import pipeline_with
+
+        pipeline = pipeline_with(choice["chosen"], choice["gemm_tilings"])
     if cache and out is not None and Path(model).is_file():  # (a missing model: the compile's own error)
         cm = _compile_cached(model, Path(out), shapes, tgt, pipeline, device, steps, profile_db, cache, precision)
     else:

@@ -95,11 +95,13 @@ def compile(model: Path = typer.Argument(..., help="ONNX model file"),
             device: Optional[str] = DeviceOpt, precision: Optional[str] = PrecisionOpt,
             profile_db: Optional[Path] = ProfileDbOpt, quiet: bool = QuietOpt,
             json_out: bool = JsonOpt, cache_dir: Optional[Path] = CacheOpt, no_cache: bool = NoCacheOpt,
-            tune: bool = typer.Option(False, "--tune", help="pick the pipeline by measuring the estimator's best "
-                                      "candidates on the target device; the times are kept in the cache's tuning "
-                                      "records, so the same compile does not measure again"),
+            tune: bool = typer.Option(False, "--tune", help="pick each GEMM's tiling and the pipeline by measuring "
+                                      "them on the target device (the estimator's best pipelines); the times are "
+                                      "kept in the cache's tuning records, so the same compile does not measure "
+                                      "again"),
             tune_top: int = typer.Option(3, "--tune-top", help="with --tune: how many candidates to measure"),
-            tune_repeat: int = typer.Option(10, "--tune-repeat", help="with --tune: timed runs per candidate")):
+            tune_repeat: int = typer.Option(10, "--tune-repeat", help="with --tune: timed runs per candidate "
+                                            "(pipeline or tiling)")):
     """Compile MODEL into an artifact directory (kernels.cu, kernels.cl, plan.json, weights.bin, launcher.py)."""
     out_dir = output or model.with_suffix(".dlcc")
     cm = _compile(model, shape, target, pipeline, device, quiet, json_out, out_dir, profile_db=profile_db,

@@ -121,6 +121,17 @@ def with_precision(pipe: PipelineSpec, precision: str | None) -> PipelineSpec:
     return pipe.model_copy(update={"precision": precision})
 
 
+def with_gemm_tilings(pipe: PipelineSpec, tilings: dict[str, str]) -> PipelineSpec:
+    """`pipe` with `tilings` ({"BATCHxMxNxK": tiling}, measured by `--tune`) given to its `lower`
+    pass (its gemm_tilings option, validated there). The cache key covers them (the pipeline's JSON)."""
+    if not tilings:
+        return pipe
+    passes = [p.model_copy(update={"options": {**p.options, "gemm_tilings": {**p.options.get("gemm_tilings", {}),
+                                                                             **tilings}}})
+              if p.name == "lower" else p for p in pipe.passes]
+    return pipe.model_copy(update={"passes": passes})
+
+
 def check_precision(precision: str, device: DeviceSpec, target: str) -> str | None:
     """Refuse a precision dlcc cannot compile for `device` (one error naming both); returns a note
     where it compiles but is emulated (tensor cores on OpenCL)."""

@@ -138,9 +138,12 @@ def kernel_sources(state) -> list[str]:
     return [k.code for k in state.ctx.program.kernels.values()]
 
 
-def _gemm_shape(expr) -> list[int] | None:
-    """[batch, M, N, K] of a GEMM launch (its GemmExpr), for the cost model; None for others."""
+def _gemm_shape(expr) -> dict | None:
+    """A GEMM launch's problem (its GemmExpr): {"shape": [batch, M, N, K], "a_k_contiguous",
+    "b_n_contiguous"}, for the cost model's tiling cost and for `--tune`'s tiling measurements
+    (dlcc/tuning.py); None for other launches."""
     spec = getattr(expr, "spec", None)
     if spec is None or not all(hasattr(spec, a) for a in ("batch", "M", "N", "K")):
         return None
-    return [int(spec.batch), int(spec.M), int(spec.N), int(spec.K)]
+    return {"shape": [int(spec.batch), int(spec.M), int(spec.N), int(spec.K)],
+            "a_k_contiguous": bool(spec.a_k_contiguous), "b_n_contiguous": bool(spec.b_n_contiguous)}

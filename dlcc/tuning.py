@@ -6,9 +6,18 @@ tuning records answer that by measuring: `--tune` compiles the estimator's top c
 (`--tune-top`, default 3), runs each on the target device (a warm-up, then the median of
 `--tune-repeat` timed inferences on the model's sample inputs), and keeps the fastest.
 
-The times go into a tuning record in the compile cache (`CACHE/tuning/KEY.json`), keyed like an
-artifact (model, shapes, target, device spec, precision, dlcc's source) plus the device that
-measured and the candidates, so a second compile of the same thing measures nothing. A record is
+Before that, it measures the rKernel choice: every GEMM problem of the model (batch 1: weights
+GEMMs and convolutions as implicit GEMMs) is timed on the device in each tiling of its family
+(the SIMT tilings at fp32, the tensor-core ones otherwise), as the rOperator alone on plain
+operands of the same shape and layout, and checked against numpy. Where one beats the cost
+model's pick, the candidates are compiled with it (`lower`'s gemm_tilings option), like TVM's
+per-operator tuning records.
+
+The times go into tuning records in the compile cache (`CACHE/tuning/KEY.json`). A pipeline
+record is keyed like an artifact (model, shapes, target, device spec, precision, dlcc's source)
+plus the device that measured, the candidates and the tilings; a tiling record by the problem,
+its candidates, the measuring device, the precision and dlcc's source, so models that share a
+GEMM share its record. A second compile of the same thing measures nothing. A record is
 written once every candidate is measured, atomically (a temporary file renamed over it): an
 interrupted tuning leaves no record, never half of one. A record that does not parse, or whose
 key is not its file's, is ignored with a warning and measured again.
@@ -27,6 +36,8 @@ from pathlib import Path
 from .errors import DlccError
 
 SCHEMA = 1
+#: How much faster a measured tiling must be than the cost model's pick to replace it.
+MIN_GAIN = 0.05
 
 
 class TuningError(DlccError):
@@ -87,9 +98,121 @@ def time_inference(cm, repeat: int) -> float:
     return statistics.median(samples)
 
 
+def gemm_problems(plan: dict) -> list[dict]:
+    """The distinct batch-1 GEMM problems of `plan`'s launches (their "gemm" entries, plan.py), each
+    with the tiling the plan chose ("picked")."""
+    kernels = {k["name"]: k for k in plan.get("kernels", [])}
+    seen: dict[str, dict] = {}
+    for L in plan.get("launches", []):
+        g, k = L.get("gemm"), kernels.get(L["kernel"]) or {}
+        if not g or k.get("kind") != "gemm" or not k.get("tiling") or g["shape"][0] != 1:
+            continue
+        key = json.dumps([g["shape"], g["a_k_contiguous"], g["b_n_contiguous"]])
+        seen.setdefault(key, dict(g, picked=k["tiling"]))
+    return list(seen.values())
+
+
+def time_tilings(rt, problem: dict, tilings, precision: str, repeat: int) -> dict[str, float]:
+    """µs of the GEMM `problem` in each of `tilings` on runtime `rt`: the rOperator alone on plain
+    operands of the problem's shape and layout (kernels/gemm.py plain_spec), stored as the
+    precision stores them, each checked against numpy first (a tiling that computes wrong is an
+    error, never a choice); the median of `repeat` device timings."""
+    import numpy as np
+
+    from .backends.source import render
+    from .kernels.gemm import gemm_source, plain_spec
+    from .ops.narrow import HALF_DTYPES
+    from .testing.rounding import operand_round
+
+    _, M, N, K = problem["shape"]
+    half = HALF_DTYPES.get(precision, "float32")
+    spec = plain_spec(M, N, K, trans_b=not problem["b_n_contiguous"], b_dtype=half, a_dtype=half,
+                      trans_a=not problem["a_k_contiguous"])
+    names = {t: f"tune_{t.name}" for t in tilings}
+    rt.compile(render([gemm_source(names[t], spec, t) for t in tilings], rt.dialect),
+               {"kernels": [{"name": names[t], "tiling": t.name, "kind": "gemm"} for t in tilings]})
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((K, M) if not problem["a_k_contiguous"] else (M, K), dtype=np.float32)
+    B = rng.standard_normal((K, N) if problem["b_n_contiguous"] else (N, K), dtype=np.float32)
+    a64 = operand_round(A, precision).astype(np.float64)
+    b64 = operand_round(B, precision).astype(np.float64)
+    ref = (a64.T if not problem["a_k_contiguous"] else a64) @ (b64 if problem["b_n_contiguous"] else b64.T)
+    host = [A.astype(np.dtype(half)).view(np.uint8), B.astype(np.dtype(half)).view(np.uint8)]
+    sizes = [host[0].nbytes, host[1].nbytes, M * N * 4]
+    bufs = [rt.alloc(n) for n in sizes]
+    for b, h in zip(bufs, host):
+        rt.write(b, 0, h)
+    args = [rt.view(b, 0, n) for b, n in zip(bufs, sizes)]
+    times = {}
+    for t in tilings:
+        k, grid = rt.kernel(names[t]), -(-M // t.bm) * -(-N // t.bn)
+        rt.write(bufs[2], 0, np.full(M * N, np.nan, np.float32))
+        rt.launch(k, grid, t.threads, args)
+        rt.finish()
+        out = np.empty((M, N), np.float32)
+        rt.read(bufs[2], 0, out)
+        err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)) if np.isfinite(out).all() else np.inf
+        if not err <= 1e-3:
+            raise DlccError(f"--tune: the {t.name} GEMM rOperator computed {M}x{N}x{K} wrong on {rt.device_name} "
+                            f"(relative error {err:.1e}); a dlcc bug, please report it")
+        times[t.name] = statistics.median(rt.time_launch(k, grid, t.threads, args) for _ in range(max(1, repeat)))
+    return times
+
+
+def tune_tilings(model, shapes: dict, tgt: str, device, precision, repeat: int, cache, steps=None) -> dict[str, str]:
+    """{"1xMxNxK": tiling} for every GEMM problem of the model where a measured tiling beats the
+    cost model's pick on the device by more than MIN_GAIN (tiling records in the cache answer what
+    was measured before)."""
+    from .api import _compile
+    from .cache import Cache, source_digest
+    from .devices import resolve_device
+    from .executor import make_runtime
+    from .kernels.gemm import shape_key, tiling_family_for
+    from .progress import Steps
+
+    steps = steps or Steps()
+    rt = make_runtime(tgt)
+    dev = resolve_device(device, tgt)[0]
+    cm = _compile(model, shapes, tgt, "baseline", device, None, None, precision=precision)
+    prec = (cm.plan.get("meta") or {}).get("precision") or precision or "fp32"
+    family = tiling_family_for(prec, dev)
+    c = Cache.of(cache if cache else True)
+    chosen = {}
+    for prob in gemm_problems(cm.plan):
+        cands = [t for t in family if t.name != prob["picked"]] + [t for t in family if t.name == prob["picked"]]
+        key = hashlib.sha256(json.dumps({"kind": "tiling", "problem": {k: prob[k] for k in ("shape", "a_k_contiguous",
+                                                                                             "b_n_contiguous")},
+                                         "candidates": sorted(t.name for t in cands), "precision": prec,
+                                         "measured_on": rt.device_name, "repeat": repeat, "dlcc": source_digest()},
+                                        sort_keys=True).encode()).hexdigest()
+        rec = load_record(c, key)
+        if rec is None:
+            with steps.step(f"tune: {len(cands)} tilings of {'x'.join(map(str, prob['shape'][1:]))} on {rt.device_name}"):
+                times = time_tilings(rt, prob, cands, prec, repeat)
+            best = min(times, key=lambda n: (times[n], n != prob["picked"]))
+            # a win smaller than the spread of device timings is noise: the model's pick stays
+            best = best if times[best] < (1 - MIN_GAIN) * times[prob["picked"]] else prob["picked"]
+            rec = {"schema": SCHEMA, "key": key, "kind": "tiling", "problem": prob, "times_us": times,
+                   "chosen": best, "measured_on": rt.device_name, "precision": prec}
+            save_record(c, key, rec)
+        if rec["chosen"] != prob["picked"]:
+            chosen[shape_key(*prob["shape"])] = rec["chosen"]
+    return chosen
+
+
+def pipeline_with(name: str, tilings: dict[str, str]):
+    """Built-in pipeline `name`, with measured GEMM tilings given to its `lower` pass (the name
+    alone where there are none)."""
+    from .config import load_pipeline, with_gemm_tilings
+
+    return with_gemm_tilings(load_pipeline(name), tilings) if tilings else name
+
+
 def tune(model, shapes: dict, tgt: str, device, precision, top: int, repeat: int, cache, steps=None) -> dict:
-    """The pipeline choice by measurement: {"chosen", "why", "device", "tuned": True, "times_us",
-    "measured"} (measured: False when the record in the cache answered)."""
+    """The pipeline and tiling choice by measurement: {"chosen", "gemm_tilings", "why", "device",
+    "tuned": True, "times_us", "measured"} (measured: False when the records in the cache
+    answered). The GEMM tilings are measured first (tune_tilings), and every candidate pipeline
+    is compiled with them."""
     from .api import _compile, cache_key
     from .cache import Cache
     from .devices import resolve_device
@@ -108,8 +231,9 @@ def tune(model, shapes: dict, tgt: str, device, precision, top: int, repeat: int
     _, est = choose_pipeline(model, shapes, dev, steps=steps, precision=precision)
     candidates = [p.name.split("@")[0] for p in est.pipelines][:top]
     c = Cache.of(cache if cache else True)
+    tilings = tune_tilings(model, shapes, tgt, device, precision, repeat, c, steps)
     _, base_key, parts = cache_key(model, shapes, tgt, "auto", device, None, c, precision)
-    key = hashlib.sha256(json.dumps({"artifact": base_key, "measured_on": rt.device_name,
+    key = hashlib.sha256(json.dumps({"artifact": base_key, "measured_on": rt.device_name, "gemm_tilings": tilings,
                                      "candidates": candidates, "repeat": repeat}, sort_keys=True).encode()).hexdigest()
     rec = load_record(c, key)
     measured = rec is None
@@ -117,7 +241,7 @@ def tune(model, shapes: dict, tgt: str, device, precision, top: int, repeat: int
         times = {}
         for name in candidates:
             with steps.step(f"tune: compile + time {name} on {rt.device_name}"):
-                cm = _compile(model, shapes, tgt, name, device, None, None, precision=precision)
+                cm = _compile(model, shapes, tgt, pipeline_with(name, tilings), device, None, None, precision=precision)
                 times[name] = time_inference(cm, repeat)
                 del cm
         chosen = min(times, key=lambda n: (times[n], candidates.index(n)))
@@ -132,8 +256,11 @@ def tune(model, shapes: dict, tgt: str, device, precision, top: int, repeat: int
     why = (f"measured {times[chosen]:.1f} µs on {rec['measured_on']}"
            + (f", {rest[0][0] / times[chosen]:.2f}x faster than the next, {rest[0][1]} ({rest[0][0]:.1f} µs)"
               if rest else "") + ("" if measured else "; from the tuning record"))
-    return {"chosen": chosen, "why": why, "device": est.device, "tuned": True, "measured": measured,
-            "times_us": times, "candidates": rec["candidates"],
+    if tilings:
+        why += f"; {len(tilings)} GEMM tiling(s) measured faster than the cost model's pick: " + ", ".join(
+            f"{k} {v}" for k, v in sorted(tilings.items()))
+    return {"chosen": chosen, "gemm_tilings": tilings, "why": why, "device": est.device, "tuned": True,
+            "measured": measured, "times_us": times, "candidates": rec["candidates"],
             "ranking": [{"name": p.name, "predicted_ms": p.predicted_us / 1e3} for p in est.pipelines]}
 
 

@@ -1,12 +1,12 @@
 """The baseline lowering: every op through its registry entry, one kernel (or a few) per op."""
 from __future__ import annotations
 
-
+import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..kernels.gemm import ALL_TILINGS
+from ..kernels.gemm import ALL_TILINGS, all_tiling_names
 from ..ops import registry
 from ..ops.context import LowerCtx
 from ..ops.layout import identity_copy
@@ -15,7 +15,8 @@ from . import CompileState, register_pass
 
 
 def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "auto",
-                rnn_input: str = "batched", precision: str = "fp32", fp32_ops=(), half_activations: bool = True) -> LowerCtx:
+                rnn_input: str = "batched", precision: str = "fp32", fp32_ops=(), half_activations: bool = True,
+                gemm_tilings: dict | None = None) -> LowerCtx:
     narrowed = narrow_gemm_weights(graph, precision, set(fp32_ops)) if precision in HALF_DTYPES else []
     ctx = LowerCtx(graph, device, pass_name=pass_name)
     ctx.narrowed = narrowed
@@ -25,6 +26,7 @@ def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "
     ctx.rnn_input = rnn_input
     ctx.precision = precision
     ctx.gemm_tiling = None if gemm_tiling == "auto" else next(t for t in ALL_TILINGS if t.name == gemm_tiling)
+    ctx.gemm_tilings = dict(gemm_tilings or {})
     for node in graph.nodes:
         entry = registry.lookup(node.op_type, graph.opset, node.domain)
         assert entry is not None, node.op_type  # unsupported ops are rejected before passes run
@@ -83,17 +85,33 @@ class LowerOptions(BaseModel):
     layer l's step t waits only for layer l-1's step t (the layers x time wavefront rammer
     schedules; ops/rnn.py); "auto" picks per-step for one-direction LSTMs on a GPU device, where
     rammer joins the steps into one persistent kernel, and batched elsewhere (on PoCL, per-step
-    steps run as separate launches and the batched projection is faster)."""
+    steps run as separate launches and the batched projection is faster).
+
+    `gemm_tilings`: {"BATCHxMxNxK": tiling name} for GEMM problems whose tiling was measured
+    (`dlcc compile --tune` writes it, dlcc/tuning.py); a GEMM of that problem takes that tiling
+    where it is of its precision's family (SIMT at fp32, tensor-core otherwise), over the cost
+    model's pick (a forced `gemm_tiling` still wins at fp32)."""
 
     model_config = ConfigDict(extra="forbid")
     gemm_tiling: Literal[("auto",) + tuple(t.name for t in ALL_TILINGS)] = "auto"
     rnn_input: Literal["batched", "per-step", "auto"] = "batched"
+    gemm_tilings: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("gemm_tilings")
+    @classmethod
+    def _known_tilings(cls, v: dict) -> dict:
+        names = set(all_tiling_names())
+        bad = [f"{k}: {t}" for k, t in v.items() if t not in names or not re.fullmatch(r"\d+x\d+x\d+x\d+", k)]
+        if bad:
+            raise ValueError(f"each entry is BATCHxMxNxK: TILING with a known tiling; not {', '.join(bad)}")
+        return v
 
 
 @register_pass("lower", LowerOptions, before=("memplan",))
 def lower(state: CompileState, opts) -> None:
     """Lower every node with its registry entry (baseline: one kernel per op)."""
     state.ctx = lower_graph(state.graph, state.device, gemm_tiling=opts.gemm_tiling, rnn_input=opts.rnn_input,
+                            gemm_tilings=opts.gemm_tilings,
                             precision=state.precision, fp32_ops=state.fp32_ops,
                             half_activations=state.half_activations)
     n = len(state.ctx.program.launches)

@@ -1,6 +1,7 @@
-"""`dlcc compile --tune` (dlcc/tuning.py): the estimator's best candidates measured on the device,
-the fastest kept, the times recorded in the cache so the same compile measures nothing, and a
-tuning record that is corrupt, foreign or half-written never trusted."""
+"""`dlcc compile --tune` (dlcc/tuning.py): each GEMM problem's tilings and the estimator's best
+pipelines measured on the device, the fastest kept, the times recorded in the cache so the same
+compile measures nothing, and a tuning record that is corrupt, foreign or half-written never
+trusted."""
 from __future__ import annotations
 
 import json
@@ -17,19 +18,25 @@ from test_bad_input import EXAMPLE
 pytestmark = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
 
 
-def _fake_times(monkeypatch, times: dict, calls: list):
-    """time_inference by pipeline name: the measurement is what these tests control."""
+def _fake_times(monkeypatch, times: dict, calls: list, tilings=None):
+    """time_inference by pipeline name, and time_tilings (the cost model's pick fastest unless
+    `tilings` says {tiling: µs}): the measurement is what these tests control."""
     def fake(cm, repeat):
         name = cm.plan["meta"]["pipeline"]
         calls.append(name)
         return times.get(name, 1000.0)
 
+    def fake_tilings(rt, problem, cands, precision, repeat):
+        return {t.name: (tilings or {}).get(t.name, 100.0 if t.name == problem["picked"] else 200.0) for t in cands}
+
     monkeypatch.setattr(tuning, "time_inference", fake)
+    monkeypatch.setattr(tuning, "time_tilings", fake_tilings)
 
 
-def _records(cache):
+def _records(cache, kind=None):
+    """The pipeline records (kind None) or the tiling records (kind "tiling") in `cache`."""
     d = cache / "tuning"
-    return sorted(d.iterdir()) if d.exists() else []
+    return [f for f in sorted(d.iterdir()) if json.loads(f.read_text()).get("kind") == kind] if d.exists() else []
 
 
 def test_the_measured_fastest_candidate_wins_and_a_warm_compile_measures_nothing(monkeypatch, tmp_path):
@@ -83,10 +90,12 @@ def test_an_interrupted_tuning_leaves_no_record(monkeypatch, tmp_path):
             raise KeyboardInterrupt
         return 5.0
 
+    _fake_times(monkeypatch, {}, [])
     monkeypatch.setattr(tuning, "time_inference", interrupted)
     with pytest.raises(KeyboardInterrupt):
         dlcc.compile(EXAMPLE, target="opencl", tune=True, cache=cache)
-    assert _records(cache) == []  # no record, and no temporary file either
+    assert _records(cache) == []  # no pipeline record
+    assert not list((cache / "tuning").glob(".tuning-*"))  # and no temporary file either
 
 
 def test_tuning_measures_for_real_on_pocl(tmp_path):
@@ -127,3 +136,84 @@ def test_estimate_says_which_rows_were_measured(monkeypatch, tmp_path):
     tuned = m.plan["meta"]["pipeline_choice"]["times_us"]
     assert {n for n, p in rows.items() if p["source"] == "tuned"} == set(tuned)
     assert all(rows[n]["measured_ms"] == pytest.approx(t / 1e3) for n, t in tuned.items())
+
+
+def test_gemm_problems_are_the_plans_distinct_batch_one_gemms():
+    m = dlcc.compile(EXAMPLE, target="opencl", pipeline="baseline")
+    probs = tuning.gemm_problems(m.plan)
+    kernels = {k["name"]: k for k in m.plan["kernels"]}
+    want = {(tuple(L["gemm"]["shape"]), L["gemm"]["b_n_contiguous"]) for L in m.plan["launches"]
+            if L.get("gemm") and kernels[L["kernel"]]["kind"] == "gemm" and L["gemm"]["shape"][0] == 1}
+    assert len(probs) == len(want) > 0 and {(tuple(p["shape"]), p["b_n_contiguous"]) for p in probs} == want
+    assert all(p["picked"] == kernels[L["kernel"]]["tiling"] for p in probs for L in m.plan["launches"]
+               if L.get("gemm") and L["gemm"]["shape"] == p["shape"])
+
+
+def test_a_measured_tiling_is_compiled_and_recorded(monkeypatch, tmp_path):
+    """A tiling measured faster than the cost model's pick (by more than MIN_GAIN) replaces it in
+    every candidate and in the result, which matches onnxruntime; a win under MIN_GAIN does not;
+    a warm compile measures no tiling again."""
+    from dlcc.kernels.gemm import TILINGS
+    from dlcc.verify import verify_outputs
+
+    cache = tmp_path / "cache"
+    base = dlcc.compile(EXAMPLE, target="opencl", pipeline="baseline")
+    picked = {t for t in (k["tiling"] for k in base.plan["kernels"]) if t}
+    other = next(t.name for t in TILINGS if t.name not in picked)
+    measured = []
+    _fake_times(monkeypatch, {}, [])
+
+    def counting(rt, problem, cands, precision, repeat):
+        measured.append(problem["shape"])
+        return {t.name: 10.0 if t.name == other else 100.0 for t in cands}
+
+    monkeypatch.setattr(tuning, "time_tilings", counting)
+    m = dlcc.compile(EXAMPLE, target="opencl", tune=True, tune_top=2, cache=cache, out=tmp_path / "a")
+    choice = m.plan["meta"]["pipeline_choice"]
+    assert choice["gemm_tilings"] and set(choice["gemm_tilings"].values()) == {other}
+    assert {k["tiling"] for k in m.plan["kernels"] if k["kind"] == "gemm"} == {other}
+    assert "GEMM tiling(s) measured faster" in choice["why"]
+    feeds = m.sample_inputs(0)
+    assert all(c["passed"] for c in verify_outputs(EXAMPLE, m(feeds), feeds, 1e-3, 1e-4))
+    n = len(measured)
+    assert n == len(_records(cache, "tiling")) > 0
+    dlcc.compile(EXAMPLE, target="opencl", tune=True, tune_top=2, cache=cache, out=tmp_path / "b")
+    assert len(measured) == n  # read from the tiling records
+    _fake_times(monkeypatch, {}, [], tilings={other: 98.0})  # 2% faster than the pick: noise
+    m2 = dlcc.compile(EXAMPLE, target="opencl", tune=True, tune_top=2, cache=tmp_path / "c2")
+    assert m2.plan["meta"]["pipeline_choice"]["gemm_tilings"] == {}
+
+
+def test_tiling_times_are_real_and_checked_on_pocl():
+    """time_tilings runs each candidate on the device on operands of the problem's layout; a
+    tiling computing wrong is an error, not a choice."""
+    from dlcc.executor import make_runtime
+    from dlcc.kernels import gemm
+    from dlcc.kernels.gemm import TILINGS
+
+    rt = make_runtime("opencl")
+    for b_nk in (True, False):
+        prob = {"shape": [1, 40, 24, 36], "a_k_contiguous": True, "b_n_contiguous": b_nk, "picked": TILINGS[0].name}
+        times = tuning.time_tilings(rt, prob, TILINGS[:3], "fp32", 2)
+        assert set(times) == {t.name for t in TILINGS[:3]} and all(v > 0 for v in times.values())
+    import dataclasses
+
+    right = gemm.plain_spec
+
+    def wrong_spec(M, N, K, **kw):  # a store that drops the accumulator: the check must refuse it
+        return dataclasses.replace(right(M, N, K, **kw), store=lambda m, n, acc: [f"C[{m} * {N} + {n}] = 0.0f;"])
+
+    gemm.plain_spec = wrong_spec
+    try:
+        with pytest.raises(dlcc.DlccError, match="computed 40x24x36 wrong"):
+            tuning.time_tilings(rt, prob, TILINGS[:1], "fp32", 1)
+    finally:
+        gemm.plain_spec = right
+
+
+def test_gemm_tilings_option_is_validated(tmp_path):
+    bad = tmp_path / "p.yaml"
+    bad.write_text("name: x\npasses:\n  - name: simplify\n  - name: lower\n    options:\n"
+                   "      gemm_tilings: {1x2x3x4: nope}\n  - name: memplan\n")
+    with pytest.raises(dlcc.DlccError, match="gemm_tilings"):
+        dlcc.compile(EXAMPLE, target="opencl", pipeline=str(bad))

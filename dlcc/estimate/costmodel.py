@@ -207,7 +207,7 @@ def cpu_gemm_time(model: KernelTime, launch: dict, kernel: dict, dtype: str, dev
     t = tiling_named(kernel["tiling"])
     if t is None:  # a tensor-core tiling (emulated on the CPU): the FLOP model stands
         return model
-    batch, M, N, K = (int(x) for x in launch["gemm"])
+    batch, M, N, K = (int(x) for x in launch["gemm"]["shape"])
     core_peak = peak_tflops(dtype, device) * 1e6 / max(1, device.sms)  # FLOP/µs of one core
     compute = 2 * cpu_tiling_cost(t, batch, M, N, K, device) / (core_peak * device.compute_efficiency)
     return replace(model, us=model.fixed_us + max(compute, model.memory_us), compute_us=compute)

@@ -152,6 +152,28 @@ def tiling_named(name: str) -> Tiling | None:
     return next((t for t in ALL_TILINGS if t.name == name), None)
 
 
+def tiling_family_for(precision: str, device=None) -> tuple:
+    """The tilings a GEMM at `precision` chooses among on `device`: the SIMT ones at fp32, the
+    tensor-core ones of that precision otherwise."""
+    if precision == "fp32":
+        return tilings_for(device)
+    from .gemm_mma import mma_tilings
+
+    return mma_tilings(precision)
+
+
+def all_tiling_names() -> list[str]:
+    """Every tiling name a pipeline may give (`lower`'s gemm_tilings): SIMT and tensor-core."""
+    from .gemm_mma import mma_tilings
+
+    return [t.name for t in ALL_TILINGS] + [t.name for p in ("tf32", "fp16", "bf16") for t in mma_tilings(p)]
+
+
+def shape_key(batch: int, M: int, N: int, K: int) -> str:
+    """How `lower`'s gemm_tilings names a GEMM problem: "BATCHxMxNxK"."""
+    return f"{batch}x{M}x{N}x{K}"
+
+
 def simt_cost(device=None) -> Callable:
     """The SIMT tiling cost model for `device`: cpu_tiling_cost on a CPU, tiling_cost elsewhere."""
     return cpu_tiling_cost if getattr(device, "kind", "gpu") == "cpu" else tiling_cost
@@ -387,6 +409,12 @@ def emit_gemm(ctx, hint: str, spec: GemmSpec, args: list[str], reads: list[str],
     precision = getattr(ctx, "precision", "fp32")
     if getattr(ctx, "node", None) is not None and ctx.node.op_type in getattr(ctx, "fp32_ops", ()):
         precision = "fp32"  # PipelineSpec.fp32_ops
+    tuned = getattr(ctx, "gemm_tilings", None) or {}
+    forced = getattr(ctx, "gemm_tiling", None) is not None and precision == "fp32"
+    if tiling is None and not forced and shape_key(spec.batch, spec.M, spec.N, spec.K) in tuned:
+        # a tiling measured fastest for this problem (`--tune`), where it is of this precision's family
+        want = tuned[shape_key(spec.batch, spec.M, spec.N, spec.K)]
+        tiling = next((t for t in tiling_family_for(precision, ctx.device) if t.name == want), None)
     if tiling is None and precision != "fp32":
         from .gemm_mma import choose_mma_tiling
 

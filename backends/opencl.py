@@ -66,13 +66,14 @@ def builds_unoptimised(kernel: dict | None, grid_sync: bool = False) -> bool:
     optimising them). The cost model prices them with DeviceSpec.unoptimised_slowdown."""
     from ..kernels.gemm import GPU_TILINGS
     from ..kernels.gemm_mma import mma_tilings
+    from ..kernels.splitk import base_name
 
     k = kernel or {}
     if grid_sync or k.get("kind") == "persistent":
         return True
     slow_to_build = {t.name for t in GPU_TILINGS} | {t.name for p in ("fp16", "bf16") for t in mma_tilings(p)
                                                        if t.stages > 1}
-    return k.get("tiling") in slow_to_build
+    return base_name(k.get("tiling") or "") in slow_to_build
 
 
 def unoptimised_kernels(plan: dict | None) -> set[str]:

@@ -26,6 +26,9 @@
 #define ATOMIC_STORE_I32(p, v) (*(volatile int*)(p) = (v))
 #define ATOMIC_ADD_I32(p, v) atomicAdd((int*)(p), (v))
 #define ATOMIC_CAS_I32(p, cmp, v) atomicCAS((int*)(p), (cmp), (v))
+/* A float another block wrote (split-K's partial sums, kernels/splitk.py): read from L2, past this
+ * SM's L1, which may still hold the bytes an earlier GEMM left at the same workspace address. */
+#define LOAD_CG(p) __ldcg(p)
 typedef long long i64;
 typedef unsigned char u8;
 typedef signed char i8;

@@ -295,10 +295,15 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
             ("DRAM / lower bound", f"{s['dram_bytes'] / max(1, s['lower_bound_bytes']):.2f}x"),
             ("arena (memory plan)", _human(s["arena_bytes"])), ("naive sum of intermediates", _human(s["naive_bytes"])),
             ("in-place reuses", s["inplace_pairs"]), ("GFLOP / inference", f"{s['flops'] / 1e9:.3f}")]
-    by_math = _flops_by_math(plan)
+    from .estimate.plan_mode import flops_by_math
+
+    by_math = flops_by_math(plan)
     for m, f in sorted(by_math.items()):
         if m != "float32":
             rows.append((f"  of which on tensor cores ({m})", f"{f / 1e9:.3f}"))
+    split = plan["meta"].get("split_k")
+    if split:
+        rows.append(("GEMMs split along K (tiling x launches)", ", ".join(f"{n} x{c}" for n, c in sorted(split.items()))))
     kept = plan["meta"].get("float32_compute")
     if kept:
         rows.append((f"compute ops kept float32 at {prec}", ", ".join(f"{op} x{n}" for op, n in sorted(kept.items()))))
@@ -372,24 +377,6 @@ def _bytes_by_dtype(plan: dict, storage: str, floats_only: bool = False) -> dict
         if t.get("storage") == storage and not t.get("view_of") and (not floats_only or "float" in t["dtype"]):
             c, n = out.get(t["dtype"], (0, 0))
             out[t["dtype"]] = (c + 1, n + t["nbytes"])
-    return out
-
-
-def _flops_by_math(plan: dict) -> dict[str, int]:
-    """FLOPs per arithmetic (Kernel.math): a launch's own, or a persistent kernel's per wave."""
-    kinfo = {k["name"]: k for k in plan["kernels"]}
-    out: dict[str, int] = {}
-    for L in plan["launches"]:
-        waves = (L.get("rprogram") or {}).get("waves")
-        if waves:
-            for w in waves:
-                other = w.get("math_flops") or {}
-                for m, f in other.items():
-                    out[m] = out.get(m, 0) + f
-                out["float32"] = out.get("float32", 0) + w["flops"] - sum(other.values())
-        else:
-            m = kinfo.get(L["kernel"], {}).get("math", "float32")
-            out[m] = out.get(m, 0) + L["flops"]
     return out
 
 

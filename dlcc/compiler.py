@@ -140,6 +140,14 @@ def _input_index_checks(checks: list[dict], graph) -> list[dict]:
     return [{**c, "input": order[c["input"]], "name": c["input"]} for c in checks if c["input"] in order]
 
 
+def _split_gemms(state) -> dict[str, int]:
+    """{tiling: launches} of the plan's GEMMs split along K (kernels/splitk.py), persistent kernels'
+    rTasks included: what `inspect` lists."""
+    from .kernels.splitk import count
+
+    return count(state.ctx.program) if state.ctx is not None else {}
+
+
 def _check_reads(state, after: str) -> None:
     """After every pass: no launch reads a tensor before a launch wrote it (KernelProgram.
     unwritten_read). A pass that breaks this is a dlcc bug; it fails the compile, naming the pass,
@@ -255,6 +263,7 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
         "opset": graph.opset,
         "pass_log": state.log,
         **({"float32_compute": state.ctx.kept_float32} if pipe.precision != "fp32" else {}),
+        **({"split_k": split} if (split := _split_gemms(state)) else {}),
         **({"float32_activation_ops": state.ctx.float32_activation_ops}
            if state.ctx is not None and state.ctx.float32_activation_ops else {}),
         **({"index_checks": _input_index_checks(state.ctx.index_checks, graph)} if state.ctx.index_checks else {}),

@@ -72,10 +72,11 @@ class Executor:
         st = plan["storages"]
         self.storages = {"arena": rt.alloc(st["arena"]), "weights": rt.alloc(st["weights"])}
         rt.write(self.storages["weights"], 0, weights)
-        for own in ("sync", "errors"):
+        for own in ("sync", "errors", "splitk"):
             # Grid-barrier counters start at zero once; every barrier leaves them balanced, so runs
             # back to back (and after an interrupted one) need no reset. The index checks' error
-            # words start at zero too, and raise_device_errors clears them after reporting.
+            # words start at zero too, and raise_device_errors clears them after reporting. So do
+            # split-K's tile counters, which each tile's last rTask sets back to zero.
             if st.get(own):
                 self.storages[own] = rt.alloc(st[own])
                 rt.write(self.storages[own], 0, bytes(st[own]))

@@ -120,6 +120,7 @@ def time_tilings(rt, problem: dict, tilings, precision: str, repeat: int) -> dic
     import numpy as np
 
     from .backends.source import render
+    from .kernels import splitk
     from .kernels.gemm import gemm_source, plain_spec
     from .ops.narrow import HALF_DTYPES
     from .testing.rounding import operand_round
@@ -145,9 +146,10 @@ def time_tilings(rt, problem: dict, tilings, precision: str, repeat: int) -> dic
     args = [rt.view(b, 0, n) for b, n in zip(bufs, sizes)]
     times = {}
     for t in tilings:
-        k, grid = rt.kernel(names[t]), -(-M // t.bm) * -(-N // t.bn)
+        grid, extra = splitk.standalone_args(rt, t, 1, M, N)
+        k, targs = rt.kernel(names[t]), args + extra
         rt.write(bufs[2], 0, np.full(M * N, np.nan, np.float32))
-        rt.launch(k, grid, t.threads, args)
+        rt.launch(k, grid, t.threads, targs)
         rt.finish()
         out = np.empty((M, N), np.float32)
         rt.read(bufs[2], 0, out)
@@ -155,7 +157,7 @@ def time_tilings(rt, problem: dict, tilings, precision: str, repeat: int) -> dic
         if not err <= 1e-3:
             raise DlccError(f"--tune: the {t.name} GEMM rOperator computed {M}x{N}x{K} wrong on {rt.device_name} "
                             f"(relative error {err:.1e}); a dlcc bug, please report it")
-        times[t.name] = statistics.median(rt.time_launch(k, grid, t.threads, args) for _ in range(max(1, repeat)))
+        times[t.name] = statistics.median(rt.time_launch(k, grid, t.threads, targs) for _ in range(max(1, repeat)))
     return times
 
 

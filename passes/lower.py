@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..kernels import splitk
 from ..kernels.gemm import ALL_TILINGS, all_tiling_names
 from ..ops import registry
 from ..ops.context import LowerCtx
@@ -16,7 +17,7 @@ from . import CompileState, register_pass
 
 def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "auto",
                 rnn_input: str = "batched", precision: str = "fp32", fp32_ops=(), half_activations: bool = True,
-                gemm_tilings: dict | None = None) -> LowerCtx:
+                gemm_tilings: dict | None = None, split_k: bool = True) -> LowerCtx:
     narrowed = narrow_gemm_weights(graph, precision, set(fp32_ops)) if precision in HALF_DTYPES else []
     ctx = LowerCtx(graph, device, pass_name=pass_name)
     ctx.narrowed = narrowed
@@ -27,6 +28,7 @@ def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "
     ctx.precision = precision
     ctx.gemm_tiling = None if gemm_tiling == "auto" else next(t for t in ALL_TILINGS if t.name == gemm_tiling)
     ctx.gemm_tilings = dict(gemm_tilings or {})
+    ctx.split_k = split_k
     for node in graph.nodes:
         entry = registry.lookup(node.op_type, graph.opset, node.domain)
         assert entry is not None, node.op_type  # unsupported ops are rejected before passes run
@@ -96,6 +98,9 @@ class LowerOptions(BaseModel):
     gemm_tiling: Literal[("auto",) + tuple(t.name for t in ALL_TILINGS)] = "auto"
     rnn_input: Literal["batched", "per-step", "auto"] = "batched"
     gemm_tilings: dict[str, str] = Field(default_factory=dict)
+    split_k: bool = Field(True, description="on GPU devices, GEMM tilings split along K where the cost model says it "
+                          "pays: each k chunk its own rTask, the tile's last one adding the partial sums in k order "
+                          "(kernels/splitk.py); false: every GEMM walks all of K per tile")
 
     @field_validator("gemm_tilings")
     @classmethod
@@ -111,11 +116,15 @@ class LowerOptions(BaseModel):
 def lower(state: CompileState, opts) -> None:
     """Lower every node with its registry entry (baseline: one kernel per op)."""
     state.ctx = lower_graph(state.graph, state.device, gemm_tiling=opts.gemm_tiling, rnn_input=opts.rnn_input,
-                            gemm_tilings=opts.gemm_tilings,
+                            gemm_tilings=opts.gemm_tilings, split_k=opts.split_k,
                             precision=state.precision, fp32_ops=state.fp32_ops,
                             half_activations=state.half_activations)
     n = len(state.ctx.program.launches)
     state.log.append(f"lower: {len(state.ctx.program.kernels)} kernel(s), {n} launch(es)")
+    split = splitk.count(state.ctx.program)
+    if split:
+        state.log.append(f"lower: {sum(split.values())} GEMM launch(es) split along K: "
+                         + ", ".join(f"{n} x{c}" for n, c in sorted(split.items())))
     if state.ctx.skipped_empty:
         state.log.append(f"lower: {len(state.ctx.skipped_empty)} node(s) with only empty outputs get no launch: "
                          + ", ".join(state.ctx.skipped_empty[:8]) + (" ..." if len(state.ctx.skipped_empty) > 8 else ""))

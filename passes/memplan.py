@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..kernels.index_check import ERRORS
+from ..kernels.splitk import COUNTERS
 
 from . import CompileState, register_pass
 
-#: Tensors with a storage of their own: the grid barriers' counters (astitch, rammer) and the
-#: device index checks' error words (kernels/index_check.py, read and cleared after each run).
-OWN_STORAGES = {"%sync": "sync", ERRORS: "errors"}
+#: Tensors with a storage of their own: the grid barriers' counters (astitch, rammer), the
+#: device index checks' error words (kernels/index_check.py, read and cleared after each run) and
+#: split-K's tile counters (kernels/splitk.py: each tile's last rTask sets its counter back to 0).
+OWN_STORAGES = {"%sync": "sync", ERRORS: "errors", COUNTERS: "splitk"}
 
 ALIGN = 256  # bytes; ≥ OpenCL's CL_DEVICE_MEM_BASE_ADDR_ALIGN on PoCL (128) and CUDA's 256
 

@@ -63,6 +63,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..estimate.costmodel import kernel_fixed_us, kernel_time, rprogram_time
 from ..ir import Tensor
+from ..kernels import splitk
 from ..kernels.gemm import GemmExpr, gemm_source, tasks_for, tiling_family
 from ..kernels.program import STORAGE_ARRAY, STORAGE_PARAMS, Launch, ctype
 from ..kernels.roperator import NotAnROperator, to_roperator
@@ -311,12 +312,13 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
     P.grid_sync = spin
     P.storage_operands = True
     P.operand_table = {"table": tab, "first_entry": nw + 1, "entry_size": es, "slot_base": base, "slots": slots}
+    split = splitk.count(prog, Ls)  # its GEMM rTasks split along K, by tiling (inspect, meta.split_k)
     P.rprogram = {"veus": grid, "sync_points": nw if spin else 0, "call_sites": len(sites), "entries": len(Ls),
-                  "waves": [wave_info(w, measured) for w in waves]}
+                  "waves": [wave_info(w, measured) for w in waves], **({"split_k": split} if split else {})}
     return P
 
 
-def choose_rkernels(run: _Run, veus: int, dev, prog, policy: str = "wavefront") -> dict[int, str]:
+def choose_rkernels(run: _Run, veus: int, dev, ctx, policy: str = "wavefront") -> dict[int, str]:
     """Rammer's kernel policy (`policy` "wavefront"; "efficient" takes the least SM-time for every
     GEMM of every wave instead), per wave. Where a wave's rTasks do not fill the vEUs, each GEMM keeps
     its fastest rKernel (the lowering's choice). Where they do, time x threads matters as much as
@@ -325,7 +327,9 @@ def choose_rkernels(run: _Run, veus: int, dev, prog, policy: str = "wavefront") 
     minimise that, found by coordinate descent from the fastest ones. With many GEMMs in a wave
     this lands on the resource-efficient tilings (least SM-time; every tiling has 256 threads).
     Only plain GEMM rOperators are re-tiled (not AStitch's fused ones).
-    Returns id(launch) -> why, for the launches whose rKernel changed."""
+    Returns id(launch) -> why, for the launches whose rKernel changed. A tiling split along K
+    (kernels/splitk.py) brings its own workspace and counters."""
+    prog = ctx.program
     one_sm = dev.model_copy(update={"sms": 1})
     why: dict[int, str] = {}
     for w in run.waves:
@@ -336,7 +340,7 @@ def choose_rkernels(run: _Run, veus: int, dev, prog, policy: str = "wavefront") 
                  and prog.kernels[L.kernel].code == gemm_source(L.kernel, L.expr.spec, L.expr.tiling)]
         if not gemms:
             continue
-        family = {id(L): tiling_family(L.expr.tiling, dev) for L in gemms}
+        family = {id(L): tiling_family(L.expr.tiling, dev, getattr(ctx, "split_k", True)) for L in gemms}
         cost = {(id(L), t): (family[id(L)][1](t, *_mnk(L), dev), family[id(L)][1](t, *_mnk(L), one_sm))
                 for L in gemms for t in family[id(L)][0]}
 
@@ -377,7 +381,12 @@ def choose_rkernels(run: _Run, veus: int, dev, prog, policy: str = "wavefront") 
                               f"wave's modelled cycles drop from {start:.0f} to {best:.0f} (time alone, and time x "
                               f"threads over the vEUs); {e.tiling.name} is the fastest alone")
             L.kernel, L.grid, L.block = name, tasks_for(t, sp.batch, sp.M, sp.N), t.threads
-            L.expr = GemmExpr(e.hint, sp, t, e.args, e.reads, e.writes)
+            old, extra = splitk.tensors(e.splitk_args), splitk.launch_args(ctx, t, sp.batch, sp.M, sp.N)
+            L.args = L.args[:len(L.args) - len(e.splitk_args)] + splitk.typed(extra)
+            L.writes = [w for w in L.writes if w not in old] + splitk.split_tensors(extra)[1]
+            L.regions.pop(splitk.COUNTERS, None)
+            splitk.mark(L, extra, t, sp.batch, sp.M, sp.N)
+            L.expr = GemmExpr(e.hint, sp, t, e.args, e.reads, e.writes, extra)
     return why
 
 
@@ -443,7 +452,7 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
         veus, why = proven_veus(dev, run.smem)
         if veus and opts.kernels != "fastest" and getattr(ctx, "gemm_tiling", None) is None:
             # (a tiling forced in `lower` stays)
-            changed = choose_rkernels(run, veus, dev, prog, opts.kernels)
+            changed = choose_rkernels(run, veus, dev, ctx, opts.kernels)
             if changed:
                 rk_why.update(changed)
                 for L in run.Ls:

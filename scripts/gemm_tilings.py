@@ -4,8 +4,8 @@
 dlcc's GEMM rOperator (dlcc/kernels/gemm.py) comes in several tilings, and `choose_tiling` picks
 one per shape from a cost model. This script measures what the model only predicts: for each
 shape (default: BERT-base's linear layers at b1 s128, a ResNet-50 conv as implicit GEMM, GPT-2's
-LM head and a square one) it emits the rOperator for every tiling in `ALL_TILINGS` plus candidate
-tilings not yet in it, checks each against numpy, times it with device events (median), and
+LM head and a square one) it emits the rOperator for every tiling the device's family has (on a GPU
+also each one split along K, kernels/splitk.py) plus candidate tilings not yet in it, checks each against numpy, times it with device events (median), and
 prints the time, the rate, the kernel's registers, and which tiling the model picks.
 
     python scripts/gemm_tilings.py                      # on CUDA (needs a GPU and PyCUDA)
@@ -37,11 +37,12 @@ import numpy as np
 from dlcc.backends.source import render
 from dlcc.config import load_device
 from dlcc.executor import make_runtime
-from dlcc.kernels.gemm import ALL_TILINGS, TILINGS, Tiling, choose_tiling, gemm_source, plain_spec, simt_cost
+from dlcc.kernels import splitk
+from dlcc.kernels.gemm import TILINGS, Tiling, choose_tiling, gemm_source, plain_spec, simt_cost, tilings_for
 
 SHAPES = ["128x768x768", "128x3072x768", "128x768x3072", "3136x64x576", "128x50257x768", "1024x1024x1024"]
 
-#: Tilings measured beside ALL_TILINGS: deeper k, larger per-thread tiles (fewer shared-memory reads
+#: Tilings measured beside the device's family: deeper k, larger per-thread tiles (fewer shared-memory reads
 #: per FMA), fewer threads per block.
 CANDIDATES = (
     Tiling(32, 32, 32, 2, 2),
@@ -69,19 +70,24 @@ def main(argv=None) -> int:
                     help="tf32, fp16, bf16: the tensor-core tilings (kernels/gemm_mma.py), checked against numpy "
                     "on operands rounded the same way; at fp16 and bf16 A and B are stored in the half type, as "
                     "a compiled model stores activations and weights (so both go by cp.async)")
+    ap.add_argument("--model-only", action="store_true",
+                    help="run nothing: print the cost model's pick per shape on --device, unsplit and with split-K "
+                    "(kernels/splitk.py), and the modelled gain")
     a = ap.parse_args(argv)
+    if a.model_only:
+        return model_only(a)
     rt = make_runtime(a.target)
     dev = load_device(a.device)
     # On a CPU device (PoCL) LLVM crashes optimising the larger per-thread tiles (GPU_TILINGS and
     # most CANDIDATES): only TILINGS run there.
-    tilings = list(TILINGS) if rt.is_cpu() else list(dict.fromkeys(ALL_TILINGS + CANDIDATES))
+    tilings = list(TILINGS) if rt.is_cpu() else list(dict.fromkeys(tilings_for(dev) + CANDIDATES))
     choose, cost, rnd, b_dtype = choose_tiling, simt_cost(dev), (lambda x: x), "float32"
     if a.precision != "fp32":
         from dlcc.kernels.gemm_mma import choose_mma_tiling, mma_cost, mma_tilings
         from dlcc.ops.narrow import HALF_DTYPES
         from dlcc.testing.rounding import operand_round
 
-        tilings, cost = list(mma_tilings(a.precision)), mma_cost
+        tilings, cost = list(splitk.variants(mma_tilings(a.precision), None if rt.is_cpu() else dev)), mma_cost
         choose = lambda *args: choose_mma_tiling(*args, precision=a.precision)  # noqa: E731
         rnd = lambda x: operand_round(x, a.precision)  # noqa: E731
         b_dtype = HALF_DTYPES.get(a.precision, "float32")
@@ -107,14 +113,15 @@ def main(argv=None) -> int:
         rows = []
         for t in tilings:
             k = rt.kernel(names[t])
-            grid = -(-M // t.bm) * -(-N // t.bn)
+            grid, extra = splitk.standalone_args(rt, t, 1, M, N)  # a split tiling's workspace and counters
+            targs = args + extra
             rt.write(bufs[2], 0, np.full(M * N, np.nan, np.float32))  # poison: every element must be written
-            rt.launch(k, grid, t.threads, args)
+            rt.launch(k, grid, t.threads, targs)
             rt.finish()
             out = np.empty((M, N), np.float32)
             rt.read(bufs[2], 0, out)
             err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref)) if np.isfinite(out).all() else float("inf")
-            us = statistics.median(rt.time_launch(k, grid, t.threads, args) for _ in range(a.repeat))
+            us = statistics.median(rt.time_launch(k, grid, t.threads, targs) for _ in range(a.repeat))
             regs = ""
             try:
                 regs = k.get_attribute(rt.drv.function_attribute.NUM_REGS)
@@ -144,6 +151,29 @@ def main(argv=None) -> int:
     for shp, pn, pu, bn, bu, tu in summary:
         more = f" {tu:.1f} | {tu / pu:.2f} | {tu / bu:.2f} |" if tu else ""
         print(f"| {shp} | {pn} | {pu:.1f} | {bn} | {bu:.1f} | {pu / bu:.2f} |{more}")
+    return 0
+
+
+def model_only(a) -> int:
+    """The cost model's best tiling per shape without and with split-K, and the modelled ratio."""
+    from dlcc.kernels.gemm import tiling_cost
+    from dlcc.kernels.gemm_mma import choose_mma_tiling, mma_cost
+
+    dev = load_device(a.device)
+    if a.precision == "fp32":
+        pick, cost = (lambda s, *x: choose_tiling(*x, dev, split=s)), (lambda t, *x: simt_cost(dev)(t, *x, dev))
+    else:
+        pick = lambda s, *x: choose_mma_tiling(*x, dev, a.precision, s)  # noqa: E731
+        cost = lambda t, *x: mma_cost(t, *x, dev)  # noqa: E731
+    shapes = model_gemm_shapes(a.models_dir) if a.shapes == "models" else a.shapes.split(",")
+    print(f"{a.precision} on {dev.name}: the cost model's pick, modelled cycles")
+    print("| M×N×K | unsplit | cycles | with split-K | cycles | modelled gain |")
+    print("|---|---|---|---|---|---|")
+    for shp in shapes:
+        M, N, K = map(int, shp.split("x"))
+        t0, t1 = pick(False, 1, M, N, K), pick(True, 1, M, N, K)
+        c0, c1 = cost(t0, 1, M, N, K), cost(t1, 1, M, N, K)
+        print(f"| {shp} | {t0.name} | {c0:.0f} | {t1.name} | {c1:.0f} | {c0 / c1:.2f}x |")
     return 0
 
 

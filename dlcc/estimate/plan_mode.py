@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..config import DeviceSpec, builtin_dir, check_precision, load_device, load_pipeline, with_precision
 from ..errors import DlccError
-from .costmodel import kernel_time, roofline_us
+from .costmodel import compute_us, kernel_time, roofline_us
 from .graph import Dep, TaskGraph
 from .plan_graph import plan_graph
 from .profiledb import ProfileDB
@@ -102,11 +102,33 @@ def default_pipelines() -> list[str]:
     return sorted(str(p) for p in builtin_dir("pipelines").glob("*.yaml"))
 
 
+def flops_by_math(plan: dict) -> dict[str, int]:
+    """FLOPs per arithmetic (Kernel.math: float32, or a tensor-core precision): a launch's own, or
+    a persistent kernel's per wave."""
+    kinfo = {k["name"]: k for k in plan["kernels"]}
+    out: dict[str, int] = {}
+    for L in plan["launches"]:
+        waves = (L.get("rprogram") or {}).get("waves")
+        if waves:
+            for w in waves:
+                other = w.get("math_flops") or {}
+                for m, f in other.items():
+                    out[m] = out.get(m, 0) + f
+                out["float32"] = out.get("float32", 0) + w["flops"] - sum(other.values())
+        else:
+            m = kinfo.get(L["kernel"], {}).get("math", "float32")
+            out[m] = out.get(m, 0) + L["flops"]
+    return out
+
+
 def lower_bound_us(plan: dict, device) -> float:
-    """Roofline of the whole plan: all FLOPs at peak, or the unavoidable bytes (weights + inputs +
-    outputs) at full bandwidth, whichever is longer."""
+    """Roofline of the whole plan: all FLOPs at the peak of the arithmetic they run at (tensor-core
+    FLOPs at their precision's), or the unavoidable bytes (weights + inputs + outputs) at full
+    bandwidth, whichever is longer."""
     s = plan["stats"]
-    return roofline_us(float(s["flops"]), float(s["lower_bound_bytes"]), "float32", device)
+    tensor = {m: f for m, f in flops_by_math(plan).items() if m != "float32"}
+    compute = compute_us(float(s["flops"]), "float32", device, tensor)
+    return max(compute, roofline_us(0.0, float(s["lower_bound_bytes"]), "float32", device))
 
 
 def estimate_plan(model, shapes=(), device: str = "h100", pipelines: list[str] | None = None,

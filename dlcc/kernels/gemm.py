@@ -9,8 +9,10 @@ Rammer's persistent kernels later call the same device function from a vEU loop.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
+
+from . import splitk as sk
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,7 @@ class Tiling:
     bk: int
     tm: int
     tn: int
+    splitk: int = 1  # k chunks per output tile, each its own rTask (kernels/splitk.py)
 
     @property
     def threads(self) -> int:
@@ -41,7 +44,7 @@ class Tiling:
 
     @property
     def name(self) -> str:
-        return f"{self.bm}x{self.bn}x{self.bk}_{self.tm}x{self.tn}"
+        return f"{self.bm}x{self.bn}x{self.bk}_{self.tm}x{self.tn}{sk.suffix(self.splitk)}"
 
     @property
     def math(self) -> str:
@@ -79,10 +82,10 @@ GPU_TILINGS = (
 ALL_TILINGS = TILINGS + GPU_TILINGS
 
 
-def tilings_for(device=None) -> tuple:
-    """The SIMT tilings `device` chooses among: TILINGS, plus GPU_TILINGS on a GPU (None: a
-    generic GPU, as tiling_cost assumes)."""
-    return TILINGS if getattr(device, "kind", "gpu") == "cpu" else ALL_TILINGS
+def tilings_for(device=None, split: bool = True) -> tuple:
+    """The SIMT tilings `device` chooses among: TILINGS, plus GPU_TILINGS and every tiling split
+    along K (kernels/splitk.py) on a GPU (None: a generic GPU, as tiling_cost assumes)."""
+    return TILINGS if getattr(device, "kind", "gpu") == "cpu" else sk.variants(ALL_TILINGS, device, split)
 
 #: The cost model's two constants, calibrated on an H100 with scripts/gemm_tilings.py (every tiling
 #: timed on BERT-base's, a ResNet-50 conv's, GPT-2's LM-head and a square shape): with them the
@@ -93,30 +96,34 @@ ISSUE_PER_CYCLE = 2.0  # warp instructions an SM retires per cycle in the k loop
 STEP_LATENCY = 300  # cycles of a k step's load -> shared store -> barrier chain; co-resident blocks overlap it
 
 
-def tasks_for(t: Tiling, batch: int, M: int, N: int) -> int:
-    return batch * -(-M // t.bm) * -(-N // t.bn)
+def tasks_for(t, batch: int, M: int, N: int) -> int:
+    """rTasks of tiling `t` (any template's): one per output tile and k chunk."""
+    return batch * -(-M // t.bm) * -(-N // t.bn) * t.splitk
 
 
 def tiling_cost(t: Tiling, batch: int, M: int, N: int, K: int, device=None) -> float:
     """Modelled cycles of the GEMM on `device` (a DeviceSpec; None: a generic 80-SM GPU).
 
-    Tasks are spread over the SMs. An SM's time is the larger of
+    Tasks (tiles, times the k chunks of a split tiling, each 1/S of the k steps) are spread over
+    the SMs. An SM's time is the larger of
       - throughput: its tasks × k steps × warp instructions per step (FMAs, shared-memory reads of
         the per-thread tiles, global loads and shared stores, loop overhead) / issue rate, and
       - latency: its rounds of co-resident blocks × k steps × one step's latency,
     where co-residency comes from threads, blocks and an estimate of registers per thread.
     Small per-thread tiles read shared memory once per FMA and lose on the first term; few, long
-    tasks lose on the second (BERT's FFN down-projection: 96 tiles over K=3072)."""
+    tasks lose on the second (BERT's FFN down-projection: 96 tiles over K=3072). A split tiling
+    adds its partial sums' round trip (kernels/splitk.py workspace_cycles)."""
     sms = getattr(device, "sms", 80)
     T = t.threads
     per_sm = -(-tasks_for(t, batch, M, N) // sms)
-    steps = -(-K // t.bk)
+    steps = sk.steps_per_chunk(t, K)
     stage = _per_thread(t, "a")[1] + _per_thread(t, "b")[1]
     instr = (t.bm * t.bn * t.bk + t.bk * T * (t.tm + t.tn) + 2 * (t.bm + t.bn) * t.bk + 30 * T) / 32
     regs = 32 + t.tm * t.tn + stage + t.tm + t.tn
     occ = max(1, min(getattr(device, "max_blocks_per_sm", 32), getattr(device, "max_threads_per_sm", 2048) // T,
                      getattr(device, "registers_per_sm", 65536) // (regs * T)))
-    return max(per_sm * steps * instr / ISSUE_PER_CYCLE, -(-per_sm // occ) * steps * STEP_LATENCY)
+    return (max(per_sm * steps * instr / ISSUE_PER_CYCLE, -(-per_sm // occ) * steps * STEP_LATENCY)
+            + sk.workspace_cycles(t, per_sm, ISSUE_PER_CYCLE, STEP_LATENCY))
 
 
 #: The CPU cost model's constants (cpu_tiling_cost), fitted on PoCL (2-core x86-64, LLVM 15) with
@@ -140,7 +147,7 @@ def cpu_tiling_cost(t: Tiling, batch: int, M: int, N: int, K: int, device=None) 
     reduction in one step beats four 16-deep ones)."""
     cores = getattr(device, "sms", 2) * max(1, getattr(device, "max_blocks_per_sm", 1))
     waves = -(-tasks_for(t, batch, M, N) // max(1, cores))
-    steps = -(-K // t.bk)
+    steps = sk.steps_per_chunk(t, K)
     eff = CPU_DEEP_K_EFFICIENCY.get(t.bk, 0.5) if steps > 1 else 1.0
     if t.tm == 1:
         eff *= CPU_ONE_ROW_EFFICIENCY
@@ -148,25 +155,27 @@ def cpu_tiling_cost(t: Tiling, batch: int, M: int, N: int, K: int, device=None) 
 
 
 def tiling_named(name: str) -> Tiling | None:
-    """The SIMT tiling called `name` (Tiling.name), or None."""
-    return next((t for t in ALL_TILINGS if t.name == name), None)
+    """The SIMT tiling called `name` (Tiling.name, split variants included), or None."""
+    return next((t for t in sk.variants(ALL_TILINGS) if t.name == name), None)
 
 
-def tiling_family_for(precision: str, device=None) -> tuple:
+def tiling_family_for(precision: str, device=None, split: bool = True) -> tuple:
     """The tilings a GEMM at `precision` chooses among on `device`: the SIMT ones at fp32, the
-    tensor-core ones of that precision otherwise."""
+    tensor-core ones of that precision otherwise; on a GPU each also split along K unless `split`
+    is off."""
     if precision == "fp32":
-        return tilings_for(device)
+        return tilings_for(device, split)
     from .gemm_mma import mma_tilings
 
-    return mma_tilings(precision)
+    return sk.variants(mma_tilings(precision), device, split)
 
 
 def all_tiling_names() -> list[str]:
     """Every tiling name a pipeline may give (`lower`'s gemm_tilings): SIMT and tensor-core."""
     from .gemm_mma import mma_tilings
 
-    return [t.name for t in ALL_TILINGS] + [t.name for p in ("tf32", "fp16", "bf16") for t in mma_tilings(p)]
+    return [t.name for t in sk.variants(ALL_TILINGS)] + [t.name for p in ("tf32", "fp16", "bf16")
+                                                        for t in sk.variants(mma_tilings(p))]
 
 
 def shape_key(batch: int, M: int, N: int, K: int) -> str:
@@ -190,17 +199,19 @@ def cheapest(tilings, cost, batch: int, M: int, N: int, K: int, device=None):
     return best
 
 
-def choose_tiling(batch: int, M: int, N: int, K: int, device=None) -> Tiling:
+def choose_tiling(batch: int, M: int, N: int, K: int, device=None, split: bool = True) -> Tiling:
     """The SIMT tiling for `device` with the lowest modelled time (simt_cost)."""
-    return cheapest(tilings_for(device), simt_cost(device), batch, M, N, K, device)
+    return cheapest(tilings_for(device, split), simt_cost(device), batch, M, N, K, device)
 
 
-def tiling_family(t, device=None) -> tuple[tuple, Callable]:
+def tiling_family(t, device=None, split: bool = True) -> tuple[tuple, Callable]:
     """The tilings a GEMM's rKernel may be swapped for on `device` (Rammer re-tiles per wave), with
     their cost function: those of its own template, so a tensor-core GEMM stays on tensor cores."""
     from .gemm_mma import MmaTiling, mma_cost, mma_tilings
 
-    return (mma_tilings(t.precision), mma_cost) if isinstance(t, MmaTiling) else (tilings_for(device), simt_cost(device))
+    if isinstance(t, MmaTiling):
+        return sk.variants(mma_tilings(t.precision), device, split), mma_cost
+    return tilings_for(device, split), simt_cost(device)
 
 
 @dataclass(frozen=True)
@@ -274,6 +285,9 @@ class GemmExpr:
     args: list
     reads: list
     writes: list
+    # A split tiling's launch arguments after the op's (kernels/splitk.py launch_args): workspace,
+    # counters, first counter. AStitch and Rammer carry them to the launches they re-emit.
+    splitk_args: list = field(default_factory=list)
 
 
 def _indent(lines, n):
@@ -331,6 +345,18 @@ def gemm_source(name: str, spec: GemmSpec, t) -> str:
     return t.source(name, spec)
 
 
+def _k_loop(t, K: int) -> tuple[list[str], str]:
+    """The k loop's head (opening its body) and the condition for staging the next step: over all
+    of K unsplit; over this rTask's chunk when split, a constant trip count from the chunk's first
+    k (kernels/splitk.py), so that no loop bound reads the block index."""
+    if t.splitk == 1:
+        return [f"for (int k0 = 0; k0 < {K}; k0 += {t.bk}) {{"], f"k0 + {t.bk} < {K}"
+    steps = sk.steps_per_chunk(t, K)
+    return ([f"for (int ks = 0; ks < {steps}; ++ks) {{",
+             f"    const int k0 = {sk.chunk_start(t, K)} + ks * {t.bk};"],
+            f"ks + 1 < {steps}")  # (past K, the guarded loads stage zeros: the last chunk may be ragged)
+
+
 def simt_gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
     """The SIMT rOperator text. The k loop is software-pipelined through registers: step k+1's global
     loads are issued before step k's arithmetic, so their latency overlaps it (one barrier pair
@@ -342,12 +368,12 @@ def simt_gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
     arg_names = [p.split()[-1].lstrip("*") for p in spec.params]
     per_a, per_b = _per_thread(t, "a")[1], _per_thread(t, "b")[1]
     store = spec.store("m", "n", "acc[i][j]")
+    k_loop, next_step = _k_loop(t, spec.K)
     dev = [
-        f"DEVICE void {name}_task({', '.join(spec.params)}, const int task, const int tid, LPTR float* smem) {{",
+        f"DEVICE void {name}_task({', '.join(spec.params + sk.params(t))}, const int task, const int tid, LPTR float* smem) {{",
         f"    LPTR float* As = smem;",
         f"    LPTR float* Bs = smem + {t.bk * t.a_stride};",
-        f"    const int bt = task / {tiles_m * tiles_n};",
-        f"    const int tile = task % {tiles_m * tiles_n};",
+        *_indent(sk.tile_decode(t, tiles_m, tiles_n), 4),
         f"    const int m0 = (tile / {tiles_n}) * {t.bm};",
         f"    const int n0 = (tile % {tiles_n}) * {t.bn};",
         f"    const int tx = tid % {cols}, ty = tid / {cols};",
@@ -355,13 +381,13 @@ def simt_gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
         f"    float acc[{t.tm}][{t.tn}];",
         f"    for (int i = 0; i < {t.tm}; ++i) for (int j = 0; j < {t.tn}; ++j) acc[i][j] = 0.0f;",
         f"    float ra[{per_a}], rb[{per_b}];",
-        *_indent(_stage(t, "a", "0", spec), 4),
-        *_indent(_stage(t, "b", "0", spec), 4),
-        f"    for (int k0 = 0; k0 < {spec.K}; k0 += {t.bk}) {{",
+        *_indent(_stage(t, "a", sk.chunk_start(t, spec.K), spec), 4),
+        *_indent(_stage(t, "b", sk.chunk_start(t, spec.K), spec), 4),
+        *_indent(k_loop, 4),
         *_indent(_commit(t, "a", spec), 8),
         *_indent(_commit(t, "b", spec), 8),
         f"        BARRIER();",
-        f"        if (k0 + {t.bk} < {spec.K}) {{",
+        f"        if ({next_step}) {{",
         *_indent(_stage(t, "a", f"(k0 + {t.bk})", spec), 12),
         *_indent(_stage(t, "b", f"(k0 + {t.bk})", spec), 12),
         f"        }}",
@@ -380,22 +406,24 @@ def simt_gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
         f"        }}",
         f"        BARRIER();",
         f"    }}",
-        f"    #pragma unroll",
-        f"    for (int i = 0; i < {t.tm}; ++i) {{",
-        f"        const int m = m0 + ty + i * {rows};",
-        f"        #pragma unroll",
-        f"        for (int j = 0; j < {t.tn}; ++j) {{",
-        f"            const int n = n0 + tx + j * {cols};",
-        f"            if (m < {spec.M} && n < {spec.N}) {{",
-        *_indent(store, 16),
-        f"            }}",
-        f"        }}",
-        f"    }}",
+        *_indent(sk.reduce_partials(t, t.tm, t.tn, T), 4),
+        *_indent(sk.guard_store(t, [
+            f"#pragma unroll",
+            f"for (int i = 0; i < {t.tm}; ++i) {{",
+            f"    const int m = m0 + ty + i * {rows};",
+            f"    #pragma unroll",
+            f"    for (int j = 0; j < {t.tn}; ++j) {{",
+            f"        const int n = n0 + tx + j * {cols};",
+            f"        if (m < {spec.M} && n < {spec.N}) {{",
+            *_indent(store, 12),
+            f"        }}",
+            f"    }}",
+            f"}}"]), 4),
         f"}}",
         "",
-        f"KERNEL void {name}({', '.join(spec.params)}) {{",
+        f"KERNEL void {name}({', '.join(spec.params + sk.params(t))}) {{",
         f"    SHARED float smem[{t.smem_floats}];",
-        f"    {name}_task({', '.join(arg_names)}, BLOCK_ID, THREAD_ID, smem);",
+        f"    {name}_task({', '.join(arg_names + sk.arg_names(t))}, BLOCK_ID, THREAD_ID, smem);",
         f"}}",
         "",
     ]
@@ -411,22 +439,28 @@ def emit_gemm(ctx, hint: str, spec: GemmSpec, args: list[str], reads: list[str],
         precision = "fp32"  # PipelineSpec.fp32_ops
     tuned = getattr(ctx, "gemm_tilings", None) or {}
     forced = getattr(ctx, "gemm_tiling", None) is not None and precision == "fp32"
+    split = getattr(ctx, "split_k", True)  # `lower`'s option split_k
     if tiling is None and not forced and shape_key(spec.batch, spec.M, spec.N, spec.K) in tuned:
         # a tiling measured fastest for this problem (`--tune`), where it is of this precision's family
         want = tuned[shape_key(spec.batch, spec.M, spec.N, spec.K)]
-        tiling = next((t for t in tiling_family_for(precision, ctx.device) if t.name == want), None)
+        tiling = next((t for t in tiling_family_for(precision, ctx.device, split) if t.name == want), None)
     if tiling is None and precision != "fp32":
         from .gemm_mma import choose_mma_tiling
 
-        tiling = choose_mma_tiling(spec.batch, spec.M, spec.N, spec.K, ctx.device, precision)
+        tiling = choose_mma_tiling(spec.batch, spec.M, spec.N, spec.K, ctx.device, precision, split)
     if tiling is None:
         tiling = getattr(ctx, "gemm_tiling", None)
     if tiling is None:
-        tiling = choose_tiling(spec.batch, spec.M, spec.N, spec.K, ctx.device)
+        tiling = choose_tiling(spec.batch, spec.M, spec.N, spec.K, ctx.device, split)
     name = ctx.program.add_kernel(f"{hint}_{tiling.name}", lambda n: gemm_source(n, spec, tiling), tiling.threads,
                                   smem_bytes=4 * tiling.smem_floats, kind="gemm", tiling=tiling.name,
                                   pass_name=ctx.pass_name, math=tiling.math)
-    ctx.launch(name, tasks_for(tiling, spec.batch, spec.M, spec.N), args, reads=reads, writes=writes,
-               flops=2 * spec.batch * spec.M * spec.N * spec.K)
-    ctx.program.launches[-1].expr = GemmExpr(hint, spec, tiling, list(args), list(reads), list(writes))
+    extra = sk.launch_args(ctx, tiling, spec.batch, spec.M, spec.N)
+    ctx.launch(name, tasks_for(tiling, spec.batch, spec.M, spec.N), list(args) + extra,
+               reads=reads + sk.split_tensors(extra)[0], writes=writes + sk.split_tensors(extra)[1],
+               flops=2 * spec.batch * spec.M * spec.N * spec.K,
+               dram_bytes=sum(ctx.tensor(t).nbytes for t in set(reads) | set(writes)))
+    L = ctx.program.launches[-1]
+    sk.mark(L, extra, tiling, spec.batch, spec.M, spec.N)
+    L.expr = GemmExpr(hint, spec, tiling, list(args), list(reads), list(writes), extra)
     return name

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .gemm import _indent, _per_thread_count, cheapest, tasks_for  # (gemm.py imports this module lazily)
+from . import splitk as sk
+from .gemm import _indent, _k_loop, _per_thread_count, cheapest, tasks_for  # (gemm.py imports this module lazily)
 
 WARPS = 8
 #: The precisions this template computes at, each with its mma: (k of one mma, operand rounding,
@@ -57,6 +58,7 @@ class MmaTiling:
     #: 1: this module's template (operands staged through registers, float shared memory); 2 or
     #: more (fp16, bf16): kernels/gemm_mma_async.py's cp.async pipeline with that many buffers.
     stages: int = 1
+    splitk: int = 1  # k chunks per output tile, each its own rTask (kernels/splitk.py)
 
     def __post_init__(self):
         assert self.warps_m * self.warps_n == WARPS and self.precision in MMA_KINDS
@@ -110,7 +112,8 @@ class MmaTiling:
     def name(self) -> str:
         base = f"tc{self.bm}x{self.bn}x{self.bk}_w{self.warps_m}x{self.warps_n}"
         base = base if self.stages == 1 else f"{base}_s{self.stages}"
-        return base if self.precision == "tf32" else f"{base}_{self.precision}"
+        base = base if self.precision == "tf32" else f"{base}_{self.precision}"
+        return base + sk.suffix(self.splitk)
 
     def source(self, name: str, spec) -> str:
         if self.stages > 1:
@@ -171,7 +174,7 @@ def mma_cost(t: MmaTiling, batch: int, M: int, N: int, K: int, device=None) -> f
         return _async_cost(t, batch, M, N, K, device)
     sms = getattr(device, "sms", 80)
     per_sm = -(-tasks_for(t, batch, M, N) // sms)
-    steps = -(-K // t.bk)
+    steps = sk.steps_per_chunk(t, K)
     mmas = (t.bm // 16) * (t.bn // 8) * (t.bk // t.kstep)
     # fragment loads from shared memory (warp instructions)
     frag = WARPS * (t.bk // t.kstep) * (t.a_frag * t.mi + t.a_frag // 2 * t.ni)
@@ -180,7 +183,8 @@ def mma_cost(t: MmaTiling, batch: int, M: int, N: int, K: int, device=None) -> f
     # registers per thread, fitted to ptxas on sm_90 (113 to 240 over MMA_TILINGS): accumulators,
     # fragments and the staged next k step, which the register pipeline keeps live twice over
     regs = 48 + 6 * t.mi * t.ni + 4 * t.mi + 2 * t.ni + 2 * ((t.bm + t.bn) * t.bk // t.threads)
-    return max(per_sm * steps * issue, -(-per_sm // _occupancy(t, regs, device)) * steps * STEP_LATENCY)
+    return (max(per_sm * steps * issue, -(-per_sm // _occupancy(t, regs, device)) * steps * STEP_LATENCY)
+            + sk.workspace_cycles(t, per_sm, 2.0, STEP_LATENCY))
 
 
 def _occupancy(t: MmaTiling, regs: int, device) -> int:
@@ -196,7 +200,7 @@ def _async_cost(t: MmaTiling, batch: int, M: int, N: int, K: int, device=None) -
     per round of resident blocks plus a share per step that the stages in flight hide."""
     sms = getattr(device, "sms", 80)
     per_sm = -(-tasks_for(t, batch, M, N) // sms)
-    steps = -(-K // t.bk)
+    steps = sk.steps_per_chunk(t, K)
     ksteps = t.bk // t.kstep
     mmas = (t.bm // 16) * (t.bn // 8) * ksteps
     ldsm = WARPS * ksteps * (t.mi + -(-t.ni // 2))
@@ -204,12 +208,15 @@ def _async_cost(t: MmaTiling, batch: int, M: int, N: int, K: int, device=None) -
     issue = mmas / MMA_PER_CYCLE + (ldsm + copies + 20 * WARPS) / 2.0
     regs = 48 + 4 * t.mi * t.ni + 4 * t.mi + 2 * t.ni
     rounds = -(-per_sm // _occupancy(t, regs, device))
-    return max(per_sm * steps * issue, rounds * (steps / (t.stages - 1) + t.stages) * STEP_LATENCY)
+    return (max(per_sm * steps * issue, rounds * (steps / (t.stages - 1) + t.stages) * STEP_LATENCY)
+            + sk.workspace_cycles(t, per_sm, 2.0, STEP_LATENCY))
 
 
-def choose_mma_tiling(batch: int, M: int, N: int, K: int, device=None, precision: str = "tf32") -> MmaTiling:
-    """The tensor-core tiling at `precision` with the lowest modelled time (mma_cost)."""
-    return cheapest(mma_tilings(precision), mma_cost, batch, M, N, K, device)
+def choose_mma_tiling(batch: int, M: int, N: int, K: int, device=None, precision: str = "tf32",
+                      split: bool = True) -> MmaTiling:
+    """The tensor-core tiling at `precision` with the lowest modelled time (mma_cost), split along K
+    where that pays on a GPU (kernels/splitk.py) unless `split` is off."""
+    return cheapest(sk.variants(mma_tilings(precision), device, split), mma_cost, batch, M, N, K, device)
 
 
 def _addr(t: MmaTiling, which: str, k_contiguous: bool, x: str, k: str) -> str:
@@ -267,10 +274,17 @@ def zero_accumulators(MI: int, NI: int) -> list[str]:
             "        #pragma unroll", f"        for (int j = 0; j < {2 * NI}; ++j) acc[i][j] = 0.0f;", "    }"]
 
 
-def store_accumulators(spec, MI: int, NI: int) -> list[str]:
+def store_accumulators(spec, t: "MmaTiling") -> list[str]:
     """Each accumulator through the op's store (and AStitch's epilogue) at its (m, n), inside
     the matrix: the mma C fragment layout, c0..c3 at (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)
-    (`mma_g`, `mma_t` are the caller's: g = lane / 4, t = lane % 4)."""
+    (`mma_g`, `mma_t` are the caller's: g = lane / 4, t = lane % 4). Split along K, the partial
+    sums are added up first and the tile's last rTask alone stores (kernels/splitk.py)."""
+    MI, NI = t.mi, t.ni
+    return [*_indent(sk.reduce_partials(t, 2 * MI, 2 * NI, t.threads), 4),
+            *_indent(sk.guard_store(t, [line[4:] for line in _store_loop(spec, MI, NI)]), 4)]
+
+
+def _store_loop(spec, MI: int, NI: int) -> list[str]:
     return ["    #pragma unroll",
             f"    for (int i = 0; i < {2 * MI}; ++i) {{",
             "        const int m = m0 + mma_wm0 + (i / 2) * 16 + (i % 2) * 8 + mma_g;",
@@ -288,11 +302,16 @@ def mma_loops(mma: str, MI: int, NI: int, frag_args: str) -> list[str]:
             f"              acc[2 * mi + 1][2 * ni + 1], {frag_args});", "    }", "}"]
 
 
-def thin_kernel(name: str, spec, smem_floats: str) -> list[str]:
+def thin_kernel(name: str, spec, smem_floats: str, t: "MmaTiling") -> list[str]:
     """The KERNEL that runs one rTask per block on `smem_floats` floats of shared memory."""
-    arg_names = [p.split()[-1].lstrip("*") for p in spec.params]
-    return [f"KERNEL void {name}({', '.join(spec.params)}) {{", f"    SHARED float smem[{smem_floats}];",
+    arg_names = [p.split()[-1].lstrip("*") for p in spec.params] + sk.arg_names(t)
+    return [f"KERNEL void {name}({', '.join(spec.params + sk.params(t))}) {{", f"    SHARED float smem[{smem_floats}];",
             f"    {name}_task({', '.join(arg_names)}, BLOCK_ID, THREAD_ID, smem);", "}", ""]
+
+
+def task_head(name: str, spec, t: "MmaTiling") -> str:
+    """The rTask's device function head: the op's parameters, split-K's, then the rTask's."""
+    return f"DEVICE void {name}_task({', '.join(spec.params + sk.params(t))}, const int task, const int tid, LPTR float* smem) {{"
 
 
 def mma_gemm_source(name: str, spec, t: MmaTiling) -> str:
@@ -311,15 +330,15 @@ def mma_gemm_source(name: str, spec, t: MmaTiling) -> str:
     b_ks = [k for k, r in zip(ks, rows) if r == 0]  # B's k offsets: A's along its first row
     _, _, mma, _, emu_macro = MMA_KINDS[t.precision]
     frag_args = ", ".join([f"mma_af[mi][{e}]" for e in range(FA)] + [f"mma_bf[ni][{e}]" for e in range(FB)])
+    k_loop, next_step = _k_loop(t, spec.K)
     src = [
-        f"DEVICE void {name}_task({', '.join(spec.params)}, const int task, const int tid, LPTR float* smem) {{",
+        task_head(name, spec, t),
         "    LPTR float* As = smem;",
         f"    LPTR float* Bs = smem + {a_floats};",
         "    const int mma_lane = tid % 32, mma_warp = tid / 32;",
         f"    LPTR float* mma_scr = smem + {a_floats + b_floats} + mma_warp * {emu_macro};  /* OpenCL's emulation */",
         "    (void)mma_scr;",
-        f"    const int bt = task / {tiles_m * tiles_n};",
-        f"    const int tile = task % {tiles_m * tiles_n};",
+        *_indent(sk.tile_decode(t, tiles_m, tiles_n), 4),
         f"    const int m0 = (tile / {tiles_n}) * {t.bm};",
         f"    const int n0 = (tile % {tiles_n}) * {t.bn};",
         f"    const int mma_wm0 = (mma_warp / {t.warps_n}) * {wtm}, mma_wn0 = (mma_warp % {t.warps_n}) * {wtn};",
@@ -327,13 +346,13 @@ def mma_gemm_source(name: str, spec, t: MmaTiling) -> str:
         *_indent(spec.prologue or [], 4),
         *zero_accumulators(MI, NI),
         f"    float ra[{per_a}], rb[{per_b}];",
-        *_indent(_stage(t, "a", "0", spec, akc), 4),
-        *_indent(_stage(t, "b", "0", spec, bkc), 4),
-        f"    for (int k0 = 0; k0 < {spec.K}; k0 += {t.bk}) {{",
+        *_indent(_stage(t, "a", sk.chunk_start(t, spec.K), spec, akc), 4),
+        *_indent(_stage(t, "b", sk.chunk_start(t, spec.K), spec, bkc), 4),
+        *_indent(k_loop, 4),
         *_indent(_commit(t, "a", akc), 8),
         *_indent(_commit(t, "b", bkc), 8),
         "        BARRIER();",
-        f"        if (k0 + {t.bk} < {spec.K}) {{",
+        f"        if ({next_step}) {{",
         *_indent(_stage(t, "a", f"(k0 + {t.bk})", spec, akc), 12),
         *_indent(_stage(t, "b", f"(k0 + {t.bk})", spec, bkc), 12),
         "        }",
@@ -352,9 +371,9 @@ def mma_gemm_source(name: str, spec, t: MmaTiling) -> str:
         "        }",
         "        BARRIER();",
         "    }",
-        *store_accumulators(spec, MI, NI),
+        *store_accumulators(spec, t),
         "}",
         "",
-        *thin_kernel(name, spec, f"{a_floats + b_floats} + {WARPS} * {emu_macro}"),
+        *thin_kernel(name, spec, f"{a_floats + b_floats} + {WARPS} * {emu_macro}", t),
     ]
     return "\n".join(src)

@@ -26,8 +26,9 @@ accounting and the same fragment registers run on PoCL in the default suite.
 """
 from __future__ import annotations
 
+from . import splitk as sk
 from .gemm import _indent, _per_thread_count
-from .gemm_mma import mma_loops, store_accumulators, thin_kernel, zero_accumulators
+from .gemm_mma import mma_loops, store_accumulators, task_head, thin_kernel, zero_accumulators
 
 WARPS = 8
 THREADS = 32 * WARPS
@@ -172,7 +173,8 @@ def async_mma_source(name: str, spec, t) -> str:
     tiles_m, tiles_n = -(-spec.M // t.bm), -(-spec.N // t.bn)
     a = OperandTile("a", t, spec.a_k_contiguous)
     b = OperandTile("b", t, not spec.b_n_contiguous)
-    S, KB = t.stages, -(-spec.K // t.bk)
+    S, KB = t.stages, sk.steps_per_chunk(t, spec.K)  # k blocks of this rTask (all of K unsplit)
+    k_first = "" if t.splitk == 1 else f"{sk.chunk_start(t, spec.K)} + "
     wtm, wtn = t.bm // t.warps_m, t.bn // t.warps_n
     MI, NI = t.mi, t.ni
     tile_floats = S * (a.elems + b.elems) // 2
@@ -194,15 +196,14 @@ def async_mma_source(name: str, spec, t) -> str:
     if NI % 2:
         b_loads += ["{", f"    const int ni = {NI - 1};", *_indent(_ldsm_b(b, "Bt", False), 4), "}"]
     src = [
-        f"DEVICE void {name}_task({', '.join(spec.params)}, const int task, const int tid, LPTR float* smem) {{",
+        task_head(name, spec, t),
         f"    LPTR {stype}* As = (LPTR {stype}*)smem;  /* {S} stages of {t.bm}x{t.bk}, then of {t.bn}x{t.bk} */",
         f"    LPTR {stype}* Bs = As + {S * a.elems};",
         "    const int mma_lane = tid % 32, mma_warp = tid / 32;",
         f"    LPTR float* mma_scr = smem + {tile_floats} + mma_warp * MMA_EMU_FLOATS_K16;  /* OpenCL's emulation */",
         "    (void)mma_scr;",
         "    CP_ASYNC_STATE",
-        f"    const int bt = task / {tiles_m * tiles_n};",
-        f"    const int tile = task % {tiles_m * tiles_n};",
+        *_indent(sk.tile_decode(t, tiles_m, tiles_n), 4),
         f"    const int m0 = (tile / {tiles_n}) * {t.bm};",
         f"    const int n0 = (tile % {tiles_n}) * {t.bn};",
         f"    const int mma_wm0 = (mma_warp / {t.warps_n}) * {wtm}, mma_wn0 = (mma_warp % {t.warps_n}) * {wtn};",
@@ -211,7 +212,7 @@ def async_mma_source(name: str, spec, t) -> str:
         *_indent(staging, 4),
         f"    for (int st = 0; st < {S - 1}; ++st) {{  /* the first {S - 1} k blocks in flight */",
         f"        if (st < {KB}) {{",
-        f"            const int kf = st * {t.bk};",
+        f"            const int kf = {k_first}st * {t.bk};",
         *_indent(issue, 12),
         *_indent(land, 12),
         "        }",
@@ -222,7 +223,7 @@ def async_mma_source(name: str, spec, t) -> str:
         "        BARRIER();  /* everyone's have, and nobody still reads the buffer refilled next */",
         f"        const int kn = kb + {S - 1}, st = kn % {S};  /* the block refilled meanwhile, and its buffer */",
         f"        if (kn < {KB}) {{",
-        f"            const int kf = kn * {t.bk};",
+        f"            const int kf = {k_first}kn * {t.bk};",
         *_indent(issue, 12),
         "        }",
         "        CP_ASYNC_COMMIT();",
@@ -247,9 +248,9 @@ def async_mma_source(name: str, spec, t) -> str:
         "    CP_ASYNC_WAIT(0);",
         "    BARRIER();  /* the buffers are free for the next rTask that runs on this block */",
         "    const int mma_g = mma_lane / 4, mma_t = mma_lane % 4;",
-        *store_accumulators(spec, MI, NI),
+        *store_accumulators(spec, t),
         "}",
         "",
-        *thin_kernel(name, spec, f"{tile_floats} + {WARPS} * MMA_EMU_FLOATS_K16"),
+        *thin_kernel(name, spec, f"{tile_floats} + {WARPS} * MMA_EMU_FLOATS_K16", t),
     ]
     return "\n".join(src)

@@ -166,7 +166,7 @@ def _lstm(ctx, node):
         emit_gemm(ctx, "LSTMRecurrent", rspec, [hs, R, hr], reads=[hs, R], writes=[hr])
         ctx.launch(step, -(-r.n_state // BLOCK), [xw, hr, hs, cs, y, t], reads=[xw, hr, hs, cs],
                    writes=[hs, cs, y], flops=20 * r.n_state, dram_bytes=4 * r.n_state * 13, category="elementwise")
-        ctx.program.launches[-1].regions = _step_regions(r, t, {y: r.D * r.batch * H, xw: r.batch * G4})
+        ctx.program.launches[-1].regions.update(_step_regions(r, t, {y: r.D * r.batch * H, xw: r.batch * G4}))
 
 
 def _lstm_cell(r: Rnn, g: list[str]) -> list[str]:
@@ -224,11 +224,11 @@ def _lstm_per_step(ctx, r: Rnn, X, W, R, Bn, h0, c0, Y, Yh, Yc) -> None:
         emit_gemm(ctx, "LSTMStep", spec, [X, hs, W, R, gates, t], reads=[X, hs, W, R], writes=[gates])
         gemm = ctx.program.launches[-1]
         gemm.expr = None  # an opaque rOperator for AStitch: its loads switch between two tensors
-        gemm.regions = _step_regions(r, t, {X: B * I})
+        gemm.regions.update(_step_regions(r, t, {X: B * I}))  # (a split GEMM has its counters there)
         ctx.launch(step, -(-r.n_state // BLOCK), [gates] + ([Bn] if Bn else []) + [hs, cs, y, t],
                    reads=[gates, hs, cs] + ([Bn] if Bn else []), writes=[hs, cs, y], flops=20 * r.n_state,
                    dram_bytes=4 * r.n_state * 9, category="elementwise")
-        ctx.program.launches[-1].regions = _step_regions(r, t, {y: r.D * B * H})
+        ctx.program.launches[-1].regions.update(_step_regions(r, t, {y: r.D * B * H}))
 
 
 @register("GRU", since=7, category=COMPUTE, float_only=True)

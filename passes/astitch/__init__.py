@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...errors import ConfigError
 from ...ir import Tensor
+from ...kernels import splitk
 from ...kernels.program import Launch
 from .. import CompileState, register_pass
 from .codegen import gemm_source_fused, stitch_source
@@ -83,11 +84,13 @@ def _rebuild(state, ng: NodeGraph, pl: Planner) -> list[dict]:
                             g.gemm.tiling.threads, smem_bytes=4 * g.gemm.tiling.smem_floats, kind="gemm",
                             tiling=g.gemm.tiling.name, pass_name="astitch", math=g.gemm.tiling.math)
         members = [gid] + fus.epilogue
-        L = Launch(kernel=k, grid=g.launch.grid, block=g.launch.block, args=[("t", a) for a in args],
-                   reads=reads, writes=writes, node=g.onnx_node, op_type=g.op_type,
+        extra = g.gemm.splitk_args  # a split tiling's workspace and counters (kernels/splitk.py)
+        L = Launch(kernel=k, grid=g.launch.grid, block=g.launch.block, args=[("t", a) for a in args] + splitk.typed(extra),
+                   reads=reads, writes=writes + splitk.split_tensors(extra)[1], node=g.onnx_node, op_type=g.op_type,
                    flops=g.launch.flops + sum(node_flops(ng, ng.nodes[c]) for c in fus.epilogue),
                    dram_bytes=_dram(ng, pl, reads, writes, members), pass_name="astitch", category="compute",
                    math=g.gemm.tiling.math)
+        L.regions.update({t: r for t, r in g.launch.regions.items() if t in splitk.tensors(extra)})
         units.append({"nodes": set(members), "launch": L})
         covered |= set(members)
         base = sum(old[o].dram_bytes for o in {ng.nodes[c].order for c in members}) + sum(

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ...ir import Tensor
+from ...kernels import splitk
 from ...kernels.gemm import GemmExpr
 from ...kernels.map import MapExpr
 from ...kernels.program import literal
@@ -122,8 +123,11 @@ class NodeGraph:
     # -- launches -> nodes --------------------------------------------------------------------
     def _add_launch(self, k, L):
         e = L.expr
-        dts = {self.tensor(t).dtype for t in list(L.reads) + list(L.writes)}
-        if e is None or not dts <= set(STITCHABLE_DTYPES) or len(L.writes) != 1:
+        # a split GEMM's workspace and counters are its own business (kernels/splitk.py), not data
+        own = splitk.tensors(e.splitk_args) if isinstance(e, GemmExpr) else set()
+        reads, writes = [t for t in L.reads if t not in own], [t for t in L.writes if t not in own]
+        dts = {self.tensor(t).dtype for t in reads + writes}
+        if e is None or not dts <= set(STITCHABLE_DTYPES) or len(writes) != 1:
             return self._opaque(k, L)
         if isinstance(e, MapExpr):
             return self._map_from_expr(k, L, e)

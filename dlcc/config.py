@@ -62,6 +62,11 @@ class DeviceSpec(Strict):
                                         "(K-loop pipeline fill); None: kernel_fixed_us")
     dram_efficiency: float = Field(0.8, gt=0, le=1, description="achievable fraction of dram_bandwidth_gbps")
     compute_efficiency: float = Field(0.7, gt=0, le=1, description="achievable fraction of peak_tflops")
+    gemm_cycle_us: float | None = Field(None, gt=0, description="µs per cycle of dlcc's GEMM tiling cost models "
+                                        "(kernels/gemm.py tiling_cost, gemm_mma.py mma_cost) on this device, fitted on "
+                                        "dlcc's own GEMM rOperators timed there (scripts/gemm_tilings.py --fit); "
+                                        "plan mode then prices a GEMM from its tiling, with the occupancy it gets "
+                                        "(its own, or a persistent kernel's). None: from its FLOPs (roofline)")
     grid_barrier_us: float = Field(2.0, ge=0, description="one grid barrier across the resident blocks of a "
                                    "persistent kernel, in µs (AStitch measured 2.5-2.7 µs on a V100)")
     fused_gemm_slowdown: float = Field(1.0, gt=0, description="factor on the modelled time of a GEMM that AStitch "

@@ -79,7 +79,7 @@ def build_plan(state, meta: dict) -> tuple[dict, "WeightsBlob"]:
             **({"grid_sync": True} if L.grid_sync else {}),
             **({"dtype": L.math} if L.math != "float32" else {}),  # the cost model's FLOP dtype
             **({"rprogram": L.rprogram} if L.rprogram else {}),
-            **({"gemm": _gemm_shape(L.expr)} if _gemm_shape(L.expr) else {}),  # the cost model's tiling cost
+            **({"gemm": gemm_problem(L)} if gemm_problem(L) else {}),  # the cost model's tiling cost
         })
     weights = WeightsBlob(mem.weights_bytes, [
         (p.offset, np.ascontiguousarray(g.tensors[b].value.astype(g.tensors[b].dtype, copy=False)).reshape(-1)
@@ -136,6 +136,11 @@ def build_plan(state, meta: dict) -> tuple[dict, "WeightsBlob"]:
 
 def kernel_sources(state) -> list[str]:
     return [k.code for k in state.ctx.program.kernels.values()]
+
+
+def gemm_problem(L) -> dict | None:
+    """A GEMM launch's problem: its GemmExpr's, or the one AStitch kept on a fused rOperator."""
+    return _gemm_shape(L.expr) or L.gemm_problem
 
 
 def _gemm_shape(expr) -> dict | None:

@@ -61,11 +61,12 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..estimate.costmodel import kernel_fixed_us, kernel_time, rprogram_time
+from ..estimate.costmodel import gemm_model_us, kernel_fixed_us, kernel_time, rprogram_time, wave_gemm_us
 from ..ir import Tensor
 from ..kernels import splitk
 from ..kernels.gemm import GemmExpr, gemm_source, tasks_for, tiling_family
 from ..kernels.program import STORAGE_ARRAY, STORAGE_PARAMS, Launch, ctype
+from ..plan import gemm_problem
 from ..kernels.roperator import NotAnROperator, to_roperator
 from . import CompileState, register_pass
 
@@ -136,12 +137,18 @@ def proven_veus(dev, smem_bytes: int) -> tuple[int, str]:
                      "the runtime clamps the grid to the blocks it proves resident")
 
 
-def wave_info(w: list[Launch], measured: dict) -> dict:
+def wave_info(w: list[Launch], measured: dict, prog=None) -> dict:
     """One wave's work for the cost model (costmodel.rprogram_time) and the plan: rTasks, flops,
-    bytes, and, where every launch in it has a profile-database time, [busy µs, rTasks] of each."""
+    bytes, its GEMMs' tilings and problems [tiling, batch, M, N, K] (the tiling model prices them
+    where the device is calibrated for it), and, where every launch in it has a profile-database
+    time, [busy µs, rTasks] of each."""
     d = {"tasks": sum(L.grid for L in w), "flops": sum(L.flops for L in w),
          "dram_bytes": sum(L.dram_bytes for L in w), "gemm": any(L.category == "compute" for L in w),
          "ops": len(w), "entries": [[L.op_type or "op", L.grid, L.block] for L in w]}
+    gemms = [[prog.kernels[L.kernel].tiling, *gemm_problem(L)["shape"]] for L in w
+             if prog is not None and prog.kernels[L.kernel].tiling and gemm_problem(L)]
+    if gemms:
+        d["gemms"] = gemms
     math = {}
     for L in w:
         if L.math != "float32":
@@ -169,7 +176,8 @@ def measured_busy(launches: list[Launch], db, dev) -> dict:
 class _Run:
     """One run of launches on its way to becoming persistent kernels."""
 
-    def __init__(self, idx: list[int], launches: list[Launch], rops: dict, res, measured: dict):
+    def __init__(self, idx: list[int], launches: list[Launch], rops: dict, res, measured: dict, prog=None):
+        self.prog = prog
         self.idx = idx
         self.Ls = launches
         self.rops = rops
@@ -179,7 +187,7 @@ class _Run:
         self.smem = max([rops[L.kernel].smem_bytes for L in launches] + [4])
 
     def wave_work(self) -> list[dict]:
-        return [wave_info(w, self.measured) for w in self.waves]
+        return [wave_info(w, self.measured, self.prog) for w in self.waves]
 
 
 def _split_runs(prog, eligible, sites_cap: int, min_launches: int) -> list[list[int]]:
@@ -314,7 +322,7 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
     P.operand_table = {"table": tab, "first_entry": nw + 1, "entry_size": es, "slot_base": base, "slots": slots}
     split = splitk.count(prog, Ls)  # its GEMM rTasks split along K, by tiling (inspect, meta.split_k)
     P.rprogram = {"veus": grid, "sync_points": nw if spin else 0, "call_sites": len(sites), "entries": len(Ls),
-                  "waves": [wave_info(w, measured) for w in waves], **({"split_k": split} if split else {})}
+                  "waves": [wave_info(w, measured, prog) for w in waves], **({"split_k": split} if split else {})}
     return P
 
 
@@ -395,16 +403,29 @@ def _mnk(L: Launch) -> tuple[int, int, int, int]:
     return sp.batch, sp.M, sp.N, sp.K
 
 
-def _split_cost(run: _Run, dev) -> float:
+def _split_cost(run: _Run, dev, veus: int) -> float:
     """µs of the run as one launch per wave (each a non-spinning kernel), on `dev`: a wave whose
-    launches were all measured costs one kernel's fixed cost plus its rprogram_time wave time."""
+    launches were all measured costs one kernel's fixed cost plus its rprogram_time wave time.
+    On a device calibrated for dlcc's GEMMs (DeviceSpec.gemm_cycle_us) a wave's GEMMs are priced
+    from their tilings: at their own occupancy where the wave is one launch, at a persistent
+    kernel's where several ops share it (one kernel of one wave). Each launch costs at least the
+    host's launch overhead. (Under a CUDA graph the host's cost goes, and a kernel boundary costs
+    the device about what a grid barrier does; which of the two is cheaper on a GPU is not
+    measured yet, so joins are decided as without a graph, where the recorded H100 runs found
+    transformers faster joined.)"""
     tot = 0.0
-    for w in run.wave_work():
-        if w.get("measured"):
-            kt = dev.kernel_fixed_us + rprogram_time([w], dev.sms, dev, 0)[1][0]
+    for w, info in zip(run.waves, run.wave_work()):
+        if info.get("measured"):
+            kt = dev.kernel_fixed_us + rprogram_time([info], dev.sms, dev, 0)[1][0]
         else:
-            kt = kernel_time(w["flops"], w["dram_bytes"], "float32", dev, blocks=w["tasks"], threads=BLOCK,
-                             smem_bytes=run.smem, gemm=w["gemm"], math_flops=w.get("math_flops")).us
+            k = kernel_time(info["flops"], info["dram_bytes"], "float32", dev, blocks=info["tasks"], threads=BLOCK,
+                            smem_bytes=run.smem, gemm=info["gemm"], math_flops=info.get("math_flops"))
+            kt = k.us
+            if info.get("gemms") and dev.gemm_cycle_us:
+                gemm = (gemm_model_us(info["gemms"][0][0], info["gemms"][0][1:], dev) if len(w) == 1
+                        else wave_gemm_us(info["gemms"], veus, dev))
+                if gemm is not None:
+                    kt = dev.kernel_fixed_us + max(gemm, k.compute_us, k.memory_us)
         tot += max(kt, dev.launch_overhead_us)
     return tot
 
@@ -448,7 +469,7 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
     decided = []  # (run, groups, decision, veus, why, predicted µs, per-wave µs)
     rk_why: dict[int, str] = {}
     for idx in runs:
-        run = _Run(idx, [prog.launches[i] for i in idx], rops, ctx.resolve, measured)
+        run = _Run(idx, [prog.launches[i] for i in idx], rops, ctx.resolve, measured, prog)
         veus, why = proven_veus(dev, run.smem)
         if veus and opts.kernels != "fastest" and getattr(ctx, "gemm_tiling", None) is None:
             # (a tiling forced in `lower` stays)
@@ -459,7 +480,7 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
                     if id(L) in changed:
                         measured.pop(id(L), None)  # its time was measured for another rKernel
                         eligible(L)  # its rOperator form
-                run = _Run(idx, run.Ls, rops, ctx.resolve, measured)
+                run = _Run(idx, run.Ls, rops, ctx.resolve, measured, prog)
                 veus, why = proven_veus(dev, run.smem)
         if opts.veus and veus:
             if opts.veus > veus:
@@ -470,7 +491,7 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
             veus = min(veus, opts.veus)
         multi = len(run.waves) > 1
         persistent_us, wave_us = rprogram_time(run.wave_work(), max(1, veus), dev, len(run.waves) if multi else 0)
-        split_us = _split_cost(run, dev)
+        split_us = _split_cost(run, dev, max(1, veus))
         if not multi:
             decision, join = "one wave: one launch, no grid barrier", True
         elif veus < 1:

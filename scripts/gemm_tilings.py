@@ -27,6 +27,8 @@ torch's TFLOP/s, which issue 18's floors are stated in (>= 0.9 at fp32, >= 0.8 a
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import statistics
 import sys
 import time
@@ -70,10 +72,19 @@ def main(argv=None) -> int:
                     help="tf32, fp16, bf16: the tensor-core tilings (kernels/gemm_mma.py), checked against numpy "
                     "on operands rounded the same way; at fp16 and bf16 A and B are stored in the half type, as "
                     "a compiled model stores activations and weights (so both go by cp.async)")
+    ap.add_argument("--json", dest="json_out", type=Path, default=None,
+                    help="also write every measurement here ({device, rows: [{shape, tiling, precision, us}]}), "
+                    "the form --fit reads")
+    ap.add_argument("--fit", nargs="+", type=Path, default=None, metavar="MEASUREMENTS.json",
+                    help="run nothing: fit the device's gemm_cycle_us (µs per cycle of the tiling cost models, what "
+                    "plan mode prices dlcc's GEMMs with) on measurements written by --json, and print each row's "
+                    "modelled against measured time")
     ap.add_argument("--model-only", action="store_true",
                     help="run nothing: print the cost model's pick per shape on --device, unsplit and with split-K "
                     "(kernels/splitk.py), and the modelled gain")
     a = ap.parse_args(argv)
+    if a.fit:
+        return fit(a)
     if a.model_only:
         return model_only(a)
     rt = make_runtime(a.target)
@@ -92,7 +103,7 @@ def main(argv=None) -> int:
         rnd = lambda x: operand_round(x, a.precision)  # noqa: E731
         b_dtype = HALF_DTYPES.get(a.precision, "float32")
     rng = np.random.default_rng(0)
-    summary = []
+    summary, measured = [], []
     shapes = model_gemm_shapes(a.models_dir) if a.shapes == "models" else a.shapes.split(",")
     for shp in shapes:
         M, N, K = map(int, shp.split("x"))
@@ -128,6 +139,7 @@ def main(argv=None) -> int:
             except Exception:
                 pass
             rows.append((us, t, err, regs, grid))
+            measured.append({"shape": [M, N, K], "tiling": t.name, "precision": a.precision, "us": round(us, 3)})
             print(f"[gemm] {shp} {t.name}: {us:.1f} µs, rel err {err:.1e}", file=sys.stderr, flush=True)
         rows.sort(key=lambda r: r[0])
         best = rows[0][0]
@@ -144,6 +156,8 @@ def main(argv=None) -> int:
         if any(r[2] > 1e-4 for r in rows):
             print("MISMATCH: " + ", ".join(r[1].name for r in rows if r[2] > 1e-4))
             return 1
+    if a.json_out:
+        a.json_out.write_text(json.dumps({"device": getattr(rt, "device_name", a.target), "rows": measured}, indent=1))
     print(f"\n{a.precision}" + (" (torch: share of torch.matmul's TFLOP/s = torch µs / dlcc µs)" if a.vs_torch else ""))
     print("| shape | model's pick | µs | fastest | µs | pick / fastest |" + (" torch µs | pick's share | fastest's share |"
                                                                            if a.vs_torch else ""))
@@ -151,6 +165,39 @@ def main(argv=None) -> int:
     for shp, pn, pu, bn, bu, tu in summary:
         more = f" {tu:.1f} | {tu / pu:.2f} | {tu / bu:.2f} |" if tu else ""
         print(f"| {shp} | {pn} | {pu:.1f} | {bn} | {bu:.1f} | {pu / bu:.2f} |{more}")
+    return 0
+
+
+def fit(a) -> int:
+    """DeviceSpec.gemm_cycle_us from measured GEMM rOperators: µs = kernel_fixed_us + cycles x f,
+    f the geometric mean of (µs - fixed) / cycles over the rows (least squares on log time, so a 2x
+    miss counts the same on a 20 and a 400 µs GEMM). Prints each row's modelled time with it."""
+    from dlcc.kernels.gemm import tiling_and_cost
+
+    dev = load_device(a.device)
+    rows = [r for p in a.fit for r in json.loads(p.read_text())["rows"]]
+    pts = []
+    for r in rows:
+        found = tiling_and_cost(r["tiling"], dev)
+        if found is None:
+            print(f"skipped: unknown tiling {r['tiling']}", file=sys.stderr)
+            continue
+        t, cost = found
+        pts.append((r, cost(t, 1, *r["shape"], dev)))
+    if not pts:
+        print("no rows to fit", file=sys.stderr)
+        return 1
+    fixed = dev.kernel_fixed_us
+    f = math.exp(statistics.fmean(math.log(max(r["us"] - fixed, 1e-3) / c) for r, c in pts))
+    print(f"gemm_cycle_us for {dev.name}: {f:.6f} µs per modelled cycle (a {1e-3 / f:.2f} GHz clock) (kernel_fixed_us {fixed}), {len(pts)} rows")
+    print("| M×N×K | tiling | measured µs | modelled µs | modelled / measured |")
+    print("|---|---|---|---|---|")
+    worst = 1.0
+    for r, c in pts:
+        us = fixed + c * f
+        worst = max(worst, us / r["us"], r["us"] / us)
+        print(f"| {'x'.join(map(str, r['shape']))} | {r['tiling']} | {r['us']:.1f} | {us:.1f} | {us / r['us']:.2f} |")
+    print(f"worst ratio {worst:.2f}x")
     return 0
 
 

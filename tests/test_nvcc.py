@@ -28,17 +28,24 @@ def test_cuda_kernels_compile_without_spills(model_path, name):
                                             ("cnn", "bf16"), ("bert", "bf16"), ("gpt2", "fp16"),
                                             ("hf-convnext", "bf16")])
 def test_tensor_core_plans_compile_without_spills(model_path, name, precision):
-    """At the tensor-core precisions on an H100's plan (`full`: stitched epilogues on the mma
-    accumulators, tensor-core rTasks in persistent kernels, half weights and activations copied
-    by cp.async), every kernel builds for sm_80 and sm_90 without spills. hf-convnext's
-    persistent kernel spilled 228 bytes when the cp.async rTasks' k16 loop was unrolled."""
+    """At the tensor-core precisions on an H100's plan (`full` with every run joined, `join:
+    always`: stitched epilogues on the mma accumulators, tensor-core rTasks in persistent kernels,
+    half weights and activations copied by cp.async), every kernel builds for sm_80 and sm_90
+    without spills. hf-convnext's persistent kernel spilled 228 bytes when the cp.async rTasks' k16
+    loop was unrolled."""
     if name.startswith("hf-"):
         from test_hf_zoo import _export
 
         path = _export(name[3:])
     else:
         path = model_path(name)
-    m = dlcc.compile(path, target="opencl", pipeline="full", device="h100", precision=precision)
+    from dlcc.config import load_pipeline
+
+    full = load_pipeline("full")
+    joined = full.model_copy(update={"passes": [p.model_copy(update={"options": {**p.options, "join": "always"}})
+                                                if p.name == "rammer" else p for p in full.passes]})
+    m = dlcc.compile(path, target="opencl", pipeline=joined, device="h100", precision=precision)
+    assert any(L.get("grid_sync") for L in m.plan["launches"]), "a persistent kernel with grid barriers"
     from dlcc.kernels.gemm_mma import MMA_KINDS
 
     mma = MMA_KINDS[precision][2] + ("" if precision == "tf32" else "_P")  # fp16/bf16: packed (gemm_mma_async.py)

@@ -392,15 +392,17 @@ def test_join_never_is_one_launch_per_wave(tmp_path):
 @pytest.mark.skipif(__import__("dlcc.backends.nvcc", fromlist=["find_nvcc"]).find_nvcc() is None,
                     reason="nvcc is not installed on this machine")
 @pytest.mark.parametrize("model", SMALL_MODELS + ["lstm-tc"] + [f"hf-{n}" for n in HF_NAMES])
-def test_persistent_kernels_compile_under_nvcc_without_spills(model):
-    """Every test model's H100 plans through `rammer` and `full`, for sm_80 and sm_90: every kernel,
-    and every out-of-line call site of a persistent kernel, compiles with no spill. (Inlined call
-    sites spilled at 255 registers on vit, t5 and convnext before SITE_FN and LAUNCH_BOUNDS(n, 1).)"""
+def test_persistent_kernels_compile_under_nvcc_without_spills(model, pipes):
+    """Every test model's H100 plans through `rammer` and `full` with every run joined (`join:
+    always`: the largest persistent kernels those pipelines can make; `join: auto` keeps some runs
+    apart on an H100), for sm_80 and sm_90: every kernel, and every out-of-line call site of a
+    persistent kernel, compiles with no spill. (Inlined call sites spilled at 255 registers on vit,
+    t5 and convnext before SITE_FN and LAUNCH_BOUNDS(n, 1).)"""
     from dlcc.backends.nvcc import compile_cubin
 
     path = hf_export(model[3:]) if model.startswith("hf-") else export_model(model)
-    for pipeline in ("rammer", "full"):
-        m = dlcc.compile(path, target="opencl", pipeline=pipeline, device="h100")
+    for pipeline in ("rammer-joined", "full-joined"):
+        m = dlcc.compile(path, target="opencl", pipeline=pipes[pipeline], device="h100")
         assert any(L["op_type"] == "Rammer" for L in m.plan["launches"]), pipeline
         for arch in ("sm_80", "sm_90"):
             usage = compile_cubin(m.source("cuda"), arch)

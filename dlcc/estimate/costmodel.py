@@ -155,7 +155,47 @@ def kernel_time(flops: float, dram_bytes: float, dtype: str, device: DeviceSpec,
                       memory_us=memory, waves=waves, fixed_us=fixed_us)
 
 
-def rprogram_time(waves: list[dict], veus: int, device: DeviceSpec, sync_points: int) -> tuple[float, list[float]]:
+def gemm_model_us(tiling: str, shape, device: DeviceSpec, blocks_per_sm: int | None = None,
+                  sms: int | None = None) -> float | None:
+    """µs of a GEMM rOperator from its tiling's cycle model (kernels/gemm.py tiling_cost, gemm_mma.py
+    mma_cost: k steps, issue rate, latency over co-resident blocks) times DeviceSpec.gemm_cycle_us,
+    which is fitted on dlcc's own GEMMs timed on the device. None where the device has no such
+    calibration or the tiling is unknown. `blocks_per_sm` caps its co-resident blocks: rTasks of a
+    persistent kernel get that kernel's occupancy, not their own, and that is what joining costs a
+    big GEMM (issue 20: 12.5% occupancy against 32-35% alone). `sms`: the SMs it may use (1: its
+    SM-time)."""
+    if device.gemm_cycle_us is None or device.kind != "gpu" or not tiling:
+        return None
+    from ..kernels.gemm import tiling_and_cost
+
+    found = tiling_and_cost(tiling, device)
+    if found is None:
+        return None
+    t, cost = found
+    update = {**({"max_blocks_per_sm": int(blocks_per_sm)} if blocks_per_sm else {}), **({"sms": int(sms)} if sms else {})}
+    d = device.model_copy(update=update) if update else device
+    return cost(t, *(int(x) for x in shape), d) * device.gemm_cycle_us
+
+
+def wave_gemm_us(gemms: list, veus: int, device: DeviceSpec, blocks_per_sm: int = 1) -> float | None:
+    """µs of a wave's GEMM rTasks in a persistent kernel of `blocks_per_sm` resident blocks per SM
+    (gemm_model_us at that occupancy): the longest GEMM alone, or their summed SM-time over the SMs
+    the wave's vEUs cover, whichever is more (Rammer's choose_rkernels weighs waves the same way).
+    None where the device has no tiling calibration. `gemms`: [tiling, batch, M, N, K] each."""
+    alone, sm_time = [], 0.0
+    for tiling, *shape in gemms:
+        a = gemm_model_us(tiling, shape, device, blocks_per_sm)
+        b = gemm_model_us(tiling, shape, device, blocks_per_sm, sms=1)
+        if a is None or b is None:
+            return None
+        alone.append(a)
+        sm_time += b
+    sms = max(1, min(device.sms, -(-max(1, veus) // max(1, blocks_per_sm))))
+    return max(max(alone), sm_time / sms) if alone else None
+
+
+def rprogram_time(waves: list[dict], veus: int, device: DeviceSpec, sync_points: int,
+                  blocks_per_sm: int = 1) -> tuple[float, list[float]]:
     """µs of one persistent kernel (a rammer rProgram), and of each of its waves.
 
     One kernel's fixed cost, then per wave: its rTasks' summed work at the roofline, quantized
@@ -173,7 +213,11 @@ def rprogram_time(waves: list[dict], veus: int, device: DeviceSpec, sync_points:
 
     On a device that builds persistent kernels unoptimised (DeviceSpec.unoptimised_slowdown and
     unoptimised_task_us, PoCL), the waves' time is scaled by the slowdown, and each rTask costs
-    unoptimised_task_us more, in waves over the SMs (added to the last wave)."""
+    unoptimised_task_us more, in waves over the SMs (added to the last wave).
+
+    On a device calibrated for it (DeviceSpec.gemm_cycle_us), a wave's GEMM rTasks ("gemms":
+    tiling and problem each) take at least what their tilings' cycle model gives at the persistent
+    kernel's `blocks_per_sm` (wave_gemm_us)."""
     ce, de = device.compute_efficiency, device.dram_efficiency
     per = []
     for w in waves:
@@ -185,7 +229,8 @@ def rprogram_time(waves: list[dict], veus: int, device: DeviceSpec, sync_points:
         q = device.sms / max(1, min(int(w["tasks"]), max(1, veus), device.sms))
         compute = compute_us(float(w["flops"]), "float32", device, w.get("math_flops")) / ce * q
         memory = float(w["dram_bytes"]) / (device.dram_bandwidth_gbps * 1e3 * de) * q
-        per.append(max(compute, memory))
+        gemm = wave_gemm_us(w["gemms"], veus, device, blocks_per_sm) if w.get("gemms") else None
+        per.append(max(compute, memory, gemm or 0.0))
     if device.unoptimised_slowdown != 1.0 or device.unoptimised_task_us:
         # built unoptimised on this device (PoCL: backends/opencl.py builds_unoptimised): slower
         # work, and a cost per rTask in waves over the SMs
@@ -211,6 +256,25 @@ def cpu_gemm_time(model: KernelTime, launch: dict, kernel: dict, dtype: str, dev
     core_peak = peak_tflops(dtype, device) * 1e6 / max(1, device.sms)  # FLOP/µs of one core
     compute = 2 * cpu_tiling_cost(t, batch, M, N, K, device) / (core_peak * device.compute_efficiency)
     return replace(model, us=model.fixed_us + max(compute, model.memory_us), compute_us=compute)
+
+
+def gpu_gemm_time(model: KernelTime, launch: dict, kernel: dict, device: DeviceSpec, registers=None) -> KernelTime:
+    """A GEMM launch's time on a GPU calibrated for dlcc's GEMMs (DeviceSpec.gemm_cycle_us): the
+    kernel's fixed cost plus the larger of its tiling's cycle model (gemm_model_us, at the
+    tiling's own occupancy, or the one ptxas' registers allow when the plan has them) and the
+    roofline. The FLOP roofline's efficiency and gemm_fixed_us were fitted on cuBLAS, whose
+    GEMMs run near peak; dlcc's SIMT GEMMs measured at 6-25 TFLOP/s on an H100, so the roofline
+    alone put them 3-5x too fast. Unchanged where the device has no such calibration."""
+    bps = None
+    if registers:
+        bps = blocks_per_sm(device, _threads(launch.get("block") or kernel.get("block") or 1),
+                            int(kernel.get("smem_bytes") or 0), registers)
+    us = gemm_model_us(kernel["tiling"], launch["gemm"]["shape"], device, bps)
+    if us is None:
+        return model
+    fixed = device.kernel_fixed_us
+    return replace(model, us=fixed + max(us, model.compute_us, model.memory_us), compute_us=max(us, model.compute_us),
+                   fixed_us=fixed, source=model.source + " + GEMM tiling model")
 
 
 def is_gemm_launch(launch: dict, kernel: dict | None) -> bool:
@@ -239,9 +303,11 @@ def launch_time(launch: dict, kernel: dict | None, device: DeviceSpec, dtype: st
     if device.kind == "cpu" and launch.get("gemm") and (kernel or {}).get("tiling"):
         model = cpu_gemm_time(model, launch, kernel, dtype, device)
     rp = launch.get("rprogram")
+    if not rp and launch.get("gemm") and (kernel or {}).get("tiling"):
+        model = gpu_gemm_time(model, launch, kernel, device, regs)
     if rp:  # a persistent kernel: its waves one after another on its vEUs (rprogram_time)
         us, _ = rprogram_time(rp["waves"], min(blocks, int(rp.get("veus") or blocks)), device,
-                              int(rp.get("sync_points") or 0))
+                              int(rp.get("sync_points") or 0), int(rp.get("blocks_per_sm") or 1))
         model = KernelTime(us=us, source="roofline (rProgram)", compute_us=model.compute_us,
                            memory_us=model.memory_us, waves=float(len(rp["waves"])), fixed_us=device.kernel_fixed_us)
     if device.fused_gemm_slowdown != 1.0 and (kernel or {}).get("kind") in _GEMM_KINDS and kernel.get("pass") == "astitch":

@@ -18,7 +18,8 @@ import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import DeviceSpec, builtin_dir, check_precision, load_device, load_pipeline, with_precision
+from ..config import (DeviceSpec, PipelineSpec, builtin_dir, check_precision, load_device, load_pipeline,
+                      with_precision)
 from ..errors import DlccError
 from .costmodel import compute_us, kernel_time, roofline_us
 from .graph import Dep, TaskGraph
@@ -151,7 +152,8 @@ def estimate_plan(model, shapes=(), device: str = "h100", pipelines: list[str] |
         specs += [n for n in load_file(f) if n not in specs]
     calls = [parse(x) for x in specs]  # bad specs fail before any work
     dev = device if isinstance(device, DeviceSpec) else load_device(device)
-    specs = [load_pipeline(p) for p in (pipelines or default_pipelines())]  # bad names fail before work
+    # bad names fail before work; a PipelineSpec is taken as it is
+    specs = [p if isinstance(p, PipelineSpec) else load_pipeline(p) for p in (pipelines or default_pipelines())]
     if precisions:
         specs = [with_precision(s, pr).model_copy(update={"name": f"{s.name}@{pr}"}) for s in specs for pr in precisions]
     for s in specs:

@@ -159,6 +159,21 @@ def tiling_named(name: str) -> Tiling | None:
     return next((t for t in sk.variants(ALL_TILINGS) if t.name == name), None)
 
 
+def tiling_and_cost(name: str, device=None) -> tuple[object, Callable] | None:
+    """Any template's tiling called `name` (SIMT or tensor-core, split variants included) with
+    its template's cost model for `device`, or None."""
+    t = tiling_named(name)
+    if t is not None:
+        return t, simt_cost(device)
+    from .gemm_mma import mma_cost, mma_tilings
+
+    for p in ("tf32", "fp16", "bf16"):
+        for m in sk.variants(mma_tilings(p)):
+            if m.name == name:
+                return m, mma_cost
+    return None
+
+
 def tiling_family_for(precision: str, device=None, split: bool = True) -> tuple:
     """The tilings a GEMM at `precision` chooses among on `device`: the SIMT ones at fp32, the
     tensor-core ones of that precision otherwise; on a GPU each also split along K unless `split`

@@ -138,6 +138,10 @@ class Launch:
     # The kernel's Kernel.math (its FLOPs' dtype for the cost model); a persistent kernel's waves
     # say it per rTask launch instead (wave_info's math_flops).
     math: str = "float32"
+    # A GEMM launch whose `expr` is not its GemmExpr (AStitch's fused rOperators): its problem
+    # {"shape": [batch, M, N, K], "a_k_contiguous", "b_n_contiguous"}, for the cost model's
+    # tiling model (plan.py gemm_problem).
+    gemm_problem: dict | None = None
 
 
 @dataclass

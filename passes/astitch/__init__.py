@@ -17,6 +17,7 @@ from ...errors import ConfigError
 from ...ir import Tensor
 from ...kernels import splitk
 from ...kernels.program import Launch
+from ...plan import gemm_problem
 from .. import CompileState, register_pass
 from .codegen import gemm_source_fused, stitch_source
 from .nodes import NodeGraph
@@ -91,6 +92,7 @@ def _rebuild(state, ng: NodeGraph, pl: Planner) -> list[dict]:
                    dram_bytes=_dram(ng, pl, reads, writes, members), pass_name="astitch", category="compute",
                    math=g.gemm.tiling.math)
         L.regions.update({t: r for t, r in g.launch.regions.items() if t in splitk.tensors(extra)})
+        L.gemm_problem = gemm_problem(g.launch)  # the tiling model prices it (plan mode, Rammer)
         units.append({"nodes": set(members), "launch": L})
         covered |= set(members)
         base = sum(old[o].dram_bytes for o in {ng.nodes[c].order for c in members}) + sum(

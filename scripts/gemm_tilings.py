@@ -175,7 +175,14 @@ def fit(a) -> int:
     from dlcc.kernels.gemm import tiling_and_cost
 
     dev = load_device(a.device)
-    rows = [r for p in a.fit for r in json.loads(p.read_text())["rows"]]
+    rows = []
+    for p in a.fit:
+        try:
+            data = json.loads(p.read_text())
+            rows += [r for r in data["rows"] if r["us"] > 0 and len(r["shape"]) == 3]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"--fit: {p}: not a measurements file written by --json ({type(e).__name__}: {e})", file=sys.stderr)
+            return 2
     pts = []
     for r in rows:
         found = tiling_and_cost(r["tiling"], dev)

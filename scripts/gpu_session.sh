@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The GPU measurements the open issues owe, in stages that each fit one 10-minute call of a lent
+# GPU machine (the whole list is about 30 minutes of device time). Each stage writes its logs and
+# JSON under $OUT (the device tool's folder; ./gpu-out elsewhere) and never stops the next one:
+# a failing step leaves its log and the stage goes on.
+#
+#   . .gpu/setup.sh && scripts/gpu_session.sh 1     # interop, then every small model on CUDA
+#   . .gpu/setup.sh && scripts/gpu_session.sh 2     # every GEMM tiling (split-K too) against cuBLAS, and the refit
+#   . .gpu/setup.sh && scripts/gpu_session.sh 3     # full-size models against torch.compile at fp32, tf32, bf16
+#   . .gpu/setup.sh && scripts/gpu_session.sh 4     # --pipeline auto against the measured-fastest pipeline
+#
+# What each number is for: issue 21 (stage 1: both import orders, device arrays, graphs, threads),
+# issue 18 (stages 2 and 3: GEMM and model floors against cuBLAS and torch.compile), issue 20
+# (stage 4: auto's picks and Kendall's tau; stage 2's --fit refreshes the GEMM time model that
+# plan mode uses, configs/devices/h100.yaml gemm_cycle_us).
+set -u
+cd "$(dirname "$0")/.."
+OUT="${OUT:-gpu-out}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+MODELS="${MODELS_DIR:-.cache/models}"
+
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, output to $OUT/NAME.log
+  local name=$1 secs=$2
+  shift 2
+  echo "[gpu-session] $name: $*" >&2
+  timeout "$secs" "$@" >"$OUT/$name.log" 2>&1
+  echo "[gpu-session] $name: exit $? (log $OUT/$name.log)" >&2
+  tail -25 "$OUT/$name.log"
+}
+
+case "${1:-}" in
+  1)
+    step interop 150 "$PY" scripts/interop_check.py
+    step gpu-check-small 420 "$PY" scripts/gpu_check.py --pipelines astitch,full --json-out "$OUT/gpu-check-small.json"
+    ;;
+  2)
+    for p in fp32 tf32 bf16; do
+      step "gemm-$p" 170 "$PY" scripts/gemm_tilings.py --precision "$p" --vs-torch --repeat 10 --json "$OUT/gemm-$p.json"
+    done
+    step gemm-fit 30 "$PY" scripts/gemm_tilings.py --fit "$OUT"/gemm-*.json
+    ;;
+  3)
+    step vs-torch 560 "$PY" scripts/vs_torch.py --size full --models bert,gpt2,vit,cnn --precisions fp32,tf32,bf16 \
+      --models-dir "$MODELS" --json-out "$OUT/vs-torch.json"
+    ;;
+  4)
+    step auto-accuracy 560 "$PY" scripts/auto_accuracy.py --target cuda --device h100 --size full \
+      --models bert,cnn,gpt2,vit --models-dir "$MODELS"
+    ;;
+  *)
+    echo "usage: scripts/gpu_session.sh 1|2|3|4   (the stages are described at the top of this file)" >&2
+    exit 2
+    ;;
+esac

@@ -131,6 +131,11 @@ def test_split_factor_is_a_choice_of_gpu_devices_only():
     assert choose_mma_tiling(1, 128, 50257, 768, h100, "bf16").splitk == 1
     assert all(t.splitk == 1 for t in tiling_family_for("fp32", pocl) + tiling_family_for("bf16", pocl))
     assert {t.splitk for t in tiling_family_for("bf16", h100)} == {1, *splitk.SPLITS}
+    # the register-staged TF32 128x128 tile stays whole (it spilled split, in convolutions)
+    tf32 = tiling_family_for("tf32", h100)
+    assert [t for t in tf32 if t.bm * t.bn >= 128 * 128 and t.splitk == 1]
+    assert not [t for t in tf32 if t.bm * t.bn >= 128 * 128 and t.splitk > 1]
+    assert {t.splitk for t in tf32} == {1, *splitk.SPLITS}
     for t in tiling_family_for("fp32", h100):
         assert tiling_named(t.name) == t and splitk.base_name(t.name) == dataclasses.replace(t, splitk=1).name
 
@@ -151,6 +156,24 @@ def test_split_tilings_build_under_nvcc_without_spills(arch):
     usage = compile_cubin(render(srcs, "cuda"), arch)
     for n in names:
         assert not usage[n].spills and usage[n].stack_bytes == 0, (n, usage[n])
+
+
+@pytest.mark.skipif(not find_nvcc(), reason="nvcc not installed")
+def test_split_gemms_in_a_persistent_kernel_build_without_spills(tmp_path):
+    """The largest fp32 tiling split in 8, AStitch-fused (bias + Relu) and a call site of a
+    persistent kernel, as BERT-base fp32 `full` has it: the last rTask's sum once held every
+    chunk's loads in flight (255 registers, 324 B of spills); now one chunk's at a time."""
+    import dlcc
+
+    path = _branches(tmp_path / "b.onnx")
+    pipe = tmp_path / "big.yaml"
+    pipe.write_text("name: big\npasses:\n  - name: lower\n    options: {gemm_tilings: {1x64x512x768: 128x64x32_8x4_sk8}}\n"
+                    "  - name: astitch\n  - name: rammer\n    options: {join: always}\n  - name: memplan\n")
+    for arch, dev in (("sm_90", "h100"), ("sm_80", "a100")):
+        m = dlcc.compile(path, target="opencl", pipeline=str(pipe), device=dev)
+        assert m.plan["meta"].get("split_k") == {"128x64x32_8x4_sk8": 3}
+        usage = compile_cubin(m.source("cuda"), arch)
+        assert not [u for u in usage.values() if u.spills], usage
 
 
 def _branches(path, n=3, M=64, K=768, N=512):

@@ -11,7 +11,7 @@ steps, and the partial sums are added up without a second launch and without wai
     layout is the same for the SIMT grid and the mma fragments) to its slot of a workspace,
     fences, and counts itself in on the tile's counter (an atomic add);
   - the rTask that arrives last (the counter's old value is S - 1) adds the S partial sums in k
-    order, 0 .. S-1, its own from registers, and stores the tile through the op's store (and
+    order, 0 .. S-1, its own read back like the others, and stores the tile through the op's store (and
     AStitch's epilogue), then sets the counter back to 0 for the next inference.
 
 Nothing spins, so no co-residency is needed (a split GEMM may run as a plain launch, inside a
@@ -46,12 +46,20 @@ PARAMS = ["GPTR float* sk_ws", "GPTR int* sk_cnt", "const int sk_off"]
 ARG_NAMES = ["sk_ws", "sk_cnt", "sk_off"]
 
 
+def splittable(t) -> bool:
+    """Whether tiling `t` comes split at all. Not the register-staged TF32 tile of 128x128 (64
+    accumulators a thread, next to the staged A and B fragments): unsplit it already takes 240 of
+    the 255 registers a thread may have, and split it spilled in convolutions (ViT-B/16's patch
+    embedding, ResNet-50's convolutions at tf32). Its smaller siblings split instead."""
+    return not (getattr(t, "precision", None) == "tf32" and t.bm * t.bn >= 128 * 128)
+
+
 def variants(tilings, device=None, split: bool = True) -> tuple:
-    """`tilings` followed by their split variants on a GPU `device` (None: a generic GPU), unless
-    `split` is off (`lower`'s option split_k: false)."""
+    """`tilings` followed by their split variants (those splittable) on a GPU `device` (None: a
+    generic GPU), unless `split` is off (`lower`'s option split_k: false)."""
     if getattr(device, "kind", "gpu") == "cpu" or not split:
         return tuple(tilings)
-    return tuple(tilings) + tuple(dataclasses.replace(t, splitk=s) for s in SPLITS for t in tilings)
+    return tuple(tilings) + tuple(dataclasses.replace(t, splitk=s) for s in SPLITS for t in tilings if splittable(t))
 
 
 def suffix(splitk: int) -> str:
@@ -88,7 +96,10 @@ def chunk_start(t, K: int) -> str:
 def reduce_partials(t, rows: int, cols: int, threads: int) -> list[str]:
     """After the k loop, with shared memory free (the loop's last barrier passed): the partial
     sums of a split rTask into the workspace, the count, and, in the tile's last rTask, the sum
-    of all S in k order into `acc`. Defines `sk_last` (1: this rTask stores the tile). Every
+    of all S in k order into `acc`, read back from the workspace (its own slot too, written by the
+    same threads): one chunk's tile of loads in flight at a time (the chunk loop stays rolled),
+    not all S of them, which nvcc had hoisted into 255 registers and spills inside persistent
+    kernels (BERT-base fp32 `full`). Defines `sk_last` (1: this rTask stores the tile). Every
     barrier is at the task's top level; the branch holds none. Empty for an unsplit tiling."""
     if t.splitk == 1:
         return []
@@ -112,11 +123,14 @@ def reduce_partials(t, rows: int, cols: int, threads: int) -> list[str]:
         "    #pragma unroll",
         f"    for (int i = 0; i < {rows}; ++i) {{",
         "        #pragma unroll",
-        f"        for (int j = 0; j < {cols}; ++j) {{",
-        "            float s = 0.0f;",
+        f"        for (int j = 0; j < {cols}; ++j) acc[i][j] = 0.0f;",
+        "    }",
+        "    #pragma unroll 1",
+        f"    for (int q = 0; q < {S}; ++q) {{",
+        "        #pragma unroll",
+        f"        for (int i = 0; i < {rows}; ++i) {{",
         "            #pragma unroll",
-        f"            for (int q = 0; q < {S}; ++q) s += q == sk_kc ? acc[i][j] : LOAD_CG(sk_w + {slot.format(q='q')});",
-        "            acc[i][j] = s;",
+        f"            for (int j = 0; j < {cols}; ++j) acc[i][j] += LOAD_CG(sk_w + {slot.format(q='q')});",
         "        }",
         "    }",
         "    if (tid == 0) ATOMIC_STORE_I32(sk_cnt + sk_off + sk_tile, 0);",

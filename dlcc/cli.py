@@ -126,6 +126,20 @@ def compile(model: Path = typer.Argument(..., help="ONNX model file"),
                   f"device {cm.plan['meta']['device']})"))
         if cm.plan["meta"].get("precision_note"):
             out.print(f"[yellow]note:[/] {_escape(cm.plan['meta']['precision_note'])}")
+        _warn_spills(cm.plan)
+
+
+def _warn_spills(plan: dict) -> None:
+    """One line where nvcc spilled registers in a kernel of this plan: it runs, but slower (its
+    spilled values go through local memory), and dlcc's tests hold every test model to none."""
+    cuda = plan.get("cuda") or {}
+    spilled = {k: r["spill_bytes"] for k, r in (cuda.get("resources") or {}).items() if r.get("spill_bytes")}
+    if spilled:
+        worst = sorted(spilled.items(), key=lambda kv: -kv[1])[:3]
+        err.print(f"[yellow]warning:[/] nvcc ({_escape(cuda.get('arch', ''))}) spilled registers in {len(spilled)} "
+                  f"kernel(s): " + _escape(", ".join(f"{k} ({b} B)" for k, b in worst))
+                  + "; they run, slower. `dlcc inspect ARTIFACT --launches` lists them (please report it)",
+                  soft_wrap=True)
 
 
 @app.command()
@@ -266,8 +280,8 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
              "tiling": kinfo[L["kernel"]]["tiling"], "math": kinfo[L["kernel"]].get("math", "float32"),
              "grid": L["grid"], "block": L["block"], "flops": L["flops"],
              "dram_bytes": L["dram_bytes"],
-             **({"registers": res[L["kernel"]]["registers"], "blocks_per_sm": res[L["kernel"]]["blocks_per_sm"]}
-                if L["kernel"] in res else {}),
+             **({"registers": res[L["kernel"]]["registers"], "blocks_per_sm": res[L["kernel"]]["blocks_per_sm"],
+                 "spill_bytes": res[L["kernel"]].get("spill_bytes", 0)} if L["kernel"] in res else {}),
              "args": [a["int"] if "int" in a else f"{a['storage']}+{a['offset']}" for a in L["args"]]}
             for i, L in enumerate(plan["launches"])] if launches else None
     by_kind: dict[str, int] = {}
@@ -334,11 +348,12 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
     if launch_rows is not None:
         lt = Table(title="launches, in order")
         cols = ["#", "node", "op", "kernel", "kind", "grid x block", "MFLOP", "DRAM"]
-        cols += ["regs", "blocks/SM"] if res else []
+        cols += ["regs", "blocks/SM", "spill B"] if res else []
         for c in cols + ["args (storage+offset)"]:
             lt.add_column(c, overflow="fold")
         for r in launch_rows:
-            extra = [str(r.get("registers", "")), str(r.get("blocks_per_sm", ""))] if res else []
+            extra = ([str(r.get("registers", "")), str(r.get("blocks_per_sm", "")), str(r.get("spill_bytes", ""))]
+                     if res else [])
             lt.add_row(*map(_escape, [
                 str(r["index"]), r["node"], r["op"], r["kernel"],
                 r["kind"] + (f" {r['tiling']}" if r["tiling"] else "") + (f" ({r['math']})" if r["math"] != "float32" else ""),

@@ -107,3 +107,26 @@ def test_device_choice_changes_tiling_not_numerics(tmp_path):
     feeds = a.sample_inputs()
     np.testing.assert_allclose(a(feeds)["logits"], b(feeds)["logits"], rtol=1e-4, atol=1e-5)
     assert Path(EXAMPLE).exists()
+
+
+def test_register_spills_are_counted_with_their_kernel_and_reported(capsys):
+    """A persistent kernel's call sites are out-of-line functions, which ptxas lists under mangled
+    names: their spills count as the kernel's. `dlcc compile` then prints one warning line."""
+    from dlcc.backends.nvcc import Usage
+    from dlcc.cli import _warn_spills
+    from dlcc.compiler import kernel_spills
+
+    usage = {"Rammer_Stitch_ab12": Usage("Rammer_Stitch_ab12", "sm_90"),
+             "_ZN41_INTERNAL_c0f0Rammer_Stitch_ab12_site2EPfS0_": Usage("x", "sm_90", spill_stores=204, spill_loads=212),
+             "_ZN41_INTERNAL_c0f0Rammer_Stitch_ab12_site6EPfS0_": Usage("x", "sm_90", spill_stores=8),
+             "MatMul_64x64_cd34": Usage("MatMul_64x64_cd34", "sm_90", spill_stores=4, spill_loads=4),
+             "Relu_ef56": Usage("Relu_ef56", "sm_90")}
+    kernels = ["Rammer_Stitch_ab12", "MatMul_64x64_cd34", "Relu_ef56"]
+    assert kernel_spills(usage, kernels) == {"Rammer_Stitch_ab12": 424, "MatMul_64x64_cd34": 8}
+
+    _warn_spills({"cuda": {"arch": "sm_90", "resources": {"Relu_ef56": {"spill_bytes": 0}}}})
+    assert "spill" not in capsys.readouterr().err
+    _warn_spills({"cuda": {"arch": "sm_90", "resources": {k: {"spill_bytes": b} for k, b in
+                                                          kernel_spills(usage, kernels).items()}}})
+    err = capsys.readouterr().err
+    assert "spilled registers in 2 kernel(s)" in err and "Rammer_Stitch_ab12 (424 B)" in err

@@ -80,6 +80,7 @@ def build_plan(state, meta: dict) -> tuple[dict, "WeightsBlob"]:
             **({"dtype": L.math} if L.math != "float32" else {}),  # the cost model's FLOP dtype
             **({"rprogram": L.rprogram} if L.rprogram else {}),
             **({"gemm": gemm_problem(L)} if gemm_problem(L) else {}),  # the cost model's tiling cost
+            **({"attention": list(L.attention)} if L.attention else {}),  # its cycle model's problem
         })
     weights = WeightsBlob(mem.weights_bytes, [
         (p.offset, np.ascontiguousarray(g.tensors[b].value.astype(g.tensors[b].dtype, copy=False)).reshape(-1)

@@ -61,7 +61,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..estimate.costmodel import gemm_model_us, kernel_fixed_us, kernel_time, rprogram_time, wave_gemm_us
+from ..estimate.costmodel import (gemm_model_us, kernel_fixed_us, kernel_time, rprogram_time, wave_attention_us,
+                                  wave_gemm_us)
 from ..ir import Tensor
 from ..kernels import splitk
 from ..kernels.gemm import GemmExpr, gemm_source, tasks_for, tiling_family
@@ -149,6 +150,9 @@ def wave_info(w: list[Launch], measured: dict, prog=None) -> dict:
              if prog is not None and prog.kernels[L.kernel].tiling and gemm_problem(L)]
     if gemms:
         d["gemms"] = gemms
+    attention = [list(L.attention) for L in w if L.attention]
+    if attention:
+        d["attention"] = attention
     math = {}
     for L in w:
         if L.math != "float32":
@@ -421,11 +425,14 @@ def _split_cost(run: _Run, dev, veus: int) -> float:
             k = kernel_time(info["flops"], info["dram_bytes"], "float32", dev, blocks=info["tasks"], threads=BLOCK,
                             smem_bytes=run.smem, gemm=info["gemm"], math_flops=info.get("math_flops"))
             kt = k.us
-            if info.get("gemms") and dev.gemm_cycle_us:
-                gemm = (gemm_model_us(info["gemms"][0][0], info["gemms"][0][1:], dev) if len(w) == 1
-                        else wave_gemm_us(info["gemms"], veus, dev))
-                if gemm is not None:
-                    kt = dev.kernel_fixed_us + max(gemm, k.compute_us, k.memory_us)
+            if (info.get("gemms") or info.get("attention")) and dev.gemm_cycle_us:
+                gemm = None
+                if info.get("gemms"):
+                    gemm = (gemm_model_us(info["gemms"][0][0], info["gemms"][0][1:], dev) if len(w) == 1
+                            else wave_gemm_us(info["gemms"], veus, dev))
+                att = wave_attention_us(info["attention"], veus, dev) if info.get("attention") else None
+                if gemm is not None or att is not None:
+                    kt = dev.kernel_fixed_us + max((gemm or 0.0) + (att or 0.0), k.compute_us, k.memory_us)
         tot += max(kt, dev.launch_overhead_us)
     return tot
 

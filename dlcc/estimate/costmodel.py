@@ -177,6 +177,29 @@ def gemm_model_us(tiling: str, shape, device: DeviceSpec, blocks_per_sm: int | N
     return cost(t, *(int(x) for x in shape), d) * device.gemm_cycle_us
 
 
+def attention_model_us(shape, device: DeviceSpec, sms: int | None = None) -> float | None:
+    """µs of a fused attention rOperator ([batch, M, N, D, Dv]) from its cycle model
+    (kernels/attention.py attention_cost, in the SIMT GEMM model's units) times
+    DeviceSpec.gemm_cycle_us; None where the device has no such calibration. `sms`: the SMs it
+    may use (1: its SM-time)."""
+    if device.gemm_cycle_us is None or device.kind != "gpu":
+        return None
+    from ..kernels.attention import attention_cost
+
+    d = device.model_copy(update={"sms": int(sms)}) if sms else device
+    return attention_cost(*(int(x) for x in shape), d) * device.gemm_cycle_us
+
+
+def wave_attention_us(shapes: list, veus: int, device: DeviceSpec) -> float | None:
+    """µs of a wave's fused attention rTasks in a persistent kernel: the longest alone, or their
+    summed SM-time over the SMs the wave's vEUs cover, whichever is more (as wave_gemm_us)."""
+    alone = [attention_model_us(s, device) for s in shapes]
+    one = [attention_model_us(s, device, sms=1) for s in shapes]
+    if not alone or None in alone or None in one:
+        return None
+    return max(max(alone), sum(one) / max(1, min(device.sms, veus)))
+
+
 def wave_gemm_us(gemms: list, veus: int, device: DeviceSpec, blocks_per_sm: int = 1) -> float | None:
     """µs of a wave's GEMM rTasks in a persistent kernel of `blocks_per_sm` resident blocks per SM
     (gemm_model_us at that occupancy): the longest GEMM alone, or their summed SM-time over the SMs
@@ -217,7 +240,8 @@ def rprogram_time(waves: list[dict], veus: int, device: DeviceSpec, sync_points:
 
     On a device calibrated for it (DeviceSpec.gemm_cycle_us), a wave's GEMM rTasks ("gemms":
     tiling and problem each) take at least what their tilings' cycle model gives at the persistent
-    kernel's `blocks_per_sm` (wave_gemm_us)."""
+    kernel's `blocks_per_sm` (wave_gemm_us), plus what its fused attention rTasks ("attention":
+    [batch, M, N, D, Dv] each) take by their cycle model (wave_attention_us)."""
     ce, de = device.compute_efficiency, device.dram_efficiency
     per = []
     for w in waves:
@@ -230,7 +254,8 @@ def rprogram_time(waves: list[dict], veus: int, device: DeviceSpec, sync_points:
         compute = compute_us(float(w["flops"]), "float32", device, w.get("math_flops")) / ce * q
         memory = float(w["dram_bytes"]) / (device.dram_bandwidth_gbps * 1e3 * de) * q
         gemm = wave_gemm_us(w["gemms"], veus, device, blocks_per_sm) if w.get("gemms") else None
-        per.append(max(compute, memory, gemm or 0.0))
+        att = wave_attention_us(w["attention"], veus, device) if w.get("attention") else None
+        per.append(max(compute, memory, (gemm or 0.0) + (att or 0.0)))
     if device.unoptimised_slowdown != 1.0 or device.unoptimised_task_us:
         # built unoptimised on this device (PoCL: backends/opencl.py builds_unoptimised): slower
         # work, and a cost per rTask in waves over the SMs
@@ -305,6 +330,12 @@ def launch_time(launch: dict, kernel: dict | None, device: DeviceSpec, dtype: st
     rp = launch.get("rprogram")
     if not rp and launch.get("gemm") and (kernel or {}).get("tiling"):
         model = gpu_gemm_time(model, launch, kernel, device, regs)
+    if not rp and launch.get("attention"):
+        att = attention_model_us(launch["attention"], device)
+        if att is not None:  # dlcc's own kernel: its fixed cost, not cuBLAS's (as gpu_gemm_time)
+            model = replace(model, us=device.kernel_fixed_us + max(att, model.compute_us, model.memory_us),
+                            compute_us=max(att, model.compute_us), fixed_us=device.kernel_fixed_us,
+                            source=model.source + " + attention model")
     if rp:  # a persistent kernel: its waves one after another on its vEUs (rprogram_time)
         us, _ = rprogram_time(rp["waves"], min(blocks, int(rp.get("veus") or blocks)), device,
                               int(rp.get("sync_points") or 0), int(rp.get("blocks_per_sm") or 1))

@@ -142,6 +142,9 @@ class Launch:
     # {"shape": [batch, M, N, K], "a_k_contiguous", "b_n_contiguous"}, for the cost model's
     # tiling model (plan.py gemm_problem).
     gemm_problem: dict | None = None
+    # A fused attention launch (passes/astitch/attention.py): [batch, M, N, D, Dv], for the cost
+    # model's attention model (kernels/attention.py attention_cost).
+    attention: list | None = None
 
 
 @dataclass

@@ -9,6 +9,7 @@ the launches, and records what it did for `dlcc inspect --stitch`.
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,7 +20,8 @@ from ...kernels import splitk
 from ...kernels.program import Launch
 from ...plan import gemm_problem
 from .. import CompileState, register_pass
-from .codegen import gemm_source_fused, stitch_source
+from .attention import plan_attention
+from .codegen import attention_source_fused, gemm_source_fused, stitch_source
 from .nodes import NodeGraph
 from .planner import BLOCK, Planner, node_flops
 
@@ -43,6 +45,10 @@ class AStitchOptions(BaseModel):
     task_splitting: bool = Field(True, description="split a long row across blocks when rows cannot fill a wave")
     inline_flops: int = Field(4, ge=-1, description="most FLOPs per element of a node recomputed in "
                               "rOperator loads instead of written once")
+    attention: Literal["auto"] | bool = Field(
+        "auto", description="fuse Q·Kᵀ, its scale/mask epilogue, Softmax and P·V into one flash-attention rOperator "
+        "(passes/astitch/attention.py): auto where the cost model says it is faster than the three kernels on a "
+        "calibrated GPU (and always elsewhere), true, or false; needs gemm_fusion")
 
 
 @register_pass("astitch", AStitchOptions, after=("lower",), before=("memplan", "rammer"))
@@ -57,6 +63,7 @@ def astitch(state: CompileState, opts: AStitchOptions) -> None:
     pl = Planner(ng, state.device, opts)
     pl.plan_epilogues()
     pl.plan_gemm_inline()
+    pl.attention = plan_attention(pl, opts.attention == "auto") if opts.attention and opts.gemm_fusion else []
     pl.recompute_ancestors()
     pl.plan_groups()
     pl.plan_stitches()
@@ -65,7 +72,8 @@ def astitch(state: CompileState, opts: AStitchOptions) -> None:
     ctx = state.ctx
     state.log.append(f"astitch: {before} launch(es) -> {len(ctx.program.launches)}; "
                      f"{len([r for r in report if r['kind'] == 'stitch'])} stitched kernel(s), "
-                     f"{len([r for r in report if r['kind'] == 'gemm'])} fused rOperator(s)")
+                     f"{len([r for r in report if r['kind'] == 'gemm'])} fused rOperator(s)"
+                     + (f", {len(pl.attention)} fused attention(s)" if pl.attention else ""))
 
 
 def _rebuild(state, ng: NodeGraph, pl: Planner) -> list[dict]:
@@ -78,6 +86,11 @@ def _rebuild(state, ng: NodeGraph, pl: Planner) -> list[dict]:
     if any(st.spin for st in pl.stitches):
         n = max(st.sync_slot for st in pl.stitches if st.spin) + 1
         state.graph.tensors[SYNC] = Tensor(SYNC, (2 * n,), "int32")
+    for af in pl.attention:
+        L, rep = _attention_launch(ng, pl, af, old, prog)
+        units.append({"nodes": set(af.members), "launch": L})
+        covered |= set(af.members)
+        report.append(rep)
     for gid, fus in pl.gemms.items():
         g = ng.nodes[gid]
         text, args, reads, writes = gemm_source_fused(ng, pl, fus)
@@ -140,6 +153,46 @@ def _rebuild(state, ng: NodeGraph, pl: Planner) -> list[dict]:
     used = {L.kernel for L in prog.launches}
     prog.kernels = {name: k for name, k in prog.kernels.items() if name in used}
     return report
+
+
+def _attention_launch(ng, pl, af, old, prog) -> tuple[Launch, dict]:
+    """The launch of one fused attention (passes/astitch/attention.py) and its report row: one
+    rTask per head and block of query rows; the FLOPs of both products, the Softmax and the
+    epilogues; DRAM bytes of Q, K, V, the mask and the output, the scores no longer among them."""
+    from ...kernels.attention import ATTN_THREADS, attention_smem_floats, attention_tasks
+
+    text, args, reads, writes = attention_source_fused(ng, pl, af)
+    g1, g2 = ng.nodes[af.qk], ng.nodes[af.pv]
+    s1, s2 = g1.gemm.spec, g2.gemm.spec
+    shape = _AttnShape(s1.batch, s1.M, s1.N, s1.K, s2.N)
+    k = prog.add_kernel("Attention", lambda nm, t=text: t.replace("KNAME", nm), ATTN_THREADS,
+                        smem_bytes=4 * attention_smem_floats(shape), kind="attention", pass_name="astitch")
+    members = af.members
+    flops = (2 * s1.batch * s1.M * s1.N * (s1.K + s2.N) + 5 * s1.batch * s1.M * s1.N
+             + sum(node_flops(ng, ng.nodes[c]) for c in af.score + af.epilogue))
+    L = Launch(kernel=k, grid=attention_tasks(shape), block=ATTN_THREADS, args=[("t", a) for a in args], reads=reads,
+               writes=writes, node="+".join(dict.fromkeys(ng.nodes[c].onnx_node for c in (af.qk, af.pv))),
+               op_type="Attention", flops=flops, dram_bytes=_dram(ng, pl, reads, writes, members), pass_name="astitch",
+               category="compute")
+    L.attention = [s1.batch, s1.M, s1.N, s1.K, s2.N]
+    base = sum(old[o].dram_bytes for o in {ng.nodes[c].order for c in members})
+    rep = {"kind": "gemm", "kernel": k, "ops": ["Attention"] + [ng.nodes[c].op_type for c in members],
+           "nodes": list(dict.fromkeys(ng.nodes[c].onnx_node for c in members)),
+           "prologue": sorted({ng.nodes[ng.producer[t]].op_type for c in (af.qk, af.pv) for t in ng.nodes[c].inputs
+                               if ng.producer.get(t) in pl.gemm_inline}),
+           "epilogue": [ng.nodes[c].op_type for c in af.epilogue],
+           "dram_bytes": L.dram_bytes, "baseline_dram_bytes": base}
+    return L, rep
+
+
+@dataclass
+class _AttnShape:
+    """The sizes kernels/attention.py derives its tiling from (an AttentionSpec's)."""
+    batch: int
+    M: int
+    N: int
+    D: int
+    Dv: int
 
 
 def _written(ng, st) -> set[str]:

@@ -7,6 +7,8 @@ name, so two kernels in one translation unit never collide; ONNX names never app
 """
 from __future__ import annotations
 
+import re
+
 from ...kernels.gemm import GemmSpec, gemm_source
 from ...kernels.map import MapView, prune_defs, unravel
 from ...kernels.program import FLOAT_LOAD_MACROS, ctype, literal, load_float, store_float, value_ctype
@@ -318,3 +320,75 @@ def _epilogue(b, ng, g, spec, fus) -> list[str]:
     for t in fus.stored:
         store.append(store_float(ng.tensor(t).dtype, b.param(t, write=True), "ei", b.known[t]))
     return store
+
+
+def attention_source_fused(ng, planner, af) -> tuple[str, list[str], list[str], list[str]]:
+    """The fused attention rOperator (passes/astitch/attention.py) in kernels/attention.py's
+    template: Q and K through Q·Kᵀ's loads, V through P·V's B load, each operand that AStitch
+    computes in a load (the head transposes) through its element function as in a fused GEMM;
+    the score through Q·Kᵀ's epilogue nodes at its flat index; the output through P·V's store
+    and epilogue. Every tensor is a parameter of the Builder (`gaN`), so the two GEMMs' own
+    parameter names (both call their B operand `B`) cannot meet, and P·V's prologue variables
+    are renamed apart from Q·Kᵀ's. Returns (text with KNAME, tensor args in order, reads, writes)."""
+    from ...kernels.attention import AttentionSpec, attention_source
+
+    g1, g2 = ng.nodes[af.qk], ng.nodes[af.pv]
+    s1, s2 = g1.gemm.spec, g2.gemm.spec
+    b = Builder(ng, planner, planner.gemm_inline)
+
+    def through_builder(g, spec, texts: list[str]) -> list[str]:
+        pnames = [p.split()[-1].lstrip("*") for p in spec.params]
+        for pn, t in zip(pnames[:-1], [ng.res(a) for a in g.gemm.args][:-1]):
+            texts = [_subst_loads(x, pn, lambda idx, t=t: b.read(t, idx)) for x in texts]
+        return texts
+
+    own = set(re.findall(r"\bconst int (\w+)\s*=", "\n".join(s2.prologue or [])))
+
+    def apart(text: str) -> str:  # P·V's prologue names, renamed apart from Q·Kᵀ's
+        return re.sub(r"\b(" + "|".join(map(re.escape, sorted(own))) + r")\b", r"pv_\1", text) if own else text
+
+    def load(g, spec, fn, i, j, rename=False):
+        st, val = fn(i, j)
+        out = through_builder(g, spec, ["\n".join(st), val])
+        if rename:
+            out = [apart(x) for x in out]
+        return [y for y in out[0].split("\n") if y], out[1]
+
+    def score(m, n, s):
+        b.known = {g1.output: "at_e0"}
+        stmts = [f"const int ei = {s1.store_index(m, n)};", f"const float at_e0 = {s1.store_value(s)};"]
+        for k, cid in enumerate(af.score, start=1):
+            c = ng.nodes[cid]
+            st, expr = b.body_value(c, "ei")
+            stmts += [f"float at_e{k};", "{", *["    " + x for x in st], f"    at_e{k} = (float)({expr});", "}"]
+            b.known[c.output] = f"at_e{k}"
+        return stmts, b.known[ng.nodes[af.score[-1]].output] if af.score else "at_e0"
+
+    def store(m, e, value):
+        b.known = {g2.output: "at_o0"}
+        stmts = [f"const int ei = {apart(s2.store_index(m, e))};", f"const float at_o0 = {s2.store_value(value)};"]
+        for k, cid in enumerate(af.epilogue, start=1):
+            c = ng.nodes[cid]
+            st, expr = b.body_value(c, "ei")
+            stmts += [f"float at_o{k};", "{", *["    " + x for x in st], f"    at_o{k} = (float)({expr});", "}"]
+            b.known[c.output] = f"at_o{k}"
+        for t in af.stored:
+            stmts.append(store_float(ng.tensor(t).dtype, b.param(t, write=True), "ei", b.known[t]))
+        return stmts
+
+    prologue = [*(s1.prologue or []), *[apart(x) for x in (s2.prologue or [])]]
+
+    def spec(params):
+        return AttentionSpec(batch=s1.batch, M=s1.M, N=s1.N, D=s1.K, Dv=s2.N, params=params, prologue=prologue,
+                             load_q=lambda m, d: load(g1, s1, s1.load_a, m, d),
+                             load_k=lambda d, n: load(g1, s1, s1.load_b, d, n),
+                             load_v=lambda n, e: load(g2, s2, s2.load_b, n, e, rename=True),
+                             score=score, store=store)
+
+    attention_source("KNAME", spec([]))  # a first pass finds the parameters (the Builder's)
+    decls = [f"GPTR {ctype(ng.tensor(t).dtype)}* {p}" if t in b.written else f"GPTR const {ctype(ng.tensor(t).dtype)}* {p}"
+             for t, p in b.params.items()]
+    text, order = b.finish(attention_source("KNAME", spec(decls)))
+    reads = [t for t in order if t not in b.written]
+    writes = [t for t in order if t in b.written]
+    return text, order, reads, writes

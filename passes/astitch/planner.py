@@ -129,6 +129,7 @@ class Planner:
         for n in self.nodes:
             self.per_launch[n.order] = self.per_launch.get(n.order, 0) + 1
         self.gemms: dict[int, GemmFusion] = {}
+        self.attention: list = []  # fused attentions (attention.py plan_attention)
         self.absorbed: dict[int, int] = {}  # map node -> gemm node whose epilogue computes it
         self.gemm_inline: set[int] = set()  # map nodes computed inside rOperator loads
         self.groups: list[list[int]] = []

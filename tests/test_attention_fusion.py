@@ -1,0 +1,120 @@
+"""AStitch's attention fusion (passes/astitch/attention.py): Q·Kᵀ, its scale and mask, Softmax and
+P·V become one flash-attention rOperator in real exported models (torch's TorchScript and dynamo
+exporters, Hugging Face architectures), as plain launches (astitch) and as rTasks of persistent
+kernels (full), at fp32 and at bf16 on H100 plans, checked against onnxruntime on PoCL; the
+`attention` option; the cost model's choice on a calibrated GPU; inspect's row."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dlcc
+from dlcc.verify import verify_outputs
+
+from conftest import opencl_device_available
+
+pytestmark = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
+
+
+def _attention_count(plan) -> int:
+    """Fused attentions in a plan: launches, and rTask entries of persistent kernels."""
+    n = sum(1 for L in plan["launches"] if L["op_type"] == "Attention")
+    for L in plan["launches"]:
+        for w in (L.get("rprogram") or {}).get("waves", []):
+            n += sum(1 for e in w["entries"] if e[0] == "Attention")
+    return n
+
+
+@pytest.mark.parametrize("name,layers", [("bert", 2), ("gpt2", 2), ("vit", 2), ("hf-llama", 2), ("hf-t5-encoder", 2)])
+@pytest.mark.parametrize("pipeline", ["astitch", "full"])
+def test_models_fuse_every_attention_and_match_onnxruntime(model_path, name, layers, pipeline):
+    if name.startswith("hf-"):
+        from test_hf_zoo import _export
+
+        path = str(_export(name[3:]))
+    else:
+        path = model_path(name)
+    m = dlcc.compile(path, target="opencl", pipeline=pipeline)
+    assert _attention_count(m.plan) == layers, "every layer's attention is one rOperator"
+    assert not [L for L in m.plan["launches"] if L["op_type"] == "Softmax"]
+    feeds = m.sample_inputs(0)
+    rows = verify_outputs(path, m(feeds), feeds)
+    assert all(r["passed"] for r in rows), rows
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_h100_plans_at_tensor_core_precisions(model_path, precision):
+    """The H100 plan (split and tensor-core GEMMs around the attention, emulated on PoCL)."""
+    path = model_path("bert")
+    m = dlcc.compile(path, target="opencl", pipeline="full", device="h100", precision=precision)
+    assert _attention_count(m.plan) == 2
+    feeds = m.sample_inputs(1)
+    rows = verify_outputs(path, m(feeds), feeds, precision=precision)
+    assert all(r["passed"] for r in rows), rows
+
+
+def _attention_model(path, S=128, D=64, heads=12, mask=True):
+    """softmax(Q·Kᵀ / sqrt(D) + causal mask)·V over [1, heads, S, D] inputs, K transposed in the
+    graph, as exporters write it; the causal mask holds -inf above the diagonal."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    inits = [helper.make_tensor("scale", TensorProto.FLOAT, [], [1.0 / np.sqrt(D)])]
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["ss"])]
+    last = "ss"
+    if mask:
+        causal = np.triu(np.full((S, S), -np.inf, np.float32), 1)
+        inits.append(helper.make_tensor("mask", TensorProto.FLOAT, [1, 1, S, S], causal.reshape(-1)))
+        nodes.append(helper.make_node("Add", ["ss", "mask"], ["sm"]))
+        last = "sm"
+    nodes += [helper.make_node("Softmax", [last], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["o"])]
+    io = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, heads, S, D])  # noqa: E731
+    g = helper.make_graph(nodes, "attention", [io("q"), io("k"), io("v")], [io("o")], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return str(path)
+
+
+def test_a_causal_mask_of_minus_infinity(tmp_path):
+    path = _attention_model(tmp_path / "a.onnx", S=40, D=32, heads=3)
+    m = dlcc.compile(path, target="opencl", pipeline="astitch")
+    assert _attention_count(m.plan) == 1 and len(m.plan["launches"]) == 1
+    feeds = m.sample_inputs(2)
+    rows = verify_outputs(path, m(feeds), feeds)
+    assert all(r["passed"] for r in rows), rows
+
+
+def test_the_attention_option(tmp_path):
+    path = _attention_model(tmp_path / "a.onnx", S=24, D=16, heads=2)
+    pipe = tmp_path / "off.yaml"
+    pipe.write_text("name: no-attention\npasses:\n  - name: lower\n  - name: astitch\n    options: {attention: false}\n"
+                    "  - name: memplan\n")
+    on, off = dlcc.compile(path, target="opencl", pipeline="astitch"), dlcc.compile(path, target="opencl", pipeline=str(pipe))
+    assert _attention_count(on.plan) == 1 and _attention_count(off.plan) == 0
+    assert "1 fused attention(s)" in " ".join(on.plan["meta"]["pass_log"])
+    feeds = on.sample_inputs(0)
+    a, b = on(feeds), off(feeds)
+    np.testing.assert_allclose(a["o"], b["o"], rtol=1e-5, atol=1e-5)
+
+
+def test_the_cost_model_fuses_where_it_pays_on_a_calibrated_gpu(tmp_path):
+    """On the H100 spec (calibrated: gemm_cycle_us) at bf16, BERT-base's 128-token attention is
+    fused; ViT-B/16's 197 tokens (156 rTasks in two rounds over 132 SMs) stay three tensor-core
+    kernels; `attention: true` fuses both."""
+    short, long_ = _attention_model(tmp_path / "s.onnx", S=128, mask=False), _attention_model(tmp_path / "l.onnx", S=197, mask=False)
+    pipe = tmp_path / "on.yaml"
+    pipe.write_text("name: attention-on\npasses:\n  - name: lower\n  - name: astitch\n    options: {attention: true}\n"
+                    "  - name: memplan\n")
+    count = lambda p, pl: _attention_count(dlcc.compile(p, target="opencl", pipeline=pl, device="h100",  # noqa: E731
+                                                        precision="bf16").plan)
+    assert count(short, "astitch") == 1
+    assert count(long_, "astitch") == 0
+    assert count(long_, str(pipe)) == 1
+
+
+def test_inspect_lists_the_fused_attention(model_path):
+    from test_bad_input import cli
+
+    rc, out, err = cli("inspect", model_path("bert"), "-p", "astitch", "--stitch")
+    assert rc == 0, err
+    assert "rOperator Attention + MatMul + Mul + Add" in out

@@ -308,15 +308,23 @@ def gemm_source_fused(ng, planner, fus) -> tuple[str, list[str], list[str], int]
     return text, ordered, reads, writes
 
 
+def _chain(b, ng, head: str, index: str, value: str, nodes: list[int], prefix: str) -> list[str]:
+    """Statements that compute `value` (tensor `head`'s element) at flat index `ei` = `index`,
+    then each map node of `nodes` in order at the same index, into locals `{prefix}0..`; b.known
+    maps each tensor to its local (a GEMM epilogue, an attention's score and output)."""
+    b.known = {head: f"{prefix}0"}
+    stmts = [f"const int ei = {index};", f"const float {prefix}0 = {value};"]
+    for k, cid in enumerate(nodes, start=1):
+        c = ng.nodes[cid]
+        st, expr = b.body_value(c, "ei")
+        stmts += [f"float {prefix}{k};", "{", *["    " + x for x in st], f"    {prefix}{k} = (float)({expr});", "}"]
+        b.known[c.output] = f"{prefix}{k}"
+    return stmts
+
+
 def _epilogue(b, ng, g, spec, fus) -> list[str]:
     """Store statements: the GEMM's value, then each absorbed consumer at the same flat index."""
-    store = [f"const int ei = {spec.store_index('m', 'n')};", f"const float e0 = {spec.store_value('acc[i][j]')};"]
-    b.known = {g.output: "e0"}
-    for k, cid in enumerate(fus.epilogue, start=1):
-        c = ng.nodes[cid]
-        stmts, expr = b.body_value(c, "ei")
-        store += [f"float e{k};", "{", *["    " + x for x in stmts], f"    e{k} = (float)({expr});", "}"]
-        b.known[c.output] = f"e{k}"
+    store = _chain(b, ng, g.output, spec.store_index("m", "n"), spec.store_value("acc[i][j]"), fus.epilogue, "e")
     for t in fus.stored:
         store.append(store_float(ng.tensor(t).dtype, b.param(t, write=True), "ei", b.known[t]))
     return store
@@ -355,23 +363,11 @@ def attention_source_fused(ng, planner, af) -> tuple[str, list[str], list[str], 
         return [y for y in out[0].split("\n") if y], out[1]
 
     def score(m, n, s):
-        b.known = {g1.output: "at_e0"}
-        stmts = [f"const int ei = {s1.store_index(m, n)};", f"const float at_e0 = {s1.store_value(s)};"]
-        for k, cid in enumerate(af.score, start=1):
-            c = ng.nodes[cid]
-            st, expr = b.body_value(c, "ei")
-            stmts += [f"float at_e{k};", "{", *["    " + x for x in st], f"    at_e{k} = (float)({expr});", "}"]
-            b.known[c.output] = f"at_e{k}"
+        stmts = _chain(b, ng, g1.output, s1.store_index(m, n), s1.store_value(s), af.score, "at_e")
         return stmts, b.known[ng.nodes[af.score[-1]].output] if af.score else "at_e0"
 
     def store(m, e, value):
-        b.known = {g2.output: "at_o0"}
-        stmts = [f"const int ei = {apart(s2.store_index(m, e))};", f"const float at_o0 = {s2.store_value(value)};"]
-        for k, cid in enumerate(af.epilogue, start=1):
-            c = ng.nodes[cid]
-            st, expr = b.body_value(c, "ei")
-            stmts += [f"float at_o{k};", "{", *["    " + x for x in st], f"    at_o{k} = (float)({expr});", "}"]
-            b.known[c.output] = f"at_o{k}"
+        stmts = _chain(b, ng, g2.output, apart(s2.store_index(m, e)), s2.store_value(value), af.epilogue, "at_o")
         for t in af.stored:
             stmts.append(store_float(ng.tensor(t).dtype, b.param(t, write=True), "ei", b.known[t]))
         return stmts

@@ -46,7 +46,7 @@ Design choices:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from .program import ctype, literal, load_float, store_float
 
@@ -84,6 +84,17 @@ class AttentionSpec:
     score: Callable[[str, str, str], tuple[list[str], str]]  # (m, n, s) -> (stmts, float score of dot product s)
     store: Callable[[str, str, str], list[str]]  # (m, e, value) -> stmts that write O
     prologue: list[str] | None = None  # statements run once per rTask after `bt` is known (batch offsets)
+
+
+class AttentionShape(NamedTuple):
+    """The sizes alone of an attention (what its tiling, task count and cost depend on): an
+    AttentionSpec without its text, as the cost model and the plan know it."""
+
+    batch: int
+    M: int
+    N: int
+    D: int
+    Dv: int
 
 
 @dataclass(frozen=True)
@@ -137,7 +148,7 @@ class AttentionTiling:
         return self.red_off + ATTN_THREADS
 
 
-def attention_tiling(spec: AttentionSpec) -> AttentionTiling:
+def attention_tiling(spec: AttentionSpec | AttentionShape) -> AttentionTiling:
     """The widest key block whose tiles fit SMEM_LIMIT_FLOATS; ValueError where none does."""
     if min(spec.batch, spec.M, spec.N, spec.D, spec.Dv) < 1:
         raise ValueError(f"attention needs positive sizes, got batch={spec.batch} M={spec.M} N={spec.N} "
@@ -150,12 +161,12 @@ def attention_tiling(spec: AttentionSpec) -> AttentionTiling:
                      "shared memory at any key block width")
 
 
-def attention_tasks(spec: AttentionSpec) -> int:
+def attention_tasks(spec: AttentionSpec | AttentionShape) -> int:
     """rTasks (blocks) of the rOperator: one per batch index and block of BQ query rows."""
     return spec.batch * -(-spec.M // BQ)
 
 
-def attention_smem_floats(spec: AttentionSpec) -> int:
+def attention_smem_floats(spec: AttentionSpec | AttentionShape) -> int:
     """Shared memory of one rTask, in floats (the `smem` array the KERNEL declares)."""
     return attention_tiling(spec).smem_floats
 
@@ -369,7 +380,7 @@ def attention_cost(batch: int, M: int, N: int, D: int, Dv: int, device=None) -> 
     registers a thread (ptxas: 64-108)."""
     from .gemm import ISSUE_PER_CYCLE, STEP_LATENCY
 
-    shape = AttentionSpec(batch, M, N, D, Dv, [], None, None, None, None, None)
+    shape = AttentionShape(batch, M, N, D, Dv)
     t = attention_tiling(shape)
     sms = getattr(device, "sms", 80)
     per_sm = -(-attention_tasks(shape) // sms)

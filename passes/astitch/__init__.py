@@ -9,7 +9,6 @@ the launches, and records what it did for `dlcc inspect --stitch`.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -159,12 +158,12 @@ def _attention_launch(ng, pl, af, old, prog) -> tuple[Launch, dict]:
     """The launch of one fused attention (passes/astitch/attention.py) and its report row: one
     rTask per head and block of query rows; the FLOPs of both products, the Softmax and the
     epilogues; DRAM bytes of Q, K, V, the mask and the output, the scores no longer among them."""
-    from ...kernels.attention import ATTN_THREADS, attention_smem_floats, attention_tasks
+    from ...kernels.attention import ATTN_THREADS, AttentionShape, attention_smem_floats, attention_tasks
 
     text, args, reads, writes = attention_source_fused(ng, pl, af)
     g1, g2 = ng.nodes[af.qk], ng.nodes[af.pv]
     s1, s2 = g1.gemm.spec, g2.gemm.spec
-    shape = _AttnShape(s1.batch, s1.M, s1.N, s1.K, s2.N)
+    shape = AttentionShape(s1.batch, s1.M, s1.N, s1.K, s2.N)
     k = prog.add_kernel("Attention", lambda nm, t=text: t.replace("KNAME", nm), ATTN_THREADS,
                         smem_bytes=4 * attention_smem_floats(shape), kind="attention", pass_name="astitch")
     members = af.members
@@ -174,7 +173,7 @@ def _attention_launch(ng, pl, af, old, prog) -> tuple[Launch, dict]:
                writes=writes, node="+".join(dict.fromkeys(ng.nodes[c].onnx_node for c in (af.qk, af.pv))),
                op_type="Attention", flops=flops, dram_bytes=_dram(ng, pl, reads, writes, members), pass_name="astitch",
                category="compute")
-    L.attention = [s1.batch, s1.M, s1.N, s1.K, s2.N]
+    L.attention = list(shape)
     base = sum(old[o].dram_bytes for o in {ng.nodes[c].order for c in members})
     ops = [ng.nodes[c].op_type for c in members]
     rep = {"kind": "gemm", "kernel": k, "ops": ["Attention"] + [o for i, o in enumerate(ops) if i == 0 or o != ops[i - 1]],
@@ -184,16 +183,6 @@ def _attention_launch(ng, pl, af, old, prog) -> tuple[Launch, dict]:
            "epilogue": [ng.nodes[c].op_type for c in af.epilogue],
            "dram_bytes": L.dram_bytes, "baseline_dram_bytes": base}
     return L, rep
-
-
-@dataclass
-class _AttnShape:
-    """The sizes kernels/attention.py derives its tiling from (an AttentionSpec's)."""
-    batch: int
-    M: int
-    N: int
-    D: int
-    Dv: int
 
 
 def _written(ng, st) -> set[str]:

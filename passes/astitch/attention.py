@@ -109,12 +109,14 @@ def fused_pays(pl, af: AttentionFusion, sm) -> bool:
 
 
 def _score_chain(pl, last: int):
-    """(g1, its score nodes) for a Softmax input that no GEMM epilogue absorbed: the elementwise
-    map nodes from a GEMM's output to node `last`, each reading the one before at its own flat
-    index, after the GEMM's own epilogue where it has one. (An epilogue absorbs only what reads
-    tensors written before the GEMM; the first layer of a torch export computes its mask after the
-    Q·Kᵀ GEMM, so there the mask add stayed out of the epilogue that took the scale.) Their other inputs (the mask) may come from anywhere that does not depend on
-    the chain: the fused launch is ordered after their producers."""
+    """(g1, its score nodes) for the Softmax input made by node `last`: g1 itself with no score
+    nodes; g1's planned epilogue where it ends at `last`; or that epilogue (if any) followed by
+    the elementwise map nodes up to `last`, each reading the one before at its own flat index.
+    (An epilogue absorbs only what reads tensors written before the GEMM; the first layer of a
+    torch export computes its mask after the Q·Kᵀ GEMM, so there the mask add stayed out of the
+    epilogue that took the scale.) The maps' other inputs (the mask) may come from anywhere that
+    does not depend on the chain: the fused launch is ordered after their producers. None where
+    the nodes are not such a chain."""
     ng = pl.ng
     chain, cur = [], ng.nodes[last]
     while cur.kind == "map":
@@ -126,7 +128,7 @@ def _score_chain(pl, last: int):
             return None
         chain.append(cur.id)
         prev = [(k, t) for k, t in enumerate(cur.inputs) if t and ng.producer.get(t) is not None
-                and (ng.nodes[ng.producer[t]].kind == "gemm" or ng.nodes[ng.producer[t]].kind == "map")
+                and ng.nodes[ng.producer[t]].kind in ("gemm", "map")
                 and ng.size(t) == ng.size(cur.output)
                 and access_kinds(cur).get(k) in (None, "bcast") and is_identity(input_index(cur, k), ng.size(t))]
         if len(prev) != 1:
@@ -143,22 +145,12 @@ def _match(pl, sm, e: SoftmaxExpr) -> AttentionFusion | None:
         return None
     softmax = [n.id for n in ng.nodes if n.order == sm.order]
     x, out = ng.res(e.x), ng.res(e.out)
-    # back from the Softmax's input to g1, through g1's planned epilogue
+    # back from the Softmax's input to g1, through g1's planned epilogue and any maps after it
     p = ng.producer.get(x)
-    if p is None:
+    found = _score_chain(pl, p) if p is not None else None
+    if found is None:
         return None
-    if ng.nodes[p].kind == "gemm":
-        g1, score = ng.nodes[p], []
-    elif p in pl.absorbed and pl.absorbed[p] in pl.gemms:
-        g1 = ng.nodes[pl.absorbed[p]]
-        score = list(pl.gemms[g1.id].epilogue)
-        if not score or score[-1] != p:
-            return None
-    else:
-        found = _score_chain(pl, p)
-        if found is None:
-            return None
-        g1, score = found
+    g1, score = found
     s1 = g1.gemm.spec
     if (g1.id in pl.kept or s1.store_index is None or s1.store_index("m", "n") != f"bt * {s1.M * s1.N} + m * {s1.N} + n"
             or e.length != s1.N or e.rows != s1.batch * s1.M or ng.size(g1.output) != s1.batch * s1.M * s1.N):

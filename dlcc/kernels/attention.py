@@ -182,17 +182,20 @@ def _scoped(stmts: list[str], assign: str) -> list[str]:
 
 def _load_tile(rows: int, cols: int, smem_at: Callable[[str, str], str], guard: Callable[[str, str], str],
                load: Callable[[str, str], tuple[list[str], str]], names: tuple[str, str],
-               index: Callable[[str, str], tuple[str, str]]) -> list[str]:
+               index: Callable[[str, str], tuple[str, str]], rnd: str = "", unroll: int | None = None) -> list[str]:
     """Copy a rows x cols tile (cols the contiguous dimension) into shared memory, element
     x = tid + r * 256 at (x / cols, x % cols), zero where `guard` fails. `index(row, col)` gives
-    the loader's global indices (the names in `names`), `smem_at(row, col)` the shared slot."""
+    the loader's global indices (the names in `names`), `smem_at(row, col)` the shared slot;
+    `rnd` a macro the value goes through as it is stored (the tensor-core template's operand
+    rounding, kernels/attention_mma.py), none by default; `unroll` a partial unroll of the copy
+    loop (fewer loads in flight, fewer registers), full by default."""
     n_el = rows * cols
     per = -(-n_el // ATTN_THREADS)
     a, b = names
     ia, ib = index("at_row", "at_col")
     stmts, val = load(a, b)
     return [
-        "#pragma unroll",
+        "#pragma unroll" if unroll is None else f"#pragma unroll {unroll}",
         f"for (int at_r = 0; at_r < {per}; ++at_r) {{",
         f"    const int at_x = tid + at_r * {ATTN_THREADS};",
         *([f"    if (at_x < {n_el}) {{"] if n_el % ATTN_THREADS else ["    {"]),
@@ -203,7 +206,7 @@ def _load_tile(rows: int, cols: int, smem_at: Callable[[str, str], str], guard: 
         *_indent(stmts, 12),
         f"            at_val = {val};",
         "        }",
-        f"        {smem_at('at_row', 'at_col')} = at_val;",
+        f"        {smem_at('at_row', 'at_col')} = {f'{rnd}(at_val)' if rnd else 'at_val'};",
         "    }",
         "}",
     ]

@@ -1,0 +1,402 @@
+"""The fused-attention template (flash attention) on tensor cores: the rOperator of
+kernels/attention.py with its two products, S = Q.K^T and O += P.V, done by warp-wide mma.sync
+instructions (kernels/gemm_mma.py: m16n8k8 TF32, m16n8k16 fp16 or bf16; float32 accumulation).
+
+The contract is attention.py's unchanged: the same AttentionSpec (load_q, load_k, load_v, score,
+store, params, prologue), the same task decomposition (one rTask = one batch index and BQ = 16
+query rows, attention_tasks(spec) of them, ATTN_THREADS = 256 threads = 8 warps), the same text
+shape (`NAME_task(params..., task, tid, smem)` plus a thin KERNEL), so the compiler can hand one
+spec to either template. Softmax and accumulation are float32 at every precision; only the
+products' operands are rounded to the precision's type (TO_TF32, TO_F16, TO_BF16), once, as Q, K,
+V and the probabilities P are stored to shared memory as floats.
+
+Per key block of BK keys (five barriers):
+  1. every thread loads its share of the K block, rounded (BARRIER);
+  2. scores on tensor cores: the 16 x BK score tile is BK/8 mma n-tiles of 8 keys. With BK = 64
+     warp w computes n-tile w over the whole of D; with BK = 32 (16) the 4 (2) n-tiles are split
+     further along D over 2 (4) warps each ("ksplit"), each writing a partial tile of its own,
+     so all 8 warps issue the same number of mmas. A fragments come from the Q tile, B fragments
+     from the K tile, in gemm_mma.py's layouts; D is padded with zeros up to a whole number of
+     mma k steps per warp. The accumulators (C layout: c0 (g, 2t) c1 (g, 2t+1) c2 (g+8, 2t)
+     c3 (g+8, 2t+1)) go to the shared score tile(s) (BARRIER);
+  3. the V block is loaded into the same shared memory as K was (K is dead once the scores are
+     out: sharing it is what lets BK = 64 fit beside OpenCL's emulation scratch at D = Dv = 64),
+     and the softmax runs as in the SIMT template: a row is 16 consecutive threads, each summing
+     the partial tiles at its BK/16 keys, applying `score` (inside M x N only; -inf outside), and
+     publishing its partial maximum (BARRIER); each takes its row's maximum, the rescale factor
+     alpha = exp(m_old - m_new), and writes its probabilities p = exp(s - m_new), rounded to the
+     operand type, over its scores (thread 0 of the row writes alpha) (BARRIER);
+  4. P.V on tensor cores: warp w owns the output's 8-column mma tiles w, w + 8, ... (Dv <= 64:
+     one; Dv <= 128: two); its accumulators persist in registers across key blocks, are rescaled
+     by their rows' alpha (rows g and g+8), then take P (16 x BK, A fragments) . V (BK x 8, B
+     fragments) over BK (BARRIER, before the next block overwrites K/V and P). Warps without a
+     column tile of their own (Dv < 57) repeat the last tile's mmas and store nothing: on OpenCL
+     the emulated mma holds barriers, which every warp must reach equally often.
+After the last block each thread's share of its row's running sum goes through shared memory
+(BARRIER), and every accumulator inside M x Dv is divided by its row's sum and stored through
+`store(m, e, value)`.
+
+Kept from the SIMT template (attention.py's notes say why): constant trip counts in every loop
+around a barrier (PoCL 3.1), -inf-safe online softmax (exponents against 0 while the running
+maximum is -inf; a row without a finite score ends 0/0 = NaN like Softmax; NaN scores propagate),
+query rows past M loading zeros and never stored, keys past N zero in K and V and -inf as scores,
+loads straight from global to shared memory (co-resident rTasks overlap one another's loads and
+arithmetic; no registers spent staging the next block).
+
+Choices of this template:
+  - The running sum adds the probabilities as rounded for the mma, so the weights that multiply V
+    sum to the divisor exactly (up to float32): the output is a convex combination of V's rows at
+    every precision (all-ones V gives ones), with no bias from P's rounding.
+  - The softmax runs on the shared score tile, not in the mma's registers as FlashAttention-2
+    does: with 16 query rows an rTask, a row's keys are spread over all 8 warps (and the dialect
+    has no warp shuffles), so its maximum needs shared memory either way.
+  - Shared memory (floats): Q [16][Dp + 4], one K/V block [BK][max(Dp + 4, VS)], ksplit score
+    tiles [16][BK + 4] (P over the first), 256 floats for the row maxima and sums, 16 for alpha,
+    then WARPS x MMA_EMU_FLOATS(_K16) of OpenCL's emulation scratch (0 on CUDA; counted as
+    gemm_mma.py counts it, so the plan's figure is the OpenCL one). Rows read k-contiguous as A
+    or B fragments (Q, K, P) have strides = 4 mod 8: lanes g * stride + t fall in 32 distinct
+    banks; V, read as [k][n], has a stride VS = 8 mod 16 (Dv padded to 8, + 8 where that is a
+    multiple of 16): t * VS + g likewise. Dp is D padded to ksplit mma k steps, Dv to 8 (zeros).
+  - BK is the widest of 64, 32, 16 whose layout fits SMEM_LIMIT_FLOATS with the emulation
+    scratch: 64 for D, Dv <= 64 at every precision (D = Dv = 64: 37.5 KiB at fp16/bf16, 25.5 KiB
+    of it on CUDA), 32 for D = Dv = 128. Separate K and V tiles would force BK = 32 at D = 64
+    (and leave half the warps idle in the score step or split D anyway).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from .attention import (ATTN_THREADS, BQ, SMEM_LIMIT_FLOATS, AttentionShape, AttentionSpec, _indent, _load_tile,
+                        attention_tasks)
+from .gemm_mma import MMA_KINDS, MMA_PER_CYCLE, WARPS, _fragment_k, _fragment_rows
+
+_LANES = ATTN_THREADS // BQ  # softmax threads per query row
+#: The K and V copy loops unroll by this much (4 loads in flight a thread). Unrolled in full (16
+#: to 24 loads a thread at BK = 64), ptxas kept them all live: 111 to 167 registers at sm_90, one
+#: or two rTasks an SM; by 8, 33 to 80; by 4, 32 to 44 at sm_90 (40 to 48 at sm_80), no spills.
+_LOAD_UNROLL = 4
+#: Key block widths to try, widest first (BK / 8 score n-tiles: 8, 4 or 2, over 8 warps).
+_BKS = (64, 32, 16)
+
+
+@dataclass(frozen=True)
+class MmaAttentionTiling:
+    """The layout of one rTask at one precision (strides and offsets in floats)."""
+
+    D: int
+    Dv: int
+    bk: int
+    precision: str
+
+    def __post_init__(self):
+        if self.precision not in MMA_KINDS:
+            raise ValueError(f"tensor-core attention computes at {', '.join(MMA_KINDS)}, not {self.precision!r}")
+        assert self.bk in _BKS
+
+    @property
+    def kstep(self) -> int:
+        """k of one mma: 8 (TF32) or 16 (fp16, bf16)."""
+        return MMA_KINDS[self.precision][0]
+
+    @property
+    def key_tiles(self) -> int:
+        """8-key mma n-tiles of the score tile."""
+        return self.bk // 8
+
+    @property
+    def ksplit(self) -> int:
+        """Warps that share one score n-tile, each over its own part of D."""
+        return WARPS // self.key_tiles
+
+    @property
+    def d_pad(self) -> int:
+        """D padded with zeros to ksplit whole mma k steps."""
+        step = self.kstep * self.ksplit
+        return -(-self.D // step) * step
+
+    @property
+    def d_steps(self) -> int:
+        """mma k steps of one warp's part of D in the score step."""
+        return self.d_pad // self.kstep // self.ksplit
+
+    @property
+    def col_tiles(self) -> int:
+        """8-column mma n-tiles of the output."""
+        return -(-self.Dv // 8)
+
+    @property
+    def ni(self) -> int:
+        """Output column tiles per warp (tile w + 8 i of warp w)."""
+        return -(-self.col_tiles // WARPS)
+
+    @property
+    def dv_pad(self) -> int:
+        return 8 * self.col_tiles
+
+    @property
+    def q_stride(self) -> int:
+        return self.d_pad + 4
+
+    @property
+    def k_stride(self) -> int:
+        return self.d_pad + 4
+
+    @property
+    def v_stride(self) -> int:
+        return self.dv_pad + 8 if self.dv_pad % 16 == 0 else self.dv_pad
+
+    @property
+    def s_stride(self) -> int:
+        return self.bk + 4
+
+    @property
+    def q_off(self) -> int:
+        return 0
+
+    @property
+    def kv_off(self) -> int:
+        return self.q_off + BQ * self.q_stride
+
+    @property
+    def s_off(self) -> int:
+        return self.kv_off + self.bk * max(self.k_stride, self.v_stride)
+
+    @property
+    def red_off(self) -> int:
+        return self.s_off + self.ksplit * BQ * self.s_stride
+
+    @property
+    def alpha_off(self) -> int:
+        return self.red_off + ATTN_THREADS
+
+    @property
+    def tile_floats(self) -> int:
+        """Shared floats on CUDA (no emulation scratch)."""
+        return self.alpha_off + BQ
+
+    @property
+    def emu_floats(self) -> int:
+        """OpenCL's mma emulation scratch, all warps."""
+        return WARPS * MMA_KINDS[self.precision][3]
+
+    @property
+    def smem_floats(self) -> int:
+        """The KERNEL's shared array with OpenCL's emulation scratch (the plan's figure)."""
+        return self.tile_floats + self.emu_floats
+
+
+def mma_attention_tiling(spec: AttentionSpec | AttentionShape, precision: str) -> MmaAttentionTiling:
+    """The widest key block whose layout fits SMEM_LIMIT_FLOATS (emulation scratch included);
+    ValueError where none does, or for sizes below 1 or an unknown precision."""
+    if min(spec.batch, spec.M, spec.N, spec.D, spec.Dv) < 1:
+        raise ValueError(f"attention needs positive sizes, got batch={spec.batch} M={spec.M} N={spec.N} "
+                         f"D={spec.D} Dv={spec.Dv}")
+    for bk in _BKS:
+        t = MmaAttentionTiling(spec.D, spec.Dv, bk, precision)
+        if t.smem_floats <= SMEM_LIMIT_FLOATS:
+            return t
+    raise ValueError(f"tensor-core attention ({precision}) with D={spec.D}, Dv={spec.Dv} does not fit "
+                     f"{4 * SMEM_LIMIT_FLOATS} bytes of shared memory at any key block width")
+
+
+def mma_attention_tasks(spec: AttentionSpec | AttentionShape) -> int:
+    """rTasks (blocks): one per batch index and block of BQ query rows, as attention_tasks."""
+    return attention_tasks(spec)
+
+
+def mma_attention_smem_floats(spec: AttentionSpec | AttentionShape, precision: str) -> int:
+    """Shared memory of one rTask in floats, OpenCL's emulation scratch included (on CUDA the
+    KERNEL's array is that much smaller: the scratch macros are 0 there)."""
+    return mma_attention_tiling(spec, precision).smem_floats
+
+
+def _fragments(t: MmaAttentionTiling) -> tuple[list[str], list[int], list[str]]:
+    """(k offsets of A's elements, their row offsets 0 or 8, k offsets of B's elements), as
+    gemm_mma.py's template reads them (lane: mma_g = lane / 4, mma_t = lane % 4)."""
+    shim = SimpleNamespace(kstep=t.kstep)
+    ks, rows = _fragment_k(shim), _fragment_rows(shim)
+    return ks, rows, [k for k, r in zip(ks, rows) if r == 0]
+
+
+def mma_attention_source(name: str, spec: AttentionSpec, precision: str) -> str:
+    """The rOperator text: `{name}_task` and its KERNEL `{name}` (ATTN_THREADS threads, one block
+    per rTask: mma_attention_tasks(spec) blocks; mma_attention_smem_floats(spec, precision) floats
+    of shared memory on OpenCL, the tiling's tile_floats on CUDA). The module docstring walks
+    through one key block."""
+    t = mma_attention_tiling(spec, precision)
+    M, N, D, Dv, bk = spec.M, spec.N, spec.D, spec.Dv, t.bk
+    kstep, rnd, mma, _, emu_macro = MMA_KINDS[precision]
+    tiles_m = -(-M // BQ)
+    key_blocks = -(-N // bk)
+    sc = bk // _LANES  # scores per softmax thread
+    QS, KS, VS, SS = t.q_stride, t.k_stride, t.v_stride, t.s_stride
+    Dp, Dvp, NI, CT = t.d_pad, t.dv_pad, t.ni, t.col_tiles
+    arg_names = [p.split()[-1].lstrip("*") for p in spec.params]
+    neg_inf = "(-DLCC_INF)"
+    ks, rows, b_ks = _fragments(t)
+    FA, FB = len(ks), len(b_ks)
+
+    def both(a: str, b: str) -> str:
+        return f"{a} && {b}"
+
+    load_q = _load_tile(BQ, Dp, lambda r, c: f"at_qs[{r} * {QS} + {c}]",
+                        lambda m, d: both(f"{m} < {M}", f"{d} < {D}") if Dp > D else f"{m} < {M}",
+                        spec.load_q, ("at_m", "at_d"), lambda r, c: (f"at_m0 + {r}", c), rnd)
+    # K as key rows [n][d] (d contiguous, as a [N, D] tensor is walked): the B operand k-contiguous
+    load_k = _load_tile(bk, Dp, lambda r, c: f"at_ks[{r} * {KS} + {c}]",
+                        lambda d, n: both(f"{d} < {D}", f"{n} < {N}") if Dp > D else f"{n} < {N}",
+                        spec.load_k, ("at_d", "at_n"), lambda r, c: (c, f"at_n0 + {r}"), rnd, _LOAD_UNROLL)
+    load_v = _load_tile(bk, Dvp, lambda r, c: f"at_vs[{r} * {VS} + {c}]",
+                        lambda n, e: both(f"{n} < {N}", f"{e} < {Dv}") if Dvp > Dv else f"{n} < {N}",
+                        spec.load_v, ("at_n", "at_e"), lambda r, c: (f"at_n0 + {r}", c), rnd, _LOAD_UNROLL)
+    score_stmts, score_val = spec.score("at_qm", "at_n", "at_dot")
+    store = spec.store("at_om", "at_e", "at_o[at_ni][at_c] / at_lr")
+
+    # score step: A = Q (rows g, g+8 of the 16), B = K^T (key at_sn + g), k from the warp's part of D
+    qa = [f"at_qs[(mma_g + {rows[e]}) * {QS} + at_kk + {ks[e]}]" for e in range(FA)]
+    kb_ = [f"at_ks[(at_sn + mma_g) * {KS} + at_kk + {b_ks[e]}]" for e in range(FB)]
+    # P.V: A = P (rows g, g+8; k = key), B = V (k = key, n = column at_vc + g)
+    pa = [f"at_ss[(mma_g + {rows[e]}) * {SS} + at_kk + {ks[e]}]" for e in range(FA)]
+    vb = [f"at_vs[(at_kk + {b_ks[e]}) * {VS} + at_vc + mma_g]" for e in range(FB)]
+    dot = " + ".join(f"at_ss[{p * BQ * SS} + at_i * {SS} + at_j]" for p in range(t.ksplit))
+
+    dev = [
+        f"DEVICE void {name}_task({', '.join(spec.params)}, const int task, const int tid, LPTR float* smem) {{",
+        f"    LPTR float* at_qs = smem + {t.q_off};  /* Q block [BQ][{Dp}], rows of {QS}, rounded by {rnd} */",
+        f"    LPTR float* at_ks = smem + {t.kv_off};  /* K block [BK][{Dp}], rows of {KS} ... */",
+        f"    LPTR float* at_vs = smem + {t.kv_off};  /* ... then V block [BK][{Dvp}] in its place, rows of {VS} */",
+        f"    LPTR float* at_ss = smem + {t.s_off};  /* {t.ksplit} partial score tile(s) [BQ][BK], rows of {SS}; P over the first */",
+        f"    LPTR float* at_red = smem + {t.red_off};  /* one float per thread: partial max, then sum */",
+        f"    LPTR float* at_alpha = smem + {t.alpha_off};  /* each row's rescale factor */",
+        "    const int mma_lane = tid % 32, mma_warp = tid / 32;",
+        f"    LPTR float* mma_scr = smem + {t.tile_floats} + mma_warp * {emu_macro};  /* OpenCL's emulation */",
+        "    (void)mma_scr;",
+        "    const int mma_g = mma_lane / 4, mma_t = mma_lane % 4;",
+        f"    const int bt = task / {tiles_m};",
+        f"    const int at_m0 = (task % {tiles_m}) * {BQ};",
+        f"    const int at_i = tid / {_LANES}, at_t = tid % {_LANES};  /* softmax: query row, lane in the row */",
+        "    const int at_qm = at_m0 + at_i;",
+        f"    const int at_sn = (mma_warp % {t.key_tiles}) * 8;  /* score step: the warp's 8 keys of the block */",
+        f"    const int at_sk = (mma_warp / {t.key_tiles}) * {t.d_steps * kstep};  /* ... and its part of D */",
+        f"    LPTR float* at_sw = at_ss + (mma_warp / {t.key_tiles}) * {BQ * SS};  /* ... and its score tile */",
+        *_indent(spec.prologue or [], 4),
+        *_indent(load_q, 4),
+        f"    float at_o[{NI}][4];  /* output tiles mma_warp + 8 ni, C layout */",
+        "    #pragma unroll",
+        f"    for (int at_ni = 0; at_ni < {NI}; ++at_ni) {{",
+        "        #pragma unroll",
+        "        for (int at_c = 0; at_c < 4; ++at_c) at_o[at_ni][at_c] = 0.0f;",
+        "    }",
+        f"    float at_mi = {neg_inf};  /* the row's running maximum (the same in all its threads) */",
+        "    float at_l = 0.0f;  /* this thread's share of the row's running sum */",
+        f"    for (int at_kb = 0; at_kb < {key_blocks}; ++at_kb) {{",
+        f"        const int at_n0 = at_kb * {bk};",
+        *_indent(load_k, 8),
+        "        BARRIER();",
+        "        {",
+        "            float at_c0 = 0.0f, at_c1 = 0.0f, at_c2 = 0.0f, at_c3 = 0.0f;",
+        "            MMA_UNROLL",
+        f"            for (int at_st = 0; at_st < {t.d_steps}; ++at_st) {{",
+        f"                const int at_kk = at_sk + at_st * {kstep};",
+        *[f"                const float at_a{e} = {qa[e]};" for e in range(FA)],
+        *[f"                const float at_b{e} = {kb_[e]};" for e in range(FB)],
+        f"                {mma}(at_c0, at_c1, at_c2, at_c3, "
+        + ", ".join([f"at_a{e}" for e in range(FA)] + [f"at_b{e}" for e in range(FB)]) + ");",
+        "            }",
+        f"            at_sw[mma_g * {SS} + at_sn + 2 * mma_t] = at_c0;",
+        f"            at_sw[mma_g * {SS} + at_sn + 2 * mma_t + 1] = at_c1;",
+        f"            at_sw[(mma_g + 8) * {SS} + at_sn + 2 * mma_t] = at_c2;",
+        f"            at_sw[(mma_g + 8) * {SS} + at_sn + 2 * mma_t + 1] = at_c3;",
+        "        }",
+        "        BARRIER();",
+        "        /* K is dead: V takes its place */",
+        *_indent(load_v, 8),
+        f"        float at_s[{sc}];",
+        f"        float at_mloc = {neg_inf};",
+        "        #pragma unroll",
+        f"        for (int at_c = 0; at_c < {sc}; ++at_c) {{",
+        f"            const int at_j = at_t + at_c * {_LANES};",
+        "            const int at_n = at_n0 + at_j;",
+        f"            const float at_dot = {dot};",
+        f"            float at_v = {neg_inf};",
+        f"            if (at_qm < {M} && at_n < {N}) {{",
+        *_indent(score_stmts, 16),
+        f"                at_v = {score_val};",
+        "            }",
+        "            at_s[at_c] = at_v;",
+        "            at_mloc = F_MAX(at_mloc, at_v);",
+        "        }",
+        "        at_red[tid] = at_mloc;",
+        "        BARRIER();",
+        "        float at_mb = at_mloc;",
+        "        #pragma unroll",
+        f"        for (int at_u = 0; at_u < {_LANES}; ++at_u) at_mb = F_MAX(at_mb, at_red[at_i * {_LANES} + at_u]);",
+        "        const float at_mn = F_MAX(at_mi, at_mb);",
+        "        /* exponents against 0 while the row has no finite score: exp(-inf) = 0, not NaN */",
+        f"        const float at_ms = at_mn == {neg_inf} ? 0.0f : at_mn;",
+        "        const float at_alpha_r = F_EXP(at_mi - at_ms);",
+        "        at_mi = at_mn;",
+        "        at_l *= at_alpha_r;",
+        "        #pragma unroll",
+        f"        for (int at_c = 0; at_c < {sc}; ++at_c) {{",
+        f"            const float at_p = {rnd}(F_EXP(at_s[at_c] - at_ms));  /* as the mma will take it */",
+        "            at_l += at_p;",
+        f"            at_ss[at_i * {SS} + at_t + at_c * {_LANES}] = at_p;",
+        "        }",
+        "        if (at_t == 0) at_alpha[at_i] = at_alpha_r;",
+        "        BARRIER();",
+        "        {",
+        "            const float at_a_lo = at_alpha[mma_g], at_a_hi = at_alpha[mma_g + 8];",
+        "            #pragma unroll",
+        f"            for (int at_ni = 0; at_ni < {NI}; ++at_ni) {{",
+        "                at_o[at_ni][0] *= at_a_lo;",
+        "                at_o[at_ni][1] *= at_a_lo;",
+        "                at_o[at_ni][2] *= at_a_hi;",
+        "                at_o[at_ni][3] *= at_a_hi;",
+        "            }",
+        "            MMA_UNROLL",
+        f"            for (int at_kk = 0; at_kk < {bk}; at_kk += {kstep}) {{",
+        *[f"                const float at_a{e} = {pa[e]};" for e in range(FA)],
+        "                MMA_UNROLL",
+        f"                for (int at_ni = 0; at_ni < {NI}; ++at_ni) {{",
+        "                    /* a warp past the last column tile repeats it (its results are not stored) */",
+        f"                    const int at_ct = mma_warp + {WARPS} * at_ni;",
+        f"                    const int at_vc = (at_ct < {CT} ? at_ct : {CT - 1}) * 8;",
+        *[f"                    const float at_b{e} = {vb[e]};" for e in range(FB)],
+        f"                    {mma}(at_o[at_ni][0], at_o[at_ni][1], at_o[at_ni][2], at_o[at_ni][3], "
+        + ", ".join([f"at_a{e}" for e in range(FA)] + [f"at_b{e}" for e in range(FB)]) + ");",
+        "                }",
+        "            }",
+        "        }",
+        "        BARRIER();",
+        "    }",
+        "    at_red[tid] = at_l;",
+        "    BARRIER();",
+        "    float at_l_lo = 0.0f, at_l_hi = 0.0f;",
+        "    #pragma unroll",
+        f"    for (int at_u = 0; at_u < {_LANES}; ++at_u) {{",
+        f"        at_l_lo += at_red[mma_g * {_LANES} + at_u];",
+        f"        at_l_hi += at_red[(mma_g + 8) * {_LANES} + at_u];",
+        "    }",
+        "    #pragma unroll",
+        f"    for (int at_ni = 0; at_ni < {NI}; ++at_ni) {{",
+        "        #pragma unroll",
+        "        for (int at_c = 0; at_c < 4; ++at_c) {",
+        "            const int at_om = at_m0 + mma_g + (at_c / 2) * 8;",
+        f"            const int at_e = (mma_warp + {WARPS} * at_ni) * 8 + 2 * mma_t + at_c % 2;",
+        "            const float at_lr = at_c < 2 ? at_l_lo : at_l_hi;",
+        f"            if (at_om < {M} && at_e < {Dv}) {{",
+        *_indent(store, 16),
+        "            }",
+        "        }",
+        "    }",
+        "}",
+        "",
+        f"KERNEL void {name}({', '.join(spec.params)}) {{",
+        f"    SHARED float smem[{t.tile_floats} + {WARPS} * {emu_macro}];",
+        f"    {name}_task({', '.join(arg_names)}, BLOCK_ID, THREAD_ID, smem);",
+        "}",
+        "",
+    ]
+    return "\n".join(dev)

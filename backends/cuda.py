@@ -47,6 +47,20 @@ class CudaGraph:
         self.exec, self._stream = exec_handle, stream
 
 
+class MappedBuffer:
+    """Mapped page-locked host memory (CudaRuntime.alloc_mapped): `int()` is its device address,
+    what kernels are given; `host` the same bytes as a numpy array."""
+
+    def __init__(self, host: np.ndarray, device_ptr: int):
+        self.host, self.ptr = host, device_ptr
+
+    def __int__(self) -> int:
+        return self.ptr
+
+    def __index__(self) -> int:
+        return self.ptr
+
+
 def _check(err: int, what: str) -> None:
     if err != 0:
         raise RuntimeBackendError(f"{what} failed (CUresult {err})")
@@ -179,10 +193,8 @@ class CudaRuntime:
     # -- device arrays (dlcc/interop.py) ---------------------------------------------------------
     @_in_context
     def copy_in(self, buf, ref) -> None:
-        """A device input (interop.ArrayRef) into `buf`, device to device, ordered after the
-        producer's stream when its __cuda_array_interface__ names one other than the default
-        streams (1: legacy, 2: per-thread), which dlcc's launches already follow."""
-        self._after_producer(ref)
+        """A device input (interop.ArrayRef) into `buf`, device to device, on dlcc's stream (which
+        the executor has joined with the stream a __cuda_array_interface__ names, if any)."""
         if ref.nbytes:
             self.drv.memcpy_dtod(int(buf), ref.ptr, ref.nbytes)
 
@@ -200,6 +212,15 @@ class CudaRuntime:
             except ImportError:  # a PyCUDA without pycuda.tools: plain allocations
                 self._pool = False
         return self._pool.allocate(max(int(nbytes), 4)) if self._pool else self.alloc(nbytes)
+
+    @_in_context
+    def alloc_mapped(self, nbytes: int) -> "MappedBuffer":
+        """Page-locked host memory mapped into the device's address space: kernels write it, and
+        the host reads it once they finished, with no copy in between (the index checks' report,
+        so that an inference on device arrays shows no device-to-host copy)."""
+        host = self.drv.pagelocked_zeros((max(int(nbytes), 4),), np.uint8,
+                                         mem_flags=self.drv.host_alloc_flags.DEVICEMAP)
+        return MappedBuffer(host, int(host.base.get_device_pointer()))
 
     def copy_out(self, ref, src, nbytes: int) -> None:
         """An output buffer into a caller's device array (`out=`), device to device."""
@@ -319,6 +340,33 @@ class CudaRuntime:
         if err != 0:
             raise RuntimeBackendError(f"stream {handle:#x} cannot be joined with dlcc's work (CUresult {err}): a "
                                       f"stream of another device or context?")
+
+    # -- completion of work that was not waited for ---------------------------------------------
+    @_in_context
+    def record(self) -> int:
+        """An event recorded on dlcc's stream after the work queued so far (an inference that
+        returned without waiting); `done` asks whether it completed. One event per runtime,
+        recorded again each time: only the last inference's completion is ever asked."""
+        import ctypes
+
+        cu = _libcuda()
+        if getattr(self, "_done_event", None) is None:
+            ev = ctypes.c_void_p()
+            _check(cu.cuEventCreate(ctypes.byref(ev), ctypes.c_uint(2)), "cuEventCreate")  # DISABLE_TIMING
+            self._done_event = ev
+        _check(cu.cuEventRecord(self._done_event, ctypes.c_void_p(None)), "cuEventRecord")
+        return self._done_event.value
+
+    @_in_context
+    def done(self, event: int) -> bool:
+        """Whether the work before `event` finished (cuEventQuery: no wait)."""
+        import ctypes
+
+        err = _libcuda().cuEventQuery(ctypes.c_void_p(event))
+        if err == 600:  # CUDA_ERROR_NOT_READY
+            return False
+        _check(err, "cuEventQuery")
+        return True
 
     def destroy_graph(self, graph: "CudaGraph") -> None:
         import ctypes

@@ -83,8 +83,16 @@ class CompiledModel:
         stream, or a raw handle; by default torch's current stream when the inputs are torch CUDA
         tensors) orders the inference after the work queued there. `out` (name -> array: numpy,
         or a device array of the model's target) receives those outputs in place of new arrays.
+        A call whose outputs all stay on the device returns without waiting for it (synchronize).
         See docs/interop.md."""
         return self.executor().run(dict(inputs), outputs=outputs, stream=stream, out=out)
+
+    def synchronize(self) -> None:
+        """Wait for every inference of this model queued so far. `run(..., outputs="device")`
+        returns once its work is queued, before the device finished it; what its device index
+        checks find (an index outside its table) is raised here, or by the model's next call."""
+        if self._exec is not None:
+            self._exec.synchronize()
 
     def sample_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
         return sample_inputs(self.inputs, seed, self.plan.get("meta", {}).get("int_high"))

@@ -368,7 +368,8 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
 
 def _print_index_checks(meta: dict) -> None:
     """Where each Gather's indices are checked (kernels/index_check.py): constants at compile time
-    (not listed), graph inputs on the host before a run, computed indices by a device kernel."""
+    (not listed), graph inputs on the host before a run (by a device kernel when they come as
+    device arrays), computed indices by a device kernel."""
     host, dev = meta.get("index_checks", []), meta.get("device_index_checks", [])
     if not host and not dev:
         return
@@ -376,8 +377,8 @@ def _print_index_checks(meta: dict) -> None:
     for c in ("node", "op", "indices", "checked", "bound"):
         t.add_column(c, overflow="fold")
     for c in host:
-        t.add_row(*map(_escape, [c["node"], c["op"], f"input {c['name']}", "on the host, before the run",
-                                 " x ".join(map(str, c["bounds"]))]))
+        where = "on the host, before the run" + (f"; device arrays: {c['kernel']}" if c.get("kernel") else "")
+        t.add_row(*map(_escape, [c["node"], c["op"], f"input {c['name']}", where, " x ".join(map(str, c["bounds"]))]))
     for c in dev:
         t.add_row(*map(_escape, [c["node"], c["op"], f"computed {c['shape']}", f"on the device: {c['kernel']}",
                                  " x ".join(map(str, c["bounds"]))]))

@@ -74,12 +74,22 @@ class Executor:
         rt.write(self.storages["weights"], 0, weights)
         for own in ("sync", "errors", "splitk"):
             # Grid-barrier counters start at zero once; every barrier leaves them balanced, so runs
-            # back to back (and after an interrupted one) need no reset. The index checks' error
-            # words start at zero too, and raise_device_errors clears them after reporting. So do
+            # back to back (and after an interrupted one) need no reset. The index checks' claim
+            # word starts at zero too, and raise_device_errors clears it after reporting. So do
             # split-K's tile counters, which each tile's last rTask sets back to zero.
             if st.get(own):
                 self.storages[own] = rt.alloc(st[own])
                 rt.write(self.storages[own], 0, bytes(st[own]))
+        self._report = None  # the index checks' report, as host memory where the runtime maps it
+        if st.get("report"):
+            mapped = getattr(rt, "alloc_mapped", None)
+            if mapped is not None:  # CUDA: read on the host with no device-to-host copy
+                self.storages["report"] = mapped(st["report"])
+                self._report = self.storages["report"].host
+                self._report[:] = 0
+            else:
+                self.storages["report"] = rt.alloc(st["report"])
+                rt.write(self.storages["report"], 0, bytes(st["report"]))
         for k, t in enumerate(plan["inputs"]):
             self.storages[f"input:{k}"] = rt.alloc(_nbytes(t))
         for k, t in enumerate(plan["outputs"]):
@@ -92,6 +102,18 @@ class Executor:
             if L.get("grid_sync"):
                 grid = self.resident_grid(L, grid)
             self.calls.append((rt.kernel(L["kernel"]), grid, L["block"], args))
+        # Index checks of inputs given as device arrays: (input position, kernel, grid, arguments)
+        self.input_checks = []
+        for p, c in enumerate((plan.get("meta") or {}).get("index_checks", [])):
+            if c.get("kernel"):
+                k = c["input"]
+                args = [rt.view(self.storages[f"input:{k}"], 0, _nbytes(plan["inputs"][k])),
+                        rt.view(self.storages["errors"], 0, st["errors"]),
+                        rt.view(self.storages["report"], 0, st["report"]), -(p + 1)]
+                self.input_checks.append((k, rt.kernel(c["kernel"]), -(-c["elements"] // 256), args))
+        self._pending = None  # the last inference that returned before the device finished it
+        self._unchecked = 0  # inferences since the index checks' report was last read
+        self._to_release: list = []  # DLPack inputs of those inferences, released once they finish
         rt.finish()
 
     def resident_grid(self, L: dict, grid: int) -> int:
@@ -195,8 +217,10 @@ class Executor:
         its position. (The kernels clamp every index too, so nothing reads outside a tensor.)"""
         for c in (self.plan.get("meta") or {}).get("index_checks", []):
             a = arrays[c["input"]]
-            if not isinstance(a, np.ndarray):  # a device array of token ids: read back to check it
-                host = np.empty(a.shape, a.dtype)
+            if not isinstance(a, np.ndarray):
+                if c.get("kernel"):
+                    continue  # a device array: checked on the device (_launch_input_checks)
+                host = np.empty(a.shape, a.dtype)  # (a plan without the check kernel: read back)
                 self.rt.read_ref(a, host)
                 a = host
             if a.dtype.kind not in "iu":
@@ -237,7 +261,12 @@ class Executor:
         (numpy, or device arrays of this runtime) to write outputs into, by name; those outputs
         come back as the objects given. `stream` (CUDA): the caller's stream; dlcc's work is
         ordered after what is queued there, and what is queued there next after dlcc's work. By
-        default, the current torch stream when an input is a torch CUDA tensor."""
+        default, the current torch stream when an input is a torch CUDA tensor.
+
+        A call whose outputs all stay on the device (outputs="device", and any `out=` a device
+        array) returns once its work is queued, without waiting for the GPU, as a torch op does.
+        What a device index check found in such an inference is raised by a later call of this
+        model, or by synchronize() (_reap)."""
         from .interop import InteropError
 
         if outputs not in ("host", "device"):
@@ -250,17 +279,58 @@ class Executor:
             dests = {}
             try:
                 self._check_out(out or {}, dests)
-                handle = self._stream_of(inputs, stream)
-                if handle:  # (0, the legacy default stream, is dlcc's own: nothing to join)
-                    self.rt.join(handle, into_ours=True)  # inputs the caller queued there are written first
+                handles = self._streams_of(inputs, stream)
                 arrays = self.check_inputs(inputs)
+                stay = hasattr(self.rt, "record") and all(
+                    dests[k][0] == "device" if k in dests else outputs == "device" for k in range(len(self.plan["outputs"])))
                 with self._lock:
-                    outs = self._run(arrays, timing, outputs, dests)
-                if handle:
-                    self.rt.join(handle, into_ours=False)  # the caller's next work sees our outputs
+                    for h in handles:  # inputs the caller queued there are written first
+                        self.rt.join(h, into_ours=True)
+                    outs = self._run(arrays, timing, outputs, dests, wait=not stay)
+                    for h in handles:  # the caller's next work there sees our outputs
+                        self.rt.join(h, into_ours=False)
                 return outs
             finally:  # DLPack destinations: released however the call ends (after its finish)
                 _release([d[1] for d in dests.values() if d[0] == "device"])
+
+    def synchronize(self) -> None:
+        """Wait for every inference of this model queued so far, and raise what their device index
+        checks found (an inference that returned before the device finished it cannot)."""
+        with self.rt.active(), self._lock:
+            self.rt.finish()
+            self._reap(finished=True)
+
+    def _reap(self, finished: bool = False) -> None:
+        """The inferences that returned before the device finished them (outputs on the device),
+        once they have finished (`finished`, or their last one's event says so, which does not
+        wait): their DLPack inputs released, and the index checks' report read, raising what it
+        holds. Only once the last of them finished, so that nothing still running can write the
+        report while it is read and cleared."""
+        if self._pending is None:
+            return
+        if not finished and not self.rt.done(self._pending):
+            return
+        self._pending = None
+        _release(self._to_release)
+        self._to_release = []
+        self.raise_device_errors()
+
+    def _streams_of(self, inputs: dict, stream) -> list[int]:
+        """The CUstreams to join around the inference (_stream_of), with the streams that device
+        inputs' `__cuda_array_interface__` say their producers wrote on (version 3's `stream`,
+        other than the default streams 1 and 2, which dlcc's own stream already follows): joined
+        with events, so no call waits on the host for another library's stream."""
+        first = self._stream_of(inputs, stream)
+        handles = [first] if first else []  # (0, the legacy default stream, is dlcc's own)
+        if self.rt.name == "cuda":
+            from .interop import describe
+
+            for v in inputs.values():
+                if hasattr(v, "__cuda_array_interface__"):
+                    sid = describe(v).stream
+                    if sid not in (None, 0, 1, 2) and int(sid) not in handles:
+                        handles.append(int(sid))
+        return handles
 
     def _stream_of(self, inputs: dict, stream) -> int | None:
         """The CUstream to join: `stream` as given, else torch's current stream when torch is
@@ -311,18 +381,40 @@ class Executor:
             else:
                 self.rt.copy_in(self.storages[f"input:{k}"], a)
 
-    def _run(self, arrays: list, timing: dict | None, outputs: str = "host", dests: dict | None = None) -> dict:
+    def _launch_input_checks(self, arrays: list) -> None:
+        """The index checks of inputs given as device arrays, on the device (kernels/index_check.py):
+        after the upload, before the plan's launches, so no device input is read back to check it."""
+        for k, kernel, grid, args in self.input_checks:
+            if not isinstance(arrays[k], np.ndarray):
+                self.rt.launch(kernel, grid, 256, args)
+
+    def _run(self, arrays: list, timing: dict | None, outputs: str = "host", dests: dict | None = None,
+             wait: bool = True) -> dict:
         rt = self.rt
+        try:
+            self._reap()  # an earlier inference's device error is raised before this one runs
+        except BaseException:
+            _release(arrays)
+            raise
         try:
             self._upload(arrays)
             t0 = time.perf_counter()
+            self._launch_input_checks(arrays)
             self.launch_all()
-            rt.finish()
+            if wait:
+                rt.finish()
         finally:
-            _release(arrays)
+            if wait or not hasattr(rt, "record"):
+                _release(arrays)
+            else:  # released once the queued copies are known done (_reap)
+                self._to_release += [a for a in arrays if not isinstance(a, np.ndarray)]
         if timing is not None:
             timing["run_s"] = time.perf_counter() - t0
-        self.raise_device_errors()
+        if wait:
+            self._pending = None
+            _release(self._to_release)
+            self._to_release = []
+            self.raise_device_errors(current=True)
         outs = {}
         for k, t in enumerate(self.plan["outputs"]):
             src, n = self.storages[f"output:{k}"], _nbytes(t)
@@ -342,24 +434,45 @@ class Executor:
                 arr = np.empty(t["shape"], dtype=t["dtype"])
                 rt.read(src, 0, arr)
             outs[t["name"]] = arr
-        rt.finish()
+        if wait:
+            rt.finish()
+        else:
+            self._unchecked += 1
+            self._pending = rt.record()
         return outs
 
-
-    def raise_device_errors(self) -> None:
-        """After a finished inference: raise what a device index check recorded (the error words,
-        kernels/index_check.py), clearing them so the next inference starts clean."""
-        if "errors" not in self.storages:
+    def raise_device_errors(self, current: bool = False) -> None:
+        """After finished inferences: raise what a device index check recorded (the report,
+        kernels/index_check.py), clearing it and the claim word so the next inference starts
+        clean. Where the report is mapped host memory (CUDA) it is read in place, with no copy.
+        `current`: the call reading it ran an inference of its own (else only earlier ones)."""
+        unchecked, self._unchecked = self._unchecked, 0
+        if "report" not in self.storages:
             return
-        from .kernels.index_check import ERROR_WORDS, decode_error
+        from .kernels.index_check import CLAIM_WORDS, ERROR_WORDS, decode_error
 
-        words = np.zeros(ERROR_WORDS, np.int32)
-        self.rt.read(self.storages["errors"], 0, words)
-        self.rt.finish()
+        if self._report is not None:
+            words = self._report.view(np.int32)[:ERROR_WORDS].copy()
+        else:
+            words = np.zeros(ERROR_WORDS, np.int32)
+            self.rt.read(self.storages["report"], 0, words)
+            self.rt.finish()
         if words[0] == 0:
             return
-        self.rt.write(self.storages["errors"], 0, bytes(words.nbytes))
-        raise DeviceIndexError(decode_error(words, (self.plan.get("meta") or {}).get("device_index_checks", [])))
+        if self._report is not None:
+            self._report[:] = 0
+        else:
+            self.rt.write(self.storages["report"], 0, bytes(words.nbytes))
+        self.rt.write(self.storages["errors"], 0, bytes(4 * CLAIM_WORDS))
+        meta = self.plan.get("meta") or {}
+        msg = decode_error(words, meta.get("device_index_checks", []), meta.get("index_checks", []))
+        if unchecked:
+            which = (f"this inference, or one of the {unchecked} before it that returned before the device "
+                     "finished them (outputs='device'),") if current else (
+                     f"one of the last {unchecked} inferences that returned before the device finished them "
+                     "(outputs='device')")
+            msg = f"{which} went wrong, so their outputs are not to be trusted: {msg}"
+        raise DeviceIndexError(msg)
 
     def profile(self, inputs: dict, repeat: int = 5) -> tuple[list[float], str]:
         """Per-launch kernel time in µs, the median of `repeat` runs after a warm-up run, and how it
@@ -375,6 +488,7 @@ class Executor:
         rt = self.rt
         try:
             self._upload(arrays)
+            self._launch_input_checks(arrays)
             self.launch_all()  # warm-up: first-use compilation, page faults
             rt.finish()
         finally:

@@ -315,7 +315,9 @@ class DeviceArray:
     """A model output left on the GPU (`run(..., outputs="device")`): its own allocation (never
     a buffer the next inference overwrites), exported through `__cuda_array_interface__` (torch,
     CuPy, numba) and DLPack (`torch.from_dlpack`, `cupy.from_dlpack`, `jax.dlpack`). `get()` copies
-    it to a numpy array."""
+    it to a numpy array. The model may still be writing it when run() returns: both exports name
+    the stream it is written on (CUDA's legacy default stream) or order the consumer's stream after
+    it, and `get()` waits for it."""
 
     def __init__(self, alloc, shape: tuple, dtype: str, device_id: int, runtime):
         self._alloc, self.shape, self.dtype, self.device_id, self._rt = alloc, tuple(shape), dtype, device_id, runtime
@@ -331,9 +333,10 @@ class DeviceArray:
     @property
     def __cuda_array_interface__(self) -> dict:
         typestr = "<V2" if self.dtype == "bfloat16" else np.dtype(self.dtype).str
-        # stream None: nothing to wait for; the model's work finished before run() returned
+        # stream 1, CUDA's legacy default stream: where the model wrote it, perhaps still writing
+        # (run() returns before the device finished when its outputs stay on the device)
         return {"shape": self.shape, "typestr": typestr, "data": (self.ptr, False), "version": 3,
-                "strides": None, "stream": None}
+                "strides": None, "stream": 1}
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (KDL_CUDA, self.device_id)
@@ -343,6 +346,10 @@ class DeviceArray:
             raise BufferError(f"the array is on CUDA device {self.device_id}; dlcc does not copy it to {dl_device}")
         if copy:
             raise BufferError("dlcc exports its device arrays without a copy")
+        if stream is not None and int(stream) not in (-1, 0, 1, 2):
+            # the consumer's stream waits for the model's work (DLPack: the producer orders it);
+            # the default streams (1 legacy, 2 per-thread) already follow dlcc's, -1 asks for nothing
+            self._rt.join(int(stream), into_ours=False)
         return dlpack_capsule(self.ptr, self.shape, self.dtype, self.__dlpack_device__(), self)
 
     def get(self) -> np.ndarray:

@@ -7,6 +7,7 @@ the device as a raw exception or a crash. Here every field the executor reads is
 every argument view lies inside its storage, every launch names a kernel the plan lists, and the
 buffers fit in this machine's memory; a violation is one error naming the field.
 """
+import math
 import os
 import re
 from typing import Literal, Union
@@ -63,6 +64,9 @@ class HostIndexCheck(_Open):
     op: str
     bounds: list[int] = Field(min_length=1)
     per_last_axis: bool = False
+    shape: list[int] | None = None
+    kernel: str | None = None  # the check kernel for a device array (kernels/index_check.py)
+    elements: int | None = Field(None, ge=1)
 
 
 class DeviceIndexCheck(_Open):
@@ -148,6 +152,18 @@ def check_plan(data, where: str) -> dict:
         if not _NAME.match(kern.name):
             raise DlccError(f"{where}: kernels.{k}.name {kern.name!r} is not a kernel identifier")
         names.add(kern.name)
+    if plan.meta.device_index_checks and "report" not in st:
+        raise DlccError(f"{where}: the plan checks indices on the device but has no report storage (an artifact "
+                        "of an older dlcc); compile the model again")
+    for k, c in enumerate(plan.meta.index_checks):
+        if c.kernel is None:
+            continue
+        if c.kernel not in names or c.elements != math.prod(plan.inputs[c.input].shape):
+            raise DlccError(f"{where}: meta.index_checks.{k} names check kernel {c.kernel!r} over {c.elements} "
+                            "elements, which is not a kernel of the plan over its input")
+        if not {"errors", "report"} <= set(st):
+            raise DlccError(f"{where}: meta.index_checks.{k} has a check kernel but the plan has no errors and "
+                            "report storages; compile the model again")
     for j, L in enumerate(plan.launches):
         if L.kernel not in names:
             raise DlccError(f"{where}: launches.{j}.kernel {L.kernel!r} is not among the plan's kernels")

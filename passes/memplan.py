@@ -13,15 +13,18 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..kernels.index_check import ERRORS
+from ..kernels.index_check import ERRORS, REPORT
 from ..kernels.splitk import COUNTERS
 
 from . import CompileState, register_pass
 
 #: Tensors with a storage of their own: the grid barriers' counters (astitch, rammer), the
-#: device index checks' error words (kernels/index_check.py, read and cleared after each run) and
-#: split-K's tile counters (kernels/splitk.py: each tile's last rTask sets its counter back to 0).
-OWN_STORAGES = {"%sync": "sync", ERRORS: "errors", COUNTERS: "splitk"}
+#: device index checks' claim word and report (kernels/index_check.py, read and cleared after a
+#: check fired; the report is mapped host memory on CUDA) and split-K's tile counters
+#: (kernels/splitk.py: each tile's last rTask sets its counter back to 0). Each is placed whenever
+#: the graph has it, launched or not: the input index checks' kernels are launched by the
+#: executor, not the plan.
+OWN_STORAGES = {"%sync": "sync", ERRORS: "errors", REPORT: "report", COUNTERS: "splitk"}
 
 ALIGN = 256  # bytes; ≥ OpenCL's CL_DEVICE_MEM_BASE_ADDR_ALIGN on PoCL (128) and CUDA's 256
 
@@ -63,6 +66,10 @@ def plan_memory(graph, ctx, inplace: bool = True, share: bool = True) -> MemoryP
     for k, name in enumerate(graph.outputs):
         base = res(name)
         plan.placements.setdefault(base, Placement(f"output:{k}", 0, graph.tensors[base].nbytes))
+    for b, storage in OWN_STORAGES.items():
+        if b in graph.tensors:
+            plan.placements[b] = Placement(storage, 0, graph.tensors[b].nbytes)
+            plan.own_bytes[storage] = graph.tensors[b].nbytes
     # Weights: every constant a launch touches, packed in first-use order.
     woff = 0
     first: dict[str, int] = {}

@@ -32,6 +32,8 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, output to $OUT/
 case "${1:-}" in
   1)
     step interop 150 "$PY" scripts/interop_check.py
+    step interop-bert 90 "$PY" scripts/interop_check.py --model "$MODELS/bert-small.onnx" --scenario device-io \
+      --scenario host-time
     step gpu-check-small 420 "$PY" scripts/gpu_check.py --pipelines astitch,full --json-out "$OUT/gpu-check-small.json"
     ;;
   2)

@@ -104,9 +104,13 @@ class FakeDriver:
                 assert len(args) == len(self.sig) and all(type(a) is int for a in args)
                 packed = tuple(np.int32(a) if f == "i" else np.uintp(a) for f, a in zip(self.sig, args))
                 outer.launches.append((self.name, packed, block, grid))
+                if outer.on_launch is not None:  # what the kernel would do, where a test says
+                    outer.on_launch(self.name, packed)
 
         self.Context = Ctx
         self.Fn = Fn
+        self.on_launch, self.dtoh, self.mapped, self.event_ready = None, [], {}, True
+        self.host_alloc_flags = types.SimpleNamespace(DEVICEMAP=2)
 
     def stack(self) -> list:
         if not hasattr(self.stacks, "s"):
@@ -133,7 +137,26 @@ class FakeDriver:
 
     def memcpy_dtoh(self, out, ptr):
         self.current()
+        self.dtoh.append((int(ptr), out.nbytes))
         out[...] = 0
+
+    def pagelocked_zeros(self, shape, dtype, mem_flags=0):
+        """Mapped page-locked memory: a numpy array whose base knows its device address (as
+        PyCUDA's HostAllocation does); `mapped` maps that address back to the array."""
+        self.current()
+        assert mem_flags == self.host_alloc_flags.DEVICEMAP
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        dev = self.next_ptr
+        self.next_ptr += 4096
+        import ctypes
+
+        class HostAllocation(ctypes.c_uint8 * n):
+            def get_device_pointer(self):
+                return dev
+
+        arr = np.ndarray(shape, dtype, buffer=HostAllocation())  # base: the allocation, as PyCUDA's
+        self.mapped[dev] = arr
+        return arr
 
     def memcpy_dtod(self, dst, src, n):
         self.current()
@@ -195,6 +218,9 @@ class FakeLibcuda:
         self.drv.stream_ops.append(("record", stream.value, len(self.drv.launches)))
         return 0
 
+    def cuEventQuery(self, ev):
+        return 0 if self.drv.event_ready else 600  # CUDA_ERROR_NOT_READY
+
     def cuStreamWaitEvent(self, stream, ev, flags):
         self.drv.stream_ops.append(("wait", stream.value, len(self.drv.launches)))
         return 0
@@ -217,7 +243,8 @@ def fake_pycuda(monkeypatch):
 
     compiler.SourceModule = SourceModule
     driver = types.ModuleType("pycuda.driver")
-    for k in ("Context", "Device", "Stream", "init", "mem_alloc", "memcpy_htod", "memcpy_dtoh", "memcpy_dtod"):
+    for k in ("Context", "Device", "Stream", "init", "mem_alloc", "memcpy_htod", "memcpy_dtoh", "memcpy_dtod",
+              "pagelocked_zeros", "host_alloc_flags"):
         setattr(driver, k, getattr(drv, k))
     driver.device_attribute = types.SimpleNamespace()  # no attributes: a compile names its device
     drv.loaded_cubins = []
@@ -452,3 +479,96 @@ def test_the_callers_stream_is_joined_before_and_after(fake_pycuda):
         m.run(feeds, stream=0xBAD)
     with pytest.raises(DlccError, match="pass a PyCUDA, torch or CuPy stream"):
         m.run(feeds, stream="default")
+
+
+def _device_ids(ptr: int, shape=(2, 3)):
+    """A CUDA int64 array by its __cuda_array_interface__ (what a torch or CuPy tensor exports)."""
+    return types.SimpleNamespace(__cuda_array_interface__={"shape": shape, "typestr": "<i8", "data": (ptr, False),
+                                                           "version": 3, "strides": None})
+
+
+def test_device_outputs_return_before_the_device_finishes(fake_pycuda, monkeypatch):
+    """A call whose outputs stay on the device is queued and returns, as a torch op does: no
+    synchronize and no device-to-host copy in it, an event recorded after its work instead;
+    synchronize() waits for it. A call with host outputs still waits (it must read them)."""
+    from dlcc.backends.cuda import CudaRuntime
+
+    drv = fake_pycuda
+    monkeypatch.setattr(CudaRuntime, "pointer_device", lambda self, ptr: 0)
+    m = dlcc.compile(EXAMPLE, target="cuda", device="h100")
+    sig = m.inputs[0]
+    x = types.SimpleNamespace(__cuda_array_interface__={"shape": tuple(sig["shape"]), "typestr": "<f4",
+                                                        "data": (0x7f0000001000, False), "version": 3})
+    m.run({sig["name"]: x}, outputs="device")  # the first call captures the graph
+    syncs, dtoh, h2d, graphs = len(drv.syncs), len(drv.dtoh), len(drv.h2d), drv.graph_launches
+    drv.stream_ops.clear()
+    outs = m.run({sig["name"]: x}, outputs="device")
+    assert len(drv.syncs) == syncs and len(drv.dtoh) == dtoh and len(drv.h2d) == h2d  # nothing waited for or copied
+    assert drv.graph_launches == graphs + 1 and drv.stream_ops == [("record", None, len(drv.launches))]
+    assert all(a.__cuda_array_interface__["stream"] == 1 for a in outs.values())  # written on the legacy stream
+    m.synchronize()
+    assert len(drv.syncs) == syncs + 1
+    m.run(m.sample_inputs())  # host outputs: waited for
+    assert len(drv.syncs) > syncs + 1
+    # a CAI v3 producer stream is joined with events (no host wait), before and after the inference
+    drv.stream_ops.clear()
+    y = types.SimpleNamespace(__cuda_array_interface__={**x.__cuda_array_interface__, "stream": 0x4321})
+    syncs = len(drv.syncs)
+    m.run({sig["name"]: y}, outputs="device")
+    assert len(drv.syncs) == syncs
+    assert [op[:2] for op in drv.stream_ops] == [("record", 0x4321), ("wait", None), ("record", None),
+                                                 ("record", None), ("wait", 0x4321)]
+
+
+def test_device_token_ids_are_checked_on_the_device_without_a_copy(fake_pycuda, monkeypatch, tmp_path):
+    """Token ids as a CUDA tensor: the input's check kernel runs on the input buffer, before the
+    plan's graph, writing its report into mapped host memory, so the inference has no
+    device-to-host copy at all. A report (what the kernel writes for an id past the table) is
+    raised by the same call when it waits (host outputs), else by the next call once the device
+    finished, or by synchronize(); then it is cleared, and the claim word zeroed on the device."""
+    from dlcc.backends.cuda import CudaRuntime
+    from dlcc.executor import DeviceIndexError
+
+    from test_hostile_input import _gather_model
+
+    drv = fake_pycuda
+    monkeypatch.setattr(CudaRuntime, "pointer_device", lambda self, ptr: 0)
+    m = dlcc.compile(_gather_model(tmp_path / "g.onnx"), target="cuda", device="h100")
+    check = m.plan["meta"]["index_checks"][0]
+    ex = m.executor()
+    report_ptr = int(ex.storages["report"])
+    report = drv.mapped[report_ptr].view(np.int32)
+    ids = _device_ids(0x7f0000001000)
+    m.run({"ids": ids}, outputs="device")
+    L = [x for x in drv.launches if x[0] == check["kernel"]]
+    assert len(L) == 1 and L[0][3] == (1, 1) and L[0][2] == (256, 1, 1)
+    args = [int(a) for a in L[0][1]]
+    assert args == [int(ex.storages["input:0"]), int(ex.storages["errors"]), report_ptr, -1]
+    first_graph = next(i for i, x in enumerate(drv.launches) if x[0] != check["kernel"])
+    assert drv.launches.index(L[0]) < first_graph  # before the plan's launches
+    assert not drv.dtoh
+    m.run({"ids": np.zeros((2, 3), np.int64)}, outputs="device")  # host ids: no check kernel
+    assert len([x for x in drv.launches if x[0] == check["kernel"]]) == 1
+
+    def fire(name, args):  # the kernel finding id 10**9 at flat position 4
+        if name == check["kernel"]:
+            report[:4] = [-1, 10**9, 0, 4]
+
+    drv.on_launch = fire
+    with pytest.raises(DeviceIndexError, match=r"^input 'ids': index 1000000000 at \[1, 1\] is outside \[-10, 10\) "
+                                               r"for Gather node 'g' \(a device array"):
+        m({"ids": ids})  # host outputs: this call waited, and raises
+    assert not report.any() and (int(ex.storages["errors"]), 4) in drv.h2d  # report and claim word cleared
+    m.run({"ids": ids}, outputs="device")  # returns before the device finished: nothing raised yet
+    drv.on_launch, drv.event_ready = None, False
+    m.run({"ids": ids}, outputs="device")  # the device has not finished: the report is not read yet
+    drv.event_ready = True
+    with pytest.raises(DeviceIndexError, match=r"one of the last 2 inferences that returned before the device "
+                                               r"finished them .* input 'ids': index 1000000000 at \[1, 1\]"):
+        m.run({"ids": ids}, outputs="device")
+    m.run({"ids": ids}, outputs="device")  # cleared: the next calls run
+    report[:4] = [-1, 11, 0, 0]
+    with pytest.raises(DeviceIndexError, match=r"index 11 at \[0, 0\]"):
+        m.synchronize()
+    m.synchronize()  # nothing left to report
+    assert not drv.dtoh and not drv.stack()

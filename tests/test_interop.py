@@ -177,7 +177,8 @@ def test_dlpack_tensors_of_torch_are_parsed_by_dtype():
 def test_device_array_exports_for_bfloat16():
     d = interop.DeviceArray(1 << 20, (2, 2), "bfloat16", 0, None)
     cai = d.__cuda_array_interface__
-    assert cai["typestr"] == "<V2" and cai["data"] == (1 << 20, False) and cai["stream"] is None
+    # stream 1 (CUDA's legacy default stream): the model may still be writing it when run() returns
+    assert cai["typestr"] == "<V2" and cai["data"] == (1 << 20, False) and cai["stream"] == 1
     assert interop.from_cuda_array_interface(d).dtype == "bfloat16"
     assert d.__dlpack_device__() == (interop.KDL_CUDA, 0)
     with pytest.raises(BufferError):
@@ -229,3 +230,41 @@ def test_a_producer_that_raises_is_one_clear_error():
         interop.describe(Broken())
     with pytest.raises(interop.InteropError, match="unused DLPack capsule"):
         interop.describe(BadCapsule())
+
+
+@needs_opencl
+def test_device_token_ids_are_checked_on_the_device(tmp_path):
+    """Ids given as a device array (here a pyopencl array; a torch CUDA tensor on CUDA) are not
+    read back to the host to be checked: the check kernel the compile registered for that input
+    runs on the input buffer before the plan's launches, and an id past the table is the same
+    clear error as for a host array, naming the input, the index, its position, the bound and the
+    node, raised before any output is returned. Good ids after it match the host path (the report
+    and the claim word were cleared)."""
+    import pyopencl.array as cla
+
+    from dlcc.executor import DeviceIndexError
+    from test_hostile_input import _gather_model
+
+    m = dlcc.compile(_gather_model(tmp_path / "g.onnx"), target="opencl")
+    check = m.plan["meta"]["index_checks"][0]
+    assert check["kernel"].startswith("check_index_") and check["elements"] == 6
+    assert {"errors", "report"} <= set(m.plan["storages"])
+    rt = m.executor().rt
+    table = np.arange(40, dtype=np.float32).reshape(10, 4)
+    ids = np.array([[0, 1, 2], [3, 9, -1]], np.int64)
+    np.testing.assert_array_equal(m({"ids": cla.to_device(rt.queue, ids)})["y"], table[ids])
+    for bad, at in ((10**9, "[1, 1]"), (-11, "[1, 1]"), (10, "[1, 1]")):
+        wild = ids.copy()
+        wild[1, 1] = bad
+        with pytest.raises(DeviceIndexError, match=(rf"input 'ids': index {bad} at \{at[:-1]}\] is outside "
+                                                    r"\[-10, 10\) for Gather node 'g' \(a device array")):
+            m({"ids": cla.to_device(rt.queue, wild)})
+        np.testing.assert_array_equal(m({"ids": cla.to_device(rt.queue, ids)})["y"], table[ids])
+    # the first bad id is the one reported, whichever thread of the check claims it first
+    two = ids.copy()
+    two[0, 2], two[1, 0] = 12, 13
+    with pytest.raises(DeviceIndexError, match=r"index 1[23] at \[(0, 2|1, 0)\]"):
+        m({"ids": cla.to_device(rt.queue, two)})
+    # host ids: checked on the host, before any launch (no check kernel)
+    with pytest.raises(dlcc.executor.InputError, match=r"input 'ids': index 10 at \[1, 1\]"):
+        m({"ids": np.where(ids == 9, 10, ids)})

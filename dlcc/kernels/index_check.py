@@ -5,17 +5,27 @@ Gather-family kernels clamp every index (ops/layout.py `_index`), so no kernel e
 its tensor. Clamping alone would turn a bad index into a wrong answer, though, so every index is
 also checked, where it is known first:
 - a constant index: at compile time (ops/layout.py `index_check`);
-- a graph input (an embedding's token ids): on the host before the launch
+- a graph input (an embedding's token ids) given as a host array: on the host before the launch
   (Executor.check_indices), so the error comes before any work;
-- an index computed on the device (ArgMax, Cast of arithmetic, a Range): by the small kernel
-  below, launched after the Gather. At the first index outside [-bound, bound) it claims the
-  plan's error words (the tensor ERRORS, in its own storage "errors") with an atomic
-  compare-and-swap and records the site, the index and its flat position. The executor reads the
-  four words after every inference, clears them, and raises an error naming the node, the index
-  and the bound, as onnxruntime does.
+- the same input given as a device array (a torch CUDA tensor, a pyopencl array): by the check
+  kernel below, which the compile registers for every such input (`input_check_kernel`, not a
+  launch of the plan) and the executor launches on the input buffer before the plan's launches,
+  so a device input is never read back to the host to be checked;
+- an index computed on the device (ArgMax, Cast of arithmetic, a Range): by the same kernel,
+  launched after the Gather (`emit_index_check`).
 
-Cost: one launch per such Gather that reads only its indices (a few KB), and one 16-byte read per
-inference on the few models that compute indices; `dlcc inspect` lists every check.
+At the first index outside [-bound, bound) the kernel claims the plan's error word (the tensor
+ERRORS, storage "errors", device memory) with an atomic compare-and-swap, and the claiming thread
+writes the report (REPORT, storage "report"): the site, the index's low and high 32 bits and its
+flat position. Sites are positive for computed checks (meta.device_index_checks, 1-based) and
+negative for input checks (meta.index_checks, -1-based). The report lives apart from the claim
+word because on CUDA it is mapped host memory (the executor allocates it so): the host reads it
+without a device-to-host copy, and the kernel never makes an atomic on host memory. The executor
+reads the report once an inference is known finished, clears it, and raises an error naming the
+node, the index and the bound, as onnxruntime does.
+
+Cost: one launch per such Gather that reads only its indices (a few KB); `dlcc inspect` lists
+every check.
 """
 from __future__ import annotations
 
@@ -25,7 +35,10 @@ from ..ir import Tensor
 from .program import ctype
 
 ERRORS = "%errors"
-#: The error words: site (1-based; 0 = no error), the index's low and high 32 bits, its position.
+REPORT = "%report"
+#: The claim word (device memory; 0 until a check fires).
+CLAIM_WORDS = 1
+#: The report: site (0 = no error), the index's low and high 32 bits, its flat position.
 ERROR_WORDS = 4
 BLOCK = 256
 
@@ -42,56 +55,86 @@ def _bound_expr(bounds: list[int], per_last_axis: bool) -> str:
     return expr
 
 
-def emit_index_check(ctx, node, idx: str, bounds: list[int], per_last_axis: bool) -> None:
-    """Launch the check of computed indices `idx` of `node` against `bounds` and record the site
-    in ctx.device_index_checks (the plan's meta), whose position + 1 the kernel reports."""
+def _ensure_error_tensors(ctx) -> None:
+    """The claim word and the report, as tensors of their own storages (passes/memplan.py
+    OWN_STORAGES), placed whether or not a launch of the plan touches them."""
+    for name, words in ((ERRORS, CLAIM_WORDS), (REPORT, ERROR_WORDS)):
+        if name not in ctx.graph.tensors:
+            ctx.graph.tensors[name] = Tensor(name, (words,), "int32")
+
+
+def _check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool) -> tuple[str, int]:
+    """The check kernel of indices `idx` (name, element count): arguments (indices, claim word,
+    report, site), one thread per index."""
     shape = ctx.shape(idx)
     n = int(np.prod(shape)) if shape else 1
-    if n == 0:
-        return
-    if ERRORS not in ctx.graph.tensors:
-        ctx.graph.tensors[ERRORS] = Tensor(ERRORS, (ERROR_WORDS,), "int32")
-    site = len(ctx.device_index_checks) + 1
     t = ctype(ctx.dtype(idx))
     bound = _bound_expr(bounds, per_last_axis)
 
     def make(kname: str) -> str:
         return (
-            f"KERNEL void {kname}(GPTR const {t}* x0, GPTR int* err, const int site) {{\n"
+            f"KERNEL void {kname}(GPTR const {t}* x0, GPTR int* err, GPTR int* rep, const int site) {{\n"
             f"    const int i = BLOCK_ID * BLOCK_DIM + THREAD_ID;\n"
             f"    if (i < {n}) {{\n"
             f"        const i64 v = (i64)x0[i];\n"
             f"        const i64 b = {bound};\n"
-            f"        if ((v < -b || v >= b) && ATOMIC_CAS_I32(err, 0, site) == 0) {{\n"
-            f"            err[1] = (int)v;\n"
-            f"            err[2] = (int)(v >> 32);\n"
-            f"            err[3] = i;\n"
+            f"        if ((v < -b || v >= b) && ATOMIC_CAS_I32(err, 0, 1) == 0) {{\n"
+            f"            rep[1] = (int)v;\n"
+            f"            rep[2] = (int)(v >> 32);\n"
+            f"            rep[3] = i;\n"
+            f"            rep[0] = site;\n"
             f"        }}\n"
             f"    }}\n}}\n"
         )
 
-    kname = ctx.program.add_kernel("check_index", make, BLOCK, kind="check", pass_name=ctx.pass_name)
-    ctx.launch(kname, (n + BLOCK - 1) // BLOCK, [idx, ERRORS, site], reads=[idx], writes=[ERRORS],
+    _ensure_error_tensors(ctx)
+    return ctx.program.add_kernel("check_index", make, BLOCK, kind="check", pass_name=ctx.pass_name), n
+
+
+def emit_index_check(ctx, node, idx: str, bounds: list[int], per_last_axis: bool) -> None:
+    """Launch the check of computed indices `idx` of `node` against `bounds` and record the site
+    in ctx.device_index_checks (the plan's meta), whose position + 1 the kernel reports."""
+    shape = ctx.shape(idx)
+    if shape and int(np.prod(shape)) == 0:
+        return
+    site = len(ctx.device_index_checks) + 1
+    kname, n = _check_kernel(ctx, idx, bounds, per_last_axis)
+    ctx.launch(kname, (n + BLOCK - 1) // BLOCK, [idx, ERRORS, REPORT, site], reads=[idx], writes=[ERRORS, REPORT],
                dram_bytes=ctx.tensor(idx).nbytes)
     ctx.device_index_checks.append({"node": node.name, "op": node.op_type, "bounds": [int(b) for b in bounds],
                                     "per_last_axis": per_last_axis, "shape": [int(d) for d in shape],
                                     "kernel": kname})
 
 
-def decode_error(words, checks: list[dict]) -> str | None:
-    """The message for the error words read back from the device (None when no check fired):
-    which node, which index at which position, and the range it must lie in."""
+def input_check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool) -> dict:
+    """The check kernel for a graph input's indices, registered but not launched: the executor
+    launches it when that input comes as a device array (Executor._launch_input_checks), with
+    the input buffer, the error storages and site -(position in meta.index_checks + 1). Its
+    fields for the plan's index check: the kernel and its element count."""
+    kname, n = _check_kernel(ctx, idx, bounds, per_last_axis)
+    return {"kernel": kname, "elements": n}
+
+
+def decode_error(words, checks: list[dict], inputs: list[dict] | None = None) -> str | None:
+    """The message for a report read back from the device (None when no check fired): which node,
+    which index at which position, and the range it must lie in. Positive sites index `checks`
+    (meta.device_index_checks), negative ones `inputs` (meta.index_checks)."""
     site = int(words[0])
     if site == 0:
         return None
-    if not 1 <= site <= len(checks):
+    table = checks if site > 0 else (inputs or [])
+    if not 1 <= abs(site) <= len(table):
         return f"a device index check reported an unknown site {site} (a damaged plan)"
-    c = checks[site - 1]
+    c = table[abs(site) - 1]
     value = (int(words[2]) << 32) | (int(words[1]) & 0xFFFFFFFF)
     flat = int(words[3])
-    shape = c["shape"]
+    shape = c.get("shape") or []
     pos = [int(x) for x in np.unravel_index(flat, shape)] if shape and 0 <= flat < int(np.prod(shape)) else [flat]
     bounds = c["bounds"]
     b = bounds[pos[-1] % len(bounds)] if c.get("per_last_axis") and len(bounds) > 1 else bounds[0]
+    if site < 0:
+        return (f"input {c['name']!r}: index {value} at {pos} is outside [-{b}, {b}) for {c['op']} node "
+                f"{c['node']!r} (a device array, checked on the device; its read was clamped, and the outputs "
+                "are not returned)")
     return (f"{c['op']} node {c['node']!r}: a computed index {value} at {pos} is outside [-{b}, {b}) "
             f"(found on the device; its read was clamped, and the outputs are not returned)")

@@ -5,7 +5,7 @@ import numpy as np
 
 from ..kernels.map import MapExpr, emit_map
 from ..kernels.transpose import emit_tiled_transpose, wants_tiled
-from ..kernels.index_check import emit_index_check
+from ..kernels.index_check import emit_index_check, input_check_kernel
 from .registry import ALIAS, LAYOUT, register
 
 
@@ -167,7 +167,8 @@ def index_check(ctx, node, idx: str, bounds: list[int], last_axis: bool = False)
     """Check node's indices `idx` against `bounds` (one bound for every element; with `last_axis`,
     `bounds[j]` for component j of the last axis, GatherND's index tuples) where they are first
     known (kernels/index_check.py): a constant now, a graph input (through views) on the host
-    before every run (Executor.check_indices), a computed index on the device after the run."""
+    before every run (Executor.check_indices) or, given as a device array, by a check kernel the
+    executor launches first; a computed index on the device after the Gather."""
     value = ctx.const(idx)
     if value is not None:
         _check_constant(ctx, np.asarray(value), bounds, last_axis)
@@ -175,7 +176,8 @@ def index_check(ctx, node, idx: str, bounds: list[int], last_axis: bool = False)
     src = ctx.resolve(idx)
     if src in ctx.graph.inputs:
         ctx.index_checks.append({"input": src, "node": node.name, "op": node.op_type, "bounds": [int(b) for b in bounds],
-                                 "per_last_axis": last_axis})
+                                 "per_last_axis": last_axis, "shape": [int(d) for d in ctx.shape(src)],
+                                 **input_check_kernel(ctx, src, bounds, last_axis)})
         return
     emit_index_check(ctx, node, idx, bounds, last_axis)
 

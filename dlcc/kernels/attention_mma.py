@@ -29,9 +29,10 @@ Per key block of BK keys (five barriers):
   4. P.V on tensor cores: warp w owns the output's 8-column mma tiles w, w + 8, ... (Dv <= 64:
      one; Dv <= 128: two); its accumulators persist in registers across key blocks, are rescaled
      by their rows' alpha (rows g and g+8), then take P (16 x BK, A fragments) . V (BK x 8, B
-     fragments) over BK (BARRIER, before the next block overwrites K/V and P). Warps without a
-     column tile of their own (Dv < 57) repeat the last tile's mmas and store nothing: on OpenCL
-     the emulated mma holds barriers, which every warp must reach equally often.
+     fragments) over BK (BARRIER, before the next block overwrites K/V and P). A warp whose tile
+     w + 8 i is past the last (Dv <= 56, or 64 < Dv <= 120) repeats the last tile's mmas and
+     stores nothing: on OpenCL the emulated mma holds barriers, which every warp must reach
+     equally often.
 After the last block each thread's share of its row's running sum goes through shared memory
 (BARRIER), and every accumulator inside M x Dv is divided by its row's sum and stored through
 `store(m, e, value)`.
@@ -41,7 +42,8 @@ around a barrier (PoCL 3.1), -inf-safe online softmax (exponents against 0 while
 maximum is -inf; a row without a finite score ends 0/0 = NaN like Softmax; NaN scores propagate),
 query rows past M loading zeros and never stored, keys past N zero in K and V and -inf as scores,
 loads straight from global to shared memory (co-resident rTasks overlap one another's loads and
-arithmetic; no registers spent staging the next block).
+arithmetic; no registers spent staging the next block), locals prefixed `at_` (and `mma_`: the
+lane, warp and scratch names the mma macros expect in scope, backends/prelude_opencl.h).
 
 Choices of this template:
   - The running sum adds the probabilities as rounded for the mma, so the weights that multiply V
@@ -58,9 +60,16 @@ Choices of this template:
     banks; V, read as [k][n], has a stride VS = 8 mod 16 (Dv padded to 8, + 8 where that is a
     multiple of 16): t * VS + g likewise. Dp is D padded to ksplit mma k steps, Dv to 8 (zeros).
   - BK is the widest of 64, 32, 16 whose layout fits SMEM_LIMIT_FLOATS with the emulation
-    scratch: 64 for D, Dv <= 64 at every precision (D = Dv = 64: 37.5 KiB at fp16/bf16, 25.5 KiB
-    of it on CUDA), 32 for D = Dv = 128. Separate K and V tiles would force BK = 32 at D = 64
-    (and leave half the warps idle in the score step or split D anyway).
+    scratch: 64 for D, Dv <= 64 at every precision (D = Dv = 64: 39.6 KiB at fp16/bf16, 33.6 at
+    tf32, 27.6 of either on CUDA), 32 for D = Dv = 128 (42.8 KiB at fp16/bf16, 30.8 on CUDA).
+    Separate K and V tiles would have forced BK = 32 at D = 64 (half the warps idle in the score
+    step, or D split) and eight barriers per 64 keys instead of five; sharing one tile costs
+    the V load's latency inside the key block, which co-resident rTasks hide.
+  - The K and V copy loops unroll by 4 (_LOAD_UNROLL): unrolled in full, ptxas kept every load
+    of the tile live (111 to 167 registers at sm_90); by 4, 32 to 44 registers at sm_90 and 40
+    to 48 at sm_80, no spills, so about six rTasks share an SM (48 to 64 warps of loads in
+    flight) where the registers allowed one or two. Staging the next block in registers, as
+    gemm_mma.py does, would have cost as many registers again.
 """
 from __future__ import annotations
 
@@ -266,7 +275,7 @@ def mma_attention_source(name: str, spec: AttentionSpec, precision: str) -> str:
         f"    LPTR float* at_qs = smem + {t.q_off};  /* Q block [BQ][{Dp}], rows of {QS}, rounded by {rnd} */",
         f"    LPTR float* at_ks = smem + {t.kv_off};  /* K block [BK][{Dp}], rows of {KS} ... */",
         f"    LPTR float* at_vs = smem + {t.kv_off};  /* ... then V block [BK][{Dvp}] in its place, rows of {VS} */",
-        f"    LPTR float* at_ss = smem + {t.s_off};  /* {t.ksplit} partial score tile(s) [BQ][BK], rows of {SS}; P over the first */",
+        f"    LPTR float* at_ss = smem + {t.s_off};  /* {t.ksplit} score tile(s) [BQ][BK], rows {SS}; P in the 1st */",
         f"    LPTR float* at_red = smem + {t.red_off};  /* one float per thread: partial max, then sum */",
         f"    LPTR float* at_alpha = smem + {t.alpha_off};  /* each row's rescale factor */",
         "    const int mma_lane = tid % 32, mma_warp = tid / 32;",
@@ -400,3 +409,51 @@ def mma_attention_source(name: str, spec: AttentionSpec, precision: str) -> str:
         "",
     ]
     return "\n".join(dev)
+
+
+#: Cycles of one dependent mma.sync (its accumulator feeds the next): not calibrated on a GPU,
+#: like gemm_mma.py's constants (about what m16n8k16 takes on an A100 or H100).
+MMA_LATENCY = 32
+#: Registers a thread, for occupancy: what ptxas reports at sm_90 for this template (32 to 44
+#: over D, Dv in 32..128 at every precision, tests/test_attention_mma.py builds them), rounded up.
+REGISTERS = 44
+
+
+def mma_attention_cost(batch: int, M: int, N: int, D: int, Dv: int, precision: str, device=None) -> float:
+    """Modelled cycles of the tensor-core attention on a GPU `device`, in the units and form of
+    attention.py's attention_cost (the SIMT GEMM model's issue rate and step latency, so
+    DeviceSpec.gemm_cycle_us turns both into µs, and the two templates compare directly). rTasks
+    are spread over the SMs; with B = ceil(rTasks / SMs) an SM's and steps = ceil(N / BK), the
+    time is the larger of
+      - throughput: B × steps × (mmas / MMA_PER_CYCLE + other / ISSUE_PER_CYCLE) where, per key
+        block, mmas = 8 × (d_steps + ni × BK / k) (the score step's and P.V's, counting the
+        repeats of warps without an output tile) and `other` counts warp instructions: the
+        fragment reads from shared memory (A's k/2 and B's k/4 elements a lane per mma), the K
+        and V tiles' global load, rounding and shared store (3 per element), the softmax (about
+        12 per score: the partial tiles' reads, `score`, the maximum, two exponentials' share,
+        rounding, sum, store) and 40 a thread of addressing, loop and barrier overhead; and
+      - latency: ceil(B / occupancy) rounds × steps × (2 STEP_LATENCY (the K, then the V load,
+        each before a barrier) + MMA_LATENCY × (d_steps + ni × BK / k) (the two mma chains)),
+    plus one STEP_LATENCY for the Q block. Occupancy: the least of the block, thread, shared
+    memory (CUDA's figure, tile_floats: no emulation scratch there) and register limits at
+    REGISTERS a thread."""
+    from .gemm import ISSUE_PER_CYCLE, STEP_LATENCY
+
+    shape = AttentionShape(batch, M, N, D, Dv)
+    t = mma_attention_tiling(shape, precision)
+    sms = getattr(device, "sms", 80)
+    per_sm = -(-mma_attention_tasks(shape) // sms)
+    steps = -(-N // t.bk)
+    pv_steps = t.bk // t.kstep
+    chain = t.d_steps + t.ni * pv_steps  # mmas of one warp per key block
+    fa, fb = t.kstep // 2, t.kstep // 4  # A and B elements a lane reads per mma
+    frag = WARPS * (t.d_steps * (fa + fb) + pv_steps * (fa + t.ni * fb))
+    moves = 3 * t.bk * (t.d_pad + t.dv_pad) / 32
+    softmax = 12 * BQ * t.bk / 32
+    issue = WARPS * chain / MMA_PER_CYCLE + (frag + moves + softmax + 40 * WARPS) / ISSUE_PER_CYCLE
+    occ = max(1, min(getattr(device, "max_blocks_per_sm", 32),
+                     getattr(device, "max_threads_per_sm", 2048) // ATTN_THREADS,
+                     getattr(device, "shared_mem_per_sm", 233472) // (4 * t.tile_floats),
+                     getattr(device, "registers_per_sm", 65536) // (REGISTERS * ATTN_THREADS)))
+    return (max(per_sm * steps * issue, -(-per_sm // occ) * steps * (2 * STEP_LATENCY + MMA_LATENCY * chain))
+            + STEP_LATENCY)

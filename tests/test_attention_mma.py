@@ -28,8 +28,9 @@ from dlcc.backends.nvcc import compile_cubin, find_nvcc
 from dlcc.backends.source import render
 from dlcc.kernels.attention import (ATTN_THREADS, SMEM_LIMIT_FLOATS, AttentionShape, attention_cost, attention_tasks,
                                     plain_attention_spec)
-from dlcc.kernels.attention_mma import (REGISTERS, MmaAttentionTiling, mma_attention_cost, mma_attention_smem_floats,
-                                        mma_attention_source, mma_attention_tasks, mma_attention_tiling)
+from dlcc.kernels.attention_mma import (MmaAttentionTiling, mma_attention_cost, mma_attention_registers,
+                                        mma_attention_smem_floats, mma_attention_source, mma_attention_tasks,
+                                        mma_attention_tiling)
 from dlcc.kernels.gemm_mma import MMA_KINDS
 from dlcc.testing.pocl_kernels import grid_dependent_barrier_loops
 from dlcc.testing.rounding import operand_round
@@ -206,6 +207,18 @@ def test_matches_reference(rt, precision, shape):
         assert _grows_across_blocks(Q, K, scale, bk) == (shape[2] > bk)
 
 
+@needs_opencl
+def test_beyond_128(rt):
+    """D = 160, Dv = 136 at fp16: key blocks of 16 (the score tile split along D over four
+    warps), three output tiles a warp (the last warps' third a repeat, not stored)."""
+    shape, precision, scale = (1, 20, 45, 160, 136), "fp16", 0.1
+    spec = plain_attention_spec(*shape, scale=scale)
+    t = mma_attention_tiling(spec, precision)
+    assert (t.bk, t.ksplit, t.ni) == (16, 4, 3)
+    Q, K, V = _inputs(*shape, seed=1)
+    _check(_run(rt, spec, precision, Q, K, V), *_reference(Q, K, V, scale, None, precision), "D = 160")
+
+
 def _masks(batch, M, N, seed):
     """Per batch index: 0 causal with -1e9 (row m keeps keys 0..m) and random -inf among the
     kept keys but key 0; 1 -inf everywhere but the last 5 keys and one key per row in the middle
@@ -363,14 +376,14 @@ def test_cost_model():
 NVCC_SHAPES = {  # name: (D, Dv, storage, mask)
     "64": (64, 64, "float32", False), "128": (128, 128, "float32", True), "64_bf16": (64, 64, "bfloat16", True),
     "128_f16": (128, 128, "float16", False), "40x24": (40, 24, "float32", True), "96": (96, 96, "float32", False),
-    "64x128": (64, 128, "float32", False),
+    "64x128": (64, 128, "float32", False), "160x136": (160, 136, "float16", True),
 }
 
 
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed on this machine")
 def test_nvcc_builds_without_spills():
     """Every precision at sm_80 and sm_90: no spills, the registers the cost model assumes at
-    sm_90 (REGISTERS) or fewer, and CUDA's shared memory the tiles alone (no emulation scratch)."""
+    sm_90 (mma_attention_registers) or fewer, and CUDA's shared memory the tiles alone (no emulation scratch)."""
     specs = {f"a_{p}_{k}": (plain_attention_spec(8, 197, 197, D, Dv, dtype=dt, scale=0.125, mask=mk), p)
              for p in PRECISIONS for k, (D, Dv, dt, mk) in NVCC_SHAPES.items()}
     src = render([mma_attention_source(k, s, p) for k, (s, p) in specs.items()], "cuda")
@@ -380,5 +393,6 @@ def test_nvcc_builds_without_spills():
         for k, (s, p) in specs.items():
             u = usage[k]
             assert not u.spills and u.stack_bytes == 0, (arch, k, u)  # the accumulators stay registers
-            assert 0 < u.registers <= (REGISTERS if arch == "sm_90" else 64), (arch, k, u)
+            t = mma_attention_tiling(s, p)
+            assert 0 < u.registers <= (mma_attention_registers(t) if arch == "sm_90" else 64), (arch, k, u)
             assert u.smem_bytes == 4 * mma_attention_tiling(s, p).tile_floats <= 47 * 1024, (arch, k, u)

@@ -414,9 +414,14 @@ def mma_attention_source(name: str, spec: AttentionSpec, precision: str) -> str:
 #: Cycles of one dependent mma.sync (its accumulator feeds the next): not calibrated on a GPU,
 #: like gemm_mma.py's constants (about what m16n8k16 takes on an A100 or H100).
 MMA_LATENCY = 32
-#: Registers a thread, for occupancy: what ptxas reports at sm_90 for this template (32 to 44
-#: over D, Dv in 32..128 at every precision, tests/test_attention_mma.py builds them), rounded up.
-REGISTERS = 44
+
+
+def mma_attention_registers(t: MmaAttentionTiling) -> int:
+    """Registers a thread, for occupancy: fitted to ptxas at sm_90 (CUDA 13), which reports 33 to
+    40 with one output tile a warp (Dv <= 64), 40 to 44 with two (Dv <= 128), 48 with three
+    (Dv = 136), at every precision and storage type; tests/test_attention_mma.py holds ptxas to
+    this figure."""
+    return 36 + 4 * t.ni
 
 
 def mma_attention_cost(batch: int, M: int, N: int, D: int, Dv: int, precision: str, device=None) -> float:
@@ -435,8 +440,8 @@ def mma_attention_cost(batch: int, M: int, N: int, D: int, Dv: int, precision: s
       - latency: ceil(B / occupancy) rounds × steps × (2 STEP_LATENCY (the K, then the V load,
         each before a barrier) + MMA_LATENCY × (d_steps + ni × BK / k) (the two mma chains)),
     plus one STEP_LATENCY for the Q block. Occupancy: the least of the block, thread, shared
-    memory (CUDA's figure, tile_floats: no emulation scratch there) and register limits at
-    REGISTERS a thread."""
+    memory (CUDA's figure, tile_floats: no emulation scratch there) and register limits
+    (mma_attention_registers a thread)."""
     from .gemm import ISSUE_PER_CYCLE, STEP_LATENCY
 
     shape = AttentionShape(batch, M, N, D, Dv)
@@ -454,6 +459,6 @@ def mma_attention_cost(batch: int, M: int, N: int, D: int, Dv: int, precision: s
     occ = max(1, min(getattr(device, "max_blocks_per_sm", 32),
                      getattr(device, "max_threads_per_sm", 2048) // ATTN_THREADS,
                      getattr(device, "shared_mem_per_sm", 233472) // (4 * t.tile_floats),
-                     getattr(device, "registers_per_sm", 65536) // (REGISTERS * ATTN_THREADS)))
+                     getattr(device, "registers_per_sm", 65536) // (mma_attention_registers(t) * ATTN_THREADS)))
     return (max(per_sm * steps * issue, -(-per_sm // occ) * steps * (2 * STEP_LATENCY + MMA_LATENCY * chain))
             + STEP_LATENCY)

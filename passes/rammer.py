@@ -567,8 +567,7 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
         elif i not in drop:
             out.append(L)
     prog.launches = out
-    used = {L.kernel for L in prog.launches}
-    prog.kernels = {n: k for n, k in prog.kernels.items() if n in used}
+    prog.prune_unlaunched()
     ctx.rammer_report = report
     state.log.append(f"rammer: {before} launch(es) -> {len(prog.launches)}; {len(report)} rProgram(s), "
                      f"{sum(r['waves'] for r in report)} wave(s)")

@@ -42,12 +42,20 @@ def test_models_fuse_every_attention_and_match_onnxruntime(model_path, name, lay
     assert all(r["passed"] for r in rows), rows
 
 
-@pytest.mark.parametrize("precision", ["tf32", "bf16"])
-def test_h100_plans_at_tensor_core_precisions(model_path, precision):
-    """The H100 plan (split and tensor-core GEMMs around the attention, emulated on PoCL)."""
-    path = model_path("bert")
-    m = dlcc.compile(path, target="opencl", pipeline="full", device="h100", precision=precision)
+@pytest.mark.parametrize("name,pipeline,precision", [("bert", "full", "tf32"), ("bert", "full", "bf16"),
+                                                     ("gpt2", "astitch", "bf16")])
+def test_h100_plans_at_tensor_core_precisions(model_path, name, pipeline, precision):
+    """The H100 plan (split and tensor-core GEMMs around the attention, emulated on PoCL): the
+    fused attention is the tensor-core template at the plan's precision (kernels/attention_mma.py),
+    as an rTask of the persistent kernel (full) or a launch of its own (astitch; GPT-2's causal
+    mask of -inf), and the model matches onnxruntime within the precision's tolerance."""
+    path = model_path(name)
+    m = dlcc.compile(path, target="opencl", pipeline=pipeline, device="h100", precision=precision)
     assert _attention_count(m.plan) == 2
+    src = m.source("opencl")
+    assert "at_alpha_r" in src  # the tensor-core template's rescale (the SIMT one has none)
+    atts = [k for k in m.plan["kernels"] if k["kind"] == "attention"]  # (full: inside the rProgram)
+    assert all(k["math"] == precision for k in atts) and (atts or pipeline == "full")
     feeds = m.sample_inputs(1)
     rows = verify_outputs(path, m(feeds), feeds, precision=precision)
     assert all(r["passed"] for r in rows), rows
@@ -99,9 +107,10 @@ def test_the_attention_option(tmp_path):
 
 def test_the_cost_model_fuses_where_it_pays_on_a_calibrated_gpu(tmp_path):
     """On the H100 spec (calibrated: gemm_cycle_us) at bf16, BERT-base's 128-token attention is
-    fused; ViT-B/16's 197 tokens (156 rTasks in two rounds over 132 SMs) stay three tensor-core
-    kernels; `attention: true` fuses both."""
-    short, long_ = _attention_model(tmp_path / "s.onnx", S=128, mask=False), _attention_model(tmp_path / "l.onnx", S=197, mask=False)
+    fused (the tensor-core template); 384 tokens (288 rTasks of 16 query rows, each walking 6
+    key blocks whose loads the template does not overlap: the model's latency chain) stay three
+    tensor-core kernels; `attention: true` fuses both. The plan records the template's math."""
+    short, long_ = _attention_model(tmp_path / "s.onnx", S=128, mask=False), _attention_model(tmp_path / "l.onnx", S=384, mask=False)
     pipe = tmp_path / "on.yaml"
     pipe.write_text("name: attention-on\npasses:\n  - name: lower\n  - name: astitch\n    options: {attention: true}\n"
                     "  - name: memplan\n")
@@ -110,6 +119,12 @@ def test_the_cost_model_fuses_where_it_pays_on_a_calibrated_gpu(tmp_path):
     assert count(short, "astitch") == 1
     assert count(long_, "astitch") == 0
     assert count(long_, str(pipe)) == 1
+    for prec, math in (("bf16", "bf16"), ("tf32", "tf32"), ("fp32", "float32")):
+        plan = dlcc.compile(short, target="opencl", pipeline="astitch", device="h100", precision=prec).plan
+        att = [L for L in plan["launches"] if L.get("attention")]
+        assert len(att) == 1 and att[0]["attention"] == [12, 128, 128, 64, 64, math]
+        kern = next(k for k in plan["kernels"] if k["name"] == att[0]["kernel"])
+        assert kern["math"] == math
 
 
 def test_inspect_lists_the_fused_attention(model_path):

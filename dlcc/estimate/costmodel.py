@@ -178,16 +178,16 @@ def gemm_model_us(tiling: str, shape, device: DeviceSpec, blocks_per_sm: int | N
 
 
 def attention_model_us(shape, device: DeviceSpec, sms: int | None = None) -> float | None:
-    """µs of a fused attention rOperator ([batch, M, N, D, Dv]) from its cycle model
-    (kernels/attention.py attention_cost, in the SIMT GEMM model's units) times
-    DeviceSpec.gemm_cycle_us; None where the device has no such calibration. `sms`: the SMs it
-    may use (1: its SM-time)."""
+    """µs of a fused attention rOperator ([batch, M, N, D, Dv] or [..., math]) from its template's
+    cycle model (kernels/attention_mma.py fused_attention_cost: the SIMT one at float32, the
+    tensor-core one at tf32/fp16/bf16; the SIMT GEMM model's units) times DeviceSpec.gemm_cycle_us;
+    None where the device has no such calibration. `sms`: the SMs it may use (1: its SM-time)."""
     if device.gemm_cycle_us is None or device.kind != "gpu":
         return None
-    from ..kernels.attention import attention_cost
+    from ..kernels.attention_mma import fused_attention_cost
 
     d = device.model_copy(update={"sms": int(sms)}) if sms else device
-    return attention_cost(*(int(x) for x in shape), d) * device.gemm_cycle_us
+    return fused_attention_cost(shape, d) * device.gemm_cycle_us
 
 
 def wave_attention_us(shapes: list, veus: int, device: DeviceSpec) -> float | None:

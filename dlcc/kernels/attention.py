@@ -212,6 +212,28 @@ def _load_tile(rows: int, cols: int, smem_at: Callable[[str, str], str], guard: 
     ]
 
 
+def online_max_step(alpha: str) -> list[str]:
+    """One key block's step of the online softmax, shared by both templates: each thread has its
+    partial maximum `at_mloc` over its scores; through `at_red` (a barrier) it takes its row's
+    maximum, the new running maximum `at_mi`, the exponent base `at_ms` (0 while the row has no
+    finite score, so that exp(-inf - -inf) never makes a NaN) and the rescale factor `alpha` of
+    what came before, applied to its share of the running sum `at_l`."""
+    neg_inf = "(-DLCC_INF)"
+    return [
+        "at_red[tid] = at_mloc;",
+        "BARRIER();",
+        "float at_mb = at_mloc;",
+        "#pragma unroll",
+        f"for (int at_u = 0; at_u < {_LANES}; ++at_u) at_mb = F_MAX(at_mb, at_red[at_i * {_LANES} + at_u]);",
+        "const float at_mn = F_MAX(at_mi, at_mb);",
+        "/* exponents against 0 while the row has no finite score: exp(-inf) = 0, not NaN */",
+        f"const float at_ms = at_mn == {neg_inf} ? 0.0f : at_mn;",
+        f"const float {alpha} = F_EXP(at_mi - at_ms);",
+        "at_mi = at_mn;",
+        f"at_l *= {alpha};",
+    ]
+
+
 def attention_source(name: str, spec: AttentionSpec) -> str:
     """The rOperator text: `{name}_task` and its KERNEL `{name}` (ATTN_THREADS threads, one block
     per rTask, attention_tasks(spec) blocks, attention_smem_floats(spec) floats of shared memory).
@@ -285,17 +307,7 @@ def attention_source(name: str, spec: AttentionSpec) -> str:
         "            at_s[at_c] = at_v;",
         "            at_mloc = F_MAX(at_mloc, at_v);",
         "        }",
-        "        at_red[tid] = at_mloc;",
-        "        BARRIER();",
-        "        float at_mb = at_mloc;",
-        "        #pragma unroll",
-        f"        for (int at_u = 0; at_u < {_LANES}; ++at_u) at_mb = F_MAX(at_mb, at_red[at_i * {_LANES} + at_u]);",
-        "        const float at_mn = F_MAX(at_mi, at_mb);",
-        "        /* exponents against 0 while the row has no finite score: exp(-inf) = 0, not NaN */",
-        f"        const float at_ms = at_mn == {neg_inf} ? 0.0f : at_mn;",
-        "        const float at_alpha = F_EXP(at_mi - at_ms);",
-        "        at_mi = at_mn;",
-        "        at_l *= at_alpha;",
+        *_indent(online_max_step("at_alpha"), 8),
         "        #pragma unroll",
         f"        for (int at_c = 0; at_c < {sc}; ++at_c) {{",
         "            const float at_p = F_EXP(at_s[at_c] - at_ms);",

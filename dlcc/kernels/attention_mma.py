@@ -77,7 +77,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from .attention import (ATTN_THREADS, BQ, SMEM_LIMIT_FLOATS, AttentionShape, AttentionSpec, _indent, _load_tile,
-                        attention_tasks)
+                        attention_cost, attention_smem_floats, attention_source, attention_tasks, online_max_step)
 from .gemm_mma import MMA_KINDS, MMA_PER_CYCLE, WARPS, _fragment_k, _fragment_rows
 
 _LANES = ATTN_THREADS // BQ  # softmax threads per query row
@@ -336,17 +336,7 @@ def mma_attention_source(name: str, spec: AttentionSpec, precision: str) -> str:
         "            at_s[at_c] = at_v;",
         "            at_mloc = F_MAX(at_mloc, at_v);",
         "        }",
-        "        at_red[tid] = at_mloc;",
-        "        BARRIER();",
-        "        float at_mb = at_mloc;",
-        "        #pragma unroll",
-        f"        for (int at_u = 0; at_u < {_LANES}; ++at_u) at_mb = F_MAX(at_mb, at_red[at_i * {_LANES} + at_u]);",
-        "        const float at_mn = F_MAX(at_mi, at_mb);",
-        "        /* exponents against 0 while the row has no finite score: exp(-inf) = 0, not NaN */",
-        f"        const float at_ms = at_mn == {neg_inf} ? 0.0f : at_mn;",
-        "        const float at_alpha_r = F_EXP(at_mi - at_ms);",
-        "        at_mi = at_mn;",
-        "        at_l *= at_alpha_r;",
+        *_indent(online_max_step("at_alpha_r"), 8),
         "        #pragma unroll",
         f"        for (int at_c = 0; at_c < {sc}; ++at_c) {{",
         f"            const float at_p = {rnd}(F_EXP(at_s[at_c] - at_ms));  /* as the mma will take it */",
@@ -462,3 +452,27 @@ def mma_attention_cost(batch: int, M: int, N: int, D: int, Dv: int, precision: s
                      getattr(device, "registers_per_sm", 65536) // (mma_attention_registers(t) * ATTN_THREADS)))
     return (max(per_sm * steps * issue, -(-per_sm // occ) * steps * (2 * STEP_LATENCY + MMA_LATENCY * chain))
             + STEP_LATENCY)
+
+
+# -- either template, by the math the plan computes the attention at -------------------------------
+#: The maths of the two templates: "float32" is attention.py's SIMT template, the others this
+#: module's tensor-core one at that precision.
+ATTENTION_MATHS = ("float32", *MMA_KINDS)
+
+
+def fused_attention_source(name: str, spec: AttentionSpec, math: str) -> str:
+    """The rOperator text of the template for `math` (ATTENTION_MATHS)."""
+    return attention_source(name, spec) if math == "float32" else mma_attention_source(name, spec, math)
+
+
+def fused_attention_smem_floats(shape: AttentionShape, math: str) -> int:
+    """Shared memory of one rTask of the template for `math`, in floats (the OpenCL figure)."""
+    return attention_smem_floats(shape) if math == "float32" else mma_attention_smem_floats(shape, math)
+
+
+def fused_attention_cost(problem, device=None) -> float:
+    """Modelled cycles of a fused attention launch's problem: [batch, M, N, D, Dv] (the SIMT
+    template, as plans before the tensor-core one recorded it) or [batch, M, N, D, Dv, math]."""
+    dims = [int(x) for x in problem[:5]]
+    math = problem[5] if len(problem) > 5 else "float32"
+    return attention_cost(*dims, device) if math == "float32" else mma_attention_cost(*dims, math, device)

@@ -63,7 +63,7 @@ def _ensure_error_tensors(ctx) -> None:
             ctx.graph.tensors[name] = Tensor(name, (words,), "int32")
 
 
-def _check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool) -> tuple[str, int]:
+def _check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool, pinned: bool = False) -> tuple[str, int]:
     """The check kernel of indices `idx` (name, element count): arguments (indices, claim word,
     report, site), one thread per index."""
     shape = ctx.shape(idx)
@@ -88,7 +88,7 @@ def _check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool) -> tupl
         )
 
     _ensure_error_tensors(ctx)
-    return ctx.program.add_kernel("check_index", make, BLOCK, kind="check", pass_name=ctx.pass_name), n
+    return ctx.program.add_kernel("check_index", make, BLOCK, kind="check", pass_name=ctx.pass_name, pinned=pinned), n
 
 
 def emit_index_check(ctx, node, idx: str, bounds: list[int], per_last_axis: bool) -> None:
@@ -111,7 +111,7 @@ def input_check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool) ->
     launches it when that input comes as a device array (Executor._launch_input_checks), with
     the input buffer, the error storages and site -(position in meta.index_checks + 1). Its
     fields for the plan's index check: the kernel and its element count."""
-    kname, n = _check_kernel(ctx, idx, bounds, per_last_axis)
+    kname, n = _check_kernel(ctx, idx, bounds, per_last_axis, pinned=True)
     return {"kernel": kname, "elements": n}
 
 

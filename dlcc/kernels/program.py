@@ -142,8 +142,8 @@ class Launch:
     # {"shape": [batch, M, N, K], "a_k_contiguous", "b_n_contiguous"}, for the cost model's
     # tiling model (plan.py gemm_problem).
     gemm_problem: dict | None = None
-    # A fused attention launch (passes/astitch/attention.py): [batch, M, N, D, Dv], for the cost
-    # model's attention model (kernels/attention.py attention_cost).
+    # A fused attention launch (passes/astitch/attention.py): [batch, M, N, D, Dv, math], for the
+    # cost model's attention model (kernels/attention_mma.py fused_attention_cost).
     attention: list | None = None
 
 
@@ -152,16 +152,30 @@ class KernelProgram:
     kernels: dict[str, Kernel] = field(default_factory=dict)
     launches: list[Launch] = field(default_factory=list)
 
+    #: Kernels the executor launches itself (an input's index check, kernels/index_check.py), kept
+    #: by prune_unlaunched though no launch of the plan names them.
+    pinned: set[str] = field(default_factory=set)
+
     def add_kernel(self, hint: str, make_code, block: int, smem_bytes: int = 0, kind: str = "map", tiling: str = "",
-                   pass_name: str = "baseline", normalisable: bool = False, math: str = "float32") -> str:
-        """Register kernel text built by `make_code(name)`; identical text is shared."""
+                   pass_name: str = "baseline", normalisable: bool = False, math: str = "float32",
+                   pinned: bool = False) -> str:
+        """Register kernel text built by `make_code(name)`; identical text is shared. `pinned`: no
+        launch of the plan will name it, and it stays (the executor launches it)."""
         probe = make_code("KNAME")
         digest = hashlib.sha1(probe.encode()).hexdigest()[:10]
         name = f"{hint}_{digest}"
         if name not in self.kernels:
             self.kernels[name] = Kernel(name, make_code(name), block, smem_bytes, pass_name, kind, tiling, normalisable,
                                         math)
+        if pinned:
+            self.pinned.add(name)
         return name
+
+    def prune_unlaunched(self) -> None:
+        """Drop the kernels no launch names any more (a pass replaced their launches), except the
+        pinned ones."""
+        used = {L.kernel for L in self.launches} | self.pinned
+        self.kernels = {n: k for n, k in self.kernels.items() if n in used}
 
     def unwritten_read(self, ready, resolve) -> tuple[Launch, str] | None:
         """The first launch that reads a tensor before any launch wrote it, and that tensor; None

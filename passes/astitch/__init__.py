@@ -149,8 +149,7 @@ def _rebuild(state, ng: NodeGraph, pl: Planner) -> list[dict]:
         L = old[o]
         units.append({"nodes": {n.id for n in ng.nodes if n.order == o}, "launch": L, "orig": o})
     prog.launches = _order(ng, pl, units)
-    used = {L.kernel for L in prog.launches}
-    prog.kernels = {name: k for name, k in prog.kernels.items() if name in used}
+    prog.prune_unlaunched()
     return report
 
 
@@ -158,22 +157,27 @@ def _attention_launch(ng, pl, af, old, prog) -> tuple[Launch, dict]:
     """The launch of one fused attention (passes/astitch/attention.py) and its report row: one
     rTask per head and block of query rows; the FLOPs of both products, the Softmax and the
     epilogues; DRAM bytes of Q, K, V, the mask and the output, the scores no longer among them."""
-    from ...kernels.attention import ATTN_THREADS, AttentionShape, attention_smem_floats, attention_tasks
+    from ...kernels.attention import ATTN_THREADS, AttentionShape, attention_tasks
+    from ...kernels.attention_mma import fused_attention_smem_floats
+    from .attention import attention_problem
 
-    text, args, reads, writes = attention_source_fused(ng, pl, af)
+    problem = attention_problem(pl, af)
+    math = problem[5]
+    text, args, reads, writes = attention_source_fused(ng, pl, af, math)
     g1, g2 = ng.nodes[af.qk], ng.nodes[af.pv]
     s1, s2 = g1.gemm.spec, g2.gemm.spec
-    shape = AttentionShape(s1.batch, s1.M, s1.N, s1.K, s2.N)
+    shape = AttentionShape(*problem[:5])
     k = prog.add_kernel("Attention", lambda nm, t=text: t.replace("KNAME", nm), ATTN_THREADS,
-                        smem_bytes=4 * attention_smem_floats(shape), kind="attention", pass_name="astitch")
+                        smem_bytes=4 * fused_attention_smem_floats(shape, math), kind="attention", pass_name="astitch",
+                        math=math)
     members = af.members
     flops = (2 * s1.batch * s1.M * s1.N * (s1.K + s2.N) + 5 * s1.batch * s1.M * s1.N
              + sum(node_flops(ng, ng.nodes[c]) for c in af.score + af.epilogue))
     L = Launch(kernel=k, grid=attention_tasks(shape), block=ATTN_THREADS, args=[("t", a) for a in args], reads=reads,
                writes=writes, node="+".join(dict.fromkeys(ng.nodes[c].onnx_node for c in (af.qk, af.pv))),
                op_type="Attention", flops=flops, dram_bytes=_dram(ng, pl, reads, writes, members), pass_name="astitch",
-               category="compute")
-    L.attention = list(shape)
+               category="compute", math=math)
+    L.attention = problem
     base = sum(old[o].dram_bytes for o in {ng.nodes[c].order for c in members})
     ops = [ng.nodes[c].op_type for c in members]
     rep = {"kind": "gemm", "kernel": k, "ops": ["Attention"] + [o for i, o in enumerate(ops) if i == 0 or o != ops[i - 1]],

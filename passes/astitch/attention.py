@@ -83,21 +83,39 @@ def plan_attention(pl, by_cost: bool = True) -> list[AttentionFusion]:
     return found
 
 
+def attention_math(pl, af: AttentionFusion) -> str:
+    """What the fused kernel computes at: the two GEMMs' tensor-core precision where both run on
+    tensor cores at the same one (a tf32/fp16/bf16 plan on a GPU: kernels/attention_mma.py, the
+    products' operands rounded as the unfused GEMMs round them), else float32 (the SIMT template,
+    kernels/attention.py)."""
+    from ...kernels.attention_mma import ATTENTION_MATHS
+
+    m1, m2 = (getattr(pl.ng.nodes[c].gemm.tiling, "math", "float32") for c in (af.qk, af.pv))
+    return m1 if m1 == m2 and m1 in ATTENTION_MATHS else "float32"
+
+
+def attention_problem(pl, af: AttentionFusion) -> list:
+    """[batch, M, N, D, Dv, math]: the fused launch's problem, as the plan and the cost model
+    know it (kernels/attention_mma.py fused_attention_cost)."""
+    s1, s2 = pl.ng.nodes[af.qk].gemm.spec, pl.ng.nodes[af.pv].gemm.spec
+    return [s1.batch, s1.M, s1.N, s1.K, s2.N, attention_math(pl, af)]
+
+
 def fused_pays(pl, af: AttentionFusion, sm) -> bool:
     """Whether the fused kernel is modelled faster than what it replaces, on a GPU calibrated for
     dlcc's kernels (DeviceSpec.gemm_cycle_us): its cycle model (kernels/attention.py
     attention_cost) against Q·Kᵀ's and P·V's tiling models, the Softmax at the roofline and the
     two kernel boundaries it removes (a grid barrier or a kernel's fixed cost, whichever is more).
-    The SIMT flash kernel wins where the three are small (BERT-base's 128 tokens) and loses to
-    tensor-core GEMMs on longer rows (ViT-B/16's 197 at bf16: 156 rTasks in two rounds over 132
-    SMs). Elsewhere (PoCL, an uncalibrated GPU) it is fused: one kernel instead of three, and no
+    The SIMT flash kernel (an fp32 plan) wins where the three are small (BERT-base's 128 tokens);
+    in a tf32/fp16/bf16 plan the tensor-core one (kernels/attention_mma.py) is priced against the
+    tensor-core GEMMs. Elsewhere (PoCL, an uncalibrated GPU) it is fused: one kernel instead of three, and no
     scores in memory."""
     from ...estimate.costmodel import attention_model_us, gemm_model_us, kernel_time
 
     dev = pl.dev
     g1, g2 = pl.ng.nodes[af.qk], pl.ng.nodes[af.pv]
     s1, s2 = g1.gemm.spec, g2.gemm.spec
-    fused = attention_model_us([s1.batch, s1.M, s1.N, s1.K, s2.N], dev)
+    fused = attention_model_us(attention_problem(pl, af), dev)
     a = gemm_model_us(g1.gemm.tiling.name, [s1.batch, s1.M, s1.N, s1.K], dev)
     b = gemm_model_us(g2.gemm.tiling.name, [s2.batch, s2.M, s2.N, s2.K], dev)
     if fused is None or a is None or b is None:

@@ -330,15 +330,18 @@ def _epilogue(b, ng, g, spec, fus) -> list[str]:
     return store
 
 
-def attention_source_fused(ng, planner, af) -> tuple[str, list[str], list[str], list[str]]:
+def attention_source_fused(ng, planner, af, math: str = "float32") -> tuple[str, list[str], list[str], list[str]]:
     """The fused attention rOperator (passes/astitch/attention.py) in kernels/attention.py's
     template: Q and K through Q·Kᵀ's loads, V through P·V's B load, each operand that AStitch
     computes in a load (the head transposes) through its element function as in a fused GEMM;
     the score through Q·Kᵀ's epilogue nodes at its flat index; the output through P·V's store
     and epilogue. Every tensor is a parameter of the Builder (`gaN`), so the two GEMMs' own
     parameter names (both call their B operand `B`) cannot meet, and P·V's prologue variables
-    are renamed apart from Q·Kᵀ's. Returns (text with KNAME, tensor args in order, reads, writes)."""
-    from ...kernels.attention import AttentionSpec, attention_source
+    are renamed apart from Q·Kᵀ's. `math`: the template (kernels/attention_mma.py ATTENTION_MATHS:
+    float32 the SIMT one, tf32/fp16/bf16 the tensor-core one). Returns (text with KNAME, tensor
+    args in order, reads, writes)."""
+    from ...kernels.attention import AttentionSpec
+    from ...kernels.attention_mma import fused_attention_source
 
     g1, g2 = ng.nodes[af.qk], ng.nodes[af.pv]
     s1, s2 = g1.gemm.spec, g2.gemm.spec
@@ -381,10 +384,10 @@ def attention_source_fused(ng, planner, af) -> tuple[str, list[str], list[str], 
                              load_v=lambda n, e: load(g2, s2, s2.load_b, n, e, rename=True),
                              score=score, store=store)
 
-    attention_source("KNAME", spec([]))  # a first pass finds the parameters (the Builder's)
+    fused_attention_source("KNAME", spec([]), math)  # a first pass finds the parameters (the Builder's)
     decls = [f"GPTR {ctype(ng.tensor(t).dtype)}* {p}" if t in b.written else f"GPTR const {ctype(ng.tensor(t).dtype)}* {p}"
              for t, p in b.params.items()]
-    text, order = b.finish(attention_source("KNAME", spec(decls)))
+    text, order = b.finish(fused_attention_source("KNAME", spec(decls), math))
     reads = [t for t in order if t not in b.written]
     writes = [t for t in order if t in b.written]
     return text, order, reads, writes

@@ -22,6 +22,10 @@
  * (passes/rammer.py proven_veus, astitch's spin kernels), so ptxas may use up to 255 registers
  * instead of squeezing into 128 for a second block nobody counts on (that spilled). */
 #define LAUNCH_BOUNDS(n) __launch_bounds__(n, 1)
+/* A persistent kernel that counts on b resident blocks per SM (passes/rammer.py blocks_per_sm):
+ * ptxas caps its registers so that b blocks fit (65536 / (n * b) a thread); spills are reported
+ * (compiler.kernel_spills). */
+#define LAUNCH_BOUNDS_SM(n, b) __launch_bounds__(n, b)
 #define ATOMIC_LOAD_I32(p) (*(volatile int*)(p))
 #define ATOMIC_STORE_I32(p, v) (*(volatile int*)(p) = (v))
 #define ATOMIC_ADD_I32(p, v) atomicAdd((int*)(p), (v))

@@ -12,6 +12,7 @@
 #define BARRIER() barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE)
 #define FENCE() mem_fence(CLK_GLOBAL_MEM_FENCE)
 #define LAUNCH_BOUNDS(n) __attribute__((reqd_work_group_size(n, 1, 1)))
+#define LAUNCH_BOUNDS_SM(n, b) __attribute__((reqd_work_group_size(n, 1, 1)))
 #define ATOMIC_LOAD_I32(p) (*(volatile __global int*)(p))
 #define ATOMIC_STORE_I32(p, v) (*(volatile __global int*)(p) = (v))
 #define ATOMIC_ADD_I32(p, v) atomic_add((volatile __global int*)(p), (v))

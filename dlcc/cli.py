@@ -483,7 +483,7 @@ def _kernel_text(source: str, name: str) -> str:
     import re
 
     first = re.search(rf"\b{re.escape(name)}(_ef\d+|_task)?\(", source)
-    entry = re.search(rf"KERNEL void (LAUNCH_BOUNDS\(\d+\) )?{re.escape(name)}\(", source)
+    entry = re.search(rf"KERNEL void (LAUNCH_BOUNDS(?:_SM)?\([\d, ]+\) )?{re.escape(name)}\(", source)
     if first is None or entry is None:
         return ""
     start = source.rfind("\n", 0, first.start()) + 1

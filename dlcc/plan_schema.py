@@ -181,7 +181,7 @@ def check_plan(data, where: str) -> dict:
     return data
 
 
-_SIGNATURE = re.compile(r"KERNEL void (?:LAUNCH_BOUNDS\(\d+\) )?(\w+)\(([^)]*)\)")
+_SIGNATURE = re.compile(r"KERNEL void (?:LAUNCH_BOUNDS(?:_SM)?\([\d, ]+\) )?(\w+)\(([^)]*)\)")
 
 
 def check_arities(plan: dict, source: str, where: str) -> None:

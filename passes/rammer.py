@@ -94,6 +94,10 @@ class RammerOptions(BaseModel):
     call_sites: int | None = Field(None, ge=1, description="distinct rOperators (kernels) per persistent kernel; "
                                    f"default {CPU_CALL_SITES} on CPU devices (PoCL's stack), {GPU_CALL_SITES} on GPUs")
     min_launches: int = Field(2, ge=2, description="runs shorter than this stay plain launches")
+    blocks_per_sm: int = Field(1, ge=1, le=8, description="resident blocks per SM a persistent kernel counts "
+                               "on (GPU devices): vEUs = SMs x this, and nvcc caps the kernel's registers so that "
+                               "they fit (__launch_bounds__(256, this)); where threads, shared memory or the "
+                               "registers' floor do not allow it, fewer, with a log line; CPU devices: 1")
     kernels: Literal["wavefront", "fastest", "efficient"] = Field(
         "wavefront", description="rKernel (GEMM tiling) choice: per wave, the fastest where the wave leaves vEUs "
         "idle and the least time x threads where it fills them (wavefront, Rammer's policy); always the "
@@ -123,16 +127,47 @@ def wave_levels(launches: list[Launch], res) -> list[int]:
     return level
 
 
-def proven_veus(dev, smem_bytes: int) -> tuple[int, str]:
-    """vEUs of a persistent kernel on `dev`, and why: SMs x resident blocks per SM. It is emitted
-    with LAUNCH_BOUNDS(BLOCK), so one block per SM is proven whenever the block's threads and shared
-    memory fit one SM (nvcc then fits its registers); 0 where they do not."""
+#: The fewest registers a thread a persistent kernel is capped to (blocks_per_sm): below it nvcc
+#: spills even the simplest GEMM rTasks' accumulators.
+MIN_REGISTERS = 64
+
+
+def resident_per_sm(dev, smem_bytes: int, wanted: int) -> int:
+    """How many of `wanted` blocks per SM a persistent kernel may count on: 1 on a CPU device (an
+    SM is a PoCL worker thread), else as many as the SM's threads, blocks and shared memory hold
+    and as leave each thread MIN_REGISTERS (nvcc is told to fit them: LAUNCH_BOUNDS_SM)."""
+    if dev.kind == "cpu" or wanted <= 1:
+        return 1
+    limits = [wanted, dev.max_blocks_per_sm, dev.max_threads_per_sm // BLOCK,
+              dev.registers_per_sm // (MIN_REGISTERS * BLOCK)]
+    if smem_bytes:
+        limits.append(dev.shared_mem_per_sm // smem_bytes)
+    return max(1, min(limits))
+
+
+def launch_bounds(per_sm: int) -> str:
+    """The persistent kernel's bounds: one resident block per SM (ptxas may use 255 registers),
+    or `per_sm` (ptxas caps them at registers_per_sm / (256 x per_sm))."""
+    return f"LAUNCH_BOUNDS({BLOCK}) " if per_sm == 1 else f"LAUNCH_BOUNDS_SM({BLOCK}, {per_sm}) "
+
+
+def proven_veus(dev, smem_bytes: int, per_sm: int = 1) -> tuple[int, str]:
+    """vEUs of a persistent kernel on `dev`, and why: SMs x resident blocks per SM (`per_sm`, as
+    resident_per_sm allows). It is emitted with launch_bounds(per_sm), so those blocks are proven
+    whenever their threads and shared memory fit one SM (nvcc then fits their registers, capping
+    them where per_sm > 1); 0 where one block does not fit."""
     if BLOCK > min(dev.max_threads_per_sm, dev.max_threads_per_block):
         return 0, f"none: a {BLOCK}-thread block does not fit one SM of {dev.name}"
     if smem_bytes > min(dev.shared_mem_per_sm, dev.shared_mem_per_block):
         return 0, (f"none: {smem_bytes} B of shared memory per block (the largest rTask's) does not fit one SM "
                    f"of {dev.name} ({min(dev.shared_mem_per_sm, dev.shared_mem_per_block)} B)")
     unit = "PoCL worker thread" if dev.kind == "cpu" else "SM"
+    if per_sm > 1:
+        return dev.sms * per_sm, (
+            f"{dev.sms * per_sm} = {dev.sms} {unit}s x {per_sm} blocks: {launch_bounds(per_sm).strip()} makes nvcc "
+            f"fit {per_sm} blocks' registers on one SM ({dev.registers_per_sm // (BLOCK * per_sm)} a thread at most), "
+            f"and {per_sm} x {smem_bytes} B of shared memory (max over the rTasks) fits one; the runtime clamps "
+            "the grid to the blocks it proves resident")
     return dev.sms, (f"{dev.sms} = {dev.sms} {unit}s x 1 block: LAUNCH_BOUNDS({BLOCK}) makes nvcc fit a block's "
                      f"registers on one SM, and {smem_bytes} B of shared memory (max over the rTasks) fits one; "
                      "the runtime clamps the grid to the blocks it proves resident")
@@ -219,7 +254,7 @@ def _split_runs(prog, eligible, sites_cap: int, min_launches: int) -> list[list[
     return [r for r in runs if len(r) >= min_launches]
 
 
-def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool, veus: int, sync_slot: int,
+def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool, veus: int, per_sm: int, sync_slot: int,
           included: set[str], tab_no: int, measured: dict) -> Launch:
     """One persistent kernel for `waves` (a table-driven rProgram; module docstring) and its launch.
 
@@ -302,7 +337,7 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
         body.append("    dlcc_grid_sync(rsync + rslot);")
     body.append("}")
     decls = [STORAGE_PARAMS] + (["const int rslot"] if spin else [])
-    bounds = f"LAUNCH_BOUNDS({BLOCK}) "  # one block per SM is all a persistent kernel counts on
+    bounds = launch_bounds(per_sm)  # the resident blocks per SM the kernel counts on
     # The rProgram number keeps two persistent kernels of the same text apart: their storages may
     # be bound in another order.
     text = "".join(dev_code) + f"/* rProgram {tab_no} */\n" + "".join(site_code) + (f"KERNEL void {bounds}KNAME({', '.join(decls)}) {{\n    "
@@ -326,6 +361,7 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
     P.operand_table = {"table": tab, "first_entry": nw + 1, "entry_size": es, "slot_base": base, "slots": slots}
     split = splitk.count(prog, Ls)  # its GEMM rTasks split along K, by tiling (inspect, meta.split_k)
     P.rprogram = {"veus": grid, "sync_points": nw if spin else 0, "call_sites": len(sites), "entries": len(Ls),
+                  **({"blocks_per_sm": per_sm} if per_sm > 1 else {}),
                   "waves": [wave_info(w, measured, prog) for w in waves], **({"split_k": split} if split else {})}
     return P
 
@@ -473,11 +509,15 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
     pos = {id(L): i for i, L in enumerate(prog.launches)}
     db = state.profile_db
     measured = measured_busy([prog.launches[i] for r in runs for i in r], db, dev)
-    decided = []  # (run, groups, decision, veus, why, predicted µs, per-wave µs)
+    decided = []  # (run, groups, decision, veus, blocks per SM, why, predicted µs, per-wave µs)
     rk_why: dict[int, str] = {}
     for idx in runs:
         run = _Run(idx, [prog.launches[i] for i in idx], rops, ctx.resolve, measured, prog)
-        veus, why = proven_veus(dev, run.smem)
+        per_sm = resident_per_sm(dev, run.smem, opts.blocks_per_sm)
+        if per_sm < opts.blocks_per_sm and dev.kind != "cpu":
+            state.log.append(f"rammer: blocks_per_sm={opts.blocks_per_sm} does not fit {dev.name} with {run.smem} B of "
+                             f"shared memory a block; {per_sm}")
+        veus, why = proven_veus(dev, run.smem, per_sm)
         if veus and opts.kernels != "fastest" and getattr(ctx, "gemm_tiling", None) is None:
             # (a tiling forced in `lower` stays)
             changed = choose_rkernels(run, veus, dev, ctx, opts.kernels)
@@ -488,7 +528,8 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
                         measured.pop(id(L), None)  # its time was measured for another rKernel
                         eligible(L)  # its rOperator form
                 run = _Run(idx, run.Ls, rops, ctx.resolve, measured, prog)
-                veus, why = proven_veus(dev, run.smem)
+                per_sm = resident_per_sm(dev, run.smem, opts.blocks_per_sm)
+                veus, why = proven_veus(dev, run.smem, per_sm)
         if opts.veus and veus:
             if opts.veus > veus:
                 state.log.append(f"rammer: veus={opts.veus} is more than the {veus} proven resident on {dev.name}; "
@@ -497,7 +538,8 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
                 why = f"{opts.veus}: the pipeline's veus option (proven: {why})"
             veus = min(veus, opts.veus)
         multi = len(run.waves) > 1
-        persistent_us, wave_us = rprogram_time(run.wave_work(), max(1, veus), dev, len(run.waves) if multi else 0)
+        persistent_us, wave_us = rprogram_time(run.wave_work(), max(1, veus), dev, len(run.waves) if multi else 0,
+                                               per_sm)
         split_us = _split_cost(run, dev, max(1, veus))
         if not multi:
             decision, join = "one wave: one launch, no grid barrier", True
@@ -516,7 +558,8 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
             groups = [(run.waves, multi)]
         else:  # one launch per wave; a wave of one op stays the original launch
             groups = [([w], False) for w in run.waves if len(w) > 1]
-        decided.append((run, groups, decision, veus, why, persistent_us if join else None, wave_us if join else None))
+        decided.append((run, groups, decision, veus, per_sm, why, persistent_us if join else None,
+                        wave_us if join else None))
 
     # Kernels that stay plain launches keep their own text; where that text already defines the
     # task function (GEMM/Conv are written as rOperators), a persistent kernel must not define it again.
@@ -526,10 +569,10 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
     replaced: dict[int, list[Launch]] = {}
     drop: set[int] = set()
     report = []
-    for run, groups, decision, veus, why, persistent_us, wave_us in decided:
+    for run, groups, decision, veus, per_sm, why, persistent_us, wave_us in decided:
         by_first: dict[int, Launch] = {}
         for waves, spin in groups:
-            P = _emit(state, waves, rops, spin, max(1, veus), sync_slots, included, tabs, measured)
+            P = _emit(state, waves, rops, spin, max(1, veus), per_sm if spin else 1, sync_slots, included, tabs, measured)
             tabs += 1
             if spin:
                 sync_slots += 1

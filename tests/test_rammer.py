@@ -447,3 +447,38 @@ def test_inspect_rprogram_json(tmp_path, pipes):
     assert r.exit_code == 0 and "add the rammer pass" in r.output
     r = CliRunner().invoke(app, ["inspect", str(path), "-p", pipes["rammer-joined"], "--rprogram", "--quiet"])
     assert r.exit_code == 0 and "call site" in r.output and "schedule: join: always" in r.output
+
+
+def test_blocks_per_sm_caps_registers_and_counts_the_veus(tmp_path):
+    """`blocks_per_sm: 2` (issue 20: a persistent kernel at one 256-thread block per SM ran at
+    12.5% occupancy where the same convolutions alone ran 3 blocks per SM): the spin-waiting
+    kernel is emitted with LAUNCH_BOUNDS_SM(256, 2), so nvcc caps its registers at 128 and an
+    SM holds two of its blocks; the vEUs and the plan say 2 x SMs; on PoCL (a CPU device) it is
+    1, and the numbers still match onnxruntime. Shared memory that does not fit two blocks gives
+    fewer, with a log line."""
+    from dlcc.backends.nvcc import compile_cubin, find_nvcc
+    from dlcc.config import load_device
+    from dlcc.passes.rammer import resident_per_sm
+
+    path = export_model("bert")
+    two = _pipeline(tmp_path, "two", ["simplify", "fold-bn", "lower", "astitch", "rammer", "memplan"],
+                    "{join: always, blocks_per_sm: 2}")
+    m = dlcc.compile(path, target="opencl", pipeline=two, device="h100")
+    spin = [L for L in m.plan["launches"] if L.get("grid_sync")]
+    assert spin and all(L["rprogram"]["blocks_per_sm"] == 2 for L in spin)
+    rep = [r for r in m.plan["rprogram"] if r["sync_points"]]
+    assert rep and all("132 SMs x 2 blocks" in r["veus_from"] for r in rep)
+    src = m.source("cuda")
+    assert all(f"KERNEL void LAUNCH_BOUNDS_SM(256, 2) {L['kernel']}(" in src for L in spin)
+    if find_nvcc() is not None:
+        usage = compile_cubin(src, "sm_90")
+        for L in spin:
+            assert usage[L["kernel"]].registers <= 128
+    h100 = load_device("h100")
+    assert resident_per_sm(h100, 48 * 1024, 2) == 2 and resident_per_sm(h100, 100 * 1024, 4) == 2
+    assert resident_per_sm(h100, 0, 8) == 4  # 64 registers a thread at the least: 65536 / (64 x 256)
+    assert resident_per_sm(load_device("pocl-cpu"), 0, 2) == 1
+    # on PoCL: one block per worker thread whatever was asked, and the same numbers
+    cpu = dlcc.compile(path, target="opencl", pipeline=two)
+    assert not any(L.get("rprogram", {}).get("blocks_per_sm") for L in cpu.plan["launches"])
+    _check(path, cpu)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ..errors import DlccError
 
-_KERNEL = re.compile(r"KERNEL void (LAUNCH_BOUNDS\(\d+\) )?(\w+)\(")
+_KERNEL = re.compile(r"KERNEL void (LAUNCH_BOUNDS(?:_SM)?\([\d, ]+\) )?(\w+)\(")
 _SHARED = re.compile(r"SHARED (\w+) (\w+)\[(\d+)\];")
 _BYTES = {"float": 4, "int": 4, "f16": 2, "bf16": 2, "i64": 8, "u8": 1, "i8": 1}
 _ALIGN = 16

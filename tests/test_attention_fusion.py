@@ -133,3 +133,19 @@ def test_inspect_lists_the_fused_attention(model_path):
     rc, out, err = cli("inspect", model_path("bert"), "-p", "astitch", "--stitch")
     assert rc == 0, err
     assert "rOperator Attention + MatMul + Mul + Add" in out
+
+
+def test_scores_past_the_trace_limit_still_fuse(tmp_path):
+    """5 heads of 1024 tokens: 5.2M scores, past the index maps' trace limit (MAX_TRACE, 4M
+    elements). The scale's broadcast read is known to be element for element from the shapes
+    (indexmap.reads_identity), so Q·Kᵀ's epilogue takes it and the attention fuses; before, the
+    untraced edge kept both apart, the scores went to memory and back. Matches onnxruntime."""
+    from dlcc.passes.astitch.indexmap import MAX_TRACE
+
+    assert 5 * 1024 * 1024 > MAX_TRACE
+    path = _attention_model(tmp_path / "long.onnx", S=1024, D=16, heads=5)
+    m = dlcc.compile(path, target="opencl", pipeline="astitch")
+    assert _attention_count(m.plan) == 1 and len(m.plan["launches"]) == 1
+    feeds = m.sample_inputs(3)
+    rows = verify_outputs(path, m(feeds), feeds)
+    assert all(r["passed"] for r in rows), rows

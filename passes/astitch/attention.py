@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...kernels.reduce import SoftmaxExpr
-from .indexmap import access_kinds, input_index, is_identity
+from .indexmap import access_kinds, reads_identity
 from .nodes import FLOATS
 
 
@@ -148,7 +148,7 @@ def _score_chain(pl, last: int):
         prev = [(k, t) for k, t in enumerate(cur.inputs) if t and ng.producer.get(t) is not None
                 and ng.nodes[ng.producer[t]].kind in ("gemm", "map")
                 and ng.size(t) == ng.size(cur.output)
-                and access_kinds(cur).get(k) in (None, "bcast") and is_identity(input_index(cur, k), ng.size(t))]
+                and access_kinds(cur).get(k) in (None, "bcast") and reads_identity(cur, k, ng.size(t))]
         if len(prev) != 1:
             return None
         cur = ng.nodes[ng.producer[prev[0][1]]]
@@ -184,7 +184,7 @@ def _match(pl, sm, e: SoftmaxExpr) -> AttentionFusion | None:
             g2 = c
             break
         if (c.kind != "map" or c.id not in pl.gemm_inline or len([i for i in c.inputs if i]) != 1
-                or ng.size(c.output) != ng.size(t) or not is_identity(input_index(c, c.inputs.index(t)), ng.size(t))):
+                or ng.size(c.output) != ng.size(t) or not reads_identity(c, c.inputs.index(t), ng.size(t))):
             return None
         between.append(c.id)
         t = c.output

@@ -100,3 +100,25 @@ def reduce_index(red) -> np.ndarray | None:
 def is_identity(m: np.ndarray | None, size: int) -> bool:
     return m is not None and m.size == size and bool(np.array_equal(m, np.arange(size)))
 
+
+def same_shape_broadcast(node, k: int) -> bool | None:
+    """For input k of map node `node` read through the default broadcast: whether its shape is
+    the output's (left-padded with 1s), so output element i reads its element i. None for other
+    reads (custom coordinates, literals, unread inputs), which need their traced map."""
+    if access_kinds(node).get(k) != "bcast":
+        return None
+    shp = tuple(node.in_shapes[k])
+    out = tuple(node.out_shape)
+    return (1,) * (len(out) - len(shp)) + shp == out
+
+
+def reads_identity(node, k: int, size: int) -> bool:
+    """Whether output element i of map node `node` reads element i of its input k, for all `size`
+    output elements. A broadcast read answers from the shapes at any size (a 12 x 1024 x 1024
+    attention score tensor is past MAX_TRACE, and tracing it would take 100 MB); other reads are
+    traced, and unknown (past MAX_TRACE) is no."""
+    same = same_shape_broadcast(node, k)
+    if same is not None:
+        return same and int(np.prod(node.out_shape) if node.out_shape else 1) == size
+    return is_identity(input_index(node, k), size)
+

@@ -33,7 +33,7 @@ import numpy as np
 
 from ...kernels.program import literal
 from ...kernels.reduce import ReduceExpr, ReduceLayout
-from .indexmap import access_kinds, input_index, is_identity, reduce_index
+from .indexmap import access_kinds, input_index, is_identity, reads_identity, reduce_index, same_shape_broadcast
 from .nodes import FLOATS, NodeGraph
 
 BLOCK = 256
@@ -207,7 +207,7 @@ class Planner:
                     if not t:
                         continue
                     if t in known:
-                        ok = ok and access_kinds(c).get(k) in (None, "bcast") and is_identity(input_index(c, k), size)
+                        ok = ok and access_kinds(c).get(k) in (None, "bcast") and reads_identity(c, k, size)
                     else:
                         p = self.ng.producer.get(t)
                         # anything else the epilogue reads must exist before the GEMM runs
@@ -758,6 +758,9 @@ class Planner:
         size = self.ng.size(t)
         if n.kind == "reduce":
             return "one-to-many"
+        same = same_shape_broadcast(n, k)
+        if same is not None:  # from the shapes, at any size (no trace)
+            return "one-to-one" if same and size == node_size(self.ng, n) else "one-to-many"
         m = input_index(n, k)
         if m is None or np.any(m == -1):
             return "across blocks"

@@ -8,6 +8,7 @@
 #   . .gpu/setup.sh && scripts/gpu_session.sh 2     # every GEMM tiling (split-K too) against cuBLAS, and the refit
 #   . .gpu/setup.sh && scripts/gpu_session.sh 3     # full-size models against torch.compile at fp32, tf32, bf16
 #   . .gpu/setup.sh && scripts/gpu_session.sh 4     # --pipeline auto against the measured-fastest pipeline
+#   . .gpu/setup.sh && scripts/gpu_session.sh 5     # persistent kernels at 2 blocks per SM against 1
 #
 # What each number is for: issue 21 (stage 1: both import orders, device arrays, graphs, threads),
 # issue 18 (stages 2 and 3: GEMM and model floors against cuBLAS and torch.compile), issue 20
@@ -50,8 +51,12 @@ case "${1:-}" in
     step auto-accuracy 560 "$PY" scripts/auto_accuracy.py --target cuda --device h100 --size full \
       --models bert,cnn,gpt2,vit --models-dir "$MODELS"
     ;;
+  5)
+    step bps2 560 "$PY" scripts/gpu_check.py --size full --models mobilenet,yolo,cnn,bert --models-dir "$MODELS" \
+      --pipelines astitch,full,scripts/data/pipelines/full-bps2.yaml --json-out "$OUT/bps2.json"
+    ;;
   *)
-    echo "usage: scripts/gpu_session.sh 1|2|3|4   (the stages are described at the top of this file)" >&2
+    echo "usage: scripts/gpu_session.sh 1|2|3|4|5   (the stages are described at the top of this file)" >&2
     exit 2
     ;;
 esac

@@ -444,7 +444,9 @@ def _print_stitch(plan: dict) -> None:
             out.print(f"[bold]{_escape(r['kernel'])}[/] " + _escape(
                       f"rOperator {' + '.join(r['ops'])}  prologue: "
                       f"{', '.join(r['prologue']) or '-'}  epilogue: {', '.join(r['epilogue']) or '-'}  "
-                      f"DRAM {_human(r['dram_bytes'])} (saves {_human(saved)})"))
+                      f"DRAM {_human(r['dram_bytes'])} (saves {_human(saved)})"
+                      + (f"  math: {r['math']} ({'SIMT' if r['math'] == 'float32' else 'tensor cores'})"
+                         if r.get("math") else "")))
             continue
         mp = r["mapping"]
         out.print(f"[bold]{_escape(r['kernel'])}[/] " + _escape(f"stitch of {len(r['ops'])} ops: {', '.join(r['ops'])}"))

@@ -133,6 +133,11 @@ def test_inspect_lists_the_fused_attention(model_path):
     rc, out, err = cli("inspect", model_path("bert"), "-p", "astitch", "--stitch")
     assert rc == 0, err
     assert "rOperator Attention + MatMul + Mul + Add" in out
+    assert "math:float32(SIMT)" in "".join(out.split())
+    rc, out, err = cli("inspect", model_path("bert"), "-p", "astitch", "--stitch", "--device", "h100",
+                       "--precision", "bf16")
+    assert rc == 0, err
+    assert "math:bf16(tensorcores)" in "".join(out.split())
 
 
 def test_scores_past_the_trace_limit_still_fuse(tmp_path):

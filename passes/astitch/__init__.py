@@ -180,7 +180,8 @@ def _attention_launch(ng, pl, af, old, prog) -> tuple[Launch, dict]:
     L.attention = problem
     base = sum(old[o].dram_bytes for o in {ng.nodes[c].order for c in members})
     ops = [ng.nodes[c].op_type for c in members]
-    rep = {"kind": "gemm", "kernel": k, "ops": ["Attention"] + [o for i, o in enumerate(ops) if i == 0 or o != ops[i - 1]],
+    rep = {"kind": "gemm", "kernel": k, "math": math,
+           "ops": ["Attention"] + [o for i, o in enumerate(ops) if i == 0 or o != ops[i - 1]],
            "nodes": list(dict.fromkeys(ng.nodes[c].onnx_node for c in members)),
            "prologue": sorted({ng.nodes[ng.producer[t]].op_type for c in (af.qk, af.pv) for t in ng.nodes[c].inputs
                                if ng.producer.get(t) in pl.gemm_inline}),

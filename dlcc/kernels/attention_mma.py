@@ -8,10 +8,12 @@ query rows, attention_tasks(spec) of them, ATTN_THREADS = 256 threads = 8 warps)
 shape (`NAME_task(params..., task, tid, smem)` plus a thin KERNEL), so the compiler can hand one
 spec to either template. Softmax and accumulation are float32 at every precision; only the
 products' operands are rounded to the precision's type (TO_TF32, TO_F16, TO_BF16), once, as Q, K,
-V and the probabilities P are stored to shared memory as floats.
+V and the probabilities P are stored to shared memory as floats (K and V: as their fragments are
+read, see the pipeline below).
 
-Per key block of BK keys (five barriers):
-  1. every thread loads its share of the K block, rounded (BARRIER);
+Per key block of BK keys (five barriers), K's block already in its shared tile:
+  1. every thread issues the global loads of its share of the V block into registers (at_vr),
+     and nothing else: they are in flight through the score step (BARRIER);
   2. scores on tensor cores: the 16 x BK score tile is BK/8 mma n-tiles of 8 keys. With BK = 64
      warp w computes n-tile w over the whole of D; with BK = 32 (16) the 4 (2) n-tiles are split
      further along D over 2 (4) warps each ("ksplit"), each writing a partial tile of its own,
@@ -19,31 +21,67 @@ Per key block of BK keys (five barriers):
      from the K tile, in gemm_mma.py's layouts; D is padded with zeros up to a whole number of
      mma k steps per warp. The accumulators (C layout: c0 (g, 2t) c1 (g, 2t+1) c2 (g+8, 2t)
      c3 (g+8, 2t+1)) go to the shared score tile(s) (BARRIER);
-  3. the V block is loaded into the same shared memory as K was (K is dead once the scores are
-     out: sharing it is what lets BK = 64 fit beside OpenCL's emulation scratch at D = Dv = 64),
-     and the softmax runs as in the SIMT template: a row is 16 consecutive threads, each summing
-     the partial tiles at its BK/16 keys, applying `score` (inside M x N only; -inf outside), and
-     publishing its partial maximum (BARRIER); each takes its row's maximum, the rescale factor
-     alpha = exp(m_old - m_new), and writes its probabilities p = exp(s - m_new), rounded to the
-     operand type, over its scores (thread 0 of the row writes alpha) (BARRIER);
+  3. K is dead once the scores are out: the V registers are stored to the same shared memory
+     (sharing it is what lets BK = 64 fit beside OpenCL's emulation scratch at D = Dv = 64), and
+     the softmax runs as in the SIMT template: a row is 16 consecutive threads, each summing the
+     partial tiles at its BK/16 keys, applying `score` (inside M x N only; -inf outside), and
+     publishing its partial maximum (BARRIER); each takes its row's maximum and the rescale
+     factor alpha = exp(m_old - m_new), issues the global loads of its share of the next K
+     block into registers (at_kr; not after the last block), and writes its probabilities
+     p = exp(s - m_new), rounded to the operand type, over its scores (thread 0 of the row
+     writes alpha) (BARRIER);
   4. P.V on tensor cores: warp w owns the output's 8-column mma tiles w, w + 8, ... (Dv <= 64:
      one; Dv <= 128: two); its accumulators persist in registers across key blocks, are rescaled
      by their rows' alpha (rows g and g+8), then take P (16 x BK, A fragments) . V (BK x 8, B
-     fragments) over BK (BARRIER, before the next block overwrites K/V and P). A warp whose tile
-     w + 8 i is past the last (Dv <= 56, or 64 < Dv <= 120) repeats the last tile's mmas and
-     stores nothing: on OpenCL the emulated mma holds barriers, which every warp must reach
-     equally often.
-After the last block each thread's share of its row's running sum goes through shared memory
-(BARRIER), and every accumulator inside M x Dv is divided by its row's sum and stored through
-`store(m, e, value)`.
+     fragments) over BK (BARRIER: V and P are dead). A warp whose tile w + 8 i is past the last
+     (Dv <= 56, or 64 < Dv <= 120) repeats the last tile's mmas and stores nothing: on OpenCL
+     the emulated mma holds barriers, which every warp must reach equally often. The K
+     registers go to the shared tile for the next block.
+Before the first block, K's first block is loaded the same way (its loads in flight while Q is
+loaded straight into shared memory). After the last block each thread's share of its row's
+running sum goes through shared memory (BARRIER), and every accumulator inside M x Dv is divided
+by its row's sum and stored through `store(m, e, value)`.
+
+The pipeline (register staging, as gemm_mma.py's template overlaps its next k step: OpenCL has
+no cp.async). Each global load of K and V is issued before a stretch of tensor-core work and
+first used after it: V's block across the score step (the barriers before and after it and the
+score mmas), the next K block across the probabilities, P.V and its barriers. One block is in
+registers at a time (V's from the top of the key block to its store after the scores, K's from
+the row maxima to its store after P.V), so ptxas gives both the same registers: a thread stages
+BK x Dp / 256 or BK x Dvp / 256 floats, 16 at D = Dv = 64 (BK = 64) and at D = Dv = 128 (BK =
+32), and the kernel takes 56 to 64 registers at sm_90 there (48 to 72 over the tests' shapes,
+mma_attention_registers) where loading straight to shared memory took 33 to 44: 4 rTasks an SM
+by registers instead of 6. Staging both blocks a whole key block ahead (K's next at the top of
+the block, V's next right after V's store) would hide each load behind a whole block, but keeps
+both live: 78 to 96 registers at sm_90 at D = Dv = 64 and 128, 2 or 3 rTasks an SM.
+For the loads to stay in flight, nothing may use a loaded value before its store to shared
+memory, which a barrier orders after the mmas; ptxas (CUDA 13) schedules any arithmetic on a
+loaded value early, into the mma section before that barrier, where the warp then waits for the
+load: the rounding to the operand type done at the store, the select that zeroes keys past N,
+and, with guarded loads, a 16-bit storage's conversion (to free the predicate registers the
+guards hold). So the loads are made at their indices clamped into the tensor (no predicate; all
+in bounds), the registers are stored as loaded, and the rounding and the zeros are applied as
+each warp reads its B fragments (a block's K and V elements are read once each, by one warp,
+but for a repeated last output tile: no more rounding than at the store). In the SASS (sm_90,
+D = Dv = 64 and 128), the first use of each of a key block's loads (2 x 16 a thread) is then
+its shared store after the two barriers and all the mmas between, at float32 and bfloat16
+storage, N a multiple of BK or not; at float16 storage ptxas still converts about a third of
+them (HADD2.F32) among the mmas. What the clamping puts outside
+the problem: K's padding columns d >= D hold K's last column and are read as zeros (they meet
+Q's zero padding, and 0 x inf would be NaN); keys past N hold key N - 1 again, their scores are
+-inf (the bounds check, before anything reads them) and their V rows are read as zeros (they
+meet p = 0); V's padding columns e >= Dv only reach output columns that are never stored.
 
 Kept from the SIMT template (attention.py's notes say why): constant trip counts in every loop
-around a barrier (PoCL 3.1), -inf-safe online softmax (exponents against 0 while the running
-maximum is -inf; a row without a finite score ends 0/0 = NaN like Softmax; NaN scores propagate),
-query rows past M loading zeros and never stored, keys past N zero in K and V and -inf as scores,
-loads straight from global to shared memory (co-resident rTasks overlap one another's loads and
-arithmetic; no registers spent staging the next block), locals prefixed `at_` (and `mma_`: the
-lane, warp and scratch names the mma macros expect in scope, backends/prelude_opencl.h).
+around a barrier (PoCL 3.1; the store of the next K block is under `kb + 1 < key blocks`,
+which holds no barrier; its loads are not: in the last block they all read key N - 1 again, in
+bounds and never stored, where under the condition ptxas finished their 16-bit conversions
+inside the branch, before the mmas, and took 71 to 88 registers), -inf-safe online softmax
+(exponents against 0 while the running maximum is -inf; a row without a finite score ends
+0/0 = NaN like Softmax; NaN scores propagate), query rows past M loading zeros and never
+stored, keys past N -inf as scores, every load in bounds, locals prefixed `at_` (and `mma_`:
+the lane, warp and scratch names the mma macros expect in scope, backends/prelude_opencl.h).
+Each callback's statements sit in a scope of their own.
 
 Choices of this template:
   - The running sum adds the probabilities as rounded for the mma, so the weights that multiply V
@@ -58,22 +96,21 @@ Choices of this template:
     gemm_mma.py counts it, so the plan's figure is the OpenCL one). Rows read k-contiguous as A
     or B fragments (Q, K, P) have strides = 4 mod 8: lanes g * stride + t fall in 32 distinct
     banks; V, read as [k][n], has a stride VS = 8 mod 16 (Dv padded to 8, + 8 where that is a
-    multiple of 16): t * VS + g likewise. Dp is D padded to ksplit mma k steps, Dv to 8 (zeros).
+    multiple of 16): t * VS + g likewise. Dp is D padded to ksplit mma k steps, Dv to 8.
   - BK is the widest of 64, 32, 16 whose layout fits SMEM_LIMIT_FLOATS with the emulation
     scratch: 64 for D, Dv <= 64 at every precision (D = Dv = 64: 39.6 KiB at fp16/bf16, 33.6 at
     tf32, 27.6 of either on CUDA), 32 for D = Dv = 128 (42.8 KiB at fp16/bf16, 30.8 on CUDA).
     Separate K and V tiles would have forced BK = 32 at D = 64 (half the warps idle in the score
-    step, or D split) and eight barriers per 64 keys instead of five; sharing one tile costs
-    the V load's latency inside the key block, which co-resident rTasks hide.
-  - The K and V copy loops unroll by 4 (_LOAD_UNROLL): unrolled in full, ptxas kept every load
-    of the tile live (111 to 167 registers at sm_90); by 4, 32 to 44 registers at sm_90 and 40
-    to 48 at sm_80, no spills, so about six rTasks share an SM (48 to 64 warps of loads in
-    flight) where the registers allowed one or two. Staging the next block in registers, as
-    gemm_mma.py does, would have cost as many registers again.
+    step, or D split) and eight barriers per 64 keys instead of five; with one tile, V's block
+    cannot be stored before the scores are out, and the registers carry it across them.
+  - A thread's share of a staged block is walked as _walk says, its addresses one base plus
+    constants, and the copy loops unroll in full (the registers are an array indexed by
+    constants).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 from types import SimpleNamespace
 
 from .attention import (ATTN_THREADS, BQ, SMEM_LIMIT_FLOATS, AttentionShape, AttentionSpec, _indent, _load_tile,
@@ -81,10 +118,6 @@ from .attention import (ATTN_THREADS, BQ, SMEM_LIMIT_FLOATS, AttentionShape, Att
 from .gemm_mma import MMA_KINDS, MMA_PER_CYCLE, WARPS, _fragment_k, _fragment_rows
 
 _LANES = ATTN_THREADS // BQ  # softmax threads per query row
-#: The K and V copy loops unroll by this much (4 loads in flight a thread). Unrolled in full (16
-#: to 24 loads a thread at BK = 64), ptxas kept them all live: 111 to 167 registers at sm_90, one
-#: or two rTasks an SM; by 8, 33 to 80; by 4, 32 to 44 at sm_90 (40 to 48 at sm_80), no spills.
-_LOAD_UNROLL = 4
 #: Key block widths to try, widest first (BK / 8 score n-tiles: 8, 4 or 2, over 8 warps).
 _BKS = (64, 32, 16)
 
@@ -180,6 +213,12 @@ class MmaAttentionTiling:
         return self.red_off + ATTN_THREADS
 
     @property
+    def staged_floats(self) -> int:
+        """Floats a thread stages of a K or a V block, whichever is more (_walk): one is in
+        registers at a time."""
+        return max(_StagedTile.count(self.bk, self.d_pad), _StagedTile.count(self.bk, self.dv_pad))
+
+    @property
     def tile_floats(self) -> int:
         """Shared floats on CUDA (no emulation scratch)."""
         return self.alpha_off + BQ
@@ -228,6 +267,84 @@ def _fragments(t: MmaAttentionTiling) -> tuple[list[str], list[int], list[str]]:
     return ks, rows, [k for k, r in zip(ks, rows) if r == 0]
 
 
+def _walk(rows: int, cols: int) -> tuple[int, int, int]:
+    """(W, RP, CP): how a thread's share of a rows x cols tile (cols contiguous; rows a power of
+    two) is staged. W (a power of two, at least 256 / rows) consecutive threads share a row, at
+    columns tid % W + W h for h < CP = ceil(cols / W); a pass covers 256 / W rows, tid / W +
+    (256 / W) r for r < RP = rows W / 256. A thread's rows and columns are its own (tid / W,
+    tid % W) plus constants, so its global and shared addresses are one base each plus
+    immediates. (Walked as attention.py's _load_tile walks, element tid + 256 r at its quotient
+    and remainder by cols, unrolled in full, every element had addresses of its own that ptxas
+    kept live across the key loop: 95 to 168 registers at sm_90 with both blocks staged.) W is
+    the widest of those that give the fewest elements a thread."""
+    best = None
+    for W in (256, 128, 64, 32, 16, 8, 4):
+        if ATTN_THREADS // W > rows:
+            break
+        per = -(-cols // W) * (rows * W // ATTN_THREADS)
+        if best is None or per < best[0]:
+            best = (per, W)
+    W = best[1]
+    return W, rows * W // ATTN_THREADS, -(-cols // W)
+
+
+@dataclass(frozen=True)
+class _StagedTile:
+    """One operand's block (K or V) staged through registers: `stage` issues a thread's share of
+    its global loads (_walk) into the register array `reg`, `commit` copies that, as loaded, to
+    the shared tile. The tile's rows are keys, its columns features; the loader's two indices
+    are `names`, the key first or second (`key`), their extents `limits`. Each element is loaded
+    at its indices clamped into the tensor (the key past N, a feature past D or Dv in the tile's
+    padding), so the loads are in bounds and take no predicate; the template zeroes what lies
+    outside as the warps read their fragments (mma_attention_source)."""
+
+    reg: str
+    rows: int
+    cols: int
+    names: tuple[str, str]
+    key: int  # which of `names` is the key index (0 or 1)
+    limits: tuple[int, int]
+    load: Callable[[str, str], tuple[list[str], str]]
+    smem_at: Callable[[str, str], str]
+
+    @staticmethod
+    def count(rows: int, cols: int) -> int:
+        """Floats a thread stages of a rows x cols block."""
+        _, RP, CP = _walk(rows, cols)
+        return RP * CP
+
+    @property
+    def per_thread(self) -> int:
+        return self.count(self.rows, self.cols)
+
+    def _loop(self, body: list[str]) -> list[str]:
+        W, RP, CP = _walk(self.rows, self.cols)
+        return ["#pragma unroll", f"for (int at_r = 0; at_r < {RP}; ++at_r) {{",
+                "    #pragma unroll", f"    for (int at_h = 0; at_h < {CP}; ++at_h) {{",
+                f"        const int at_row = tid / {W} + at_r * {ATTN_THREADS // W}, at_col = tid % {W} + at_h * {W};",
+                f"        const int at_u = at_r * {CP} + at_h;",
+                *_indent(body, 8), "    }", "}"]
+
+    def stage(self, n0: str, beyond: bool = False) -> list[str]:
+        """The global loads of the block from key `n0` into `reg`, and nothing else. A key is
+        clamped where the last block is partial or `beyond` (the block may be the one after the
+        last, staged but never committed), a feature where the walk is wider than the tensor."""
+        W, _, CP = _walk(self.rows, self.cols)
+        idx = []
+        for i, (name, lim) in enumerate(zip(self.names, self.limits)):
+            e, past = (f"{n0} + at_row", beyond or lim % self.rows != 0) if i == self.key else ("at_col", CP * W > lim)
+            idx.append(f"{name} = ({e} < {lim - 1} ? {e} : {lim - 1})" if past else f"{name} = {e}")
+        stmts, val = self.load(*self.names)
+        return self._loop([f"const int {', '.join(idx)};  /* in the tensor */",
+                           "{", *_indent(stmts, 4), f"    {self.reg}[at_u] = {val};", "}"])
+
+    def commit(self) -> list[str]:
+        """`reg` into the shared tile, as loaded (nothing past the tile's columns)."""
+        W, _, CP = _walk(self.rows, self.cols)
+        store = f"{self.smem_at('at_row', 'at_col')} = {self.reg}[at_u];"
+        return self._loop([f"if (at_col < {self.cols}) {store}" if CP * W > self.cols else store])
+
+
 def mma_attention_source(name: str, spec: AttentionSpec, precision: str) -> str:
     """The rOperator text: `{name}_task` and its KERNEL `{name}` (ATTN_THREADS threads, one block
     per rTask: mma_attention_tasks(spec) blocks; mma_attention_smem_floats(spec, precision) floats
@@ -252,22 +369,25 @@ def mma_attention_source(name: str, spec: AttentionSpec, precision: str) -> str:
     load_q = _load_tile(BQ, Dp, lambda r, c: f"at_qs[{r} * {QS} + {c}]",
                         lambda m, d: both(f"{m} < {M}", f"{d} < {D}") if Dp > D else f"{m} < {M}",
                         spec.load_q, ("at_m", "at_d"), lambda r, c: (f"at_m0 + {r}", c), rnd)
-    # K as key rows [n][d] (d contiguous, as a [N, D] tensor is walked): the B operand k-contiguous
-    load_k = _load_tile(bk, Dp, lambda r, c: f"at_ks[{r} * {KS} + {c}]",
-                        lambda d, n: both(f"{d} < {D}", f"{n} < {N}") if Dp > D else f"{n} < {N}",
-                        spec.load_k, ("at_d", "at_n"), lambda r, c: (c, f"at_n0 + {r}"), rnd, _LOAD_UNROLL)
-    load_v = _load_tile(bk, Dvp, lambda r, c: f"at_vs[{r} * {VS} + {c}]",
-                        lambda n, e: both(f"{n} < {N}", f"{e} < {Dv}") if Dvp > Dv else f"{n} < {N}",
-                        spec.load_v, ("at_n", "at_e"), lambda r, c: (f"at_n0 + {r}", c), rnd, _LOAD_UNROLL)
+    # K as key rows [n][d] (d contiguous, as a [N, D] tensor is walked): the B operand k-contiguous;
+    # V as [n][e]. Both staged through registers (the module docstring's pipeline), unrounded.
+    k_tile = _StagedTile("at_kr", bk, Dp, ("at_d", "at_n"), 1, (D, N), spec.load_k,
+                         lambda r, c: f"at_ks[{r} * {KS} + {c}]")
+    v_tile = _StagedTile("at_vr", bk, Dvp, ("at_n", "at_e"), 0, (N, Dv), spec.load_v,
+                         lambda r, c: f"at_vs[{r} * {VS} + {c}]")
     score_stmts, score_val = spec.score("at_qm", "at_n", "at_dot")
     store = spec.store("at_om", "at_e", "at_o[at_ni][at_c] / at_lr")
 
     # score step: A = Q (rows g, g+8 of the 16), B = K^T (key at_sn + g), k from the warp's part of D
     qa = [f"at_qs[(mma_g + {rows[e]}) * {QS} + at_kk + {ks[e]}]" for e in range(FA)]
-    kb_ = [f"at_ks[(at_sn + mma_g) * {KS} + at_kk + {b_ks[e]}]" for e in range(FB)]
+    kb_ = [f"{rnd}(at_ks[(at_sn + mma_g) * {KS} + at_kk + {b_ks[e]}])" for e in range(FB)]
+    if Dp > D:  # K's padding columns hold K's last column (the staged loads are clamped): zeros
+        kb_ = [f"(at_kk + {b_ks[e]} < {D} ? {kb_[e]} : 0.0f)" for e in range(FB)]
     # P.V: A = P (rows g, g+8; k = key), B = V (k = key, n = column at_vc + g)
     pa = [f"at_ss[(mma_g + {rows[e]}) * {SS} + at_kk + {ks[e]}]" for e in range(FA)]
-    vb = [f"at_vs[(at_kk + {b_ks[e]}) * {VS} + at_vc + mma_g]" for e in range(FB)]
+    vb = [f"{rnd}(at_vs[(at_kk + {b_ks[e]}) * {VS} + at_vc + mma_g])" for e in range(FB)]
+    if N % bk:  # the last block's keys past N hold key N - 1 again: zeros (they meet p = 0; inf V would give NaN)
+        vb = [f"(at_n0 + at_kk + {b_ks[e]} < {N} ? {vb[e]} : 0.0f)" for e in range(FB)]
     dot = " + ".join(f"at_ss[{p * BQ * SS} + at_i * {SS} + at_j]" for p in range(t.ksplit))
 
     dev = [
@@ -290,7 +410,11 @@ def mma_attention_source(name: str, spec: AttentionSpec, precision: str) -> str:
         f"    const int at_sk = (mma_warp / {t.key_tiles}) * {t.d_steps * kstep};  /* ... and its part of D */",
         f"    LPTR float* at_sw = at_ss + (mma_warp / {t.key_tiles}) * {BQ * SS};  /* ... and its score tile */",
         *_indent(spec.prologue or [], 4),
+        f"    float at_kr[{k_tile.per_thread}], at_vr[{v_tile.per_thread}];  /* a thread's share of a K, V block */",
+        "    /* K(0)'s loads in flight while Q goes to shared memory */",
+        *_indent(k_tile.stage("0"), 4),
         *_indent(load_q, 4),
+        *_indent(k_tile.commit(), 4),
         f"    float at_o[{NI}][4];  /* output tiles mma_warp + 8 ni, C layout */",
         "    #pragma unroll",
         f"    for (int at_ni = 0; at_ni < {NI}; ++at_ni) {{",
@@ -301,7 +425,8 @@ def mma_attention_source(name: str, spec: AttentionSpec, precision: str) -> str:
         "    float at_l = 0.0f;  /* this thread's share of the row's running sum */",
         f"    for (int at_kb = 0; at_kb < {key_blocks}; ++at_kb) {{",
         f"        const int at_n0 = at_kb * {bk};",
-        *_indent(load_k, 8),
+        "        /* V(kb)'s loads in flight across the score mmas */",
+        *_indent(v_tile.stage("at_n0"), 8),
         "        BARRIER();",
         "        {",
         "            float at_c0 = 0.0f, at_c1 = 0.0f, at_c2 = 0.0f, at_c3 = 0.0f;",
@@ -319,8 +444,8 @@ def mma_attention_source(name: str, spec: AttentionSpec, precision: str) -> str:
         f"            at_sw[(mma_g + 8) * {SS} + at_sn + 2 * mma_t + 1] = at_c3;",
         "        }",
         "        BARRIER();",
-        "        /* K is dead: V takes its place */",
-        *_indent(load_v, 8),
+        "        /* K is dead: V(kb) takes its place */",
+        *_indent(v_tile.commit(), 8),
         f"        float at_s[{sc}];",
         f"        float at_mloc = {neg_inf};",
         "        #pragma unroll",
@@ -337,6 +462,8 @@ def mma_attention_source(name: str, spec: AttentionSpec, precision: str) -> str:
         "            at_mloc = F_MAX(at_mloc, at_v);",
         "        }",
         *_indent(online_max_step("at_alpha_r"), 8),
+        *(["        /* K(kb + 1)'s loads in flight across the probabilities and the P.V mmas */",
+           *_indent(k_tile.stage(f"at_n0 + {bk}", beyond=True), 8)] if key_blocks > 1 else []),
         "        #pragma unroll",
         f"        for (int at_c = 0; at_c < {sc}; ++at_c) {{",
         f"            const float at_p = {rnd}(F_EXP(at_s[at_c] - at_ms));  /* as the mma will take it */",
@@ -369,6 +496,9 @@ def mma_attention_source(name: str, spec: AttentionSpec, precision: str) -> str:
         "            }",
         "        }",
         "        BARRIER();",
+        *(["        /* V and P are dead: K(kb + 1) takes the tile (the last block has none) */",
+           f"        if (at_kb + 1 < {key_blocks}) {{", *_indent(k_tile.commit(), 12), "        }"]
+          if key_blocks > 1 else []),
         "    }",
         "    at_red[tid] = at_l;",
         "    BARRIER();",
@@ -407,11 +537,15 @@ MMA_LATENCY = 32
 
 
 def mma_attention_registers(t: MmaAttentionTiling) -> int:
-    """Registers a thread, for occupancy: fitted to ptxas at sm_90 (CUDA 13), which reports 33 to
-    40 with one output tile a warp (Dv <= 64), 40 to 44 with two (Dv <= 128), 48 with three
-    (Dv = 136), at every precision and storage type; tests/test_attention_mma.py holds ptxas to
-    this figure."""
-    return 36 + 4 * t.ni
+    """Registers a thread, for occupancy: max(64, 28 + 10 ni + staged), with ni output tiles a
+    warp and `staged` the floats a thread stages of a K or V block (staged_floats), fitted to
+    ptxas at sm_90 (CUDA 13) over tests/test_attention_mma.py's NVCC_SHAPES at every precision,
+    which holds ptxas to this figure: 48 to 64 with one output tile a warp (16 staged at
+    D = Dv = 64), 63 to 64 with two (16 staged at D = Dv = 128), 72 at tf32 with D = Dv = 96 (24
+    staged), 64 to 72 with three (Dv = 136). ptxas takes up to 64 where fewer would not raise
+    the occupancy (4 rTasks of 256 threads an SM), hence the floor. Loading straight to shared
+    memory (no staging), the same shapes took 33 to 48."""
+    return max(64, 28 + 10 * t.ni + t.staged_floats)
 
 
 def mma_attention_cost(batch: int, M: int, N: int, D: int, Dv: int, precision: str, device=None) -> float:

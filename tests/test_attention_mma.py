@@ -19,10 +19,12 @@ without the online rescaling fails on scores that grow across key blocks. The K 
 staged through registers: the text issues each block's loads before the mmas they overlap and
 stores them to shared memory after; one key block of exactly BK keys, and two with the second
 ragged, where the clamped loads put K's last column in D's padding and key N - 1 past N (an inf
-there shows whether they are read as zeros). nvcc builds every
+there shows whether they are read as zeros); the cost model's latency chain. nvcc builds every
 precision for sm_80 and sm_90 without spills, and no loop around a barrier depends on the task
 index (the shape PoCL 3.1 miscompiles)."""
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -392,6 +394,30 @@ def test_next_blocks_loads_issued_before_the_mmas():
             # nothing of the loaded values is used in between: the stores copy them as loaded
             for reg in ("at_vr", "at_kr"):
                 assert loop.count(reg) == 2, reg
+
+
+def test_latency_chain_overlaps_the_loads():
+    """With issue costs taken away (so the latency chain is the cost), one rTask on one SM costs
+    STEP_LATENCY for the first loads plus, per key block, two load latencies and the row maxima's
+    barrier: the score step's and P.V's mma chains at D = 64 (and 128) are shorter than a load
+    and hidden behind V's and the next K's loads. Loading straight to shared memory, the chains
+    came on top (2 L + MMA_LATENCY x the warp's mmas a block)."""
+    import dlcc.kernels.attention_mma as am
+    import dlcc.kernels.gemm as gemm
+
+    L, S = gemm.STEP_LATENCY, am.BARRIER_LATENCY
+    one_sm = SimpleNamespace(sms=1)
+    orig = gemm.ISSUE_PER_CYCLE, am.MMA_PER_CYCLE
+    try:
+        gemm.ISSUE_PER_CYCLE, am.MMA_PER_CYCLE = 1e12, 1e12
+        for precision in PRECISIONS:
+            for D, N in [(64, 64 * 7), (128, 32 * 5), (64, 100)]:
+                t = mma_attention_tiling(AttentionShape(1, 16, N, D, D), precision)
+                assert am.MMA_LATENCY * max(t.d_steps, t.ni * t.bk // t.kstep) + 2 * S < L
+                cost = mma_attention_cost(1, 16, N, D, D, precision, one_sm)
+                assert cost == pytest.approx(L + -(-N // t.bk) * (2 * L + S), rel=1e-9), (precision, D, N)
+    finally:
+        gemm.ISSUE_PER_CYCLE, am.MMA_PER_CYCLE = orig
 
 
 def test_no_barrier_in_task_dependent_loops():

@@ -548,6 +548,11 @@ def mma_attention_registers(t: MmaAttentionTiling) -> int:
     return max(64, 28 + 10 * t.ni + t.staged_floats)
 
 
+#: Cycles a barrier adds to a warp's dependent chain when the block's warps reach it together
+#: (not calibrated on a GPU, like MMA_LATENCY).
+BARRIER_LATENCY = 20
+
+
 def mma_attention_cost(batch: int, M: int, N: int, D: int, Dv: int, precision: str, device=None) -> float:
     """Modelled cycles of the tensor-core attention on a GPU `device`, in the units and form of
     attention.py's attention_cost (the SIMT GEMM model's issue rate and step latency, so
@@ -561,11 +566,22 @@ def mma_attention_cost(batch: int, M: int, N: int, D: int, Dv: int, precision: s
         and V tiles' global load, rounding and shared store (3 per element), the softmax (about
         12 per score: the partial tiles' reads, `score`, the maximum, two exponentials' share,
         rounding, sum, store) and 40 a thread of addressing, loop and barrier overhead; and
-      - latency: ceil(B / occupancy) rounds × steps × (2 STEP_LATENCY (the K, then the V load,
-        each before a barrier) + MMA_LATENCY × (d_steps + ni × BK / k) (the two mma chains)),
-    plus one STEP_LATENCY for the Q block. Occupancy: the least of the block, thread, shared
-    memory (CUDA's figure, tile_floats: no emulation scratch there) and register limits
-    (mma_attention_registers a thread)."""
+      - latency: ceil(B / occupancy) rounds × steps × the chain of one key block. Its loads are
+        staged through registers (the module docstring's pipeline), each overlapping a stretch
+        of work, so a load's latency counts only where it is longer than that stretch:
+            max(L, 2 S + MMA_LATENCY × d_steps)        V's loads: the barriers around the score
+                                                         step and its mma chain;
+          + max(L, 2 S + MMA_LATENCY × ni × BK / k)    the next K block's loads: the barriers
+                                                         around P.V and its mma chain;
+          + S                                          the row maxima's barrier, between them,
+        with L = STEP_LATENCY (a global load) and S = BARRIER_LATENCY. At D = Dv = 64 (and
+        128) both stretches are shorter than a load, so a key block costs 2 L + S where loading
+        straight to shared memory cost 2 L + MMA_LATENCY × (d_steps + ni × BK / k) (the loads,
+        then the mma chains, one after the other): 620 cycles instead of 856 (fp16, bf16) or
+        1112 (tf32), with 4 rTasks an SM by registers (mma_attention_registers) instead of 6;
+    plus one STEP_LATENCY for the Q block and K's first (their loads overlap). Occupancy: the
+    least of the block, thread, shared memory (CUDA's figure, tile_floats: no emulation scratch
+    there) and register limits (mma_attention_registers a thread)."""
     from .gemm import ISSUE_PER_CYCLE, STEP_LATENCY
 
     shape = AttentionShape(batch, M, N, D, Dv)
@@ -584,8 +600,9 @@ def mma_attention_cost(batch: int, M: int, N: int, D: int, Dv: int, precision: s
                      getattr(device, "max_threads_per_sm", 2048) // ATTN_THREADS,
                      getattr(device, "shared_mem_per_sm", 233472) // (4 * t.tile_floats),
                      getattr(device, "registers_per_sm", 65536) // (mma_attention_registers(t) * ATTN_THREADS)))
-    return (max(per_sm * steps * issue, -(-per_sm // occ) * steps * (2 * STEP_LATENCY + MMA_LATENCY * chain))
-            + STEP_LATENCY)
+    block = (max(STEP_LATENCY, 2 * BARRIER_LATENCY + MMA_LATENCY * t.d_steps)
+             + max(STEP_LATENCY, 2 * BARRIER_LATENCY + MMA_LATENCY * t.ni * pv_steps) + BARRIER_LATENCY)
+    return max(per_sm * steps * issue, -(-per_sm // occ) * steps * block) + STEP_LATENCY
 
 
 # -- either template, by the math the plan computes the attention at -------------------------------

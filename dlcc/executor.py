@@ -277,21 +277,36 @@ class Executor:
                                "and the queue is dlcc's own")
         with self.rt.active():
             dests = {}
+            deferred = False  # whether the DLPack destinations wait for the inference to finish (_reap)
             try:
                 self._check_out(out or {}, dests)
-                handles = self._streams_of(inputs, stream)
                 arrays = self.check_inputs(inputs)
-                stay = hasattr(self.rt, "record") and all(
-                    dests[k][0] == "device" if k in dests else outputs == "device" for k in range(len(self.plan["outputs"])))
+                try:
+                    handles = self._streams_of(inputs, stream, arrays)
+                    stay = hasattr(self.rt, "record") and all(
+                        dests[k][0] == "device" if k in dests else outputs == "device"
+                        for k in range(len(self.plan["outputs"])))
+                except BaseException:  # nothing was queued: a DLPack input's memory goes back now
+                    _release(arrays)
+                    raise
                 with self._lock:
-                    for h in handles:  # inputs the caller queued there are written first
-                        self.rt.join(h, into_ours=True)
+                    try:
+                        for h in handles:  # inputs the caller queued there are written first
+                            self.rt.join(h, into_ours=True)
+                    except BaseException:
+                        _release(arrays)
+                        raise
+                    # _run owns the inputs from here: it releases them, at once or once finished
                     outs = self._run(arrays, timing, outputs, dests, wait=not stay)
+                    if stay:  # the copies into them may still run
+                        self._to_release += [d[1] for d in dests.values() if d[0] == "device"]
+                        deferred = True
                     for h in handles:  # the caller's next work there sees our outputs
                         self.rt.join(h, into_ours=False)
                 return outs
             finally:  # DLPack destinations: released however the call ends (after its finish)
-                _release([d[1] for d in dests.values() if d[0] == "device"])
+                if not deferred:
+                    _release([d[1] for d in dests.values() if d[0] == "device"])
 
     def synchronize(self) -> None:
         """Wait for every inference of this model queued so far, and raise what their device index
@@ -315,21 +330,18 @@ class Executor:
         self._to_release = []
         self.raise_device_errors()
 
-    def _streams_of(self, inputs: dict, stream) -> list[int]:
+    def _streams_of(self, inputs: dict, stream, arrays: list) -> list[int]:
         """The CUstreams to join around the inference (_stream_of), with the streams that device
-        inputs' `__cuda_array_interface__` say their producers wrote on (version 3's `stream`,
-        other than the default streams 1 and 2, which dlcc's own stream already follows): joined
-        with events, so no call waits on the host for another library's stream."""
+        inputs' `__cuda_array_interface__` say their producers wrote on (version 3's `stream`, as
+        check_inputs read it; other than the default streams 1 and 2, which dlcc's own stream
+        already follows): joined with events, so no call waits on the host for another library's
+        stream."""
         first = self._stream_of(inputs, stream)
         handles = [first] if first else []  # (0, the legacy default stream, is dlcc's own)
-        if self.rt.name == "cuda":
-            from .interop import describe
-
-            for v in inputs.values():
-                if hasattr(v, "__cuda_array_interface__"):
-                    sid = describe(v).stream
-                    if sid not in (None, 0, 1, 2) and int(sid) not in handles:
-                        handles.append(int(sid))
+        for a in arrays:
+            sid = None if isinstance(a, np.ndarray) else getattr(a, "stream", None)
+            if sid not in (None, 0, 1, 2) and int(sid) not in handles:
+                handles.append(int(sid))
         return handles
 
     def _stream_of(self, inputs: dict, stream) -> int | None:

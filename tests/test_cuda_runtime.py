@@ -572,3 +572,30 @@ def test_device_token_ids_are_checked_on_the_device_without_a_copy(fake_pycuda, 
         m.synchronize()
     m.synchronize()  # nothing left to report
     assert not drv.dtoh and not drv.stack()
+
+
+def test_a_refused_stream_still_releases_a_dlpack_input(fake_pycuda, monkeypatch):
+    """A DLPack input read in place is handed back (its deleter run) however the call ends: here a
+    stream the driver cannot join, refused after the inputs were read."""
+    from dlcc import interop
+    from dlcc.backends.cuda import CudaRuntime
+    from dlcc.errors import RuntimeBackendError
+
+    monkeypatch.setattr(CudaRuntime, "pointer_device", lambda self, ptr: 0)
+    m = dlcc.compile(EXAMPLE, target="cuda", device="h100")
+    sig = m.inputs[0]
+
+    class Jax:
+        def __dlpack_device__(self):
+            return (interop.KDL_CUDA, 0)
+
+        def __dlpack__(self, stream=None, **kw):
+            return interop.dlpack_capsule(0x7f0000002000, tuple(sig["shape"]), "float32", (interop.KDL_CUDA, 0), self)
+
+    live = len(interop._LIVE)
+    with pytest.raises(RuntimeBackendError, match="cannot be joined"):
+        m.run({sig["name"]: Jax()}, stream=0xBAD)
+    assert len(interop._LIVE) == live
+    m.run({sig["name"]: Jax()}, outputs="device")  # queued: released once the inference is known done
+    m.synchronize()
+    assert len(interop._LIVE) == live

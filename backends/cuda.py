@@ -13,6 +13,7 @@ lets any thread call a model: the context is pushed on the calling thread.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 
 import numpy as np
@@ -30,9 +31,11 @@ def available() -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=None)
 def _libcuda():
-    """The CUDA driver library, for the few calls PyCUDA does not wrap (pointer attributes,
-    synchronizing a foreign stream)."""
+    """The CUDA driver library, for the few calls PyCUDA does not wrap (graphs, events, pointer
+    attributes, a foreign stream): loaded once, since several of these run on every inference and
+    the host's time per inference is a floor of its own (issue 21: 30 µs)."""
     import ctypes
     import sys
 

@@ -14,6 +14,7 @@ import weakref
 import numpy as np
 
 from .errors import DlccError
+from .interop import DeviceArray, InteropError, describe
 
 
 class InputError(DlccError):
@@ -94,6 +95,8 @@ class Executor:
             self.storages[f"input:{k}"] = rt.alloc(_nbytes(t))
         for k, t in enumerate(plan["outputs"]):
             self.storages[f"output:{k}"] = rt.alloc(_nbytes(t))
+        #: per output: (position, name, shape, dtype, bytes), read on every call
+        self._outs = [(k, t["name"], tuple(t["shape"]), t["dtype"], _nbytes(t)) for k, t in enumerate(plan["outputs"])]
         self.calls = []
         for L in plan["launches"]:
             args = [a["int"] if "int" in a else rt.view(self.storages[a["storage"]], a["offset"], a["nbytes"])
@@ -133,13 +136,11 @@ class Executor:
         (host values are converted as numpy converts them), or an interop.ArrayRef to a device
         array of exactly the signature's shape and dtype on this runtime's device (copied device
         to device into the plan's input buffer; never converted or silently misread)."""
-        from .interop import describe
-
         sig = self.plan["inputs"]
         names = [t["name"] for t in sig]
-        unknown = [k for k in inputs if k not in names]
-        missing = [n for n in names if n not in inputs]
-        if unknown or missing:
+        if len(inputs) != len(names) or not all(n in inputs for n in names):
+            unknown = [k for k in inputs if k not in names]
+            missing = [n for n in names if n not in inputs]
             raise InputError(f"inputs do not match the model: missing {missing or 'none'}, unknown {unknown or 'none'}; "
                              f"expected {names}")
         arrays = []
@@ -175,8 +176,6 @@ class Executor:
         this runtime's device, contiguous, and of exactly the signature's shape and dtype (a
         device array is not converted: that would be a kernel of its own, or a silent round trip
         through the host)."""
-        from .interop import InteropError
-
         rt = self.rt
         name = _role_name(role, t["name"])
         if role == "out" and ref.readonly:
@@ -267,8 +266,6 @@ class Executor:
         array) returns once its work is queued, without waiting for the GPU, as a torch op does.
         What a device index check found in such an inference is raised by a later call of this
         model, or by synchronize() (_reap)."""
-        from .interop import InteropError
-
         if outputs not in ("host", "device"):
             raise DlccError(f"outputs={outputs!r}: use 'host' or 'device'")
         if self.rt.name != "cuda" and (outputs == "device" or stream is not None):
@@ -362,8 +359,8 @@ class Executor:
         """`out=` destinations into `dests`, by output position: ("host", ndarray) or ("device",
         ArrayRef, the object given), each of exactly the output's shape and dtype, contiguous and
         writeable (filled as they are checked, so the caller releases those read before a refusal)."""
-        from .interop import InteropError, describe
-
+        if not out:
+            return
         sig = {t["name"]: (k, t) for k, t in enumerate(self.plan["outputs"])}
         unknown = [n for n in out if n not in sig]
         if unknown:
@@ -428,9 +425,9 @@ class Executor:
             self._to_release = []
             self.raise_device_errors(current=True)
         outs = {}
-        for k, t in enumerate(self.plan["outputs"]):
-            src, n = self.storages[f"output:{k}"], _nbytes(t)
-            dest = (dests or {}).get(k)
+        for k, name, shape, dtype, n in self._outs:
+            src = self.storages[f"output:{k}"]
+            dest = dests.get(k) if dests else None
             if dest is not None and dest[0] == "host":
                 rt.read(src, 0, dest[1])
                 arr = dest[1]
@@ -438,14 +435,12 @@ class Executor:
                 rt.copy_out(dest[1], src, n)
                 arr = dest[2]
             elif outputs == "device":
-                from .interop import DeviceArray
-
-                arr = DeviceArray(rt.alloc_output(n), t["shape"], t["dtype"], rt.index, rt)
+                arr = DeviceArray(rt.alloc_output(n), shape, dtype, rt.index, rt)
                 rt.copy_device(arr._alloc, src, n)
             else:
-                arr = np.empty(t["shape"], dtype=t["dtype"])
+                arr = np.empty(shape, dtype=dtype)
                 rt.read(src, 0, arr)
-            outs[t["name"]] = arr
+            outs[name] = arr
         if wait:
             rt.finish()
         else:

@@ -154,12 +154,7 @@ def from_cuda_array_interface(x) -> ArrayRef:
         raise InteropError(f"a malformed __cuda_array_interface__ ({e}): {cai!r}") from None
     if cai.get("mask") is not None:
         raise InteropError("a masked __cuda_array_interface__ array is not supported")
-    try:
-        dtype = np.dtype(typestr)
-    except TypeError:
-        raise InteropError(f"__cuda_array_interface__ typestr {typestr!r} is not a dtype dlcc knows") from None
-    if dtype.kind == "V" and dtype.itemsize == 2:
-        dtype = "bfloat16"  # no typestr says bfloat16: a 2-byte void is what producers give for it
+    dtype = _typestr_dtype(typestr)
     strides = cai.get("strides")
     try:
         strides = tuple(int(x) for x in strides) if strides is not None else None
@@ -170,8 +165,29 @@ def from_cuda_array_interface(x) -> ArrayRef:
         raise InteropError(f"a malformed __cuda_array_interface__: {len(strides)} strides for {len(shape)} dims")
     if any(d < 0 for d in shape):
         raise InteropError(f"a malformed __cuda_array_interface__: shape {list(shape)}")
-    return ArrayRef("cuda", shape, _dtype_name(dtype), ptr=ptr,
+    return ArrayRef("cuda", shape, dtype, ptr=ptr,
                     strides=strides, stream=cai.get("stream"), readonly=readonly, keep=[x])
+
+
+def _typestr_dtype(typestr) -> str:
+    """The dtype name of a __cuda_array_interface__ typestr, parsed once per typestr (a call on
+    device arrays reads one per input, and the host's time per inference is a floor of its own)."""
+    try:
+        return _TYPESTRS[typestr]
+    except (KeyError, TypeError):
+        pass
+    try:
+        dtype = np.dtype(typestr)
+    except TypeError:
+        raise InteropError(f"__cuda_array_interface__ typestr {typestr!r} is not a dtype dlcc knows") from None
+    # no typestr says bfloat16: a 2-byte void is what producers give for it
+    name = "bfloat16" if dtype.kind == "V" and dtype.itemsize == 2 else _dtype_name(dtype)
+    if isinstance(typestr, str) and len(_TYPESTRS) < 64:
+        _TYPESTRS[typestr] = name
+    return name
+
+
+_TYPESTRS: dict[str, str] = {}
 
 
 def _parse_capsule(capsule, owner) -> ArrayRef:

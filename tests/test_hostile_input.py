@@ -568,3 +568,27 @@ def test_layernorm_scale_that_varies_across_rows(tmp_path, scale_shape, bias_sha
     for pipeline in ("baseline", "astitch", "full"):
         got = dlcc.compile(tmp_path / "ln.onnx", target="opencl", pipeline=pipeline)({"x": x})["y"]
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5, err_msg=pipeline)
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda p: p["meta"]["index_checks"][0].update(elements=7), "meta.index_checks.0 names check kernel"),
+    (lambda p: p["meta"]["index_checks"][0].update(kernel="check_index_nope"), "meta.index_checks.0 names check kernel"),
+    (lambda p: p["storages"].pop("report") and None, "has a check kernel but the plan has no errors and report"),
+])
+def test_an_input_index_check_kernel_is_checked_before_the_device(tmp_path, mutate, needle):
+    """The check kernel an input's device arrays go through (kernels/index_check.py) is named in
+    plan.json with its element count and needs the errors and report storages: a plan that says
+    otherwise is refused at load, before a kernel reads past the input or writes nowhere."""
+    import json
+
+    from dlcc.errors import DlccError
+
+    art = tmp_path / "g"
+    dlcc.compile(_gather_model(tmp_path / "g.onnx"), art, target="opencl")
+    plan = json.loads((art / "plan.json").read_text())
+    assert plan["meta"]["index_checks"][0]["kernel"]
+    mutate(plan)
+    (art / "plan.json").write_text(json.dumps(plan))
+    with pytest.raises(DlccError) as e:
+        dlcc.load(art)
+    assert needle in str(e.value), str(e.value)

@@ -515,8 +515,8 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
                 for n in builtin_names("pipelines") for spec in [load_pipeline(n)]]
         cols = ("name", "passes", "precision", "description")
     elif what == "passes":
-        rows = [(n, p.doc) for n, p in sorted(PASSES.items())]
-        cols = ("pass", "what it does")
+        rows = [(n, p.doc, _pass_options(p.options)) for n, p in sorted(PASSES.items())]
+        cols = ("pass", "what it does", "options (pipeline YAML: name = default: what it sets)")
     elif what in ("what-ifs", "whatifs"):
         from .estimate.whatif import WHATIFS
 
@@ -533,6 +533,16 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
     for r in rows:
         t.add_row(*(_escape(str(v)) for v in r))
     out.print(t)
+
+
+def _pass_options(model) -> str:
+    """A pass's options, one line each, from its pydantic model: what a pipeline file may set."""
+    lines = []
+    for name, f in model.model_fields.items():
+        default = f.default if f.default_factory is None else f.default_factory()
+        lines.append(f"{name} = {json.dumps(default) if not isinstance(default, str) else default}"
+                     + (f": {f.description}" if f.description else ""))
+    return "\n".join(lines) or "-"
 
 
 @app.command()

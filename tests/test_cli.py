@@ -97,6 +97,14 @@ def test_builtin_configs_load():
         assert json.loads(out)
     rc, out, err = cli("list", "stuff")
     assert rc != 0 and "choose ops" in err
+    # every pass's options, with their defaults and what they set, as a pipeline file writes them
+    rc, out, err = cli("list", "passes", "--json")
+    opts = {r["pass"]: r["options (pipeline YAML: name = default: what it sets)"] for r in json.loads(out)}
+    from dlcc.passes import PASSES
+
+    for name, p in PASSES.items():
+        assert all(f"{field} = " in opts[name] for field in p.options.model_fields), name
+    assert "blocks_per_sm = 1: resident blocks per SM" in opts["rammer"] and "attention = auto" in opts["astitch"]
 
 
 def test_device_choice_changes_tiling_not_numerics(tmp_path):

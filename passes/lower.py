@@ -95,9 +95,14 @@ class LowerOptions(BaseModel):
     model's pick (a forced `gemm_tiling` still wins at fp32)."""
 
     model_config = ConfigDict(extra="forbid")
-    gemm_tiling: Literal[("auto",) + tuple(t.name for t in ALL_TILINGS)] = "auto"
-    rnn_input: Literal["batched", "per-step", "auto"] = "batched"
-    gemm_tilings: dict[str, str] = Field(default_factory=dict)
+    gemm_tiling: Literal[("auto",) + tuple(t.name for t in ALL_TILINGS)] = Field(
+        "auto", description="auto: each GEMM's SIMT tiling by its cost on the device; a tiling name (e.g. "
+        "64x64x16_4x4) forces that one at fp32 (tf32/fp16/bf16 take tensor-core tilings)")
+    rnn_input: Literal["batched", "per-step", "auto"] = Field(
+        "batched", description="an LSTM's input projection: batched (one GEMM for all steps), per-step (in each "
+        "step's GEMM: the layers x time wavefront rammer schedules), auto (per-step for one-direction LSTMs on a GPU)")
+    gemm_tilings: dict[str, str] = Field(default_factory=dict, description="{BATCHxMxNxK: tiling} measured by "
+                                         "`dlcc compile --tune`, over the cost model's pick")
     split_k: bool = Field(True, description="on GPU devices, GEMM tilings split along K where the cost model says it "
                           "pays: each k chunk its own rTask, the tile's last one adding the partial sums in k order "
                           "(kernels/splitk.py); false: every GEMM walks all of K per tile")

@@ -331,15 +331,12 @@ class CudaRuntime:
         import ctypes
 
         cu = _libcuda()
-        if getattr(self, "_join_event", None) is None:
-            ev = ctypes.c_void_p()
-            _check(cu.cuEventCreate(ctypes.byref(ev), ctypes.c_uint(2)), "cuEventCreate")  # DISABLE_TIMING
-            self._join_event = ev
+        event = self._event("_join_event")
         theirs, ours = ctypes.c_void_p(handle or None), ctypes.c_void_p(None)
         src, dst = (theirs, ours) if into_ours else (ours, theirs)
-        err = cu.cuEventRecord(self._join_event, src)
+        err = cu.cuEventRecord(event, src)
         if err == 0:
-            err = cu.cuStreamWaitEvent(dst, self._join_event, ctypes.c_uint(0))
+            err = cu.cuStreamWaitEvent(dst, event, ctypes.c_uint(0))
         if err != 0:
             raise RuntimeBackendError(f"stream {handle:#x} cannot be joined with dlcc's work (CUresult {err}): a "
                                       f"stream of another device or context?")
@@ -352,13 +349,20 @@ class CudaRuntime:
         recorded again each time: only the last inference's completion is ever asked."""
         import ctypes
 
-        cu = _libcuda()
-        if getattr(self, "_done_event", None) is None:
+        event = self._event("_done_event")
+        _check(_libcuda().cuEventRecord(event, ctypes.c_void_p(None)), "cuEventRecord")
+        return event.value
+
+    def _event(self, attr: str):
+        """The runtime's event kept as `attr` (created on first use, without timing): one for
+        joining streams, one for the last inference's completion."""
+        import ctypes
+
+        if getattr(self, attr, None) is None:
             ev = ctypes.c_void_p()
-            _check(cu.cuEventCreate(ctypes.byref(ev), ctypes.c_uint(2)), "cuEventCreate")  # DISABLE_TIMING
-            self._done_event = ev
-        _check(cu.cuEventRecord(self._done_event, ctypes.c_void_p(None)), "cuEventRecord")
-        return self._done_event.value
+            _check(_libcuda().cuEventCreate(ctypes.byref(ev), ctypes.c_uint(2)), "cuEventCreate")  # DISABLE_TIMING
+            setattr(self, attr, ev)
+        return getattr(self, attr)
 
     @_in_context
     def done(self, event: int) -> bool:

@@ -278,19 +278,14 @@ class Executor:
             try:
                 self._check_out(out or {}, dests)
                 arrays = self.check_inputs(inputs)
-                try:
-                    handles = self._streams_of(inputs, stream, arrays)
-                    stay = hasattr(self.rt, "record") and all(
-                        dests[k][0] == "device" if k in dests else outputs == "device"
-                        for k in range(len(self.plan["outputs"])))
-                except BaseException:  # nothing was queued: a DLPack input's memory goes back now
-                    _release(arrays)
-                    raise
                 with self._lock:
                     try:
+                        handles = self._streams_of(inputs, stream, arrays)
+                        stay = hasattr(self.rt, "record") and all(
+                            dests[k][0] == "device" if k in dests else outputs == "device" for k, *_ in self._outs)
                         for h in handles:  # inputs the caller queued there are written first
                             self.rt.join(h, into_ours=True)
-                    except BaseException:
+                    except BaseException:  # nothing was queued: a DLPack input's memory goes back now
                         _release(arrays)
                         raise
                     # _run owns the inputs from here: it releases them, at once or once finished
@@ -322,10 +317,15 @@ class Executor:
             return
         if not finished and not self.rt.done(self._pending):
             return
+        self._drained()
+        self.raise_device_errors()
+
+    def _drained(self) -> None:
+        """Every queued inference finished: nothing is pending, and the DLPack arrays they used go
+        back to their producers."""
         self._pending = None
         _release(self._to_release)
         self._to_release = []
-        self.raise_device_errors()
 
     def _streams_of(self, inputs: dict, stream, arrays: list) -> list[int]:
         """The CUstreams to join around the inference (_stream_of), with the streams that device
@@ -413,16 +413,14 @@ class Executor:
             if wait:
                 rt.finish()
         finally:
-            if wait or not hasattr(rt, "record"):
+            if wait:
                 _release(arrays)
             else:  # released once the queued copies are known done (_reap)
                 self._to_release += [a for a in arrays if not isinstance(a, np.ndarray)]
         if timing is not None:
             timing["run_s"] = time.perf_counter() - t0
         if wait:
-            self._pending = None
-            _release(self._to_release)
-            self._to_release = []
+            self._drained()
             self.raise_device_errors(current=True)
         outs = {}
         for k, name, shape, dtype, n in self._outs:

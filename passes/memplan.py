@@ -77,11 +77,7 @@ def plan_memory(graph, ctx, inplace: bool = True, share: bool = True) -> MemoryP
     for i, L in enumerate(launches):
         for t in L.reads + L.writes:
             b = res(t)
-            if b in plan.placements:
-                continue
-            if b in OWN_STORAGES:
-                plan.placements[b] = Placement(OWN_STORAGES[b], 0, graph.tensors[b].nbytes)
-                plan.own_bytes[OWN_STORAGES[b]] = graph.tensors[b].nbytes
+            if b in plan.placements:  # (the own storages among them, placed above)
                 continue
             if graph.tensors[b].value is not None:
                 plan.placements[b] = Placement("weights", woff, graph.tensors[b].nbytes)

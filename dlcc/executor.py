@@ -117,6 +117,9 @@ class Executor:
         self._pending = None  # the last inference that returned before the device finished it
         self._unchecked = 0  # inferences since the index checks' report was last read
         self._to_release: list = []  # DLPack inputs of those inferences, released once they finish
+        # A model dropped with inferences still queued hands their DLPack inputs back too, once the
+        # device finished them (the finalizer holds the list and the runtime, never the executor).
+        weakref.finalize(self, _release_when_finished, rt, self._to_release)
         rt.finish()
 
     def resident_grid(self, L: dict, grid: int) -> int:
@@ -324,8 +327,9 @@ class Executor:
         """Every queued inference finished: nothing is pending, and the DLPack arrays they used go
         back to their producers."""
         self._pending = None
-        _release(self._to_release)
-        self._to_release = []
+        refs = self._to_release[:]
+        self._to_release.clear()  # the same list: the finalizer holds it
+        _release(refs)
 
     def _streams_of(self, inputs: dict, stream, arrays: list) -> list[int]:
         """The CUstreams to join around the inference (_stream_of), with the streams that device
@@ -515,6 +519,20 @@ class Executor:
                 samples[i].append(max(0.0, (t2 - t1) - (t1 - t0)) * 1e6)
         how = "device events" if timed is not None else "wall time minus a bare synchronize"
         return [statistics.median(s) for s in samples], how
+
+
+def _release_when_finished(rt, refs: list) -> None:
+    """An executor's finalizer: the DLPack inputs of inferences still queued when it was dropped
+    go back to their producers once the device finished them. Best effort: at interpreter exit the
+    context may be gone already, and then there is nothing left to wait for."""
+    if not refs:
+        return
+    try:
+        with rt.active():
+            rt.finish()
+    except Exception:  # noqa: BLE001 (a finalizer must not raise; the memory is released anyway)
+        pass
+    _release(refs)
 
 
 def _release(refs: list) -> None:

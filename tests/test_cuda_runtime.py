@@ -599,3 +599,33 @@ def test_a_refused_stream_still_releases_a_dlpack_input(fake_pycuda, monkeypatch
     m.run({sig["name"]: Jax()}, outputs="device")  # queued: released once the inference is known done
     m.synchronize()
     assert len(interop._LIVE) == live
+
+
+def test_a_model_dropped_with_queued_inferences_releases_their_dlpack_inputs(fake_pycuda, monkeypatch):
+    """DLPack inputs of inferences that returned before the device finished them go back to their
+    producers when the model is dropped, after the device finished (no synchronize() needed)."""
+    import gc
+
+    from dlcc import interop
+    from dlcc.backends.cuda import CudaRuntime
+
+    monkeypatch.setattr(CudaRuntime, "pointer_device", lambda self, ptr: 0)
+    m = dlcc.compile(EXAMPLE, target="cuda", device="h100")
+    sig = m.inputs[0]
+
+    class Jax:
+        def __dlpack_device__(self):
+            return (interop.KDL_CUDA, 0)
+
+        def __dlpack__(self, stream=None, **kw):
+            return interop.dlpack_capsule(0x7f0000002000, tuple(sig["shape"]), "float32", (interop.KDL_CUDA, 0), self)
+
+    live = len(interop._LIVE)
+    fake_pycuda.event_ready = False  # the device is still busy with them
+    m.run({sig["name"]: Jax()}, outputs="device")
+    m.run({sig["name"]: Jax()}, outputs="device")
+    assert len(interop._LIVE) == live + 2  # queued, not known finished: still held
+    syncs = len(fake_pycuda.syncs)
+    del m
+    gc.collect()
+    assert len(interop._LIVE) == live and len(fake_pycuda.syncs) == syncs + 1  # waited for, then released

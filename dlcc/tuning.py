@@ -3,8 +3,9 @@
 `--pipeline auto` trusts the estimator, whose constants were fitted on other kernels than dlcc's;
 where its ranking is wrong, a user pays for it on every inference. TensorRT's builder and TVM's
 tuning records answer that by measuring: `--tune` compiles the estimator's top candidates
-(`--tune-top`, default 3), runs each on the target device (a warm-up, then the median of
-`--tune-repeat` timed inferences on the model's sample inputs), and keeps the fastest.
+(`--tune-top`, default 3), runs them on the target device (a warm-up each, then `--tune-repeat`
+rounds that run every candidate once in turn on the model's sample inputs; the median per
+candidate; candidates that build the same plan are one measurement), and keeps the fastest.
 
 Before that, it measures the rKernel choice: every GEMM problem of the model (batch 1: weights
 GEMMs and convolutions as implicit GEMMs) is timed on the device in each tiling of its family
@@ -85,17 +86,42 @@ def save_record(cache, key: str, rec: dict) -> Path:
 
 
 def time_inference(cm, repeat: int) -> float:
-    """µs per inference of compiled model `cm` on its target: one warm-up run (kernel builds,
-    the CUDA graph's capture), then the median wall time of `repeat` runs on its sample inputs."""
-    ex = cm.executor()
-    feeds = cm.sample_inputs(0)
-    ex.run(feeds)
-    samples = []
+    """µs per inference of compiled model `cm` on its target (time_inferences of it alone)."""
+    return time_inferences({"model": cm}, repeat)["model"]
+
+
+def run_signature(cm) -> str:
+    """What decides how an inference of `cm` runs: its launches (kernels, grids, arguments, arena
+    offsets), its storages and its kernel source. Two pipelines that build the same plan (AStitch
+    finding nothing to stitch in an RNN) have one signature, and are one measurement."""
+    h = hashlib.sha256(json.dumps([cm.plan["launches"], cm.plan["storages"]], sort_keys=True, default=str).encode())
+    h.update(cm.source(cm.target).encode())  # the target names its dialect
+    return h.hexdigest()
+
+
+def time_inferences(cms: dict, repeat: int) -> dict[str, float]:
+    """µs per inference of each compiled model in `cms` (name -> model) on its target: one warm-up
+    run each (kernel builds, the CUDA graph's capture), then `repeat` rounds that run every model
+    once, in turn, and the median wall time of its runs on its sample inputs.
+
+    Interleaved rounds, not one model's runs after another's: a machine whose speed drifts (a
+    neighbour's load, clocks, a CPU's turbo) moves every candidate alike, instead of whichever ran
+    during the slow stretch; sequential medians on PoCL put two identical plans 20% apart.
+    Models with one run_signature are run once and given the same time."""
+    sig_of = {n: run_signature(cm) for n, cm in cms.items()}
+    runs = {}  # signature -> (executor, feeds)
+    for n, cm in cms.items():
+        if sig_of[n] not in runs:
+            ex, feeds = cm.executor(), cm.sample_inputs(0)
+            ex.run(feeds)
+            runs[sig_of[n]] = (ex, feeds)
+    samples: dict[str, list[float]] = {s: [] for s in runs}
     for _ in range(max(1, repeat)):
-        t0 = time.perf_counter()
-        ex.run(feeds)
-        samples.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(samples)
+        for s, (ex, feeds) in runs.items():
+            t0 = time.perf_counter()
+            ex.run(feeds)
+            samples[s].append((time.perf_counter() - t0) * 1e6)
+    return {n: statistics.median(samples[sig_of[n]]) for n in cms}
 
 
 def gemm_problems(plan: dict) -> list[dict]:
@@ -240,12 +266,14 @@ def tune(model, shapes: dict, tgt: str, device, precision, top: int, repeat: int
     rec = load_record(c, key)
     measured = rec is None
     if rec is None:
-        times = {}
+        cms = {}
         for name in candidates:
-            with steps.step(f"tune: compile + time {name} on {rt.device_name}"):
-                cm = _compile(model, shapes, tgt, pipeline_with(name, tilings), device, None, None, precision=precision)
-                times[name] = time_inference(cm, repeat)
-                del cm
+            with steps.step(f"tune: compile {name}"):
+                cms[name] = _compile(model, shapes, tgt, pipeline_with(name, tilings), device, None, None,
+                                     precision=precision)
+        with steps.step(f"tune: time {', '.join(candidates)} on {rt.device_name} ({repeat} interleaved rounds)"):
+            times = time_inferences(cms, repeat)
+        del cms
         chosen = min(times, key=lambda n: (times[n], candidates.index(n)))
         rec = {"schema": SCHEMA, "key": key, "candidates": candidates, "times_us": times, "chosen": chosen,
                "measured_on": rt.device_name, "model_sha256": parts["model"], "precision": precision,

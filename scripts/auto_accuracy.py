@@ -2,8 +2,9 @@
 """How well `--pipeline auto` picks, measured on the target device (issue 20's floors).
 
 For each model: `dlcc estimate`'s ranking of the built-in pipelines for the device spec, then every
-pipeline compiled and timed on the target (dlcc/tuning.py's measurement: a warm-up, then the median
-wall time of --repeat inferences), and
+pipeline compiled and timed on the target (dlcc/tuning.py's time_inferences: a warm-up each, then
+--repeat rounds that run every pipeline once in turn, the median per pipeline; pipelines that
+build the same plan are one measurement), and
 
   - `auto / fastest`: the measured time of the pipeline auto picks over the measured-fastest one
     (the floor: within 1.05 on every model);
@@ -26,14 +27,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 
-def kendall_tau(a: list[str], b: list[str]) -> float:
-    """Kendall's tau between two orders of the same names (1: the same order, -1: reversed)."""
-    pos = {n: i for i, n in enumerate(b)}
-    pairs = [(x, y) for i, x in enumerate(a) for y in a[i + 1:]]
-    if not pairs:
-        return 1.0
-    agree = sum(1 if pos[x] < pos[y] else -1 for x, y in pairs)
-    return agree / len(pairs)
+def kendall_tau(predicted: dict[str, float], measured: dict[str, float]) -> float:
+    """Kendall's tau-b between two orders of the same names given as times (1: the same order,
+    -1: reversed). A tie (two pipelines predicted alike, or one plan measured once for both) is
+    neither agreement nor disagreement."""
+    names = sorted(predicted)
+    conc = disc = tp = tm = 0
+    for i, x in enumerate(names):
+        for y in names[i + 1:]:
+            dp = (predicted[x] > predicted[y]) - (predicted[x] < predicted[y])
+            dm = (measured[x] > measured[y]) - (measured[x] < measured[y])
+            tp += dp == 0
+            tm += dm == 0
+            conc += dp * dm > 0
+            disc += dp * dm < 0
+    pairs = len(names) * (len(names) - 1) // 2
+    denom = ((pairs - tp) * (pairs - tm)) ** 0.5
+    return (conc - disc) / denom if denom else 1.0
 
 
 def main(argv=None) -> int:
@@ -42,7 +52,7 @@ def main(argv=None) -> int:
     ap.add_argument("--size", default="small", choices=["small", "full"])
     ap.add_argument("--target", default="opencl", choices=["opencl", "cuda"])
     ap.add_argument("--device", default=None, help="device spec for the estimate (default: the target's default)")
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=9)
     ap.add_argument("--models-dir", type=Path, default=ROOT / ".cache" / "models")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -50,7 +60,7 @@ def main(argv=None) -> int:
     import dlcc
     from dlcc.devices import resolve_device
     from dlcc.estimate.plan_mode import estimate_plan
-    from dlcc.tuning import time_inference
+    from dlcc.tuning import time_inferences
     from gpu_check import model_path
 
     dev = resolve_device(a.device, a.target)[0]
@@ -59,15 +69,15 @@ def main(argv=None) -> int:
         path = model_path(name, a.size, a.models_dir)
         est = estimate_plan(path, device=dev, what_ifs=False)
         predicted = {p.name: p.predicted_us for p in est.pipelines}
-        measured = {}
+        cms = {p: dlcc.compile(path, target=a.target, pipeline=p, device=dev, cache=False) for p in predicted}
+        measured = time_inferences(cms, a.repeat)
+        del cms
         for p in predicted:
-            cm = dlcc.compile(path, target=a.target, pipeline=p, device=dev, cache=False)
-            measured[p] = time_inference(cm, a.repeat)
             print(f"[auto] {name} {p}: predicted {predicted[p]:.0f} µs, measured {measured[p]:.0f} µs",
                   file=sys.stderr, flush=True)
         pick, fastest = est.best.name, min(measured, key=measured.get)
         row = {"model": name, "auto": pick, "fastest": fastest, "auto_over_fastest": measured[pick] / measured[fastest],
-               "kendall_tau": kendall_tau([p.name for p in est.pipelines], sorted(measured, key=measured.get)),
+               "kendall_tau": kendall_tau(predicted, measured),
                "predicted_over_measured": predicted[pick] / measured[pick], "measured_us": measured,
                "predicted_us": predicted}
         rows.append(row)

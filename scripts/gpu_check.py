@@ -229,7 +229,8 @@ def ranking_table(rows: list[dict]) -> None:
         pred = [r["pipeline"] for r in sorted(rs, key=lambda r: (r["predicted_us"], r["pipeline"]))]
         meas = [r["pipeline"] for r in sorted(rs, key=lambda r: r["run_us"])]
         run = {r["pipeline"]: r["run_us"] for r in rs}
-        print(f"| {m} | {pred[0]} | {meas[0]} | {run[pred[0]] / run[meas[0]]:.2f} | {kendall_tau(pred, meas):.2f} |")
+        tau = kendall_tau({r["pipeline"]: r["predicted_us"] for r in rs}, run)
+        print(f"| {m} | {pred[0]} | {meas[0]} | {run[pred[0]] / run[meas[0]]:.2f} | {tau:.2f} |")
 
 
 if __name__ == "__main__":

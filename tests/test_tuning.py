@@ -19,17 +19,17 @@ pytestmark = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL
 
 
 def _fake_times(monkeypatch, times: dict, calls: list, tilings=None):
-    """time_inference by pipeline name, and time_tilings (the cost model's pick fastest unless
+    """time_inferences by pipeline name, and time_tilings (the cost model's pick fastest unless
     `tilings` says {tiling: µs}): the measurement is what these tests control."""
-    def fake(cm, repeat):
-        name = cm.plan["meta"]["pipeline"]
-        calls.append(name)
-        return times.get(name, 1000.0)
+    def fake(cms, repeat):
+        calls.extend(cms)
+        assert all(cm.plan["meta"]["pipeline"] == name for name, cm in cms.items())
+        return {name: times.get(name, 1000.0) for name in cms}
 
     def fake_tilings(rt, problem, cands, precision, repeat):
         return {t.name: (tilings or {}).get(t.name, 100.0 if t.name == problem["picked"] else 200.0) for t in cands}
 
-    monkeypatch.setattr(tuning, "time_inference", fake)
+    monkeypatch.setattr(tuning, "time_inferences", fake)
     monkeypatch.setattr(tuning, "time_tilings", fake_tilings)
 
 
@@ -82,16 +82,11 @@ def test_a_corrupt_or_foreign_record_is_ignored_with_a_warning(monkeypatch, tmp_
 
 def test_an_interrupted_tuning_leaves_no_record(monkeypatch, tmp_path):
     cache = tmp_path / "cache"
-    seen = []
-
-    def interrupted(cm, repeat):
-        seen.append(1)
-        if len(seen) == 2:
-            raise KeyboardInterrupt
-        return 5.0
+    def interrupted(cms, repeat):
+        raise KeyboardInterrupt  # in the middle of the timed rounds
 
     _fake_times(monkeypatch, {}, [])
-    monkeypatch.setattr(tuning, "time_inference", interrupted)
+    monkeypatch.setattr(tuning, "time_inferences", interrupted)
     with pytest.raises(KeyboardInterrupt):
         dlcc.compile(EXAMPLE, target="opencl", tune=True, cache=cache)
     assert _records(cache) == []  # no pipeline record
@@ -103,6 +98,19 @@ def test_tuning_measures_for_real_on_pocl(tmp_path):
     c = m.plan["meta"]["pipeline_choice"]
     assert len(c["times_us"]) == 2 and all(t > 0 for t in c["times_us"].values())
     assert m.plan["meta"]["pipeline"] == min(c["times_us"], key=c["times_us"].get)
+
+
+def test_pipelines_that_build_one_plan_are_one_measurement(tmp_path):
+    """time_inferences runs a plan once per round however many candidates built it, so identical
+    plans get one time (not two medians that differ by the machine's noise), and different plans
+    their own."""
+    a = dlcc.compile(EXAMPLE, target="opencl", pipeline="baseline", cache=False)
+    b = dlcc.compile(EXAMPLE, target="opencl", pipeline="baseline", cache=False)
+    c = dlcc.compile(EXAMPLE, target="opencl", pipeline="astitch", cache=False)
+    assert tuning.run_signature(a) == tuning.run_signature(b) != tuning.run_signature(c)
+    t = tuning.time_inferences({"a": a, "b": b, "c": c}, 3)
+    assert t["a"] == t["b"] and t["c"] != t["a"] and all(v > 0 for v in t.values())
+    assert b._exec is None  # b was never run: its twin a stood for it
 
 
 def test_tune_without_a_device_or_with_a_pipeline_is_one_clear_error(tmp_path, capsys, monkeypatch):

@@ -136,3 +136,5 @@ DEVICE void dlcc_cp_async16(void* dst, const void* src, int valid) {
 #define MMA_BF16_P(...) DLCC_MMA_P("bf16", __VA_ARGS__)
 /* The loops around MMA_TF32 unroll here (the accumulators must be registers); OpenCL keeps them. */
 #define MMA_UNROLL _Pragma("unroll")
+/* The SIMT GEMM's inner k loop unrolls in full (its a/b fragments stay registers); OpenCL: by 4. */
+#define K_UNROLL _Pragma("unroll")

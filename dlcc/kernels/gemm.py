@@ -406,7 +406,7 @@ def simt_gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
         *_indent(_stage(t, "a", f"(k0 + {t.bk})", spec), 12),
         *_indent(_stage(t, "b", f"(k0 + {t.bk})", spec), 12),
         f"        }}",
-        f"        #pragma unroll",
+        f"        K_UNROLL",
         f"        for (int kk = 0; kk < {t.bk}; ++kk) {{",
         f"            float a[{t.tm}], b[{t.tn}];",
         f"            #pragma unroll",

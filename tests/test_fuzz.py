@@ -19,8 +19,8 @@ from dlcc.testing.choices import Chooser
 from dlcc.testing.oracle import FAILURES, all_configs, check_case_task, unsupported_task
 
 #: The default batch: seeds 0..BATCH-1, in chunks that pytest-xdist spreads over its workers.
-BATCH, CHUNK = 24, 3
-NVCC_BATCH = 6  # of those, through nvcc too (the CUDA text, for sm_90 and sm_80)
+BATCH, CHUNK = 15, 3
+NVCC_BATCH = 3  # of those, through nvcc too (the CUDA text, for sm_90 and sm_80)
 needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
 
 

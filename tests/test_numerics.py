@@ -71,8 +71,10 @@ def test_rammer_pipelines_match_onnxruntime(model_path, name, pipeline):
         assert m.stats["launches"] < plain.stats["launches"]
 
 
-@pytest.mark.parametrize("name", SMALL_MODELS)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "yolo" else n for n in SMALL_MODELS])
 def test_model_matches_onnxruntime(model_path, name):
+    """Every test model through `baseline`. yolo (about 30 s here) runs under `-m slow`: its
+    astitch and full runs stay in the default suite, and cnn covers the baseline's convolutions."""
     m = check_against_onnxruntime(name, model_path(name))
     # The baseline is one kernel per op (after folding): launches never fewer than compute ops.
     s = m.stats
@@ -111,9 +113,12 @@ def test_artifact_roundtrip_gives_same_outputs(model_path, tmp_path):
 #: yolo (about 30 s a case here) runs these two exporter/dtype variants under `-m slow` only: cnn
 #: covers the same convolution paths, and yolo itself runs in every pipeline above.
 _YOLO_SLOW = pytest.param("yolo", marks=pytest.mark.slow)
+#: The exporter and dtype variants below run through `astitch` (whose compute ops are the
+#: baseline's kernels) by default, and through `baseline` too under `-m slow`.
+_PIPELINES = [pytest.param("baseline", marks=pytest.mark.slow), "astitch"]
 
 
-@pytest.mark.parametrize("pipeline", ["baseline", "astitch"])
+@pytest.mark.parametrize("pipeline", _PIPELINES)
 @pytest.mark.parametrize("name", ["cnn", _YOLO_SLOW, "ocr", "bert", "vit"])
 def test_dynamo_exporter_models(name, pipeline):
     """The same architectures through torch.onnx's dynamo exporter (opset 18), which emits other patterns
@@ -147,7 +152,7 @@ def test_dynamo_exporter_models(name, pipeline):
     check_against_onnxruntime(name, path, pipeline)
 
 
-@pytest.mark.parametrize("pipeline", ["baseline", "astitch"])
+@pytest.mark.parametrize("pipeline", _PIPELINES)
 @pytest.mark.parametrize("name", ["cnn", _YOLO_SLOW, "lstm", "bert"])
 def test_float16_models(model_path, name, tmp_path, pipeline):
     """float16 models (converted with onnxconverter-common): float16 at the boundary, float inside.

@@ -391,10 +391,11 @@ def test_join_never_is_one_launch_per_wave(tmp_path):
 
 @pytest.mark.skipif(__import__("dlcc.backends.nvcc", fromlist=["find_nvcc"]).find_nvcc() is None,
                     reason="nvcc is not installed on this machine")
-@pytest.mark.parametrize("model", SMALL_MODELS + ["lstm-tc"] + [
-    # the encoders whose kernels bert/vit's already are run under `-m slow`
-    pytest.param(f"hf-{n}", marks=pytest.mark.slow) if n in ("distilbert", "roberta", "t5-encoder", "deit")
-    else f"hf-{n}" for n in HF_NAMES])
+@pytest.mark.parametrize("model", [
+    # yolo (20 s here; its plans' rKernels are cnn's and mobilenet's), and the encoders whose
+    # kernels bert/vit's already are, run under `-m slow`
+    pytest.param(m, marks=pytest.mark.slow) if m in ("yolo", "hf-distilbert", "hf-roberta", "hf-t5-encoder", "hf-deit")
+    else m for m in SMALL_MODELS + ["lstm-tc"] + [f"hf-{n}" for n in HF_NAMES]])
 def test_persistent_kernels_compile_under_nvcc_without_spills(model, pipes):
     """Every test model's H100 plans through `rammer` and `full` with every run joined (`join:
     always`: the largest persistent kernels those pipelines can make; `join: auto` keeps some runs

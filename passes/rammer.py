@@ -443,34 +443,55 @@ def _mnk(L: Launch) -> tuple[int, int, int, int]:
     return sp.batch, sp.M, sp.N, sp.K
 
 
-def _split_cost(run: _Run, dev, veus: int) -> float:
-    """µs of the run as one launch per wave (each a non-spinning kernel), on `dev`: a wave whose
+def _wave_kernel_us(w: list[Launch], info: dict, dev, veus: int) -> float:
+    """µs of wave `w` (`info`: its wave_info) as one non-spinning kernel on `dev`: a wave whose
     launches were all measured costs one kernel's fixed cost plus its rprogram_time wave time.
     On a device calibrated for dlcc's GEMMs (DeviceSpec.gemm_cycle_us) a wave's GEMMs are priced
     from their tilings: at their own occupancy where the wave is one launch, at a persistent
     kernel's where several ops share it (one kernel of one wave). Each launch costs at least the
-    host's launch overhead. (Under a CUDA graph the host's cost goes, and a kernel boundary costs
-    the device about what a grid barrier does; which of the two is cheaper on a GPU is not
-    measured yet, so joins are decided as without a graph, where the recorded H100 runs found
-    transformers faster joined.)"""
-    tot = 0.0
+    host's launch overhead."""
+    if info.get("measured"):
+        kt = dev.kernel_fixed_us + rprogram_time([info], dev.sms, dev, 0)[1][0]
+    else:
+        k = kernel_time(info["flops"], info["dram_bytes"], "float32", dev, blocks=info["tasks"], threads=BLOCK,
+                        smem_bytes=info.get("smem", 0), gemm=info["gemm"], math_flops=info.get("math_flops"))
+        kt = k.us
+        if (info.get("gemms") or info.get("attention")) and dev.gemm_cycle_us:
+            gemm = None
+            if info.get("gemms"):
+                gemm = (gemm_model_us(info["gemms"][0][0], info["gemms"][0][1:], dev) if len(w) == 1
+                        else wave_gemm_us(info["gemms"], veus, dev))
+            att = wave_attention_us(info["attention"], veus, dev) if info.get("attention") else None
+            if gemm is not None or att is not None:
+                kt = dev.kernel_fixed_us + max((gemm or 0.0) + (att or 0.0), k.compute_us, k.memory_us)
+    return max(kt, dev.launch_overhead_us)
+
+
+def _split_waves(run: _Run, dev, veus: int) -> list[tuple[float, bool]]:
+    """Each wave of the run without a persistent kernel: (µs, combined), the cheaper of its
+    launches combined into one non-spinning kernel (Rammer's one-wave rProgram) and its launches
+    left as they are (a wave of one launch stays it).
+
+    The combined kernel is priced as what it is built as: on a device that builds Rammer's
+    kernels unoptimised (PoCL: DeviceSpec.unoptimised_slowdown), through rprogram_time, which
+    charges that. Priced as an ordinary kernel, three BERT MatMuls combined on PoCL were
+    predicted at 120 µs and ran 6.9 ms, where the three launches took 165 µs. (Under a CUDA graph
+    the host's cost goes, and a kernel boundary costs the device about what a grid barrier does;
+    which of the two is cheaper on a GPU is not measured yet, so joins are decided as without a
+    graph, where the recorded H100 runs found transformers faster joined.)"""
+    out = []
+    unopt = dev.unoptimised_slowdown != 1.0 or bool(dev.unoptimised_task_us)
     for w, info in zip(run.waves, run.wave_work()):
-        if info.get("measured"):
-            kt = dev.kernel_fixed_us + rprogram_time([info], dev.sms, dev, 0)[1][0]
-        else:
-            k = kernel_time(info["flops"], info["dram_bytes"], "float32", dev, blocks=info["tasks"], threads=BLOCK,
-                            smem_bytes=run.smem, gemm=info["gemm"], math_flops=info.get("math_flops"))
-            kt = k.us
-            if (info.get("gemms") or info.get("attention")) and dev.gemm_cycle_us:
-                gemm = None
-                if info.get("gemms"):
-                    gemm = (gemm_model_us(info["gemms"][0][0], info["gemms"][0][1:], dev) if len(w) == 1
-                            else wave_gemm_us(info["gemms"], veus, dev))
-                att = wave_attention_us(info["attention"], veus, dev) if info.get("attention") else None
-                if gemm is not None or att is not None:
-                    kt = dev.kernel_fixed_us + max((gemm or 0.0) + (att or 0.0), k.compute_us, k.memory_us)
-        tot += max(kt, dev.launch_overhead_us)
-    return tot
+        info = dict(info, smem=run.smem)
+        alone = sum(_wave_kernel_us([L], dict(wave_info([L], run.measured, run.prog), smem=run.rops[L.kernel].smem_bytes),
+                                    dev, veus) for L in w)
+        if len(w) == 1:
+            out.append((alone, False))
+            continue
+        combined = (max(rprogram_time([info], max(1, veus), dev, 0)[0], dev.launch_overhead_us) if unopt
+                    else _wave_kernel_us(w, info, dev, veus))
+        out.append((combined, True) if combined <= alone else (alone, False))
+    return out
 
 
 @register_pass("rammer", RammerOptions, after=("lower", "astitch"), before=("memplan",))
@@ -540,9 +561,13 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
         multi = len(run.waves) > 1
         persistent_us, wave_us = rprogram_time(run.wave_work(), max(1, veus), dev, len(run.waves) if multi else 0,
                                                per_sm)
-        split_us = _split_cost(run, dev, max(1, veus))
+        split = _split_waves(run, dev, max(1, veus))
+        split_us = sum(us for us, _ in split)
         if not multi:
-            decision, join = "one wave: one launch, no grid barrier", True
+            join = split[0][1]
+            decision = ("one wave: one launch, no grid barrier" if join else
+                        f"one wave: its {len(run.waves[0])} launches kept apart (combined {persistent_us:.1f} µs vs "
+                        f"{split_us:.1f} µs on {dev.name})")
         elif veus < 1:
             decision, join = (f"refused: co-residency cannot be proven ({why}); one launch per wave instead", False)
             state.log.append(f"rammer: {decision}")
@@ -556,8 +581,8 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
                         f"{split_us:.1f} µs on {dev.name}: {'joined' if join else 'kept apart'}")
         if join:
             groups = [(run.waves, multi)]
-        else:  # one launch per wave; a wave of one op stays the original launch
-            groups = [([w], False) for w in run.waves if len(w) > 1]
+        else:  # one launch per wave where combining it pays; a wave of one op stays the original launch
+            groups = [([w], False) for w, (_, combined) in zip(run.waves, split) if combined]
         decided.append((run, groups, decision, veus, per_sm, why, persistent_us if join else None,
                         wave_us if join else None))
 

@@ -75,6 +75,10 @@ class DeviceSpec(Strict):
     unoptimised_slowdown: float = Field(1.0, ge=1, description="factor on the modelled time of the kernels "
                                         "the OpenCL runtime builds with -cl-opt-disable on this device "
                                         "(PoCL: backends/opencl.py builds_unoptimised); 1 elsewhere")
+    kernel_gap_us: float = Field(0.0, ge=0, description="device time between two kernels of one stream that "
+                                 "a kernel's own timing (profiling events) does not see, so a plan pays it per "
+                                 "launch: PoCL handing the next command to its worker threads (fitted from whole "
+                                 "inferences by scripts/plan_accuracy.py --fit); 0 on GPUs")
     unoptimised_task_us: float = Field(0.0, ge=0, description="what each block (a persistent kernel: each "
                                        "rTask) of such a kernel costs besides, in waves over the SMs: an "
                                        "unoptimised work-group's per-item overhead on a CPU")

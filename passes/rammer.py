@@ -449,7 +449,7 @@ def _wave_kernel_us(w: list[Launch], info: dict, dev, veus: int) -> float:
     On a device calibrated for dlcc's GEMMs (DeviceSpec.gemm_cycle_us) a wave's GEMMs are priced
     from their tilings: at their own occupancy where the wave is one launch, at a persistent
     kernel's where several ops share it (one kernel of one wave). Each launch costs at least the
-    host's launch overhead."""
+    host's launch overhead, and every kernel the device's gap between two kernels (kernel_gap_us)."""
     if info.get("measured"):
         kt = dev.kernel_fixed_us + rprogram_time([info], dev.sms, dev, 0)[1][0]
     else:
@@ -464,7 +464,7 @@ def _wave_kernel_us(w: list[Launch], info: dict, dev, veus: int) -> float:
             att = wave_attention_us(info["attention"], veus, dev) if info.get("attention") else None
             if gemm is not None or att is not None:
                 kt = dev.kernel_fixed_us + max((gemm or 0.0) + (att or 0.0), k.compute_us, k.memory_us)
-    return max(kt, dev.launch_overhead_us)
+    return max(kt, dev.launch_overhead_us) + dev.kernel_gap_us
 
 
 def _split_waves(run: _Run, dev, veus: int) -> list[tuple[float, bool]]:
@@ -488,8 +488,8 @@ def _split_waves(run: _Run, dev, veus: int) -> list[tuple[float, bool]]:
         if len(w) == 1:
             out.append((alone, False))
             continue
-        combined = (max(rprogram_time([info], max(1, veus), dev, 0)[0], dev.launch_overhead_us) if unopt
-                    else _wave_kernel_us(w, info, dev, veus))
+        combined = (max(rprogram_time([info], max(1, veus), dev, 0)[0], dev.launch_overhead_us) + dev.kernel_gap_us
+                    if unopt else _wave_kernel_us(w, info, dev, veus))
         out.append((combined, True) if combined <= alone else (alone, False))
     return out
 
@@ -561,6 +561,7 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
         multi = len(run.waves) > 1
         persistent_us, wave_us = rprogram_time(run.wave_work(), max(1, veus), dev, len(run.waves) if multi else 0,
                                                per_sm)
+        persistent_us += dev.kernel_gap_us  # one kernel's (each separate launch pays its own: _split_waves)
         split = _split_waves(run, dev, max(1, veus))
         split_us = sum(us for us, _ in split)
         if not multi:

@@ -217,8 +217,24 @@ def fit_launches(samples, dev) -> dict:
     return c
 
 
+def fit_kernel_gap(rows, dev) -> float:
+    """kernel_gap_us: what a whole inference takes beyond its launches' profiled times (composed by
+    the task graph without the device's current gap), as a + b x launches by least squares over
+    the plans; b, the per-launch part (a, the per-inference copies and synchronize, ranks no plan)."""
+    import numpy as np
+
+    pts = [(r["launches"], r["measured_us"] - (r["predicted_profile_us"] - r["launches"] * dev.kernel_gap_us))
+           for r in rows]
+    if len({n for n, _ in pts}) < 2:
+        return dev.kernel_gap_us
+    A = np.array([[1.0, n] for n, _ in pts])
+    b = np.linalg.lstsq(A, np.array([g for _, g in pts]), rcond=None)[0][1]
+    return round(max(0.0, float(b)), 1)
+
+
 def fit_constants(samples, dev, rows, plans) -> dict:
     c = fit_launches(samples, dev)
+    c["kernel_gap_us"] = fit_kernel_gap(rows, dev)
     tuned = dev.model_copy(update=c)
     from dlcc.estimate.costmodel import launch_time
 

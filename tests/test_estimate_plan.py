@@ -82,6 +82,17 @@ def test_latency_exact_when_gpu_bound(plan, tmp_path):
     assert {t.args["source"] for t in g.select(kind="kernel")} == {"profile:fake.json"}
 
 
+def test_the_kernel_gap_is_paid_per_launch(plan, tmp_path):
+    """kernel_gap_us (PoCL's dispatch between two commands, which profiling events do not see):
+    GPU-bound, every kernel pays it on the stream, so the latency grows by n x the gap."""
+    db_of = lambda dev: fake_db(plan, dev.name, lambda k, L: 10.0 + k)  # noqa: E731
+    base = load_device(device_with(tmp_path, launch_overhead_us=0.0))
+    gap = load_device(device_with(tmp_path, launch_overhead_us=0.0, kernel_gap_us=7.0))
+    n = len(plan["launches"])
+    assert plan_graph(plan, gap, db_of(gap)).simulate() == pytest.approx(
+        plan_graph(plan, base, db_of(base)).simulate() + 7.0 * n)
+
+
 def test_latency_exact_when_launch_bound(plan, tmp_path):
     """Launches cost 100 µs, kernels 1 µs: kernel by kernel, latency = n launches + the last
     kernel + the sync; replayed as a CUDA graph (`meta.graphs`), one launch + n kernels + the sync."""

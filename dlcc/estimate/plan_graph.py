@@ -8,7 +8,8 @@ plan order on one stream, then synchronizes once. So the graph has
   whole graph and the others nothing: the host issues one cuGraphLaunch), and a GPU kernel
   task whose time comes from the cost model (`costmodel.launch_time`: roofline with wave
   quantization and a fixed cost, or a profile database's measurement; each task records which in
-  ``args["source"]``);
+  ``args["source"]``), plus the device's `kernel_gap_us` (what a stream spends between two
+  kernels, which no kernel's own timing sees: PoCL's dispatch of the next command);
 - launch → kernel edges, stream order, data edges (kind "data": a kernel that reads a tensor
   another kernel wrote) that the co-scheduling what-if needs once it reorders the stream;
 - a final synchronize that waits for the last kernel, and one iteration from the first launch to
@@ -42,7 +43,7 @@ def plan_graph(plan: dict, device: DeviceSpec, db: ProfileDB | None = None, name
         overhead = device.launch_overhead_us if not graphs or i == 0 else 0.0
         cpu = g.add(Task(f"launch {L['kernel']}", "launch", host, overhead, iteration=0,
                          ops=(L.get("op_type") or "?",), args={"graph": graphs}))
-        gpu = Task(L["kernel"], "kernel", stream, kt.us, iteration=0, ops=(L.get("op_type") or "?",),
+        gpu = Task(L["kernel"], "kernel", stream, kt.us + device.kernel_gap_us, iteration=0, ops=(L.get("op_type") or "?",),
                    args={"index": i, "source": kt.source, "flops": L.get("flops", 0), "dram_bytes": L.get("dram_bytes", 0),
                          "category": L.get("category", ""), "class": "gemm" if L.get("category") == "compute" else "memory",
                          "grid": L.get("grid"), "block": L.get("block"), "node": L.get("node", ""),

@@ -574,6 +574,20 @@ def test_device_token_ids_are_checked_on_the_device_without_a_copy(fake_pycuda, 
     assert not drv.dtoh and not drv.stack()
 
 
+def _jax_array_class(sig):
+    """A producer that hands its CUDA memory over through DLPack only (as JAX does), shaped as `sig`."""
+    from dlcc import interop
+
+    class Jax:
+        def __dlpack_device__(self):
+            return (interop.KDL_CUDA, 0)
+
+        def __dlpack__(self, stream=None, **kw):
+            return interop.dlpack_capsule(0x7f0000002000, tuple(sig["shape"]), "float32", (interop.KDL_CUDA, 0), self)
+
+    return Jax
+
+
 def test_a_refused_stream_still_releases_a_dlpack_input(fake_pycuda, monkeypatch):
     """A DLPack input read in place is handed back (its deleter run) however the call ends: here a
     stream the driver cannot join, refused after the inputs were read."""
@@ -585,12 +599,7 @@ def test_a_refused_stream_still_releases_a_dlpack_input(fake_pycuda, monkeypatch
     m = dlcc.compile(EXAMPLE, target="cuda", device="h100")
     sig = m.inputs[0]
 
-    class Jax:
-        def __dlpack_device__(self):
-            return (interop.KDL_CUDA, 0)
-
-        def __dlpack__(self, stream=None, **kw):
-            return interop.dlpack_capsule(0x7f0000002000, tuple(sig["shape"]), "float32", (interop.KDL_CUDA, 0), self)
+    Jax = _jax_array_class(sig)
 
     live = len(interop._LIVE)
     with pytest.raises(RuntimeBackendError, match="cannot be joined"):
@@ -613,12 +622,7 @@ def test_a_model_dropped_with_queued_inferences_releases_their_dlpack_inputs(fak
     m = dlcc.compile(EXAMPLE, target="cuda", device="h100")
     sig = m.inputs[0]
 
-    class Jax:
-        def __dlpack_device__(self):
-            return (interop.KDL_CUDA, 0)
-
-        def __dlpack__(self, stream=None, **kw):
-            return interop.dlpack_capsule(0x7f0000002000, tuple(sig["shape"]), "float32", (interop.KDL_CUDA, 0), self)
+    Jax = _jax_array_class(sig)
 
     live = len(interop._LIVE)
     fake_pycuda.event_ready = False  # the device is still busy with them

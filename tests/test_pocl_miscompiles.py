@@ -109,7 +109,9 @@ def test_no_optimised_kernel_has_the_miscompiled_shape(pipeline, device):
             exempt_hits += sum(k in exempt for k, _ in found)
     assert checked >= 20
     assert not bad, bad
-    if pipeline in ("rammer", "full"):  # the finder sees the persistent kernels' dispatch loops
+    if pipeline in ("rammer", "full") and device == "h100":
+        # the finder sees the persistent kernels' dispatch loops (planned for pocl-cpu, Rammer
+        # joins nothing: its kernels would be built unoptimised there)
         assert exempt_hits > 0
 
 

@@ -83,6 +83,12 @@ class DeviceSpec(Strict):
                                        "rTask) of such a kernel costs besides, in waves over the SMs: an "
                                        "unoptimised work-group's per-item overhead on a CPU")
 
+    @property
+    def unoptimised_costs(self) -> bool:
+        """Whether the kernels built unoptimised here (persistent ones, on PoCL) cost more than
+        the model of an optimised build says: rprogram_time charges it, and Rammer compares it."""
+        return self.unoptimised_slowdown != 1.0 or bool(self.unoptimised_task_us)
+
 
 class PassSpec(Strict):
     name: str

@@ -85,11 +85,6 @@ def save_record(cache, key: str, rec: dict) -> Path:
     return path
 
 
-def time_inference(cm, repeat: int) -> float:
-    """µs per inference of compiled model `cm` on its target (time_inferences of it alone)."""
-    return time_inferences({"model": cm}, repeat)["model"]
-
-
 def run_signature(cm) -> str:
     """What decides how an inference of `cm` runs: its launches (kernels, grids, arguments, arena
     offsets), its storages and its kernel source. Two pipelines that build the same plan (AStitch

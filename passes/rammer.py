@@ -480,7 +480,6 @@ def _split_waves(run: _Run, dev, veus: int) -> list[tuple[float, bool]]:
     which of the two is cheaper on a GPU is not measured yet, so joins are decided as without a
     graph, where the recorded H100 runs found transformers faster joined.)"""
     out = []
-    unopt = dev.unoptimised_slowdown != 1.0 or bool(dev.unoptimised_task_us)
     for w, info in zip(run.waves, run.wave_work()):
         info = dict(info, smem=run.smem)
         alone = sum(_wave_kernel_us([L], dict(wave_info([L], run.measured, run.prog), smem=run.rops[L.kernel].smem_bytes),
@@ -489,7 +488,7 @@ def _split_waves(run: _Run, dev, veus: int) -> list[tuple[float, bool]]:
             out.append((alone, False))
             continue
         combined = (max(rprogram_time([info], max(1, veus), dev, 0)[0], dev.launch_overhead_us) + dev.kernel_gap_us
-                    if unopt else _wave_kernel_us(w, info, dev, veus))
+                    if dev.unoptimised_costs else _wave_kernel_us(w, info, dev, veus))
         out.append((combined, True) if combined <= alone else (alone, False))
     return out
 
@@ -567,8 +566,8 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
         if not multi:
             join = split[0][1]
             decision = ("one wave: one launch, no grid barrier" if join else
-                        f"one wave: its {len(run.waves[0])} launches kept apart (combined {persistent_us:.1f} µs vs "
-                        f"{split_us:.1f} µs on {dev.name})")
+                        f"one wave: its {len(run.waves[0])} launches kept apart ({split_us:.1f} µs on {dev.name}, "
+                        "less than combined into one kernel)")
         elif veus < 1:
             decision, join = (f"refused: co-residency cannot be proven ({why}); one launch per wave instead", False)
             state.log.append(f"rammer: {decision}")

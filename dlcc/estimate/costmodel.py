@@ -256,7 +256,7 @@ def rprogram_time(waves: list[dict], veus: int, device: DeviceSpec, sync_points:
         gemm = wave_gemm_us(w["gemms"], veus, device, blocks_per_sm) if w.get("gemms") else None
         att = wave_attention_us(w["attention"], veus, device) if w.get("attention") else None
         per.append(max(compute, memory, (gemm or 0.0) + (att or 0.0)))
-    if device.unoptimised_slowdown != 1.0 or device.unoptimised_task_us:
+    if device.unoptimised_costs:
         # built unoptimised on this device (PoCL: backends/opencl.py builds_unoptimised): slower
         # work, and a cost per rTask in waves over the SMs
         tasks = sum(max(1, int(w.get("tasks") or 1)) for w in waves)

@@ -4,6 +4,7 @@
 # JSON under $OUT (the device tool's folder; ./gpu-out elsewhere) and never stops the next one:
 # a failing step leaves its log and the stage goes on.
 #
+#   . .gpu/setup.sh && scripts/gpu_session.sh 0     # a first look in one call, by priority (below)
 #   . .gpu/setup.sh && scripts/gpu_session.sh 1     # interop, then every small model on CUDA
 #   . .gpu/setup.sh && scripts/gpu_session.sh 2     # every GEMM tiling (split-K too) against cuBLAS, and the refit
 #   . .gpu/setup.sh && scripts/gpu_session.sh 3     # full-size models against torch.compile at fp32, tf32, bf16
@@ -31,6 +32,24 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, output to $OUT/
 }
 
 case "${1:-}" in
+  0)
+    # One 10-minute call (a lease is 15 minutes with its start), in the order of what matters:
+    # the tensor-core and half-precision kernels on the hardware (small models, every precision,
+    # against onnxruntime), BERT-base at bf16/fp32/tf32 beside torch.compile (issue 18's headline
+    # floor), the interop scenarios (issue 21), GPT-2, then bf16 GEMMs against cuBLAS. The full-size
+    # rows plan for the h100 spec (calibrated) whatever Hopper card runs them; the small rows plan
+    # for the detected GPU, as a user gets. Logs go to $OUT/session.log; each step's JSON beside it.
+    SMALL="${SMALL_MODELS_DIR:-.gpu/models}"
+    step small 110 "$PY" scripts/vs_torch.py --size small --models bert,gpt2,vit,cnn --precisions tf32,fp16,bf16 \
+      --pipelines astitch,full --torch-modes eager --repeat 10 --models-dir "$SMALL" --json-out "$OUT/small.json"
+    step bert 200 "$PY" scripts/vs_torch.py --size full --models bert --precisions bf16,fp32,tf32 --pipelines full,astitch \
+      --torch-modes reduce-overhead --device h100 --models-dir "$MODELS" --json-out "$OUT/bert.json"
+    step interop 80 "$PY" scripts/interop_check.py
+    step gpt2 110 "$PY" scripts/vs_torch.py --size full --models gpt2 --precisions bf16,fp32 --pipelines full \
+      --torch-modes reduce-overhead --device h100 --models-dir "$MODELS" --json-out "$OUT/gpt2.json"
+    step gemm-bf16 60 "$PY" scripts/gemm_tilings.py --precision bf16 --vs-torch --repeat 10 \
+      --shapes 128x768x768,128x3072x768,128x768x3072,1024x1024x1024
+    ;;
   1)
     step interop 150 "$PY" scripts/interop_check.py
     step interop-bert 90 "$PY" scripts/interop_check.py --model "$MODELS/bert-small.onnx" --scenario device-io \

@@ -122,19 +122,21 @@ def torch_rows(name: str, size: str, precision: str, modes: list[str], path: Pat
 
 
 def dlcc_row(name: str, size: str, precision: str, pipeline: str, path: Path, feeds: dict, repeat: int,
-             target: str) -> dict:
+             target: str, device: str | None = None) -> dict:
     import dlcc
     from dlcc.verify import verify_outputs
     from gpu_check import time_run
 
     row = {"model": f"{name}-{size}", "precision": precision, "engine": f"dlcc {pipeline}"}
     t0 = time.perf_counter()
-    cm = dlcc.compile(path, target=target, pipeline=pipeline, precision=precision)
+    cm = dlcc.compile(path, target=target, pipeline=pipeline, precision=precision, device=device)
     row["compile_s"] = time.perf_counter() - t0
     ex = cm.executor()
     judge(row, verify_outputs(path, ex.run(feeds), feeds, precision=precision))
     row["us"] = time_run(ex, repeat)  # inputs stay on the device from the run above
     row["launches"] = len(ex.calls)
+    row["device_from"] = cm.plan["meta"].get("device_from")
+    row["graph"] = getattr(ex, "graph", None) is not None  # replayed as one CUDA graph
     return row
 
 
@@ -173,6 +175,7 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="cuda", help="cuda (default); opencl to try the script without a GPU")
     ap.add_argument("--models-dir", type=Path, default=ROOT / ".cache" / "models")
     ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--device", help="dlcc's device spec (default: the detected GPU's, as a user gets)")
     ap.add_argument("--json-out", type=Path)
     a = ap.parse_args(argv)
     precisions = a.precisions.split(",")
@@ -198,7 +201,7 @@ def main(argv=None) -> int:
             rows += torch_rows(name, a.size, pr, modes, path, feeds, a.repeat, cuda)
             for p in a.pipelines.split(","):
                 try:
-                    r = dlcc_row(name, a.size, pr, p, path, feeds, a.repeat, a.target)
+                    r = dlcc_row(name, a.size, pr, p, path, feeds, a.repeat, a.target, a.device)
                 except Exception as e:
                     traceback.print_exc()
                     r = {"model": f"{name}-{a.size}", "precision": pr, "engine": f"dlcc {p}", "ok": False,

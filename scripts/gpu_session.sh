@@ -38,7 +38,7 @@ case "${1:-}" in
     # against onnxruntime), BERT-base at bf16/fp32/tf32 beside torch.compile (issue 18's headline
     # floor), the interop scenarios (issue 21), GPT-2, then bf16 GEMMs against cuBLAS. The full-size
     # rows plan for the h100 spec (calibrated) whatever Hopper card runs them; the small rows plan
-    # for the detected GPU, as a user gets. Logs go to $OUT/session.log; each step's JSON beside it.
+    # for the detected GPU, as a user gets. Each step leaves $OUT/NAME.log (and NAME.json).
     SMALL="${SMALL_MODELS_DIR:-.gpu/models}"
     step small 110 "$PY" scripts/vs_torch.py --size small --models bert,gpt2,vit,cnn --precisions tf32,fp16,bf16 \
       --pipelines astitch,full --torch-modes eager --repeat 10 --models-dir "$SMALL" --json-out "$OUT/small.json"

@@ -217,6 +217,14 @@ class CudaRuntime:
         return self._pool.allocate(max(int(nbytes), 4)) if self._pool else self.alloc(nbytes)
 
     @_in_context
+    def free_output(self, alloc) -> None:
+        """Give a device output's block back to the pool, with the context current. PyCUDA's
+        pool takes the current context when it starts holding freed blocks, and throws a C++
+        exception if none is; dropped outside dlcc's context (a torch tensor made from the output
+        going out of scope), that exception ran through a destructor and aborted the process."""
+        alloc.free()
+
+    @_in_context
     def alloc_mapped(self, nbytes: int) -> "MappedBuffer":
         """Page-locked host memory mapped into the device's address space: kernels write it, and
         the host reads it once they finished, with no copy in between (the index checks' report,

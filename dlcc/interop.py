@@ -373,5 +373,17 @@ class DeviceArray:
         self._rt.read(self._alloc, 0, out)
         return out
 
+    def __del__(self):
+        """The block goes back to the runtime's pool inside its context (CudaRuntime.free_output):
+        the last reference may go anywhere, in a DLPack deleter that torch runs or on a thread
+        that never ran a model. Best effort at interpreter exit, when the context may be gone."""
+        alloc, self._alloc = getattr(self, "_alloc", None), None
+        free = getattr(getattr(self, "_rt", None), "free_output", None)
+        if alloc is not None and free is not None and hasattr(alloc, "free"):
+            try:
+                free(alloc)
+            except Exception:  # noqa: BLE001 (a finalizer must not raise)
+                pass
+
     def __repr__(self) -> str:
         return f"DeviceArray(shape={self.shape}, dtype={self.dtype}, cuda:{self.device_id})"

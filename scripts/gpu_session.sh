@@ -10,6 +10,7 @@
 #   . .gpu/setup.sh && scripts/gpu_session.sh 3     # full-size models against torch.compile at fp32, tf32, bf16
 #   . .gpu/setup.sh && scripts/gpu_session.sh 4     # --pipeline auto against the measured-fastest pipeline
 #   . .gpu/setup.sh && scripts/gpu_session.sh 5     # persistent kernels at 2 blocks per SM against 1
+#   . .gpu/setup.sh && scripts/gpu_session.sh 6     # where the time goes at bf16: per-kernel profiles, GEMMs vs cuBLAS
 #
 # What each number is for: issue 21 (stage 1: both import orders, device arrays, graphs, threads),
 # issue 18 (stages 2 and 3: GEMM and model floors against cuBLAS and torch.compile), issue 20
@@ -74,8 +75,22 @@ case "${1:-}" in
     step bps2 560 "$PY" scripts/gpu_check.py --size full --models mobilenet,yolo,cnn,bert --models-dir "$MODELS" \
       --pipelines astitch,full,scripts/data/pipelines/full-bps2.yaml --json-out "$OUT/bps2.json"
     ;;
+  6)
+    # Per-kernel device times of BERT-base and GPT-2 through astitch at bf16 (dlcc profile; the
+    # database comes back as JSON to study offline), the interop scenarios, and the bf16 and tf32
+    # GEMM tilings (split-K too) against cuBLAS on the six issue shapes.
+    export COLUMNS=200
+    step interop 70 "$PY" scripts/interop_check.py
+    step gemm-bf16 130 "$PY" scripts/gemm_tilings.py --precision bf16 --vs-torch --repeat 10 --json "$OUT/gemm-bf16.json"
+    for m in bert gpt2; do
+      "$PY" -c "import sys; sys.path.insert(0, 'scripts'); import models; models.export('$m', __import__('pathlib').Path('$MODELS'), 'full')" >/dev/null 2>&1
+      step "prof-$m" 70 dlcc profile "$MODELS/$m-full.onnx" --db "$OUT/prof-$m.json" --target cuda --device h100 \
+        --pipeline astitch --precision bf16 --repeat 5
+    done
+    step gemm-tf32 120 "$PY" scripts/gemm_tilings.py --precision tf32 --vs-torch --repeat 10
+    ;;
   *)
-    echo "usage: scripts/gpu_session.sh 1|2|3|4|5   (the stages are described at the top of this file)" >&2
+    echo "usage: scripts/gpu_session.sh 0|1|2|3|4|5|6   (the stages are described at the top of this file)" >&2
     exit 2
     ;;
 esac

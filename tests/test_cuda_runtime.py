@@ -267,13 +267,37 @@ def fake_pycuda(monkeypatch):
     monkeypatch.setitem(sys.modules, "pycuda.compiler", compiler)
     tools = types.ModuleType("pycuda.tools")
 
+    class PooledAllocation:
+        """PyCUDA's pooled block: freed (explicitly or when dropped) back to its pool. The first
+        block the pool holds makes it take the current context, and with none current PyCUDA
+        throws from a destructor and aborts the process; here that is recorded as a violation."""
+
+        def __init__(self, pool, ptr):
+            self.pool, self.ptr, self.valid = pool, ptr, True
+
+        def __int__(self):
+            return self.ptr
+
+        def free(self):
+            if self.valid:
+                self.valid = False
+                if not self.pool.held and not (drv.stack() and isinstance(drv.stack()[-1], drv.Primary)):
+                    drv.pool_violations.append(self.ptr)
+                self.pool.held.append(self.ptr)
+
+        def __del__(self):
+            self.free()
+
     class DeviceMemoryPool:  # PyCUDA's pool, as far as dlcc uses it
+        def __init__(self):
+            self.held = []
+
         def allocate(self, n):
             drv.pooled += 1
-            return drv.mem_alloc(n)
+            return PooledAllocation(self, self.held.pop() if self.held else drv.mem_alloc(n))
 
     tools.DeviceMemoryPool = DeviceMemoryPool
-    drv.pooled = 0
+    drv.pooled, drv.pool_violations = 0, []
     monkeypatch.setitem(sys.modules, "pycuda.tools", tools)
     pkg.driver, pkg.compiler, pkg.tools = driver, compiler, tools
     return drv
@@ -425,6 +449,31 @@ def test_device_arrays_in_and_out_without_a_host_copy(fake_pycuda, monkeypatch):
     ro = types.SimpleNamespace(__cuda_array_interface__={**dest.__cuda_array_interface__, "data": (0x7f0000009000, True)})
     with pytest.raises(interop.InteropError, match="read-only device array"):
         m.run({name: x}, out={t0["name"]: ro})
+
+
+def test_device_outputs_dropped_anywhere_go_back_to_the_pool_in_the_context(fake_pycuda):
+    """A device output's block goes back to PyCUDA's pool with the primary context current,
+    wherever its last reference goes: on the caller's thread between calls, or on another thread
+    (a DLPack deleter that torch runs). On an H200, a torch tensor made from an output going out of
+    scope aborted the process (PyCUDA's pool threw from a destructor: no current context)."""
+    import gc
+
+    drv = fake_pycuda
+    m = dlcc.compile(EXAMPLE, target="cuda", device="h100")
+    feeds = m.sample_inputs()
+    outs = m.run(feeds, outputs="device")
+    assert not drv.stack()  # nothing current between calls
+    del outs
+    gc.collect()
+    held = [m.run(feeds, outputs="device")]
+    allocs = len(drv.allocs)
+    t = threading.Thread(target=held.clear)  # the last reference goes on a thread with no context
+    t.start()
+    t.join()
+    gc.collect()
+    assert drv.pool_violations == []
+    m.run(feeds, outputs="device")
+    assert len(drv.allocs) == allocs  # the blocks came back, and the next outputs reuse them
 
 
 def test_an_inference_is_one_cuda_graph_launch(fake_pycuda):

@@ -236,3 +236,36 @@ def test_split_k_option_turns_it_off(tmp_path):
     a, b = on(feeds), off(feeds)
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-4)
+
+
+def test_standalone_args_keep_the_workspace_and_counters_alive():
+    """On CUDA a view is a bare pointer, so the split launch's arguments must be the workspace
+    and counter allocations themselves: as views, nothing held them once standalone_args
+    returned, and the first split GEMM in scripts/gemm_tilings.py (and --tune) on an H200 read
+    freed memory (CUDA error 700, an illegal address)."""
+    live = []
+
+    class Allocation:  # freed when the last reference goes, as PyCUDA's DeviceAllocation is
+        def __init__(self, n):
+            live.append(id(self))
+
+        def __del__(self):
+            live.remove(id(self))
+
+        def __int__(self):
+            return id(self)
+
+    class PointerViews:  # CudaRuntime's view: the address, no reference to the allocation
+        def alloc(self, n):
+            return Allocation(n)
+
+        def view(self, buf, offset, nbytes):
+            return np.uintp(int(buf) + offset)
+
+        def write(self, buf, offset, data):
+            pass
+
+    t = dataclasses.replace(TILINGS[0], splitk=2)
+    grid, extra = splitk.standalone_args(PointerViews(), t, 1, 64, 64)
+    assert grid == 2 * splitk.tiles_of(t, 1, 64, 64)
+    assert len(live) == 2 and sorted(int(a) for a in extra[:2]) == sorted(live)

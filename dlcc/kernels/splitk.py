@@ -240,4 +240,6 @@ def standalone_args(rt, t, batch: int, M: int, N: int) -> tuple[int, list]:
     ws = rt.alloc(tiles * t.splitk * t.bm * t.bn * 4)
     cnt = rt.alloc(tiles * 4)
     rt.write(cnt, 0, np.zeros(tiles, np.int32))
-    return grid, [rt.view(ws, 0, tiles * t.splitk * t.bm * t.bn * 4), rt.view(cnt, 0, tiles * 4), 0]
+    # The allocations themselves, not views of them: a CUDA view is a bare pointer, and the
+    # workspace freed on return made the first split launch on a GPU an illegal address.
+    return grid, [ws, cnt, 0]

@@ -30,6 +30,7 @@ class CompileState:
     precision: str = "fp32"  # what GEMMs compute at (config.PRECISIONS); `lower` picks their templates by it
     fp32_ops: tuple = ()  # op types whose GEMMs stay float32 at a tensor-core precision (PipelineSpec.fp32_ops)
     half_activations: bool = True  # at fp16/bf16, activations stored in the half type (PipelineSpec.half_activations)
+    graphs: bool = False  # the plan is replayed as one CUDA graph (PipelineSpec.graphs on CUDA): no host cost per launch
     log: list[str] = field(default_factory=list)
 
 

@@ -443,7 +443,16 @@ def _mnk(L: Launch) -> tuple[int, int, int, int]:
     return sp.batch, sp.M, sp.N, sp.K
 
 
-def _wave_kernel_us(w: list[Launch], info: dict, dev, veus: int) -> float:
+def _launch_floor_us(dev, graphs: bool) -> float:
+    """The least a separate launch costs: the host's launch overhead, or, where the plan is
+    replayed as one CUDA graph, only the device's own fixed cost per kernel (the host launches the
+    graph once). Priced with the host's 4 µs under a graph, joining looked cheaper than it is: on
+    an H200, BERT-base's one persistent kernel ran 1.22-1.36x slower than its 111 graphed launches
+    at fp32, tf32 and bf16, which Rammer had predicted 8% faster."""
+    return dev.kernel_fixed_us if graphs else dev.launch_overhead_us
+
+
+def _wave_kernel_us(w: list[Launch], info: dict, dev, veus: int, graphs: bool = False) -> float:
     """µs of wave `w` (`info`: its wave_info) as one non-spinning kernel on `dev`: a wave whose
     launches were all measured costs one kernel's fixed cost plus its rprogram_time wave time.
     On a device calibrated for dlcc's GEMMs (DeviceSpec.gemm_cycle_us) a wave's GEMMs are priced
@@ -464,10 +473,10 @@ def _wave_kernel_us(w: list[Launch], info: dict, dev, veus: int) -> float:
             att = wave_attention_us(info["attention"], veus, dev) if info.get("attention") else None
             if gemm is not None or att is not None:
                 kt = dev.kernel_fixed_us + max((gemm or 0.0) + (att or 0.0), k.compute_us, k.memory_us)
-    return max(kt, dev.launch_overhead_us) + dev.kernel_gap_us
+    return max(kt, _launch_floor_us(dev, graphs)) + dev.kernel_gap_us
 
 
-def _split_waves(run: _Run, dev, veus: int) -> list[tuple[float, bool]]:
+def _split_waves(run: _Run, dev, veus: int, graphs: bool = False) -> list[tuple[float, bool]]:
     """Each wave of the run without a persistent kernel: (µs, combined), the cheaper of its
     launches combined into one non-spinning kernel (Rammer's one-wave rProgram) and its launches
     left as they are (a wave of one launch stays it).
@@ -475,20 +484,18 @@ def _split_waves(run: _Run, dev, veus: int) -> list[tuple[float, bool]]:
     The combined kernel is priced as what it is built as: on a device that builds Rammer's
     kernels unoptimised (PoCL: DeviceSpec.unoptimised_slowdown), through rprogram_time, which
     charges that. Priced as an ordinary kernel, three BERT MatMuls combined on PoCL were
-    predicted at 120 µs and ran 6.9 ms, where the three launches took 165 µs. (Under a CUDA graph
-    the host's cost goes, and a kernel boundary costs the device about what a grid barrier does;
-    which of the two is cheaper on a GPU is not measured yet, so joins are decided as without a
-    graph, where the recorded H100 runs found transformers faster joined.)"""
+    predicted at 120 µs and ran 6.9 ms, where the three launches took 165 µs. Under a CUDA graph
+    (`graphs`) a separate launch costs no host launch overhead (_launch_floor_us)."""
     out = []
     for w, info in zip(run.waves, run.wave_work()):
         info = dict(info, smem=run.smem)
         alone = sum(_wave_kernel_us([L], dict(wave_info([L], run.measured, run.prog), smem=run.rops[L.kernel].smem_bytes),
-                                    dev, veus) for L in w)
+                                    dev, veus, graphs) for L in w)
         if len(w) == 1:
             out.append((alone, False))
             continue
-        combined = (max(rprogram_time([info], max(1, veus), dev, 0)[0], dev.launch_overhead_us) + dev.kernel_gap_us
-                    if dev.unoptimised_costs else _wave_kernel_us(w, info, dev, veus))
+        combined = (max(rprogram_time([info], max(1, veus), dev, 0)[0], _launch_floor_us(dev, graphs)) + dev.kernel_gap_us
+                    if dev.unoptimised_costs else _wave_kernel_us(w, info, dev, veus, graphs))
         out.append((combined, True) if combined <= alone else (alone, False))
     return out
 
@@ -561,7 +568,7 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
         persistent_us, wave_us = rprogram_time(run.wave_work(), max(1, veus), dev, len(run.waves) if multi else 0,
                                                per_sm)
         persistent_us += dev.kernel_gap_us  # one kernel's (each separate launch pays its own: _split_waves)
-        split = _split_waves(run, dev, max(1, veus))
+        split = _split_waves(run, dev, max(1, veus), state.graphs)
         split_us = sum(us for us, _ in split)
         if not multi:
             join = split[0][1]

@@ -11,6 +11,7 @@
 #   . .gpu/setup.sh && scripts/gpu_session.sh 4     # --pipeline auto against the measured-fastest pipeline
 #   . .gpu/setup.sh && scripts/gpu_session.sh 5     # persistent kernels at 2 blocks per SM against 1
 #   . .gpu/setup.sh && scripts/gpu_session.sh 6     # where the time goes at bf16: per-kernel profiles, GEMMs vs cuBLAS
+#   . .gpu/setup.sh && scripts/gpu_session.sh 7     # a short check: BERT-base and GPT-2 at bf16 beside torch.compile
 #
 # What each number is for: issue 21 (stage 1: both import orders, device arrays, graphs, threads),
 # issue 18 (stages 2 and 3: GEMM and model floors against cuBLAS and torch.compile), issue 20
@@ -89,8 +90,20 @@ case "${1:-}" in
     done
     step gemm-tf32 120 "$PY" scripts/gemm_tilings.py --precision tf32 --vs-torch --repeat 10
     ;;
+  7)
+    # A short check after a change to tilings or joins (one ~4-minute call): BERT-base and GPT-2 at
+    # bf16 through astitch and full beside torch.compile, a kernel's cost in a CUDA graph, and
+    # BERT's three GEMM shapes at bf16 against cuBLAS.
+    step bert 75 "$PY" scripts/vs_torch.py --size full --models bert --precisions bf16 --pipelines astitch,full \
+      --torch-modes reduce-overhead --device h100 --models-dir "$MODELS" --json-out "$OUT/bert.json"
+    step gpt2 70 "$PY" scripts/vs_torch.py --size full --models gpt2 --precisions bf16 --pipelines astitch,full \
+      --torch-modes reduce-overhead --device h100 --models-dir "$MODELS" --json-out "$OUT/gpt2.json"
+    step graph-gap 20 "$PY" scripts/graph_gap.py
+    step gemm-bf16 45 "$PY" scripts/gemm_tilings.py --precision bf16 --vs-torch --repeat 10 \
+      --shapes 128x768x768,128x3072x768,128x768x3072
+    ;;
   *)
-    echo "usage: scripts/gpu_session.sh 0|1|2|3|4|5|6   (the stages are described at the top of this file)" >&2
+    echo "usage: scripts/gpu_session.sh 0|1|2|3|4|5|6|7   (the stages are described at the top of this file)" >&2
     exit 2
     ;;
 esac

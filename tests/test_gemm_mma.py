@@ -124,6 +124,33 @@ def test_tiling_choice_fills_the_device():
         assert t.threads == 256 and 4 * t.smem_floats <= 48 * 1024, t  # Rammer's vEU; CUDA's static limit
 
 
+@pytest.mark.parametrize("precision, within", [("bf16", 1.10), ("tf32", 1.25)])
+def test_the_tiling_model_picks_near_the_measured_fastest(precision, within):
+    """On every GEMM shape recorded on an H200 (every tiling, split and unsplit, timed by
+    scripts/gemm_tilings.py), the tiling the cost model picks for the H100 spec (the same 132 SMs
+    of sm_90) ran within `within` of the fastest one measured. Before the fit the picks ran up to
+    1.56x (bf16: 128x64 tiles in 8 chunks on BERT's projections) and 1.36x (tf32) slower."""
+    import json
+    from pathlib import Path
+
+    from dlcc.config import load_device
+    from dlcc.kernels import splitk
+
+    h100 = load_device("h100")
+    data = json.loads((Path(__file__).resolve().parents[1] / "scripts" / "data" / f"h200_gemm_{precision}.json").read_text())
+    by_shape: dict = {}
+    for r in data["rows"]:
+        by_shape.setdefault(tuple(r["shape"]), {})[r["tiling"]] = r["us"]
+    assert len(by_shape) == 6 and all(len(v) >= 25 for v in by_shape.values())
+    for (M, N, K), times in by_shape.items():
+        offered = {t.name for t in splitk.variants(mma_tilings(precision), h100)}
+        assert offered == set(times), f"{M}x{N}x{K}: the recorded tilings are not the ones the model chooses from"
+        pick = choose_mma_tiling(1, M, N, K, h100, precision=precision)
+        assert times[pick.name] <= within * min(times.values()), (
+            f"{M}x{N}x{K} {precision}: the model picks {pick.name} ({times[pick.name]} µs), the fastest ran "
+            f"{min(times.values())} µs ({min(times, key=times.get)})")
+
+
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed on this machine")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_nvcc_builds_every_mma_tiling_without_spills(tmp_path, arch):

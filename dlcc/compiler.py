@@ -226,11 +226,13 @@ def _model_precision(pipe: PipelineSpec, asked: str | None, graph, dev: DeviceSp
 def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None, target: str = "opencl",
                   pipeline: str | PipelineSpec = "baseline", device: str | DeviceSpec | None = None,
                   steps: Steps | None = None, imported=None, profile_db=None, cache=None,
-                  precision: str | None = None) -> CompileResult:
+                  precision: str | None = None, graphs: bool | None = None) -> CompileResult:
     """Import (unless `imported`, a Graph from `import_checked`, is given: the estimator imports once
     and compiles a copy per pipeline), run the pipeline's passes, and build the plan. `profile_db`
     (a path or ProfileDB) gives passes measured launch times: rammer prices its rTasks with them.
-    `precision` (config.PRECISIONS) overrides the pipeline's own."""
+    `precision` (config.PRECISIONS) overrides the pipeline's own. `graphs`: whether passes plan for
+    the launches replayed as one CUDA graph (None: the pipeline's `graphs` on the CUDA target; the
+    estimator, which builds its plans for OpenCL, says so for a GPU device)."""
     steps = steps or Steps()
     pipe = with_precision(pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline), precision)
     from .devices import resolve_device
@@ -253,7 +255,7 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
     precision_note = note or precision_note
     state = CompileState(graph=graph, device=dev, profile_db=profile_db, precision=pipe.precision,
                          fp32_ops=tuple(pipe.fp32_ops), half_activations=pipe.half_activations,
-                         graphs=pipe.graphs and target == "cuda")
+                         graphs=pipe.graphs and (target == "cuda" if graphs is None else graphs))
     if precision_note:
         state.log.append(precision_note)
     check_order([p.name for p in pipe.passes], f"pipeline {pipe.name!r}")  # also for specs built in code

@@ -41,6 +41,17 @@ class DeviceSpec(Strict):
     dram_bandwidth_gbps: float = Field(gt=0, description="GB/s (1e9 bytes per second)")
     peak_tflops: dict[str, float] = Field(description="peak TFLOP/s per dtype, e.g. {float32: 67}")
 
+    @field_validator("mma_cycle_us")
+    @classmethod
+    def _mma_scales(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        """Keys are the tensor-core precisions; every scale positive."""
+        if v is None:
+            return v
+        bad = sorted(k for k in v if k not in ("tf32", "fp16", "bf16")) + sorted(k for k, x in v.items() if not x > 0)
+        if bad:
+            raise ValueError(f"keys must be tf32, fp16 or bf16, each a positive µs per cycle; not: {', '.join(bad)}")
+        return v
+
     @field_validator("peak_tflops")
     @classmethod
     def _peaks(cls, v: dict[str, float]) -> dict[str, float]:
@@ -67,6 +78,10 @@ class DeviceSpec(Strict):
                                         "dlcc's own GEMM rOperators timed there (scripts/gemm_tilings.py --fit); "
                                         "plan mode then prices a GEMM from its tiling, with the occupancy it gets "
                                         "(its own, or a persistent kernel's). None: from its FLOPs (roofline)")
+    mma_cycle_us: dict[str, float] | None = Field(None, description="the same for the tensor-core tilings "
+                                                  "(gemm_mma.py mma_cost), per precision (tf32, fp16, bf16), fitted "
+                                                  "on them (scripts/gemm_tilings.py --fit); a precision not given "
+                                                  "uses gemm_cycle_us")
     grid_barrier_us: float = Field(2.0, ge=0, description="one grid barrier across the resident blocks of a "
                                    "persistent kernel, in µs (AStitch measured 2.5-2.7 µs on a V100)")
     fused_gemm_slowdown: float = Field(1.0, gt=0, description="factor on the modelled time of a GEMM that AStitch "

@@ -169,9 +169,10 @@ def main(argv=None) -> int:
 
 
 def fit(a) -> int:
-    """DeviceSpec.gemm_cycle_us from measured GEMM rOperators: µs = kernel_fixed_us + cycles x f,
-    f the geometric mean of (µs - fixed) / cycles over the rows (least squares on log time, so a 2x
-    miss counts the same on a 20 and a 400 µs GEMM). Prints each row's modelled time with it."""
+    """DeviceSpec.gemm_cycle_us (SIMT rows) or mma_cycle_us[precision] (tensor-core rows, one
+    precision per file) from measured GEMM rOperators: µs = kernel_fixed_us + cycles x f, f the
+    geometric mean of (µs - fixed) / cycles over the rows (least squares on log time, so a 2x miss
+    counts the same on a 20 and a 400 µs GEMM). Prints each row's modelled time with it."""
     from dlcc.kernels.gemm import tiling_and_cost
 
     dev = load_device(a.device)
@@ -196,7 +197,9 @@ def fit(a) -> int:
         return 1
     fixed = dev.kernel_fixed_us
     f = math.exp(statistics.fmean(math.log(max(r["us"] - fixed, 1e-3) / c) for r, c in pts))
-    print(f"gemm_cycle_us for {dev.name}: {f:.6f} µs per modelled cycle (a {1e-3 / f:.2f} GHz clock) (kernel_fixed_us {fixed}), {len(pts)} rows")
+    precisions = sorted({getattr(t, "precision", None) or "fp32" for t in (tiling_and_cost(r["tiling"], dev)[0] for r, _ in pts)})
+    field = "gemm_cycle_us" if precisions == ["fp32"] else f"mma_cycle_us[{', '.join(precisions)}]"
+    print(f"{field} for {dev.name}: {f:.6f} µs per modelled cycle (a {1e-3 / f:.2f} GHz clock) (kernel_fixed_us {fixed}), {len(pts)} rows")
     print("| M×N×K | tiling | measured µs | modelled µs | modelled / measured |")
     print("|---|---|---|---|---|")
     worst = 1.0

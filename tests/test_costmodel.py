@@ -255,6 +255,35 @@ def test_gemm_tiling_model_matches_the_h100_measurements_it_was_fitted_on():
     assert f"{d.gemm_cycle_us:.6f} µs per modelled cycle" in out
 
 
+@pytest.mark.parametrize("precision, within", [("bf16", 3.6), ("tf32", 1.85)])
+def test_tensor_core_tilings_are_priced_with_their_own_fitted_scale(precision, within, tmp_path):
+    """The H100 spec's mma_cycle_us[precision] is what `gemm_tilings.py --fit` gives on the
+    tensor-core GEMMs recorded on an H200 (scripts/data/h200_gemm_*.json), gemm_model_us prices
+    those tilings with it (not with the SIMT template's gemm_cycle_us, which put them 3-4x too
+    fast), and every recorded row is within `within` of its measured time. A key other than a
+    tensor-core precision is a clear error."""
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    from dlcc.estimate.costmodel import gemm_model_us
+
+    d = load_device("h100")
+    path = ROOT / "scripts" / "data" / f"h200_gemm_{precision}.json"
+    for r in json.loads(path.read_text())["rows"]:
+        us = d.kernel_fixed_us + gemm_model_us(r["tiling"], [1, *r["shape"]], d)
+        assert 1 / within < us / r["us"] < within, (r, us)
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "gemm_tilings.py"), "--fit", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert f"mma_cycle_us[{precision}] for NVIDIA H100 SXM: {d.mma_cycle_us[precision]:.6f} µs per modelled cycle" in out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**d.model_dump(exclude_none=True), "mma_cycle_us": {"int8": 0.001}}))
+    with pytest.raises(ConfigError, match="tf32, fp16 or bf16"):
+        load_device(str(bad))
+
+
 def test_gemm_launches_priced_by_tiling_and_occupancy():
     from dlcc.estimate.costmodel import gemm_model_us, wave_gemm_us
 

@@ -174,20 +174,31 @@ def gemm_model_us(tiling: str, shape, device: DeviceSpec, blocks_per_sm: int | N
     t, cost = found
     update = {**({"max_blocks_per_sm": int(blocks_per_sm)} if blocks_per_sm else {}), **({"sms": int(sms)} if sms else {})}
     d = device.model_copy(update=update) if update else device
-    return cost(t, *(int(x) for x in shape), d) * device.gemm_cycle_us
+    return cost(t, *(int(x) for x in shape), d) * cycle_us(t, device)
+
+
+def cycle_us(t, device: DeviceSpec) -> float:
+    """µs per modelled cycle of tiling `t` on `device`: DeviceSpec.mma_cycle_us for a tensor-core
+    tiling's precision where the device has it (those models were fitted apart: their k loops are
+    other code), else gemm_cycle_us."""
+    precision = getattr(t, "precision", None)
+    return (device.mma_cycle_us or {}).get(precision, device.gemm_cycle_us)
 
 
 def attention_model_us(shape, device: DeviceSpec, sms: int | None = None) -> float | None:
     """µs of a fused attention rOperator ([batch, M, N, D, Dv] or [..., math]) from its template's
     cycle model (kernels/attention_mma.py fused_attention_cost: the SIMT one at float32, the
-    tensor-core one at tf32/fp16/bf16; the SIMT GEMM model's units) times DeviceSpec.gemm_cycle_us;
-    None where the device has no such calibration. `sms`: the SMs it may use (1: its SM-time)."""
+    tensor-core one at tf32/fp16/bf16; the SIMT GEMM model's units) times DeviceSpec.gemm_cycle_us,
+    or, for the tensor-core template, the mma_cycle_us of its precision where the device has it
+    (its mma.sync loops are the tensor-core GEMMs' kind, and the fusion decision weighs it against
+    those); None where the device has no such calibration. `sms`: the SMs it may use (1: its SM-time)."""
     if device.gemm_cycle_us is None or device.kind != "gpu":
         return None
     from ..kernels.attention_mma import fused_attention_cost
 
     d = device.model_copy(update={"sms": int(sms)}) if sms else device
-    return fused_attention_cost(shape, d) * device.gemm_cycle_us
+    math = shape[5] if len(shape) > 5 else None
+    return fused_attention_cost(shape, d) * (device.mma_cycle_us or {}).get(math, device.gemm_cycle_us)
 
 
 def wave_attention_us(shapes: list, veus: int, device: DeviceSpec) -> float | None:

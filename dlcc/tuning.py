@@ -178,8 +178,17 @@ def time_tilings(rt, problem: dict, tilings, precision: str, repeat: int) -> dic
         if not err <= 1e-3:
             raise DlccError(f"--tune: the {t.name} GEMM rOperator computed {M}x{N}x{K} wrong on {rt.device_name} "
                             f"(relative error {err:.1e}); a dlcc bug, please report it")
-        times[t.name] = statistics.median(rt.time_launch(k, grid, t.threads, targs) for _ in range(max(1, repeat)))
+        times[t.name] = time_kernel(rt, k, grid, t.threads, targs, repeat)
     return times
+
+
+def time_kernel(rt, kernel, grid: int, block: int, args: list, repeat: int) -> float:
+    """µs of one launch on `rt`: on CUDA inside a CUDA graph (CudaRuntime.time_graph, as a graphed
+    plan runs it and as scripts/gemm_tilings.py times cuBLAS), elsewhere the median of `repeat`
+    timed launches (OpenCL's profiling events)."""
+    if hasattr(rt, "time_graph"):
+        return rt.time_graph(kernel, grid, block, args, repeat=max(1, repeat))
+    return statistics.median(rt.time_launch(kernel, grid, block, args) for _ in range(max(1, repeat)))
 
 
 def tune_tilings(model, shapes: dict, tgt: str, device, precision, repeat: int, cache, steps=None) -> dict[str, str]:

@@ -5,8 +5,11 @@ dlcc's GEMM rOperator (dlcc/kernels/gemm.py) comes in several tilings, and `choo
 one per shape from a cost model. This script measures what the model only predicts: for each
 shape (default: BERT-base's linear layers at b1 s128, a ResNet-50 conv as implicit GEMM, GPT-2's
 LM head and a square one) it emits the rOperator for every tiling the device's family has (on a GPU
-also each one split along K, kernels/splitk.py) plus candidate tilings not yet in it, checks each against numpy, times it with device events (median), and
-prints the time, the rate, the kernel's registers, and which tiling the model picks.
+also each one split along K, kernels/splitk.py) plus candidate tilings not yet in it, checks each
+against numpy, times it (on CUDA inside a CUDA graph of 20 launches, as --vs-torch times cuBLAS;
+on OpenCL with profiling events), and prints the time, the rate, the kernel's registers, and which
+tiling the model picks. (Before 2026-11-26 the CUDA times were 8 queued launches, which added up
+to a microsecond or two to a short kernel: scripts/data/h200_gemm_*.json were timed that way.)
 
     python scripts/gemm_tilings.py                      # on CUDA (needs a GPU and PyCUDA)
     python scripts/gemm_tilings.py --target opencl --shapes 64x96x80 --repeat 3   # the script itself, on PoCL
@@ -41,6 +44,7 @@ from dlcc.config import load_device
 from dlcc.executor import make_runtime
 from dlcc.kernels import splitk
 from dlcc.kernels.gemm import TILINGS, Tiling, choose_tiling, gemm_source, plain_spec, simt_cost, tilings_for
+from dlcc.tuning import time_kernel
 
 SHAPES = ["128x768x768", "128x3072x768", "128x768x3072", "3136x64x576", "128x50257x768", "1024x1024x1024"]
 
@@ -132,7 +136,7 @@ def main(argv=None) -> int:
             out = np.empty((M, N), np.float32)
             rt.read(bufs[2], 0, out)
             err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref)) if np.isfinite(out).all() else float("inf")
-            us = statistics.median(rt.time_launch(k, grid, t.threads, targs) for _ in range(a.repeat))
+            us = time_kernel(rt, k, grid, t.threads, targs, a.repeat)  # in a CUDA graph on CUDA, as torch's
             regs = ""
             try:
                 regs = k.get_attribute(rt.drv.function_attribute.NUM_REGS)

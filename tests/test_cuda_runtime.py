@@ -79,7 +79,18 @@ class FakeDriver:
                 outer.next_stream += 1
                 self.handle = outer.next_stream
 
-        self.Context, self.Device, self.Primary, self.Stream = Ctx, Device, Primary, Stream
+        class Event:  # a kernel takes 1 µs here: time_till counts the launches between two records
+            def record(self):
+                outer.current()
+                self.at = len(outer.launches)
+
+            def synchronize(self):
+                pass
+
+            def time_till(self, later):
+                return (later.at - self.at) * 1e-3  # ms
+
+        self.Context, self.Device, self.Primary, self.Stream, self.Event = Ctx, Device, Primary, Stream, Event
         self.next_stream, self.capturing, self.captured, self.graphs, self.graph_launches = 0x5000, None, [], {}, 0
         self.stream_ops, self.syncs = [], []
 
@@ -243,7 +254,7 @@ def fake_pycuda(monkeypatch):
 
     compiler.SourceModule = SourceModule
     driver = types.ModuleType("pycuda.driver")
-    for k in ("Context", "Device", "Stream", "init", "mem_alloc", "memcpy_htod", "memcpy_dtoh", "memcpy_dtod",
+    for k in ("Context", "Device", "Stream", "Event", "init", "mem_alloc", "memcpy_htod", "memcpy_dtoh", "memcpy_dtod",
               "pagelocked_zeros", "host_alloc_flags"):
         setattr(driver, k, getattr(drv, k))
     driver.device_attribute = types.SimpleNamespace()  # no attributes: a compile names its device
@@ -682,3 +693,21 @@ def test_a_model_dropped_with_queued_inferences_releases_their_dlpack_inputs(fak
     del m
     gc.collect()
     assert len(interop._LIVE) == live and len(fake_pycuda.syncs) == syncs + 1  # waited for, then released
+
+
+def test_a_kernel_is_timed_inside_a_cuda_graph(fake_pycuda):
+    """time_graph (what scripts/gemm_tilings.py and --tune time a tiling with on CUDA) captures
+    `count` launches in one graph, replays it once to warm up and `repeat` times timed, gives the
+    time per launch, and frees the graph; cuBLAS is timed the same way there."""
+    from dlcc.backends.cuda import CudaRuntime
+
+    drv = fake_pycuda
+    rt = CudaRuntime()
+    fn = drv.Fn("k")
+    before = len(drv.launches)
+    us = rt.time_graph(fn, 4, 256, [np.uintp(4096), 7], count=20, repeat=3)
+    assert us == pytest.approx(1.0)  # the fake's 1 µs a kernel
+    assert len(drv.launches) == before + 20 * 4 and drv.graph_launches == 4
+    assert all(L[1] == (np.uintp(4096), np.int32(7)) and L[3] == (4, 1) for L in drv.launches[before:])
+    assert not drv.graphs  # the graph and its instantiation are gone
+    assert not drv.stack()  # and no context is left current

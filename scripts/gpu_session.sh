@@ -21,8 +21,9 @@ set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-out}"
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 PY="${PYTHON:-python3}"
-MODELS="${MODELS_DIR:-.cache/models}"
+MODELS=$(realpath -m "${MODELS_DIR:-.cache/models}")
 
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, output to $OUT/NAME.log
   local name=$1 secs=$2
@@ -85,8 +86,9 @@ case "${1:-}" in
     step gemm-bf16 130 "$PY" scripts/gemm_tilings.py --precision bf16 --vs-torch --repeat 10 --json "$OUT/gemm-bf16.json"
     for m in bert gpt2; do
       "$PY" -c "import sys; sys.path.insert(0, 'scripts'); import models; models.export('$m', __import__('pathlib').Path('$MODELS'), 'full')" >/dev/null 2>&1
-      step "prof-$m" 70 dlcc profile "$MODELS/$m-full.onnx" --db "$OUT/prof-$m.json" --target cuda --device h100 \
-        --pipeline astitch --precision bf16 --repeat 5
+      # python -m dlcc from outside the checkout, whose dlcc/ folder would shadow the installed package
+      (cd /tmp && step "prof-$m" 70 "$PY" -m dlcc profile "$MODELS/$m-full.onnx" --db "$OUT/prof-$m.json" \
+        --target cuda --device h100 --pipeline astitch --precision bf16 --repeat 5)
     done
     step gemm-tf32 120 "$PY" scripts/gemm_tilings.py --precision tf32 --vs-torch --repeat 10
     ;;

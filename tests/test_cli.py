@@ -138,3 +138,15 @@ def test_register_spills_are_counted_with_their_kernel_and_reported(capsys):
                                                           kernel_spills(usage, kernels).items()}}})
     err = capsys.readouterr().err
     assert "spilled registers in 2 kernel(s)" in err and "Rammer_Stitch_ab12 (424 B)" in err
+
+
+def test_python_dash_m_dlcc_is_the_cli(tmp_path):
+    """`python -m dlcc` runs the same CLI as the console script (where that script is not on
+    PATH), with its exit codes: a listing succeeds, a bad command fails with usage."""
+    import subprocess
+    import sys
+
+    ok = subprocess.run([sys.executable, "-m", "dlcc", "list", "devices"], capture_output=True, text=True, cwd=tmp_path)
+    assert ok.returncode == 0 and "h100" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "dlcc", "no-such-command"], capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode != 0 and "no-such-command" in bad.stdout + bad.stderr

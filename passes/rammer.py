@@ -585,11 +585,15 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
         else:
             join = persistent_us <= split_us
             decision = (f"estimate: one persistent kernel {persistent_us:.1f} µs vs one launch per wave "
-                        f"{split_us:.1f} µs on {dev.name}: {'joined' if join else 'kept apart'}")
+                        f"{split_us:.1f} µs on {dev.name}{' (launches in one CUDA graph)' if state.graphs else ''}: "
+                        f"{'joined' if join else 'kept apart'}")
         if join:
             groups = [(run.waves, multi)]
         else:  # one launch per wave where combining it pays; a wave of one op stays the original launch
             groups = [([w], False) for w, (_, combined) in zip(run.waves, split) if combined]
+            if multi:  # no rProgram records it: the pass log says why the run stays apart
+                state.log.append(f"rammer: a run of {len(run.Ls)} launches in {len(run.waves)} waves: {decision}; "
+                                 f"{len(groups)} wave(s) combined into one launch each")
         decided.append((run, groups, decision, veus, per_sm, why, persistent_us if join else None,
                         wave_us if join else None))
 

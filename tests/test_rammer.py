@@ -526,3 +526,4 @@ def test_under_a_cuda_graph_a_separate_launch_costs_no_host_overhead():
     assert not any(L.get("grid_sync") for L in plans[True]["launches"])  # kept apart under one
     assert len(plans[True]["launches"]) < len(astitch["launches"])  # one-wave runs still combined
     assert plans[True]["meta"]["graphs"] is True
+    assert any("(launches in one CUDA graph): kept apart" in line for line in plans[True]["meta"]["pass_log"])

@@ -143,9 +143,12 @@ def _dtype_name(dt) -> str:
     return np.dtype(dt).name
 
 
-def from_cuda_array_interface(x) -> ArrayRef:
-    """An ArrayRef from an object's `__cuda_array_interface__` (versions 0-3)."""
-    cai = x.__cuda_array_interface__
+def from_cuda_array_interface(x, cai: dict | None = None) -> ArrayRef:
+    """An ArrayRef from an object's `__cuda_array_interface__` (versions 0-3; `cai`: the dict,
+    where the caller has read it already: torch builds it anew on every read). Its CUDA ordinal
+    comes from `__dlpack_device__` where the object has one (torch, CuPy, JAX): CAI does not say
+    it, and asking the driver about the pointer is a call per input per inference."""
+    cai = x.__cuda_array_interface__ if cai is None else cai
     try:
         shape = tuple(int(d) for d in cai["shape"])
         typestr = cai["typestr"]
@@ -165,8 +168,16 @@ def from_cuda_array_interface(x) -> ArrayRef:
         raise InteropError(f"a malformed __cuda_array_interface__: {len(strides)} strides for {len(shape)} dims")
     if any(d < 0 for d in shape):
         raise InteropError(f"a malformed __cuda_array_interface__: shape {list(shape)}")
-    return ArrayRef("cuda", shape, dtype, ptr=ptr,
-                    strides=strides, stream=cai.get("stream"), readonly=readonly, keep=[x])
+    device_id = None
+    dev = getattr(x, "__dlpack_device__", None)
+    if dev is not None:
+        try:
+            kind, index = dev()
+            device_id = int(index) if int(kind) == KDL_CUDA else None
+        except Exception:  # noqa: BLE001 (a producer's method may raise anything: ask the driver instead)
+            device_id = None
+    return ArrayRef("cuda", shape, dtype, ptr=ptr, strides=strides, stream=cai.get("stream"), readonly=readonly,
+                    device_id=device_id, keep=[x])
 
 
 def _typestr_dtype(typestr) -> str:
@@ -277,9 +288,9 @@ def describe(x) -> ArrayRef:
         return ArrayRef("opencl", tuple(x.shape), _dtype_name(x.dtype), ptr=int(x.offset), cl_buffer=x.base_data,
                         cl_queue=x.queue, keep=[x])
     try:  # a producer's property may raise anything (torch raises AttributeError on CPU tensors)
-        has_cai = hasattr(x, "__cuda_array_interface__")
-        if has_cai:
-            return from_cuda_array_interface(x)
+        cai = getattr(x, "__cuda_array_interface__", None)  # read once: torch builds it on every read
+        if cai is not None:
+            return from_cuda_array_interface(x, cai)
         if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
             return from_dlpack(x)
     except InteropError:

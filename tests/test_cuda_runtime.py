@@ -711,3 +711,37 @@ def test_a_kernel_is_timed_inside_a_cuda_graph(fake_pycuda):
     assert all(L[1] == (np.uintp(4096), np.int32(7)) and L[3] == (4, 1) for L in drv.launches[before:])
     assert not drv.graphs  # the graph and its instantiation are gone
     assert not drv.stack()  # and no context is left current
+
+
+def test_a_torch_like_input_is_read_once_and_its_device_asked_of_it(fake_pycuda, monkeypatch):
+    """An input with `__cuda_array_interface__` and `__dlpack_device__` (torch, CuPy) has its CAI
+    read once per call (torch builds the dict on every read) and its CUDA ordinal taken from
+    `__dlpack_device__`, not from a driver call about the pointer: the host's time per inference
+    has a floor (issue 21). Another ordinal there is still refused."""
+    from dlcc import interop
+    from dlcc.backends.cuda import CudaRuntime
+
+    def no_driver(self, ptr):
+        raise AssertionError("the pointer's device was asked of the driver")
+
+    monkeypatch.setattr(CudaRuntime, "pointer_device", no_driver)
+    m = dlcc.compile(EXAMPLE, target="cuda", device="h100")
+    sig = m.inputs[0]
+    reads = []
+
+    class TorchLike:
+        def __init__(self, ordinal):
+            self.ordinal = ordinal
+
+        @property
+        def __cuda_array_interface__(self):
+            reads.append(1)
+            return {"shape": tuple(sig["shape"]), "typestr": "<f4", "data": (0x7f0000001000, False), "version": 3}
+
+        def __dlpack_device__(self):
+            return (interop.KDL_CUDA, self.ordinal)
+
+    m.run({sig["name"]: TorchLike(0)}, outputs="device")
+    assert len(reads) == 1
+    with pytest.raises(interop.InteropError, match="on CUDA device 1"):
+        m.run({sig["name"]: TorchLike(1)}, outputs="device")

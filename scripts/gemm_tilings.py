@@ -66,7 +66,8 @@ CANDIDATES = (
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="cuda")
-    ap.add_argument("--device", default="h100", help="DeviceSpec for the model's pick (default h100)")
+    ap.add_argument("--device", default=None, help="DeviceSpec for the model's pick (default: h100; pocl-cpu when "
+                    "the target runs on the CPU, whose tilings are the ones measured there)")
     ap.add_argument("--shapes", default=",".join(SHAPES),
                     help="MxNxK,... ; `models`: every GEMM shape of the full-size test models")
     ap.add_argument("--vs-torch", action="store_true", help="also time torch.matmul at the same precision")
@@ -87,12 +88,14 @@ def main(argv=None) -> int:
                     help="run nothing: print the cost model's pick per shape on --device, unsplit and with split-K "
                     "(kernels/splitk.py), and the modelled gain")
     a = ap.parse_args(argv)
+    device_given = a.device is not None
+    a.device = a.device or "h100"
     if a.fit:
         return fit(a)
     if a.model_only:
         return model_only(a)
     rt = make_runtime(a.target)
-    dev = load_device(a.device)
+    dev = load_device(a.device if device_given or not rt.is_cpu() else "pocl-cpu")
     # On a CPU device (PoCL) LLVM crashes optimising the larger per-thread tiles (GPU_TILINGS and
     # most CANDIDATES): only TILINGS run there.
     tilings = list(TILINGS) if rt.is_cpu() else list(dict.fromkeys(tilings_for(dev) + CANDIDATES))

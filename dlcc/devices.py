@@ -5,7 +5,9 @@ a GPU that is one of them is planned with it. Any other GPU (an H200, an L4, an 
 114 SMs rather than the SXM's 132) is planned with a DeviceSpec derived from the driver's own
 attributes: SMs, threads, blocks, registers and shared memory per SM, the clock, and the memory
 clock and bus width that give its DRAM bandwidth. Planning an unknown GPU as an H100 (what dlcc
-once did silently) gets its occupancy, its co-residency and its roofline wrong. The compile says
+once did silently) gets its occupancy, its co-residency and its roofline wrong. Where a built-in
+spec has the same SM design (compute capability and SM count: an H200 and the H100 SXM), the
+derived spec takes that spec's cost-model calibration, which belongs to the SMs. The compile says
 which spec it used (`meta.device_from`).
 
 `DLCC_CUDA_DEVICE` (or `--device-index`) picks the GPU by its CUDA ordinal, for both the
@@ -99,6 +101,32 @@ def spec_from_attributes(name: str, cc: tuple[int, int], attrs: dict[str, int]) 
 _BUILTIN_KEYS = {"h100": "h100", "a100": "a100", "v100": "v100", "2080": "rtx2080ti"}
 
 
+#: The cost-model calibration a derived spec takes from a built-in one of the same SM design: the
+#: constants fitted on dlcc's kernels and on traces, which belong to the SMs, not to the memory
+#: (an H200 is an H100's 132 sm_90 SMs with faster DRAM: its bandwidth still comes from its own
+#: attributes). The tensor-core constants in h100.yaml were fitted on an H200.
+CALIBRATION_FIELDS = ("kernel_fixed_us", "gemm_fixed_us", "dram_efficiency", "compute_efficiency", "gemm_cycle_us",
+                      "mma_cycle_us", "grid_barrier_us", "launch_overhead_us")
+
+
+def same_design(cc: tuple[int, int], sms: int) -> str | None:
+    """The built-in GPU spec with compute capability `cc` and `sms` SMs, if any."""
+    arch = f"sm_{int(cc[0])}{int(cc[1])}"
+    for builtin in builtin_names("devices"):
+        spec = load_device(builtin)
+        if spec.kind == "gpu" and spec.arch == arch and spec.sms == sms:
+            return builtin
+    return None
+
+
+def calibrated_like(spec: DeviceSpec, builtin: str) -> DeviceSpec:
+    """`spec` with the cost-model calibration (CALIBRATION_FIELDS) of built-in spec `builtin`."""
+    b = load_device(builtin)
+    update = {f: getattr(b, f) for f in CALIBRATION_FIELDS}
+    update["notes"] = f"{spec.notes}; cost-model calibration from the built-in {builtin} (the same {b.arch} and {b.sms} SMs)"
+    return spec.model_copy(update=update)
+
+
 def match_builtin(name: str, sms: int) -> str | None:
     """The built-in spec for GPU `name` with `sms` SMs: its name fragment and its SM count must
     both match (an H100 PCIe has 114 SMs, the built-in H100 SXM 132)."""
@@ -145,7 +173,12 @@ def default_device(target: str) -> tuple[str | DeviceSpec, str]:
     builtin = match_builtin(name, attrs.get("MULTIPROCESSOR_COUNT", 0))
     if builtin:
         return builtin, f"built-in {builtin}: matches {name}"
-    return spec_from_attributes(name, cc, attrs), f"derived from the attributes of {name} (no built-in spec matches it)"
+    spec, how = spec_from_attributes(name, cc, attrs), f"derived from the attributes of {name} (no built-in spec matches it)"
+    like = same_design(cc, attrs.get("MULTIPROCESSOR_COUNT", 0))
+    if like:
+        spec = calibrated_like(spec, like)
+        how += f", calibrated as the built-in {like} (the same {spec.arch} and {spec.sms} SMs)"
+    return spec, how
 
 
 def resolve_device(device, target: str) -> tuple[DeviceSpec, str | None, str]:

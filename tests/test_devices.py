@@ -55,6 +55,7 @@ def test_the_built_in_spec_is_used_only_for_the_gpu_it_describes():
 
 @pytest.mark.parametrize("gpu,attrs,expect", [("NVIDIA H100 80GB HBM3", H100_SXM, "built-in h100"),
                                               ("NVIDIA H100 PCIe", H100_PCIE, "derived"),
+                                              ("NVIDIA H200", H200, "derived"),
                                               ("NVIDIA L4", L4, "derived")])
 def test_default_device_says_how_it_chose(monkeypatch, gpu, attrs, expect):
     monkeypatch.setattr(devices, "read_cuda_device", lambda index=None: (gpu, (9, 0) if "H" in gpu else (8, 9), attrs))
@@ -107,3 +108,24 @@ def test_device_index_option(monkeypatch, capsys):
     assert e.value.code == 2 and "--device-index -1 is not a device index" in capsys.readouterr().err
     main(["--device-index", "1", "list", "devices", "--json"])
     assert devices.cuda_device_index() == 1
+
+
+def test_a_derived_spec_takes_the_calibration_of_a_built_in_one_of_the_same_sms(monkeypatch):
+    """An H200 is the H100 SXM's 132 sm_90 SMs with faster memory: its derived spec keeps its own
+    bandwidth, L2 and name, and takes the h100 spec's cost-model calibration (the tensor-core
+    constants there were fitted on an H200), so plan mode prices dlcc's GEMMs there as on an H100.
+    An H100 PCIe (114 SMs) and an L4 (sm_89) have no such twin and keep the defaults."""
+    from dlcc.config import load_device
+
+    h100 = load_device("h100")
+    monkeypatch.setattr(devices, "read_cuda_device", lambda index=None: ("NVIDIA H200", (9, 0), H200))
+    spec, how = devices.default_device("cuda")
+    assert "calibrated as the built-in h100 (the same sm_90 and 132 SMs)" in how
+    assert all(getattr(spec, f) == getattr(h100, f) for f in devices.CALIBRATION_FIELDS)
+    assert spec.gemm_cycle_us and spec.mma_cycle_us["bf16"] == h100.mma_cycle_us["bf16"]
+    assert spec.dram_bandwidth_gbps > 4800 > h100.dram_bandwidth_gbps and spec.l2_bytes == H200["L2_CACHE_SIZE"]
+    assert "from its attributes" in spec.name and "calibration from the built-in h100" in spec.notes
+    for gpu, cc, attrs in (("NVIDIA H100 PCIe", (9, 0), H100_PCIE), ("NVIDIA L4", (8, 9), L4)):
+        monkeypatch.setattr(devices, "read_cuda_device", lambda index=None, g=gpu, c=cc, a=attrs: (g, c, a))
+        spec, how = devices.default_device("cuda")
+        assert "calibrated" not in how and spec.gemm_cycle_us is None

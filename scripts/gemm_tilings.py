@@ -88,14 +88,11 @@ def main(argv=None) -> int:
                     help="run nothing: print the cost model's pick per shape on --device, unsplit and with split-K "
                     "(kernels/splitk.py), and the modelled gain")
     a = ap.parse_args(argv)
-    device_given = a.device is not None
-    a.device = a.device or "h100"
-    if a.fit:
-        return fit(a)
-    if a.model_only:
-        return model_only(a)
+    if a.fit or a.model_only:
+        a.device = a.device or "h100"
+        return fit(a) if a.fit else model_only(a)
     rt = make_runtime(a.target)
-    dev = load_device(a.device if device_given or not rt.is_cpu() else "pocl-cpu")
+    dev = load_device(a.device or ("pocl-cpu" if rt.is_cpu() else "h100"))
     # On a CPU device (PoCL) LLVM crashes optimising the larger per-thread tiles (GPU_TILINGS and
     # most CANDIDATES): only TILINGS run there.
     tilings = list(TILINGS) if rt.is_cpu() else list(dict.fromkeys(tilings_for(dev) + CANDIDATES))
@@ -191,7 +188,7 @@ def fit(a) -> int:
         except (OSError, ValueError, KeyError, TypeError) as e:
             print(f"--fit: {p}: not a measurements file written by --json ({type(e).__name__}: {e})", file=sys.stderr)
             return 2
-    pts = []
+    pts, precisions = [], set()
     for r in rows:
         found = tiling_and_cost(r["tiling"], dev)
         if found is None:
@@ -199,13 +196,13 @@ def fit(a) -> int:
             continue
         t, cost = found
         pts.append((r, cost(t, 1, *r["shape"], dev)))
+        precisions.add(getattr(t, "precision", None) or "fp32")
     if not pts:
         print("no rows to fit", file=sys.stderr)
         return 1
     fixed = dev.kernel_fixed_us
     f = math.exp(statistics.fmean(math.log(max(r["us"] - fixed, 1e-3) / c) for r, c in pts))
-    precisions = sorted({getattr(t, "precision", None) or "fp32" for t in (tiling_and_cost(r["tiling"], dev)[0] for r, _ in pts)})
-    field = "gemm_cycle_us" if precisions == ["fp32"] else f"mma_cycle_us[{', '.join(precisions)}]"
+    field = "gemm_cycle_us" if precisions == {"fp32"} else f"mma_cycle_us[{', '.join(sorted(precisions))}]"
     print(f"{field} for {dev.name}: {f:.6f} µs per modelled cycle (a {1e-3 / f:.2f} GHz clock) (kernel_fixed_us {fixed}), {len(pts)} rows")
     print("| M×N×K | tiling | measured µs | modelled µs | modelled / measured |")
     print("|---|---|---|---|---|")

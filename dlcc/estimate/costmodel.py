@@ -174,14 +174,13 @@ def gemm_model_us(tiling: str, shape, device: DeviceSpec, blocks_per_sm: int | N
     t, cost = found
     update = {**({"max_blocks_per_sm": int(blocks_per_sm)} if blocks_per_sm else {}), **({"sms": int(sms)} if sms else {})}
     d = device.model_copy(update=update) if update else device
-    return cost(t, *(int(x) for x in shape), d) * cycle_us(t, device)
+    return cost(t, *(int(x) for x in shape), d) * cycle_us(getattr(t, "precision", None), device)
 
 
-def cycle_us(t, device: DeviceSpec) -> float:
-    """µs per modelled cycle of tiling `t` on `device`: DeviceSpec.mma_cycle_us for a tensor-core
-    tiling's precision where the device has it (those models were fitted apart: their k loops are
-    other code), else gemm_cycle_us."""
-    precision = getattr(t, "precision", None)
+def cycle_us(precision: str | None, device: DeviceSpec) -> float:
+    """µs per modelled cycle on `device` of a kernel whose mmas run at `precision`: its
+    DeviceSpec.mma_cycle_us where the device has it (the tensor-core models were fitted apart:
+    their k loops are other code), else gemm_cycle_us (the SIMT templates: precision None)."""
     return (device.mma_cycle_us or {}).get(precision, device.gemm_cycle_us)
 
 
@@ -197,8 +196,7 @@ def attention_model_us(shape, device: DeviceSpec, sms: int | None = None) -> flo
     from ..kernels.attention_mma import fused_attention_cost
 
     d = device.model_copy(update={"sms": int(sms)}) if sms else device
-    math = shape[5] if len(shape) > 5 else None
-    return fused_attention_cost(shape, d) * (device.mma_cycle_us or {}).get(math, device.gemm_cycle_us)
+    return fused_attention_cost(shape, d) * cycle_us(shape[5] if len(shape) > 5 else None, device)
 
 
 def wave_attention_us(shapes: list, veus: int, device: DeviceSpec) -> float | None:

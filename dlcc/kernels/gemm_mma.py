@@ -168,8 +168,8 @@ def mma_tilings(precision: str = "tf32") -> tuple[MmaTiling, ...]:
 #: at a time (SPLIT_READ_CYCLES per accumulator and chunk). Before this fit the model picked
 #: large split tiles (128x64, 8 chunks) that ran 1.56x (bf16) and 1.36x (tf32) slower than the
 #: fastest tiling; now the pick is within 1.07x (bf16) and 1.20x (tf32) on every recorded shape
-#: (tests/test_gemm_mma.py holds it). Absolute times are a separate matter: gemm_cycle_us, fitted
-#: on the SIMT template, puts these cycles 3-4x below the measured µs.
+#: (tests/test_gemm_mma.py holds it). Their µs per cycle is fitted apart, on the same rows: the
+#: device's mma_cycle_us (estimate/costmodel.py cycle_us).
 MMA_PER_CYCLE = 4.0
 STEP_LATENCY = 400
 ASYNC_STEP_LATENCY = 300

@@ -19,6 +19,7 @@ import threading
 
 import numpy as np
 
+from ..bound import Copy
 from ..errors import CompileError, DlccError, RuntimeBackendError
 
 
@@ -284,8 +285,8 @@ class CudaRuntime:
     # -- CUDA graphs (ctypes on the driver: no PyCUDA release wraps the graph API) ----------------
     @_in_context
     def capture(self, calls: list) -> "CudaGraph":
-        """The launch sequence `calls` ((kernel, grid, block, args), as the executor holds them)
-        captured once into an instantiated CUDA graph, which launch_graph replays: one host call
+        """The launch sequence `calls` ((kernel, grid, block, args), as the executor holds them, or
+        a bound call's device-to-device `Copy` steps) captured once into an instantiated CUDA graph, which launch_graph replays: one host call
         per inference instead of one per kernel. Captured on a private non-blocking stream in
         thread-local mode, so that no other thread's work (PyTorch's on the legacy stream) is
         caught in it or refused by it. The kernels' pointers are fixed: the executor's buffers,
@@ -299,7 +300,12 @@ class CudaRuntime:
         _check(cu.cuStreamBeginCapture_v2(h, ctypes.c_int(1)), "cuStreamBeginCapture")  # THREAD_LOCAL
         graph = ctypes.c_void_p()
         try:
-            for kernel, grid, block, args in calls:
+            for step in calls:
+                if isinstance(step, Copy):  # a bound call's input or output copy (dlcc/bound.py)
+                    if step.nbytes:
+                        self.drv.memcpy_dtod_async(step.dst, step.src, step.nbytes, stream)
+                    continue
+                kernel, grid, block, args = step
                 _prepare(kernel, args)
                 kernel.prepared_async_call((grid, 1), (block, 1, 1), stream, *[int(a) for a in args])
         finally:

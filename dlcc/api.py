@@ -87,6 +87,17 @@ class CompiledModel:
         See docs/interop.md."""
         return self.executor().run(dict(inputs), outputs=outputs, stream=stream, out=out)
 
+    def bind(self, inputs: dict, outputs: str = "host", stream=None, out: dict | None = None):
+        """The model's call with these arrays bound once, for a loop that runs it again and again
+        on the same buffers: `call = model.bind(feeds, outputs="device")`, then `call()` runs one
+        inference on what the bound inputs hold now and returns the same output objects each
+        time, overwritten by the next call. The checks are made here, once; on CUDA the whole
+        inference, the copies of device inputs and outputs included, is one CUDA graph launch
+        per call, so the host's time per call does not grow with the launch count. Host inputs
+        must be numpy arrays of exactly the signature's dtype and shape (read in place at each
+        call). `outputs`, `out` and `stream` are as for run(). See docs/interop.md."""
+        return self.executor().bind(dict(inputs), outputs=outputs, out=out, stream=stream)
+
     def synchronize(self) -> None:
         """Wait for every inference of this model queued so far. `run(..., outputs="device")`
         returns once its work is queued, before the device finished it; what its device index

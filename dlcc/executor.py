@@ -303,6 +303,13 @@ class Executor:
                 if not deferred:
                     _release([d[1] for d in dests.values() if d[0] == "device"])
 
+    def bind(self, inputs: dict, outputs: str = "host", out: dict | None = None, stream=None):
+        """A BoundCall (dlcc/bound.py): these arrays checked once, and on CUDA the whole inference,
+        their copies included, captured as one graph that each call replays."""
+        from .bound import BoundCall
+
+        return BoundCall(self, inputs, outputs=outputs, out=out, stream=stream)
+
     def synchronize(self) -> None:
         """Wait for every inference of this model queued so far, and raise what their device index
         checks found (an inference that returned before the device finished it cannot)."""

@@ -173,6 +173,19 @@ class FakeDriver:
         self.current()
         self.d2d.append((int(dst), int(src), n))
 
+    def memcpy_dtod_async(self, dst, src, n, stream):
+        """Only captured here (a bound call's copies): replayed into `d2d` by each graph launch."""
+        self.current()
+        assert self.capturing == stream.handle, "an async copy outside the capture"
+        self.captured.append(FakeCopy(int(dst), int(src), n))
+
+
+class FakeCopy(tuple):
+    """A copy node of a captured graph: (dst, src, bytes)."""
+
+    def __new__(cls, dst, src, n):
+        return super().__new__(cls, (dst, src, n))
+
 
 class FakeLibcuda:
     """The driver calls dlcc makes through ctypes (CUDA graphs): a capture collects the async
@@ -206,7 +219,8 @@ class FakeLibcuda:
     def cuGraphLaunch(self, exe, stream):
         self.drv.current()
         assert stream.value is None  # the legacy default stream
-        self.drv.launches.extend(self.drv.graphs[exe.value])
+        for node in self.drv.graphs[exe.value]:
+            (self.drv.d2d if isinstance(node, FakeCopy) else self.drv.launches).append(tuple(node))
         self.drv.graph_launches += 1
         return 0
 
@@ -255,7 +269,7 @@ def fake_pycuda(monkeypatch):
     compiler.SourceModule = SourceModule
     driver = types.ModuleType("pycuda.driver")
     for k in ("Context", "Device", "Stream", "Event", "init", "mem_alloc", "memcpy_htod", "memcpy_dtoh", "memcpy_dtod",
-              "pagelocked_zeros", "host_alloc_flags"):
+              "memcpy_dtod_async", "pagelocked_zeros", "host_alloc_flags"):
         setattr(driver, k, getattr(drv, k))
     driver.device_attribute = types.SimpleNamespace()  # no attributes: a compile names its device
     drv.loaded_cubins = []
@@ -745,3 +759,51 @@ def test_a_torch_like_input_is_read_once_and_its_device_asked_of_it(fake_pycuda,
     assert len(reads) == 1
     with pytest.raises(interop.InteropError, match="on CUDA device 1"):
         m.run({sig["name"]: TorchLike(1)}, outputs="device")
+
+
+def test_a_bound_call_is_one_graph_launch_with_its_copies(fake_pycuda, monkeypatch):
+    """model.bind (dlcc/bound.py) on device arrays: the copy of the bound input into the plan's
+    input buffer, the plan's launches and the copy into the bound device output are captured
+    once as one graph; each call is one graph launch, with no host copy, no wait, and the same
+    output object; a given stream is joined before and after; close() waits, hands the DLPack
+    input back and destroys the graph. Without graphs the same copies run call by call."""
+    from dlcc import interop
+    from dlcc.backends.cuda import CudaRuntime
+    from dlcc.errors import DlccError
+
+    drv = fake_pycuda
+    monkeypatch.setattr(CudaRuntime, "pointer_device", lambda self, ptr: 0)
+    for graphs in (True, False):
+        m = dlcc.compile(EXAMPLE, target="cuda", device="h100")
+        m.plan["meta"]["graphs"] = graphs
+        sig, osig = m.inputs[0], m.outputs[0]
+        nin = int(np.prod(sig["shape"])) * 4
+        nout = int(np.prod(osig["shape"])) * np.dtype(osig["dtype"]).itemsize
+        live = len(interop._LIVE)
+        call = m.bind({sig["name"]: _jax_array_class(sig)()}, outputs="device")
+        assert len(interop._LIVE) == live + 1  # held while bound
+        ex = m.executor()
+        inbuf, outbuf = int(ex.storages["input:0"]), int(ex.storages["output:0"])
+        n = len(m.plan["launches"])
+        for _ in range(2):
+            before = (drv.graph_launches, len(drv.launches), len(drv.syncs), len(drv.h2d), len(drv.dtoh))
+            drv.d2d.clear()
+            drv.stream_ops.clear()
+            outs = call(stream=types.SimpleNamespace(cuda_stream=0x1234))
+            dev = outs[osig["name"]]
+            assert isinstance(dev, interop.DeviceArray)
+            assert drv.graph_launches == before[0] + graphs
+            assert [x[0] for x in drv.launches[before[1]:]] == [L["kernel"] for L in m.plan["launches"]]
+            assert drv.d2d == [(inbuf, 0x7f0000002000, nin), (dev.ptr, outbuf, nout)]
+            assert (len(drv.syncs), len(drv.h2d), len(drv.dtoh)) == before[2:]  # nothing waited for or copied
+            assert [op[:2] for op in drv.stream_ops] == [("record", 0x1234), ("wait", None), ("record", None),
+                                                         ("record", None), ("wait", 0x1234)]
+            assert call()[osig["name"]] is dev
+        if graphs:
+            assert len(drv.graphs[call._graph.exec]) == n + 2
+        exe = call._graph.exec if graphs else None
+        call.close()
+        assert len(interop._LIVE) == live and not drv.stack()
+        assert exe is None or exe not in drv.graphs
+        with pytest.raises(DlccError, match="closed"):
+            call()

@@ -80,6 +80,13 @@ def _prepare(kernel, args: list) -> None:
         kernel._dlcc_sig = sig
 
 
+def _shared(kernel) -> dict:
+    """The launch's dynamic shared memory (set_dynamic_smem), as PyCUDA's keyword; none for the
+    kernels whose shared arrays are static (all but the DEEP GEMM tilings)."""
+    n = getattr(kernel, "_dlcc_shared", 0)
+    return {"shared_size": n} if n else {}
+
+
 def _in_context(method):
     """Run `method` with the runtime's primary context current (CudaRuntime.active)."""
     import functools
@@ -276,11 +283,25 @@ class CudaRuntime:
                                       f"{err}): a stream of another context or process?")
 
     @_in_context
+    def set_dynamic_smem(self, kernel, nbytes: int) -> None:
+        """Launch `kernel` with `nbytes` of dynamic shared memory from now on (a DEEP GEMM tiling's
+        stages, kernels/gemm_mma.py): more than 48 KiB needs the kernel's opt-in first
+        (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), or the launch fails."""
+        nbytes = int(nbytes)
+        if nbytes > 48 * 1024:
+            limit = self.dev.get_attribute(self.drv.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            if nbytes > limit:
+                raise DlccError(f"kernel needs {nbytes} B of shared memory a block, and this GPU allows {limit} "
+                                "(compile for this device: --device auto, or a spec with its shared_mem_per_block)")
+            kernel.set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
+        kernel._dlcc_shared = nbytes
+
+    @_in_context
     def launch(self, kernel, grid: int, block: int, args: list) -> None:
         """A prepared call (_prepare); for the small models the host's launch loop, not the GPU,
         sets the time of an inference."""
         _prepare(kernel, args)
-        kernel.prepared_call((grid, 1), (block, 1, 1), *[int(a) for a in args])
+        kernel.prepared_call((grid, 1), (block, 1, 1), *[int(a) for a in args], **_shared(kernel))
 
     # -- CUDA graphs (ctypes on the driver: no PyCUDA release wraps the graph API) ----------------
     @_in_context
@@ -307,7 +328,8 @@ class CudaRuntime:
                     continue
                 kernel, grid, block, args = step
                 _prepare(kernel, args)
-                kernel.prepared_async_call((grid, 1), (block, 1, 1), stream, *[int(a) for a in args])
+                kernel.prepared_async_call((grid, 1), (block, 1, 1), stream, *[int(a) for a in args],
+                                           **_shared(kernel))
         finally:
             ended = cu.cuStreamEndCapture(h, ctypes.byref(graph))
         _check(ended, "cuStreamEndCapture")
@@ -417,7 +439,7 @@ class CudaRuntime:
         a = self.drv.function_attribute
         d = self.drv.device_attribute
         regs = kernel.get_attribute(a.NUM_REGS)
-        smem = kernel.get_attribute(a.SHARED_SIZE_BYTES)
+        smem = kernel.get_attribute(a.SHARED_SIZE_BYTES) + getattr(kernel, "_dlcc_shared", 0)
         if block > kernel.get_attribute(a.MAX_THREADS_PER_BLOCK):
             return 0
         sms = self.dev.get_attribute(d.MULTIPROCESSOR_COUNT)

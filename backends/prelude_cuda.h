@@ -12,6 +12,9 @@
 #define LPTR
 /* 16-byte aligned: cp.async and ldmatrix (kernels/gemm_mma_async.py) address 16-byte chunks. */
 #define SHARED __shared__ __align__(16)
+/* More than 48 KiB a block (kernels/gemm_mma.py DEEP_TILINGS): dynamic shared memory, sized at the
+ * launch; the runtime opts the kernel in first (CudaRuntime.set_dynamic_smem). */
+#define DYNAMIC_SHARED(type, name, n) extern __shared__ __align__(16) type name[]
 #define THREAD_ID ((int)threadIdx.x)
 #define BLOCK_ID ((int)blockIdx.x)
 #define BLOCK_DIM ((int)blockDim.x)

@@ -5,6 +5,7 @@
 #define GPTR __global
 #define LPTR __local
 #define SHARED __local __attribute__((aligned(16)))  /* cp.async's 16-byte chunks */
+#define DYNAMIC_SHARED(type, name, n) __local __attribute__((aligned(16))) type name[n]  /* CUDA's is sized at launch */
 #define THREAD_ID ((int)get_local_id(0))
 #define BLOCK_ID ((int)get_group_id(0))
 #define BLOCK_DIM ((int)get_local_size(0))

@@ -318,6 +318,10 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
     split = plan["meta"].get("split_k")
     if split:
         rows.append(("GEMMs split along K (tiling x launches)", ", ".join(f"{n} x{c}" for n, c in sorted(split.items()))))
+    deep = [k for k in plan["kernels"] if k.get("dynamic_smem_bytes")]
+    if deep:
+        rows.append(("kernels with dynamic shared memory (DEEP GEMM tilings)",
+                     ", ".join(f"{_escape(k.get('tiling') or k['name'])} {_human(k['dynamic_smem_bytes'])}" for k in deep)))
     kept = plan["meta"].get("float32_compute")
     if kept:
         rows.append((f"compute ops kept float32 at {prec}", ", ".join(f"{op} x{n}" for op, n in sorted(kept.items()))))

@@ -38,6 +38,16 @@ def make_runtime(target: str):
     raise DlccError(f"unknown target {target!r}; use auto, cuda or opencl")
 
 
+def use_dynamic_smem(rt, kernels: list[dict]) -> None:
+    """Give the kernels that take dynamic shared memory (`dynamic_smem_bytes`: a DEEP GEMM
+    tiling's stages, kernels/gemm_mma.py) their size, on a runtime that launches with one (CUDA;
+    on OpenCL their arrays are static)."""
+    setter = getattr(rt, "set_dynamic_smem", None)
+    for k in kernels:
+        if k.get("dynamic_smem_bytes") and setter is not None:
+            setter(rt.kernel(k["name"]), k["dynamic_smem_bytes"])
+
+
 def pick_target(target: str = "auto") -> str:
     """auto → CUDA when PyCUDA sees a GPU, else OpenCL (PoCL on the CPU here)."""
     if target not in ("auto", "cuda", "opencl"):
@@ -70,6 +80,7 @@ class Executor:
     def _build(self, weights: bytes, source: str, binaries: dict[str, bytes] | None) -> None:
         plan, rt = self.plan, self.rt
         rt.compile(source, plan, binaries or {})
+        use_dynamic_smem(rt, plan["kernels"])
         st = plan["storages"]
         self.storages = {"arena": rt.alloc(st["arena"]), "weights": rt.alloc(st["weights"])}
         rt.write(self.storages["weights"], 0, weights)

@@ -97,7 +97,8 @@ def build_plan(state, meta: dict) -> tuple[dict, "WeightsBlob"]:
             tensors[name] = {"shape": list(t.shape), "dtype": t.dtype, "storage": p.storage, "offset": p.offset,
                              "nbytes": t.nbytes, "view_of": b if b != name else None}
     kernels = [{"name": k.name, "block": k.block, "smem_bytes": k.smem_bytes, "kind": k.kind, "tiling": k.tiling,
-                "pass": k.pass_name, "math": k.math} for k in prog.kernels.values()]
+                "pass": k.pass_name, "math": k.math, **({"dynamic_smem_bytes": k.dynamic_smem} if k.dynamic_smem else {})}
+               for k in prog.kernels.values()]
     weight_bytes = sum(g.tensors[b].nbytes for b, p in mem.placements.items() if p.storage == "weights")
     io_bytes = sum(g.tensors[n].nbytes for n in g.inputs) + sum(g.tensors[n].nbytes for n in g.outputs)
     plan = {

@@ -54,6 +54,7 @@ class KernelSpec(_Open):
     name: str
     block: int = Field(ge=1, le=1024)
     smem_bytes: int = Field(0, ge=0)
+    dynamic_smem_bytes: int = Field(0, ge=0, le=1 << 20)  # CUDA dynamic shared memory at each launch
 
 
 class HostIndexCheck(_Open):

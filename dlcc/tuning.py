@@ -151,8 +151,13 @@ def time_tilings(rt, problem: dict, tilings, precision: str, repeat: int) -> dic
     spec = plain_spec(M, N, K, trans_b=not problem["b_n_contiguous"], b_dtype=half, a_dtype=half,
                       trans_a=not problem["a_k_contiguous"])
     names = {t: f"tune_{t.name}" for t in tilings}
-    rt.compile(render([gemm_source(names[t], spec, t) for t in tilings], rt.dialect),
-               {"kernels": [{"name": names[t], "tiling": t.name, "kind": "gemm"} for t in tilings]})
+    from .executor import use_dynamic_smem
+    from .kernels.gemm import kernel_smem
+
+    kernels = [{"name": names[t], "tiling": t.name, "kind": "gemm",
+                "dynamic_smem_bytes": kernel_smem(t)["dynamic_smem"]} for t in tilings]
+    rt.compile(render([gemm_source(names[t], spec, t) for t in tilings], rt.dialect), {"kernels": kernels})
+    use_dynamic_smem(rt, kernels)
     rng = np.random.default_rng(0)
     A = rng.standard_normal((K, M) if not problem["a_k_contiguous"] else (M, K), dtype=np.float32)
     B = rng.standard_normal((K, N) if problem["b_n_contiguous"] else (N, K), dtype=np.float32)

@@ -65,7 +65,7 @@ from ..estimate.costmodel import (gemm_model_us, kernel_fixed_us, kernel_time, r
                                   wave_gemm_us)
 from ..ir import Tensor
 from ..kernels import splitk
-from ..kernels.gemm import GemmExpr, gemm_source, tasks_for, tiling_family
+from ..kernels.gemm import GemmExpr, gemm_source, kernel_smem, tasks_for, tiling_family
 from ..kernels.program import STORAGE_ARRAY, STORAGE_PARAMS, Launch, ctype
 from ..plan import gemm_problem
 from ..kernels.roperator import NotAnROperator, to_roperator
@@ -418,8 +418,7 @@ def choose_rkernels(run: _Run, veus: int, dev, ctx, policy: str = "wavefront") -
                 continue
             sp = e.spec
             name = prog.add_kernel(f"{e.hint}_{t.name}", lambda n, t=t, sp=sp: gemm_source(n, sp, t), t.threads,
-                                   smem_bytes=4 * t.smem_floats, kind="gemm", tiling=t.name, pass_name="rammer",
-                                   math=t.math)
+                                   kind="gemm", tiling=t.name, pass_name="rammer", math=t.math, **kernel_smem(t))
             if policy == "efficient":
                 why[id(L)] = (f"tiling {t.name}: the least time x threads (kernels: efficient); its wave's summed "
                               f"SM-time over the {veus} vEUs drops from {start:.0f} to {best:.0f} modelled cycles; "
@@ -511,7 +510,8 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
 
     def eligible(L: Launch):
         k = prog.kernels[L.kernel]
-        if L.grid_sync or k.smem_bytes > smem_limit:
+        if L.grid_sync or k.smem_bytes > smem_limit or k.dynamic_smem:
+            # (dynamic shared memory, a DEEP GEMM tiling's: a persistent kernel's array is static)
             return None
         if k.block != BLOCK and not (k.normalisable and BLOCK % k.block == 0 and dev.kind != "cpu"):
             # A block size the persistent kernel's 256 threads cannot stand in for; or a CPU

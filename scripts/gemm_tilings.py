@@ -41,9 +41,10 @@ import numpy as np
 
 from dlcc.backends.source import render
 from dlcc.config import load_device
-from dlcc.executor import make_runtime
+from dlcc.executor import make_runtime, use_dynamic_smem
 from dlcc.kernels import splitk
-from dlcc.kernels.gemm import TILINGS, Tiling, choose_tiling, gemm_source, plain_spec, simt_cost, tilings_for
+from dlcc.kernels.gemm import (TILINGS, Tiling, choose_tiling, gemm_source, kernel_smem, plain_spec, simt_cost,
+                               tilings_for)
 from dlcc.tuning import time_kernel
 
 SHAPES = ["128x768x768", "128x3072x768", "128x768x3072", "3136x64x576", "128x50257x768", "1024x1024x1024"]
@@ -98,11 +99,13 @@ def main(argv=None) -> int:
     tilings = list(TILINGS) if rt.is_cpu() else list(dict.fromkeys(tilings_for(dev) + CANDIDATES))
     choose, cost, rnd, b_dtype = choose_tiling, simt_cost(dev), (lambda x: x), "float32"
     if a.precision != "fp32":
-        from dlcc.kernels.gemm_mma import choose_mma_tiling, mma_cost, mma_tilings
+        from dlcc.kernels.gemm_mma import choose_mma_tiling, deep_tilings_fit, mma_cost, mma_tilings
         from dlcc.ops.narrow import HALF_DTYPES
         from dlcc.testing.rounding import operand_round
 
-        tilings, cost = list(splitk.variants(mma_tilings(a.precision), None if rt.is_cpu() else dev)), mma_cost
+        # the DEEP tilings (dynamic shared memory) too, where the GPU's shared memory holds them
+        deep = not rt.is_cpu() and deep_tilings_fit(dev)
+        tilings, cost = list(splitk.variants(mma_tilings(a.precision, deep), None if rt.is_cpu() else dev)), mma_cost
         choose = lambda *args: choose_mma_tiling(*args, precision=a.precision)  # noqa: E731
         rnd = lambda x: operand_round(x, a.precision)  # noqa: E731
         b_dtype = HALF_DTYPES.get(a.precision, "float32")
@@ -114,6 +117,7 @@ def main(argv=None) -> int:
         spec = plain_spec(M, N, K, b_dtype=b_dtype, a_dtype=b_dtype)
         names = {t: f"gemm_{shp}_{t.name}" for t in tilings}
         rt.compile(render([gemm_source(names[t], spec, t) for t in tilings], rt.dialect))
+        use_dynamic_smem(rt, [{"name": names[t], "dynamic_smem_bytes": kernel_smem(t)["dynamic_smem"]} for t in tilings])
         A = rng.standard_normal((M, K), dtype=np.float32)
         B = rng.standard_normal((N, K), dtype=np.float32)
         ref = rnd(A).astype(np.float64) @ rnd(B).astype(np.float64).T

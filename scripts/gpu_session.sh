@@ -12,6 +12,7 @@
 #   . .gpu/setup.sh && scripts/gpu_session.sh 5     # persistent kernels at 2 blocks per SM against 1
 #   . .gpu/setup.sh && scripts/gpu_session.sh 6     # where the time goes at bf16: per-kernel profiles, GEMMs vs cuBLAS
 #   . .gpu/setup.sh && scripts/gpu_session.sh 7     # a short check: BERT-base and GPT-2 at bf16 beside torch.compile
+#   . .gpu/setup.sh && scripts/gpu_session.sh 8     # the DEEP GEMM tilings (dynamic shared memory), and bound calls
 #
 # What each number is for: issue 21 (stage 1: both import orders, device arrays, graphs, threads),
 # issue 18 (stages 2 and 3: GEMM and model floors against cuBLAS and torch.compile), issue 20
@@ -104,8 +105,26 @@ case "${1:-}" in
     step gemm-bf16 45 "$PY" scripts/gemm_tilings.py --precision bf16 --vs-torch --repeat 10 \
       --shapes 128x768x768,128x3072x768,128x768x3072
     ;;
+  8)
+    # The DEEP GEMM tilings (4-8 stages in dynamic shared memory, kernels/gemm_mma.py), untimed
+    # before (one ~5-minute call): every bf16 tiling, DEEP ones included, on the six issue shapes
+    # against cuBLAS (the record --fit reads); then BERT-base and GPT-2 at bf16 through full with
+    # the h100 spec as shipped and with gemm_deep_pipelines on, beside torch.compile; the bound
+    # call's host time (issue 21). Turn gemm_deep_pipelines on in configs/devices/h100.yaml where
+    # the second beats the first, and refit mma_cycle_us on the new record.
+    step gemm-deep 150 "$PY" scripts/gemm_tilings.py --precision bf16 --vs-torch --repeat 10 --json "$OUT/gemm-deep.json"
+    (cd /tmp && "$PY" -c "import yaml; from dlcc.config import load_device; \
+d = load_device('h100').model_dump(); d['gemm_deep_pipelines'] = True; d['name'] += ' (deep)'; \
+yaml.safe_dump(d, open('$OUT/h100-deep.yaml', 'w'))")
+    for dev in h100 "$OUT/h100-deep.yaml"; do
+      tag=$(basename "$dev" .yaml)
+      step "bert-$tag" 60 "$PY" scripts/vs_torch.py --size full --models bert,gpt2 --precisions bf16 --pipelines full \
+        --torch-modes reduce-overhead --device "$dev" --models-dir "$MODELS" --json-out "$OUT/models-$tag.json"
+    done
+    step interop-host 40 "$PY" scripts/interop_check.py --scenario host-time
+    ;;
   *)
-    echo "usage: scripts/gpu_session.sh 0|1|2|3|4|5|6|7   (the stages are described at the top of this file)" >&2
+    echo "usage: scripts/gpu_session.sh 0|1|2|3|4|5|6|7|8   (the stages are described at the top of this file)" >&2
     exit 2
     ;;
 esac

@@ -64,6 +64,9 @@ class FakeDriver:
             def compute_capability(self):
                 return (9, 0)
 
+            def get_attribute(self, which):  # only what a test puts in device_attrs (and device_attribute)
+                return outer.device_attrs[which]
+
             def retain_primary_context(self):
                 outer.retained.append(self.index)
                 return Primary(self.index)
@@ -102,14 +105,29 @@ class FakeDriver:
                 assert set(sig) <= {"P", "i"}
                 self.sig = sig
 
-            def prepared_async_call(self, grid, block, stream, *args):
+            def set_attribute(self, attr, value):
+                outer.current()
+                assert attr == "MAX_DYNAMIC_SHARED_SIZE_BYTES"
+                self.max_dynamic = value
+
+            def _shared(self, shared_size):
+                """A launch with more than 48 KiB of dynamic shared memory fails unless the kernel
+                opted in to at least that much (cuFuncSetAttribute), as the driver's does."""
+                assert shared_size <= 48 * 1024 or getattr(self, "max_dynamic", 0) >= shared_size, \
+                    f"{self.name}: {shared_size} B of dynamic shared memory without the opt-in"
+                if shared_size:
+                    outer.shared_launches.append((self.name, shared_size))
+
+            def prepared_async_call(self, grid, block, stream, *args, shared_size=0):
                 outer.current()
                 assert outer.capturing == stream.handle, "an async launch outside the capture"
+                self._shared(shared_size)
                 packed = tuple(np.int32(a) if f == "i" else np.uintp(a) for f, a in zip(self.sig, args))
                 outer.captured.append((self.name, packed, block, grid))
 
-            def prepared_call(self, grid, block, *args):
+            def prepared_call(self, grid, block, *args, shared_size=0):
                 outer.current()
+                self._shared(shared_size)
                 assert outer.capturing is None, "a launch on the legacy stream during a capture"
                 # Record what PyCUDA would pack: 'i' as a 32-bit int, 'P' as a pointer.
                 assert len(args) == len(self.sig) and all(type(a) is int for a in args)
@@ -121,6 +139,8 @@ class FakeDriver:
         self.Context = Ctx
         self.Fn = Fn
         self.on_launch, self.dtoh, self.mapped, self.event_ready = None, [], {}, True
+        self.device_attrs = {}
+        self.shared_launches = []  # (kernel, dynamic shared bytes) of each launch or captured launch that had some
         self.host_alloc_flags = types.SimpleNamespace(DEVICEMAP=2)
 
     def stack(self) -> list:
@@ -272,6 +292,7 @@ def fake_pycuda(monkeypatch):
               "memcpy_dtod_async", "pagelocked_zeros", "host_alloc_flags"):
         setattr(driver, k, getattr(drv, k))
     driver.device_attribute = types.SimpleNamespace()  # no attributes: a compile names its device
+    driver.function_attribute = types.SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES="MAX_DYNAMIC_SHARED_SIZE_BYTES")
     drv.loaded_cubins = []
 
     class Module:
@@ -807,3 +828,44 @@ def test_a_bound_call_is_one_graph_launch_with_its_copies(fake_pycuda, monkeypat
         assert exe is None or exe not in drv.graphs
         with pytest.raises(DlccError, match="closed"):
             call()
+
+
+def test_deep_gemm_tilings_launch_with_dynamic_shared_memory(fake_pycuda, monkeypatch, tmp_path):
+    """A bf16 plan for a device spec that picks the DEEP tilings (kernels/gemm_mma.py: 4-8 stages
+    in more than 48 KiB of shared memory): their kernels record their dynamic shared memory in the
+    plan, the runtime opts each in once (the fake driver refuses a launch over 48 KiB without it),
+    and every launch of them, captured in the graph or kernel by kernel, carries the size. A GPU
+    that holds less is one clear error naming both figures."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from dlcc.config import load_device
+    from dlcc.errors import DlccError
+
+    drv = fake_pycuda
+    h100 = load_device("h100").model_copy(update={"gemm_deep_pipelines": True})
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((768, 3072)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+                          "ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [128, 768])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [128, 3072])], [w])
+    path = tmp_path / "ffn.onnx"  # BERT's FFN up: a DEEP tiling is the model's pick there
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    m = dlcc.compile(path, target="cuda", device=h100, precision="bf16")
+    deep = {k["name"]: k["dynamic_smem_bytes"] for k in m.plan["kernels"] if k.get("dynamic_smem_bytes")}
+    assert deep and all(n > 48 * 1024 for n in deep.values())
+    drv.device_attrs["MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"] = 232448
+    monkeypatch.setattr(sys.modules["pycuda.driver"].device_attribute, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN",
+                        "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", raising=False)
+    feeds = m.sample_inputs()
+    m(feeds)
+    m(feeds)  # the graph's replay: the sizes were captured
+    launched = [L["kernel"] for L in m.plan["launches"] if L["kernel"] in deep]
+    assert sorted(drv.shared_launches) == sorted((k, deep[k]) for k in launched)
+    m2 = dlcc.compile(path, target="cuda", device=h100, precision="bf16")
+    m2.plan["meta"]["graphs"] = False
+    drv.shared_launches.clear()
+    m2(feeds)
+    assert sorted(drv.shared_launches) == sorted((k, deep[k]) for k in launched)
+    drv.device_attrs["MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"] = 60 * 1024  # less than the pick takes
+    with pytest.raises(DlccError, match=r"needs \d+ B of shared memory a block, and this GPU allows 61440"):
+        dlcc.compile(path, target="cuda", device=h100, precision="bf16")(feeds)

@@ -168,3 +168,53 @@ def test_nvcc_builds_every_mma_tiling_without_spills(tmp_path, arch):
     for ty in ("tf32", "f16", "bf16"):
         k = "m16n8k8" if ty == "tf32" else "m16n8k16"
         assert ptx.stdout.count(f"mma.sync.aligned.{k}.row.col.f32.{ty}.{ty}.f32") >= len(MMA_TILINGS), ty
+
+
+def test_deep_tilings_are_chosen_only_where_the_device_says_so():
+    """The DEEP tilings (4-8 stages in dynamic shared memory) are the cost model's candidates only
+    on a GPU spec whose shared memory holds them and that says they were measured faster there
+    (`gemm_deep_pipelines`); `--tune`'s family has them wherever they fit; tf32 has none."""
+    from dlcc.config import load_device
+    from dlcc.kernels.gemm import tiling_family_for
+
+    shapes = [(128, 768, 768), (128, 3072, 768), (128, 768, 3072), (3136, 64, 576), (1024, 1024, 1024)]
+    h100 = load_device("h100")
+    on = h100.model_copy(update={"gemm_deep_pipelines": True})
+    small = load_device("rtx2080ti").model_copy(update={"gemm_deep_pipelines": True})  # 64 KiB a block
+    assert not any(choose_mma_tiling(1, *s, h100, "bf16").dynamic for s in shapes)
+    assert any(choose_mma_tiling(1, *s, on, "bf16").dynamic for s in shapes)
+    assert not any(choose_mma_tiling(1, *s, small, p).dynamic for s in shapes for p in ("bf16", "tf32"))
+    assert not any(choose_mma_tiling(1, *s, on, "tf32").dynamic for s in shapes)
+    assert any(t.dynamic for t in tiling_family_for("bf16", h100))
+    assert not any(t.dynamic for t in tiling_family_for("bf16", small) + tiling_family_for("bf16", load_device("pocl-cpu")))
+
+
+@needs_opencl
+def test_a_deep_tiling_plan_runs_outside_persistent_kernels(tmp_path):
+    """A bf16 FFN layer planned for an H100 spec that picks the DEEP tilings, through `full`: the
+    GEMM keeps its own launch (a persistent kernel's shared array is static, so Rammer leaves a
+    kernel with dynamic shared memory out), and the plan runs on PoCL within bf16's tolerance of
+    onnxruntime fp32."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import dlcc
+    from dlcc.config import load_device
+    from dlcc.verify import verify_outputs
+
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array((rng.standard_normal((768, 3072)) / 28).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array((rng.standard_normal((3072, 768)) / 55).astype(np.float32), "w2")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+                           helper.make_node("MatMul", ["r", "w2"], ["m"]), helper.make_node("Add", ["m", "x"], ["y"])],
+                          "ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [128, 768])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [128, 768])], [w1, w2])
+    path = tmp_path / "ffn.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    dev = load_device("h100").model_copy(update={"gemm_deep_pipelines": True})
+    m = dlcc.compile(path, target="opencl", device=dev, pipeline="full", precision="bf16")
+    deep = {k["name"] for k in m.plan["kernels"] if k.get("dynamic_smem_bytes")}
+    assert deep and deep <= {L["kernel"] for L in m.plan["launches"]}  # launched as themselves
+    feeds = m.sample_inputs(0)
+    rows = verify_outputs(path, m(feeds), feeds, precision="bf16")
+    assert all(r["passed"] for r in rows), rows

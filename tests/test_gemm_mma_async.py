@@ -21,7 +21,7 @@ from conftest import opencl_device_available
 from dlcc.backends.nvcc import find_nvcc
 from dlcc.backends.source import render
 from dlcc.kernels.gemm import gemm_source, plain_spec
-from dlcc.kernels.gemm_mma import ASYNC_TILINGS, mma_tilings
+from dlcc.kernels.gemm_mma import ASYNC_TILINGS, DEEP_TILINGS, mma_tilings
 from dlcc.kernels.gemm_mma_async import (CHUNK, THREADS, OperandTile, a_lane_address, async_ok, b_lane_address, swizzle,
                                          swizzle_expr)
 from dlcc.testing.rounding import operand_round
@@ -86,9 +86,28 @@ CASES = [  # K spans more k blocks than stages, so every buffer is refilled insi
                          ids=[f"{c[0]}-{c[1]}x{c[2]}x{c[3]}-{'At' if c[4] else 'A'}{'Bt' if c[5] else 'B'}-{c[7]}raw"
                               for c in CASES])
 def test_every_async_tiling_matches_numpy(rt, precision, M, N, K, trans_a, trans_b, a_half, raw):
+    _check_tilings(rt, mma_tilings(precision), precision, M, N, K, trans_a, trans_b, a_half, raw)
+
+
+#: The DEEP tilings (4-8 stages, 64-wide k blocks; dynamic shared memory on CUDA): K of 10 k
+#: blocks, more than any tiling's stages, raw and per element, and K of one k block (fewer than
+#: the stages: the first fills are partly empty) with both operands transposed.
+DEEP_CASES = [("fp16", 37, 70, 600, False, True, True, 2), ("bf16", 37, 70, 604, False, True, False, 0),
+              ("bf16", 40, 72, 48, True, False, True, 2)]
+
+
+@needs_opencl
+@pytest.mark.parametrize("precision,M,N,K,trans_a,trans_b,a_half,raw", DEEP_CASES,
+                         ids=[f"{c[0]}-{c[1]}x{c[2]}x{c[3]}-{c[7]}raw" for c in DEEP_CASES])
+def test_every_deep_tiling_matches_numpy(rt, precision, M, N, K, trans_a, trans_b, a_half, raw):
+    deep = [t for t in mma_tilings(precision, deep=True) if t.dynamic]
+    assert len(deep) == len(DEEP_TILINGS)
+    _check_tilings(rt, deep, precision, M, N, K, trans_a, trans_b, a_half, raw)
+
+
+def _check_tilings(rt, tilings, precision, M, N, K, trans_a, trans_b, a_half, raw):
     a_dtype, b_dtype = (HALF[precision] if a_half else "float32"), HALF[precision]
     spec = plain_spec(M, N, K, trans_b, b_dtype=b_dtype, a_dtype=a_dtype, trans_a=trans_a)
-    tilings = mma_tilings(precision)
     assert all(t.stages > 1 for t in tilings)
     sources = [gemm_source(f"g_{t.name}", spec, t) for t in tilings]
     for src in sources:  # the operands that can go by cp.async do, and only those
@@ -166,7 +185,7 @@ def test_swizzle_expression_is_the_function():
             assert _ceval(swizzle_expr("c", per_row), c=chunk) == swizzle(chunk, per_row)
 
 
-@pytest.mark.parametrize("t", ASYNC_TILINGS, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", ASYNC_TILINGS + DEEP_TILINGS, ids=lambda t: t.name)
 def test_the_swizzle_has_no_bank_conflicts(t):
     """For every tiling and both layouts of each operand: each buffer's chunks map one to one,
     the eight chunks one cp.async phase (8 consecutive threads) writes cover the 32 banks, and
@@ -209,13 +228,15 @@ def test_raw_operands_need_the_half_type_and_whole_chunks():
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed on this machine")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_nvcc_builds_the_async_pipeline_without_spills(tmp_path, arch):
-    """Every tiling at both precisions, with operands copied raw in both layouts, builds; the PTX
-    holds the cp.async, ldmatrix (plain and .trans) and mma instructions; nothing spills."""
+    """Every tiling at both precisions, the DEEP ones included, with operands copied raw in both
+    layouts, builds; the PTX holds the cp.async, ldmatrix (plain and .trans) and mma instructions;
+    nothing spills; and the DEEP ones hold no static shared memory (theirs is dynamic: a static
+    array over 48 KiB is a ptxas error)."""
     sources = []
     for precision, half in HALF.items():
         for tb in (True, False):
             spec = plain_spec(128, 768, 768, tb, b_dtype=half, a_dtype=half)
-            sources += [gemm_source(f"g_{t.name}_{int(tb)}", spec, t) for t in mma_tilings(precision)]
+            sources += [gemm_source(f"g_{t.name}_{int(tb)}", spec, t) for t in mma_tilings(precision, deep=True)]
     src = tmp_path / "k.cu"
     src.write_text(render(sources, "cuda"))
     r = subprocess.run([find_nvcc(), "-cubin", f"-arch={arch}", "-O3", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
@@ -223,6 +244,10 @@ def test_nvcc_builds_the_async_pipeline_without_spills(tmp_path, arch):
     assert r.returncode == 0, r.stderr[-3000:]
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)]
     assert len(spills) == len(sources) and not any(spills), r.stderr[-3000:]
+    used = dict(re.findall(r"Function properties for (\w+)\n.*\n.*Used \d+ registers([^\n]*)", r.stderr))
+    deep = [f"g_{t.name}_{int(tb)}" for precision in HALF for tb in (True, False)
+            for t in mma_tilings(precision, deep=True) if t.dynamic]
+    assert deep and all(n in used and "bytes smem" not in used[n] for n in deep), {n: used.get(n) for n in deep}
     ptx = subprocess.run([find_nvcc(), "-ptx", f"-arch={arch}", "-o", "-", str(src)], capture_output=True, text=True).stdout
     n = len(sources)
     assert ptx.count("cp.async.cg.shared.global") >= 2 * n and ptx.count("cp.async.wait_group") >= n

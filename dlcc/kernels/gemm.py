@@ -168,21 +168,21 @@ def tiling_and_cost(name: str, device=None) -> tuple[object, Callable] | None:
     from .gemm_mma import mma_cost, mma_tilings
 
     for p in ("tf32", "fp16", "bf16"):
-        for m in sk.variants(mma_tilings(p)):
+        for m in sk.variants(mma_tilings(p, deep=True)):
             if m.name == name:
                 return m, mma_cost
     return None
 
 
 def tiling_family_for(precision: str, device=None, split: bool = True) -> tuple:
-    """The tilings a GEMM at `precision` chooses among on `device`: the SIMT ones at fp32, the
-    tensor-core ones of that precision otherwise; on a GPU each also split along K unless `split`
-    is off."""
+    """The tilings a GEMM at `precision` may run as on `device` (what `--tune` times): the SIMT
+    ones at fp32, the tensor-core ones of that precision otherwise, with the DEEP ones where the
+    device's shared memory holds them; on a GPU each also split along K unless `split` is off."""
     if precision == "fp32":
         return tilings_for(device, split)
-    from .gemm_mma import mma_tilings
+    from .gemm_mma import deep_tilings_fit, mma_tilings
 
-    return sk.variants(mma_tilings(precision), device, split)
+    return sk.variants(mma_tilings(precision, deep_tilings_fit(device)), device, split)
 
 
 def all_tiling_names() -> list[str]:
@@ -190,7 +190,7 @@ def all_tiling_names() -> list[str]:
     from .gemm_mma import mma_tilings
 
     return [t.name for t in sk.variants(ALL_TILINGS)] + [t.name for p in ("tf32", "fp16", "bf16")
-                                                        for t in sk.variants(mma_tilings(p))]
+                                                        for t in sk.variants(mma_tilings(p, deep=True))]
 
 
 def shape_key(batch: int, M: int, N: int, K: int) -> str:
@@ -201,6 +201,14 @@ def shape_key(batch: int, M: int, N: int, K: int) -> str:
 def simt_cost(device=None) -> Callable:
     """The SIMT tiling cost model for `device`: cpu_tiling_cost on a CPU, tiling_cost elsewhere."""
     return cpu_tiling_cost if getattr(device, "kind", "gpu") == "cpu" else tiling_cost
+
+
+def kernel_smem(tiling) -> dict:
+    """add_kernel's shared-memory arguments for a GEMM kernel of `tiling`: the plan's figure (the
+    OpenCL one, emulation scratch included), and the CUDA dynamic shared memory a DEEP tiling
+    takes at each launch (kernels/gemm_mma.py)."""
+    return {"smem_bytes": 4 * tiling.smem_floats,
+            "dynamic_smem": tiling.cuda_smem_bytes if getattr(tiling, "dynamic", False) else 0}
 
 
 def cheapest(tilings, cost, batch: int, M: int, N: int, K: int, device=None):
@@ -468,8 +476,8 @@ def emit_gemm(ctx, hint: str, spec: GemmSpec, args: list[str], reads: list[str],
     if tiling is None:
         tiling = choose_tiling(spec.batch, spec.M, spec.N, spec.K, ctx.device, split)
     name = ctx.program.add_kernel(f"{hint}_{tiling.name}", lambda n: gemm_source(n, spec, tiling), tiling.threads,
-                                  smem_bytes=4 * tiling.smem_floats, kind="gemm", tiling=tiling.name,
-                                  pass_name=ctx.pass_name, math=tiling.math)
+                                  kind="gemm", tiling=tiling.name, pass_name=ctx.pass_name, math=tiling.math,
+                                  **kernel_smem(tiling))
     extra = sk.launch_args(ctx, tiling, spec.batch, spec.M, spec.N)
     ctx.launch(name, tasks_for(tiling, spec.batch, spec.M, spec.N), list(args) + extra,
                reads=reads + sk.split_tensors(extra)[0], writes=writes + sk.split_tensors(extra)[1],

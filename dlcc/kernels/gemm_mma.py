@@ -105,6 +105,21 @@ class MmaTiling:
         return tiles + WARPS * MMA_KINDS[self.precision][3]
 
     @property
+    def cuda_smem_bytes(self) -> int:
+        """Shared memory one block takes on CUDA, where the mma needs no emulation scratch: both
+        operand tiles, every stage's (16-bit values in the async template, floats otherwise)."""
+        if self.stages > 1:
+            return 2 * self.stages * (self.bm + self.bn) * self.bk
+        return 4 * (self.operand_floats("a") + self.operand_floats("b"))
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether its shared memory is over CUDA's 48 KiB of static shared memory, so that its
+        kernel declares it dynamic and is launched with the size, after opting in to it
+        (DEEP_TILINGS; CudaRuntime.set_dynamic_smem)."""
+        return self.cuda_smem_bytes > STATIC_SMEM_BYTES
+
+    @property
     def math(self) -> str:
         return self.precision
 
@@ -151,11 +166,47 @@ ASYNC_TILINGS = (
 )
 
 
-def mma_tilings(precision: str = "tf32") -> tuple[MmaTiling, ...]:
+#: CUDA's static shared memory per block; more is dynamic, opted in per kernel.
+STATIC_SMEM_BYTES = 48 * 1024
+
+#: Deeper fp16/bf16 pipelines in dynamic shared memory (sm_80 and later hold up to 163-227 KiB a
+#: block): 4 to 8 stages of 64-wide k blocks, so that more of a batch-1 GEMM's loads are in
+#: flight at once. The H200 measured the 48 KiB tilings latency-bound (docs/gemm.md: about 0.9 µs
+#: per k step on 128x3072x768, where DRAM and L2 bandwidth allow a fraction of it), and more loads
+#: in flight per step is what shortens that chain. They are kept out of persistent kernels, whose
+#: shared array is static (passes/rammer.py), and are chosen by the cost model only on a device
+#: spec that says they were measured faster there (`gemm_deep_pipelines`); `--tune` and
+#: scripts/gemm_tilings.py time them wherever the device's shared memory holds them.
+DEEP_TILINGS = (
+    MmaTiling(128, 128, 64, 2, 4, "fp16", 4),
+    MmaTiling(128, 64, 64, 4, 2, "fp16", 4),
+    MmaTiling(64, 128, 64, 2, 4, "fp16", 4),
+    MmaTiling(64, 64, 64, 2, 4, "fp16", 4),
+    MmaTiling(32, 64, 64, 2, 4, "fp16", 6),
+    MmaTiling(16, 64, 64, 1, 8, "fp16", 8),
+)
+
+
+def mma_tilings(precision: str = "tf32", deep: bool = False) -> tuple[MmaTiling, ...]:
     """The tensor-core tilings at `precision`: MMA_TILINGS for tf32, ASYNC_TILINGS for fp16 and
-    bf16 (each k step a whole number of the precision's mmas)."""
-    base = MMA_TILINGS if precision == "tf32" else ASYNC_TILINGS
+    bf16 (each k step a whole number of the precision's mmas), and with `deep` DEEP_TILINGS too
+    (fp16 and bf16)."""
+    base = MMA_TILINGS if precision == "tf32" else ASYNC_TILINGS + (DEEP_TILINGS if deep else ())
     return tuple(MmaTiling(t.bm, t.bn, t.bk, t.warps_m, t.warps_n, precision, t.stages) for t in base)
+
+
+def deep_tilings_fit(device) -> bool:
+    """Whether `device` can hold DEEP_TILINGS' dynamic shared memory: a GPU whose per-block
+    shared memory (with the opt-in carve-out) holds the largest of them. A CPU device (PoCL) runs
+    them too, but nothing is gained there."""
+    return (getattr(device, "kind", "gpu") == "gpu"
+            and getattr(device, "shared_mem_per_block", 0) >= max(t.cuda_smem_bytes for t in DEEP_TILINGS))
+
+
+def chooses_deep(device) -> bool:
+    """Whether the cost model picks among DEEP_TILINGS on `device`: where they fit and the device
+    spec says they were measured faster there (`gemm_deep_pipelines`)."""
+    return deep_tilings_fit(device) and bool(getattr(device, "gemm_deep_pipelines", False))
 
 
 #: Cost-model constants, fitted to the ranking of 318 tensor-core GEMMs timed on an H200 (sm_90,
@@ -234,7 +285,8 @@ def choose_mma_tiling(batch: int, M: int, N: int, K: int, device=None, precision
                       split: bool = True) -> MmaTiling:
     """The tensor-core tiling at `precision` with the lowest modelled time (mma_cost), split along K
     where that pays on a GPU (kernels/splitk.py) unless `split` is off."""
-    return cheapest(sk.variants(mma_tilings(precision), device, split), mma_cost, batch, M, N, K, device)
+    return cheapest(sk.variants(mma_tilings(precision, chooses_deep(device)), device, split), mma_cost,
+                    batch, M, N, K, device)
 
 
 def _addr(t: MmaTiling, which: str, k_contiguous: bool, x: str, k: str) -> str:
@@ -321,9 +373,11 @@ def mma_loops(mma: str, MI: int, NI: int, frag_args: str) -> list[str]:
 
 
 def thin_kernel(name: str, spec, smem_floats: str, t: "MmaTiling") -> list[str]:
-    """The KERNEL that runs one rTask per block on `smem_floats` floats of shared memory."""
+    """The KERNEL that runs one rTask per block on `smem_floats` floats of shared memory (dynamic
+    on CUDA for a DEEP tiling: launched with its size, CudaRuntime.set_dynamic_smem)."""
     arg_names = [p.split()[-1].lstrip("*") for p in spec.params] + sk.arg_names(t)
-    return [f"KERNEL void {name}({', '.join(spec.params + sk.params(t))}) {{", f"    SHARED float smem[{smem_floats}];",
+    smem = f"DYNAMIC_SHARED(float, smem, {smem_floats});" if t.dynamic else f"SHARED float smem[{smem_floats}];"
+    return [f"KERNEL void {name}({', '.join(spec.params + sk.params(t))}) {{", f"    {smem}",
             f"    {name}_task({', '.join(arg_names)}, BLOCK_ID, THREAD_ID, smem);", "}", ""]
 
 

@@ -101,6 +101,9 @@ class Kernel:
     # The arithmetic its FLOPs run at: "float32" (CUDA cores), or "tf32" for the tensor-core GEMM
     # template (kernels/gemm_mma.py). The cost model prices FLOPs at that dtype's peak.
     math: str = "float32"
+    # Shared memory it takes as CUDA dynamic shared memory at each launch (a DEEP GEMM tiling's
+    # stages, over the 48 KiB a static array may hold; kernels/gemm_mma.py), else 0.
+    dynamic_smem: int = 0
 
 
 @dataclass
@@ -158,7 +161,7 @@ class KernelProgram:
 
     def add_kernel(self, hint: str, make_code, block: int, smem_bytes: int = 0, kind: str = "map", tiling: str = "",
                    pass_name: str = "baseline", normalisable: bool = False, math: str = "float32",
-                   pinned: bool = False) -> str:
+                   pinned: bool = False, dynamic_smem: int = 0) -> str:
         """Register kernel text built by `make_code(name)`; identical text is shared. `pinned`: no
         launch of the plan will name it, and it stays (the executor launches it)."""
         probe = make_code("KNAME")
@@ -166,7 +169,7 @@ class KernelProgram:
         name = f"{hint}_{digest}"
         if name not in self.kernels:
             self.kernels[name] = Kernel(name, make_code(name), block, smem_bytes, pass_name, kind, tiling, normalisable,
-                                        math)
+                                        math, dynamic_smem)
         if pinned:
             self.pinned.add(name)
         return name

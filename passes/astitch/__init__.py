@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ...errors import ConfigError
 from ...ir import Tensor
 from ...kernels import splitk
+from ...kernels.gemm import kernel_smem
 from ...kernels.program import Launch
 from ...plan import gemm_problem
 from .. import CompileState, register_pass
@@ -94,8 +95,8 @@ def _rebuild(state, ng: NodeGraph, pl: Planner) -> list[dict]:
         g = ng.nodes[gid]
         text, args, reads, writes = gemm_source_fused(ng, pl, fus)
         k = prog.add_kernel(f"{g.gemm.hint}_{g.gemm.tiling.name}_fused", lambda nm, t=text: t.replace("KNAME", nm),
-                            g.gemm.tiling.threads, smem_bytes=4 * g.gemm.tiling.smem_floats, kind="gemm",
-                            tiling=g.gemm.tiling.name, pass_name="astitch", math=g.gemm.tiling.math)
+                            g.gemm.tiling.threads, kind="gemm", tiling=g.gemm.tiling.name, pass_name="astitch",
+                            math=g.gemm.tiling.math, **kernel_smem(g.gemm.tiling))
         members = [gid] + fus.epilogue
         extra = g.gemm.splitk_args  # a split tiling's workspace and counters (kernels/splitk.py)
         L = Launch(kernel=k, grid=g.launch.grid, block=g.launch.block, args=[("t", a) for a in args] + splitk.typed(extra),

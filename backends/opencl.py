@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import warnings
 
 import numpy as np
@@ -71,8 +72,8 @@ def builds_unoptimised(kernel: dict | None, grid_sync: bool = False) -> bool:
     k = kernel or {}
     if grid_sync or k.get("kind") == "persistent":
         return True
-    slow_to_build = {t.name for t in GPU_TILINGS} | {t.name for p in ("fp16", "bf16") for t in mma_tilings(p)
-                                                       if t.stages > 1}
+    slow_to_build = {t.name for t in GPU_TILINGS} | {t.name for p in ("fp16", "bf16")
+                                                       for t in mma_tilings(p, deep=True) if t.stages > 1}
     return base_name(k.get("tiling") or "") in slow_to_build
 
 
@@ -89,6 +90,24 @@ def available() -> bool:
         return any(p.get_devices() for p in cl.get_platforms())
     except Exception:
         return False
+
+
+_CONTEXTS: dict = {}
+_CONTEXTS_LOCK = threading.Lock()
+
+
+def _shared_context(cl, device):
+    """One OpenCL context per device for the whole process, which every model's runtime shares
+    (each with its own command queue). When a process's last PoCL context is released, PoCL tears
+    its device down, and the next context's first build pays about 0.8 s to set it up again: a
+    program that compiled and dropped models one after another (the test suite does, 2,000
+    times) paid it for every model. Models of one context run independently; their buffers and
+    programs are their own."""
+    key = device.int_ptr
+    with _CONTEXTS_LOCK:
+        if key not in _CONTEXTS:
+            _CONTEXTS[key] = cl.Context([device])
+        return _CONTEXTS[key]
 
 
 def _pick_device(cl):
@@ -125,7 +144,7 @@ class OpenCLRuntime:
             raise RuntimeBackendError(
                 f"no usable OpenCL platform ({e}); install an OpenCL driver, for example PoCL for the CPU: "
                 "`apt-get install pocl-opencl-icd` (scripts/setup.sh does this where apt exists)") from None
-        self.ctx = cl.Context([self.device])
+        self.ctx = _shared_context(cl, self.device)
         self.queue = cl.CommandQueue(self.ctx)
         self.program = None
         self.unoptimised = None  # the program again, without optimisation: PoCL's persistent kernels

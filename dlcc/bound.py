@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import DlccError
+from .executor import _release, _release_when_finished
 from .interop import DeviceArray, InteropError
 
 
@@ -220,20 +221,10 @@ class BoundCall:
 
 def _close(rt, graph, held: list) -> None:
     """A BoundCall's finalizer (never holding the BoundCall): once the device finished its work,
-    release the DLPack arrays it held and destroy its graph. Best effort at interpreter exit."""
-    try:
-        with rt.active():
-            rt.finish()
-    except Exception:  # noqa: BLE001 (a finalizer must not raise; the memory is released anyway)
-        pass
-    _release(held)
+    release the DLPack arrays it held; destroy its graph (a replay still queued completes first)."""
+    _release_when_finished(rt, held)
     if graph is not None:
         rt.destroy_graph(graph)
-
-
-def _release(refs: list) -> None:
-    for a in refs:
-        a.done()
 
 
 def _same_memory(a: np.ndarray, given) -> bool:

@@ -110,7 +110,7 @@ case "${1:-}" in
     # before (one ~5-minute call): every bf16 tiling, DEEP ones included, on the six issue shapes
     # against cuBLAS (the record --fit reads); then BERT-base and GPT-2 at bf16 through full with
     # the h100 spec as shipped and with gemm_deep_pipelines on, beside torch.compile; the bound
-    # call's host time (issue 21). Turn gemm_deep_pipelines on in configs/devices/h100.yaml where
+    # call's host time (issue 21); a grid barrier's cost (issue 20). Turn gemm_deep_pipelines on in configs/devices/h100.yaml where
     # the second beats the first, and refit mma_cycle_us on the new record.
     step gemm-deep 150 "$PY" scripts/gemm_tilings.py --precision bf16 --vs-torch --repeat 10 --json "$OUT/gemm-deep.json"
     (cd /tmp && "$PY" -c "import yaml; from dlcc.config import load_device; \
@@ -122,6 +122,7 @@ yaml.safe_dump(d, open('$OUT/h100-deep.yaml', 'w'))")
         --torch-modes reduce-overhead --device "$dev" --models-dir "$MODELS" --json-out "$OUT/models-$tag.json"
     done
     step interop-host 40 "$PY" scripts/interop_check.py --scenario host-time
+    step graph-gap 25 "$PY" scripts/graph_gap.py  # a kernel in a graph, and a grid barrier (grid_barrier_us)
     ;;
   *)
     echo "usage: scripts/gpu_session.sh 0|1|2|3|4|5|6|7|8   (the stages are described at the top of this file)" >&2

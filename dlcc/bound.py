@@ -137,7 +137,8 @@ class BoundCall:
         steps += ex.calls
         steps += [Copy(dst.ptr, int(src), n) for dst, src, n in self._copies_out]
         try:
-            self._graph = rt.capture(steps)
+            with ex._lock:  # (as run()'s own capture: never beside another call of this model)
+                self._graph = rt.capture(steps)
         except Exception as e:  # noqa: BLE001 (as run(): a refused capture launches kernel by kernel)
             import warnings
 

@@ -231,8 +231,10 @@ def async_mma_source(name: str, spec, t) -> str:
         f"        LPTR const u16* Bt = (LPTR const u16*)(Bs + (kb % {S}) * {b.elems});",
         # A loop on both targets: unrolled, ptxas gave the rTask 255 registers and 240 bytes of
         # spills as the out-of-line call site of a persistent kernel (BERT-base's GEMMs; 70 as a
-        # loop, the whole kernel 143 and none spilled), though a kernel of its own did not.
-        "        #pragma unroll 1",
+        # loop, the whole kernel 143 and none spilled), though a kernel of its own did not. A DEEP
+        # tiling is never an rTask of a persistent kernel (its shared memory is dynamic), so its
+        # loop is unrolled: the next k offset's ldmatrix can then issue under this one's mmas.
+        "        #pragma unroll" if t.dynamic else "        #pragma unroll 1",
         f"        for (int kk = 0; kk < {t.bk}; kk += 16) {{",
         f"            unsigned int mma_af[{MI}][4], mma_bf[{NI}][2];",
         "            #pragma unroll",

@@ -273,6 +273,12 @@ class FakeLibcuda:
 
 @pytest.fixture
 def fake_pycuda(monkeypatch):
+    return install_fake_pycuda(monkeypatch)
+
+
+def install_fake_pycuda(monkeypatch) -> FakeDriver:
+    """The fake `pycuda` (and libcuda) in place of the real ones, through `monkeypatch` (a pytest
+    MonkeyPatch; scripts/host_time.py uses it outside pytest too)."""
     drv = FakeDriver()
     pkg = types.ModuleType("pycuda")
     compiler = types.ModuleType("pycuda.compiler")

@@ -99,6 +99,7 @@ class Executor:
                 self.storages["report"] = mapped(st["report"])
                 self._report = self.storages["report"].host
                 self._report[:] = 0
+                self._report_flag = self._report.view(np.int32)  # word 0: whether anything was reported
             else:
                 self.storages["report"] = rt.alloc(st["report"])
                 rt.write(self.storages["report"], 0, bytes(st["report"]))
@@ -476,6 +477,8 @@ class Executor:
         unchecked, self._unchecked = self._unchecked, 0
         if "report" not in self.storages:
             return
+        if self._report is not None and not self._report_flag[0]:
+            return  # mapped, and nothing reported (every call of a bound model reads it: kept cheap)
         from .kernels.index_check import CLAIM_WORDS, ERROR_WORDS, decode_error
 
         if self._report is not None:

@@ -307,8 +307,8 @@ class CudaRuntime:
     @_in_context
     def capture(self, calls: list) -> "CudaGraph":
         """The launch sequence `calls` ((kernel, grid, block, args), as the executor holds them, or
-        a bound call's device-to-device `Copy` steps) captured once into an instantiated CUDA graph, which launch_graph replays: one host call
-        per inference instead of one per kernel. Captured on a private non-blocking stream in
+        a bound call's device-to-device `Copy` steps) captured once into an instantiated CUDA
+        graph, which launch_graph replays: one host call per inference instead of one per kernel. Captured on a private non-blocking stream in
         thread-local mode, so that no other thread's work (PyTorch's on the legacy stream) is
         caught in it or refused by it. The kernels' pointers are fixed: the executor's buffers,
         the weights and the arena never move while it lives, and a reloaded artifact builds a new

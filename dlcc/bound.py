@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import DlccError
-from .executor import _release, _release_when_finished
+from .executor import _release, _release_when_finished, check_call_options, producer_streams, torch_cuda_device
 from .interop import DeviceArray, InteropError
 
 
@@ -49,12 +49,7 @@ class BoundCall:
     def __init__(self, executor, inputs: dict, outputs: str = "host", out: dict | None = None, stream=None):
         ex = self._ex = executor
         rt = self._rt = executor.rt
-        if outputs not in ("host", "device"):
-            raise DlccError(f"outputs={outputs!r}: use 'host' or 'device'")
-        if rt.name != "cuda" and (outputs == "device" or stream is not None):
-            what = "outputs='device'" if outputs == "device" else "stream="
-            raise InteropError(f"{what} needs the CUDA target; on {rt.name} outputs come back as numpy arrays "
-                               "and the queue is dlcc's own")
+        check_call_options(rt, outputs, stream)
         self._graph = None
         self._held: list = []  # the device arrays given (ArrayRefs): released once the device is done with them
         with rt.active():
@@ -67,10 +62,8 @@ class BoundCall:
                 self._bind_inputs(inputs, arrays)
                 self._bind_outputs(outputs, dests)
                 self._stream = rt.stream_handle(stream) if stream is not None else None
-                self._torch_device = None if stream is not None else _torch_cuda_device(inputs, rt)
-                # CAI v3: the streams the device inputs' producers write them on, joined at every call
-                self._producers = sorted({int(a.stream) for a in arrays if not isinstance(a, np.ndarray)
-                                          and a.stream not in (None, 0, 1, 2)})
+                self._torch_device = None if stream is not None else torch_cuda_device(inputs, rt)
+                self._producers = producer_streams(arrays)  # joined at every call
                 self._capture()
             except BaseException:
                 _release(self._held)
@@ -242,15 +235,3 @@ def _what(x) -> str:
         layout = "" if x.flags.c_contiguous else "non-contiguous "
         return f"{layout}{x.dtype} array of shape {list(x.shape)}"
     return type(x).__name__
-
-
-def _torch_cuda_device(inputs: dict, rt):
-    """The torch device of the first torch CUDA tensor among the inputs (whose current stream a
-    call then joins, as run() does), or None."""
-    torch = sys.modules.get("torch")
-    if torch is None or rt.name != "cuda":
-        return None
-    for v in inputs.values():
-        if isinstance(v, torch.Tensor) and v.is_cuda:
-            return v.device
-    return None

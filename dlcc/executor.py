@@ -6,6 +6,7 @@ all of the plan interpretation lives here, so it is exercised by every OpenCL te
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
 import warnings
@@ -43,9 +44,46 @@ def use_dynamic_smem(rt, kernels: list[dict]) -> None:
     tiling's stages, kernels/gemm_mma.py) their size, on a runtime that launches with one (CUDA;
     on OpenCL their arrays are static)."""
     setter = getattr(rt, "set_dynamic_smem", None)
+    if setter is None:
+        return
     for k in kernels:
-        if k.get("dynamic_smem_bytes") and setter is not None:
+        if k.get("dynamic_smem_bytes"):
             setter(rt.kernel(k["name"]), k["dynamic_smem_bytes"])
+
+
+def check_call_options(rt, outputs: str, stream) -> None:
+    """run()'s and bind()'s `outputs` and `stream`: "host" or "device", and the last and a stream
+    only on CUDA."""
+    if outputs not in ("host", "device"):
+        raise DlccError(f"outputs={outputs!r}: use 'host' or 'device'")
+    if rt.name != "cuda" and (outputs == "device" or stream is not None):
+        what = "outputs='device'" if outputs == "device" else "stream="
+        raise InteropError(f"{what} needs the CUDA target; on {rt.name} outputs come back as numpy arrays "
+                           "and the queue is dlcc's own")
+
+
+def torch_cuda_device(inputs: dict, rt):
+    """The torch device of the first torch CUDA tensor among the inputs, whose current stream a
+    call joins by default, or None (torch not loaded, none such, or not the CUDA target)."""
+    torch = sys.modules.get("torch")
+    if torch is None or rt.name != "cuda":
+        return None
+    for v in inputs.values():
+        if isinstance(v, torch.Tensor) and v.is_cuda:
+            return v.device
+    return None
+
+
+def producer_streams(arrays: list) -> list[int]:
+    """The streams that device inputs' `__cuda_array_interface__` say their producers wrote on
+    (version 3's `stream`), other than the default streams 1 and 2, which dlcc's own stream
+    already follows, in input order and each once."""
+    out: list[int] = []
+    for a in arrays:
+        sid = None if isinstance(a, np.ndarray) else getattr(a, "stream", None)
+        if sid not in (None, 0, 1, 2) and int(sid) not in out:
+            out.append(int(sid))
+    return out
 
 
 def pick_target(target: str = "auto") -> str:
@@ -281,12 +319,7 @@ class Executor:
         array) returns once its work is queued, without waiting for the GPU, as a torch op does.
         What a device index check found in such an inference is raised by a later call of this
         model, or by synchronize() (_reap)."""
-        if outputs not in ("host", "device"):
-            raise DlccError(f"outputs={outputs!r}: use 'host' or 'device'")
-        if self.rt.name != "cuda" and (outputs == "device" or stream is not None):
-            what = "outputs='device'" if outputs == "device" else "stream="
-            raise InteropError(f"{what} needs the CUDA target; on {self.rt.name} outputs come back as numpy arrays "
-                               "and the queue is dlcc's own")
+        check_call_options(self.rt, outputs, stream)
         with self.rt.active():
             dests = {}
             deferred = False  # whether the DLPack destinations wait for the inference to finish (_reap)
@@ -358,25 +391,15 @@ class Executor:
         stream."""
         first = self._stream_of(inputs, stream)
         handles = [first] if first else []  # (0, the legacy default stream, is dlcc's own)
-        for a in arrays:
-            sid = None if isinstance(a, np.ndarray) else getattr(a, "stream", None)
-            if sid not in (None, 0, 1, 2) and int(sid) not in handles:
-                handles.append(int(sid))
-        return handles
+        return handles + [h for h in producer_streams(arrays) if h not in handles]
 
     def _stream_of(self, inputs: dict, stream) -> int | None:
         """The CUstream to join: `stream` as given, else torch's current stream when torch is
         loaded and an input is a torch CUDA tensor, else None (dlcc's own ordering only)."""
         if stream is not None:
             return self.rt.stream_handle(stream)
-        import sys
-
-        torch = sys.modules.get("torch")
-        if torch is not None and self.rt.name == "cuda":
-            for v in inputs.values():
-                if isinstance(v, torch.Tensor) and v.is_cuda:
-                    return int(torch.cuda.current_stream(v.device).cuda_stream)
-        return None
+        dev = torch_cuda_device(inputs, self.rt)
+        return None if dev is None else int(sys.modules["torch"].cuda.current_stream(dev).cuda_stream)
 
     def _check_out(self, out: dict, dests: dict) -> None:
         """`out=` destinations into `dests`, by output position: ("host", ndarray) or ("device",

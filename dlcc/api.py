@@ -127,7 +127,7 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
     rTasks and its join decisions with them, and the plan records which times were measured.
     `cache` (a dlcc.cache.Cache, a directory, or True for the default one) looks the artifact up
     by content before compiling, and stores it after; it needs `out`. `.cache_hit` says which.
-    `precision` ("fp32", "tf32", "fp16", "bf16"; None: the pipeline's own, fp32 unless it says) is
+    `precision` ("fp32", "tf32x3", "tf32", "fp16", "bf16"; None: the pipeline's own, fp32 unless it says) is
     what GEMMs and convolutions compute at: the last three run them on tensor cores (emulated on
     OpenCL), and fp16/bf16 store weights and activations in that type (`half_activations: false`
     in a pipeline file keeps activations float32).

@@ -47,7 +47,7 @@ PipelineOpt = typer.Option("baseline", "--pipeline", "-p", help="pipeline name (
 DeviceOpt = typer.Option(None, "--device", "-d", help="device name (configs/devices) or YAML file; "
                          "default: the detected GPU, or pocl-cpu for OpenCL")
 PrecisionOpt = typer.Option(None, "--precision", help="what GEMMs and convolutions compute at: fp32 (CUDA "
-                            "cores); tf32, fp16 or bf16 (tensor cores, float32 accumulation; fp16/bf16 also store "
+                            "cores); tf32x3 (tensor cores at float32's accuracy, three TF32 mmas a product); tf32, fp16 or bf16 (tensor cores, float32 accumulation; fp16/bf16 also store "
                             "weights and activations in that type; sm_80+, emulated on OpenCL); default: the pipeline's own "
                             "(fp32 unless it sets `precision:`)")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="no progress output")
@@ -566,7 +566,7 @@ def estimate(model: Optional[Path] = typer.Argument(None, help="ONNX model (plan
              pipeline: Optional[List[str]] = typer.Option(None, "--pipeline", "-p", help="plan mode: pipelines to rank "
                                                           "(repeatable; default: every configs/pipelines file)"),
              precision: Optional[List[str]] = typer.Option(None, "--precision", help="plan mode: precisions to rank "
-                                                           "each pipeline at (repeatable: fp32, tf32, fp16, bf16; "
+                                                           "each pipeline at (repeatable: fp32, tf32x3, tf32, fp16, bf16; "
                                                            "default: each pipeline's own)"),
              profile_db: Optional[Path] = typer.Option(None, "--profile-db", help="plan mode: measured kernel times (JSON) to use "
                                                        "instead of the roofline where they exist"),

@@ -47,9 +47,11 @@ class DeviceSpec(Strict):
         """Keys are the tensor-core precisions; every scale positive."""
         if v is None:
             return v
-        bad = sorted(k for k in v if k not in ("tf32", "fp16", "bf16")) + sorted(k for k, x in v.items() if not x > 0)
+        bad = sorted(k for k in v if k not in ("tf32", "tf32x3", "fp16", "bf16")) + sorted(k for k, x in v.items()
+                                                                                       if not x > 0)
         if bad:
-            raise ValueError(f"keys must be tf32, fp16 or bf16, each a positive µs per cycle; not: {', '.join(bad)}")
+            raise ValueError(f"keys must be tf32, tf32x3, fp16 or bf16, each a positive µs per cycle; "
+                             f"not: {', '.join(bad)}")
         return v
 
     @field_validator("peak_tflops")
@@ -79,9 +81,9 @@ class DeviceSpec(Strict):
                                         "plan mode then prices a GEMM from its tiling, with the occupancy it gets "
                                         "(its own, or a persistent kernel's). None: from its FLOPs (roofline)")
     mma_cycle_us: dict[str, float] | None = Field(None, description="the same for the tensor-core tilings "
-                                                  "(gemm_mma.py mma_cost), per precision (tf32, fp16, bf16), fitted "
-                                                  "on them (scripts/gemm_tilings.py --fit); a precision not given "
-                                                  "uses gemm_cycle_us")
+                                                  "(gemm_mma.py mma_cost), per precision (tf32, tf32x3, fp16, bf16), "
+                                                  "fitted on them (scripts/gemm_tilings.py --fit); tf32x3 not given "
+                                                  "uses tf32's, any other precision not given gemm_cycle_us")
     gemm_deep_pipelines: bool = Field(False, description="whether the cost model picks among the fp16/bf16 GEMM "
                                       "tilings with 4-8 stages in dynamic shared memory (kernels/gemm_mma.py "
                                       "DEEP_TILINGS) on this device: turn it on where scripts/gemm_tilings.py "
@@ -116,12 +118,13 @@ class PassSpec(Strict):
 
 #: What GEMMs and convolutions compute at (`precision:` in a pipeline, `--precision` on the CLI):
 #: fp32 on CUDA cores; tf32, fp16 and bf16 on tensor cores (kernels/gemm_mma.py): operands rounded
-#: to the precision's type, float32 accumulation. At fp16 and bf16 the GEMM and Conv weights, and
+#: to the precision's type, float32 accumulation; tf32x3 on tensor cores at float32's accuracy
+#: (each float32 operand split into two TF32 values, three mmas: CUTLASS's 3xTF32). At fp16 and bf16 the GEMM and Conv weights, and
 #: the activations between ops that convert, are also stored in that type (ops/narrow.py); every
 #: op computes in float32.
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-BUILT_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-Precision = Literal["fp32", "tf32", "fp16", "bf16"]
+PRECISIONS = ("fp32", "tf32x3", "tf32", "fp16", "bf16")
+BUILT_PRECISIONS = ("fp32", "tf32x3", "tf32", "fp16", "bf16")
+Precision = Literal["fp32", "tf32x3", "tf32", "fp16", "bf16"]
 
 
 class PipelineSpec(Strict):
@@ -176,7 +179,8 @@ def check_precision(precision: str, device: DeviceSpec, target: str) -> str | No
         return None
     arch = int(device.arch.removeprefix("sm_")) if device.arch and device.arch.startswith("sm_") else None
     if device.kind == "gpu" and arch is not None and arch < 80:
-        raise ConfigError(f"precision {precision} needs tensor cores with {precision.upper()} (sm_80 or newer); "
+        raise ConfigError(f"precision {precision} needs tensor cores with {precision.upper().removesuffix('X3')} "
+                          f"(sm_80 or newer); "
                           f"device {device.name} is {device.arch}")
     if target != "cuda":
         return (f"precision {precision} on {target}: no tensor cores there; the mma instructions are emulated "

@@ -22,7 +22,7 @@ class NoReferenceError(DlccError):
 #: and normalisation; float32 accumulation keeps it from growing with K.
 #: fp16 keeps 10 bits as TF32 does (and the same tolerance); bf16 keeps 7 (2**-8 relative), about
 #: 8x TF32's error, and its pair is looser by that much.
-DEFAULT_TOLERANCE = {"fp32": (1e-3, 1e-4), "tf32": (1e-2, 1e-2), "fp16": (1e-2, 1e-2), "bf16": (5e-2, 5e-2)}
+DEFAULT_TOLERANCE = {"fp32": (1e-3, 1e-4), "tf32x3": (1e-3, 1e-4), "tf32": (1e-2, 1e-2), "fp16": (1e-2, 1e-2), "bf16": (5e-2, 5e-2)}
 #: An output stored in a 16-bit float is rounded to it, whatever the precision inside: one unit in
 #: its last place is 2**-11 (float16) or 2**-8 (bfloat16) of the value, so its default pair is at
 #: least that half type's.

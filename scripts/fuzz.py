@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default=None, help="comma-separated configuration names (default: all; "
                     "`--list-configs` shows them)")
     ap.add_argument("--list-configs", action="store_true", help="print the configuration names and exit")
-    ap.add_argument("--precision", default=None, choices=["fp32", "tf32", "fp16", "bf16"], help="run the "
+    ap.add_argument("--precision", default=None, choices=["fp32", "tf32x3", "tf32", "fp16", "bf16"], help="run the "
                     "configurations at this precision (NAME@bf16: GEMMs on the tensor-core template, judged at "
                     "verify's tolerance for it with the operand rounding in the arbiter's spread); a name in "
                     "--configs may also say it")

@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     ap.add_argument("--vs-torch", action="store_true", help="also time torch.matmul at the same precision")
     ap.add_argument("--models-dir", type=Path, default=Path(__file__).resolve().parents[1] / ".cache" / "models")
     ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "fp16", "bf16"],
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32x3", "tf32", "fp16", "bf16"],
                     help="tf32, fp16, bf16: the tensor-core tilings (kernels/gemm_mma.py), checked against numpy "
                     "on operands rounded the same way; at fp16 and bf16 A and B are stored in the half type, as "
                     "a compiled model stores activations and weights (so both go by cp.async)")

@@ -207,9 +207,10 @@ def test_matches_reference(rt, precision, shape):
     ref, bound = _reference(Q, K, V, scale, None, precision)
     _check(out, ref, bound, f"{precision} {shape}")
     if shape[2] > 1:
-        # the bound sees P's rounding: a model without it is out of bounds
-        plain, _ = _reference(Q, K, V, scale, None, precision, round_p=False)
-        assert (np.abs(out - plain) > bound).any()
+        if precision != "tf32x3":  # which keeps P float32 (split, not rounded): nothing to see
+            # the bound sees P's rounding: a model without it is out of bounds
+            plain, _ = _reference(Q, K, V, scale, None, precision, round_p=False)
+            assert (np.abs(out - plain) > bound).any()
         assert _grows_across_blocks(Q, K, scale, bk) == (shape[2] > bk)
 
 

@@ -256,3 +256,113 @@ def test_nvcc_builds_the_async_pipeline_without_spills(tmp_path, arch):
     for ty in ("f16", "bf16"):
         assert ptx.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32") >= n // 2, ty
     assert THREADS == 256  # Rammer's vEU size: these stay rTasks
+
+
+# -- tf32 and tf32x3: float32 operands, cp.async in chunks of four, padded rows ------------------
+#: (M, N, K, trans_a, trans_b, copies expected per fill): A and B k-contiguous (ldmatrix of
+#: floats); B [K, N] and A [K, M] (scalar fragment reads); rows of 70 and 37 (per element).
+WIDE_CASES = [(37, 70, 200, False, True, 2), (37, 72, 136, False, False, 2), (40, 72, 52, True, False, 2),
+              (37, 70, 260, True, True, 1)]
+
+
+def _f32_bound(A, B, trans_a, trans_b, unit):
+    """A rigorous bound on |computed - exact| for a float32-accumulated product whose terms each
+    carry a relative error of at most `unit`: gamma_K = K u32 / (1 - K u32) of the sum of |a||b|
+    for the accumulation, plus `unit` of it for the terms."""
+    a, b = (np.abs(x.astype(np.float64)) for x in (A.T if trans_a else A, B.T if trans_b else B))
+    K, u32 = a.shape[1], 2.0 ** -24
+    return (K * u32 / (1 - K * u32) + unit) * (a @ b)
+
+
+@needs_opencl
+@pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
+@pytest.mark.parametrize("M,N,K,trans_a,trans_b,raw", WIDE_CASES,
+                         ids=[f"{c[0]}x{c[1]}x{c[2]}-{'At' if c[3] else 'A'}{'Bt' if c[4] else 'B'}-{c[5]}raw"
+                              for c in WIDE_CASES])
+def test_every_float_async_tiling_matches_numpy(rt, precision, M, N, K, trans_a, trans_b, raw):
+    """Each cp.async tiling at tf32 equals numpy on TF32-rounded operands (products exact, sums
+    float32); at tf32x3 it is within float32's own error bound of the exact product, a bound that
+    plain TF32 rounding misses by far (so the split is really done)."""
+    from dlcc.kernels.gemm_mma import TF32_ASYNC_TILINGS
+
+    tilings = [t for t in mma_tilings(precision) if t.stages > 1]
+    assert len(tilings) == len(TF32_ASYNC_TILINGS)
+    spec = plain_spec(M, N, K, trans_b, trans_a=trans_a)
+    sources = [gemm_source(f"g_{t.name}", spec, t) for t in tilings]
+    for src in sources:
+        assert src.count("CP_ASYNC16(") == 2 * raw
+        assert ("LDSM_X4" in src) == (not trans_a or trans_b) and "LDSM_X4_T" not in src
+    rt.compile(render(sources, rt.dialect))
+    A, B = _operands(M, N, K, trans_a, trans_b)
+    exact = (A.T if trans_a else A).astype(np.float64) @ (B.T if trans_b else B).astype(np.float64)
+    bound = _f32_bound(A, B, trans_a, trans_b, 2.0 ** -21)
+    tf32 = _reference(A, B, "tf32", trans_a, trans_b)
+    assert (np.abs(tf32 - exact) > bound).any()
+    for t in tilings:
+        out = _run(rt, f"g_{t.name}", t, spec, A, B, "float32", "float32")
+        if precision == "tf32":
+            np.testing.assert_allclose(out, tf32, rtol=2e-5, atol=2e-5, err_msg=t.name)
+        else:
+            assert (np.abs(out - exact) <= bound).all(), (t.name, np.abs(out - exact).max())
+
+
+@needs_opencl
+def test_tf32x3_keeps_infinities_and_nans(rt):
+    """An infinite operand gives the infinite result float32 gives (its split parts must not
+    make 0 x inf or inf - inf), and a NaN operand a NaN; the rest of the output stays exact."""
+    from dlcc.kernels.gemm_mma import mma_tilings as tilings_at
+
+    t = next(t for t in tilings_at("tf32x3") if t.bm == 32 and t.bk == 32)
+    M, N, K = 32, 64, 64
+    spec = plain_spec(M, N, K, True)
+    rt.compile(render([gemm_source("g_inf", spec, t)], rt.dialect))
+    A, B = _operands(M, N, K, False, True, seed=5)
+    B = np.abs(B) + 0.5
+    A[3, 7], A[5, 0], A[9, 9] = np.inf, -np.inf, np.nan
+    B[11, 2] = np.inf
+    A[3, 2] = 0.25  # row 3 meets B's inf in column 11 with the same sign
+    out = _run(rt, "g_inf", t, spec, A, B, "float32", "float32")
+    with np.errstate(invalid="ignore"):
+        exact = A.astype(np.float64) @ B.T.astype(np.float64)
+    assert np.isposinf(exact[3]).all() and np.isneginf(exact[5, :11]).all() and np.isnan(exact[9]).all()
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(exact))
+    np.testing.assert_array_equal(np.isinf(out) & (out > 0), np.isposinf(exact))
+    np.testing.assert_array_equal(np.isinf(out) & (out < 0), np.isneginf(exact))
+    finite = np.isfinite(exact)
+    assert finite.sum() > M * N // 2
+    with np.errstate(invalid="ignore"):
+        bound = _f32_bound(A, B, False, True, 2.0 ** -21)
+    assert (np.abs(out[finite] - exact[finite]) <= bound[finite]).all()
+
+
+@pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
+def test_the_padded_float_layout_has_no_bank_conflicts(precision):
+    """tf32's buffers are padded rows of floats: the eight rows each ldmatrix matrix reads of a
+    k-contiguous operand, and the 32 lanes' scalar fragment reads of the other layout (lane
+    (g, t) at row k + t, column x + g), each fall in 32 distinct banks, for every tiling, warp,
+    mma tile and k offset."""
+    for t in (t for t in mma_tilings(precision) if t.stages > 1):
+        for which in ("a", "b"):
+            x0 = "mma_wm0" if which == "a" else "mma_wn0"
+            for kc in (True, False):
+                op = OperandTile(which, t, kc)
+                for warp in range(8):
+                    w0 = (warp // t.warps_n) * (t.bm // t.warps_m) if which == "a" else \
+                        (warp % t.warps_n) * (t.bn // t.warps_n)
+                    tiles = t.mi if which == "a" else t.ni
+                    for kk in range(0, t.bk, 8):
+                        for i in range(tiles):
+                            if kc and which == "a":
+                                addr = [_ceval(a_lane_address(op), mma_lane=L, mma_wm0=w0, mi=i, kk=kk) for L in range(32)]
+                            elif kc:
+                                addr = [_ceval(b_lane_address(op, False), mma_lane=L, mma_wn0=w0, ni=i, kk=kk)
+                                        for L in range(16)]
+                            if kc:
+                                for m in range(len(addr) // 8):  # each matrix: 8 rows of 4 floats
+                                    banks = [(a + w) % 32 for a in addr[8 * m:8 * m + 8] for w in range(4)]
+                                    assert len(set(banks)) == 32, (t.name, which, kc, warp, kk, i, m)
+                            else:
+                                for dk in (0, 4):
+                                    offs = [_ceval(op.at(f"{kk} + {L % 4} + {dk}", f"{x0} + {i * (16 if which == 'a' else 8)} + {L // 4}"),
+                                                   mma_wm0=w0, mma_wn0=w0) for L in range(32)]
+                                    assert len({o % 32 for o in offs}) == 32, (t.name, which, kc, warp, kk, i, dk)

@@ -62,6 +62,28 @@ def test_tf32_models_match_onnxruntime(model_path, name, pipeline):
     assert err_tf > 4 * err_fp, (err_tf, err_fp)
 
 
+@needs_opencl
+@pytest.mark.parametrize("name,pipeline", [("bert", "astitch"), ("cnn", "full")])
+def test_tf32x3_models_match_onnxruntime_at_float32s_tolerance(model_path, name, pipeline):
+    """tf32x3 runs every GEMM/conv on the tensor-core template (three TF32 mmas a product, the
+    operands kept float32) and lands within fp32's tolerance of onnxruntime, its error within
+    twice the fp32 plan's, where plain tf32 is far off (the split really happens)."""
+    path = model_path(name)
+    x3 = dlcc.compile(path, target="opencl", pipeline=pipeline, precision="tf32x3")
+    assert x3.plan["meta"]["precision"] == "tf32x3" and "emulated" in x3.plan["meta"]["precision_note"]
+    gk = _gemm_kernels(x3.plan)
+    assert gk and all(k["math"] == "tf32x3" and k["tiling"].endswith(("tf32x3", "_sk2", "_sk4", "_sk8")) for k in gk), gk
+    assert all(t["dtype"] != "bfloat16" and t["dtype"] != "float16" for t in x3.plan["tensors"].values())
+    err_x3, got, ref = _max_err(x3, path)
+    rtol, atol = DEFAULT_TOLERANCE["tf32x3"]
+    assert (rtol, atol) == DEFAULT_TOLERANCE["fp32"]
+    for n in ref:
+        np.testing.assert_allclose(got[n], ref[n], rtol=rtol, atol=atol, err_msg=n)
+    err_fp, _, _ = _max_err(dlcc.compile(path, target="opencl", pipeline=pipeline), path)
+    err_tf, _, _ = _max_err(dlcc.compile(path, target="opencl", pipeline=pipeline, precision="tf32"), path)
+    assert err_x3 <= 2 * err_fp and err_tf > 20 * err_x3, (err_x3, err_fp, err_tf)
+
+
 def _weights(plan) -> dict[str, str]:
     return {n: t["dtype"] for n, t in plan["tensors"].items() if t["storage"] == "weights"}
 
@@ -182,7 +204,7 @@ def test_precisions_a_device_cannot_do_are_one_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="bf16 needs tensor cores.*sm_80 or newer.*V100.*sm_70"):
         dlcc.compile(EXAMPLE, target="opencl", device="v100", precision="bf16")
     rc, out, err = cli("compile", EXAMPLE, "-o", tmp_path / "a", "--precision", "fp8")
-    assert rc == 2 and "unknown precision 'fp8'" in err and "fp32, tf32, fp16, bf16" in err
+    assert rc == 2 and "unknown precision 'fp8'" in err and "fp32, tf32x3, tf32, fp16, bf16" in err
     assert "Traceback" not in out + err and not (tmp_path / "a").exists()
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nprecision: tf33\npasses:\n  - name: lower\n  - name: memplan\n")

@@ -63,6 +63,8 @@ def peak_tflops(dtype: str, device: DeviceSpec) -> float:
     device lists no peak for (int64, bool, ...) fall back to float32, then to the largest peak."""
     d = _DTYPE_ALIASES.get(str(dtype).lower(), str(dtype).lower())
     peaks = device.peak_tflops
+    if d == "tf32x3" and "tf32" in peaks:
+        return peaks["tf32"] / 3  # three TF32 mmas per product
     if d in peaks:
         return peaks[d]
     if "float32" in peaks:
@@ -181,7 +183,10 @@ def cycle_us(precision: str | None, device: DeviceSpec) -> float:
     """µs per modelled cycle on `device` of a kernel whose mmas run at `precision`: its
     DeviceSpec.mma_cycle_us where the device has it (the tensor-core models were fitted apart:
     their k loops are other code), else gemm_cycle_us (the SIMT templates: precision None)."""
-    return (device.mma_cycle_us or {}).get(precision, device.gemm_cycle_us)
+    scales = device.mma_cycle_us or {}
+    if precision == "tf32x3" and precision not in scales:
+        precision = "tf32"  # the same template and mma, three times over (mma_cost counts them)
+    return scales.get(precision, device.gemm_cycle_us)
 
 
 def attention_model_us(shape, device: DeviceSpec, sms: int | None = None) -> float | None:

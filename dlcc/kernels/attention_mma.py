@@ -115,7 +115,7 @@ from types import SimpleNamespace
 
 from .attention import (ATTN_THREADS, BQ, SMEM_LIMIT_FLOATS, AttentionShape, AttentionSpec, _indent, _load_tile,
                         attention_cost, attention_smem_floats, attention_source, attention_tasks, online_max_step)
-from .gemm_mma import MMA_KINDS, MMA_PER_CYCLE, WARPS, _fragment_k, _fragment_rows
+from .gemm_mma import MMA_KINDS, MMA_PER_CYCLE, MMAS_PER_PRODUCT, WARPS, _fragment_k, _fragment_rows
 
 _LANES = ATTN_THREADS // BQ  # softmax threads per query row
 #: Key block widths to try, widest first (BK / 8 score n-tiles: 8, 4 or 2, over 8 warps).
@@ -544,8 +544,9 @@ def mma_attention_registers(t: MmaAttentionTiling) -> int:
     D = Dv = 64), 63 to 64 with two (16 staged at D = Dv = 128), 72 at tf32 with D = Dv = 96 (24
     staged), 64 to 72 with three (Dv = 136). ptxas takes up to 64 where fewer would not raise
     the occupancy (4 rTasks of 256 threads an SM), hence the floor. Loading straight to shared
-    memory (no staging), the same shapes took 33 to 48."""
-    return max(64, 28 + 10 * t.ni + t.staged_floats)
+    memory (no staging), the same shapes took 33 to 48. tf32x3 holds each fragment's split parts
+    too: 8 to 24 more (64 to 98 over the same shapes), hence its 24."""
+    return max(64, 28 + 10 * t.ni + t.staged_floats + (24 if t.precision == "tf32x3" else 0))
 
 
 #: Cycles a barrier adds to a warp's dependent chain when the block's warps reach it together
@@ -590,7 +591,7 @@ def mma_attention_cost(batch: int, M: int, N: int, D: int, Dv: int, precision: s
     per_sm = -(-mma_attention_tasks(shape) // sms)
     steps = -(-N // t.bk)
     pv_steps = t.bk // t.kstep
-    chain = t.d_steps + t.ni * pv_steps  # mmas of one warp per key block
+    chain = (t.d_steps + t.ni * pv_steps) * MMAS_PER_PRODUCT.get(precision, 1)  # mmas of one warp per key block
     fa, fb = t.kstep // 2, t.kstep // 4  # A and B elements a lane reads per mma
     frag = WARPS * (t.d_steps * (fa + fb) + pv_steps * (fa + t.ni * fb))
     moves = 3 * t.bk * (t.d_pad + t.dv_pad) / 32

@@ -167,7 +167,7 @@ def tiling_and_cost(name: str, device=None) -> tuple[object, Callable] | None:
         return t, simt_cost(device)
     from .gemm_mma import mma_cost, mma_tilings
 
-    for p in ("tf32", "fp16", "bf16"):
+    for p in ("tf32", "tf32x3", "fp16", "bf16"):
         for m in sk.variants(mma_tilings(p, deep=True)):
             if m.name == name:
                 return m, mma_cost
@@ -189,7 +189,7 @@ def all_tiling_names() -> list[str]:
     """Every tiling name a pipeline may give (`lower`'s gemm_tilings): SIMT and tensor-core."""
     from .gemm_mma import mma_tilings
 
-    return [t.name for t in sk.variants(ALL_TILINGS)] + [t.name for p in ("tf32", "fp16", "bf16")
+    return [t.name for t in sk.variants(ALL_TILINGS)] + [t.name for p in ("tf32", "tf32x3", "fp16", "bf16")
                                                         for t in sk.variants(mma_tilings(p, deep=True))]
 
 
@@ -456,7 +456,7 @@ def simt_gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
 def emit_gemm(ctx, hint: str, spec: GemmSpec, args: list[str], reads: list[str], writes: list[str],
               tiling: Tiling | None = None) -> str:
     """Pick a tiling for the target device, emit the rOperator and launch one block per rTask.
-    At precisions tf32, fp16 and bf16 the tiling is a tensor-core one (kernels/gemm_mma.py)."""
+    At precisions tf32x3, tf32, fp16 and bf16 the tiling is a tensor-core one (kernels/gemm_mma.py)."""
     precision = getattr(ctx, "precision", "fp32")
     if getattr(ctx, "node", None) is not None and ctx.node.op_type in getattr(ctx, "fp32_ops", ()):
         precision = "fp32"  # PipelineSpec.fp32_ops

@@ -42,9 +42,16 @@ WARPS = 8
 #: mma macro, OpenCL emulation scratch per warp in floats and its macro) (backends/prelude_*.h).
 MMA_KINDS = {
     "tf32": (8, "TO_TF32", "MMA_TF32", 192, "MMA_EMU_FLOATS"),
+    # float32 operands split into two TF32 values each, three mmas (backends/prelude_cuda.h)
+    "tf32x3": (8, "TO_F32", "MMA_TF32X3", 192, "MMA_EMU_FLOATS"),
     "fp16": (16, "TO_F16", "MMA_F16", 384, "MMA_EMU_FLOATS_K16"),
     "bf16": (16, "TO_BF16", "MMA_BF16", 384, "MMA_EMU_FLOATS_K16"),
 }
+#: The precisions whose operands are 32 bits wide in shared memory (floats; the async template's
+#: padded layout, kernels/gemm_mma_async.py) rather than 16.
+WIDE = ("tf32", "tf32x3")
+#: mma instructions per m16n8k8/k16 product at each precision (tf32x3: three).
+MMAS_PER_PRODUCT = {"tf32x3": 3}
 
 
 @dataclass(frozen=True)
@@ -63,12 +70,17 @@ class MmaTiling:
     def __post_init__(self):
         assert self.warps_m * self.warps_n == WARPS and self.precision in MMA_KINDS
         assert self.bm % (16 * self.warps_m) == 0 and self.bn % (8 * self.warps_n) == 0 and self.bk % self.kstep == 0
-        assert self.stages == 1 or (self.precision != "tf32" and self.bk % 16 == 0 and self.bm % 8 == 0)
+        assert self.stages == 1 or (self.bk % 16 == 0 or self.precision in WIDE) and self.bm % 8 == 0
 
     @property
     def kstep(self) -> int:
         """k of one mma: 8 (TF32) or 16 (fp16, bf16)."""
         return MMA_KINDS[self.precision][0]
+
+    @property
+    def wide(self) -> bool:
+        """Whether its operands are floats in shared memory (tf32, tf32x3), not 16-bit values."""
+        return self.precision in WIDE
 
     @property
     def a_frag(self) -> int:
@@ -95,22 +107,22 @@ class MmaTiling:
         return max(ext * (self.bk + 4), self.bk * (ext + 8))
 
     @property
+    def tile_floats(self) -> int:
+        """Both operand tiles, every stage's: 16-bit values two to a float in the async
+        template at fp16/bf16; floats in padded rows otherwise (operand_floats)."""
+        if self.stages > 1 and not self.wide:
+            return self.stages * (self.bm + self.bn) * self.bk // 2
+        return self.stages * (self.operand_floats("a") + self.operand_floats("b"))
+
+    @property
     def smem_floats(self) -> int:
-        """Both operand tiles (every stage's, 16-bit values two to a float in the async
-        template), plus the OpenCL emulation's scratch."""
-        if self.stages > 1:
-            tiles = self.stages * (self.bm + self.bn) * self.bk // 2
-        else:
-            tiles = self.operand_floats("a") + self.operand_floats("b")
-        return tiles + WARPS * MMA_KINDS[self.precision][3]
+        """The operand tiles, plus the OpenCL emulation's scratch."""
+        return self.tile_floats + WARPS * MMA_KINDS[self.precision][3]
 
     @property
     def cuda_smem_bytes(self) -> int:
-        """Shared memory one block takes on CUDA, where the mma needs no emulation scratch: both
-        operand tiles, every stage's (16-bit values in the async template, floats otherwise)."""
-        if self.stages > 1:
-            return 2 * self.stages * (self.bm + self.bn) * self.bk
-        return 4 * (self.operand_floats("a") + self.operand_floats("b"))
+        """Shared memory one block takes on CUDA, where the mma needs no emulation scratch."""
+        return 4 * self.tile_floats
 
     @property
     def dynamic(self) -> bool:
@@ -166,6 +178,24 @@ ASYNC_TILINGS = (
 )
 
 
+#: The tf32 and tf32x3 rKernels of the async template (kernels/gemm_mma_async.py: cp.async of
+#: float32 operands in 16-byte chunks of four, ldmatrix of k-contiguous ones), each with as many
+#: stages as fit 48 KiB beside OpenCL's emulation scratch (6 KiB). Floats take twice the bytes of
+#: the fp16/bf16 buffers, so the k blocks are half as deep for as many stages. On the H200 the
+#: register-staged template above ran 1.4-2.2x slower at tf32 than this pipeline at bf16 on the
+#: same shapes (docs/gemm.md), which is why tf32 has these too; the cost model chooses.
+TF32_ASYNC_TILINGS = (
+    MmaTiling(128, 128, 16, 2, 4, "tf32", 2),
+    MmaTiling(128, 64, 16, 4, 2, "tf32", 2),
+    MmaTiling(64, 128, 16, 2, 4, "tf32", 2),
+    MmaTiling(64, 64, 32, 2, 4, "tf32", 2),
+    MmaTiling(64, 64, 16, 2, 4, "tf32", 4),
+    MmaTiling(32, 64, 32, 2, 4, "tf32", 3),
+    MmaTiling(32, 64, 16, 2, 4, "tf32", 5),
+    MmaTiling(16, 64, 32, 1, 8, "tf32", 3),
+)
+
+
 #: CUDA's static shared memory per block; more is dynamic, opted in per kernel.
 STATIC_SMEM_BYTES = 48 * 1024
 
@@ -188,10 +218,15 @@ DEEP_TILINGS = (
 
 
 def mma_tilings(precision: str = "tf32", deep: bool = False) -> tuple[MmaTiling, ...]:
-    """The tensor-core tilings at `precision`: MMA_TILINGS for tf32, ASYNC_TILINGS for fp16 and
-    bf16 (each k step a whole number of the precision's mmas), and with `deep` DEEP_TILINGS too
-    (fp16 and bf16)."""
-    base = MMA_TILINGS if precision == "tf32" else ASYNC_TILINGS + (DEEP_TILINGS if deep else ())
+    """The tensor-core tilings at `precision`: MMA_TILINGS and TF32_ASYNC_TILINGS for tf32, the
+    latter alone for tf32x3, ASYNC_TILINGS for fp16 and bf16 (each k step a whole number of the
+    precision's mmas), and with `deep` DEEP_TILINGS too (fp16 and bf16)."""
+    if precision == "tf32x3":  # the register-staged template spilled at 128x64 and up with 3 mmas
+        base = TF32_ASYNC_TILINGS
+    elif precision == "tf32":
+        base = MMA_TILINGS + TF32_ASYNC_TILINGS
+    else:
+        base = ASYNC_TILINGS + (DEEP_TILINGS if deep else ())
     return tuple(MmaTiling(t.bm, t.bn, t.bk, t.warps_m, t.warps_n, precision, t.stages) for t in base)
 
 
@@ -237,7 +272,7 @@ def mma_cost(t: MmaTiling, batch: int, M: int, N: int, K: int, device=None) -> f
     sms = getattr(device, "sms", 80)
     per_sm = -(-tasks_for(t, batch, M, N) // sms)
     steps = sk.steps_per_chunk(t, K)
-    mmas = (t.bm // 16) * (t.bn // 8) * (t.bk // t.kstep)
+    mmas = (t.bm // 16) * (t.bn // 8) * (t.bk // t.kstep) * MMAS_PER_PRODUCT.get(t.precision, 1)
     # fragment loads from shared memory (warp instructions)
     frag = WARPS * (t.bk // t.kstep) * (t.a_frag * t.mi + t.a_frag // 2 * t.ni)
     moves = 3 * (t.bm + t.bn) * t.bk / 32  # global load, operand rounding, shared store (warp instructions)
@@ -271,9 +306,9 @@ def _async_cost(t: MmaTiling, batch: int, M: int, N: int, K: int, device=None) -
     per_sm = -(-tasks_for(t, batch, M, N) // sms)
     steps = sk.steps_per_chunk(t, K)
     ksteps = t.bk // t.kstep
-    mmas = (t.bm // 16) * (t.bn // 8) * ksteps
+    mmas = (t.bm // 16) * (t.bn // 8) * ksteps * MMAS_PER_PRODUCT.get(t.precision, 1)
     ldsm = WARPS * ksteps * (t.mi + -(-t.ni // 2))
-    copies = (t.bm + t.bn) * t.bk / 8 / 32
+    copies = (t.bm + t.bn) * t.bk / (4 if t.wide else 8) / 32  # 16-byte chunks, a warp's 32 at a time
     issue = mmas / MMA_PER_CYCLE + (ldsm + copies + 20 * WARPS) / 2.0
     regs = 48 + 4 * t.mi * t.ni + 4 * t.mi + 2 * t.ni
     rounds = -(-per_sm // _occupancy(t, regs, device))

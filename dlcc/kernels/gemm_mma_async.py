@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from . import splitk as sk
 from .gemm import _indent, _per_thread_count
-from .gemm_mma import mma_loops, store_accumulators, task_head, thin_kernel, zero_accumulators
+from .gemm_mma import MMA_KINDS, mma_loops, store_accumulators, task_head, thin_kernel, zero_accumulators
 
 WARPS = 8
 THREADS = 32 * WARPS
@@ -50,31 +50,53 @@ def swizzle_expr(chunk: str, per_row: int) -> str:
     return f"(({chunk}) ^ ((({chunk}) / {max(per_row, 8)}) & 7))"
 
 
+#: The precisions whose operands are float32 in shared memory (kernels/gemm_mma.py WIDE): four
+#: to a 16-byte chunk, in padded rows instead of swizzled ones.
+WIDE_CHUNK = 4
+
+
 def async_ok(raw, precision: str, extent: int, K: int) -> bool:
-    """Whether operand `raw` (a RawOperand or None) can be copied by cp.async: stored in the
-    precision's half type, its rows a whole number of 16-byte chunks (stride and the contiguous
-    extent multiples of 8), so every chunk is 16-byte aligned (the memory plan aligns every
-    buffer to 256 bytes) and lies wholly inside or wholly outside the tensor."""
-    if raw is None or raw.dtype != HALF[precision][0]:
+    """Whether operand `raw` (a RawOperand or None) can be copied by cp.async: stored in the type
+    the precision keeps in shared memory (its half type; float32 at tf32 and tf32x3), its rows a
+    whole number of 16-byte chunks (stride and the contiguous extent multiples of the chunk), so
+    every chunk is 16-byte aligned (the memory plan aligns every buffer to 256 bytes) and lies
+    wholly inside or wholly outside the tensor."""
+    stored, chunk = (HALF[precision][0], CHUNK) if precision in HALF else ("float32", WIDE_CHUNK)
+    if raw is None or raw.dtype != stored:
         return False
     contiguous = K if raw.k_contiguous else extent
-    return raw.stride % CHUNK == 0 and contiguous % CHUNK == 0
+    return raw.stride % chunk == 0 and contiguous % chunk == 0
 
 
 class OperandTile:
-    """One operand's buffer geometry in the tile: `rows` x `per_row` chunks, k-contiguous (rows
-    are m or n, chunks run along k) or not (rows are k, chunks run along m or n)."""
+    """One operand's buffer geometry in the tile: `rows` x `per_row` 16-byte chunks of `chunk`
+    elements, k-contiguous (rows are m or n, chunks run along k) or not (rows are k, chunks run
+    along m or n). 16-bit values are XOR-swizzled by chunk (swizzle); floats (tf32, tf32x3) sit in
+    rows padded by 4 (k-contiguous) or 8 floats, as the register-staged template keeps them
+    (kernels/gemm_mma.py): ldmatrix's eight rows, and the scalar fragment reads of lanes
+    (g, t) at t * row + g, then fall in distinct banks."""
 
     def __init__(self, which: str, t, kc: bool):
-        self.which, self.kc = which, kc
+        self.which, self.kc, self.wide = which, kc, t.wide
+        self.chunk = WIDE_CHUNK if t.wide else CHUNK
         self.ext = t.bm if which == "a" else t.bn
-        self.rows, self.per_row = (self.ext, t.bk // CHUNK) if kc else (t.bk, self.ext // CHUNK)
-        self.elems = self.ext * t.bk
-        self.chunks = self.elems // CHUNK
+        self.rows, self.per_row = (self.ext, t.bk // self.chunk) if kc else (t.bk, self.ext // self.chunk)
+        self.elems = self.ext * t.bk  # of one k block
+        self.chunks = self.elems // self.chunk
+        self.row_elems = self.per_row * self.chunk + ((4 if kc else 8) if t.wide else 0)
+        self.size = self.rows * self.row_elems  # elements of one stage buffer, padding included
 
     def addr(self, row: str, chunk: str) -> str:
         """Element offset of the first element of chunk (row, chunk) in a stage buffer."""
+        if self.wide:
+            return f"({row}) * {self.row_elems} + ({chunk}) * {self.chunk}"
         return f"{swizzle_expr(f'({row}) * {self.per_row} + ({chunk})', self.per_row)} * {CHUNK}"
+
+    def at(self, row: str, col: str) -> str:
+        """Element offset of element `col` of row `row` in a stage buffer."""
+        if self.wide:
+            return f"({row}) * {self.row_elems} + ({col})"
+        return f"{self.addr(row, f'({col}) / {CHUNK}')} + ({col}) % {CHUNK}"
 
 
 def _fill_raw(op: OperandTile, t, spec, raw, dst: str, k0: str) -> list[str]:
@@ -82,16 +104,16 @@ def _fill_raw(op: OperandTile, t, spec, raw, dst: str, k0: str) -> list[str]:
     x0, xext = ("m0", spec.M) if op.which == "a" else ("n0", spec.N)
     per = _per_thread_count(op.chunks, THREADS)
     if op.kc:
-        where = [f"const int x = {x0} + row, k = {k0} + ch * {CHUNK};"]
+        where = [f"const int x = {x0} + row, k = {k0} + ch * {op.chunk};"]
         idx = f"{raw.base} + x * {raw.stride} + k"
     else:
-        where = [f"const int k = {k0} + row, x = {x0} + ch * {CHUNK};"]
+        where = [f"const int k = {k0} + row, x = {x0} + ch * {op.chunk};"]
         idx = f"{raw.base} + k * {raw.stride} + x"
     guard = [] if op.chunks % THREADS == 0 else [f"    if (l >= {op.chunks}) continue;"]
     return ["#pragma unroll", f"for (int r = 0; r < {per}; ++r) {{", f"    const int l = tid + r * {THREADS};", *guard,
             f"    const int row = l / {op.per_row}, ch = l % {op.per_row};", *_indent(where, 4),
             f"    const int ok = x < {xext} && k < {spec.K};",
-            f"    CP_ASYNC16({dst} + {swizzle_expr('l', op.per_row)} * {CHUNK}, {raw.ptr} + (ok ? {idx} : 0), ok);", "}"]
+            f"    CP_ASYNC16({dst} + {op.addr('row', 'ch')}, {raw.ptr} + (ok ? {idx} : 0), ok);", "}"]
 
 
 def _generic_walk(op: OperandTile, t) -> tuple[list[str], str, str, int]:
@@ -108,7 +130,7 @@ def _generic_walk(op: OperandTile, t) -> tuple[list[str], str, str, int]:
     # the inliner) building an AStitch-fused kernel whose unrolled fills each inlined a prologue.
     head = ["MMA_UNROLL", f"for (int r = 0; r < {per}; ++r) {{", f"    const int l = tid + r * {THREADS};", *guard,
             f"    {pos}"]
-    return head, f"{op.addr(row, f'{col} / {CHUNK}')} + {col} % {CHUNK}", f"stage_{op.which}", per
+    return head, op.at(row, col), f"stage_{op.which}", per
 
 
 def _load_generic(op: OperandTile, t, spec, k0: str) -> list[str]:
@@ -124,10 +146,13 @@ def _load_generic(op: OperandTile, t, spec, k0: str) -> list[str]:
             f"    {regs}[r] = val;", "}"]
 
 
-def _store_generic(op: OperandTile, t, dst: str, store: str) -> list[str]:
-    """The staging registers, rounded into the half type, where the swizzled layout puts them."""
+def _store_generic(op: OperandTile, t, dst: str, store: str | None) -> list[str]:
+    """The staging registers where the layout puts them: rounded into the half type by `store`
+    (STORE_F16, STORE_BF16), or as floats (None: tf32 and tf32x3 round as the fragments go into
+    the mma, as they must for the operands cp.async copies)."""
     head, addr, regs, _ = _generic_walk(op, t)
-    return [*head, f"    {store}({dst}, {addr}, {regs}[r]);", "}"]
+    put = f"{store}({dst}, {addr}, {regs}[r]);" if store else f"({dst})[{addr}] = {regs}[r];"
+    return [*head, f"    {put}", "}"]
 
 
 def a_lane_address(op: OperandTile) -> str:
@@ -136,8 +161,9 @@ def a_lane_address(op: OperandTile) -> str:
     register order a01, a23, a45, a67 (lane l addresses row l % 8 of matrix l / 8)."""
     if op.kc:
         row = "mma_wm0 + mi * 16 + (mma_lane % 8) + 8 * ((mma_lane / 8) % 2)"
-        chunk = f"kk / {CHUNK} + mma_lane / 16"
+        chunk = f"kk / {op.chunk} + mma_lane / 16"
     else:
+        assert not op.wide, "ldmatrix.trans moves 16-bit elements"
         row = "kk + (mma_lane % 8) + 8 * (mma_lane / 16)"
         chunk = f"(mma_wm0 + mi * 16 + 8 * ((mma_lane / 8) % 2)) / {CHUNK}"
     return op.addr(row, chunk)
@@ -149,27 +175,65 @@ def b_lane_address(op: OperandTile, pair: bool) -> str:
     lane = "mma_lane" if pair else "(mma_lane % 16)"
     if op.kc:
         row = f"mma_wn0 + (ni + {lane} / 16) * 8 + ({lane} % 8)"
-        chunk = f"kk / {CHUNK} + ({lane} / 8) % 2"
+        chunk = f"kk / {op.chunk} + ({lane} / 8) % 2"
     else:
+        assert not op.wide, "ldmatrix.trans moves 16-bit elements"
         row = f"kk + ({lane} % 8) + 8 * (({lane} / 8) % 2)"
         chunk = f"(mma_wn0 + (ni + {lane} / 16) * 8) / {CHUNK}"
     return op.addr(row, chunk)
 
 
-def _ldsm_a(op: OperandTile, buf: str) -> list[str]:
+def _ldsm_args(op: OperandTile, buf: str, offset: str) -> str:
+    """ldmatrix's base and element offset: 16-bit elements as they are; floats as pairs of them
+    (an 8x8 matrix of b16 is then 8 rows of four floats, and lane l receives float l % 4 of row
+    l / 4: the TF32 fragment's element)."""
+    return f"(LPTR const u16*){buf}, 2 * ({offset})" if op.wide else f"{buf}, {offset}"
+
+
+def _frag_a(op: OperandTile, buf: str) -> list[str]:
+    """mma tile `mi`'s A fragment at k offset `kk` into `mma_af[mi]`: ldmatrix.x4 (.trans where k
+    is not the contiguous dimension), or at tf32 with m contiguous, which ldmatrix cannot
+    transpose in 32-bit elements, four scalar reads of a0 (g, t), a1 (g+8, t), a2 (g, t+4),
+    a3 (g+8, t+4)."""
+    regs = "mma_af[mi][0], mma_af[mi][1], mma_af[mi][2], mma_af[mi][3]"
+    if op.wide and not op.kc:
+        m = "mma_wm0 + mi * 16 + mma_g"
+        return [f"mma_af[mi][{e}] = AS_UINT({buf}[{op.at(f'kk + mma_t + {dk}', f'{m} + {dm}')}]);"
+                for e, (dm, dk) in enumerate(((0, 0), (8, 0), (0, 4), (8, 4)))]
     macro = "LDSM_X4" if op.kc else "LDSM_X4_T"  # .trans where k is not the contiguous dimension
-    return [f"{macro}(mma_af[mi][0], mma_af[mi][1], mma_af[mi][2], mma_af[mi][3], {buf}, {a_lane_address(op)});"]
+    return [f"{macro}({regs}, {_ldsm_args(op, buf, a_lane_address(op))});"]
 
 
 def _ldsm_b(op: OperandTile, buf: str, pair: bool) -> list[str]:
     macro = f"LDSM_X{4 if pair else 2}" + ("" if op.kc else "_T")
     regs = "mma_bf[ni][0], mma_bf[ni][1]" + (", mma_bf[ni + 1][0], mma_bf[ni + 1][1]" if pair else "")
-    return [f"{macro}({regs}, {buf}, {b_lane_address(op, pair)});"]
+    return [f"{macro}({regs}, {_ldsm_args(op, buf, b_lane_address(op, pair))});"]
+
+
+def _frag_b(op: OperandTile, buf: str, NI: int) -> list[str]:
+    """The B fragments of the warp's NI mma tiles at k offset `kk` into `mma_bf`: ldmatrix two
+    tiles at a time (x4, then x2 for an odd last one), or at tf32 with n contiguous two scalar
+    reads each, b0 (t, g) and b1 (t+4, g)."""
+    if op.wide and not op.kc:
+        n = "mma_wn0 + ni * 8 + mma_g"
+        return ["#pragma unroll", f"for (int ni = 0; ni < {NI}; ++ni) {{",
+                *[f"    mma_bf[ni][{e}] = AS_UINT({buf}[{op.at(f'kk + mma_t + {4 * e}', n)}]);" for e in (0, 1)], "}"]
+    loads = ["#pragma unroll", f"for (int ni = 0; ni + 1 < {NI}; ni += 2) {{", *_indent(_ldsm_b(op, buf, True), 4), "}"]
+    if NI % 2:
+        loads += ["{", f"    const int ni = {NI - 1};", *_indent(_ldsm_b(op, buf, False), 4), "}"]
+    return loads
 
 
 def async_mma_source(name: str, spec, t) -> str:
     """The rOperator text of async tiling `t` (MmaTiling with stages > 1) for `spec`."""
-    _, stype, mma, store_macro = HALF[t.precision]
+    _, _, mma, emu = (*MMA_KINDS[t.precision][:3], MMA_KINDS[t.precision][4])
+    if t.wide:  # floats in shared memory, rounded (tf32) or split (tf32x3) as they enter the mma
+        stype, store_macro, rnd = "float", None, MMA_KINDS[t.precision][1]
+        mma_args = ", ".join([f"{rnd}(AS_FLOAT(mma_af[mi][{e}]))" for e in range(4)]
+                             + [f"{rnd}(AS_FLOAT(mma_bf[ni][{e}]))" for e in range(2)])
+    else:
+        _, stype, mma, store_macro = HALF[t.precision]
+        mma_args = "mma_af[mi][0], mma_af[mi][1], mma_af[mi][2], mma_af[mi][3], mma_bf[ni][0], mma_bf[ni][1]"
     tiles_m, tiles_n = -(-spec.M // t.bm), -(-spec.N // t.bn)
     a = OperandTile("a", t, spec.a_k_contiguous)
     b = OperandTile("b", t, not spec.b_n_contiguous)
@@ -177,13 +241,14 @@ def async_mma_source(name: str, spec, t) -> str:
     k_first = "" if t.splitk == 1 else f"{sk.chunk_start(t, spec.K)} + "
     wtm, wtn = t.bm // t.warps_m, t.bn // t.warps_n
     MI, NI = t.mi, t.ni
-    tile_floats = S * (a.elems + b.elems) // 2
+    tile_floats = t.tile_floats
+    assert S * (a.size + b.size) * (1 if t.wide else 0.5) <= tile_floats
 
     a_raw = async_ok(spec.raw_a, t.precision, spec.M, spec.K) and (spec.raw_a.k_contiguous == a.kc)
     b_raw = async_ok(spec.raw_b, t.precision, spec.N, spec.K) and (spec.raw_b.k_contiguous == b.kc)
     raws = [(op, raw) for op, ok, raw in ((a, a_raw, spec.raw_a), (b, b_raw, spec.raw_b)) if ok]
     generic = [op for op, ok in ((a, a_raw), (b, b_raw)) if not ok]
-    dst = lambda op: f"{op.which.upper()}s + st * {op.elems}"  # noqa: E731
+    dst = lambda op: f"{op.which.upper()}s + st * {op.size}"  # noqa: E731
     # Copies issued now: cp.async for the raw operands; the other operands' loads go into
     # registers here and into shared memory after the block's mmas, so that their latency, too,
     # overlaps arithmetic (the SIMT template's register pipeline).
@@ -191,16 +256,14 @@ def async_mma_source(name: str, spec, t) -> str:
     issue += [line for op in generic for line in _load_generic(op, t, spec, "kf")]
     land = [line for op in generic for line in _store_generic(op, t, dst(op), store_macro)]
     staging = [f"float stage_{op.which}[{_generic_walk(op, t)[3]}];" for op in generic]
-    b_loads = ["#pragma unroll", f"for (int ni = 0; ni + 1 < {NI}; ni += 2) {{",
-               *_indent(_ldsm_b(b, "Bt", True), 4), "}"]
-    if NI % 2:
-        b_loads += ["{", f"    const int ni = {NI - 1};", *_indent(_ldsm_b(b, "Bt", False), 4), "}"]
+    frag_type = "float" if t.wide else "u16"
     src = [
         task_head(name, spec, t),
         f"    LPTR {stype}* As = (LPTR {stype}*)smem;  /* {S} stages of {t.bm}x{t.bk}, then of {t.bn}x{t.bk} */",
-        f"    LPTR {stype}* Bs = As + {S * a.elems};",
+        f"    LPTR {stype}* Bs = As + {S * a.size};",
         "    const int mma_lane = tid % 32, mma_warp = tid / 32;",
-        f"    LPTR float* mma_scr = smem + {tile_floats} + mma_warp * MMA_EMU_FLOATS_K16;  /* OpenCL's emulation */",
+        "    const int mma_g = mma_lane / 4, mma_t = mma_lane % 4;",
+        f"    LPTR float* mma_scr = smem + {tile_floats} + mma_warp * {emu};  /* OpenCL's emulation */",
         "    (void)mma_scr;",
         "    CP_ASYNC_STATE",
         *_indent(sk.tile_decode(t, tiles_m, tiles_n), 4),
@@ -227,32 +290,30 @@ def async_mma_source(name: str, spec, t) -> str:
         *_indent(issue, 12),
         "        }",
         "        CP_ASYNC_COMMIT();",
-        f"        LPTR const u16* At = (LPTR const u16*)(As + (kb % {S}) * {a.elems});",
-        f"        LPTR const u16* Bt = (LPTR const u16*)(Bs + (kb % {S}) * {b.elems});",
+        f"        LPTR const {frag_type}* At = (LPTR const {frag_type}*)(As + (kb % {S}) * {a.size});",
+        f"        LPTR const {frag_type}* Bt = (LPTR const {frag_type}*)(Bs + (kb % {S}) * {b.size});",
         # A loop on both targets: unrolled, ptxas gave the rTask 255 registers and 240 bytes of
         # spills as the out-of-line call site of a persistent kernel (BERT-base's GEMMs; 70 as a
         # loop, the whole kernel 143 and none spilled), though a kernel of its own did not. A DEEP
         # tiling is never an rTask of a persistent kernel (its shared memory is dynamic), so its
         # loop is unrolled: the next k offset's ldmatrix can then issue under this one's mmas.
         "        #pragma unroll" if t.dynamic else "        #pragma unroll 1",
-        f"        for (int kk = 0; kk < {t.bk}; kk += 16) {{",
+        f"        for (int kk = 0; kk < {t.bk}; kk += {t.kstep}) {{",
         f"            unsigned int mma_af[{MI}][4], mma_bf[{NI}][2];",
         "            #pragma unroll",
         f"            for (int mi = 0; mi < {MI}; ++mi) {{",
-        *_indent(_ldsm_a(a, "At"), 16),
+        *_indent(_frag_a(a, "At"), 16),
         "            }",
-        *_indent(b_loads, 12),
-        *_indent(mma_loops(mma, MI, NI, "mma_af[mi][0], mma_af[mi][1], mma_af[mi][2], mma_af[mi][3], "
-                                         "mma_bf[ni][0], mma_bf[ni][1]"), 12),
+        *_indent(_frag_b(b, "Bt", NI), 12),
+        *_indent(mma_loops(mma, MI, NI, mma_args), 12),
         "        }",
         *([f"        if (kn < {KB}) {{", *_indent(land, 12), "        }"] if land else []),
         "    }",
         "    CP_ASYNC_WAIT(0);",
         "    BARRIER();  /* the buffers are free for the next rTask that runs on this block */",
-        "    const int mma_g = mma_lane / 4, mma_t = mma_lane % 4;",
         *store_accumulators(spec, t),
         "}",
         "",
-        *thin_kernel(name, spec, f"{tile_floats} + {WARPS} * MMA_EMU_FLOATS_K16", t),
+        *thin_kernel(name, spec, f"{tile_floats} + {WARPS} * {emu}", t),
     ]
     return "\n".join(src)

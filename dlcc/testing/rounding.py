@@ -43,7 +43,8 @@ from onnx import TensorProto, helper, numpy_helper
 UNIT = 2.0 ** -24  # float32 unit roundoff: half an ulp of 1.0
 TF32_UNIT = 2.0 ** -11  # TF32's (10 explicit mantissa bits), for GEMM operands at precision tf32
 #: The unit roundoff of a GEMM operand at each tensor-core precision.
-OPERAND_UNIT = {"tf32": TF32_UNIT, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+#: tf32x3 keeps what a product loses (its small x small term) below TF32_UNIT**2 of it.
+OPERAND_UNIT = {"tf32": TF32_UNIT, "tf32x3": TF32_UNIT ** 2, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
 GEMMS = {"MatMul", "Gemm", "Conv", "ConvTranspose"}
 
 #: Ops whose float result is rounded once per element, and by how many ulps at most on the
@@ -77,7 +78,8 @@ def tf32_round(x: np.ndarray) -> np.ndarray:
 
 def operand_round(x: np.ndarray, precision: str) -> np.ndarray:
     """x (float32) rounded as a tensor-core operand is at `precision`, still float32: TF32 (tf32_round),
-    float16 or bfloat16 (nearest, ties to even: TO_F16 and TO_BF16 in the preludes); fp32 unchanged."""
+    float16 or bfloat16 (nearest, ties to even: TO_F16 and TO_BF16 in the preludes); fp32 and
+    tf32x3 (whose split operands carry float32's value) unchanged."""
     x = np.asarray(x, np.float32)
     if precision == "tf32":
         return tf32_round(x)

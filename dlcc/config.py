@@ -47,11 +47,10 @@ class DeviceSpec(Strict):
         """Keys are the tensor-core precisions; every scale positive."""
         if v is None:
             return v
-        bad = sorted(k for k in v if k not in ("tf32", "tf32x3", "fp16", "bf16")) + sorted(k for k, x in v.items()
-                                                                                       if not x > 0)
+        keys = ("tf32", "tf32_async", "tf32x3", "fp16", "bf16")
+        bad = sorted(k for k in v if k not in keys) + sorted(k for k, x in v.items() if not x > 0)
         if bad:
-            raise ValueError(f"keys must be tf32, tf32x3, fp16 or bf16, each a positive µs per cycle; "
-                             f"not: {', '.join(bad)}")
+            raise ValueError(f"keys must be {', '.join(keys)}, each a positive µs per cycle; not: {', '.join(bad)}")
         return v
 
     @field_validator("peak_tflops")
@@ -81,9 +80,11 @@ class DeviceSpec(Strict):
                                         "plan mode then prices a GEMM from its tiling, with the occupancy it gets "
                                         "(its own, or a persistent kernel's). None: from its FLOPs (roofline)")
     mma_cycle_us: dict[str, float] | None = Field(None, description="the same for the tensor-core tilings "
-                                                  "(gemm_mma.py mma_cost), per precision (tf32, tf32x3, fp16, bf16), "
-                                                  "fitted on them (scripts/gemm_tilings.py --fit); tf32x3 not given "
-                                                  "uses tf32's, any other precision not given gemm_cycle_us")
+                                                  "(gemm_mma.py mma_cost), per precision (tf32, fp16, bf16; tf32_async "
+                                                  "for tf32 on the cp.async pipeline, tf32x3), fitted on them "
+                                                  "(scripts/gemm_tilings.py --fit); tf32_async and tf32x3 not given "
+                                                  "use bf16's (the same pipeline: gemm_mma.py SCALE_FALLBACK), any "
+                                                  "other precision not given gemm_cycle_us")
     gemm_deep_pipelines: bool = Field(False, description="whether the cost model picks among the fp16/bf16 GEMM "
                                       "tilings with 4-8 stages in dynamic shared memory (kernels/gemm_mma.py "
                                       "DEEP_TILINGS) on this device: turn it on where scripts/gemm_tilings.py "

@@ -177,13 +177,16 @@ def main(argv=None) -> int:
 
 
 def fit(a) -> int:
-    """DeviceSpec.gemm_cycle_us (SIMT rows) or mma_cycle_us[precision] (tensor-core rows, one
-    precision per file) from measured GEMM rOperators: µs = kernel_fixed_us + cycles x f, f the
-    geometric mean of (µs - fixed) / cycles over the rows (least squares on log time, so a 2x miss
-    counts the same on a 20 and a 400 µs GEMM). Prints each row's modelled time with it."""
+    """DeviceSpec.gemm_cycle_us (SIMT rows) or mma_cycle_us[key] (tensor-core rows: one scale per
+    template and precision, gemm_mma.py scale_key) from measured GEMM rOperators: µs =
+    kernel_fixed_us + cycles x f, f the geometric mean of (µs - fixed) / cycles over the rows of
+    its key (least squares on log time, so a 2x miss counts the same on a 20 and a 400 µs GEMM).
+    Prints each row's modelled time with it."""
     from dlcc.kernels.gemm import tiling_and_cost
+    from dlcc.kernels.gemm_mma import scale_key
 
-    dev = load_device(a.device)
+    # the model's raw cycles: without the device's scales, which weigh one template against another
+    dev = load_device(a.device).model_copy(update={"mma_cycle_us": None})
     rows = []
     for p in a.fit:
         try:
@@ -192,30 +195,32 @@ def fit(a) -> int:
         except (OSError, ValueError, KeyError, TypeError) as e:
             print(f"--fit: {p}: not a measurements file written by --json ({type(e).__name__}: {e})", file=sys.stderr)
             return 2
-    pts, precisions = [], set()
+    groups: dict[str, list] = {}
     for r in rows:
         found = tiling_and_cost(r["tiling"], dev)
         if found is None:
             print(f"skipped: unknown tiling {r['tiling']}", file=sys.stderr)
             continue
         t, cost = found
-        pts.append((r, cost(t, 1, *r["shape"], dev)))
-        precisions.add(getattr(t, "precision", None) or "fp32")
-    if not pts:
+        key = scale_key(t) if hasattr(t, "stages") else "fp32"
+        groups.setdefault(key, []).append((r, cost(t, 1, *r["shape"], dev)))
+    if not groups:
         print("no rows to fit", file=sys.stderr)
         return 1
     fixed = dev.kernel_fixed_us
-    f = math.exp(statistics.fmean(math.log(max(r["us"] - fixed, 1e-3) / c) for r, c in pts))
-    field = "gemm_cycle_us" if precisions == {"fp32"} else f"mma_cycle_us[{', '.join(sorted(precisions))}]"
-    print(f"{field} for {dev.name}: {f:.6f} µs per modelled cycle (a {1e-3 / f:.2f} GHz clock) (kernel_fixed_us {fixed}), {len(pts)} rows")
-    print("| M×N×K | tiling | measured µs | modelled µs | modelled / measured |")
-    print("|---|---|---|---|---|")
-    worst = 1.0
-    for r, c in pts:
-        us = fixed + c * f
-        worst = max(worst, us / r["us"], r["us"] / us)
-        print(f"| {'x'.join(map(str, r['shape']))} | {r['tiling']} | {r['us']:.1f} | {us:.1f} | {us / r['us']:.2f} |")
-    print(f"worst ratio {worst:.2f}x")
+    for key, pts in sorted(groups.items()):
+        f = math.exp(statistics.fmean(math.log(max(r["us"] - fixed, 1e-3) / c) for r, c in pts))
+        field = "gemm_cycle_us" if key == "fp32" else f"mma_cycle_us[{key}]"
+        print(f"{field} for {dev.name}: {f:.6f} µs per modelled cycle (a {1e-3 / f:.2f} GHz clock) "
+              f"(kernel_fixed_us {fixed}), {len(pts)} rows")
+        print("| M×N×K | tiling | measured µs | modelled µs | modelled / measured |")
+        print("|---|---|---|---|---|")
+        worst = 1.0
+        for r, c in pts:
+            us = fixed + c * f
+            worst = max(worst, us / r["us"], r["us"] / us)
+            print(f"| {'x'.join(map(str, r['shape']))} | {r['tiling']} | {r['us']:.1f} | {us:.1f} | {us / r['us']:.2f} |")
+        print(f"worst ratio {worst:.2f}x\n")
     return 0
 
 

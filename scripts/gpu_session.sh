@@ -13,6 +13,7 @@
 #   . .gpu/setup.sh && scripts/gpu_session.sh 6     # where the time goes at bf16: per-kernel profiles, GEMMs vs cuBLAS
 #   . .gpu/setup.sh && scripts/gpu_session.sh 7     # a short check: BERT-base and GPT-2 at bf16 beside torch.compile
 #   . .gpu/setup.sh && scripts/gpu_session.sh 8     # the DEEP GEMM tilings (dynamic shared memory), and bound calls
+#   . .gpu/setup.sh && scripts/gpu_session.sh 9     # tf32 on the cp.async pipeline, and tf32x3, against cuBLAS and torch
 #
 # What each number is for: issue 21 (stage 1: both import orders, device arrays, graphs, threads),
 # issue 18 (stages 2 and 3: GEMM and model floors against cuBLAS and torch.compile), issue 20
@@ -124,8 +125,26 @@ yaml.safe_dump(d, open('$OUT/h100-deep.yaml', 'w'))")
     step interop-host 40 "$PY" scripts/interop_check.py --scenario host-time
     step graph-gap 25 "$PY" scripts/graph_gap.py  # a kernel in a graph, and a grid barrier (grid_barrier_us)
     ;;
+  9)
+    # tf32 on the cp.async pipeline and tf32x3 (float32 accuracy from three TF32 mmas), untimed
+    # before (one ~9-minute call): the small models at both against onnxruntime on the hardware;
+    # every tf32 and tf32x3 tiling on the six issue shapes against cuBLAS (tf32 against its TF32,
+    # tf32x3 against its float32: the records --fit reads); BERT-base at fp32, tf32x3 and tf32
+    # through full and astitch beside torch.compile; GPT-2 at fp32 and tf32x3 through full.
+    SMALL="${SMALL_MODELS_DIR:-.gpu/models}"
+    step small-x3 90 "$PY" scripts/vs_torch.py --size small --models bert,gpt2,vit,cnn --precisions tf32x3,tf32 \
+      --pipelines astitch,full --torch-modes eager --repeat 10 --models-dir "$SMALL" --json-out "$OUT/small-x3.json"
+    for p in tf32 tf32x3; do
+      step "gemm-$p" 120 "$PY" scripts/gemm_tilings.py --precision "$p" --vs-torch --repeat 10 --json "$OUT/gemm-$p.json"
+    done
+    step bert-x3 170 "$PY" scripts/vs_torch.py --size full --models bert --precisions fp32,tf32x3,tf32 \
+      --pipelines full,astitch --torch-modes reduce-overhead --device h100 --models-dir "$MODELS" \
+      --json-out "$OUT/bert-x3.json"
+    step gpt2-x3 80 "$PY" scripts/vs_torch.py --size full --models gpt2 --precisions fp32,tf32x3 --pipelines full \
+      --torch-modes reduce-overhead --device h100 --models-dir "$MODELS" --json-out "$OUT/gpt2-x3.json"
+    ;;
   *)
-    echo "usage: scripts/gpu_session.sh 0|1|2|3|4|5|6|7|8   (the stages are described at the top of this file)" >&2
+    echo "usage: scripts/gpu_session.sh 0|1|2|3|4|5|6|7|8|9   (the stages are described at the top of this file)" >&2
     exit 2
     ;;
 esac

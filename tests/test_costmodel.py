@@ -280,7 +280,7 @@ def test_tensor_core_tilings_are_priced_with_their_own_fitted_scale(precision, w
     assert f"mma_cycle_us[{precision}] for NVIDIA H100 SXM: {d.mma_cycle_us[precision]:.6f} µs per modelled cycle" in out
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({**d.model_dump(exclude_none=True), "mma_cycle_us": {"int8": 0.001}}))
-    with pytest.raises(ConfigError, match="tf32, fp16 or bf16"):
+    with pytest.raises(ConfigError, match="keys must be tf32, tf32_async, tf32x3, fp16, bf16"):
         load_device(str(bad))
 
 

@@ -286,7 +286,7 @@ def test_every_float_async_tiling_matches_numpy(rt, precision, M, N, K, trans_a,
     from dlcc.kernels.gemm_mma import TF32_ASYNC_TILINGS
 
     tilings = [t for t in mma_tilings(precision) if t.stages > 1]
-    assert len(tilings) == len(TF32_ASYNC_TILINGS)
+    assert len(tilings) == len(TF32_ASYNC_TILINGS) - (precision == "tf32x3")  # no 128x128 at tf32x3
     spec = plain_spec(M, N, K, trans_b, trans_a=trans_a)
     sources = [gemm_source(f"g_{t.name}", spec, t) for t in tilings]
     for src in sources:

@@ -26,7 +26,7 @@ def test_cuda_kernels_compile_without_spills(model_path, name):
 
 @pytest.mark.parametrize("name,precision", [("cnn", "tf32"), ("lstm", "tf32"), ("bert", "tf32"), ("vit", "tf32"),
                                             ("cnn", "bf16"), ("bert", "bf16"), ("gpt2", "fp16"),
-                                            ("hf-convnext", "bf16")])
+                                            ("hf-convnext", "bf16"), ("cnn", "tf32x3"), ("vit", "tf32x3")])
 def test_tensor_core_plans_compile_without_spills(model_path, name, precision):
     """At the tensor-core precisions on an H100's plan (`full` with every run joined, `join:
     always`: stitched epilogues on the mma accumulators, tensor-core rTasks in persistent kernels,
@@ -48,7 +48,7 @@ def test_tensor_core_plans_compile_without_spills(model_path, name, precision):
     assert any(L.get("grid_sync") for L in m.plan["launches"]), "a persistent kernel with grid barriers"
     from dlcc.kernels.gemm_mma import MMA_KINDS
 
-    mma = MMA_KINDS[precision][2] + ("" if precision == "tf32" else "_P")  # fp16/bf16: packed (gemm_mma_async.py)
+    mma = MMA_KINDS[precision][2] + ("" if precision in ("tf32", "tf32x3") else "_P")  # fp16/bf16: packed
     from dlcc.backends.source import render
 
     assert m.source("cuda").count(f"{mma}(") > render([], "cuda").count(f"{mma}(")  # in the kernels, not only the prelude

@@ -183,10 +183,10 @@ def cycle_us(precision: str | None, device: DeviceSpec) -> float:
     """µs per modelled cycle on `device` of a kernel whose mmas run at `precision`: its
     DeviceSpec.mma_cycle_us where the device has it (the tensor-core models were fitted apart:
     their k loops are other code), else gemm_cycle_us (the SIMT templates: precision None)."""
-    scales = device.mma_cycle_us or {}
-    if precision == "tf32x3" and precision not in scales:
-        precision = "tf32"  # the same template and mma, three times over (mma_cost counts them)
-    return scales.get(precision, device.gemm_cycle_us)
+    from ..kernels.gemm_mma import mma_scale
+
+    scale = mma_scale(precision, device) if precision else None  # tf32x3: its pipeline's (SCALE_FALLBACK)
+    return device.gemm_cycle_us if scale is None else scale
 
 
 def attention_model_us(shape, device: DeviceSpec, sms: int | None = None) -> float | None:

@@ -1,4 +1,4 @@
-"""The tensor-core GEMM template (precisions tf32, fp16, bf16): the same rOperator contract as
+"""The tensor-core GEMM template (precisions tf32, tf32x3, fp16, bf16): the same rOperator contract as
 kernels/gemm.py (GemmSpec's element loads, prologue and store; one BMxBN output tile per rTask,
 emitted as `NAME_task(args..., task, tid, smem)` plus a thin KERNEL), with the k loop's arithmetic
 done by warp-wide mma.sync instructions instead of per-thread FMAs: `m16n8k8` TF32, or `m16n8k16`
@@ -219,10 +219,13 @@ DEEP_TILINGS = (
 
 def mma_tilings(precision: str = "tf32", deep: bool = False) -> tuple[MmaTiling, ...]:
     """The tensor-core tilings at `precision`: MMA_TILINGS and TF32_ASYNC_TILINGS for tf32, the
-    latter alone for tf32x3, ASYNC_TILINGS for fp16 and bf16 (each k step a whole number of the
+    latter but 128x128 for tf32x3, ASYNC_TILINGS for fp16 and bf16 (each k step a whole number of the
     precision's mmas), and with `deep` DEEP_TILINGS too (fp16 and bf16)."""
-    if precision == "tf32x3":  # the register-staged template spilled at 128x64 and up with 3 mmas
-        base = TF32_ASYNC_TILINGS
+    if precision == "tf32x3":
+        # Not the register-staged template (it spilled at 128x64 and up with the split fragments),
+        # nor the 128x128 tile (its 64 accumulators beside the split A and B fragments spilled as
+        # a persistent kernel's call site on sm_80: a convolution of the cnn test model).
+        base = tuple(t for t in TF32_ASYNC_TILINGS if t.bm * t.bn < 128 * 128)
     elif precision == "tf32":
         base = MMA_TILINGS + TF32_ASYNC_TILINGS
     else:
@@ -263,12 +266,39 @@ STAGE_CYCLES = 64
 SPLIT_READ_CYCLES = 20
 
 
+#: Which of DeviceSpec.mma_cycle_us's fitted µs-per-cycle scales prices a tiling (scale_key), and
+#: what stands in where the device has none: tf32 on the cp.async pipeline is that pipeline's
+#: code (fitted at bf16), not the register-staged tf32 template's, and tf32x3 is the same again.
+SCALE_FALLBACK = {"tf32_async": ("tf32_async", "bf16"), "tf32x3": ("tf32x3", "tf32_async", "bf16")}
+
+
+def scale_key(t: MmaTiling) -> str:
+    """The mma_cycle_us key whose scale turns tiling `t`'s modelled cycles into µs."""
+    return "tf32_async" if t.precision == "tf32" and t.stages > 1 else t.precision
+
+
+def mma_scale(key: str, device) -> float | None:
+    """`device`'s µs per modelled cycle for scale `key` (SCALE_FALLBACK), None where it has none."""
+    scales = getattr(device, "mma_cycle_us", None) or {}
+    return next((scales[k] for k in SCALE_FALLBACK.get(key, (key,)) if k in scales), None)
+
+
+def _template_weight(t: MmaTiling, device) -> float:
+    """tf32's two templates were fitted apart, so their cycles are not alike: an async tiling's
+    are weighed in the register-staged template's units (its scale over tf32's), so that the
+    tiling choice, Rammer's and the estimate compare them as µs. 1 elsewhere, or uncalibrated."""
+    if scale_key(t) != "tf32_async":
+        return 1.0
+    mine, staged = mma_scale("tf32_async", device), mma_scale("tf32", device)
+    return mine / staged if mine and staged else 1.0
+
+
 def mma_cost(t: MmaTiling, batch: int, M: int, N: int, K: int, device=None) -> float:
     """Modelled cycles, in the form of kernels/gemm.py tiling_cost: the larger of an SM's issue
     time (mma instructions, fragment and operand traffic, loop overhead) and its latency chain
     (rounds of co-resident blocks x k steps x one step's latency)."""
     if t.stages > 1:
-        return _async_cost(t, batch, M, N, K, device)
+        return _async_cost(t, batch, M, N, K, device) * _template_weight(t, device)
     sms = getattr(device, "sms", 80)
     per_sm = -(-tasks_for(t, batch, M, N) // sms)
     steps = sk.steps_per_chunk(t, K)

@@ -1,4 +1,4 @@
-"""The tensor-core GEMM template at fp16 and bf16 with a multi-stage shared-memory pipeline: the
+"""The tensor-core GEMM template with a multi-stage shared-memory pipeline (fp16, bf16, tf32, tf32x3): the
 rOperator contract of kernels/gemm.py (one BMxBN output tile per rTask, GemmSpec's loads and
 store, `NAME_task(args..., task, tid, smem)` plus a thin KERNEL), built the way the hardware wants
 its operands (PTX ISA: "cp.async", "ldmatrix", "mma.m16n8k16"):
@@ -16,6 +16,13 @@ its operands (PTX ISA: "cp.async", "ldmatrix", "mma.m16n8k16"):
   - Each buffer is XOR-swizzled in 16-byte chunks (`swizzle` below), so that the eight rows one
     ldmatrix phase reads, and the eight chunks one cp.async phase writes, fall in distinct banks
     (tests/test_gemm_mma_async.py checks every tiling's address pattern).
+
+At tf32 and tf32x3 the same pipeline moves floats (kernels/gemm_mma.py TF32_ASYNC_TILINGS): a
+float32 operand is copied four to a chunk, the buffers are padded rows instead of swizzled ones
+(OperandTile), ldmatrix reads a k-contiguous operand's fragments as pairs of 16-bit halves (and
+scalar reads the other layout's: ldmatrix cannot transpose 32-bit elements), and each fragment
+element is rounded (TO_TF32) or, at tf32x3, split into two TF32 values (MMA_TF32X3) as it goes
+into the mma: the operands cp.async copies cannot be rounded on the way.
 
 The accumulators are the `acc[i][j]` grid of kernels/gemm_mma.py, so its store loop, and AStitch's
 fused epilogues, apply unchanged. On OpenCL, cp.async copies land as late as the PTX ISA allows

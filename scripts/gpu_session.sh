@@ -14,6 +14,7 @@
 #   . .gpu/setup.sh && scripts/gpu_session.sh 7     # a short check: BERT-base and GPT-2 at bf16 beside torch.compile
 #   . .gpu/setup.sh && scripts/gpu_session.sh 8     # the DEEP GEMM tilings (dynamic shared memory), and bound calls
 #   . .gpu/setup.sh && scripts/gpu_session.sh 9     # tf32 on the cp.async pipeline, and tf32x3, against cuBLAS and torch
+#   . .gpu/setup.sh && scripts/gpu_session.sh 10    # the short form of 8 and 9 in one call: the first thing to run next
 #
 # What each number is for: issue 21 (stage 1: both import orders, device arrays, graphs, threads),
 # issue 18 (stages 2 and 3: GEMM and model floors against cuBLAS and torch.compile), issue 20
@@ -143,8 +144,32 @@ yaml.safe_dump(d, open('$OUT/h100-deep.yaml', 'w'))")
     step gpt2-x3 80 "$PY" scripts/vs_torch.py --size full --models gpt2 --precisions fp32,tf32x3 --pipelines full \
       --torch-modes reduce-overhead --device h100 --models-dir "$MODELS" --json-out "$OUT/gpt2-x3.json"
     ;;
+  10)
+    # Everything built since the last GPU session, in one ~9-minute call, by priority: the new
+    # kernels' results on the hardware (the small models at tf32x3 and tf32 against onnxruntime,
+    # checked inside gemm_tilings too); the bf16 DEEP tilings, the tf32 cp.async tilings and the
+    # tf32x3 ones against cuBLAS on BERT's shapes and 1024^3; BERT-base with the DEEP tilings on at
+    # bf16, and at fp32 and tf32x3 through full, beside torch.compile; the bound call's host time.
+    # Stages 8 and 9 are the longer forms.
+    SMALL="${SMALL_MODELS_DIR:-.gpu/models}"
+    SHAPES=128x768x768,128x3072x768,128x768x3072,1024x1024x1024
+    step small-x3 90 "$PY" scripts/vs_torch.py --size small --models bert,gpt2,vit,cnn --precisions tf32x3,tf32 \
+      --pipelines astitch,full --torch-modes eager --repeat 10 --models-dir "$SMALL" --json-out "$OUT/small-x3.json"
+    for p in bf16 tf32 tf32x3; do
+      step "gemm-$p" 80 "$PY" scripts/gemm_tilings.py --precision "$p" --vs-torch --repeat 10 --shapes "$SHAPES" \
+        --json "$OUT/gemm-$p.json"
+    done
+    (cd /tmp && "$PY" -c "import yaml; from dlcc.config import load_device; \
+d = load_device('h100').model_dump(); d['gemm_deep_pipelines'] = True; d['name'] += ' (deep)'; \
+yaml.safe_dump(d, open('$OUT/h100-deep.yaml', 'w'))")
+    step bert-deep 60 "$PY" scripts/vs_torch.py --size full --models bert --precisions bf16 --pipelines full,astitch \
+      --torch-modes reduce-overhead --device "$OUT/h100-deep.yaml" --models-dir "$MODELS" --json-out "$OUT/bert-deep.json"
+    step bert-x3 130 "$PY" scripts/vs_torch.py --size full --models bert --precisions fp32,tf32x3 --pipelines full \
+      --torch-modes reduce-overhead --device h100 --models-dir "$MODELS" --json-out "$OUT/bert-x3.json"
+    step interop-host 40 "$PY" scripts/interop_check.py --scenario host-time
+    ;;
   *)
-    echo "usage: scripts/gpu_session.sh 0|1|2|3|4|5|6|7|8|9   (the stages are described at the top of this file)" >&2
+    echo "usage: scripts/gpu_session.sh 0|1|...|10   (the stages are described at the top of this file)" >&2
     exit 2
     ;;
 esac

@@ -69,10 +69,11 @@ def test_half_rounding_twins():
 @pytest.mark.parametrize("precision", [p for p in PRECISIONS if p != "tf32x3"])  # tf32x3: test_gemm_mma_async.py
 @pytest.mark.parametrize("trans_b", [True, False], ids=["Bt", "B"])
 def test_every_mma_tiling_matches_numpy(rt, trans_b, precision):
-    """Partial tiles in m, n and k (M=37, N=70, K=44: K is not a multiple of 8 or 16 either)."""
+    """Partial tiles in m, n and k (M=37, N=70, K=44: K is not a multiple of 8 or 16 either).
+    tf32's cp.async tilings are test_gemm_mma_async.py's, with tf32x3's."""
     M, N, K = 37, 70, 44
     spec = plain_spec(M, N, K, trans_b)
-    tilings = mma_tilings(precision)
+    tilings = [t for t in mma_tilings(precision) if not (t.wide and t.stages > 1)]
     rt.compile(render([gemm_source(f"g_{t.name}", spec, t) for t in tilings], rt.dialect))
     rng = np.random.default_rng(2)
     A = rng.standard_normal((M, K), dtype=np.float32)
@@ -183,7 +184,8 @@ def test_nvcc_builds_every_mma_tiling_without_spills(tmp_path, arch):
 def test_deep_tilings_are_chosen_only_where_the_device_says_so():
     """The DEEP tilings (4-8 stages in dynamic shared memory) are the cost model's candidates only
     on a GPU spec whose shared memory holds them and that says they were measured faster there
-    (`gemm_deep_pipelines`); `--tune`'s family has them wherever they fit; tf32 has none."""
+    (`gemm_deep_pipelines`); `--tune`'s family has them wherever they fit. tf32 and tf32x3 have
+    their own (TF32_DEEP_TILINGS), gated alike."""
     from dlcc.config import load_device
     from dlcc.kernels.gemm import tiling_family_for
 
@@ -193,8 +195,10 @@ def test_deep_tilings_are_chosen_only_where_the_device_says_so():
     small = load_device("rtx2080ti").model_copy(update={"gemm_deep_pipelines": True})  # 64 KiB a block
     assert not any(choose_mma_tiling(1, *s, h100, "bf16").dynamic for s in shapes)
     assert any(choose_mma_tiling(1, *s, on, "bf16").dynamic for s in shapes)
-    assert not any(choose_mma_tiling(1, *s, small, p).dynamic for s in shapes for p in ("bf16", "tf32"))
-    assert not any(choose_mma_tiling(1, *s, on, "tf32").dynamic for s in shapes)
+    assert not any(choose_mma_tiling(1, *s, small, p).dynamic for s in shapes for p in ("bf16", "tf32", "tf32x3"))
+    for p in ("tf32", "tf32x3"):
+        assert not any(choose_mma_tiling(1, *s, h100, p).dynamic for s in shapes)
+        assert any(choose_mma_tiling(1, *s, on, p).dynamic for s in shapes)
     assert any(t.dynamic for t in tiling_family_for("bf16", h100))
     assert not any(t.dynamic for t in tiling_family_for("bf16", small) + tiling_family_for("bf16", load_device("pocl-cpu")))
 

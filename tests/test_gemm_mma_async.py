@@ -90,10 +90,10 @@ def test_every_async_tiling_matches_numpy(rt, precision, M, N, K, trans_a, trans
 
 
 #: The DEEP tilings (4-8 stages, 64-wide k blocks; dynamic shared memory on CUDA): K of 10 k
-#: blocks, more than any tiling's stages, raw and per element, and K of one k block (fewer than
-#: the stages: the first fills are partly empty) with both operands transposed.
-DEEP_CASES = [("fp16", 37, 70, 600, False, True, True, 2), ("bf16", 37, 70, 604, False, True, False, 0),
-              ("bf16", 40, 72, 48, True, False, True, 2)]
+#: blocks, more than any tiling's stages, and K of one k block (fewer than the stages: the first
+#: fills are partly empty) with both operands transposed. An operand loaded per element through
+#: the deep stages: test_every_deep_float_tiling_matches_numpy (the same landing code).
+DEEP_CASES = [("fp16", 37, 70, 600, False, True, True, 2), ("bf16", 40, 72, 48, True, False, True, 2)]
 
 
 @needs_opencl
@@ -237,6 +237,9 @@ def test_nvcc_builds_the_async_pipeline_without_spills(tmp_path, arch):
         for tb in (True, False):
             spec = plain_spec(128, 768, 768, tb, b_dtype=half, a_dtype=half)
             sources += [gemm_source(f"g_{t.name}_{int(tb)}", spec, t) for t in mma_tilings(precision, deep=True)]
+    wide_deep = [t for p in ("tf32", "tf32x3") for t in mma_tilings(p, deep=True) if t.dynamic]
+    for tb in (True, False):  # the float ones in dynamic shared memory, float32 operands copied raw
+        sources += [gemm_source(f"g_{t.name}_{int(tb)}", plain_spec(128, 768, 768, tb), t) for t in wide_deep]
     src = tmp_path / "k.cu"
     src.write_text(render(sources, "cuda"))
     r = subprocess.run([find_nvcc(), "-cubin", f"-arch={arch}", "-O3", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
@@ -245,8 +248,9 @@ def test_nvcc_builds_the_async_pipeline_without_spills(tmp_path, arch):
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)]
     assert len(spills) == len(sources) and not any(spills), r.stderr[-3000:]
     used = dict(re.findall(r"Function properties for (\w+)\n.*\n.*Used \d+ registers([^\n]*)", r.stderr))
-    deep = [f"g_{t.name}_{int(tb)}" for precision in HALF for tb in (True, False)
+    deep = [f"g_{t.name}_{int(tb)}" for precision in (*HALF, "tf32", "tf32x3") for tb in (True, False)
             for t in mma_tilings(precision, deep=True) if t.dynamic]
+    assert len(deep) == 2 * (2 * len(DEEP_TILINGS) + len(wide_deep)) and len(wide_deep) == 11
     assert deep and all(n in used and "bytes smem" not in used[n] for n in deep), {n: used.get(n) for n in deep}
     ptx = subprocess.run([find_nvcc(), "-ptx", f"-arch={arch}", "-o", "-", str(src)], capture_output=True, text=True).stdout
     n = len(sources)
@@ -254,15 +258,40 @@ def test_nvcc_builds_the_async_pipeline_without_spills(tmp_path, arch):
     assert ptx.count("ldmatrix.sync.aligned.m8n8.x4.shared.b16") >= n
     assert ptx.count("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") >= n // 2
     for ty in ("f16", "bf16"):
-        assert ptx.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32") >= n // 2, ty
+        assert ptx.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32") >= n // 4, ty
     assert THREADS == 256  # Rammer's vEU size: these stay rTasks
 
 
 # -- tf32 and tf32x3: float32 operands, cp.async in chunks of four, padded rows ------------------
+@needs_opencl
+def test_every_deep_float_tiling_matches_numpy(rt):
+    """tf32 and tf32x3's DEEP tilings (3-8 stages of 32-wide float k blocks; dynamic shared
+    memory on CUDA): K of 10 k blocks, more than any tiling's stages; A [K, M] in rows of 37,
+    loaded per element and landed after each block's mmas into the stage it refills; B [K, N]
+    copied raw and read by scalar fragment loads. tf32 against numpy on rounded operands, tf32x3
+    within float32's bound."""
+    M, N, K = 37, 72, 300
+    spec = plain_spec(M, N, K, False, trans_a=True)
+    tilings = [t for p in ("tf32", "tf32x3") for t in mma_tilings(p, deep=True) if t.dynamic]
+    sources = [gemm_source(f"g_{t.name}", spec, t) for t in tilings]
+    assert all(src.count("CP_ASYNC16(") == 2 and "stage_a[" in src for src in sources)
+    rt.compile(render(sources, rt.dialect))
+    A, B = _operands(M, N, K, True, False, seed=6)
+    exact = A.T.astype(np.float64) @ B.astype(np.float64)
+    bound = _f32_bound(A, B, True, False, 2.0 ** -21)
+    tf32 = _reference(A, B, "tf32", True, False)
+    for t in tilings:
+        out = _run(rt, f"g_{t.name}", t, spec, A, B, "float32", "float32")
+        if t.precision == "tf32":
+            np.testing.assert_allclose(out, tf32, rtol=2e-5, atol=2e-5, err_msg=t.name)
+        else:
+            assert (np.abs(out - exact) <= bound).all(), (t.name, np.abs(out - exact).max())
+
+
 #: (M, N, K, trans_a, trans_b, copies expected per fill): A and B k-contiguous (ldmatrix of
-#: floats); B [K, N] and A [K, M] (scalar fragment reads); rows of 70 and 37 (per element).
-WIDE_CASES = [(37, 70, 200, False, True, 2), (37, 72, 136, False, False, 2), (40, 72, 52, True, False, 2),
-              (37, 70, 260, True, True, 1)]
+#: floats); B [K, N] (scalar fragment reads); A [K, M] in rows of 37 (per element), K = 52 (a
+#: ragged last k block).
+WIDE_CASES = [(37, 70, 200, False, True, 2), (37, 72, 136, False, False, 2), (37, 72, 52, True, False, 1)]
 
 
 def _f32_bound(A, B, trans_a, trans_b, unit):

@@ -217,28 +217,40 @@ DEEP_TILINGS = (
 )
 
 
+#: The same for tf32 and tf32x3 (floats: 32-wide k blocks): 3 to 8 stages, 72-108 KiB a block.
+TF32_DEEP_TILINGS = (
+    MmaTiling(128, 128, 32, 2, 4, "tf32", 3),
+    MmaTiling(128, 64, 32, 4, 2, "tf32", 4),
+    MmaTiling(64, 128, 32, 2, 4, "tf32", 4),
+    MmaTiling(64, 64, 32, 2, 4, "tf32", 4),
+    MmaTiling(32, 64, 32, 2, 4, "tf32", 6),
+    MmaTiling(16, 64, 32, 1, 8, "tf32", 8),
+)
+
+
 def mma_tilings(precision: str = "tf32", deep: bool = False) -> tuple[MmaTiling, ...]:
     """The tensor-core tilings at `precision`: MMA_TILINGS and TF32_ASYNC_TILINGS for tf32, the
     latter but 128x128 for tf32x3, ASYNC_TILINGS for fp16 and bf16 (each k step a whole number of the
-    precision's mmas), and with `deep` DEEP_TILINGS too (fp16 and bf16)."""
+    precision's mmas), and with `deep` DEEP_TILINGS (fp16 and bf16) or TF32_DEEP_TILINGS too."""
     if precision == "tf32x3":
         # Not the register-staged template (it spilled at 128x64 and up with the split fragments),
         # nor the 128x128 tile (its 64 accumulators beside the split A and B fragments spilled as
         # a persistent kernel's call site on sm_80: a convolution of the cnn test model).
-        base = tuple(t for t in TF32_ASYNC_TILINGS if t.bm * t.bn < 128 * 128)
+        base = tuple(t for t in TF32_ASYNC_TILINGS + (TF32_DEEP_TILINGS if deep else ()) if t.bm * t.bn < 128 * 128)
     elif precision == "tf32":
-        base = MMA_TILINGS + TF32_ASYNC_TILINGS
+        base = MMA_TILINGS + TF32_ASYNC_TILINGS + (TF32_DEEP_TILINGS if deep else ())
     else:
         base = ASYNC_TILINGS + (DEEP_TILINGS if deep else ())
     return tuple(MmaTiling(t.bm, t.bn, t.bk, t.warps_m, t.warps_n, precision, t.stages) for t in base)
 
 
 def deep_tilings_fit(device) -> bool:
-    """Whether `device` can hold DEEP_TILINGS' dynamic shared memory: a GPU whose per-block
+    """Whether `device` can hold DEEP_TILINGS' and TF32_DEEP_TILINGS' dynamic shared memory: a GPU whose per-block
     shared memory (with the opt-in carve-out) holds the largest of them. A CPU device (PoCL) runs
     them too, but nothing is gained there."""
     return (getattr(device, "kind", "gpu") == "gpu"
-            and getattr(device, "shared_mem_per_block", 0) >= max(t.cuda_smem_bytes for t in DEEP_TILINGS))
+            and getattr(device, "shared_mem_per_block", 0) >= max(t.cuda_smem_bytes
+                                                                  for t in DEEP_TILINGS + TF32_DEEP_TILINGS))
 
 
 def chooses_deep(device) -> bool:

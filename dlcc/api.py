@@ -176,6 +176,10 @@ def cache_key(model, shapes: dict, tgt: str, pipeline, device, profile_db=None, 
     pipe_text = "\n".join(with_precision(n if hasattr(n, "model_dump_json") else load_pipeline(n), precision)
                           .model_dump_json() for n in names)
     dev = resolve_device(device, tgt)[0]
+    if profile_db is None:  # the measurements the device spec comes with change the plan as a given one does
+        from .config import device_profile_db
+
+        profile_db = device_profile_db(dev)
     nvcc = None
     if tgt == "cuda":
         from .backends.nvcc import nvcc_version
@@ -220,7 +224,7 @@ def _compile(model, shapes, tgt, pipeline, device, steps, profile_db, cache=None
         from .estimate.plan_mode import choose_pipeline
 
         dev = resolve_device(device, tgt)[0]
-        pipeline, est = choose_pipeline(model, shapes, dev, steps=steps, precision=precision)
+        pipeline, est = choose_pipeline(model, shapes, dev, steps=steps, precision=precision, profile_db=profile_db)
         choice = {"chosen": pipeline, "why": est.why(), "device": est.device,
                   "ranking": [{"name": p.name, "predicted_ms": p.predicted_us / 1e3} for p in est.pipelines]}
         imported = est.imported

@@ -239,6 +239,10 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
 
     dev, device_key, device_from = resolve_device(device, target)
     precision_note = check_precision(pipe.precision, dev, target)
+    if profile_db is None:  # the measurements the device spec comes with, if any
+        from .config import device_profile_db
+
+        profile_db = device_profile_db(dev)
     if profile_db is not None and not hasattr(profile_db, "lookup"):
         from .estimate.profiledb import ProfileDB
 

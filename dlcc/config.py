@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, ValidationError, field_validator
 
 from .errors import ConfigError
 from .ir import INT32_MAX
@@ -85,6 +85,11 @@ class DeviceSpec(Strict):
                                                   "(scripts/gemm_tilings.py --fit); tf32_async and tf32x3 not given "
                                                   "use bf16's (the same pipeline: gemm_mma.py SCALE_FALLBACK), any "
                                                   "other precision not given gemm_cycle_us")
+    profile_db: str | None = Field(None, description="a dlcc profile database that comes with this spec (a file "
+                                   "name, beside the YAML): kernel times measured on the device, which rammer, "
+                                   "`dlcc estimate` and `--pipeline auto` use where no --profile-db is given")
+    # The folder of the YAML this spec was loaded from (load_device), where profile_db lies.
+    _yaml_dir: Path | None = PrivateAttr(None)
     gemm_deep_pipelines: bool = Field(False, description="whether the cost model picks among the fp16/bf16 GEMM "
                                       "tilings with 4-8 stages in dynamic shared memory (kernels/gemm_mma.py "
                                       "DEEP_TILINGS) on this device: turn it on where scripts/gemm_tilings.py "
@@ -271,7 +276,19 @@ def resolve(kind: str, name_or_path: str | Path) -> Path:
 
 
 def load_device(name_or_path: str | Path) -> DeviceSpec:
-    return load_yaml_model(resolve("devices", name_or_path), DeviceSpec)
+    path = resolve("devices", name_or_path)
+    spec = load_yaml_model(path, DeviceSpec)
+    spec._yaml_dir = Path(path).parent
+    if spec.profile_db and not device_profile_db(spec).is_file():
+        raise ConfigError(f"{path}: profile_db: {spec.profile_db!r} is not a file beside it")
+    return spec
+
+
+def device_profile_db(spec: DeviceSpec) -> Path | None:
+    """The profile database `spec` comes with (DeviceSpec.profile_db, beside its YAML), or None."""
+    if not spec.profile_db:
+        return None
+    return (spec._yaml_dir or Path.cwd()) / spec.profile_db
 
 
 def load_pipeline(name_or_path: str | Path) -> PipelineSpec:

@@ -15,6 +15,7 @@
 #   . .gpu/setup.sh && scripts/gpu_session.sh 8     # the DEEP GEMM tilings (dynamic shared memory), and bound calls
 #   . .gpu/setup.sh && scripts/gpu_session.sh 9     # tf32 on the cp.async pipeline, and tf32x3, against cuBLAS and torch
 #   . .gpu/setup.sh && scripts/gpu_session.sh 10    # the short form of 8 and 9 in one call: the first thing to run next
+#   . .gpu/setup.sh && scripts/gpu_session.sh 11    # the h100 spec's profile database (every kernel of the full-size models)
 #
 # What each number is for: issue 21 (stage 1: both import orders, device arrays, graphs, threads),
 # issue 18 (stages 2 and 3: GEMM and model floors against cuBLAS and torch.compile), issue 20
@@ -168,8 +169,26 @@ yaml.safe_dump(d, open('$OUT/h100-deep.yaml', 'w'))")
       --torch-modes reduce-overhead --device h100 --models-dir "$MODELS" --json-out "$OUT/bert-x3.json"
     step interop-host 40 "$PY" scripts/interop_check.py --scenario host-time
     ;;
+  11)
+    # The profile database the h100 spec comes with (issue 20: `auto` and `dlcc estimate` use
+    # measured times where they have them): every kernel launch of the full-size test models
+    # through astitch and full at fp32 and bf16, planned for the h100 spec, timed by dlcc profile
+    # into one database. Check it in as configs/devices/h100.profile.json with `profile_db:
+    # h100.profile.json` in configs/devices/h100.yaml. Kernels are keyed by a hash of their source,
+    # so entries of kernels a later change rewrites stop matching, and the cost model takes over.
+    for m in bert gpt2 vit cnn; do
+      "$PY" -c "import sys; sys.path.insert(0, 'scripts'); import models; models.export('$m', __import__('pathlib').Path('$MODELS'), 'full')" >/dev/null 2>&1
+      for p in astitch full; do
+        for pr in bf16 fp32; do
+          # python -m dlcc from outside the checkout, whose dlcc/ folder would shadow the installed package
+          (cd /tmp && step "prof-$m-$p-$pr" 40 "$PY" -m dlcc profile "$MODELS/$m-full.onnx" --db "$OUT/h100.profile.json" \
+            --target cuda --device h100 --pipeline "$p" --precision "$pr" --repeat 5 -q)
+        done
+      done
+    done
+    ;;
   *)
-    echo "usage: scripts/gpu_session.sh 0|1|...|10   (the stages are described at the top of this file)" >&2
+    echo "usage: scripts/gpu_session.sh 0|1|...|11   (the stages are described at the top of this file)" >&2
     exit 2
     ;;
 esac

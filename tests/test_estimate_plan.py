@@ -281,3 +281,43 @@ def test_plan_accuracy_script_smoke():
     d = json.loads(r.stdout)
     (row,) = d["rows"]
     assert row["launches"] == 16 and row["measured_us"] > 0 and row["predicted_profile_us"] > 0
+
+
+def test_a_device_spec_brings_its_profile_database(tmp_path, capsys):
+    """A device YAML's `profile_db:` (a file beside it) is what rammer, `dlcc estimate` and
+    `--pipeline auto` use where no --profile-db is given: the estimate's times come from it, the
+    plan records it, a changed database changes the compile's cache key, a --profile-db replaces
+    it, and a file that is not there is one error naming the field."""
+    if not opencl_device_available():
+        pytest.skip("no OpenCL device here")
+    import yaml
+
+    from dlcc.api import cache_key
+    from dlcc.config import load_device
+    from dlcc.errors import ConfigError
+
+    spec = load_device("pocl-cpu").model_dump(exclude_none=True)
+    dev = tmp_path / "cpu.yaml"
+    dev.write_text(yaml.safe_dump({**spec, "profile_db": "cpu.profile.json"}))
+    with pytest.raises(ConfigError, match="cpu.yaml: profile_db: 'cpu.profile.json' is not a file"):
+        load_device(str(dev))
+    db = tmp_path / "cpu.profile.json"
+    code, out, err = run_cli(capsys, "profile", str(MODEL), "--db", str(db), "--target", "opencl", "--device", "pocl-cpu",
+                             "--repeat", "2", "--json")
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "estimate", str(MODEL), "--device", str(dev), "-p", "baseline", "--json")
+    assert code == 0, err
+    assert json.loads(out)["time_sources"] == ["profile:cpu.profile.json"]
+    cm = dlcc.compile(MODEL, target="opencl", device=str(dev), pipeline="rammer", cache=False)
+    assert cm.plan["meta"]["profile_db"] == "cpu.profile.json"
+    assert "profile_db" not in dlcc.compile(MODEL, target="opencl", pipeline="rammer", cache=False).plan["meta"]
+    other = tmp_path / "other.json"
+    other.write_text(db.read_text())
+    code, out, err = run_cli(capsys, "estimate", str(MODEL), "--device", str(dev), "-p", "baseline",
+                             "--profile-db", str(other), "--json")
+    assert code == 0 and json.loads(out)["time_sources"] == ["profile:other.json"], err
+    key = cache_key(MODEL, {}, "opencl", "baseline", str(dev), cache=tmp_path / "cache")[1]
+    data = json.loads(db.read_text())
+    data["entries"][0]["us"] *= 2
+    db.write_text(json.dumps(data))
+    assert cache_key(MODEL, {}, "opencl", "baseline", str(dev), cache=tmp_path / "cache")[1] != key

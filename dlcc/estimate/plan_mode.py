@@ -18,8 +18,8 @@ import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import (DeviceSpec, PipelineSpec, builtin_dir, check_precision, load_device, load_pipeline,
-                      with_precision)
+from ..config import (DeviceSpec, PipelineSpec, builtin_dir, check_precision, device_profile_db, load_device,
+                      load_pipeline, with_precision)
 from ..errors import DlccError
 from .costmodel import compute_us, kernel_time, roofline_us
 from .graph import Dep, TaskGraph
@@ -162,7 +162,9 @@ def estimate_plan(model, shapes=(), device: str = "h100", pipelines: list[str] |
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise DlccError(f"pipelines must have distinct names; given twice: {', '.join(sorted(dup))}")
-    db = ProfileDB.load(profile_db) if profile_db else None
+    if profile_db is None:  # the measurements the device spec comes with, if any
+        profile_db = device_profile_db(dev)
+    db = profile_db if hasattr(profile_db, "lookup") else ProfileDB.load(profile_db) if profile_db else None
     with steps.step("import + fold + infer shapes"):
         shapes = _merge_shapes(shapes)
         graph = import_checked(model, shapes)
@@ -171,7 +173,7 @@ def estimate_plan(model, shapes=(), device: str = "h100", pipelines: list[str] |
         with steps.step(f"compile + simulate pipeline {spec.name}"):
             # the plan a CUDA compile builds for a GPU device: its launches replayed as one graph
             res = compile_model(model, shapes, target="opencl", pipeline=spec, device=dev,
-                                imported=copy.deepcopy(graph), graphs=dev.kind == "gpu")
+                                imported=copy.deepcopy(graph), graphs=dev.kind == "gpu", profile_db=db)
             g = plan_graph(res.plan, dev, db, name=spec.name)
             t = g.simulate()
             results.append(PipelineEstimate(spec.name, g, res.plan, t, lower_bound_us(res.plan, dev)))
@@ -194,10 +196,12 @@ def estimate_plan(model, shapes=(), device: str = "h100", pipelines: list[str] |
     return est
 
 
-def choose_pipeline(model, shapes, device, steps=None, precision: str | None = None) -> tuple[str, PlanEstimate]:
+def choose_pipeline(model, shapes, device, steps=None, precision: str | None = None,
+                    profile_db=None) -> tuple[str, PlanEstimate]:
     """`--pipeline auto`: the built-in pipeline the estimator ranks best for `device`, each ranked
-    at `precision` where one is given (the compile's)."""
-    est = estimate_plan(model, shapes, device, None, steps=steps, what_ifs=False,
+    at `precision` where one is given (the compile's), with the compile's profile database (None:
+    the one the device spec comes with, if any)."""
+    est = estimate_plan(model, shapes, device, None, profile_db=profile_db, steps=steps, what_ifs=False,
                         precisions=[precision] if precision else None)
     return est.best.name.split("@")[0], est
 

@@ -237,8 +237,10 @@ def test_nvcc_builds_the_async_pipeline_without_spills(tmp_path, arch):
         for tb in (True, False):
             spec = plain_spec(128, 768, 768, tb, b_dtype=half, a_dtype=half)
             sources += [gemm_source(f"g_{t.name}_{int(tb)}", spec, t) for t in mma_tilings(precision, deep=True)]
-    wide_deep = [t for p in ("tf32", "tf32x3") for t in mma_tilings(p, deep=True) if t.dynamic]
-    for tb in (True, False):  # the float ones in dynamic shared memory, float32 operands copied raw
+    # the float ones in dynamic shared memory, float32 operands copied raw: tf32x3's (the split
+    # fragments: the most registers) and tf32's 128x128, which tf32x3 has not
+    wide_deep = _wide_deep()
+    for tb in (True, False):
         sources += [gemm_source(f"g_{t.name}_{int(tb)}", plain_spec(128, 768, 768, tb), t) for t in wide_deep]
     src = tmp_path / "k.cu"
     src.write_text(render(sources, "cuda"))
@@ -248,9 +250,9 @@ def test_nvcc_builds_the_async_pipeline_without_spills(tmp_path, arch):
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)]
     assert len(spills) == len(sources) and not any(spills), r.stderr[-3000:]
     used = dict(re.findall(r"Function properties for (\w+)\n.*\n.*Used \d+ registers([^\n]*)", r.stderr))
-    deep = [f"g_{t.name}_{int(tb)}" for precision in (*HALF, "tf32", "tf32x3") for tb in (True, False)
-            for t in mma_tilings(precision, deep=True) if t.dynamic]
-    assert len(deep) == 2 * (2 * len(DEEP_TILINGS) + len(wide_deep)) and len(wide_deep) == 11
+    deep = [f"g_{t.name}_{int(tb)}" for tb in (True, False)
+            for t in [t for p in HALF for t in mma_tilings(p, deep=True) if t.dynamic] + wide_deep]
+    assert len(deep) == 2 * (2 * len(DEEP_TILINGS) + 6)
     assert deep and all(n in used and "bytes smem" not in used[n] for n in deep), {n: used.get(n) for n in deep}
     ptx = subprocess.run([find_nvcc(), "-ptx", f"-arch={arch}", "-o", "-", str(src)], capture_output=True, text=True).stdout
     n = len(sources)
@@ -263,16 +265,23 @@ def test_nvcc_builds_the_async_pipeline_without_spills(tmp_path, arch):
 
 
 # -- tf32 and tf32x3: float32 operands, cp.async in chunks of four, padded rows ------------------
+def _wide_deep():
+    """The float DEEP tilings worth building: tf32x3's, and tf32's 128x128, which tf32x3 has not
+    (tf32's others are the same code with one mma and a rounding in place of the split)."""
+    return [t for t in mma_tilings("tf32x3", deep=True) if t.dynamic] + \
+        [t for t in mma_tilings("tf32", deep=True) if t.dynamic and t.bm * t.bn == 128 * 128]
+
+
 @needs_opencl
 def test_every_deep_float_tiling_matches_numpy(rt):
-    """tf32 and tf32x3's DEEP tilings (3-8 stages of 32-wide float k blocks; dynamic shared
-    memory on CUDA): K of 10 k blocks, more than any tiling's stages; A [K, M] in rows of 37,
+    """tf32x3's DEEP tilings and tf32's 128x128 one (3-8 stages of 32-wide float k blocks;
+    dynamic shared memory on CUDA; _wide_deep): K of 10 k blocks, more than any tiling's stages; A [K, M] in rows of 37,
     loaded per element and landed after each block's mmas into the stage it refills; B [K, N]
     copied raw and read by scalar fragment loads. tf32 against numpy on rounded operands, tf32x3
     within float32's bound."""
     M, N, K = 37, 72, 300
     spec = plain_spec(M, N, K, False, trans_a=True)
-    tilings = [t for p in ("tf32", "tf32x3") for t in mma_tilings(p, deep=True) if t.dynamic]
+    tilings = _wide_deep()
     sources = [gemm_source(f"g_{t.name}", spec, t) for t in tilings]
     assert all(src.count("CP_ASYNC16(") == 2 and "stage_a[" in src for src in sources)
     rt.compile(render(sources, rt.dialect))

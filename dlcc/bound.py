@@ -83,7 +83,9 @@ class BoundCall:
                 self._copies_in.append((storage, a))
                 continue
             given = inputs[t["name"]]
-            if a is not given and (isinstance(given, np.ndarray) or not _same_memory(a, given)):
+            # read in place: the array itself, or a view of its memory (a torch CPU tensor through
+            # DLPack; an .npz file's 2-byte voids viewed as bfloat16), never a converted copy
+            if a is not given and not _same_memory(a, given):
                 raise InteropError(f"bound input {t['name']!r} is read in place at every call, so it must be a "
                                    f"C-contiguous numpy array of dtype {t['dtype']} and shape {t['shape']}; this "
                                    f"{_what(given)} would be converted to a copy, which later changes would miss")

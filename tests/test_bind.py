@@ -84,6 +84,31 @@ def test_a_host_input_that_would_be_copied_is_refused_at_bind_time(model):
         model.bind(feeds, stream=0)
 
 
+def test_a_bfloat16_input_read_from_npz_is_bound_in_place(tmp_path):
+    """numpy keeps ml_dtypes' bfloat16 in an .npz as 2-byte voids; run() reads them as bfloat16,
+    and so does a bound call, in place: a change to the loaded array shows in the next call."""
+    import ml_dtypes
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Cast", ["x"], ["c"], to=TensorProto.FLOAT),
+                           helper.make_node("Mul", ["c", "c"], ["y"])], "bf16in",
+                          [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [4, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    path = tmp_path / "bf16in.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    m = dlcc.compile(path, target="opencl")
+    x = np.arange(32, dtype=np.float32).reshape(4, 8).astype(ml_dtypes.bfloat16)
+    np.savez(tmp_path / "in.npz", x=x)
+    v = np.load(tmp_path / "in.npz")["x"]
+    assert v.dtype == np.dtype("V2")
+    call = m.bind({"x": v})
+    np.testing.assert_array_equal(call()["y"], x.astype(np.float32) ** 2)
+    v.view(ml_dtypes.bfloat16)[:] = 3
+    np.testing.assert_array_equal(call()["y"], np.full((4, 8), 9, np.float32))
+    call.close()
+
+
 def test_a_torch_cpu_tensor_is_bound_in_place(model):
     torch = pytest.importorskip("torch")
     feeds = model.sample_inputs(0)

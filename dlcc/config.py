@@ -189,8 +189,9 @@ def check_precision(precision: str, device: DeviceSpec, target: str) -> str | No
                           f"(sm_80 or newer); "
                           f"device {device.name} is {device.arch}")
     if target != "cuda":
+        rounding = "TF32 rounding of the split operands" if precision == "tf32x3" else f"{precision.upper()} rounding"
         return (f"precision {precision} on {target}: no tensor cores there; the mma instructions are emulated "
-                f"(the same fragment layout and {precision.upper()} rounding: for testing, not for speed)")
+                f"(the same fragment layout and {rounding}: for testing, not for speed)")
     return None
 
 

@@ -94,14 +94,23 @@ def chunk_start(t, K: int) -> str:
     return "0" if t.splitk == 1 else f"sk_kc * {steps_per_chunk(t, K) * t.bk}"
 
 
+#: Partial sums a thread may have in flight at once in a split tile's read-back: S chunks of its
+#: accumulators where S x accumulators is at most this, else one chunk at a time.
+READBACK_REGISTERS = 32
+
+
 def reduce_partials(t, rows: int, cols: int, threads: int) -> list[str]:
     """After the k loop, with shared memory free (the loop's last barrier passed): the partial
     sums of a split rTask into the workspace, the count, and, in the tile's last rTask, the sum
     of all S in k order into `acc`, read back from the workspace (its own slot too, written by the
-    same threads): one chunk's tile of loads in flight at a time (the chunk loop stays rolled),
-    not all S of them, which nvcc had hoisted into 255 registers and spills inside persistent
-    kernels (BERT-base fp32 `full`). Defines `sk_last` (1: this rTask stores the tile). Every
-    barrier is at the task's top level; the branch holds none. Empty for an unsplit tiling."""
+    same threads). Where S x the thread's accumulators fits READBACK_REGISTERS (the small tiles
+    batch-1 GEMMs split: 8 accumulators a thread in 32x64, S 2 or 4), the chunk loop is unrolled
+    so that all S chunks' loads are in flight together, one L2 round trip instead of S; the sums
+    are still added in k order, so the bits do not change. Larger tiles keep one chunk's loads in
+    flight at a time (the loop rolled): all S of them, nvcc had hoisted into 255 registers and
+    spills inside persistent kernels (BERT-base fp32 `full`, 4x4 SIMT tiles in 4 chunks).
+    Defines `sk_last` (1: this rTask stores the tile). Every barrier is at the task's top level;
+    the branch holds none. Empty for an unsplit tiling."""
     if t.splitk == 1:
         return []
     S, per = t.splitk, rows * cols
@@ -126,7 +135,7 @@ def reduce_partials(t, rows: int, cols: int, threads: int) -> list[str]:
         "        #pragma unroll",
         f"        for (int j = 0; j < {cols}; ++j) acc[i][j] = 0.0f;",
         "    }",
-        "    #pragma unroll 1",
+        "    #pragma unroll" if S * per <= READBACK_REGISTERS else "    #pragma unroll 1",
         f"    for (int q = 0; q < {S}; ++q) {{",
         "        #pragma unroll",
         f"        for (int i = 0; i < {rows}; ++i) {{",

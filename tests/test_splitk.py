@@ -271,3 +271,25 @@ def test_standalone_args_keep_the_workspace_and_counters_alive():
     grid, extra = splitk.standalone_args(PointerViews(), t, 1, 64, 64)
     assert grid == 2 * splitk.tiles_of(t, 1, 64, 64)
     assert len(live) == 2 and sorted(int(a) for a in extra[:2]) == sorted(live)
+
+
+def test_small_split_tiles_read_their_chunks_back_together():
+    """The last rTask's read-back: all S chunks' loads in flight where S x a thread's accumulators
+    fits READBACK_REGISTERS (the unrolled chunk loop), one chunk at a time otherwise (rolled: all
+    of them spilled inside persistent kernels)."""
+    import re
+
+    from dlcc.kernels.gemm import Tiling, gemm_source, plain_spec
+    from dlcc.kernels.gemm_mma import MmaTiling
+
+    spec = plain_spec(128, 768, 3072, True)
+
+    def chunk_loop(t):
+        src = gemm_source("g", spec, t)
+        return re.search(r"#pragma unroll( 1)?\n\s*for \(int q = 0; q < \d+; \+\+q\)", src).group(1) is None
+
+    small = MmaTiling(32, 64, 64, 2, 4, "bf16", 3, splitk=4)  # 8 accumulators a thread, 4 chunks: 32
+    assert small.mi * small.ni * 4 * small.splitk <= splitk.READBACK_REGISTERS and chunk_loop(small)
+    assert not chunk_loop(dataclasses.replace(small, splitk=8))  # 64
+    assert not chunk_loop(Tiling(64, 64, 16, 4, 4, splitk=4))  # a 4x4 SIMT tile in 4 chunks: 64
+    assert chunk_loop(Tiling(64, 64, 16, 4, 4, splitk=2))  # in 2: 32

@@ -149,7 +149,7 @@ def judge(row: dict, checks: list[dict]) -> None:
 
 def table(rows: list[dict], device: str) -> str:
     """Markdown: per model and precision, each engine's time and its ratio to reduce-overhead
-    (else to torch.compile, else eager) at the same precision."""
+    (else to torch.compile, else eager) at the same precision (fp32 for dlcc's tf32x3)."""
     lines = [f"device: {device}", "",
              "| model | precision | engine | µs | × torch ref | within tolerance | max rel err | compile s |",
              "|---|---|---|---|---|---|---|---|"]
@@ -157,7 +157,8 @@ def table(rows: list[dict], device: str) -> str:
         if "error" in r:
             lines.append(f"| {r['model']} | {r['precision']} | {r['engine']} | error: {r['error'][:100]} | | | | |")
             continue
-        same = {x["engine"]: x.get("us") for x in rows if x["model"] == r["model"] and x["precision"] == r["precision"]}
+        ref_prec = "fp32" if r["precision"] == "tf32x3" else r["precision"]  # torch's side of tf32x3: its fp32
+        same = {x["engine"]: x.get("us") for x in rows if x["model"] == r["model"] and x["precision"] == ref_prec}
         ref = next((same[k] for k in ("torch reduce-overhead", "torch default", "torch eager") if same.get(k)), None)
         ratio = f"{r['us'] / ref:.2f}" if ref else "-"
         lines.append(f"| {r['model']} | {r['precision']} | {r['engine']} | {r['us']:.0f} | {ratio} | "

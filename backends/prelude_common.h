@@ -19,6 +19,29 @@ DEVICE float dlcc_to_bf16(float x) {
 #define LOAD_BF16(p, i) AS_FLOAT(((unsigned int)(p)[i]) << 16)
 #define STORE_BF16(p, i, v) ((p)[i] = (bf16)(AS_UINT(dlcc_to_bf16(v)) >> 16))
 
+/* Precision tf32x3 (float32 accuracy on tensor cores, as CUTLASS's 3xTF32), written once over
+ * each dialect's TO_TF32 and MMA_TF32 (hardware on CUDA, emulated on OpenCL): each float32 operand
+ * is split into big = TF32(x) and small = TF32(x - big) (the difference is exact), and
+ * D += As.Bb + Ab.Bs + Ab.Bb in three TF32 mmas, the small products first. Only As.Bs (about 2^-22
+ * of a product) is dropped. Infinities: an infinite operand's small part is 0 (not inf - inf), and
+ * the two cross products see its big part as 0 too (else a 0 small part times it is NaN), so the
+ * big x big product alone carries it, as a float32 product would. The template keeps the
+ * operands float32 (TO_F32) up to here. */
+#define TO_F32(x) (x)
+DEVICE float dlcc_tf32_small(float x, float big) { return F_ISINF(big) ? 0.0f : TO_TF32(x - big); }
+DEVICE float dlcc_tf32_finite(float big) { return F_ISINF(big) ? 0.0f : big; }
+#define MMA_TF32X3(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1) do { \
+    const float x3a0 = (a0), x3a1 = (a1), x3a2 = (a2), x3a3 = (a3), x3b0 = (b0), x3b1 = (b1); \
+    const float x3ab0 = TO_TF32(x3a0), x3ab1 = TO_TF32(x3a1), x3ab2 = TO_TF32(x3a2), x3ab3 = TO_TF32(x3a3); \
+    const float x3bb0 = TO_TF32(x3b0), x3bb1 = TO_TF32(x3b1); \
+    MMA_TF32(d0, d1, d2, d3, dlcc_tf32_small(x3a0, x3ab0), dlcc_tf32_small(x3a1, x3ab1), \
+             dlcc_tf32_small(x3a2, x3ab2), dlcc_tf32_small(x3a3, x3ab3), dlcc_tf32_finite(x3bb0), \
+             dlcc_tf32_finite(x3bb1)); \
+    MMA_TF32(d0, d1, d2, d3, dlcc_tf32_finite(x3ab0), dlcc_tf32_finite(x3ab1), dlcc_tf32_finite(x3ab2), \
+             dlcc_tf32_finite(x3ab3), dlcc_tf32_small(x3b0, x3bb0), dlcc_tf32_small(x3b1, x3bb1)); \
+    MMA_TF32(d0, d1, d2, d3, x3ab0, x3ab1, x3ab2, x3ab3, x3bb0, x3bb1); \
+} while (0)
+
 /* Grid barrier for spin-waiting kernels (astitch Global scheme). bar[0] counts arrivals, bar[1]
  * is the generation. The last block to arrive resets the count before it bumps the generation,
  * so the counters are balanced after every barrier: no reset between inferences, and runs back to

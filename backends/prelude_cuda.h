@@ -84,27 +84,6 @@ DEVICE float dlcc_to_tf32(float x) {
                  : "r"(__float_as_uint(a0)), "r"(__float_as_uint(a1)), "r"(__float_as_uint(a2)), \
                    "r"(__float_as_uint(a3)), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)))
 #define MMA_EMU_FLOATS 0
-/* Precision tf32x3 (float32 accuracy on tensor cores, as CUTLASS's 3xTF32): each float32 operand
- * is split into a TF32 value and the TF32 rounding of what it left out (x - big is exact), and
- * D += As.Bb + Ab.Bs + Ab.Bb in three TF32 mmas, the small products first. Only As.Bs (about 2^-22
- * of a product) is dropped. Infinities: an infinite operand's small part is 0 (not inf - inf), and
- * the two cross products see its big part as 0 too (else a 0 small part times it is NaN), so the
- * big x big product alone carries it, as a float32 product would. The template keeps the
- * operands float32 (TO_F32) up to here. */
-#define TO_F32(x) (x)
-DEVICE float dlcc_tf32_small(float x, float big) { return isinf(big) ? 0.0f : dlcc_to_tf32(x - big); }
-DEVICE float dlcc_tf32_finite(float big) { return isinf(big) ? 0.0f : big; }
-DEVICE void dlcc_mma_tf32x3(float& d0, float& d1, float& d2, float& d3, float a0, float a1, float a2, float a3,
-                            float b0, float b1) {
-    const float ab0 = dlcc_to_tf32(a0), ab1 = dlcc_to_tf32(a1), ab2 = dlcc_to_tf32(a2), ab3 = dlcc_to_tf32(a3);
-    const float bb0 = dlcc_to_tf32(b0), bb1 = dlcc_to_tf32(b1);
-    MMA_TF32(d0, d1, d2, d3, dlcc_tf32_small(a0, ab0), dlcc_tf32_small(a1, ab1), dlcc_tf32_small(a2, ab2),
-             dlcc_tf32_small(a3, ab3), dlcc_tf32_finite(bb0), dlcc_tf32_finite(bb1));
-    MMA_TF32(d0, d1, d2, d3, dlcc_tf32_finite(ab0), dlcc_tf32_finite(ab1), dlcc_tf32_finite(ab2),
-             dlcc_tf32_finite(ab3), dlcc_tf32_small(b0, bb0), dlcc_tf32_small(b1, bb1));
-    MMA_TF32(d0, d1, d2, d3, ab0, ab1, ab2, ab3, bb0, bb1);
-}
-#define MMA_TF32X3(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1) dlcc_mma_tf32x3(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1)
 /* fp16 and bf16 (precision fp16/bf16): mma.sync m16n8k16, float32 accumulation. The template
  * hands each lane its 8 A and 4 B elements as floats already rounded to the half type (TO_F16,
  * TO_BF16); packing two into a .b32 register (the lower index in the lower 16 bits, PTX ISA

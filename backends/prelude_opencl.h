@@ -93,22 +93,6 @@ DEVICE void dlcc_mma_tf32(float* d0, float* d1, float* d2, float* d3, float a0, 
     B[t * 8 + g] = dlcc_tf32_bits(b0); B[(t + 4) * 8 + g] = dlcc_tf32_bits(b1);
     dlcc_mma_emu_dot(A, B, 8, g, t, d0, d1, d2, d3);
 }
-/* Precision tf32x3 (prelude_cuda.h says why): three emulated TF32 mmas on the split operands. */
-#define TO_F32(x) (x)
-DEVICE float dlcc_tf32_small(float x, float big) { return isinf(big) ? 0.0f : dlcc_to_tf32(x - big); }
-DEVICE float dlcc_tf32_finite(float big) { return isinf(big) ? 0.0f : big; }
-DEVICE void dlcc_mma_tf32x3(float* d0, float* d1, float* d2, float* d3, float a0, float a1, float a2, float a3,
-                            float b0, float b1, LPTR float* scr, int lane) {
-    const float ab0 = dlcc_to_tf32(a0), ab1 = dlcc_to_tf32(a1), ab2 = dlcc_to_tf32(a2), ab3 = dlcc_to_tf32(a3);
-    const float bb0 = dlcc_to_tf32(b0), bb1 = dlcc_to_tf32(b1);
-    dlcc_mma_tf32(d0, d1, d2, d3, dlcc_tf32_small(a0, ab0), dlcc_tf32_small(a1, ab1), dlcc_tf32_small(a2, ab2),
-                  dlcc_tf32_small(a3, ab3), dlcc_tf32_finite(bb0), dlcc_tf32_finite(bb1), scr, lane);
-    dlcc_mma_tf32(d0, d1, d2, d3, dlcc_tf32_finite(ab0), dlcc_tf32_finite(ab1), dlcc_tf32_finite(ab2),
-                  dlcc_tf32_finite(ab3), dlcc_tf32_small(b0, bb0), dlcc_tf32_small(b1, bb1), scr, lane);
-    dlcc_mma_tf32(d0, d1, d2, d3, ab0, ab1, ab2, ab3, bb0, bb1, scr, lane);
-}
-#define MMA_TF32X3(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1) \
-    dlcc_mma_tf32x3(&(d0), &(d1), &(d2), &(d3), (a0), (a1), (a2), (a3), (b0), (b1), mma_scr, mma_lane)
 /* The loops around MMA_TF32 stay loops here: unrolled, each emulated mma's two barriers would be
  * copied per mma tile and k step, and PoCL's work-group compiler (one region per barrier) took
  * minutes on a persistent kernel holding a few tensor-core rTasks. */

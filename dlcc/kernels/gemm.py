@@ -165,9 +165,9 @@ def tiling_and_cost(name: str, device=None) -> tuple[object, Callable] | None:
     t = tiling_named(name)
     if t is not None:
         return t, simt_cost(device)
-    from .gemm_mma import mma_cost, mma_tilings
+    from .gemm_mma import MMA_KINDS, mma_cost, mma_tilings
 
-    for p in ("tf32", "tf32x3", "fp16", "bf16"):
+    for p in MMA_KINDS:
         for m in sk.variants(mma_tilings(p, deep=True)):
             if m.name == name:
                 return m, mma_cost
@@ -187,9 +187,9 @@ def tiling_family_for(precision: str, device=None, split: bool = True) -> tuple:
 
 def all_tiling_names() -> list[str]:
     """Every tiling name a pipeline may give (`lower`'s gemm_tilings): SIMT and tensor-core."""
-    from .gemm_mma import mma_tilings
+    from .gemm_mma import MMA_KINDS, mma_tilings
 
-    return [t.name for t in sk.variants(ALL_TILINGS)] + [t.name for p in ("tf32", "tf32x3", "fp16", "bf16")
+    return [t.name for t in sk.variants(ALL_TILINGS)] + [t.name for p in MMA_KINDS
                                                         for t in sk.variants(mma_tilings(p, deep=True))]
 
 

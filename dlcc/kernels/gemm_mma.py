@@ -42,7 +42,7 @@ WARPS = 8
 #: mma macro, OpenCL emulation scratch per warp in floats and its macro) (backends/prelude_*.h).
 MMA_KINDS = {
     "tf32": (8, "TO_TF32", "MMA_TF32", 192, "MMA_EMU_FLOATS"),
-    # float32 operands split into two TF32 values each, three mmas (backends/prelude_cuda.h)
+    # float32 operands split into two TF32 values each, three mmas (backends/prelude_common.h)
     "tf32x3": (8, "TO_F32", "MMA_TF32X3", 192, "MMA_EMU_FLOATS"),
     "fp16": (16, "TO_F16", "MMA_F16", 384, "MMA_EMU_FLOATS_K16"),
     "bf16": (16, "TO_BF16", "MMA_BF16", 384, "MMA_EMU_FLOATS_K16"),

@@ -233,7 +233,7 @@ def _frag_b(op: OperandTile, buf: str, NI: int) -> list[str]:
 
 def async_mma_source(name: str, spec, t) -> str:
     """The rOperator text of async tiling `t` (MmaTiling with stages > 1) for `spec`."""
-    _, _, mma, emu = (*MMA_KINDS[t.precision][:3], MMA_KINDS[t.precision][4])
+    _, _, mma, _, emu = MMA_KINDS[t.precision]
     if t.wide:  # floats in shared memory, rounded (tf32) or split (tf32x3) as they enter the mma
         stype, store_macro, rnd = "float", None, MMA_KINDS[t.precision][1]
         mma_args = ", ".join([f"{rnd}(AS_FLOAT(mma_af[mi][{e}]))" for e in range(4)]

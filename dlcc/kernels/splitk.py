@@ -51,8 +51,7 @@ def splittable(t) -> bool:
     accumulators a thread, next to the staged A and B fragments): unsplit it already takes 240 of
     the 255 registers a thread may have, and split it spilled in convolutions (ViT-B/16's patch
     embedding, ResNet-50's convolutions at tf32). Its smaller siblings split instead."""
-    return not (getattr(t, "precision", None) in ("tf32", "tf32x3") and getattr(t, "stages", 1) == 1
-                and t.bm * t.bn >= 128 * 128)
+    return not (getattr(t, "wide", False) and t.stages == 1 and t.bm * t.bn >= 128 * 128)
 
 
 def variants(tilings, device=None, split: bool = True) -> tuple:

@@ -102,6 +102,8 @@ DEVICE void dlcc_mma_tf32(float* d0, float* d1, float* d2, float* d3, float a0, 
  * cold first run of a small ConvNeXt: 20 s, of BERT-small: 14 s); by 4 it is 0.3 s, and the
  * kernels ran no slower on the CPU (faster, on bert/cnn/vit-small through astitch). */
 #define K_UNROLL _Pragma("unroll 4")
+/* Four floats from local memory in one read (the vector SIMT GEMM; CUDA's is a float4 load). */
+#define LOAD4_LOCAL(p) vload4(0, (p))
 #define MMA_TF32(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1) \
     dlcc_mma_tf32(&(d0), &(d1), &(d2), &(d3), (a0), (a1), (a2), (a3), (b0), (b1), mma_scr, mma_lane)
 /* fp16 and bf16: the m16n8k16 fragments (PTX ISA "Matrix Fragments for mma.m16n8k16 with

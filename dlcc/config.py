@@ -94,6 +94,10 @@ class DeviceSpec(Strict):
                                       "tilings with 4-8 stages in dynamic shared memory (kernels/gemm_mma.py "
                                       "DEEP_TILINGS) on this device: turn it on where scripts/gemm_tilings.py "
                                       "measured them faster; --tune times them wherever they fit regardless")
+    simt_vector_tilings: bool = Field(False, description="whether the cost model picks among the fp32 SIMT GEMM "
+                                      "tilings of the vector template (kernels/gemm.py VECTOR_TILINGS: two shared "
+                                      "stages, float4 shared reads) on this device: turn it on where "
+                                      "scripts/gemm_tilings.py measured them faster; --tune times them regardless")
     grid_barrier_us: float = Field(2.0, ge=0, description="one grid barrier across the resident blocks of a "
                                    "persistent kernel, in µs (AStitch measured 2.5-2.7 µs on a V100)")
     fused_gemm_slowdown: float = Field(1.0, gt=0, description="factor on the modelled time of a GEMM that AStitch "

@@ -106,7 +106,8 @@ _BUILTIN_KEYS = {"h100": "h100", "a100": "a100", "v100": "v100", "2080": "rtx208
 #: (an H200 is an H100's 132 sm_90 SMs with faster DRAM: its bandwidth still comes from its own
 #: attributes). The tensor-core constants in h100.yaml were fitted on an H200.
 CALIBRATION_FIELDS = ("kernel_fixed_us", "gemm_fixed_us", "dram_efficiency", "compute_efficiency", "gemm_cycle_us",
-                      "mma_cycle_us", "grid_barrier_us", "launch_overhead_us", "gemm_deep_pipelines")
+                      "mma_cycle_us", "grid_barrier_us", "launch_overhead_us", "gemm_deep_pipelines",
+                      "simt_vector_tilings")
 
 
 def same_design(cc: tuple[int, int], sms: int) -> str | None:

@@ -43,7 +43,7 @@ from dlcc.backends.source import render
 from dlcc.config import load_device
 from dlcc.executor import make_runtime, use_dynamic_smem
 from dlcc.kernels import splitk
-from dlcc.kernels.gemm import (TILINGS, Tiling, choose_tiling, gemm_source, kernel_smem, plain_spec, simt_cost,
+from dlcc.kernels.gemm import (CPU_TILINGS, TILINGS, VECTOR_TILINGS, Tiling, choose_tiling, gemm_source, kernel_smem, plain_spec, simt_cost,
                                tilings_for)
 from dlcc.tuning import time_kernel
 
@@ -85,6 +85,9 @@ def main(argv=None) -> int:
                     help="run nothing: fit the device's gemm_cycle_us (µs per cycle of the tiling cost models, what "
                     "plan mode prices dlcc's GEMMs with) on measurements written by --json, and print each row's "
                     "modelled against measured time")
+    ap.add_argument("--tilings", default=None, metavar="NAMES",
+                    help="time only these tilings (base names, comma-separated; their split variants too); "
+                    "`vector`: the vector template's (kernels/gemm.py VECTOR_TILINGS) beside their scalar twins")
     ap.add_argument("--model-only", action="store_true",
                     help="run nothing: print the cost model's pick per shape on --device, unsplit and with split-K "
                     "(kernels/splitk.py), and the modelled gain")
@@ -95,8 +98,10 @@ def main(argv=None) -> int:
     rt = make_runtime(a.target)
     dev = load_device(a.device or ("pocl-cpu" if rt.is_cpu() else "h100"))
     # On a CPU device (PoCL) LLVM crashes optimising the larger per-thread tiles (GPU_TILINGS and
-    # most CANDIDATES): only TILINGS run there.
-    tilings = list(TILINGS) if rt.is_cpu() else list(dict.fromkeys(tilings_for(dev) + CANDIDATES))
+    # most CANDIDATES): only the CPU family and its scalar twins run there, and VECTOR_TILINGS when
+    # asked for (they build).
+    cpu = TILINGS + CPU_TILINGS + (VECTOR_TILINGS if a.tilings == "vector" else ())
+    tilings = list(dict.fromkeys(cpu)) if rt.is_cpu() else list(dict.fromkeys(tilings_for(dev, vector=True) + CANDIDATES))
     choose, cost, rnd, b_dtype = choose_tiling, simt_cost(dev), (lambda x: x), "float32"
     if a.precision != "fp32":
         from dlcc.kernels.gemm_mma import choose_mma_tiling, deep_tilings_fit, mma_cost, mma_tilings
@@ -109,6 +114,12 @@ def main(argv=None) -> int:
         choose = lambda *args: choose_mma_tiling(*args, precision=a.precision)  # noqa: E731
         rnd = lambda x: operand_round(x, a.precision)  # noqa: E731
         b_dtype = HALF_DTYPES.get(a.precision, "float32")
+    if a.tilings:
+        wanted = set(vector_and_twins() if a.tilings == "vector" else a.tilings.split(","))
+        tilings = [t for t in tilings if splitk.base_name(t.name) in wanted]
+        if not tilings:
+            print(f"--tilings {a.tilings}: none of the {a.precision} tilings is named so", file=sys.stderr)
+            return 2
     rng = np.random.default_rng(0)
     summary, measured = [], []
     shapes = model_gemm_shapes(a.models_dir) if a.shapes == "models" else a.shapes.split(",")
@@ -176,6 +187,15 @@ def main(argv=None) -> int:
     return 0
 
 
+def vector_and_twins() -> list[str]:
+    """The names of the vector template's tilings and of their scalar twins (same tile, vec off)."""
+    import dataclasses
+
+    from dlcc.kernels.gemm import VECTOR_TILINGS
+
+    return [n for t in VECTOR_TILINGS for n in (t.name, dataclasses.replace(t, vec=False).name)]
+
+
 def fit(a) -> int:
     """DeviceSpec.gemm_cycle_us (SIMT rows) or mma_cycle_us[key] (tensor-core rows: one scale per
     template and precision, gemm_mma.py scale_key) from measured GEMM rOperators: µs =
@@ -202,7 +222,7 @@ def fit(a) -> int:
             print(f"skipped: unknown tiling {r['tiling']}", file=sys.stderr)
             continue
         t, cost = found
-        key = scale_key(t) if hasattr(t, "stages") else "fp32"
+        key = scale_key(t) if hasattr(t, "precision") else "fp32"  # a tensor-core tiling, or SIMT
         groups.setdefault(key, []).append((r, cost(t, 1, *r["shape"], dev)))
     if not groups:
         print("no rows to fit", file=sys.stderr)

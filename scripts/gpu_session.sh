@@ -16,6 +16,7 @@
 #   . .gpu/setup.sh && scripts/gpu_session.sh 9     # tf32 on the cp.async pipeline, and tf32x3, against cuBLAS and torch
 #   . .gpu/setup.sh && scripts/gpu_session.sh 10    # the short form of 8 and 9 in one call: the first thing to run next
 #   . .gpu/setup.sh && scripts/gpu_session.sh 11    # the h100 spec's profile database (every kernel of the full-size models)
+#   . .gpu/setup.sh && scripts/gpu_session.sh 12    # the fp32 vector SIMT tilings against the scalar ones and cuBLAS (~4 min)
 #
 # What each number is for: issue 21 (stage 1: both import orders, device arrays, graphs, threads),
 # issue 18 (stages 2 and 3: GEMM and model floors against cuBLAS and torch.compile), issue 20
@@ -187,8 +188,24 @@ yaml.safe_dump(d, open('$OUT/h100-deep.yaml', 'w'))")
       done
     done
     ;;
+  12)
+    # The fp32 SIMT GEMM's vector template (kernels/gemm.py VECTOR_TILINGS: two shared stages, float4
+    # shared reads), unmeasured until now: each vector tiling beside its scalar twin and cuBLAS fp32 on
+    # BERT's shapes, the LM head and 1024^3 (the model's pick as a spec with them on would make it),
+    # then BERT-base and GPT-2 at fp32 through full with them on, beside torch.compile. Turn
+    # simt_vector_tilings on in configs/devices/h100.yaml where they win; stage 10's bert-x3 has
+    # the fp32 row with them off.
+    (cd /tmp && "$PY" -c "import yaml; from dlcc.config import load_device; \
+d = load_device('h100').model_dump(); d['simt_vector_tilings'] = True; d['name'] += ' (vector)'; \
+yaml.safe_dump(d, open('$OUT/h100-vec.yaml', 'w'))")
+    step gemm-fp32-vec 100 "$PY" scripts/gemm_tilings.py --precision fp32 --tilings vector --vs-torch --repeat 10 \
+      --device "$OUT/h100-vec.yaml" --shapes 128x768x768,128x3072x768,128x768x3072,128x50257x768,1024x1024x1024 \
+      --json "$OUT/gemm-fp32-vec.json"
+    step models-fp32-vec 120 "$PY" scripts/vs_torch.py --size full --models bert,gpt2 --precisions fp32 --pipelines full \
+      --torch-modes reduce-overhead --device "$OUT/h100-vec.yaml" --models-dir "$MODELS" --json-out "$OUT/models-fp32-vec.json"
+    ;;
   *)
-    echo "usage: scripts/gpu_session.sh 0|1|...|11   (the stages are described at the top of this file)" >&2
+    echo "usage: scripts/gpu_session.sh 0|1|...|12   (the stages are described at the top of this file)" >&2
     exit 2
     ;;
 esac

@@ -4,6 +4,8 @@ choice pinned to what was measured on an H100 (scripts/gemm_tilings.py); and the
 tilings built by nvcc without spills."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,8 @@ import dlcc
 from dlcc.backends.nvcc import compile_cubin, find_nvcc
 from dlcc.backends.source import render
 from dlcc.config import load_device
-from dlcc.kernels.gemm import ALL_TILINGS, GPU_TILINGS, TILINGS, cheapest, choose_tiling, gemm_source, plain_spec, tiling_cost
+from dlcc.kernels.gemm import (ALL_TILINGS, CPU_TILINGS, GPU_TILINGS, TILINGS, VECTOR_TILINGS, cheapest, choose_tiling, gemm_source,
+                               plain_spec, tiling_cost, tiling_family_for, tilings_for)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +72,7 @@ POCL_FASTEST = {
     (1024, 32, 288): "32x32x16_2x2",   # N = 32: a 64-wide tile is half padding
     (16, 1000, 512): "16x64x16_1x4",   # M = 16
     (64, 64, 64): "32x32x64_2x2",      # K in one deep step
-    (128, 768, 128): "64x64x16_4x4",
+    (128, 768, 128): "64x64x16_4x4v",  # (the vector template: CPU_TILINGS)
     (32, 512, 128): "32x64x16_2x4",
 }
 
@@ -89,7 +92,7 @@ def test_gpu_tilings_are_chosen_on_gpus_only():
     h100, cpu = load_device("h100"), load_device("pocl-cpu")
     big = {shape for shape in H100_FASTEST if choose_tiling(1, *shape, h100, split=False) in GPU_TILINGS}
     assert big == {(128, 50257, 768), (1024, 1024, 1024)}
-    assert all(choose_tiling(1, *shape, cpu) in TILINGS for shape in H100_FASTEST)
+    assert all(choose_tiling(1, *shape, cpu) in CPU_TILINGS for shape in H100_FASTEST)
 
 
 def _forced(tmp_path, tiling: str, pipeline: str) -> str:
@@ -100,11 +103,12 @@ def _forced(tmp_path, tiling: str, pipeline: str) -> str:
     return str(p)
 
 
-@pytest.mark.parametrize("tiling", [t.name for t in GPU_TILINGS])
+@pytest.mark.parametrize("tiling", [t.name for t in GPU_TILINGS] + ["128x128x16_8x8v", "32x64x32_2x4v"])
 @pytest.mark.parametrize("pipeline", ["astitch", "full"])
 def test_gpu_tilings_in_a_plan_run_on_pocl(tmp_path, tiling, pipeline):
     """A plan on a GPU-only tiling (a stitched epilogue on it; rTasks of a persistent kernel) runs
-    on PoCL, built unoptimised, and matches onnxruntime."""
+    on PoCL (GPU_TILINGS built unoptimised) and matches onnxruntime: the vector template's too, one
+    all float4 reads and one with scalar A rows."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -129,11 +133,12 @@ def test_gpu_tilings_in_a_plan_run_on_pocl(tmp_path, tiling, pipeline):
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed on this machine")
 def test_nvcc_builds_the_gpu_tilings_without_spills():
     spec = plain_spec(1024, 1024, 1024)
-    src = render([gemm_source(f"g_{t.name.replace('x', '_')}", spec, t) for t in GPU_TILINGS], "cuda")
+    gpu_only = GPU_TILINGS + VECTOR_TILINGS
+    src = render([gemm_source(f"g_{t.name.replace('x', '_')}", spec, t) for t in gpu_only], "cuda")
     for arch in ("sm_80", "sm_90"):
         usage = compile_cubin(src, arch)
-        assert len(usage) == len(GPU_TILINGS)
-        for t in GPU_TILINGS:
+        assert len(usage) == len(gpu_only)
+        for t in gpu_only:
             u = usage[f"g_{t.name.replace('x', '_')}"]
             assert not u.spills and u.registers * t.threads <= 65536, (arch, t.name, u)
 
@@ -144,3 +149,49 @@ def test_smem_and_threads_fit_every_device():
         dev = load_device(name)
         for t in ALL_TILINGS:
             assert 4 * t.smem_floats <= dev.shared_mem_per_block and t.threads <= dev.max_threads_per_block, (name, t)
+
+
+def test_vector_tilings_are_picked_only_where_the_spec_says_so():
+    """The vector template is unmeasured on GPUs: the cost model picks among its tilings only on a
+    device spec with `simt_vector_tilings` (none built in), and `--tune`'s family always has them
+    on a GPU. A CPU device has its 4x4 tilings in it (CPU_TILINGS, measured faster on PoCL), no
+    other."""
+    h100, cpu = load_device("h100"), load_device("pocl-cpu")
+    on = h100.model_copy(update={"simt_vector_tilings": True})
+    assert not any(t.vec for t in tilings_for(h100))
+    assert {t.name for t in VECTOR_TILINGS} <= {t.name for t in tilings_for(on)}
+    assert {t.name for t in VECTOR_TILINGS} <= {t.name for t in tiling_family_for("fp32", h100)}
+    for t in tilings_for(cpu) + tiling_family_for("fp32", cpu):
+        assert t.vec == (t.tm == t.tn == 4) and dataclasses.replace(t, vec=False) in TILINGS
+    # where it may, the model prefers them: fewer shared-memory reads a step, and one barrier
+    assert all(choose_tiling(1, *shape, on).vec for shape in H100_FASTEST)
+
+
+@pytest.mark.parametrize("t", VECTOR_TILINGS, ids=lambda t: t.name)
+def test_vector_template_reads_are_aligned_and_cover_the_tile(t):
+    """A float4 read of shared memory must be 16-byte aligned on CUDA (misaligned, it faults), while
+    OpenCL's vload4 needs only float alignment, so PoCL cannot catch a bad offset: every
+    LOAD4_LOCAL address of the generated text, evaluated for every kk, thread and stage, is a
+    multiple of four floats from the shared array (which SHARED aligns to 16 bytes). And each
+    thread's outputs, as the store walks them, cover the tile once."""
+    import re
+
+    src = gemm_source("g", plain_spec(100, 200, 300), t)
+    env = {"As": 0, "Bs": int(re.search(r"Bs = smem \+ (\d+);", src).group(1))}
+    stage = {n: int(v) for n, v in re.findall(r"(Ac|Bc) = [AB]s \+ stg \* (\d+);", src)}
+    reads = re.findall(r"LOAD4_LOCAL\(((Ac|Bc) \+ [^)]*)\)", src)
+    assert bool(reads) == (t.tm % 4 == 0 or t.tn % 4 == 0) and all(stage[c] % 4 == 0 for c in stage)
+    cols, rows = t.bn // t.tn, t.bm // t.tm
+    for expr, base in reads:
+        for stg in (0, 1):
+            for tid in range(t.threads):
+                for kk in range(t.bk):
+                    scope = dict(env, Ac=env["As"] + stg * stage["Ac"], Bc=env["Bs"] + stg * stage["Bc"],
+                                 kk=kk, tx=tid % cols, ty=tid // cols)
+                    assert eval(expr, {}, scope) % 4 == 0, (expr, stg, tid, kk)
+    # the store's (the last; the loaders' come first)
+    m_of = re.findall(r"const int m = m0 \+ (.*);", src)[-1].replace("/", "//")
+    n_of = re.findall(r"const int n = n0 \+ (.*);", src)[-1].replace("/", "//")
+    cells = [(eval(m_of, {}, {"i": i, "ty": tid // cols}), eval(n_of, {}, {"j": j, "tx": tid % cols}))
+             for tid in range(t.threads) for i in range(t.tm) for j in range(t.tn)]
+    assert sorted(cells) == [(m, n) for m in range(t.bm) for n in range(t.bn)]

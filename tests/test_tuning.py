@@ -165,13 +165,13 @@ def test_a_measured_tiling_is_compiled_and_recorded(monkeypatch, tmp_path):
     """A tiling measured faster than the cost model's pick (by more than MIN_GAIN) replaces it in
     every candidate and in the result, which matches onnxruntime; a win under MIN_GAIN does not;
     a warm compile measures no tiling again."""
-    from dlcc.kernels.gemm import TILINGS
+    from dlcc.kernels.gemm import CPU_TILINGS
     from dlcc.verify import verify_outputs
 
     cache = tmp_path / "cache"
     base = dlcc.compile(EXAMPLE, target="opencl", pipeline="baseline")
     picked = {t for t in (k["tiling"] for k in base.plan["kernels"]) if t}
-    other = next(t.name for t in TILINGS if t.name not in picked)
+    other = next(t.name for t in CPU_TILINGS if t.name not in picked)
     measured = []
     _fake_times(monkeypatch, {}, [])
 

@@ -9,6 +9,7 @@ Rammer's persistent kernels later call the same device function from a vEU loop.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -23,28 +24,42 @@ class Tiling:
     tm: int
     tn: int
     splitk: int = 1  # k chunks per output tile, each its own rTask (kernels/splitk.py)
+    # The vector template (VECTOR_TILINGS): two shared stages, one barrier per k step, and
+    # each thread's outputs in runs of four, read from shared memory as float4.
+    vec: bool = False
 
     @property
     def threads(self) -> int:
         return (self.bm // self.tm) * (self.bn // self.tn)
 
     @property
+    def pad(self) -> int:
+        """Floats added to each k row of a shared tile, so that the loaders' transposing stores
+        (consecutive threads walk k) spread over the banks: one for the scalar template; four for
+        the vector one, which keeps every row 16-byte aligned for its float4 reads (the stores
+        are then 2-way conflicted at worst, once per k step, against conflict-free reads)."""
+        return 4 if self.vec else 1
+
+    @property
     def a_stride(self) -> int:
-        """Row stride of the k-major A tile in shared memory, padded by one so that the loaders'
-        transposing stores (consecutive threads walk k) fall in different banks."""
-        return self.bm + 1
+        """Row stride of the k-major A tile in shared memory."""
+        return self.bm + self.pad
 
     @property
     def b_stride(self) -> int:
-        return self.bn + 1
+        return self.bn + self.pad
+
+    @property
+    def stages(self) -> int:
+        return 2 if self.vec else 1
 
     @property
     def smem_floats(self) -> int:
-        return self.bk * (self.a_stride + self.b_stride)
+        return self.stages * self.bk * (self.a_stride + self.b_stride)
 
     @property
     def name(self) -> str:
-        return f"{self.bm}x{self.bn}x{self.bk}_{self.tm}x{self.tn}{sk.suffix(self.splitk)}"
+        return f"{self.bm}x{self.bn}x{self.bk}_{self.tm}x{self.tn}{'v' if self.vec else ''}{sk.suffix(self.splitk)}"
 
     @property
     def math(self) -> str:
@@ -79,13 +94,43 @@ GPU_TILINGS = (
     Tiling(128, 64, 32, 8, 4),
     Tiling(128, 128, 16, 8, 8),
 )
-ALL_TILINGS = TILINGS + GPU_TILINGS
+#: The vector template's tilings (Tiling.vec; GPU devices only): two shared stages, so one barrier
+#: per k step and the next step's stores off the critical path, and each thread's outputs in runs of
+#: four, read from shared memory as one float4 where the per-thread count is a multiple of four (a
+#: 4x4 tile reads 2 words a kk instead of 8; 8x8, 4 instead of 16). The usual next steps of a SIMT
+#: SGEMM after register blocking (CUTLASS's SIMT mainloop; Boehm's "How to optimize a CUDA matmul").
+#: Twins of the scalar tilings, at most 16 deep where the rows are 128 so that both stages stay
+#: within 48 KiB of static shared memory. Unmeasured: the cost model picks them only on a device
+#: spec that says they were measured faster there (`simt_vector_tilings`); --tune times them.
+VECTOR_TILINGS = (
+    Tiling(64, 64, 16, 4, 4, vec=True),
+    Tiling(64, 64, 32, 4, 4, vec=True),
+    Tiling(32, 64, 32, 2, 4, vec=True),
+    Tiling(16, 64, 32, 1, 4, vec=True),
+    Tiling(32, 32, 32, 2, 2, vec=True),
+    Tiling(32, 32, 64, 2, 2, vec=True),
+    Tiling(128, 64, 16, 8, 4, vec=True),
+    Tiling(128, 128, 16, 8, 8, vec=True),
+)
+ALL_TILINGS = TILINGS + GPU_TILINGS + VECTOR_TILINGS
+#: A CPU device's tilings (PoCL): TILINGS with the 4x4 ones in the vector template. Each ran
+#: 1.02-1.33x faster than its scalar twin on all nine shapes tried, small-model and BERT/ResNet
+#: ones (interleaved runs, medians of 5; the work-item loops vectorise the float4 reads), where the
+#: 2x2 and 2x4 twins gained nothing clear. Same tile shapes, so cpu_tiling_cost ranks them alike;
+#: the sums run in the same order, so results are bitwise the same.
+CPU_TILINGS = tuple(dataclasses.replace(t, vec=True) if t.tm == t.tn == 4 else t for t in TILINGS)
 
 
-def tilings_for(device=None, split: bool = True) -> tuple:
-    """The SIMT tilings `device` chooses among: TILINGS, plus GPU_TILINGS and every tiling split
-    along K (kernels/splitk.py) on a GPU (None: a generic GPU, as tiling_cost assumes)."""
-    return TILINGS if getattr(device, "kind", "gpu") == "cpu" else sk.variants(ALL_TILINGS, device, split)
+def tilings_for(device=None, split: bool = True, vector: bool | None = None) -> tuple:
+    """The SIMT tilings `device` chooses among: CPU_TILINGS on a CPU; on a GPU (None: a generic
+    one, as tiling_cost assumes) TILINGS and GPU_TILINGS, with VECTOR_TILINGS where `vector`
+    (default: the device spec's `simt_vector_tilings`), and each also split along K
+    (kernels/splitk.py)."""
+    if getattr(device, "kind", "gpu") == "cpu":
+        return CPU_TILINGS
+    if vector is None:
+        vector = bool(getattr(device, "simt_vector_tilings", False))
+    return sk.variants(ALL_TILINGS if vector else TILINGS + GPU_TILINGS, device, split)
 
 #: The cost model's two constants, calibrated on an H100 with scripts/gemm_tilings.py (every tiling
 #: timed on BERT-base's, a ResNet-50 conv's, GPT-2's LM-head and a square shape): with them the
@@ -94,6 +139,10 @@ def tilings_for(device=None, split: bool = True) -> tuple:
 #: (an issue rate of 0.5 to 4 and a step latency of 100 to 3000 cycles).
 ISSUE_PER_CYCLE = 2.0  # warp instructions an SM retires per cycle in the k loop
 STEP_LATENCY = 300  # cycles of a k step's load -> shared store -> barrier chain; co-resident blocks overlap it
+#: The vector template's step latency: its next step's loads and stores overlap this step's
+#: arithmetic and it passes one barrier, not two. A guess (half), until scripts/gemm_tilings.py
+#: times VECTOR_TILINGS on a GPU and `simt_vector_tilings` turns them on.
+VECTOR_STEP_LATENCY = 150
 
 
 def tasks_for(t, batch: int, M: int, N: int) -> int:
@@ -118,11 +167,14 @@ def tiling_cost(t: Tiling, batch: int, M: int, N: int, K: int, device=None) -> f
     per_sm = -(-tasks_for(t, batch, M, N) // sms)
     steps = sk.steps_per_chunk(t, K)
     stage = _per_thread(t, "a")[1] + _per_thread(t, "b")[1]
-    instr = (t.bm * t.bn * t.bk + t.bk * T * (t.tm + t.tn) + 2 * (t.bm + t.bn) * t.bk + 30 * T) / 32
+    reads = sum(n // 4 if _runs_of_four(t, w) else n for w, n in (("a", t.tm), ("b", t.tn)))
+    instr = (t.bm * t.bn * t.bk + t.bk * T * reads + 2 * (t.bm + t.bn) * t.bk + 30 * T) / 32
     regs = 32 + t.tm * t.tn + stage + t.tm + t.tn
     occ = max(1, min(getattr(device, "max_blocks_per_sm", 32), getattr(device, "max_threads_per_sm", 2048) // T,
-                     getattr(device, "registers_per_sm", 65536) // (regs * T)))
-    return (max(per_sm * steps * instr / ISSUE_PER_CYCLE, -(-per_sm // occ) * steps * STEP_LATENCY)
+                     getattr(device, "registers_per_sm", 65536) // (regs * T),
+                     getattr(device, "shared_mem_per_sm", 1 << 30) // (4 * t.smem_floats)))
+    latency = VECTOR_STEP_LATENCY if t.vec else STEP_LATENCY
+    return (max(per_sm * steps * instr / ISSUE_PER_CYCLE, -(-per_sm // occ) * steps * latency)
             + sk.workspace_cycles(t, per_sm, ISSUE_PER_CYCLE, STEP_LATENCY))
 
 
@@ -179,7 +231,7 @@ def tiling_family_for(precision: str, device=None, split: bool = True) -> tuple:
     ones at fp32, the tensor-core ones of that precision otherwise, with the DEEP ones where the
     device's shared memory holds them; on a GPU each also split along K unless `split` is off."""
     if precision == "fp32":
-        return tilings_for(device, split)
+        return tilings_for(device, split, vector=True)
     from .gemm_mma import deep_tilings_fit, mma_tilings
 
     return sk.variants(mma_tilings(precision, deep_tilings_fit(device)), device, split)
@@ -356,10 +408,46 @@ def _stage(t: Tiling, which: str, k0: str, spec: GemmSpec) -> list[str]:
             *_indent(stmts, 8), f"        val = {val};", "    }", f"    r{which}[r] = val;", "}"]
 
 
-def _commit(t: Tiling, which: str, spec: GemmSpec) -> list[str]:
-    """The staging registers into the shared tiles (k-major, padded rows)."""
-    dst = f"As[kk * {t.a_stride} + mm] = ra[r];" if which == "a" else f"Bs[kk * {t.b_stride} + nn] = rb[r];"
+def _commit(t: Tiling, which: str, spec: GemmSpec, stage: str = "") -> list[str]:
+    """The staging registers into the shared tiles (k-major, padded rows); `stage`: the vector
+    template's offset of the stage written (a C expression of floats)."""
+    at = f"{stage} + " if stage else ""
+    dst = (f"As[{at}kk * {t.a_stride} + mm] = ra[r];" if which == "a"
+           else f"Bs[{at}kk * {t.b_stride} + nn] = rb[r];")
     return [*_walk(t, which, spec), f"    {dst}", "}"]
+
+
+def _runs_of_four(t: Tiling, which: str) -> bool:
+    """Whether the vector template gives a thread its A rows (B columns) in runs of four."""
+    return t.vec and (t.tm if which == "a" else t.tn) % 4 == 0
+
+
+def _owned(t: Tiling, which: str, i: str) -> str:
+    """The tile row (A) or column (B) of a thread's i-th output (a C expression of `i` and the
+    thread's `ty` / `tx`). The scalar template strides them by the thread grid (ty + i·rows: a
+    warp's reads are broadcasts or consecutive); the vector one, where the count is a multiple of
+    four, takes runs of four (run i/4 at i/4·4·rows + ty·4), so that one float4 read fetches four."""
+    n, r = (t.tm, "ty") if which == "a" else (t.tn, "tx")
+    grid = (t.bm if which == "a" else t.bn) // n
+    if not _runs_of_four(t, which):
+        return f"{r} + {i} * {grid}"
+    return f"({i} / 4) * {4 * grid} + {r} * 4 + {i} % 4"
+
+
+def _fragment(t: Tiling, which: str, tile: str) -> list[str]:
+    """A thread's operands of one kk from shared tile `tile` into `a[]` (`b[]`): float4 reads
+    in the vector template (LOAD4_LOCAL), scalar ones otherwise."""
+    n, reg = (t.tm, "a") if which == "a" else (t.tn, "b")
+    stride = t.a_stride if which == "a" else t.b_stride
+    if not _runs_of_four(t, which):
+        return ["#pragma unroll",
+                f"for (int i = 0; i < {n}; ++i) {reg}[i] = {tile}[kk * {stride} + {_owned(t, which, 'i')}];"]
+    r, grid = ("ty", t.bm // n) if which == "a" else ("tx", t.bn // n)
+    out = []
+    for g in range(n // 4):
+        out.append(f"{{ const float4 v = LOAD4_LOCAL({tile} + kk * {stride} + {g * 4 * grid} + {r} * 4); "
+                   + " ".join(f"{reg}[{4 * g + q}] = v.{c};" for q, c in enumerate("xyzw")) + " }")
+    return out
 
 
 def gemm_source(name: str, spec: GemmSpec, t) -> str:
@@ -380,22 +468,63 @@ def _k_loop(t, K: int) -> tuple[list[str], str]:
             f"ks + 1 < {steps}")  # (past K, the guarded loads stage zeros: the last chunk may be ragged)
 
 
+def _products(t: Tiling, a_tile: str, b_tile: str) -> list[str]:
+    """One k step's arithmetic over the shared tiles: per kk, the thread's fragments, then its
+    tm x tn FMAs."""
+    return [
+        "K_UNROLL",
+        f"for (int kk = 0; kk < {t.bk}; ++kk) {{",
+        f"    float a[{t.tm}], b[{t.tn}];",
+        *_indent(_fragment(t, "a", a_tile), 4),
+        *_indent(_fragment(t, "b", b_tile), 4),
+        "    #pragma unroll",
+        f"    for (int i = 0; i < {t.tm}; ++i) {{",
+        "        #pragma unroll",
+        f"        for (int j = 0; j < {t.tn}; ++j) acc[i][j] += a[i] * b[j];",
+        "    }",
+        "}",
+    ]
+
+
+def _k_steps(t: Tiling, spec: GemmSpec) -> list[str]:
+    """The k loop, software-pipelined through registers so that step k+1's global loads are in
+    flight during step k's arithmetic.
+
+    The scalar template has one shared stage: commit the staged step, barrier, stage the next,
+    compute, barrier (two barriers a step). The vector template has two: the first step is
+    committed before the loop, and each step stages the next, computes on its stage, commits the
+    next into the other stage and passes one barrier. That is safe because the other stage was
+    last read in the previous step, before that step's barrier."""
+    k_loop, next_step = _k_loop(t, spec.K)
+    nxt = [*_stage(t, "a", f"(k0 + {t.bk})", spec), *_stage(t, "b", f"(k0 + {t.bk})", spec)]
+    if not t.vec:
+        return [*k_loop, *_indent(_commit(t, "a", spec), 4), *_indent(_commit(t, "b", spec), 4), "    BARRIER();",
+                f"    if ({next_step}) {{", *_indent(nxt, 8), "    }",
+                *_indent(_products(t, "As", "Bs"), 4), "    BARRIER();", "}"]
+    a_size, b_size = t.bk * t.a_stride, t.bk * t.b_stride
+    return [*_commit(t, "a", spec), *_commit(t, "b", spec), "BARRIER();", "int stg = 0;", *k_loop,
+            f"    if ({next_step}) {{", *_indent(nxt, 8), "    }",
+            f"    LPTR const float* Ac = As + stg * {a_size};",
+            f"    LPTR const float* Bc = Bs + stg * {b_size};",
+            *_indent(_products(t, "Ac", "Bc"), 4),
+            f"    if ({next_step}) {{",
+            *_indent(_commit(t, "a", spec, f"(stg ^ 1) * {a_size}"), 8),
+            *_indent(_commit(t, "b", spec, f"(stg ^ 1) * {b_size}"), 8),
+            "    }", "    BARRIER();", "    stg ^= 1;", "}"]
+
+
 def simt_gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
-    """The SIMT rOperator text. The k loop is software-pipelined through registers: step k+1's global
-    loads are issued before step k's arithmetic, so their latency overlaps it (one barrier pair
-    per step, one shared tile)."""
+    """The SIMT rOperator text (the scalar or the vector template, by t.vec; _k_steps)."""
     tiles_m, tiles_n = -(-spec.M // t.bm), -(-spec.N // t.bn)
     T = t.threads
     cols = t.bn // t.tn
-    rows = t.bm // t.tm
     arg_names = [p.split()[-1].lstrip("*") for p in spec.params]
     per_a, per_b = _per_thread(t, "a")[1], _per_thread(t, "b")[1]
     store = spec.store("m", "n", "acc[i][j]")
-    k_loop, next_step = _k_loop(t, spec.K)
     dev = [
         f"DEVICE void {name}_task({', '.join(spec.params + sk.params(t))}, const int task, const int tid, LPTR float* smem) {{",
         f"    LPTR float* As = smem;",
-        f"    LPTR float* Bs = smem + {t.bk * t.a_stride};",
+        f"    LPTR float* Bs = smem + {t.stages * t.bk * t.a_stride};",
         *_indent(sk.tile_decode(t, tiles_m, tiles_n), 4),
         f"    const int m0 = (tile / {tiles_n}) * {t.bm};",
         f"    const int n0 = (tile % {tiles_n}) * {t.bn};",
@@ -406,37 +535,15 @@ def simt_gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
         f"    float ra[{per_a}], rb[{per_b}];",
         *_indent(_stage(t, "a", sk.chunk_start(t, spec.K), spec), 4),
         *_indent(_stage(t, "b", sk.chunk_start(t, spec.K), spec), 4),
-        *_indent(k_loop, 4),
-        *_indent(_commit(t, "a", spec), 8),
-        *_indent(_commit(t, "b", spec), 8),
-        f"        BARRIER();",
-        f"        if ({next_step}) {{",
-        *_indent(_stage(t, "a", f"(k0 + {t.bk})", spec), 12),
-        *_indent(_stage(t, "b", f"(k0 + {t.bk})", spec), 12),
-        f"        }}",
-        f"        K_UNROLL",
-        f"        for (int kk = 0; kk < {t.bk}; ++kk) {{",
-        f"            float a[{t.tm}], b[{t.tn}];",
-        f"            #pragma unroll",
-        f"            for (int i = 0; i < {t.tm}; ++i) a[i] = As[kk * {t.a_stride} + ty + i * {rows}];",
-        f"            #pragma unroll",
-        f"            for (int j = 0; j < {t.tn}; ++j) b[j] = Bs[kk * {t.b_stride} + tx + j * {cols}];",
-        f"            #pragma unroll",
-        f"            for (int i = 0; i < {t.tm}; ++i) {{",
-        f"                #pragma unroll",
-        f"                for (int j = 0; j < {t.tn}; ++j) acc[i][j] += a[i] * b[j];",
-        f"            }}",
-        f"        }}",
-        f"        BARRIER();",
-        f"    }}",
+        *_indent(_k_steps(t, spec), 4),
         *_indent(sk.reduce_partials(t, t.tm, t.tn, T), 4),
         *_indent(sk.guard_store(t, [
             f"#pragma unroll",
             f"for (int i = 0; i < {t.tm}; ++i) {{",
-            f"    const int m = m0 + ty + i * {rows};",
+            f"    const int m = m0 + {_owned(t, 'a', 'i')};",
             f"    #pragma unroll",
             f"    for (int j = 0; j < {t.tn}; ++j) {{",
-            f"        const int n = n0 + tx + j * {cols};",
+            f"        const int n = n0 + {_owned(t, 'b', 'j')};",
             f"        if (m < {spec.M} && n < {spec.N}) {{",
             *_indent(store, 12),
             f"        }}",

@@ -223,24 +223,32 @@ def fit(a) -> int:
             continue
         t, cost = found
         key = scale_key(t) if hasattr(t, "precision") else "fp32"  # a tensor-core tiling, or SIMT
-        groups.setdefault(key, []).append((r, cost(t, 1, *r["shape"], dev)))
+        groups.setdefault(key, []).append((r, cost(t, 1, *r["shape"], dev), getattr(t, "vec", False)))
     if not groups:
         print("no rows to fit", file=sys.stderr)
         return 1
     fixed = dev.kernel_fixed_us
     for key, pts in sorted(groups.items()):
-        f = math.exp(statistics.fmean(math.log(max(r["us"] - fixed, 1e-3) / c) for r, c in pts))
+        f = math.exp(statistics.fmean(math.log(max(r["us"] - fixed, 1e-3) / c) for r, c, _ in pts))
         field = "gemm_cycle_us" if key == "fp32" else f"mma_cycle_us[{key}]"
         print(f"{field} for {dev.name}: {f:.6f} µs per modelled cycle (a {1e-3 / f:.2f} GHz clock) "
               f"(kernel_fixed_us {fixed}), {len(pts)} rows")
         print("| M×N×K | tiling | measured µs | modelled µs | modelled / measured |")
         print("|---|---|---|---|---|")
         worst = 1.0
-        for r, c in pts:
+        for r, c, _ in pts:
             us = fixed + c * f
             worst = max(worst, us / r["us"], r["us"] / us)
             print(f"| {'x'.join(map(str, r['shape']))} | {r['tiling']} | {r['us']:.1f} | {us:.1f} | {us / r['us']:.2f} |")
         print(f"worst ratio {worst:.2f}x\n")
+        if key == "fp32" and len({v for *_, v in pts}) == 2:
+            # the scalar and vector SIMT forms share the scale; their step latencies are separate
+            # constants (kernels/gemm.py STEP_LATENCY, VECTOR_STEP_LATENCY): how far each form sits
+            for form, vec in (("scalar", False), ("vector", True)):
+                ratios = [r["us"] / (fixed + c * f) for r, c, v in pts if v == vec]
+                print(f"{form} rows: measured / modelled {math.exp(statistics.fmean(map(math.log, ratios))):.2f}x "
+                      f"(geometric mean of {len(ratios)})")
+            print()
     return 0
 
 

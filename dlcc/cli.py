@@ -623,21 +623,26 @@ def profile(model: Path = typer.Argument(..., help="ONNX model file"),
     store = ProfileDB.load(db, missing_ok=True)  # a malformed database fails before any work
     cm = _compile(model, shape, target, pipeline, device, quiet, json_out, precision=precision)
     steps = _steps(quiet or json_out)
+    ex = cm.executor()
     with steps.step(f"time {len(cm.plan['launches'])} launches x {repeat} on {cm.target}"):
-        times, how = cm.executor().profile(cm.sample_inputs(), repeat)
+        times, how = ex.profile(cm.sample_inputs(), repeat)
+    # Entries are keyed by the plan's device spec (what estimate and auto look them up by); the
+    # note says which device really ran them (an H200 measuring for the h100 spec, say).
     dev = cm.plan["meta"]["device"]
-    where = f"dlcc profile {model.name} ({cm.target})"
+    ran_on = getattr(ex.rt, "device_name", cm.target)
+    where = f"dlcc profile {model.name} ({cm.target}, {ran_on})"
     rows = []
     for L, us in zip(cm.plan["launches"], times):
         store.record(dev, L["kernel"], L["grid"], L["block"], us, where=where)
         rows.append({"kernel": L["kernel"], "op_type": L["op_type"], "grid": L["grid"], "block": L["block"], "us": us})
     store.save(db)
     if json_out:
-        print(json.dumps({"db": str(db), "device": dev, "target": cm.target, "timed_by": how, "launches": rows}))
+        print(json.dumps({"db": str(db), "device": dev, "measured_on": ran_on, "target": cm.target, "timed_by": how,
+                          "launches": rows}))
         return
     if quiet:
         return
-    t = Table(title=f"slowest launches on {_escape(dev)} (timed by {how})")
+    t = Table(title=f"slowest launches on {_escape(ran_on)}, recorded for the {_escape(dev)} spec (timed by {how})")
     for c in ("kernel", "op", "grid", "block", "µs"):
         t.add_column(c, justify="right" if c in ("grid", "block", "µs") else "left", overflow="fold")
     for r in sorted(rows, key=lambda r: -r["us"])[:15]:

@@ -202,7 +202,11 @@ def test_profile_then_estimate_uses_measurements(tmp_path, capsys):
     assert code == 0, err
     prof = json.loads(out)
     keys = {(L["kernel"], L["grid"], L["block"]) for L in prof["launches"]}
-    assert len(json.loads(db.read_text())["entries"]) == len(keys)
+    entries = json.loads(db.read_text())["entries"]
+    assert len(entries) == len(keys)
+    # keyed by the plan's spec; the note names the device that measured (PoCL's CPU here)
+    assert {e["device"] for e in entries} == {prof["device"]} and prof["measured_on"]
+    assert all(prof["measured_on"] in e["where"][-1] for e in entries)
     code, out, err = run_cli(capsys, "estimate", str(MODEL), "--device", "pocl-cpu", "--profile-db", str(db),
                              "-p", "baseline", "--json")
     assert code == 0, err

@@ -242,8 +242,9 @@ def fit(a) -> int:
             print(f"| {'x'.join(map(str, r['shape']))} | {r['tiling']} | {r['us']:.1f} | {us:.1f} | {us / r['us']:.2f} |")
         print(f"worst ratio {worst:.2f}x\n")
         if key == "fp32" and len({v for *_, v in pts}) == 2:
-            # the scalar and vector SIMT forms share the scale; their step latencies are separate
-            # constants (kernels/gemm.py STEP_LATENCY, VECTOR_STEP_LATENCY): how far each form sits
+            # the scalar and vector SIMT forms share the scale, and the model counts the vector
+            # form's float4 reads as one instruction each: a vector form measured slower than
+            # modelled, against the scalar one, says the saving is smaller than counted
             for form, vec in (("scalar", False), ("vector", True)):
                 ratios = [r["us"] / (fixed + c * f) for r, c, v in pts if v == vec]
                 print(f"{form} rows: measured / modelled {math.exp(statistics.fmean(map(math.log, ratios))):.2f}x "

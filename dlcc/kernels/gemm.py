@@ -139,10 +139,6 @@ def tilings_for(device=None, split: bool = True, vector: bool | None = None) -> 
 #: (an issue rate of 0.5 to 4 and a step latency of 100 to 3000 cycles).
 ISSUE_PER_CYCLE = 2.0  # warp instructions an SM retires per cycle in the k loop
 STEP_LATENCY = 300  # cycles of a k step's load -> shared store -> barrier chain; co-resident blocks overlap it
-#: The vector template's step latency: its next step's loads and stores overlap this step's
-#: arithmetic and it passes one barrier, not two. A guess (half), until scripts/gemm_tilings.py
-#: times VECTOR_TILINGS on a GPU and `simt_vector_tilings` turns them on.
-VECTOR_STEP_LATENCY = 150
 
 
 def tasks_for(t, batch: int, M: int, N: int) -> int:
@@ -158,7 +154,10 @@ def tiling_cost(t: Tiling, batch: int, M: int, N: int, K: int, device=None) -> f
       - throughput: its tasks × k steps × warp instructions per step (FMAs, shared-memory reads of
         the per-thread tiles, global loads and shared stores, loop overhead) / issue rate, and
       - latency: its rounds of co-resident blocks × k steps × one step's latency,
-    where co-residency comes from threads, blocks and an estimate of registers per thread.
+    where co-residency comes from threads, blocks, shared memory and an estimate of registers
+    per thread. The vector form (Tiling.vec) counts a float4 shared read as one instruction; its
+    one barrier a step instead of two is not priced (at these constants the issue term binds for
+    every 256-thread tiling, so the step latency seldom decides).
     Small per-thread tiles read shared memory once per FMA and lose on the first term; few, long
     tasks lose on the second (BERT's FFN down-projection: 96 tiles over K=3072). A split tiling
     adds its partial sums' round trip (kernels/splitk.py workspace_cycles)."""
@@ -173,8 +172,7 @@ def tiling_cost(t: Tiling, batch: int, M: int, N: int, K: int, device=None) -> f
     occ = max(1, min(getattr(device, "max_blocks_per_sm", 32), getattr(device, "max_threads_per_sm", 2048) // T,
                      getattr(device, "registers_per_sm", 65536) // (regs * T),
                      getattr(device, "shared_mem_per_sm", 1 << 30) // (4 * t.smem_floats)))
-    latency = VECTOR_STEP_LATENCY if t.vec else STEP_LATENCY
-    return (max(per_sm * steps * instr / ISSUE_PER_CYCLE, -(-per_sm // occ) * steps * latency)
+    return (max(per_sm * steps * instr / ISSUE_PER_CYCLE, -(-per_sm // occ) * steps * STEP_LATENCY)
             + sk.workspace_cycles(t, per_sm, ISSUE_PER_CYCLE, STEP_LATENCY))
 
 

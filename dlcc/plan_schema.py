@@ -55,6 +55,9 @@ class KernelSpec(_Open):
     block: int = Field(ge=1, le=1024)
     smem_bytes: int = Field(0, ge=0)
     dynamic_smem_bytes: int = Field(0, ge=0, le=1 << 20)  # CUDA dynamic shared memory at each launch
+    # read by the runtimes to choose build options (backends/opencl.py builds_unoptimised)
+    kind: str | None = None
+    tiling: str | None = None
 
 
 class HostIndexCheck(_Open):

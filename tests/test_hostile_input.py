@@ -193,6 +193,9 @@ def _first_arena_arg(plan):
     # argument dropped from a launch reached set_args (TypeError)
     (lambda p: p["launches"][0].update(grid=2e9), "launches.0.grid: Input should be a valid integer"),
     (lambda p: p["launches"][0]["args"].pop() and None, "launches.0 passes"),
+    # a kernel's tiling of another type reached the OpenCL runtime's build options (AttributeError)
+    (lambda p: p["kernels"][0].update(tiling=1.5), "kernels.0.tiling: Input should be a valid string"),
+    (lambda p: p["kernels"][0].update(kind=[1]), "kernels.0.kind: Input should be a valid string"),
 ])
 def test_artifact_plans_are_checked_before_the_device(tmp_path, mutate, needle):
     """`dlcc run` and dlcc.load trust nothing in plan.json: each of these reached PyOpenCL or the

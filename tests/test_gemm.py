@@ -70,9 +70,9 @@ def test_tiling_choice_follows_h100_measurements(shape):
 # two runs): the fastest tiling per shape where it won by a clear margin in both.
 POCL_FASTEST = {
     (1024, 32, 288): "32x32x16_2x2",   # N = 32: a 64-wide tile is half padding
-    (16, 1000, 512): "16x64x16_1x4",   # M = 16
+    (16, 1000, 512): "16x64x16_1x4v",  # M = 16
     (64, 64, 64): "32x32x64_2x2",      # K in one deep step
-    (128, 768, 128): "64x64x16_4x4v",  # (the vector template: CPU_TILINGS)
+    (128, 768, 128): "64x64x16_4x4v",  # (4x4 and 1x4 in the vector template: CPU_TILINGS)
     (32, 512, 128): "32x64x16_2x4",
 }
 
@@ -154,15 +154,15 @@ def test_smem_and_threads_fit_every_device():
 def test_vector_tilings_are_picked_only_where_the_spec_says_so():
     """The vector template is unmeasured on GPUs: the cost model picks among its tilings only on a
     device spec with `simt_vector_tilings` (none built in), and `--tune`'s family always has them
-    on a GPU. A CPU device has its 4x4 tilings in it (CPU_TILINGS, measured faster on PoCL), no
-    other."""
+    on a GPU. A CPU device has its 4x4 and 1x4 tilings in it (CPU_TILINGS, measured faster on
+    PoCL), no other."""
     h100, cpu = load_device("h100"), load_device("pocl-cpu")
     on = h100.model_copy(update={"simt_vector_tilings": True})
     assert not any(t.vec for t in tilings_for(h100))
     assert {t.name for t in VECTOR_TILINGS} <= {t.name for t in tilings_for(on)}
     assert {t.name for t in VECTOR_TILINGS} <= {t.name for t in tiling_family_for("fp32", h100)}
     for t in tilings_for(cpu) + tiling_family_for("fp32", cpu):
-        assert t.vec == (t.tm == t.tn == 4) and dataclasses.replace(t, vec=False) in TILINGS
+        assert t.vec == (t.tn == 4 and t.tm in (1, 4)) and dataclasses.replace(t, vec=False) in TILINGS
     # where it may, the model prefers them: fewer shared-memory reads a step, and one barrier
     assert all(choose_tiling(1, *shape, on).vec for shape in H100_FASTEST)
 

@@ -106,19 +106,23 @@ VECTOR_TILINGS = (
     Tiling(64, 64, 16, 4, 4, vec=True),
     Tiling(64, 64, 32, 4, 4, vec=True),
     Tiling(32, 64, 32, 2, 4, vec=True),
+    Tiling(16, 64, 16, 1, 4, vec=True),
     Tiling(16, 64, 32, 1, 4, vec=True),
+    Tiling(16, 64, 64, 1, 4, vec=True),
     Tiling(32, 32, 32, 2, 2, vec=True),
     Tiling(32, 32, 64, 2, 2, vec=True),
     Tiling(128, 64, 16, 8, 4, vec=True),
     Tiling(128, 128, 16, 8, 8, vec=True),
 )
 ALL_TILINGS = TILINGS + GPU_TILINGS + VECTOR_TILINGS
-#: A CPU device's tilings (PoCL): TILINGS with the 4x4 ones in the vector template. Each ran
-#: 1.02-1.33x faster than its scalar twin on all nine shapes tried, small-model and BERT/ResNet
-#: ones (interleaved runs, medians of 5; the work-item loops vectorise the float4 reads), where the
-#: 2x2 and 2x4 twins gained nothing clear. Same tile shapes, so cpu_tiling_cost ranks them alike;
-#: the sums run in the same order, so results are bitwise the same.
-CPU_TILINGS = tuple(dataclasses.replace(t, vec=True) if t.tm == t.tn == 4 else t for t in TILINGS)
+#: A CPU device's tilings (PoCL): TILINGS with the 4x4 and 1x4 ones in the vector template. In
+#: three interleaved runs over nine GEMM shapes of the test models (108 pairs, medians of 5;
+#: scripts/gemm_tilings.py --target opencl --tilings vector) those vector twins ran a median 1.13x
+#: faster than their scalar ones: PoCL vectorises the float4 reads. 7 pairs were slower (down to
+#: 0.79x), all on GEMMs under 3.5 ms, none on the four larger shapes. The 2x2 and 2x4 twins gained
+#: nothing clear. Same tile shapes, so cpu_tiling_cost ranks them alike; the sums run in the same
+#: order, so results are bitwise the same.
+CPU_TILINGS = tuple(dataclasses.replace(t, vec=True) if t.tn == 4 and t.tm in (1, 4) else t for t in TILINGS)
 
 
 def tilings_for(device=None, split: bool = True, vector: bool | None = None) -> tuple:

@@ -43,8 +43,8 @@ from dlcc.backends.source import render
 from dlcc.config import load_device
 from dlcc.executor import make_runtime, use_dynamic_smem
 from dlcc.kernels import splitk
-from dlcc.kernels.gemm import (CPU_TILINGS, TILINGS, VECTOR_TILINGS, Tiling, choose_tiling, gemm_source, kernel_smem, plain_spec, simt_cost,
-                               tilings_for)
+from dlcc.kernels.gemm import (CPU_TILINGS, TILINGS, VECTOR_TILINGS, Tiling, choose_tiling, gemm_source, kernel_smem,
+                               plain_spec, simt_cost, tilings_for)
 from dlcc.tuning import time_kernel
 
 SHAPES = ["128x768x768", "128x3072x768", "128x768x3072", "3136x64x576", "128x50257x768", "1024x1024x1024"]
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     # most CANDIDATES): only the CPU family and its scalar twins run there, and VECTOR_TILINGS when
     # asked for (they build).
     cpu = TILINGS + CPU_TILINGS + (VECTOR_TILINGS if a.tilings == "vector" else ())
-    tilings = list(dict.fromkeys(cpu)) if rt.is_cpu() else list(dict.fromkeys(tilings_for(dev, vector=True) + CANDIDATES))
+    tilings = list(dict.fromkeys(cpu if rt.is_cpu() else tilings_for(dev, vector=True) + CANDIDATES))
     choose, cost, rnd, b_dtype = choose_tiling, simt_cost(dev), (lambda x: x), "float32"
     if a.precision != "fp32":
         from dlcc.kernels.gemm_mma import choose_mma_tiling, deep_tilings_fit, mma_cost, mma_tilings
@@ -190,8 +190,6 @@ def main(argv=None) -> int:
 def vector_and_twins() -> list[str]:
     """The names of the vector template's tilings and of their scalar twins (same tile, vec off)."""
     import dataclasses
-
-    from dlcc.kernels.gemm import VECTOR_TILINGS
 
     return [n for t in VECTOR_TILINGS for n in (t.name, dataclasses.replace(t, vec=False).name)]
 

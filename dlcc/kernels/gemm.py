@@ -94,7 +94,7 @@ GPU_TILINGS = (
     Tiling(128, 64, 32, 8, 4),
     Tiling(128, 128, 16, 8, 8),
 )
-#: The vector template's tilings (Tiling.vec; GPU devices only): two shared stages, so one barrier
+#: The vector template's tilings (Tiling.vec; CPU_TILINGS takes some of them): two shared stages, so one barrier
 #: per k step and the next step's stores off the critical path, and each thread's outputs in runs of
 #: four, read from shared memory as one float4 where the per-thread count is a multiple of four (a
 #: 4x4 tile reads 2 words a kk instead of 8; 8x8, 4 instead of 16). The usual next steps of a SIMT
@@ -424,13 +424,19 @@ def _runs_of_four(t: Tiling, which: str) -> bool:
     return t.vec and (t.tm if which == "a" else t.tn) % 4 == 0
 
 
+def _thread_axis(t: Tiling, which: str) -> tuple[int, str, int]:
+    """(outputs a thread has along A's rows or B's columns, its index variable there, threads
+    along it)."""
+    n = t.tm if which == "a" else t.tn
+    return n, ("ty" if which == "a" else "tx"), (t.bm if which == "a" else t.bn) // n
+
+
 def _owned(t: Tiling, which: str, i: str) -> str:
     """The tile row (A) or column (B) of a thread's i-th output (a C expression of `i` and the
     thread's `ty` / `tx`). The scalar template strides them by the thread grid (ty + i·rows: a
     warp's reads are broadcasts or consecutive); the vector one, where the count is a multiple of
     four, takes runs of four (run i/4 at i/4·4·rows + ty·4), so that one float4 read fetches four."""
-    n, r = (t.tm, "ty") if which == "a" else (t.tn, "tx")
-    grid = (t.bm if which == "a" else t.bn) // n
+    _, r, grid = _thread_axis(t, which)
     if not _runs_of_four(t, which):
         return f"{r} + {i} * {grid}"
     return f"({i} / 4) * {4 * grid} + {r} * 4 + {i} % 4"
@@ -439,12 +445,11 @@ def _owned(t: Tiling, which: str, i: str) -> str:
 def _fragment(t: Tiling, which: str, tile: str) -> list[str]:
     """A thread's operands of one kk from shared tile `tile` into `a[]` (`b[]`): float4 reads
     in the vector template (LOAD4_LOCAL), scalar ones otherwise."""
-    n, reg = (t.tm, "a") if which == "a" else (t.tn, "b")
-    stride = t.a_stride if which == "a" else t.b_stride
+    n, r, grid = _thread_axis(t, which)
+    reg, stride = which, (t.a_stride if which == "a" else t.b_stride)
     if not _runs_of_four(t, which):
         return ["#pragma unroll",
                 f"for (int i = 0; i < {n}; ++i) {reg}[i] = {tile}[kk * {stride} + {_owned(t, which, 'i')}];"]
-    r, grid = ("ty", t.bm // n) if which == "a" else ("tx", t.bn // n)
     out = []
     for g in range(n // 4):
         out.append(f"{{ const float4 v = LOAD4_LOCAL({tile} + kk * {stride} + {g * 4 * grid} + {r} * 4); "

@@ -59,6 +59,36 @@ def opencl_device_available() -> bool:
     return False
 
 
+def gemm_plan(named_tilings) -> dict:
+    """The plan entries of GEMM kernels `(name, tiling)`, for OpenCLRuntime.compile: a tiling test
+    builds each kernel as a plan's kernel on that tiling is built (on PoCL, the GPU-only SIMT
+    tilings and the multi-stage fp16/bf16 tensor-core ones from the -cl-opt-disable build, where
+    optimising them is what plans avoid; backends/opencl.py builds_unoptimised), not through a
+    build that no plan uses."""
+    return {"kernels": [{"name": name, "kind": "gemm", "tiling": t.name} for name, t in named_tilings]}
+
+
+def nvcc_ptx_and_ptxas(src: Path, arch: str) -> tuple[str, str]:
+    """The PTX nvcc makes of the CUDA file `src` for `arch`, and ptxas -v's report (registers,
+    spills, shared memory) on building it: one front-end run, where `nvcc -cubin -Xptxas -v` and
+    then `nvcc -ptx` would run cicc twice on the same text (the PTX ptxas gets is the same)."""
+    import shutil
+    import subprocess
+
+    from dlcc.backends.nvcc import find_nvcc
+
+    nvcc = find_nvcc()
+    ptxas = os.path.join(os.path.dirname(nvcc), "ptxas")
+    ptxas = ptxas if os.path.exists(ptxas) else shutil.which("ptxas")
+    ptx = src.with_suffix(".ptx")
+    r = subprocess.run([nvcc, "-ptx", f"-arch={arch}", "-o", str(ptx), str(src)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = subprocess.run([ptxas, f"-arch={arch}", "-O3", "-v", "-o", str(src.with_suffix(".cubin")), str(ptx)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return ptx.read_text(), r.stdout + r.stderr
+
+
 def run_ort(path, feeds, names=None):
     from dlcc.verify import run_onnxruntime
 

@@ -9,12 +9,11 @@ and sm_90 with ptxas's register report checked for spills."""
 from __future__ import annotations
 
 import re
-import subprocess
 
 import numpy as np
 import pytest
 
-from conftest import opencl_device_available
+from conftest import gemm_plan, nvcc_ptx_and_ptxas, opencl_device_available
 from dlcc.backends.nvcc import find_nvcc
 from dlcc.backends.source import render
 from dlcc.kernels.gemm import cheapest, gemm_source, plain_spec
@@ -74,7 +73,8 @@ def test_every_mma_tiling_matches_numpy(rt, trans_b, precision):
     M, N, K = 37, 70, 44
     spec = plain_spec(M, N, K, trans_b)
     tilings = [t for t in mma_tilings(precision) if not (t.wide and t.stages > 1)]
-    rt.compile(render([gemm_source(f"g_{t.name}", spec, t) for t in tilings], rt.dialect))
+    rt.compile(render([gemm_source(f"g_{t.name}", spec, t) for t in tilings], rt.dialect),
+               gemm_plan((f"g_{t.name}", t) for t in tilings))
     rng = np.random.default_rng(2)
     A = rng.standard_normal((M, K), dtype=np.float32)
     B = rng.standard_normal((N, K) if trans_b else (K, N), dtype=np.float32)
@@ -101,7 +101,7 @@ def test_a_wrong_fragment_layout_is_caught(rt, precision, swap):
     bad = good.replace(f"mma_af[mi][{x}] = ", "mma_af[mi][99] = ").replace(f"mma_af[mi][{y}] = ", f"mma_af[mi][{x}] = ") \
               .replace("mma_af[mi][99] = ", f"mma_af[mi][{y}] = ")
     assert bad != good
-    rt.compile(render([bad], rt.dialect))
+    rt.compile(render([bad], rt.dialect), gemm_plan([(f"g_{t.name}", t)]))
     rng = np.random.default_rng(3)
     A = rng.standard_normal((M, K), dtype=np.float32)
     B = rng.standard_normal((N, K), dtype=np.float32)
@@ -165,20 +165,17 @@ def test_nvcc_builds_every_mma_tiling_without_spills(tmp_path, arch):
     src = tmp_path / "k.cu"
     tilings = [t for p in PRECISIONS for t in mma_tilings(p)]
     src.write_text(render([gemm_source(f"g_{t.name}", spec, t) for t in tilings], "cuda"))
-    r = subprocess.run([find_nvcc(), "-cubin", f"-arch={arch}", "-O3", "-Xptxas", "-v", "-o",
-                        str(tmp_path / "k.cubin"), str(src)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
+    ptx, log = nvcc_ptx_and_ptxas(src, arch)
     assert "mma.sync" in src.read_text() or "MMA_TF32" in src.read_text()
-    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)]
-    assert spills and not any(spills), r.stderr[-3000:]
-    ptx = subprocess.run([find_nvcc(), "-ptx", f"-arch={arch}", "-o", "-", str(src)], capture_output=True, text=True)
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", log)]
+    assert spills and not any(spills), log[-3000:]
     for ty in ("tf32", "f16", "bf16"):
         k = "m16n8k8" if ty == "tf32" else "m16n8k16"
-        assert ptx.stdout.count(f"mma.sync.aligned.{k}.row.col.f32.{ty}.{ty}.f32") >= len(MMA_TILINGS), ty
+        assert ptx.count(f"mma.sync.aligned.{k}.row.col.f32.{ty}.{ty}.f32") >= len(MMA_TILINGS), ty
     # tf32 and tf32x3's cp.async tilings copy the float32 operands (A and B, the first stages
     # and the loop) and read B [N, K]'s fragments with ldmatrix
-    assert ptx.stdout.count("cp.async.cg.shared.global") >= 2 * 4 * len(TF32_ASYNC_TILINGS)
-    assert ptx.stdout.count("ldmatrix.sync.aligned.m8n8.x4.shared.b16") >= 2 * len(TF32_ASYNC_TILINGS)
+    assert ptx.count("cp.async.cg.shared.global") >= 2 * 4 * len(TF32_ASYNC_TILINGS)
+    assert ptx.count("ldmatrix.sync.aligned.m8n8.x4.shared.b16") >= 2 * len(TF32_ASYNC_TILINGS)
 
 
 def test_deep_tilings_are_chosen_only_where_the_device_says_so():

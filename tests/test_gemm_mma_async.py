@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import subprocess
 
 import numpy as np
 import pytest
 
-from conftest import opencl_device_available
+from conftest import gemm_plan, nvcc_ptx_and_ptxas, opencl_device_available
 from dlcc.backends.nvcc import find_nvcc
 from dlcc.backends.source import render
 from dlcc.kernels.gemm import gemm_source, plain_spec
@@ -114,7 +113,7 @@ def _check_tilings(rt, tilings, precision, M, N, K, trans_a, trans_b, a_half, ra
         copies = src.count("CP_ASYNC16(")
         assert copies == 2 * raw, (copies, raw)  # each fill is written twice: the first stages, the loop
         assert "LDSM_X4" in src
-    rt.compile(render(sources, rt.dialect))
+    rt.compile(render(sources, rt.dialect), gemm_plan((f"g_{t.name}", t) for t in tilings))
     A, B = _operands(M, N, K, trans_a, trans_b)
     ref = _reference(A, B, precision, trans_a, trans_b)
     for t in tilings:
@@ -132,7 +131,7 @@ def test_waiting_for_too_few_copies_is_caught(rt):
     good = gemm_source("g_wait", spec, t)
     bad = good.replace(f"CP_ASYNC_WAIT({t.stages - 2});", f"CP_ASYNC_WAIT({t.stages - 1});")
     assert bad != good
-    rt.compile(render([bad], rt.dialect))
+    rt.compile(render([bad], rt.dialect), gemm_plan([("g_wait", t)]))
     A, B = _operands(32, 64, 256, False, True, seed=4)
     out = _run(rt, "g_wait", t, spec, A, B, "bfloat16", "bfloat16")
     assert not np.allclose(out, _reference(A, B, "bf16", False, True), rtol=1e-2, atol=1e-2)
@@ -145,7 +144,8 @@ def test_a_misaligned_copy_is_poisoned(rt):
     t = mma_tilings("fp16")[3]
     spec = plain_spec(64, 64, 64, True, b_dtype="float16", a_dtype="float16")
     bad = dataclasses.replace(spec, raw_a=dataclasses.replace(spec.raw_a, base="1"))  # one element off
-    rt.compile(render([gemm_source("g_mis", bad, t), gemm_source("g_ok", spec, t)], rt.dialect))
+    rt.compile(render([gemm_source("g_mis", bad, t), gemm_source("g_ok", spec, t)], rt.dialect),
+               gemm_plan([("g_mis", t), ("g_ok", t)]))
     A, B = _operands(64, 64, 64, False, True)
     assert np.isnan(_run(rt, "g_mis", t, bad, A, B, "float16", "float16")).any()
     assert not np.isnan(_run(rt, "g_ok", t, spec, A, B, "float16", "float16")).any()
@@ -163,7 +163,7 @@ def test_a_wrong_ldmatrix_is_caught(rt, slip):
     bad = (good.replace(f"kk / {CHUNK} + mma_lane / 16", f"kk / {CHUNK} + 0") if slip == "chunk"
            else good.replace("LDSM_X4_T(", "LDSM_X4("))
     assert bad != good
-    rt.compile(render([bad], rt.dialect))
+    rt.compile(render([bad], rt.dialect), gemm_plan([("g_slip", t)]))
     A, B = _operands(32, 64, 64, False, False, seed=3)
     out = _run(rt, "g_slip", t, spec, A, B, "bfloat16", "bfloat16")
     assert not np.allclose(out, _reference(A, B, "bf16", False, False), rtol=1e-2, atol=1e-2)
@@ -244,17 +244,14 @@ def test_nvcc_builds_the_async_pipeline_without_spills(tmp_path, arch):
         sources += [gemm_source(f"g_{t.name}_{int(tb)}", plain_spec(128, 768, 768, tb), t) for t in wide_deep]
     src = tmp_path / "k.cu"
     src.write_text(render(sources, "cuda"))
-    r = subprocess.run([find_nvcc(), "-cubin", f"-arch={arch}", "-O3", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
-                        str(src)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)]
-    assert len(spills) == len(sources) and not any(spills), r.stderr[-3000:]
-    used = dict(re.findall(r"Function properties for (\w+)\n.*\n.*Used \d+ registers([^\n]*)", r.stderr))
+    ptx, log = nvcc_ptx_and_ptxas(src, arch)
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", log)]
+    assert len(spills) == len(sources) and not any(spills), log[-3000:]
+    used = dict(re.findall(r"Function properties for (\w+)\n.*\n.*Used \d+ registers([^\n]*)", log))
     deep = [f"g_{t.name}_{int(tb)}" for tb in (True, False)
             for t in [t for p in HALF for t in mma_tilings(p, deep=True) if t.dynamic] + wide_deep]
     assert len(deep) == 2 * (2 * len(DEEP_TILINGS) + 6)
     assert deep and all(n in used and "bytes smem" not in used[n] for n in deep), {n: used.get(n) for n in deep}
-    ptx = subprocess.run([find_nvcc(), "-ptx", f"-arch={arch}", "-o", "-", str(src)], capture_output=True, text=True).stdout
     n = len(sources)
     assert ptx.count("cp.async.cg.shared.global") >= 2 * n and ptx.count("cp.async.wait_group") >= n
     assert ptx.count("ldmatrix.sync.aligned.m8n8.x4.shared.b16") >= n
@@ -284,7 +281,7 @@ def test_every_deep_float_tiling_matches_numpy(rt):
     tilings = _wide_deep()
     sources = [gemm_source(f"g_{t.name}", spec, t) for t in tilings]
     assert all(src.count("CP_ASYNC16(") == 2 and "stage_a[" in src for src in sources)
-    rt.compile(render(sources, rt.dialect))
+    rt.compile(render(sources, rt.dialect), gemm_plan((f"g_{t.name}", t) for t in tilings))
     A, B = _operands(M, N, K, True, False, seed=6)
     exact = A.T.astype(np.float64) @ B.astype(np.float64)
     bound = _f32_bound(A, B, True, False, 2.0 ** -21)
@@ -330,7 +327,7 @@ def test_every_float_async_tiling_matches_numpy(rt, precision, M, N, K, trans_a,
     for src in sources:
         assert src.count("CP_ASYNC16(") == 2 * raw
         assert ("LDSM_X4" in src) == (not trans_a or trans_b) and "LDSM_X4_T" not in src
-    rt.compile(render(sources, rt.dialect))
+    rt.compile(render(sources, rt.dialect), gemm_plan((f"g_{t.name}", t) for t in tilings))
     A, B = _operands(M, N, K, trans_a, trans_b)
     exact = (A.T if trans_a else A).astype(np.float64) @ (B.T if trans_b else B).astype(np.float64)
     bound = _f32_bound(A, B, trans_a, trans_b, 2.0 ** -21)
@@ -353,7 +350,7 @@ def test_tf32x3_keeps_infinities_and_nans(rt):
     t = next(t for t in tilings_at("tf32x3") if t.bm == 32 and t.bk == 32)
     M, N, K = 32, 64, 64
     spec = plain_spec(M, N, K, True)
-    rt.compile(render([gemm_source("g_inf", spec, t)], rt.dialect))
+    rt.compile(render([gemm_source("g_inf", spec, t)], rt.dialect), gemm_plan([("g_inf", t)]))
     A, B = _operands(M, N, K, False, True, seed=5)
     B = np.abs(B) + 0.5
     A[3, 7], A[5, 0], A[9, 9] = np.inf, -np.inf, np.nan

@@ -73,7 +73,9 @@ def write_artifact(out_dir: str | os.PathLike, plan: dict, weights: bytes, kerne
             (tmp / name).write_bytes(data)
             digests[name] = hashlib.sha256(data).hexdigest()
         # The sha256 of each kernel file: a truncated or swapped kernels.cl is named as such when the
-        # artifact is read, instead of failing in the OpenCL compiler or on a missing kernel.
+        # artifact is read, instead of failing in the OpenCL compiler or on a missing kernel. And
+        # of the launches (launches_digest), which the kernels' text fixes.
+        digests["launches"] = launches_digest(json.loads(json.dumps(plan["launches"])))
         (tmp / "plan.json").write_text(json.dumps({**plan, "file_sha256": digests}, indent=1))
         (tmp / "launcher.py").write_text(LAUNCHER)
         replace_dir(tmp, out)
@@ -97,6 +99,16 @@ def replace_dir(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def launches_digest(launches) -> str:
+    """The sha256 of a plan's launches (as JSON, keys sorted). Each kernel's text is emitted for
+    its launch (its grid, block and arguments are baked in: kernels/roperator.py), so a launch
+    changed in plan.json after the compile runs its kernel out of bounds or on the wrong tensor:
+    a GEMM launched with one block more wrote past its output and corrupted the heap (found by
+    scripts/hostile_corpus.py seed 39). The schema and arity checks catch the launches that cannot
+    be right; this catches the rest."""
+    return hashlib.sha256(json.dumps(launches, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def read_binaries(path: str | os.PathLike, plan: dict) -> dict[str, bytes]:
     """The artifact's cubin, where it has one that matches the plan (a damaged one is left out:
     the runtime then builds from kernels.cu)."""
@@ -115,10 +127,11 @@ def read_artifact(path: str | os.PathLike):
     if not (path / "plan.json").is_file():
         raise DlccError(f"{path}: not a dlcc artifact directory (no plan.json); create one with `dlcc compile`")
     try:
-        plan = json.loads((path / "plan.json").read_bytes())  # bytes: JSON's own UTF-8/16/32 detection
+        raw = json.loads((path / "plan.json").read_bytes())  # bytes: JSON's own UTF-8/16/32 detection
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DlccError(f"{path}/plan.json is corrupt: {e}") from None
-    plan = check_plan(plan, f"{path}/plan.json")
+    plan = check_plan(raw, f"{path}/plan.json")
+    launches = launches_digest(raw["launches"])  # as written, before the schema's coercions
     sources = {}
     for d in DIALECTS:
         f = path / file_name(d)
@@ -143,5 +156,8 @@ def read_artifact(path: str | os.PathLike):
     size = wpath.stat().st_size
     if size != plan["storages"]["weights"]:
         raise DlccError(f"{path}/weights.bin has {size} bytes, the plan expects {plan['storages']['weights']}")
+    if digests.get("launches", launches) != launches:
+        raise DlccError(f"{path}/plan.json: its launches are not the ones its kernels were compiled for (their "
+                        "sha256 differs: a grid, block or argument edited or damaged); compile the model again")
     # The weights are read when first needed (a run), not to inspect or to hand out a cache hit.
     return plan, wpath.read_bytes, sources

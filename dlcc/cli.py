@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+import warnings
 from pathlib import Path
 from typing import List, Optional
 
@@ -745,7 +746,30 @@ def _register_subcommands() -> None:
 _register_subcommands()
 
 
+def _warning_printer(fallback):
+    """A warnings.showwarning that prints dlcc's own warnings (their text starts "dlcc: ") as one
+    `warning:` line on stderr, like its errors: Python's form adds dlcc's file, line and source
+    line, which are not the user's to act on. Other libraries' warnings go to `fallback`."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = str(message)
+        if text.startswith("dlcc: "):
+            err.print("[yellow]warning:[/] " + _escape(text[len("dlcc: "):]), highlight=False, soft_wrap=True)
+        else:
+            fallback(message, category, filename, lineno, file, line)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> None:
+    shown = warnings.showwarning
+    warnings.showwarning = _warning_printer(shown)
+    try:
+        _main(argv)
+    finally:
+        warnings.showwarning = shown
+
+
+def _main(argv: list[str] | None) -> None:
     try:
         rv = app(args=argv, standalone_mode=False)
         if rv == 130:  # typer turns Ctrl-C (KeyboardInterrupt) into a return code of 130

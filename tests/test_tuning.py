@@ -80,6 +80,29 @@ def test_a_corrupt_or_foreign_record_is_ignored_with_a_warning(monkeypatch, tmp_
     assert json.loads(rec.read_text())["key"] == data["key"]  # and the record rewritten whole
 
 
+def _cli_ok(args):
+    try:
+        main(args)
+    except SystemExit as e:
+        assert e.code in (0, None), e.code
+
+
+def test_the_cli_says_it_ignored_a_record_in_one_warning_line(monkeypatch, tmp_path, capsys):
+    """Through `dlcc compile --tune`, the warning is one `warning:` line naming the record, not
+    Python's form with dlcc's file, line and source."""
+    cache = tmp_path / "cache"
+    _fake_times(monkeypatch, {}, [])
+    args = ["compile", str(EXAMPLE), "-t", "opencl", "--tune", "--tune-top", "2", "--cache", str(cache)]
+    _cli_ok(args + ["-o", str(tmp_path / "a")])
+    (rec,) = _records(cache)
+    rec.write_text("{not json")
+    capsys.readouterr()
+    _cli_ok(args + ["-o", str(tmp_path / "b")])
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "warning" in ln.lower()]
+    assert len(lines) == 1 and lines[0].startswith("warning: ignoring the tuning record") and rec.name in lines[0], lines
+    assert "RuntimeWarning" not in lines[0] and "tuning.py" not in lines[0]
+
+
 def test_an_interrupted_tuning_leaves_no_record(monkeypatch, tmp_path):
     cache = tmp_path / "cache"
     def interrupted(cms, repeat):

@@ -74,9 +74,10 @@ def write_artifact(out_dir: str | os.PathLike, plan: dict, weights: bytes, kerne
             digests[name] = hashlib.sha256(data).hexdigest()
         # The sha256 of each kernel file: a truncated or swapped kernels.cl is named as such when the
         # artifact is read, instead of failing in the OpenCL compiler or on a missing kernel. And
-        # of the launches (launches_digest), which the kernels' text fixes.
-        digests["launches"] = launches_digest(json.loads(json.dumps(plan["launches"])))
-        (tmp / "plan.json").write_text(json.dumps({**plan, "file_sha256": digests}, indent=1))
+        # the sha256 of the launches (launches_digest), which the kernels' text fixes.
+        launches = launches_digest(json.loads(json.dumps(plan["launches"])))
+        (tmp / "plan.json").write_text(json.dumps({**plan, "file_sha256": digests, "launches_sha256": launches},
+                                                  indent=1))
         (tmp / "launcher.py").write_text(LAUNCHER)
         replace_dir(tmp, out)
     except BaseException:
@@ -156,7 +157,7 @@ def read_artifact(path: str | os.PathLike):
     size = wpath.stat().st_size
     if size != plan["storages"]["weights"]:
         raise DlccError(f"{path}/weights.bin has {size} bytes, the plan expects {plan['storages']['weights']}")
-    if digests.get("launches", launches) != launches:
+    if raw.get("launches_sha256", launches) != launches:
         raise DlccError(f"{path}/plan.json: its launches are not the ones its kernels were compiled for (their "
                         "sha256 differs: a grid, block or argument edited or damaged); compile the model again")
     # The weights are read when first needed (a run), not to inspect or to hand out a cache hit.

@@ -74,10 +74,9 @@ def write_artifact(out_dir: str | os.PathLike, plan: dict, weights: bytes, kerne
             digests[name] = hashlib.sha256(data).hexdigest()
         # The sha256 of each kernel file: a truncated or swapped kernels.cl is named as such when the
         # artifact is read, instead of failing in the OpenCL compiler or on a missing kernel. And
-        # the sha256 of the launches (launches_digest), which the kernels' text fixes.
-        launches = launches_digest(json.loads(json.dumps(plan["launches"])))
-        (tmp / "plan.json").write_text(json.dumps({**plan, "file_sha256": digests, "launches_sha256": launches},
-                                                  indent=1))
+        # the plan's own (plan_digest), which the kernels' text fixes.
+        body = json.loads(json.dumps({**plan, "file_sha256": digests}))
+        (tmp / "plan.json").write_text(json.dumps({**body, "plan_sha256": plan_digest(body)}, indent=1))
         (tmp / "launcher.py").write_text(LAUNCHER)
         replace_dir(tmp, out)
     except BaseException:
@@ -100,14 +99,19 @@ def replace_dir(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def launches_digest(launches) -> str:
-    """The sha256 of a plan's launches (as JSON, keys sorted). Each kernel's text is emitted for
-    its launch (its grid, block and arguments are baked in: kernels/roperator.py), so a launch
-    changed in plan.json after the compile runs its kernel out of bounds or on the wrong tensor:
-    a GEMM launched with one block more wrote past its output and corrupted the heap (found by
-    scripts/hostile_corpus.py seed 39). The schema and arity checks catch the launches that cannot
-    be right; this catches the rest."""
-    return hashlib.sha256(json.dumps(launches, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+#: The keys of plan.json that plan_digest leaves out: the digests themselves.
+_DIGEST_KEYS = ("file_sha256", "plan_sha256")
+
+
+def plan_digest(plan: dict) -> str:
+    """The sha256 of a plan as JSON (keys sorted), its digests left out. Each kernel's text is
+    emitted for its launches, buffers and tensors (grids, blocks, offsets, shapes and dtypes are
+    baked in: kernels/roperator.py), so a plan.json changed after the compile runs kernels out of
+    bounds or reads outputs as the wrong type: a GEMM launched with one block more wrote past its
+    output and corrupted the heap (found by scripts/hostile_corpus.py seed 39). The schema and
+    arity checks name the changes that cannot be right; this refuses the rest."""
+    body = {k: v for k, v in plan.items() if k not in _DIGEST_KEYS}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def read_binaries(path: str | os.PathLike, plan: dict) -> dict[str, bytes]:
@@ -132,7 +136,7 @@ def read_artifact(path: str | os.PathLike):
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DlccError(f"{path}/plan.json is corrupt: {e}") from None
     plan = check_plan(raw, f"{path}/plan.json")
-    launches = launches_digest(raw["launches"])  # as written, before the schema's coercions
+    digest = plan_digest(raw)  # as written, before the schema's coercions
     sources = {}
     for d in DIALECTS:
         f = path / file_name(d)
@@ -157,8 +161,8 @@ def read_artifact(path: str | os.PathLike):
     size = wpath.stat().st_size
     if size != plan["storages"]["weights"]:
         raise DlccError(f"{path}/weights.bin has {size} bytes, the plan expects {plan['storages']['weights']}")
-    if raw.get("launches_sha256", launches) != launches:
-        raise DlccError(f"{path}/plan.json: its launches are not the ones its kernels were compiled for (their "
-                        "sha256 differs: a grid, block or argument edited or damaged); compile the model again")
+    if raw.get("plan_sha256", digest) != digest:
+        raise DlccError(f"{path}/plan.json is not the plan its kernels were compiled for (its sha256 differs: "
+                        "edited or damaged after the compile); compile the model again")
     # The weights are read when first needed (a run), not to inspect or to hand out a cache hit.
     return plan, wpath.read_bytes, sources

@@ -197,10 +197,11 @@ def _first_arena_arg(plan):
     (lambda p: p["kernels"][0].update(tiling=1.5), "kernels.0.tiling: Input should be a valid string"),
     (lambda p: p["kernels"][0].update(kind=[1]), "kernels.0.kind: Input should be a valid string"),
     # a GEMM launched with one block more wrote past its output: heap corruption, SIGABRT (seed 39);
-    # and launches that every check above passes but that their kernels were not compiled for
-    (lambda p: p["launches"][0].update(grid=p["launches"][0]["grid"] + 1), "its launches are not the ones"),
-    (lambda p: p["launches"][0].update(block=p["launches"][0]["block"] // 2), "its launches are not the ones"),
-    (lambda p: _first_arena_arg(p).update(offset=_first_arena_arg(p)["offset"] + 256), "its launches are not the ones"),
+    # and plans that every check above passes but that their kernels were not compiled for
+    (lambda p: p["launches"][0].update(grid=p["launches"][0]["grid"] + 1), "is not the plan its kernels were"),
+    (lambda p: p["launches"][0].update(block=p["launches"][0]["block"] // 2), "is not the plan its kernels were"),
+    (lambda p: _first_arena_arg(p).update(offset=_first_arena_arg(p)["offset"] + 256), "is not the plan its kernels"),
+    (lambda p: p["outputs"][0].update(dtype="int32"), "is not the plan its kernels were compiled for"),
 ])
 def test_artifact_plans_are_checked_before_the_device(tmp_path, mutate, needle):
     """`dlcc run` and dlcc.load trust nothing in plan.json: each of these reached PyOpenCL or the

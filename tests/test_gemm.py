@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import dlcc
+from conftest import gemm_plan
 from dlcc.backends.nvcc import compile_cubin, find_nvcc
 from dlcc.backends.source import render
-from conftest import gemm_plan
 from dlcc.config import load_device
 from dlcc.kernels.gemm import (ALL_TILINGS, CPU_TILINGS, GPU_TILINGS, TILINGS, VECTOR_TILINGS, cheapest, choose_tiling, gemm_source,
                                plain_spec, tiling_cost, tiling_family_for, tilings_for)

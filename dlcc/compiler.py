@@ -259,7 +259,8 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
     precision_note = note or precision_note
     state = CompileState(graph=graph, device=dev, profile_db=profile_db, precision=pipe.precision,
                          fp32_ops=tuple(pipe.fp32_ops), half_activations=pipe.half_activations,
-                         graphs=pipe.graphs and (target == "cuda" if graphs is None else graphs))
+                         graphs=pipe.graphs and (target == "cuda" if graphs is None else graphs),
+                         joins=any(p.name == "rammer" for p in pipe.passes))
     if precision_note:
         state.log.append(precision_note)
     check_order([p.name for p in pipe.passes], f"pipeline {pipe.name!r}")  # also for specs built in code

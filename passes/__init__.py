@@ -31,6 +31,7 @@ class CompileState:
     fp32_ops: tuple = ()  # op types whose GEMMs stay float32 at a tensor-core precision (PipelineSpec.fp32_ops)
     half_activations: bool = True  # at fp16/bf16, activations stored in the half type (PipelineSpec.half_activations)
     graphs: bool = False  # the plan is replayed as one CUDA graph (PipelineSpec.graphs on CUDA): no host cost per launch
+    joins: bool = False  # the pipeline has `rammer`, which may join launches into persistent kernels
     log: list[str] = field(default_factory=list)
 
 

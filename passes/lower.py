@@ -17,7 +17,11 @@ from . import CompileState, register_pass
 
 def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "auto",
                 rnn_input: str = "batched", precision: str = "fp32", fp32_ops=(), half_activations: bool = True,
-                gemm_tilings: dict | None = None, split_k: bool = True) -> LowerCtx:
+                gemm_tilings: dict | None = None, split_k: bool = True, unjoinable_us: float = 0.0) -> LowerCtx:
+    """Lower every node of `graph` for `device` into a LowerCtx (kernels and launches).
+    `unjoinable_us`: what a GEMM tiling that no persistent kernel can run (a DEEP one, in dynamic
+    shared memory) costs beyond its own time, where a later pass joins launches (kernels/gemm_mma.py
+    choose_mma_tiling); 0 where nothing is joined."""
     narrowed = narrow_gemm_weights(graph, precision, set(fp32_ops)) if precision in HALF_DTYPES else []
     ctx = LowerCtx(graph, device, pass_name=pass_name)
     ctx.narrowed = narrowed
@@ -29,6 +33,7 @@ def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "
     ctx.gemm_tiling = None if gemm_tiling == "auto" else next(t for t in ALL_TILINGS if t.name == gemm_tiling)
     ctx.gemm_tilings = dict(gemm_tilings or {})
     ctx.split_k = split_k
+    ctx.unjoinable_us = unjoinable_us
     for node in graph.nodes:
         entry = registry.lookup(node.op_type, graph.opset, node.domain)
         assert entry is not None, node.op_type  # unsupported ops are rejected before passes run
@@ -117,13 +122,25 @@ class LowerOptions(BaseModel):
         return v
 
 
+def _unjoinable_us(state: CompileState) -> float:
+    """What a GEMM that cannot be an rTask costs a pipeline with `rammer` on a GPU beyond its own
+    time: the separate launch it keeps, priced as rammer prices one (launch_floor_us, plus the
+    device's gap between kernels). Why: on BERT-base at bf16 the DEEP tilings won each GEMM by
+    1-2 µs alone, and taking all of them left `full` with no persistent kernel at all."""
+    if not state.joins or getattr(state.device, "kind", "gpu") == "cpu":
+        return 0.0
+    from .rammer import launch_floor_us
+
+    return launch_floor_us(state.device, state.graphs) + getattr(state.device, "kernel_gap_us", 0.0)
+
+
 @register_pass("lower", LowerOptions, before=("memplan",))
 def lower(state: CompileState, opts) -> None:
     """Lower every node with its registry entry (baseline: one kernel per op)."""
     state.ctx = lower_graph(state.graph, state.device, gemm_tiling=opts.gemm_tiling, rnn_input=opts.rnn_input,
                             gemm_tilings=opts.gemm_tilings, split_k=opts.split_k,
                             precision=state.precision, fp32_ops=state.fp32_ops,
-                            half_activations=state.half_activations)
+                            half_activations=state.half_activations, unjoinable_us=_unjoinable_us(state))
     n = len(state.ctx.program.launches)
     state.log.append(f"lower: {len(state.ctx.program.kernels)} kernel(s), {n} launch(es)")
     split = splitk.count(state.ctx.program)

@@ -442,7 +442,7 @@ def _mnk(L: Launch) -> tuple[int, int, int, int]:
     return sp.batch, sp.M, sp.N, sp.K
 
 
-def _launch_floor_us(dev, graphs: bool) -> float:
+def launch_floor_us(dev, graphs: bool) -> float:
     """The least a separate launch costs: the host's launch overhead, or, where the plan is
     replayed as one CUDA graph, only the device's own fixed cost per kernel (the host launches the
     graph once). Priced with the host's 4 µs under a graph, joining looked cheaper than it is: on
@@ -472,7 +472,7 @@ def _wave_kernel_us(w: list[Launch], info: dict, dev, veus: int, graphs: bool = 
             att = wave_attention_us(info["attention"], veus, dev) if info.get("attention") else None
             if gemm is not None or att is not None:
                 kt = dev.kernel_fixed_us + max((gemm or 0.0) + (att or 0.0), k.compute_us, k.memory_us)
-    return max(kt, _launch_floor_us(dev, graphs)) + dev.kernel_gap_us
+    return max(kt, launch_floor_us(dev, graphs)) + dev.kernel_gap_us
 
 
 def _split_waves(run: _Run, dev, veus: int, graphs: bool = False) -> list[tuple[float, bool]]:
@@ -484,7 +484,7 @@ def _split_waves(run: _Run, dev, veus: int, graphs: bool = False) -> list[tuple[
     kernels unoptimised (PoCL: DeviceSpec.unoptimised_slowdown), through rprogram_time, which
     charges that. Priced as an ordinary kernel, three BERT MatMuls combined on PoCL were
     predicted at 120 µs and ran 6.9 ms, where the three launches took 165 µs. Under a CUDA graph
-    (`graphs`) a separate launch costs no host launch overhead (_launch_floor_us)."""
+    (`graphs`) a separate launch costs no host launch overhead (launch_floor_us)."""
     out = []
     for w, info in zip(run.waves, run.wave_work()):
         info = dict(info, smem=run.smem)
@@ -493,7 +493,7 @@ def _split_waves(run: _Run, dev, veus: int, graphs: bool = False) -> list[tuple[
         if len(w) == 1:
             out.append((alone, False))
             continue
-        combined = (max(rprogram_time([info], max(1, veus), dev, 0)[0], _launch_floor_us(dev, graphs)) + dev.kernel_gap_us
+        combined = (max(rprogram_time([info], max(1, veus), dev, 0)[0], launch_floor_us(dev, graphs)) + dev.kernel_gap_us
                     if dev.unoptimised_costs else _wave_kernel_us(w, info, dev, veus, graphs))
         out.append((combined, True) if combined <= alone else (alone, False))
     return out

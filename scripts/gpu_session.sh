@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU measurements the open issues owe, in stages that each fit one 10-minute call of a lent
 # GPU machine (the whole list is about 30 minutes of device time). Each stage writes its logs and
-# JSON under $OUT (the device tool's folder; ./gpu-out elsewhere) and never stops the next one:
-# a failing step leaves its log and the stage goes on.
+# JSON into one archive, $OUT/gpu-session-N.tgz ($OUT: the device tool's folder; ./gpu-out
+# elsewhere), and a failing step never stops the next one: it leaves its log and the stage goes on.
 #
 #   . .gpu/setup.sh && scripts/gpu_session.sh 0     # a first look in one call, by priority (below)
 #   . .gpu/setup.sh && scripts/gpu_session.sh 1     # interop, then every small model on CUDA
@@ -26,7 +26,12 @@ set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-out}"
 mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
+# Everything a stage writes goes into one archive, $OUT/gpu-session-N.tgz: the device tool brings
+# back only the first 8 files of $OUT (stage 10's tf32x3 record was lost that way).
+FINAL=$(cd "$OUT" && pwd)
+OUT="$FINAL/stage-${1:-x}"
+mkdir -p "$OUT"
+trap 'tar czf "$FINAL/gpu-session-${1:-x}.tgz" -C "$OUT" . && rm -rf "$OUT" && echo "[gpu-session] logs and records: $FINAL/gpu-session-${1:-x}.tgz" >&2' EXIT
 PY="${PYTHON:-python3}"
 MODELS=$(realpath -m "${MODELS_DIR:-.cache/models}")
 
@@ -47,7 +52,7 @@ case "${1:-}" in
     # floor), the interop scenarios (issue 21), GPT-2, then bf16 GEMMs against cuBLAS. The full-size
     # rows plan for the h100 spec (calibrated) whatever Hopper card runs them; the small rows plan
     # for the detected GPU, as a user gets. Each step leaves $OUT/NAME.log (and NAME.json).
-    SMALL="${SMALL_MODELS_DIR:-.gpu/models}"
+    SMALL="${SMALL_MODELS_DIR:-$MODELS}"  # exported there, with that torch: vs_torch rebuilds each module from its seed
     step small 110 "$PY" scripts/vs_torch.py --size small --models bert,gpt2,vit,cnn --precisions tf32,fp16,bf16 \
       --pipelines astitch,full --torch-modes eager --repeat 10 --models-dir "$SMALL" --json-out "$OUT/small.json"
     step bert 200 "$PY" scripts/vs_torch.py --size full --models bert --precisions bf16,fp32,tf32 --pipelines full,astitch \
@@ -134,7 +139,7 @@ yaml.safe_dump(d, open('$OUT/h100-deep.yaml', 'w'))")
     # every tf32 and tf32x3 tiling on the six issue shapes against cuBLAS (tf32 against its TF32,
     # tf32x3 against its float32: the records --fit reads); BERT-base at fp32, tf32x3 and tf32
     # through full and astitch beside torch.compile; GPT-2 at fp32 and tf32x3 through full.
-    SMALL="${SMALL_MODELS_DIR:-.gpu/models}"
+    SMALL="${SMALL_MODELS_DIR:-$MODELS}"  # exported there, with that torch: vs_torch rebuilds each module from its seed
     step small-x3 90 "$PY" scripts/vs_torch.py --size small --models bert,gpt2,vit,cnn --precisions tf32x3,tf32 \
       --pipelines astitch,full --torch-modes eager --repeat 10 --models-dir "$SMALL" --json-out "$OUT/small-x3.json"
     for p in tf32 tf32x3; do
@@ -153,7 +158,7 @@ yaml.safe_dump(d, open('$OUT/h100-deep.yaml', 'w'))")
     # tf32x3 ones against cuBLAS on BERT's shapes and 1024^3; BERT-base with the DEEP tilings on at
     # bf16, and at fp32 and tf32x3 through full, beside torch.compile; the bound call's host time.
     # Stages 8 and 9 are the longer forms.
-    SMALL="${SMALL_MODELS_DIR:-.gpu/models}"
+    SMALL="${SMALL_MODELS_DIR:-$MODELS}"  # exported there, with that torch: vs_torch rebuilds each module from its seed
     SHAPES=128x768x768,128x3072x768,128x768x3072,1024x1024x1024
     step small-x3 90 "$PY" scripts/vs_torch.py --size small --models bert,gpt2,vit,cnn --precisions tf32x3,tf32 \
       --pipelines astitch,full --torch-modes eager --repeat 10 --models-dir "$SMALL" --json-out "$OUT/small-x3.json"
@@ -190,16 +195,16 @@ yaml.safe_dump(d, open('$OUT/h100-deep.yaml', 'w'))")
     ;;
   12)
     # The fp32 SIMT GEMM's vector template (kernels/gemm.py VECTOR_TILINGS: two shared stages, float4
-    # shared reads), unmeasured until now: each vector tiling beside its scalar twin and cuBLAS fp32 on
-    # BERT's shapes, the LM head and 1024^3 (the model's pick as a spec with them on would make it),
-    # then BERT-base and GPT-2 at fp32 through full with them on, beside torch.compile. Turn
-    # simt_vector_tilings on in configs/devices/h100.yaml where they win; stage 10's bert-x3 has
-    # the fp32 row with them off.
+    # shared reads): each vector tiling beside its scalar twin and cuBLAS fp32 on BERT's shapes and
+    # 1024^3 (GPT-2's LM head took over 60 s of sweeping alone, and ran the step out of time), then
+    # BERT-base and GPT-2 at fp32 through full with them on, beside torch.compile. First run on an
+    # H200 on 2026-11-27, after which simt_vector_tilings went on in configs/devices/h100.yaml;
+    # rerun it after a change to the vector template.
     (cd /tmp && "$PY" -c "import yaml; from dlcc.config import load_device; \
 d = load_device('h100').model_dump(); d['simt_vector_tilings'] = True; d['name'] += ' (vector)'; \
 yaml.safe_dump(d, open('$OUT/h100-vec.yaml', 'w'))")
     step gemm-fp32-vec 100 "$PY" scripts/gemm_tilings.py --precision fp32 --tilings vector --vs-torch --repeat 10 \
-      --device "$OUT/h100-vec.yaml" --shapes 128x768x768,128x3072x768,128x768x3072,128x50257x768,1024x1024x1024 \
+      --device "$OUT/h100-vec.yaml" --shapes 128x768x768,128x3072x768,128x768x3072,1024x1024x1024 \
       --json "$OUT/gemm-fp32-vec.json"
     step models-fp32-vec 120 "$PY" scripts/vs_torch.py --size full --models bert,gpt2 --precisions fp32 --pipelines full \
       --torch-modes reduce-overhead --device "$OUT/h100-vec.yaml" --models-dir "$MODELS" --json-out "$OUT/models-fp32-vec.json"

@@ -59,6 +59,20 @@ def opencl_device_available() -> bool:
     return False
 
 
+def device_with(tmp_path, base: str = "h100", **over) -> Path:
+    """A device YAML under `tmp_path`: built-in spec `base` with the fields `over` changed (a test
+    of what a spec's switch does, such as gemm_deep_pipelines off on an H100)."""
+    import yaml
+
+    from dlcc.config import load_device
+
+    d = load_device(base).model_dump()
+    d.update(over)
+    p = tmp_path / f"{base}-with.yaml"
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
 def gemm_plan(named_tilings) -> dict:
     """The plan entries of GEMM kernels `(name, tiling)`, for OpenCLRuntime.compile: a tiling test
     builds each kernel as a plan's kernel on that tiling is built (on PoCL, the GPU-only SIMT

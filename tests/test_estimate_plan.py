@@ -18,7 +18,7 @@ from dlcc.estimate.plan_mode import estimate_plan
 from dlcc.estimate.profiledb import ProfileDB
 from dlcc.estimate.whatif import WHATIFS
 
-from conftest import opencl_device_available
+from conftest import device_with, opencl_device_available
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "examples" / "resnet-tiny.onnx"
@@ -37,14 +37,6 @@ def run_cli(capsys, *argv):
 @pytest.fixture(scope="module")
 def plan():
     return dlcc.compile(MODEL, target="opencl", device="h100").plan
-
-
-def device_with(tmp_path, **over):
-    d = load_device("h100").model_dump()
-    d.update(over)
-    p = tmp_path / "dev.yaml"
-    p.write_text(yaml.safe_dump(d))
-    return p
 
 
 def fake_db(plan, device_name, us_of) -> ProfileDB:

@@ -100,8 +100,9 @@ GPU_TILINGS = (
 #: 4x4 tile reads 2 words a kk instead of 8; 8x8, 4 instead of 16). The usual next steps of a SIMT
 #: SGEMM after register blocking (CUTLASS's SIMT mainloop; Boehm's "How to optimize a CUDA matmul").
 #: Twins of the scalar tilings, at most 16 deep where the rows are 128 so that both stages stay
-#: within 48 KiB of static shared memory. Unmeasured: the cost model picks them only on a device
-#: spec that says they were measured faster there (`simt_vector_tilings`); --tune times them.
+#: within 48 KiB of static shared memory. The cost model picks them only on a device spec that says
+#: they were measured faster there (`simt_vector_tilings`: the h100 spec, where an H200 ran the
+#: fastest fp32 tiling in this form on every shape timed, docs/gemm.md); --tune times them.
 VECTOR_TILINGS = (
     Tiling(64, 64, 16, 4, 4, vec=True),
     Tiling(64, 64, 32, 4, 4, vec=True),
@@ -584,7 +585,8 @@ def emit_gemm(ctx, hint: str, spec: GemmSpec, args: list[str], reads: list[str],
     if tiling is None and precision != "fp32":
         from .gemm_mma import choose_mma_tiling
 
-        tiling = choose_mma_tiling(spec.batch, spec.M, spec.N, spec.K, ctx.device, precision, split)
+        tiling = choose_mma_tiling(spec.batch, spec.M, spec.N, spec.K, ctx.device, precision, split,
+                                   unjoinable_us=getattr(ctx, "unjoinable_us", 0.0))
     if tiling is None:
         tiling = getattr(ctx, "gemm_tiling", None)
     if tiling is None:

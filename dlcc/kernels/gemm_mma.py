@@ -205,8 +205,9 @@ STATIC_SMEM_BYTES = 48 * 1024
 #: per k step on 128x3072x768, where DRAM and L2 bandwidth allow a fraction of it), and more loads
 #: in flight per step is what shortens that chain. They are kept out of persistent kernels, whose
 #: shared array is static (passes/rammer.py), and are chosen by the cost model only on a device
-#: spec that says they were measured faster there (`gemm_deep_pipelines`); `--tune` and
-#: scripts/gemm_tilings.py time them wherever the device's shared memory holds them.
+#: spec that says they were measured faster there (`gemm_deep_pipelines`: the h100 spec, after an
+#: H200 ran them fastest on 3 of BERT-base's 4 shapes); `--tune` and scripts/gemm_tilings.py time
+#: them wherever the device's shared memory holds them.
 DEEP_TILINGS = (
     MmaTiling(128, 128, 64, 2, 4, "fp16", 4),
     MmaTiling(128, 64, 64, 4, 2, "fp16", 4),
@@ -268,14 +269,26 @@ def chooses_deep(device) -> bool:
 #: registers (STAGE_CYCLES); and a split tile's last rTask reads the partial sums back one chunk
 #: at a time (SPLIT_READ_CYCLES per accumulator and chunk). Before this fit the model picked
 #: large split tiles (128x64, 8 chunks) that ran 1.56x (bf16) and 1.36x (tf32) slower than the
-#: fastest tiling; now the pick is within 1.07x (bf16) and 1.20x (tf32) on every recorded shape
-#: (tests/test_gemm_mma.py holds it). Their µs per cycle is fitted apart, on the same rows: the
+#: fastest tiling; now the pick is within 1.07x (bf16) and 1.20x (tf32) on every recorded shape.
+#: The second H200 record (2026-11-27: the DEEP tilings and tf32 on cp.async, 208 bf16 and 224
+#: tf32 GEMMs) refitted ASYNC_STEP_LATENCY, SPLIT_READ_CYCLES and FILL_STEPS: the picks there are
+#: within 1.13x (bf16) and 1.08x (tf32), and the first record's still within 1.07x and 1.22x
+#: (tests/test_gemm_mma.py holds both). Their µs per cycle is fitted apart, on the same rows: the
 #: device's mma_cycle_us (estimate/costmodel.py cycle_us).
 MMA_PER_CYCLE = 4.0
 STEP_LATENCY = 400
-ASYNC_STEP_LATENCY = 300
+ASYNC_STEP_LATENCY = 350
 STAGE_CYCLES = 64
-SPLIT_READ_CYCLES = 20
+SPLIT_READ_CYCLES = 30
+#: The cp.async pipeline's fill, in step latencies, whatever its depth: the prologue issues every
+#: stage's copies back to back, so they wait out their latency together, not one after another.
+#: Refitted (with ASYNC_STEP_LATENCY and SPLIT_READ_CYCLES) once the DEEP tilings (4-8 stages)
+#: were timed on an H200 (2026-11-27, scripts/data/h200-2026-11-27/gemm_bf16.json): priced at one
+#: latency per stage, the model never picked 6 or 8 stages, and its pick for BERT's 128x768x768
+#: ran 1.41x slower than the 8-stage 16x64 tiling; now it picks that one, except where a later
+#: pass would join the GEMM into a persistent kernel and the saving is under a launch's cost
+#: (choose_mma_tiling's unjoinable_us).
+FILL_STEPS = 2.0
 
 
 #: Which of DeviceSpec.mma_cycle_us's fitted µs-per-cycle scales prices a tiling (scale_key), and
@@ -329,7 +342,10 @@ def mma_cost(t: MmaTiling, batch: int, M: int, N: int, K: int, device=None) -> f
 
 def _split_read(t: MmaTiling, per_sm: int) -> float:
     """Cycles of split-K's reduction on an SM (kernels/splitk.py): the tile's last rTask reads the
-    S partial sums back one chunk at a time, each thread its accumulators. Zero unsplit."""
+    S partial sums back one chunk at a time, each thread its accumulators. Zero unsplit.
+    (Charging only one rTask in S for the reads fits the big shapes' absolute times better, 2.4x
+    against 4x at worst, but prices a split GEMM's SM time so low that Rammer stopped joining
+    BERT-base's waves at bf16: 13 persistent kernels became 1, against the measured plan.)"""
     return per_sm * SPLIT_READ_CYCLES * t.splitk * (t.bm * t.bn // t.threads) if t.splitk > 1 else 0.0
 
 
@@ -354,15 +370,25 @@ def _async_cost(t: MmaTiling, batch: int, M: int, N: int, K: int, device=None) -
     issue = mmas / MMA_PER_CYCLE + (ldsm + copies + 20 * WARPS) / 2.0
     regs = 48 + 4 * t.mi * t.ni + 4 * t.mi + 2 * t.ni
     rounds = -(-per_sm // _occupancy(t, regs, device))
-    return (max(per_sm * steps * issue, rounds * (steps / (t.stages - 1) + t.stages) * ASYNC_STEP_LATENCY)
+    return (max(per_sm * steps * issue, rounds * (steps / (t.stages - 1) + FILL_STEPS) * ASYNC_STEP_LATENCY)
             + _split_read(t, per_sm))
 
 
 def choose_mma_tiling(batch: int, M: int, N: int, K: int, device=None, precision: str = "tf32",
-                      split: bool = True) -> MmaTiling:
+                      split: bool = True, unjoinable_us: float = 0.0) -> MmaTiling:
     """The tensor-core tiling at `precision` with the lowest modelled time (mma_cost), split along K
-    where that pays on a GPU (kernels/splitk.py) unless `split` is off."""
-    return cheapest(sk.variants(mma_tilings(precision, chooses_deep(device)), device, split), mma_cost,
+    where that pays on a GPU (kernels/splitk.py) unless `split` is off. `unjoinable_us` is added to
+    the DEEP tilings' time (dynamic shared memory, which a persistent kernel cannot give an rTask):
+    the launch they keep to themselves where the pipeline joins launches (passes/lower.py)."""
+
+    def cost(t, *a):
+        c = mma_cost(t, *a)
+        if unjoinable_us and t.dynamic:
+            scale = mma_scale(scale_key(t), device)
+            c += unjoinable_us / scale if scale else 0.0
+        return c
+
+    return cheapest(sk.variants(mma_tilings(precision, chooses_deep(device)), device, split), cost,
                     batch, M, N, K, device)
 
 

@@ -349,6 +349,17 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
         k.add_row(cat, str(c))
     out.print(h)
     out.print(k)
+    said = plan["meta"].get("pass_log") or []
+    if said:  # what each pass decided and why (GEMMs split, weights narrowed, DEEP tilings declined...)
+        from .passes import PASSES
+
+        pl = Table(title="what the passes said")
+        pl.add_column("pass")
+        pl.add_column("", overflow="fold")
+        for line in said:
+            name, _, rest = line.partition(": ")
+            pl.add_row(*map(_escape, (name, rest) if name in PASSES else ("", line)))
+        out.print(pl)
     _print_index_checks(plan["meta"])
     if launch_rows is not None:
         lt = Table(title="launches, in order")

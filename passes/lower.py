@@ -147,6 +147,11 @@ def lower(state: CompileState, opts) -> None:
     if split:
         state.log.append(f"lower: {sum(split.values())} GEMM launch(es) split along K: "
                          + ", ".join(f"{n} x{c}" for n, c in sorted(split.items())))
+    if state.ctx.deep_declined:
+        state.log.append(f"lower: {len(state.ctx.deep_declined)} GEMM(s) take a tiling a persistent kernel can run "
+                         f"over a DEEP one that is faster alone by less than the launch it would keep "
+                         f"({state.ctx.unjoinable_us:.1f} µs): " + ", ".join(sorted(set(state.ctx.deep_declined))[:6])
+                         + (" ..." if len(set(state.ctx.deep_declined)) > 6 else ""))
     if state.ctx.skipped_empty:
         state.log.append(f"lower: {len(state.ctx.skipped_empty)} node(s) with only empty outputs get no launch: "
                          + ", ".join(state.ctx.skipped_empty[:8]) + (" ..." if len(state.ctx.skipped_empty) > 8 else ""))

@@ -61,6 +61,9 @@ def test_compile_run_verify_inspect(tmp_path):
         assert s["lower_bound_bytes"] <= s["dram_bytes"]
     rc, out, err = cli("inspect", EXAMPLE)
     assert rc == 0 and "launches per inference" in out
+    # the pass log, one row per line the passes wrote (what they decided and why)
+    said = out[out.index("what the passes said"):]
+    assert "lower" in said and "kernel(s)" in said and "memplan" in said
 
 
 def test_launcher_runs_alone(tmp_path):

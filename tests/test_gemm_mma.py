@@ -236,11 +236,13 @@ def test_deep_tilings_give_way_to_joinable_ones_in_full(tmp_path):
     import dlcc
     from dlcc.config import load_device
 
-    def deep(pipeline):
-        m = dlcc.compile(_ffn(tmp_path), target="opencl", device="h100", pipeline=pipeline, precision="bf16")
-        return [k["tiling"] for k in m.plan["kernels"] if k.get("dynamic_smem_bytes")]
-
-    assert deep("astitch") and not deep("full")
+    plans = {p: dlcc.compile(_ffn(tmp_path), target="opencl", device="h100", pipeline=p, precision="bf16").plan
+             for p in ("astitch", "full")}
+    deep = {p: [k["tiling"] for k in plan["kernels"] if k.get("dynamic_smem_bytes")] for p, plan in plans.items()}
+    assert deep["astitch"] and not deep["full"]
+    said = [line for line in plans["full"]["meta"]["pass_log"] if "over a DEEP one" in line]
+    assert len(said) == 1 and "2 GEMM(s)" in said[0] and "1x128x3072x768" in said[0], said
+    assert not any("over a DEEP one" in line for line in plans["astitch"]["meta"]["pass_log"])
     h100 = load_device("h100")
     assert choose_mma_tiling(1, 128, 3072, 768, h100, "bf16").dynamic
     assert not choose_mma_tiling(1, 128, 3072, 768, h100, "bf16", unjoinable_us=4.0).dynamic

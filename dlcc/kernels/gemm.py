@@ -585,8 +585,10 @@ def emit_gemm(ctx, hint: str, spec: GemmSpec, args: list[str], reads: list[str],
     if tiling is None and precision != "fp32":
         from .gemm_mma import choose_mma_tiling
 
-        tiling = choose_mma_tiling(spec.batch, spec.M, spec.N, spec.K, ctx.device, precision, split,
-                                   unjoinable_us=getattr(ctx, "unjoinable_us", 0.0))
+        unjoinable = getattr(ctx, "unjoinable_us", 0.0)
+        tiling = choose_mma_tiling(spec.batch, spec.M, spec.N, spec.K, ctx.device, precision, split, unjoinable)
+        if unjoinable and choose_mma_tiling(spec.batch, spec.M, spec.N, spec.K, ctx.device, precision, split).dynamic:
+            ctx.deep_declined.append(f"{shape_key(spec.batch, spec.M, spec.N, spec.K)} {tiling.name}")
     if tiling is None:
         tiling = getattr(ctx, "gemm_tiling", None)
     if tiling is None:

@@ -12,7 +12,11 @@ _COORD = {
     "half_pixel": "(({o} + 0.5f) / {s} - 0.5f)",
     "pytorch_half_pixel": "({olen} > 1 ? ({o} + 0.5f) / {s} - 0.5f : 0.0f)",
     "asymmetric": "({o} / {s})",
-    "align_corners": "({olen} == 1 ? 0.0f : {o} * {ratio})",
+    # o * (in - 1) / (out - 1) in that order, as onnxruntime computes it: the product is exact and
+    # the one division correctly rounded, so an exact half (23 * 30 / 92 = 7.5) stays a half for
+    # nearest_mode to round. Multiplying by a rounded ratio gave 7.5000005, and round_prefer_floor
+    # took element 8 where onnxruntime and the ONNX reference take 7 (fuzz seed 991034).
+    "align_corners": "({olen} == 1 ? 0.0f : {o} * {num} / {den})",
 }
 _NEAREST = {
     "round_prefer_floor": "F_CEIL({c} - 0.5f)",
@@ -63,8 +67,8 @@ def _resize(ctx, node):
     axes = [a for a in range(len(ins_)) if ins_[a] != outs_[a] or scales[a] != 1.0]
 
     def src(v, a):
-        ratio = literal((ins_[a] - 1) / (outs_[a] - 1)) if outs_[a] > 1 else "0.0f"
-        return _COORD[ctm].format(o=f"(float){v.o[a]}", s=literal(scales[a]), olen=outs_[a], ratio=ratio)
+        return _COORD[ctm].format(o=f"(float){v.o[a]}", s=literal(scales[a]), olen=outs_[a],
+                                  num=literal(float(ins_[a] - 1)), den=literal(float(max(outs_[a] - 1, 1))))
 
     def body(v):
         s, coords = [], list(v.o)

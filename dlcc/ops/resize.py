@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 
 from ..kernels.map import emit_map
 from ..kernels.program import literal
@@ -40,7 +41,8 @@ def _scales(ctx, node, in_shape, out_shape):
             raise ctx.fail(f"input {k} ({'scales' if k == idx else 'sizes'}) must be a constant after folding")
         if val.size and k == idx:
             return [float(s) for s in val.reshape(-1)]
-    return [o / i for o, i in zip(out_shape, in_shape)]
+    # in float32, as onnxruntime divides them (rounding the float64 quotient to float32 can differ)
+    return [float(np.float32(o) / np.float32(i)) for o, i in zip(out_shape, in_shape)]
 
 
 @register("Resize", "Upsample", since=7, category=LAYOUT, half_io=True)

@@ -20,6 +20,8 @@ Usage::
     python scripts/plan_accuracy.py --models cnn,bert --repeat 21 --json
     python scripts/plan_accuracy.py --fit                   # also fit the device's cost-model constants
     python scripts/plan_accuracy.py --fit --pipelines baseline,astitch,rammer,full,large-tiles
+    python scripts/plan_accuracy.py --target cuda --size full --models bert,gpt2 --precision bf16 \
+        --pipelines astitch,full --fit        # on a GPU: dlcc's own kernels at bf16 (gpu_session.sh 13)
 
 With ``--fit`` the measured per-launch times also calibrate the cost model for the device on
 dlcc's own kernels (fit_launches: the cost model itself on trial constants, least squares on log
@@ -52,14 +54,14 @@ from dlcc.estimate.profiledb import ProfileDB  # noqa: E402
 DEFAULT = "resnet-tiny,cnn,mobilenet,ocr,lstm,bert,vit"
 
 
-def model_path(name: str, cache: Path) -> Path:
+def model_path(name: str, cache: Path, size: str = "small") -> Path:
     if name == "resnet-tiny":
         return ROOT / "examples" / "resnet-tiny.onnx"
-    p = cache / f"{name}-small.onnx"
+    p = cache / f"{name}-{size}.onnx"
     if not p.exists():
         import subprocess
 
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "models.py"), "-o", str(cache), "--size", "small",
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "models.py"), "-o", str(cache), "--size", size,
                         name], check=True, stdout=subprocess.DEVNULL)
     return p
 
@@ -75,6 +77,10 @@ def main(argv=None) -> int:
     ap.add_argument("--fit", action="store_true", help="fit the device's cost-model constants on the measured launches")
     ap.add_argument("--samples", type=Path, default=None,
                     help="with --fit: also write the measured launches (launch, kernel, µs) to this JSON file")
+    ap.add_argument("--size", default="small", choices=["small", "full"],
+                    help="the test models' size (scripts/models.py; exported into --cache on first use)")
+    ap.add_argument("--precision", default=None, help="compile at this precision (fp32, tf32, bf16...; default: the "
+                    "pipeline's own)")
     ap.add_argument("--pipelines", default=None,
                     help="comma-separated pipelines to compile each model with (default: the target's default); "
                          "rows are MODEL/PIPELINE, and --fit sees every pipeline's kernels")
@@ -85,8 +91,9 @@ def main(argv=None) -> int:
     rows, samples, plans = [], [], []
     pipes = args.pipelines.split(",") if args.pipelines else [None]
     for name, pipe in [(n, p) for n in args.models.split(",") for p in pipes]:
-        path = model_path(name, args.cache)
-        m = dlcc.compile(path, target=args.target, device=dev_key, **({"pipeline": pipe} if pipe else {}))
+        path = model_path(name, args.cache, args.size)
+        m = dlcc.compile(path, target=args.target, device=dev_key, precision=args.precision,
+                         **({"pipeline": pipe} if pipe else {}))
         name = f"{name}/{pipe}" if pipe else name
         ex = m.executor()
         x = m.sample_inputs()

@@ -206,7 +206,7 @@ STATIC_SMEM_BYTES = 48 * 1024
 #: in flight per step is what shortens that chain. They are kept out of persistent kernels, whose
 #: shared array is static (passes/rammer.py), and are chosen by the cost model only on a device
 #: spec that says they were measured faster there (`gemm_deep_pipelines`: the h100 spec, after an
-#: H200 ran them fastest on 3 of BERT-base's 4 shapes); `--tune` and scripts/gemm_tilings.py time
+#: H200 ran them fastest on every shape timed); `--tune` and scripts/gemm_tilings.py time
 #: them wherever the device's shared memory holds them.
 DEEP_TILINGS = (
     MmaTiling(128, 128, 64, 2, 4, "fp16", 4),

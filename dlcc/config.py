@@ -98,6 +98,10 @@ class DeviceSpec(Strict):
                                       "tilings of the vector template (kernels/gemm.py VECTOR_TILINGS: two shared "
                                       "stages, float4 shared reads) on this device: turn it on where "
                                       "scripts/gemm_tilings.py measured them faster; --tune times them regardless")
+    persistent_dynamic_smem: bool = Field(False, description="whether Rammer's persistent kernels may take their "
+                                          "shared memory dynamically (beyond CUDA's 48 KiB static limit), so that "
+                                          "GEMMs on the DEEP tilings can be their rTasks; off until a GPU measured "
+                                          "it faster (scripts/gpu_session.sh 14)")
     grid_barrier_us: float = Field(2.0, ge=0, description="one grid barrier across the resident blocks of a "
                                    "persistent kernel, in µs (AStitch measured 2.5-2.7 µs on a V100)")
     fused_gemm_slowdown: float = Field(1.0, gt=0, description="factor on the modelled time of a GEMM that AStitch "

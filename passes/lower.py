@@ -127,9 +127,10 @@ def _unjoinable_us(state: CompileState) -> float:
     time: the separate launch it keeps, priced as rammer prices one (launch_floor_us, plus the
     device's gap between kernels). Why: on BERT-base at bf16 the DEEP tilings won each GEMM by
     1-2 µs alone, and taking all of them left `full` with no persistent kernel at all."""
-    if not state.joins or getattr(state.device, "kind", "gpu") == "cpu":
-        return 0.0
-    from .rammer import launch_floor_us
+    from .rammer import joins_dynamic_smem, launch_floor_us
+
+    if not state.joins or getattr(state.device, "kind", "gpu") == "cpu" or joins_dynamic_smem(state.device):
+        return 0.0  # (a spec whose persistent kernels take dynamic shared memory runs DEEP rTasks too)
 
     return launch_floor_us(state.device, state.graphs) + getattr(state.device, "kernel_gap_us", 0.0)
 

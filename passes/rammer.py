@@ -66,6 +66,7 @@ from ..estimate.costmodel import (gemm_model_us, kernel_fixed_us, kernel_time, r
 from ..ir import Tensor
 from ..kernels import splitk
 from ..kernels.gemm import GemmExpr, gemm_source, kernel_smem, tasks_for, tiling_family
+from ..kernels.gemm_mma import STATIC_SMEM_BYTES
 from ..kernels.program import STORAGE_ARRAY, STORAGE_PARAMS, Launch, ctype
 from ..plan import gemm_problem
 from ..kernels.roperator import NotAnROperator, to_roperator
@@ -296,7 +297,11 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
     body = [STORAGE_ARRAY, "GPTR const int* rtab = (GPTR const int*)(@OPERAND0@);"]
     if spin:
         body += ["GPTR int* rsync = (GPTR int*)(@OPERAND1@);"]
-    body += [f"SHARED float smem[{-(-smem // 4)}];",
+    # Beyond CUDA's static 48 KiB (a DEEP GEMM tiling among the rTasks: joins_dynamic_smem) the
+    # array is dynamic: sized at each launch, as those GEMMs' own kernels are (the OpenCL figure,
+    # which holds every rTask's, emulation scratch included).
+    dynamic = -(-smem // 4) * 4 if smem > STATIC_SMEM_BYTES else 0
+    body += [f"DYNAMIC_SHARED(float, smem, {-(-smem // 4)});" if dynamic else f"SHARED float smem[{-(-smem // 4)}];",
              "const int tid = THREAD_ID;",
              f"for (int w = 0; w < {nw}; w++) {{",
              "    const int e1 = rtab[w + 1];",
@@ -344,7 +349,7 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
                                 + "\n    ".join(body) + "\n}\n")
     hint = "Rammer_" + "_".join(dict.fromkeys(L.op_type or "op" for L in Ls))[:40]
     kname = prog.add_kernel(hint, lambda nm, t=text: t.replace("KNAME", nm), BLOCK, smem_bytes=smem,
-                            kind="persistent", pass_name="rammer")
+                            kind="persistent", pass_name="rammer", dynamic_smem=dynamic)
     args = [("t", tab)] + ([("t", SYNC), ("i", 2 * sync_slot)] if spin else [])
     reads = list(dict.fromkeys([t for L in Ls for t in L.reads] + [tab]))
     writes = list(dict.fromkeys(t for L in Ls for t in L.writes))
@@ -442,6 +447,12 @@ def _mnk(L: Launch) -> tuple[int, int, int, int]:
     return sp.batch, sp.M, sp.N, sp.K
 
 
+def joins_dynamic_smem(dev) -> bool:
+    """Whether a persistent kernel on `dev` may take its shared memory dynamically, and so run a
+    DEEP GEMM tiling's rTasks (DeviceSpec.persistent_dynamic_smem, on a GPU spec)."""
+    return getattr(dev, "kind", "gpu") == "gpu" and bool(getattr(dev, "persistent_dynamic_smem", False))
+
+
 def launch_floor_us(dev, graphs: bool) -> float:
     """The least a separate launch costs: the host's launch overhead, or, where the plan is
     replayed as one CUDA graph, only the device's own fixed cost per kernel (the host launches the
@@ -510,8 +521,9 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
 
     def eligible(L: Launch):
         k = prog.kernels[L.kernel]
-        if L.grid_sync or k.smem_bytes > smem_limit or k.dynamic_smem:
-            # (dynamic shared memory, a DEEP GEMM tiling's: a persistent kernel's array is static)
+        if L.grid_sync or k.smem_bytes > smem_limit or (k.dynamic_smem and not joins_dynamic_smem(dev)):
+            # (dynamic shared memory, a DEEP GEMM tiling's: a persistent kernel's array is static
+            # unless the device spec says it may be dynamic)
             return None
         if k.block != BLOCK and not (k.normalisable and BLOCK % k.block == 0 and dev.kind != "cpu"):
             # A block size the persistent kernel's 256 threads cannot stand in for; or a CPU

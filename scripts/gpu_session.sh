@@ -18,6 +18,7 @@
 #   . .gpu/setup.sh && scripts/gpu_session.sh 11    # the h100 spec's profile database (every kernel of the full-size models)
 #   . .gpu/setup.sh && scripts/gpu_session.sh 12    # the fp32 vector SIMT tilings against the scalar ones and cuBLAS (~4 min)
 #   . .gpu/setup.sh && scripts/gpu_session.sh 13    # dlcc's own kernels timed one by one at bf16 and fp32, and the cost model fitted on them
+#   . .gpu/setup.sh && scripts/gpu_session.sh 14    # DEEP GEMMs as rTasks of persistent kernels (dynamic shared memory), off and on (~3 min)
 #
 # What each number is for: issue 21 (stage 1: both import orders, device arrays, graphs, threads),
 # issue 18 (stages 2 and 3: GEMM and model floors against cuBLAS and torch.compile), issue 20
@@ -223,8 +224,22 @@ yaml.safe_dump(d, open('$OUT/h100-vec.yaml', 'w'))")
         --precision "$pr" --pipelines astitch,full --fit --repeat 10 --cache "$MODELS" --samples "$OUT/plan-acc-$pr-samples.json"
     done
     ;;
+  14)
+    # Persistent kernels with dynamic shared memory (DeviceSpec.persistent_dynamic_smem), so that
+    # GEMMs on the DEEP tilings can be their rTasks: BERT-base and GPT-2 at bf16 through full with
+    # the h100 spec as shipped and with the switch on, beside torch.compile, every output checked
+    # against onnxruntime. Turn it on in configs/devices/h100.yaml where the second beats the first.
+    (cd /tmp && "$PY" -c "import yaml; from dlcc.config import load_device; \
+d = load_device('h100').model_dump(); d['persistent_dynamic_smem'] = True; d['name'] += ' (dynamic)'; \
+yaml.safe_dump(d, open('$OUT/h100-dyn.yaml', 'w'))")
+    for dev in h100 "$OUT/h100-dyn.yaml"; do
+      tag=$(basename "$dev" .yaml)
+      step "bf16-$tag" 80 "$PY" scripts/vs_torch.py --size full --models bert,gpt2 --precisions bf16 --pipelines full \
+        --torch-modes reduce-overhead --device "$dev" --models-dir "$MODELS" --json-out "$OUT/bf16-$tag.json"
+    done
+    ;;
   *)
-    echo "usage: scripts/gpu_session.sh 0|1|...|13   (the stages are described at the top of this file)" >&2
+    echo "usage: scripts/gpu_session.sh 0|1|...|14   (the stages are described at the top of this file)" >&2
     exit 2
     ;;
 esac

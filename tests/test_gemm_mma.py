@@ -266,3 +266,41 @@ def _ffn(tmp_path):
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [128, 768])], [w1, w2])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path
+
+
+def test_deep_tilings_run_as_rtasks_where_persistent_kernels_take_dynamic_shared_memory(tmp_path):
+    """On a spec whose persistent kernels may take their shared memory dynamically
+    (`persistent_dynamic_smem`), a DEEP GEMM is eligible as an rTask: lower stops pricing the launch
+    it would otherwise keep, and a joined plan's persistent kernel declares DYNAMIC_SHARED sized for
+    its largest rTask (the plan's dynamic_smem_bytes, which the runtime opts in and passes at each
+    launch). It runs on PoCL within bf16's tolerance, and nvcc builds it without spills and with
+    no static shared memory. With the switch off, the same pipeline keeps the DEEP GEMMs apart."""
+    import dlcc
+    from dlcc.backends.nvcc import compile_cubin
+    from dlcc.config import load_device
+    from dlcc.verify import verify_outputs
+
+    joined = tmp_path / "full-joined.yaml"
+    joined.write_text("name: full-joined\npasses:\n  - name: simplify\n  - name: lower\n  - name: astitch\n"
+                      "  - name: rammer\n    options: {join: always}\n  - name: memplan\n")
+    on = load_device("h100").model_copy(update={"persistent_dynamic_smem": True, "launch_overhead_us": 0.5})
+    m = dlcc.compile(_ffn(tmp_path), target="opencl", device=on, pipeline=str(joined), precision="bf16")
+    (P,) = [L for L in m.plan["launches"] if L["op_type"] == "Rammer"]
+    kernels = {k["name"]: k for k in m.plan["kernels"]}
+    pk = kernels[P["kernel"]]
+    assert pk["dynamic_smem_bytes"] >= pk["smem_bytes"] > 48 * 1024
+    assert "DYNAMIC_SHARED(float, smem," in m.source("opencl")
+    deep = {t.name for t in mma_tilings("bf16", deep=True) if t.dynamic}
+    rkernels = [r["rkernel"] for r in m.plan["rprogram"][0]["rkernels"]]
+    assert any(f"_{d}_" in r for r in rkernels for d in deep), rkernels  # split variants carry _skN after it
+    feeds = m.sample_inputs(0)
+    rows = verify_outputs(_ffn(tmp_path), m(feeds), feeds, precision="bf16")
+    assert all(r["passed"] for r in rows), rows
+    if find_nvcc() is not None:
+        for arch in ("sm_90", "sm_80"):
+            u = compile_cubin(m.source("cuda"), arch)[P["kernel"]]
+            assert not u.spills and u.smem_bytes == 0, (arch, u)
+    off = dlcc.compile(_ffn(tmp_path), target="opencl", device=on.model_copy(update={"persistent_dynamic_smem": False}),
+                       pipeline=str(joined), precision="bf16")
+    assert all(not kernels_k.get("dynamic_smem_bytes") or kernels_k["kind"] != "persistent"
+               for kernels_k in off.plan["kernels"])

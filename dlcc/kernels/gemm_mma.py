@@ -204,7 +204,8 @@ STATIC_SMEM_BYTES = 48 * 1024
 #: flight at once. The H200 measured the 48 KiB tilings latency-bound (docs/gemm.md: about 0.9 µs
 #: per k step on 128x3072x768, where DRAM and L2 bandwidth allow a fraction of it), and more loads
 #: in flight per step is what shortens that chain. They are kept out of persistent kernels, whose
-#: shared array is static (passes/rammer.py), and are chosen by the cost model only on a device
+#: shared array is static (passes/rammer.py), unless the device spec lets persistent kernels take
+#: dynamic shared memory (`persistent_dynamic_smem`), and are chosen by the cost model only on a device
 #: spec that says they were measured faster there (`gemm_deep_pipelines`: the h100 spec, after an
 #: H200 ran them fastest on every shape timed); `--tune` and scripts/gemm_tilings.py time
 #: them wherever the device's shared memory holds them.
@@ -378,8 +379,9 @@ def choose_mma_tiling(batch: int, M: int, N: int, K: int, device=None, precision
                       split: bool = True, unjoinable_us: float = 0.0) -> MmaTiling:
     """The tensor-core tiling at `precision` with the lowest modelled time (mma_cost), split along K
     where that pays on a GPU (kernels/splitk.py) unless `split` is off. `unjoinable_us` is added to
-    the DEEP tilings' time (dynamic shared memory, which a persistent kernel cannot give an rTask):
-    the launch they keep to themselves where the pipeline joins launches (passes/lower.py)."""
+    the DEEP tilings' time (dynamic shared memory, which a persistent kernel gives an rTask only on
+    a spec with `persistent_dynamic_smem`): the launch they keep to themselves where the pipeline
+    joins launches (passes/lower.py _unjoinable_us, 0 on such a spec)."""
 
     def cost(t, *a):
         c = mma_cost(t, *a)

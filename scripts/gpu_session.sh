@@ -37,6 +37,12 @@ trap 'tar czf "$FINAL/gpu-session-${1:-x}.tgz" -C "$OUT" . && rm -rf "$OUT" && e
 PY="${PYTHON:-python3}"
 MODELS=$(realpath -m "${MODELS_DIR:-.cache/models}")
 
+spec_with() {  # spec_with FIELD TAG: the h100 spec with switch FIELD on, as $OUT/h100-TAG.yaml (to time it off and on)
+  # run from /tmp: the checkout's dlcc/ folder would shadow the installed package
+  (cd /tmp && "$PY" -c "import yaml; from dlcc.config import load_device; d = load_device('h100').model_dump(); \
+d['$1'] = True; d['name'] += ' ($2)'; yaml.safe_dump(d, open('$OUT/h100-$2.yaml', 'w'))")
+}
+
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, output to $OUT/NAME.log
   local name=$1 secs=$2
   shift 2
@@ -124,9 +130,7 @@ case "${1:-}" in
     # call's host time (issue 21); a grid barrier's cost (issue 20). Turn gemm_deep_pipelines on in configs/devices/h100.yaml where
     # the second beats the first, and refit mma_cycle_us on the new record.
     step gemm-deep 150 "$PY" scripts/gemm_tilings.py --precision bf16 --vs-torch --repeat 10 --json "$OUT/gemm-deep.json"
-    (cd /tmp && "$PY" -c "import yaml; from dlcc.config import load_device; \
-d = load_device('h100').model_dump(); d['gemm_deep_pipelines'] = True; d['name'] += ' (deep)'; \
-yaml.safe_dump(d, open('$OUT/h100-deep.yaml', 'w'))")
+    spec_with gemm_deep_pipelines deep
     for dev in h100 "$OUT/h100-deep.yaml"; do
       tag=$(basename "$dev" .yaml)
       step "bert-$tag" 60 "$PY" scripts/vs_torch.py --size full --models bert,gpt2 --precisions bf16 --pipelines full \
@@ -168,9 +172,7 @@ yaml.safe_dump(d, open('$OUT/h100-deep.yaml', 'w'))")
       step "gemm-$p" 80 "$PY" scripts/gemm_tilings.py --precision "$p" --vs-torch --repeat 10 --shapes "$SHAPES" \
         --json "$OUT/gemm-$p.json"
     done
-    (cd /tmp && "$PY" -c "import yaml; from dlcc.config import load_device; \
-d = load_device('h100').model_dump(); d['gemm_deep_pipelines'] = True; d['name'] += ' (deep)'; \
-yaml.safe_dump(d, open('$OUT/h100-deep.yaml', 'w'))")
+    spec_with gemm_deep_pipelines deep
     step bert-deep 60 "$PY" scripts/vs_torch.py --size full --models bert --precisions bf16 --pipelines full,astitch \
       --torch-modes reduce-overhead --device "$OUT/h100-deep.yaml" --models-dir "$MODELS" --json-out "$OUT/bert-deep.json"
     step bert-x3 130 "$PY" scripts/vs_torch.py --size full --models bert --precisions fp32,tf32x3 --pipelines full \
@@ -202,9 +204,7 @@ yaml.safe_dump(d, open('$OUT/h100-deep.yaml', 'w'))")
     # BERT-base and GPT-2 at fp32 through full with them on, beside torch.compile. First run on an
     # H200 on 2026-11-27, after which simt_vector_tilings went on in configs/devices/h100.yaml;
     # rerun it after a change to the vector template.
-    (cd /tmp && "$PY" -c "import yaml; from dlcc.config import load_device; \
-d = load_device('h100').model_dump(); d['simt_vector_tilings'] = True; d['name'] += ' (vector)'; \
-yaml.safe_dump(d, open('$OUT/h100-vec.yaml', 'w'))")
+    spec_with simt_vector_tilings vec
     step gemm-fp32-vec 100 "$PY" scripts/gemm_tilings.py --precision fp32 --tilings vector --vs-torch --repeat 10 \
       --device "$OUT/h100-vec.yaml" --shapes 128x768x768,128x3072x768,128x768x3072,1024x1024x1024 \
       --json "$OUT/gemm-fp32-vec.json"
@@ -229,9 +229,7 @@ yaml.safe_dump(d, open('$OUT/h100-vec.yaml', 'w'))")
     # GEMMs on the DEEP tilings can be their rTasks: BERT-base and GPT-2 at bf16 through full with
     # the h100 spec as shipped and with the switch on, beside torch.compile, every output checked
     # against onnxruntime. Turn it on in configs/devices/h100.yaml where the second beats the first.
-    (cd /tmp && "$PY" -c "import yaml; from dlcc.config import load_device; \
-d = load_device('h100').model_dump(); d['persistent_dynamic_smem'] = True; d['name'] += ' (dynamic)'; \
-yaml.safe_dump(d, open('$OUT/h100-dyn.yaml', 'w'))")
+    spec_with persistent_dynamic_smem dyn
     for dev in h100 "$OUT/h100-dyn.yaml"; do
       tag=$(basename "$dev" .yaml)
       step "bf16-$tag" 80 "$PY" scripts/vs_torch.py --size full --models bert,gpt2 --precisions bf16 --pipelines full \

@@ -43,6 +43,17 @@ spec_with() {  # spec_with FIELD TAG: the h100 spec with switch FIELD on, as $OU
 d['$1'] = True; d['name'] += ' ($2)'; yaml.safe_dump(d, open('$OUT/h100-$2.yaml', 'w'))")
 }
 
+off_and_on() {  # off_and_on FIELD TAG SECONDS PRECISION: BERT-base and GPT-2 through full beside torch.compile
+  # (reduce-overhead) with the h100 spec as shipped, then with switch FIELD on: steps PRECISION-h100 and PRECISION-h100-TAG
+  spec_with "$1" "$2"
+  local dev tag
+  for dev in h100 "$OUT/h100-$2.yaml"; do
+    tag=$(basename "$dev" .yaml)
+    step "$4-$tag" "$3" "$PY" scripts/vs_torch.py --size full --models bert,gpt2 --precisions "$4" --pipelines full \
+      --torch-modes reduce-overhead --device "$dev" --models-dir "$MODELS" --json-out "$OUT/$4-$tag.json"
+  done
+}
+
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, output to $OUT/NAME.log
   local name=$1 secs=$2
   shift 2
@@ -130,12 +141,7 @@ case "${1:-}" in
     # call's host time (issue 21); a grid barrier's cost (issue 20). Turn gemm_deep_pipelines on in configs/devices/h100.yaml where
     # the second beats the first, and refit mma_cycle_us on the new record.
     step gemm-deep 150 "$PY" scripts/gemm_tilings.py --precision bf16 --vs-torch --repeat 10 --json "$OUT/gemm-deep.json"
-    spec_with gemm_deep_pipelines deep
-    for dev in h100 "$OUT/h100-deep.yaml"; do
-      tag=$(basename "$dev" .yaml)
-      step "bert-$tag" 60 "$PY" scripts/vs_torch.py --size full --models bert,gpt2 --precisions bf16 --pipelines full \
-        --torch-modes reduce-overhead --device "$dev" --models-dir "$MODELS" --json-out "$OUT/models-$tag.json"
-    done
+    off_and_on gemm_deep_pipelines deep 60 bf16
     step interop-host 40 "$PY" scripts/interop_check.py --scenario host-time
     step graph-gap 25 "$PY" scripts/graph_gap.py  # a kernel in a graph, and a grid barrier (grid_barrier_us)
     ;;
@@ -229,12 +235,7 @@ case "${1:-}" in
     # GEMMs on the DEEP tilings can be their rTasks: BERT-base and GPT-2 at bf16 through full with
     # the h100 spec as shipped and with the switch on, beside torch.compile, every output checked
     # against onnxruntime. Turn it on in configs/devices/h100.yaml where the second beats the first.
-    spec_with persistent_dynamic_smem dyn
-    for dev in h100 "$OUT/h100-dyn.yaml"; do
-      tag=$(basename "$dev" .yaml)
-      step "bf16-$tag" 80 "$PY" scripts/vs_torch.py --size full --models bert,gpt2 --precisions bf16 --pipelines full \
-        --torch-modes reduce-overhead --device "$dev" --models-dir "$MODELS" --json-out "$OUT/bf16-$tag.json"
-    done
+    off_and_on persistent_dynamic_smem dyn 80 bf16
     ;;
   *)
     echo "usage: scripts/gpu_session.sh 0|1|...|14   (the stages are described at the top of this file)" >&2

@@ -132,7 +132,7 @@ def _unjoinable_us(state: CompileState) -> float:
     if not state.joins or getattr(state.device, "kind", "gpu") == "cpu" or joins_dynamic_smem(state.device):
         return 0.0  # (a spec whose persistent kernels take dynamic shared memory runs DEEP rTasks too)
 
-    return launch_floor_us(state.device, state.graphs) + getattr(state.device, "kernel_gap_us", 0.0)
+    return launch_floor_us(state.device, state.graphs) + state.device.kernel_gap_us
 
 
 @register_pass("lower", LowerOptions, before=("memplan",))
@@ -149,10 +149,11 @@ def lower(state: CompileState, opts) -> None:
         state.log.append(f"lower: {sum(split.values())} GEMM launch(es) split along K: "
                          + ", ".join(f"{n} x{c}" for n, c in sorted(split.items())))
     if state.ctx.deep_declined:
+        problems = sorted(set(state.ctx.deep_declined))
         state.log.append(f"lower: {len(state.ctx.deep_declined)} GEMM(s) take a tiling a persistent kernel can run "
                          f"over a DEEP one that is faster alone by less than the launch it would keep "
-                         f"({state.ctx.unjoinable_us:.1f} µs): " + ", ".join(sorted(set(state.ctx.deep_declined))[:6])
-                         + (" ..." if len(set(state.ctx.deep_declined)) > 6 else ""))
+                         f"({state.ctx.unjoinable_us:.1f} µs): " + ", ".join(problems[:6])
+                         + (" ..." if len(problems) > 6 else ""))
     if state.ctx.skipped_empty:
         state.log.append(f"lower: {len(state.ctx.skipped_empty)} node(s) with only empty outputs get no launch: "
                          + ", ".join(state.ctx.skipped_empty[:8]) + (" ..." if len(state.ctx.skipped_empty) > 8 else ""))

@@ -300,8 +300,9 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
     # Beyond CUDA's static 48 KiB (a DEEP GEMM tiling among the rTasks: joins_dynamic_smem) the
     # array is dynamic: sized at each launch, as those GEMMs' own kernels are (the OpenCL figure,
     # which holds every rTask's, emulation scratch included).
-    dynamic = -(-smem // 4) * 4 if smem > STATIC_SMEM_BYTES else 0
-    body += [f"DYNAMIC_SHARED(float, smem, {-(-smem // 4)});" if dynamic else f"SHARED float smem[{-(-smem // 4)}];",
+    floats = -(-smem // 4)
+    dynamic = 4 * floats if smem > STATIC_SMEM_BYTES else 0
+    body += [f"DYNAMIC_SHARED(float, smem, {floats});" if dynamic else f"SHARED float smem[{floats}];",
              "const int tid = THREAD_ID;",
              f"for (int w = 0; w < {nw}; w++) {{",
              "    const int e1 = rtab[w + 1];",

@@ -585,10 +585,13 @@ def emit_gemm(ctx, hint: str, spec: GemmSpec, args: list[str], reads: list[str],
     if tiling is None and precision != "fp32":
         from .gemm_mma import choose_mma_tiling
 
+        problem = (spec.batch, spec.M, spec.N, spec.K)
+        tiling = choose_mma_tiling(*problem, ctx.device, precision, split)
         unjoinable = getattr(ctx, "unjoinable_us", 0.0)
-        tiling = choose_mma_tiling(spec.batch, spec.M, spec.N, spec.K, ctx.device, precision, split, unjoinable)
-        if unjoinable and choose_mma_tiling(spec.batch, spec.M, spec.N, spec.K, ctx.device, precision, split).dynamic:
-            ctx.deep_declined.append(f"{shape_key(spec.batch, spec.M, spec.N, spec.K)} {tiling.name}")
+        if unjoinable and tiling.dynamic:  # a DEEP pick, where a later pass joins launches: price its own launch
+            tiling = choose_mma_tiling(*problem, ctx.device, precision, split, unjoinable)
+            if not tiling.dynamic:
+                ctx.deep_declined.append(f"{shape_key(*problem)} {tiling.name}")
     if tiling is None:
         tiling = getattr(ctx, "gemm_tiling", None)
     if tiling is None:

@@ -17,7 +17,8 @@ from . import CompileState, register_pass
 
 def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "auto",
                 rnn_input: str = "batched", precision: str = "fp32", fp32_ops=(), half_activations: bool = True,
-                gemm_tilings: dict | None = None, split_k: bool = True, unjoinable_us: float = 0.0) -> LowerCtx:
+                gemm_tilings: dict | None = None, split_k: bool = True, unjoinable_us: float = 0.0,
+                transpose_weights: bool = True) -> LowerCtx:
     """Lower every node of `graph` for `device` into a LowerCtx (kernels and launches).
     `unjoinable_us`: what a GEMM tiling that no persistent kernel can run (a DEEP one, in dynamic
     shared memory) costs beyond its own time, where a later pass joins launches (kernels/gemm_mma.py
@@ -33,6 +34,7 @@ def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "
     ctx.gemm_tiling = None if gemm_tiling == "auto" else next(t for t in ALL_TILINGS if t.name == gemm_tiling)
     ctx.gemm_tilings = dict(gemm_tilings or {})
     ctx.split_k = split_k
+    ctx.transpose_weights = transpose_weights
     ctx.unjoinable_us = unjoinable_us
     for node in graph.nodes:
         entry = registry.lookup(node.op_type, graph.opset, node.domain)
@@ -112,6 +114,11 @@ class LowerOptions(BaseModel):
                           "pays: each k chunk its own rTask, the tile's last one adding the partial sums in k order "
                           "(kernels/splitk.py); false: every GEMM walks all of K per tile")
 
+    transpose_weights: bool = Field(True, description="at the tensor-core precisions, a GEMM/Conv weight whose rows are "
+                                    "no whole number of 16-byte chunks (GPT-2's LM head, [768, 50257]) is stored "
+                                    "transposed where that makes them whole, so that cp.async copies it "
+                                    "(ops/matmul.py transposed_weight); false: as the model stores it")
+
     @field_validator("gemm_tilings")
     @classmethod
     def _known_tilings(cls, v: dict) -> dict:
@@ -141,7 +148,8 @@ def lower(state: CompileState, opts) -> None:
     state.ctx = lower_graph(state.graph, state.device, gemm_tiling=opts.gemm_tiling, rnn_input=opts.rnn_input,
                             gemm_tilings=opts.gemm_tilings, split_k=opts.split_k,
                             precision=state.precision, fp32_ops=state.fp32_ops,
-                            half_activations=state.half_activations, unjoinable_us=_unjoinable_us(state))
+                            half_activations=state.half_activations, unjoinable_us=_unjoinable_us(state),
+                            transpose_weights=opts.transpose_weights)
     n = len(state.ctx.program.launches)
     state.log.append(f"lower: {len(state.ctx.program.kernels)} kernel(s), {n} launch(es)")
     split = splitk.count(state.ctx.program)
@@ -166,6 +174,10 @@ def lower(state: CompileState, opts) -> None:
         mb = sum(state.graph.tensors[w].nbytes for w in state.ctx.narrowed) / 1e6
         state.log.append(f"lower: {len(state.ctx.narrowed)} GEMM/Conv weight(s) stored as "
                          f"{HALF_DTYPES[state.precision]} ({mb:.1f} MB of float32 read as {mb / 2:.1f} MB)")
+    if state.ctx.transposed:
+        state.log.append(f"lower: {len(state.ctx.transposed)} GEMM/Conv weight(s) stored transposed, so that "
+                         "cp.async copies them in whole 16-byte chunks: " + ", ".join(state.ctx.transposed[:6])
+                         + (" ..." if len(state.ctx.transposed) > 6 else ""))
     acts = state.ctx.half_activations
     if state.precision in HALF_DTYPES and state.half_activations:
         floats = [t for t in state.graph.tensors.values() if t.value is None and t.dtype in ("float32", "float16", "bfloat16")]

@@ -19,6 +19,7 @@
 #   . .gpu/setup.sh && scripts/gpu_session.sh 12    # the fp32 vector SIMT tilings against the scalar ones and cuBLAS (~4 min)
 #   . .gpu/setup.sh && scripts/gpu_session.sh 13    # dlcc's own kernels timed one by one at bf16 and fp32, and the cost model fitted on them
 #   . .gpu/setup.sh && scripts/gpu_session.sh 14    # DEEP GEMMs as rTasks of persistent kernels (dynamic shared memory), off and on (~3 min)
+#   . .gpu/setup.sh && scripts/gpu_session.sh 15    # GPT-2 with its LM head's weight stored transposed for cp.async, off and on (~3 min)
 #
 # What each number is for: issue 21 (stage 1: both import orders, device arrays, graphs, threads),
 # issue 18 (stages 2 and 3: GEMM and model floors against cuBLAS and torch.compile), issue 20
@@ -237,8 +238,21 @@ case "${1:-}" in
     # against onnxruntime. Turn it on in configs/devices/h100.yaml where the second beats the first.
     off_and_on persistent_dynamic_smem dyn 80 bf16
     ;;
+  15)
+    # GEMM weights stored transposed for cp.async (lower's transpose_weights; docs/gemm.md): GPT-2,
+    # whose LM head is [768, 50257], at bf16 and tf32 through full, with the option on (as shipped)
+    # and off, beside torch.compile, every output checked against onnxruntime. About 3 minutes.
+    (cd /tmp && "$PY" -c "import yaml; from dlcc.config import load_pipeline; p = load_pipeline('full').model_dump(); \
+[q['options'].update(transpose_weights=False) for q in p['passes'] if q['name'] == 'lower']; p['name'] = 'full-untransposed'; \
+yaml.safe_dump(p, open('$OUT/full-untransposed.yaml', 'w'))")
+    for pr in bf16 tf32; do
+      step "gpt2-$pr" 120 "$PY" scripts/vs_torch.py --size full --models gpt2 --precisions "$pr" \
+        --pipelines "full,$OUT/full-untransposed.yaml" --torch-modes reduce-overhead --device h100 \
+        --models-dir "$MODELS" --json-out "$OUT/gpt2-$pr.json"
+    done
+    ;;
   *)
-    echo "usage: scripts/gpu_session.sh 0|1|...|14   (the stages are described at the top of this file)" >&2
+    echo "usage: scripts/gpu_session.sh 0|1|...|15   (the stages are described at the top of this file)" >&2
     exit 2
     ;;
 esac

@@ -568,13 +568,19 @@ def simt_gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
     return "\n".join(dev)
 
 
+def gemm_precision(ctx) -> str:
+    """The precision the current node's GEMM computes at: the compile's, or fp32 for an op type
+    kept float32 (PipelineSpec.fp32_ops)."""
+    if getattr(ctx, "node", None) is not None and ctx.node.op_type in getattr(ctx, "fp32_ops", ()):
+        return "fp32"
+    return getattr(ctx, "precision", "fp32")
+
+
 def emit_gemm(ctx, hint: str, spec: GemmSpec, args: list[str], reads: list[str], writes: list[str],
               tiling: Tiling | None = None) -> str:
     """Pick a tiling for the target device, emit the rOperator and launch one block per rTask.
     At precisions tf32x3, tf32, fp16 and bf16 the tiling is a tensor-core one (kernels/gemm_mma.py)."""
-    precision = getattr(ctx, "precision", "fp32")
-    if getattr(ctx, "node", None) is not None and ctx.node.op_type in getattr(ctx, "fp32_ops", ()):
-        precision = "fp32"  # PipelineSpec.fp32_ops
+    precision = gemm_precision(ctx)
     tuned = getattr(ctx, "gemm_tilings", None) or {}
     forced = getattr(ctx, "gemm_tiling", None) is not None and precision == "fp32"
     split = getattr(ctx, "split_k", True)  # `lower`'s option split_k

@@ -34,6 +34,8 @@ class LowerCtx:
         self.precision = "fp32"
         self.fp32_ops: set[str] = set()  # op types kept on the float32 template at those (PipelineSpec.fp32_ops)
         self.narrowed: list[str] = []  # constants stored in a half type (ops/narrow.py)
+        self.transposed: list[str] = []  # GEMM constants also stored transposed (ops/matmul.py transposed_weight)
+        self.transpose_weights = True  # `lower`'s option: whether transposed_weight may
         self.half_activations: list[str] = []  # activations stored in a half type (narrow_activations)
         self.float32_activation_ops: dict[str, int] = {}  # op type -> nodes keeping float32 activations
         self.index_checks: list[dict] = []  # Gather indices read from graph inputs (ops/layout.py index_check)

@@ -7,7 +7,7 @@ import numpy as np
 from ..kernels.gemm import GemmSpec, RawOperand, emit_gemm
 from ..kernels.map import emit_map, linear_index, unravel
 from ..kernels.program import ctype, load_float, store_float
-from .matmul import operand_param, output_param
+from .matmul import operand_param, output_param, transposed_weight
 from .registry import COMPUTE, LAYOUT, register
 
 
@@ -77,6 +77,10 @@ def _conv(ctx, node):
         return ([f"const int ci = {k} / {KS}, kr = {k} % {KS};"] + s1 + s2,
                 f"({cond}) ? {load_float(dx, 'X', f'xoff + ci * {IS} + {idx}')} : 0.0f")
 
+    raw_w = RawOperand("W", ctx.dtype(w), "woff", K, True)
+    w_t = transposed_weight(ctx, w, raw_w, Cout, K) if G == 1 else None
+    if w_t:  # stored [K, Cout] (transposed_weight: a first layer's K = 3 x 7 x 7); one group: woff is 0
+        w, raw_w = w_t, RawOperand("W", ctx.dtype(w_t), "woff", Cout, False)
     bias_term = f" + {load_float(ctx.dtype(bias), 'Bz', f'g * {Cout_g} + m')}" if bias else ""
     params = ([operand_param(ctx, x, "X"), operand_param(ctx, w, "W")] + ([operand_param(ctx, bias, "Bz")] if bias else [])
               + [output_param(ctx, out, "Y")])
@@ -85,13 +89,15 @@ def _conv(ctx, node):
         prologue=[f"const int img = bt / {G}, g = bt % {G};",
                   f"const int xoff = (img * {Cin} + g * {Cin_g}) * {IS};",
                   f"const int woff = g * {Cout_g * K};"],
-        load_a=lambda m, k: ([], load_float(ctx.dtype(w), "W", f"woff + {m} * {K} + {k}")),
+        load_a=lambda m, k: ([], load_float(ctx.dtype(w), "W", f"woff + {k} * {Cout} + {m}" if w_t
+                                            else f"woff + {m} * {K} + {k}")),
         load_b=load_b,
         store=lambda m, n, acc: [store_float(ctx.dtype(out), "Y", f"(img * {Cout} + g * {Cout_g} + {m}) * {OS} + {n}",
                                              f"{acc}{bias_term}")],
         store_index=lambda m, n: f"(img * {Cout} + g * {Cout_g} + {m}) * {OS} + {n}",
         store_value=lambda acc: f"{acc}{bias_term}",
-        raw_a=RawOperand("W", ctx.dtype(w), "woff", K, True),
+        a_k_contiguous=not w_t,
+        raw_a=raw_w,
         raw_b=RawOperand("X", dx, "xoff", IS, False) if pointwise else None,
     )
     ins = [x, w] + ([bias] if bias else [])

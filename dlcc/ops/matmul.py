@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.gemm import GemmSpec, RawOperand, emit_gemm
+from ..ir import Tensor
+from ..kernels.gemm import GemmSpec, RawOperand, emit_gemm, gemm_precision
+from ..kernels.gemm_mma_async import async_ok
 from ..kernels.map import strides_of
 from ..kernels.program import ctype, literal, load_float, store_float
 from .registry import COMPUTE, register
@@ -47,6 +49,37 @@ def output_param(ctx, tensor: str, pname: str) -> str:
     return f"GPTR {ctype(ctx.dtype(tensor))}* {pname}"
 
 
+def transposed_weight(ctx, name: str, raw: RawOperand, extent: int, K: int) -> str | None:
+    """A copy of constant GEMM operand `name`, stored transposed, where the tensor-core pipeline
+    cannot copy the operand with cp.async as it is stored but can copy the transpose; None
+    otherwise (float32 SIMT GEMMs, activations, weights already aligned, or aligned neither way).
+
+    Why: cp.async moves 16-byte chunks, so an operand's contiguous extent and row stride must be
+    whole chunks (kernels/gemm_mma_async.py async_ok). GPT-2's LM head multiplies by a [768, 50257]
+    constant: 50257 columns are no whole number of chunks, so every block loaded its B tile two
+    bytes at a time through registers, over 77 MB of weights. Stored [50257, 768], k runs along
+    rows of 768 and every chunk is aligned. The weight is copied once, here at compile time (as
+    ops/narrow.py narrows it), and the original stays for any other reader.
+
+    `raw` describes the operand as stored: a plain [rows, cols] matrix (no batch offset) of
+    `extent` (m or n) by `K`, k along the columns where raw.k_contiguous."""
+    precision = gemm_precision(ctx)
+    t = ctx.tensor(name)
+    if (precision == "fp32" or not getattr(ctx, "transpose_weights", True) or raw is None or t.value is None
+            or t.value.size != extent * K):
+        return None
+    flipped = RawOperand(raw.ptr, raw.dtype, raw.base, extent if raw.k_contiguous else K, not raw.k_contiguous)
+    if async_ok(raw, precision, extent, K) or not async_ok(flipped, precision, extent, K):
+        return None
+    copy = f"%T:{name}"
+    if copy not in ctx.graph.tensors:
+        rows, cols = (extent, K) if raw.k_contiguous else (K, extent)
+        ctx.graph.tensors[copy] = Tensor(copy, (cols, rows), t.dtype,
+                                         np.ascontiguousarray(t.value.reshape(rows, cols).T))
+        ctx.transposed.append(name.split(":", 1)[1] if name.startswith("%") else name)  # the model's name
+    return copy
+
+
 @register("MatMul", since=1, category=COMPUTE, float_only=True, half_io=True)
 def _matmul(ctx, node):
     a, b = node.inputs[:2]
@@ -65,17 +98,23 @@ def _matmul(ctx, node):
     bshape = list(np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2])))
     batch = int(np.prod(bshape)) if bshape else 1
     prologue = batch_offsets("bt", bshape, sa, "a") + batch_offsets("bt", bshape, sb, "b")
+    raw_b = RawOperand("B", ctx.dtype(b), "boff", N, False)
+    b_t = transposed_weight(ctx, b, raw_b, N, K) if len(ctx.shape(b)) == 2 else None
+    if b_t:  # stored [N, K] (transposed_weight); a 2-D B has no batch offset
+        b, raw_b = b_t, RawOperand("B", ctx.dtype(b_t), "boff", K, True)
     spec = GemmSpec(
         batch=batch, M=M, N=N, K=K,
         params=[operand_param(ctx, a, "A"), operand_param(ctx, b, "B"), output_param(ctx, out, "Y")],
         prologue=prologue,
         load_a=lambda m, k: ([], load_float(ctx.dtype(a), "A", f"aoff + {m} * {K} + {k}")),
-        load_b=lambda k, n: ([], load_float(ctx.dtype(b), "B", f"boff + {k} * {N} + {n}")),
+        load_b=lambda k, n: ([], load_float(ctx.dtype(b), "B", f"boff + {n} * {K} + {k}" if b_t
+                                            else f"boff + {k} * {N} + {n}")),
         store=lambda m, n, acc: [store_float(ctx.dtype(out), "Y", f"bt * {M * N} + {m} * {N} + {n}", acc)],
         store_index=lambda m, n: f"bt * {M * N} + {m} * {N} + {n}",
         store_value=lambda acc: acc,
+        b_n_contiguous=not b_t,
         raw_a=RawOperand("A", ctx.dtype(a), "aoff", K, True),
-        raw_b=RawOperand("B", ctx.dtype(b), "boff", N, False),
+        raw_b=raw_b,
     )
     emit_gemm(ctx, "MatMul", spec, [a, b, out], reads=[a, b], writes=[out])
 
@@ -102,6 +141,9 @@ def _gemm(ctx, node):
         cval = load_float(ctx.dtype(c), "C", idx)
         cterm = f" + {literal(beta)} * {cval}" if beta != 1.0 else f" + {cval}"
     scale = f"{literal(alpha)} * " if alpha != 1.0 else ""
+    b_t = transposed_weight(ctx, b, RawOperand("B", ctx.dtype(b), "0", K if tb else N, bool(tb)), N, K)
+    if b_t:  # stored the other way round (transposed_weight)
+        b, tb = b_t, not tb
     spec = GemmSpec(
         batch=1, M=M, N=N, K=K, params=params,
         load_a=lambda m, k: ([], load_float(ctx.dtype(a), "A", f"{k} * {M} + {m}" if ta else f"{m} * {K} + {k}")),

@@ -65,7 +65,7 @@ from ..estimate.costmodel import (gemm_model_us, kernel_fixed_us, kernel_time, r
                                   wave_gemm_us)
 from ..ir import Tensor
 from ..kernels import splitk
-from ..kernels.gemm import GemmExpr, gemm_source, kernel_smem, tasks_for, tiling_family
+from ..kernels.gemm import GemmExpr, gemm_source, retile, tiling_family
 from ..kernels.gemm_mma import STATIC_SMEM_BYTES
 from ..kernels.program import STORAGE_ARRAY, STORAGE_PARAMS, Launch, ctype
 from ..plan import gemm_problem
@@ -423,8 +423,10 @@ def choose_rkernels(run: _Run, veus: int, dev, ctx, policy: str = "wavefront") -
             if t == e.tiling:
                 continue
             sp = e.spec
-            name = prog.add_kernel(f"{e.hint}_{t.name}", lambda n, t=t, sp=sp: gemm_source(n, sp, t), t.threads,
-                                   kind="gemm", tiling=t.name, pass_name="rammer", math=t.math, **kernel_smem(t))
+            extra = retile(ctx, L, t, f"{e.hint}_{t.name}", sp, lambda n, t=t, sp=sp: gemm_source(n, sp, t),
+                           e.splitk_args, "rammer")
+            L.expr = GemmExpr(e.hint, sp, t, e.args, e.reads, e.writes, extra)
+            L.deep_tiling = None
             if policy == "efficient":
                 why[id(L)] = (f"tiling {t.name}: the least time x threads (kernels: efficient); its wave's summed "
                               f"SM-time over the {veus} vEUs drops from {start:.0f} to {best:.0f} modelled cycles; "
@@ -433,14 +435,41 @@ def choose_rkernels(run: _Run, veus: int, dev, ctx, policy: str = "wavefront") -
                 why[id(L)] = (f"tiling {t.name}: chosen for its wave, whose {tasks} rTasks fill the {veus} vEUs: the "
                               f"wave's modelled cycles drop from {start:.0f} to {best:.0f} (time alone, and time x "
                               f"threads over the vEUs); {e.tiling.name} is the fastest alone")
-            L.kernel, L.grid, L.block = name, tasks_for(t, sp.batch, sp.M, sp.N), t.threads
-            old, extra = splitk.tensors(e.splitk_args), splitk.launch_args(ctx, t, sp.batch, sp.M, sp.N)
-            L.args = L.args[:len(L.args) - len(e.splitk_args)] + splitk.typed(extra)
-            L.writes = [w for w in L.writes if w not in old] + splitk.split_tensors(extra)[1]
-            L.regions.pop(splitk.COUNTERS, None)
-            splitk.mark(L, extra, t, sp.batch, sp.M, sp.N)
-            L.expr = GemmExpr(e.hint, sp, t, e.args, e.reads, e.writes, extra)
     return why
+
+
+def retile_standalone(state: CompileState, grouped: set[int]) -> None:
+    """Give each GEMM launch that no persistent kernel took the DEEP tiling `lower` gave up for it.
+    Why: `lower` prices a DEEP tiling (dynamic shared memory, which a persistent kernel cannot
+    give an rTask on most specs) with the launch it keeps to itself, so that Rammer can join the
+    GEMM (passes/lower.py _unjoinable_us). Where Rammer then joins nothing around it (GPT-2 at
+    bf16: no wave holds two launches), that launch is paid anyway, and the faster tiling is free.
+    Plain GEMM rOperators and AStitch's fused ones are re-emitted alike (kernels/gemm.py retile)."""
+    ctx = state.ctx
+    prog = ctx.program
+    back = []
+    for L in prog.launches:
+        t = L.deep_tiling
+        if t is None or id(L) in grouped:
+            continue
+        e = L.expr
+        if isinstance(e, GemmExpr) and prog.kernels[L.kernel].code == gemm_source(L.kernel, e.spec, e.tiling):
+            extra = retile(ctx, L, t, f"{e.hint}_{t.name}", e.spec, lambda n, t=t, sp=e.spec: gemm_source(n, sp, t),
+                           e.splitk_args, "rammer")
+            L.expr = GemmExpr(e.hint, e.spec, t, e.args, e.reads, e.writes, extra)
+        elif L.fused_gemm is not None:
+            hint, spec, text_for, old = L.fused_gemm
+            extra = retile(ctx, L, t, f"{hint}_{t.name}_fused", spec,
+                           lambda n, t=t, f=text_for: f(t).replace("KNAME", n), old, "rammer")
+            L.fused_gemm = (hint, spec, text_for, extra)
+        else:
+            continue
+        L.deep_tiling = None
+        back.append(t.name)
+    if back:
+        names = sorted(set(back))
+        state.log.append(f"rammer: {len(back)} GEMM launch(es) that stay on their own take back the DEEP tiling "
+                         f"lower gave up for a joinable one: " + ", ".join(f"{n} x{back.count(n)}" for n in names))
 
 
 def _mnk(L: Launch) -> tuple[int, int, int, int]:
@@ -542,6 +571,8 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
     runs = _split_runs(prog, eligible, cap, opts.min_launches)
     if not runs:
         state.log.append("rammer: no run of co-schedulable launches")
+        retile_standalone(state, set())
+        prog.prune_unlaunched()
         return
 
     sync_slots = state.graph.tensors[SYNC].shape[0] // 2 if SYNC in state.graph.tensors else 0
@@ -613,6 +644,7 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
     # Kernels that stay plain launches keep their own text; where that text already defines the
     # task function (GEMM/Conv are written as rOperators), a persistent kernel must not define it again.
     grouped = {id(L) for d in decided for waves, _ in d[1] for w in waves for L in w}
+    retile_standalone(state, grouped)
     standalone = {L.kernel for L in prog.launches if id(L) not in grouped}
     included = {k for k in standalone if rops.get(k) is not None and rops[k].code == prog.kernels[k].code}
     replaced: dict[int, list[Launch]] = {}

@@ -229,24 +229,54 @@ def test_a_deep_tiling_plan_runs_outside_persistent_kernels(tmp_path):
 
 def test_deep_tilings_give_way_to_joinable_ones_in_full(tmp_path):
     """Where a later pass joins launches (`rammer`), a DEEP tiling must save more than the launch it
-    keeps to itself: on the shipped H100 spec an FFN's GEMMs take DEEP tilings through `astitch`
-    and joinable ones through `full` (a launch costs 4 µs without a CUDA graph; the DEEP tilings
-    save 1-2.5 µs a GEMM here). Taking every DEEP tiling left BERT-base's `full` plan at bf16 with
-    no persistent kernel. The choice itself: choose_mma_tiling's unjoinable_us."""
+    keeps to itself: on the shipped H100 spec three parallel GEMMs (BERT's Q, K and V) take a DEEP
+    tiling through `astitch` and a joinable one through `full`, where Rammer runs them as one wave
+    (a launch costs 4 µs without a CUDA graph; the DEEP tiling saves about 1.5 µs a GEMM). Taking
+    every DEEP tiling left BERT-base's `full` plan at bf16 with no persistent kernel. The choice
+    itself: choose_mma_tiling's unjoinable_us."""
     import dlcc
     from dlcc.config import load_device
 
-    plans = {p: dlcc.compile(_ffn(tmp_path), target="opencl", device="h100", pipeline=p, precision="bf16").plan
+    from conftest import parallel_gemms
+
+    path = parallel_gemms(tmp_path / "qkv.onnx", 3)
+    plans = {p: dlcc.compile(path, target="opencl", device="h100", pipeline=p, precision="bf16").plan
              for p in ("astitch", "full")}
     deep = {p: [k["tiling"] for k in plan["kernels"] if k.get("dynamic_smem_bytes")] for p, plan in plans.items()}
-    assert deep["astitch"] and not deep["full"]
+    assert deep["astitch"] and not deep["full"] and len(plans["full"]["launches"]) == 1
     said = [line for line in plans["full"]["meta"]["pass_log"] if "over a DEEP one" in line]
-    assert len(said) == 1 and "2 GEMM(s)" in said[0] and "1x128x3072x768" in said[0], said
+    assert len(said) == 1 and "3 GEMM(s)" in said[0] and "1x128x768x768" in said[0], said
+    assert not any("take back" in line for line in plans["full"]["meta"]["pass_log"])
     assert not any("over a DEEP one" in line for line in plans["astitch"]["meta"]["pass_log"])
     h100 = load_device("h100")
     assert choose_mma_tiling(1, 128, 3072, 768, h100, "bf16").dynamic
     assert not choose_mma_tiling(1, 128, 3072, 768, h100, "bf16", unjoinable_us=4.0).dynamic
     assert choose_mma_tiling(1, 128, 50257, 768, h100, "bf16", unjoinable_us=4.0).dynamic  # saves ~20 µs
+
+
+@needs_opencl
+def test_gemms_rammer_leaves_alone_take_their_deep_tilings_back(tmp_path):
+    """An FFN layer's two GEMMs depend on each other, so no wave holds two launches and `full`
+    joins nothing (as for GPT-2, whose fused QKV GEMM leaves no parallel wave). `lower` gave
+    their DEEP tilings up for a persistent kernel; Rammer gives them back (plain and AStitch-fused
+    rOperators alike), so `full` plans the same tilings as `astitch`, and runs on PoCL within
+    bf16's tolerance of onnxruntime."""
+    import dlcc
+    from dlcc.verify import verify_outputs
+
+    ms = {p: dlcc.compile(_ffn(tmp_path), target="opencl", device="h100", pipeline=p, precision="bf16")
+          for p in ("astitch", "full", "rammer")}
+    deep = {p: sorted(k["tiling"] for k in m.plan["kernels"] if k.get("dynamic_smem_bytes")) for p, m in ms.items()}
+    assert len(deep["astitch"]) == 2 and deep["full"] == deep["rammer"] == deep["astitch"], deep
+    for p in ("full", "rammer"):
+        log = ms[p].plan["meta"]["pass_log"]
+        assert any("over a DEEP one" in line for line in log)
+        said = [line for line in log if "take back" in line]
+        assert len(said) == 1 and said[0].startswith("rammer: 2 GEMM launch(es)"), said
+    feeds = ms["full"].sample_inputs(0)
+    for p in ("full", "rammer"):
+        rows = verify_outputs(_ffn(tmp_path), ms[p](feeds), feeds, precision="bf16")
+        assert all(r["passed"] for r in rows), (p, rows)
 
 
 def _ffn(tmp_path):

@@ -588,6 +588,7 @@ def emit_gemm(ctx, hint: str, spec: GemmSpec, args: list[str], reads: list[str],
         # a tiling measured fastest for this problem (`--tune`), where it is of this precision's family
         want = tuned[shape_key(spec.batch, spec.M, spec.N, spec.K)]
         tiling = next((t for t in tiling_family_for(precision, ctx.device, split) if t.name == want), None)
+    deep = None  # a DEEP tiling given up for a joinable one
     if tiling is None and precision != "fp32":
         from .gemm_mma import choose_mma_tiling
 
@@ -595,8 +596,10 @@ def emit_gemm(ctx, hint: str, spec: GemmSpec, args: list[str], reads: list[str],
         tiling = choose_mma_tiling(*problem, ctx.device, precision, split)
         unjoinable = getattr(ctx, "unjoinable_us", 0.0)
         if unjoinable and tiling.dynamic:  # a DEEP pick, where a later pass joins launches: price its own launch
-            tiling = choose_mma_tiling(*problem, ctx.device, precision, split, unjoinable)
-            if not tiling.dynamic:
+            deep, tiling = tiling, choose_mma_tiling(*problem, ctx.device, precision, split, unjoinable)
+            if tiling.dynamic:
+                deep = None
+            else:
                 ctx.deep_declined.append(f"{shape_key(*problem)} {tiling.name}")
     if tiling is None:
         tiling = getattr(ctx, "gemm_tiling", None)
@@ -613,4 +616,20 @@ def emit_gemm(ctx, hint: str, spec: GemmSpec, args: list[str], reads: list[str],
     L = ctx.program.launches[-1]
     sk.mark(L, extra, tiling, spec.batch, spec.M, spec.N)
     L.expr = GemmExpr(hint, spec, tiling, list(args), list(reads), list(writes), extra)
+    L.deep_tiling = deep
     return name
+
+
+def retile(ctx, L, t, kname: str, spec: GemmSpec, text, old_extra: list, pass_name: str) -> list:
+    """Re-emit GEMM launch `L` with tiling `t` of its family: its kernel (named from `kname`;
+    `text(name)` is the source), grid, and split-K workspace and counters in place of `old_extra`.
+    Returns the new split-K arguments. (Rammer's per-wave tilings, and the DEEP ones it gives back.)"""
+    name = ctx.program.add_kernel(kname, text, t.threads, kind="gemm", tiling=t.name,
+                                  pass_name=pass_name, math=t.math, **kernel_smem(t))
+    L.kernel, L.grid, L.block = name, tasks_for(t, spec.batch, spec.M, spec.N), t.threads
+    old, extra = sk.tensors(old_extra), sk.launch_args(ctx, t, spec.batch, spec.M, spec.N)
+    L.args = L.args[:len(L.args) - len(old_extra)] + sk.typed(extra)
+    L.writes = [w for w in L.writes if w not in old] + sk.split_tensors(extra)[1]
+    L.regions.pop(sk.COUNTERS, None)
+    sk.mark(L, extra, t, spec.batch, spec.M, spec.N)
+    return extra

@@ -145,6 +145,13 @@ class Launch:
     # {"shape": [batch, M, N, K], "a_k_contiguous", "b_n_contiguous"}, for the cost model's
     # tiling model (plan.py gemm_problem).
     gemm_problem: dict | None = None
+    # A GEMM whose faster DEEP tiling `lower` gave up for one a persistent kernel can run (its own
+    # launch priced in: passes/lower.py _unjoinable_us): that tiling, which Rammer gives back where
+    # the launch stays on its own after all (passes/rammer.py retile_standalone). Not serialized.
+    deep_tiling: object = None
+    # AStitch's fused GEMM rOperator: (hint, spec, text(tiling) with KNAME, split-K args), so that
+    # Rammer can re-emit it with another tiling (kernels/gemm.py retile). Not serialized.
+    fused_gemm: tuple | None = None
     # A fused attention launch (passes/astitch/attention.py): [batch, M, N, D, Dv, math], for the
     # cost model's attention model (kernels/attention_mma.py fused_attention_cost).
     attention: list | None = None

@@ -93,7 +93,7 @@ def _rebuild(state, ng: NodeGraph, pl: Planner) -> list[dict]:
         report.append(rep)
     for gid, fus in pl.gemms.items():
         g = ng.nodes[gid]
-        text, args, reads, writes = gemm_source_fused(ng, pl, fus)
+        text, args, reads, writes, (spec, text_for) = gemm_source_fused(ng, pl, fus)
         k = prog.add_kernel(f"{g.gemm.hint}_{g.gemm.tiling.name}_fused", lambda nm, t=text: t.replace("KNAME", nm),
                             g.gemm.tiling.threads, kind="gemm", tiling=g.gemm.tiling.name, pass_name="astitch",
                             math=g.gemm.tiling.math, **kernel_smem(g.gemm.tiling))
@@ -106,6 +106,7 @@ def _rebuild(state, ng: NodeGraph, pl: Planner) -> list[dict]:
                    math=g.gemm.tiling.math)
         L.regions.update({t: r for t, r in g.launch.regions.items() if t in splitk.tensors(extra)})
         L.gemm_problem = gemm_problem(g.launch)  # the tiling model prices it (plan mode, Rammer)
+        L.deep_tiling, L.fused_gemm = g.launch.deep_tiling, (g.gemm.hint, spec, text_for, extra)
         units.append({"nodes": set(members), "launch": L})
         covered |= set(members)
         base = sum(old[o].dram_bytes for o in {ng.nodes[c].order for c in members}) + sum(

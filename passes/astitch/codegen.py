@@ -252,9 +252,10 @@ def _subst_bracketed(text: str, key: str, pair: str, repl) -> str:
         i = k
 
 
-def gemm_source_fused(ng, planner, fus) -> tuple[str, list[str], list[str], int]:
+def gemm_source_fused(ng, planner, fus) -> tuple[str, list[str], list[str], list[str], tuple]:
     """A GEMM/Conv rOperator re-emitted with operands loaded through element functions and the
-    epilogue computed in its store. Returns (text with KNAME, tensor args in order, reads, writes)."""
+    epilogue computed in its store. Returns (text with KNAME, tensor args in order, reads, writes,
+    (spec, text(tiling) with KNAME): how to emit the same rOperator with another tiling)."""
     g = ng.nodes[fus.node]
     e = g.gemm
     spec: GemmSpec = e.spec
@@ -298,14 +299,16 @@ def gemm_source_fused(ng, planner, fus) -> tuple[str, list[str], list[str], int]
                    # an operand whose load text survived unchanged is still the plain tensor read
                    raw_a=spec.raw_a if (a_st2, a_val2) == tuple(texts_in[:2]) else None,
                    raw_b=spec.raw_b if (b_st2, b_val2) == tuple(texts_in[2:4]) else None)
-    src = gemm_source("KNAME", new, e.tiling)
     pd = "".join(d + ", " for d in decls)
     pa = "".join(b.params[t] + ", " for t in ordered)
-    text = "\n".join(b.funcs) + "\n" + src
-    text = text.replace(PD, pd).replace(PA, pa)
+    funcs = "\n".join(b.funcs)
+
+    def text_for(tiling) -> str:
+        return (funcs + "\n" + gemm_source("KNAME", new, tiling)).replace(PD, pd).replace(PA, pa)
+
     reads = [t for t in ordered if t not in b.written]
     writes = [t for t in ordered if t in b.written]
-    return text, ordered, reads, writes
+    return text_for(e.tiling), ordered, reads, writes, (new, text_for)
 
 
 def _chain(b, ng, head: str, index: str, value: str, nodes: list[int], prefix: str) -> list[str]:

@@ -242,6 +242,9 @@ case "${1:-}" in
     # GEMM weights stored transposed for cp.async (lower's transpose_weights; docs/gemm.md): GPT-2,
     # whose LM head is [768, 50257], at bf16 and tf32 through full, with the option on (as shipped)
     # and off, beside torch.compile, every output checked against onnxruntime. About 3 minutes.
+    # The "on" rows also carry the DEEP tilings Rammer gives back and the attention output stored
+    # as [tokens, heads x d] (docs/gemm.md, docs/astitch.md): compare them with the 871 µs of
+    # scripts/data/h200-2026-11-27/vs_torch_bf16_deep.json (stage 7 gives BERT-base's).
     (cd /tmp && "$PY" -c "import yaml; from dlcc.config import load_pipeline; p = load_pipeline('full').model_dump(); \
 [q['options'].update(transpose_weights=False) for q in p['passes'] if q['name'] == 'lower']; p['name'] = 'full-untransposed'; \
 yaml.safe_dump(p, open('$OUT/full-untransposed.yaml', 'w'))")

@@ -285,6 +285,48 @@ def test_gemm_prologue_and_epilogue(tmp_path):
     assert g["dram_bytes"] < g["baseline_dram_bytes"]
 
 
+def _head_merge(tmp_path, perm, also_output=False):
+    """A GEMM (+ bias) whose output, split into 3 heads of 16, is transposed by `perm` and read by
+    a second GEMM as its A operand: an attention output's way back to [tokens, heads x d]."""
+    rng = np.random.default_rng(3)
+    shape = [1, 16, 3, 16]
+    back = [shape[p] for p in perm]
+    nodes = [h.make_node("MatMul", ["x", "w"], ["a"]), h.make_node("Add", ["a", "b"], ["c"]),
+             h.make_node("Reshape", ["c", "s"], ["c4"]), h.make_node("Transpose", ["c4"], ["t"], perm=perm),
+             h.make_node("MatMul", ["t", "w2"], ["y"])]
+    inits = {"w": 0.2 * rng.standard_normal((32, 48)).astype(np.float32), "b": rng.standard_normal(48).astype(np.float32),
+             "s": np.array(shape, np.int64), "w2": 0.2 * rng.standard_normal((back[-1], 24)).astype(np.float32)}
+    return _model(tmp_path, nodes, [("x", [1, 16, 32])], ["y"] + (["t"] if also_output else []),
+                  {k: v.astype(np.int64) if k == "s" else v for k, v in inits.items()}, name=f"hm{''.join(map(str, perm))}")
+
+
+@pytest.mark.parametrize("perm,absorbed", [([0, 2, 1, 3], True), ([0, 2, 3, 1], False), ([2, 1, 0, 3], True)])
+def test_a_transpose_before_a_gemm_is_stored_by_the_epilogue(tmp_path, perm, absorbed):
+    """A Transpose that keeps the last axis, read only by a GEMM, is done by the store of the
+    GEMM epilogue that computes its input: the second GEMM then reads its A operand plainly, so
+    at bf16 cp.async copies it (it was loaded element by element through the transpose). One that
+    moves the last axis stays inlined in the consumer's loads. Both match onnxruntime."""
+    import re
+
+    p, feeds = _head_merge(tmp_path, perm)
+    m = _compile_check(p, feeds)
+    said = [x for x in m.plan["meta"]["pass_log"] if "transpose(s) done by the store" in x]
+    assert bool(said) == absorbed, m.plan["meta"]["pass_log"]
+    if absorbed:
+        assert "1 transpose(s)" in said[0]
+        bf = dlcc.compile(p, target="opencl", pipeline="astitch", device="h100", precision="bf16")
+        src = bf.source("cuda")
+        assert len(re.findall(r"CP_ASYNC16\(As", src)) >= 1, "the second GEMM copies its A operand"
+        rows = verify_outputs(p, bf(feeds), feeds, precision="bf16")
+        assert all(r["passed"] for r in rows), rows
+
+
+def test_a_transpose_that_is_also_an_output_stays_a_kernel_of_its_own(tmp_path):
+    p, feeds = _head_merge(tmp_path, [0, 2, 1, 3], also_output=True)
+    m = _compile_check(p, feeds)
+    assert not any("transpose(s) done by the store" in x for x in m.plan["meta"]["pass_log"])
+
+
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed on this machine")
 def test_astitch_kernels_compile_for_cuda(tmp_path, model_path):
     codes = {}

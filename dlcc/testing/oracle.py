@@ -85,7 +85,8 @@ def all_configs() -> list[Config]:
            Config("full", "full"), Config("rammer-join-always", "rammer", (("rammer", "join", "always"),)),
            Config("full-join-always", "full", (("rammer", "join", "always"),)),
            Config("astitch-no-gemm-fusion", "astitch", (("astitch", "gemm_fusion", False),)),
-           Config("baseline-for-h100", "baseline", device="h100"), Config("astitch-for-h100", "astitch", device="h100")]
+           Config("baseline-for-h100", "baseline", device="h100"), Config("astitch-for-h100", "astitch", device="h100"),
+           Config("full-for-h100", "full", device="h100")]
     for k in range(1, len(SCHEMES)):
         for sub in itertools.combinations(SCHEMES, k):
             out.append(Config("astitch[" + ",".join(sub) + "]", "astitch", (("astitch", "schemes", sub),)))

@@ -73,7 +73,9 @@ def astitch(state: CompileState, opts: AStitchOptions) -> None:
     state.log.append(f"astitch: {before} launch(es) -> {len(ctx.program.launches)}; "
                      f"{len([r for r in report if r['kind'] == 'stitch'])} stitched kernel(s), "
                      f"{len([r for r in report if r['kind'] == 'gemm'])} fused rOperator(s)"
-                     + (f", {len(pl.attention)} fused attention(s)" if pl.attention else ""))
+                     + (f", {len(pl.attention)} fused attention(s)" if pl.attention else "")
+                     + (f", {len(pl.remaps)} transpose(s) done by the store of the kernel before them"
+                        if pl.remaps else ""))
 
 
 def _rebuild(state, ng: NodeGraph, pl: Planner) -> list[dict]:

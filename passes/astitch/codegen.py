@@ -319,17 +319,28 @@ def _chain(b, ng, head: str, index: str, value: str, nodes: list[int], prefix: s
     stmts = [f"const int ei = {index};", f"const float {prefix}0 = {value};"]
     for k, cid in enumerate(nodes, start=1):
         c = ng.nodes[cid]
+        if cid in b.pl.remaps:  # a Transpose: the same value, stored elsewhere (store_index)
+            stmts.append(f"const float {prefix}{k} = {b.known[c.inputs[0]]};")
+            b.known[c.output] = f"{prefix}{k}"
+            continue
         st, expr = b.body_value(c, "ei")
         stmts += [f"float {prefix}{k};", "{", *["    " + x for x in st], f"    {prefix}{k} = (float)({expr});", "}"]
         b.known[c.output] = f"{prefix}{k}"
     return stmts
 
 
+def store_index(b, t: str) -> str:
+    """Where an epilogue stores tensor `t` of its chain: at the flat index `ei`, or where the
+    Transpose that made it puts that element (planner.remaps)."""
+    p = b.ng.producer.get(t)
+    return b.pl.remaps[p]("ei") if p in b.pl.remaps else "ei"
+
+
 def _epilogue(b, ng, g, spec, fus) -> list[str]:
     """Store statements: the GEMM's value, then each absorbed consumer at the same flat index."""
     store = _chain(b, ng, g.output, spec.store_index("m", "n"), spec.store_value("acc[i][j]"), fus.epilogue, "e")
     for t in fus.stored:
-        store.append(store_float(ng.tensor(t).dtype, b.param(t, write=True), "ei", b.known[t]))
+        store.append(store_float(ng.tensor(t).dtype, b.param(t, write=True), store_index(b, t), b.known[t]))
     return store
 
 
@@ -375,7 +386,7 @@ def attention_source_fused(ng, planner, af, math: str = "float32") -> tuple[str,
     def store(m, e, value):
         stmts = _chain(b, ng, g2.output, apart(s2.store_index(m, e)), s2.store_value(value), af.epilogue, "at_o")
         for t in af.stored:
-            stmts.append(store_float(ng.tensor(t).dtype, b.param(t, write=True), "ei", b.known[t]))
+            stmts.append(store_float(ng.tensor(t).dtype, b.param(t, write=True), store_index(b, t), b.known[t]))
         return stmts
 
     prologue = [*(s1.prologue or []), *[apart(x) for x in (s2.prologue or [])]]

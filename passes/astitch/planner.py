@@ -28,6 +28,7 @@ The order of decisions follows the paper, extended at compute boundaries:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -131,6 +132,9 @@ class Planner:
         self.gemms: dict[int, GemmFusion] = {}
         self.attention: list = []  # fused attentions (attention.py plan_attention)
         self.absorbed: dict[int, int] = {}  # map node -> gemm node whose epilogue computes it
+        # an epilogue's last node that only moves the value (a Transpose keeping the last axis): its
+        # output is stored at this index expression of the epilogue's flat index (store_remap)
+        self.remaps: dict[int, Callable[[str], str]] = {}
         self.gemm_inline: set[int] = set()  # map nodes computed inside rOperator loads
         self.groups: list[list[int]] = []
         self.stitches: list[Stitch] = []
@@ -216,8 +220,54 @@ class Planner:
                     fus.epilogue.append(c.id)
                     known.add(c.output)
                     self.absorbed[c.id] = g.id
+                elif self._stores_permuted(c, known):
+                    fus.epilogue.append(c.id)  # the last: what follows reads another layout
+                    self.absorbed[c.id] = g.id
+                    break
             if fus.epilogue:
                 self.gemms[g.id] = fus
+
+    def _stores_permuted(self, c, known: set) -> bool:
+        """Whether map node `c` is a Transpose of a value the epilogue computes, keeping the last
+        axis, read only by GEMMs: the epilogue then stores that value where the Transpose puts it
+        (self.remaps), and the GEMMs read their operand plainly. Why: a transformer's attention
+        output is transposed back to [tokens, heads x d] for the output projection; inlined into
+        that GEMM's loads, the transpose made its A operand a computed one, loaded two bytes at a
+        time at bf16 instead of copied by cp.async (kernels/gemm_mma_async.py async_ok)."""
+        perm = self._transpose_perm(c)
+        if (perm is None or perm[-1] != len(perm) - 1 or c.inputs[0] not in known or self.is_output(c.output)
+                or self.ng.tensor(c.output).dtype not in FLOATS):
+            return False
+        cons = self.consumers(c.output)
+        if not cons or any(self.nodes[x].kind != "gemm" or x in self.kept for x in cons):
+            return False
+        shape = tuple(c.in_shapes[0])
+        stride = [int(np.prod(shape[k + 1:])) for k in range(len(shape))]
+        out_shape = [shape[p] for p in perm]
+        out_stride = [int(np.prod(out_shape[j + 1:])) for j in range(len(perm))]
+
+        def remap(i: str) -> str:
+            terms = [f"(({i}) / {stride[p]} % {shape[p]}) * {out_stride[j]}" for j, p in enumerate(perm) if shape[p] != 1]
+            return " + ".join(terms) or "0"
+
+        self.remaps[c.id] = remap
+        return True
+
+    def _transpose_perm(self, c) -> list[int] | None:
+        """The permutation of map node `c` where it is a lowered Transpose of one input whose index
+        map is exactly that permutation (checked), else None."""
+        if c.kind != "map" or c.op_type != "Transpose" or len([t for t in c.inputs if t]) != 1 or not c.in_shapes:
+            return None
+        node = next((n for n in self.ng.graph.nodes if n.name == c.onnx_node and n.op_type == "Transpose"), None)
+        shape = tuple(c.in_shapes[0])
+        if node is None:
+            return None
+        perm = [int(p) for p in node.attrs.get("perm", list(range(len(shape) - 1, -1, -1)))]
+        if sorted(perm) != list(range(len(shape))) or 0 not in c.index_maps or int(np.prod(shape)) > 1 << 24:
+            return None
+        want = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape).transpose(perm).reshape(-1)
+        got = np.asarray(c.index_maps[0]()).reshape(-1)
+        return perm if got.shape == want.shape and np.array_equal(got, want) else None
 
     # -- 2. inlining into rOperators -----------------------------------------------------------
     def plan_gemm_inline(self) -> None:

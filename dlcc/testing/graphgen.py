@@ -848,6 +848,36 @@ def p_matmul(g: Gen) -> None:
     _epilogue(g, y)
 
 
+def p_head_merge(g: Gen) -> None:
+    """A MatMul whose output is split into heads, transposed with the last axis kept (an
+    attention's head split or merge), and multiplied again: AStitch stores the transpose from
+    the first GEMM's epilogue (planner.remaps), so the second reads a plain operand. Sometimes
+    the transposed tensor has another reader, which keeps the transpose a kernel of its own."""
+    S, H, D = g.dim(12), g.ch.pick([1, 2, 3, 4]), g.ch.pick([2, 4, 8, 16, 5])
+    a = g.pick_or_input(lambda u: u.rank == 2 and u.shape[1] <= 512)
+    if a.rank != 2 or a.shape[1] > 512:
+        a = g.input((S, g.dim(12)))
+    a = g.bounded(a, 10.0)
+    S, K = a.shape
+    scale = 1.0 / math.sqrt(K)
+    bound = K * a.mag * scale
+    y = g.one("MatMul", [a, g.weight((K, H * D), scale)], (S, H * D), -bound, bound)
+    if g.ch.chance(0.5):
+        y = g.one("Add", [y, g.weight((H * D,), 0.5, hint="bias")], y.shape, y.lo - 0.5, y.hi + 0.5)
+    heads = (1, S, H, D)
+    r = g.one("Reshape", [y, g.ints(list(heads))], heads, y.lo, y.hi)
+    perm = g.ch.pick([[0, 2, 1, 3], [2, 1, 0, 3], [1, 2, 0, 3], [0, 1, 3, 2]])  # the last moves the last axis
+    t = g.one("Transpose", [r], tuple(heads[p] for p in perm), r.lo, r.hi, perm=perm)
+    if g.ch.chance(0.5):  # merged back to rows of one matrix
+        t = g.one("Reshape", [t, g.ints([-1, t.shape[-1]])], (int(np.prod(t.shape[:-1])), t.shape[-1]), t.lo, t.hi)
+    N = g.dim(12)
+    w2 = 1.0 / math.sqrt(t.shape[-1])
+    b2 = t.shape[-1] * max(abs(t.lo), abs(t.hi)) * w2
+    g.one("MatMul", [t, g.weight((t.shape[-1], N), w2)], t.shape[:-1] + (N,), -b2, b2)
+    if g.ch.chance(0.2):
+        g.one("Neg", [t], t.shape, -t.hi, -t.lo)
+
+
 def p_gemm(g: Gen) -> None:
     a = g.pick_or_input(lambda u: u.rank == 2 and u.shape[1] <= 512)
     if a.rank != 2 or a.shape[1] > 512:
@@ -1183,7 +1213,7 @@ PATTERNS = [
     (p_transpose, 5), (p_slice, 4), (p_concat, 4), (p_split, 3), (p_gather, 3), (p_expand, 2), (p_pad, 2),
     (p_where, 2), (p_cast, 1), (p_cumsum, 1), (p_matmul, 6), (p_gemm, 3), (p_conv, 4), (p_rnn, 2),
     (p_misc, 2), (p_logic, 1), (p_mod, 1), (p_topk, 1), (p_gathernd, 1), (p_convtranspose, 1), (p_norm, 1),
-    (p_resize, 1), (p_alias, 1),
+    (p_resize, 1), (p_alias, 1), (p_head_merge, 4),
 ]
 
 

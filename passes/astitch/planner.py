@@ -133,7 +133,7 @@ class Planner:
         self.attention: list = []  # fused attentions (attention.py plan_attention)
         self.absorbed: dict[int, int] = {}  # map node -> gemm node whose epilogue computes it
         # an epilogue's last node that only moves the value (a Transpose keeping the last axis): its
-        # output is stored at this index expression of the epilogue's flat index (store_remap)
+        # output is stored at this index expression of the epilogue's flat index (codegen.store_index)
         self.remaps: dict[int, Callable[[str], str]] = {}
         self.gemm_inline: set[int] = set()  # map nodes computed inside rOperator loads
         self.groups: list[list[int]] = []

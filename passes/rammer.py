@@ -390,8 +390,7 @@ def choose_rkernels(run: _Run, veus: int, dev, ctx, policy: str = "wavefront") -
         tasks = sum(L.grid for L in w)
         if policy == "wavefront" and (len(w) < 2 or tasks < veus):
             continue
-        gemms = [L for L in w if isinstance(L.expr, GemmExpr)
-                 and prog.kernels[L.kernel].code == gemm_source(L.kernel, L.expr.spec, L.expr.tiling)]
+        gemms = [L for L in w if _plain_gemm(prog, L)]
         if not gemms:
             continue
         family = {id(L): tiling_family(L.expr.tiling, dev, getattr(ctx, "split_k", True)) for L in gemms}
@@ -438,6 +437,13 @@ def choose_rkernels(run: _Run, veus: int, dev, ctx, policy: str = "wavefront") -
     return why
 
 
+def _plain_gemm(prog, L: Launch) -> bool:
+    """Whether launch `L` runs the GEMM rOperator its GemmExpr describes, as emitted (not one that
+    AStitch re-emitted with fused loads or stores): what Rammer may re-tile from the expression."""
+    e = L.expr
+    return isinstance(e, GemmExpr) and prog.kernels[L.kernel].code == gemm_source(L.kernel, e.spec, e.tiling)
+
+
 def retile_standalone(state: CompileState, grouped: set[int]) -> None:
     """Give each GEMM launch that no persistent kernel took the DEEP tiling `lower` gave up for it.
     Why: `lower` prices a DEEP tiling (dynamic shared memory, which a persistent kernel cannot
@@ -453,7 +459,7 @@ def retile_standalone(state: CompileState, grouped: set[int]) -> None:
         if t is None or id(L) in grouped:
             continue
         e = L.expr
-        if isinstance(e, GemmExpr) and prog.kernels[L.kernel].code == gemm_source(L.kernel, e.spec, e.tiling):
+        if _plain_gemm(prog, L):
             extra = retile(ctx, L, t, f"{e.hint}_{t.name}", e.spec, lambda n, t=t, sp=e.spec: gemm_source(n, sp, t),
                            e.splitk_args, "rammer")
             L.expr = GemmExpr(e.hint, e.spec, t, e.args, e.reads, e.writes, extra)

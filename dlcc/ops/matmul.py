@@ -141,7 +141,10 @@ def _gemm(ctx, node):
         cval = load_float(ctx.dtype(c), "C", idx)
         cterm = f" + {literal(beta)} * {cval}" if beta != 1.0 else f" + {cval}"
     scale = f"{literal(alpha)} * " if alpha != 1.0 else ""
-    b_t = transposed_weight(ctx, b, RawOperand("B", ctx.dtype(b), "0", K if tb else N, bool(tb)), N, K)
+    def raw_b():  # B as stored: [N, K] with transB, else [K, N]
+        return RawOperand("B", ctx.dtype(b), "0", K if tb else N, bool(tb))
+
+    b_t = transposed_weight(ctx, b, raw_b(), N, K)
     if b_t:  # stored the other way round (transposed_weight)
         b, tb = b_t, not tb
     spec = GemmSpec(
@@ -153,7 +156,7 @@ def _gemm(ctx, node):
         store_value=lambda acc: f"{scale}{acc}{cterm}",
         a_k_contiguous=not ta, b_n_contiguous=not tb,
         raw_a=RawOperand("A", ctx.dtype(a), "0", M if ta else K, not ta),
-        raw_b=RawOperand("B", ctx.dtype(b), "0", K if tb else N, bool(tb)),
+        raw_b=raw_b(),
     )
     ins = [a, b] + ([c] if c else [])
     emit_gemm(ctx, "Gemm", spec, ins + [out], reads=ins, writes=[out])

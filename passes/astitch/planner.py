@@ -135,6 +135,10 @@ class Planner:
         # an epilogue's last node that only moves the value (a Transpose keeping the last axis): its
         # output is stored at this index expression of the epilogue's flat index (codegen.store_index)
         self.remaps: dict[int, Callable[[str], str]] = {}
+        self.transposes: dict = {}  # the graph's Transpose nodes by name (the first of a name), for their perm
+        for n in ng.graph.nodes:
+            if n.op_type == "Transpose":
+                self.transposes.setdefault(n.name, n)
         self.gemm_inline: set[int] = set()  # map nodes computed inside rOperator loads
         self.groups: list[list[int]] = []
         self.stitches: list[Stitch] = []
@@ -258,7 +262,7 @@ class Planner:
         map is exactly that permutation (checked), else None."""
         if c.kind != "map" or c.op_type != "Transpose" or len([t for t in c.inputs if t]) != 1 or not c.in_shapes:
             return None
-        node = next((n for n in self.ng.graph.nodes if n.name == c.onnx_node and n.op_type == "Transpose"), None)
+        node = self.transposes.get(c.onnx_node)
         shape = tuple(c.in_shapes[0])
         if node is None:
             return None

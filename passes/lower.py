@@ -10,6 +10,7 @@ from ..kernels import splitk
 from ..kernels.gemm import ALL_TILINGS, all_tiling_names
 from ..ops import registry
 from ..ops.context import LowerCtx
+from ..ops.fold_norm import fold_layernorms
 from ..ops.layout import identity_copy
 from ..ops.narrow import HALF_DTYPES, narrow_activations, narrow_gemm_weights
 from . import CompileState, register_pass
@@ -18,7 +19,7 @@ from . import CompileState, register_pass
 def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "auto",
                 rnn_input: str = "batched", precision: str = "fp32", fp32_ops=(), half_activations: bool = True,
                 gemm_tilings: dict | None = None, split_k: bool = True, unjoinable_us: float = 0.0,
-                transpose_weights: bool = True) -> LowerCtx:
+                transpose_weights: bool = True, fold_layernorm: bool = True) -> LowerCtx:
     """Lower every node of `graph` for `device` into a LowerCtx (kernels and launches).
     `unjoinable_us`: what a GEMM tiling that no persistent kernel can run (a DEEP one, in dynamic
     shared memory) costs beyond its own time, where a later pass joins launches (kernels/gemm_mma.py
@@ -29,6 +30,7 @@ def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "
     if precision in HALF_DTYPES and half_activations:
         ctx.half_activations, ctx.float32_activation_ops = narrow_activations(graph, precision, set(fp32_ops))
     ctx.fp32_ops = set(fp32_ops)
+    ctx.folded_norms = fold_layernorms(graph, precision, set(fp32_ops)) if fold_layernorm else []
     ctx.rnn_input = rnn_input
     ctx.precision = precision
     ctx.gemm_tiling = None if gemm_tiling == "auto" else next(t for t in ALL_TILINGS if t.name == gemm_tiling)
@@ -119,6 +121,12 @@ class LowerOptions(BaseModel):
                                     "transposed where that makes them whole, so that cp.async copies it "
                                     "(ops/matmul.py transposed_weight); false: as the model stores it")
 
+    fold_layernorm: bool = Field(True, description="at fp32, fp16 and bf16, a LayerNormalization whose output only "
+                                 "GEMMs read (as A, against constant weights) is computed inside them: they read its "
+                                 "input, its scale is folded into their weights, and their store normalises with each "
+                                 "row's mean and variance, summed as the k loop streams the rows (kernels/row_norm.py); "
+                                 "false: every LayerNorm is a kernel of its own")
+
     @field_validator("gemm_tilings")
     @classmethod
     def _known_tilings(cls, v: dict) -> dict:
@@ -149,7 +157,7 @@ def lower(state: CompileState, opts) -> None:
                             gemm_tilings=opts.gemm_tilings, split_k=opts.split_k,
                             precision=state.precision, fp32_ops=state.fp32_ops,
                             half_activations=state.half_activations, unjoinable_us=_unjoinable_us(state),
-                            transpose_weights=opts.transpose_weights)
+                            transpose_weights=opts.transpose_weights, fold_layernorm=opts.fold_layernorm)
     n = len(state.ctx.program.launches)
     state.log.append(f"lower: {len(state.ctx.program.kernels)} kernel(s), {n} launch(es)")
     split = splitk.count(state.ctx.program)
@@ -174,6 +182,10 @@ def lower(state: CompileState, opts) -> None:
         mb = sum(state.graph.tensors[w].nbytes for w in state.ctx.narrowed) / 1e6
         state.log.append(f"lower: {len(state.ctx.narrowed)} GEMM/Conv weight(s) stored as "
                          f"{HALF_DTYPES[state.precision]} ({mb:.1f} MB of float32 read as {mb / 2:.1f} MB)")
+    if state.ctx.folded_norms:
+        names = state.ctx.folded_norms
+        state.log.append(f"lower: {len(names)} LayerNormalization(s) computed inside the GEMM(s) that read them "
+                         "(kernels/row_norm.py): " + ", ".join(names[:6]) + (" ..." if len(names) > 6 else ""))
     if state.ctx.transposed:
         state.log.append(f"lower: {len(state.ctx.transposed)} GEMM/Conv weight(s) stored transposed, so that "
                          "cp.async copies them in whole 16-byte chunks: " + ", ".join(state.ctx.transposed[:6])

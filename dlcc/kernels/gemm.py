@@ -13,7 +13,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
+from . import row_norm
 from . import splitk as sk
+from .row_norm import RowNorm
 
 
 @dataclass(frozen=True)
@@ -330,6 +332,10 @@ class GemmSpec:
     # (im2col windows, fused prologues, the LSTM's concatenated operands).
     raw_a: RawOperand | None = None
     raw_b: RawOperand | None = None
+    # A LayerNormalization folded into this GEMM (kernels/row_norm.py): A is its input, B its
+    # scaled weights, and the store normalises the accumulators first. Templates without it
+    # (row_norm.supported) are never chosen, and the GEMM is never split along K.
+    row_norm: "RowNorm | None" = None
 
 
 def plain_spec(M: int, N: int, K: int, trans_b: bool = True, b_dtype: str = "float32",
@@ -413,9 +419,11 @@ def _stage(t: Tiling, which: str, k0: str, spec: GemmSpec) -> list[str]:
 
 def _commit(t: Tiling, which: str, spec: GemmSpec, stage: str = "") -> list[str]:
     """The staging registers into the shared tiles (k-major, padded rows); `stage`: the vector
-    template's offset of the stage written (a C expression of floats)."""
+    template's offset of the stage written (a C expression of floats). A folded LayerNorm's A
+    goes in less its row's shift (kernels/row_norm.py stage_shifts)."""
     at = f"{stage} + " if stage else ""
-    dst = (f"As[{at}kk * {t.a_stride} + mm] = ra[r];" if which == "a"
+    shift = " - rn_sa[r]" if spec.row_norm is not None else ""
+    dst = (f"As[{at}kk * {t.a_stride} + mm] = ra[r]{shift};" if which == "a"
            else f"Bs[{at}kk * {t.b_stride} + nn] = rb[r];")
     return [*_walk(t, which, spec), f"    {dst}", "}"]
 
@@ -505,15 +513,21 @@ def _k_steps(t: Tiling, spec: GemmSpec) -> list[str]:
     last read in the previous step, before that step's barrier."""
     k_loop, next_step = _k_loop(t, spec.K)
     nxt = [*_stage(t, "a", f"(k0 + {t.bk})", spec), *_stage(t, "b", f"(k0 + {t.bk})", spec)]
+
+    def stats(tile: str) -> list[str]:  # a folded LayerNorm's row sums over the landed A tile
+        if spec.row_norm is None:
+            return []
+        return _indent(row_norm.accumulate(t, spec.K, lambda r, c: f"({c}) * {t.a_stride} + ({r})",
+                                           lambda off: f"{tile}[{off}]", "k0", shifted=True), 4)
     if not t.vec:
         return [*k_loop, *_indent(_commit(t, "a", spec), 4), *_indent(_commit(t, "b", spec), 4), "    BARRIER();",
-                f"    if ({next_step}) {{", *_indent(nxt, 8), "    }",
+                f"    if ({next_step}) {{", *_indent(nxt, 8), "    }", *stats("As"),
                 *_indent(_products(t, "As", "Bs"), 4), "    BARRIER();", "}"]
     a_size, b_size = t.bk * t.a_stride, t.bk * t.b_stride
     return [*_commit(t, "a", spec), *_commit(t, "b", spec), "BARRIER();", "int stg = 0;", *k_loop,
             f"    if ({next_step}) {{", *_indent(nxt, 8), "    }",
             f"    LPTR const float* Ac = As + stg * {a_size};",
-            f"    LPTR const float* Bc = Bs + stg * {b_size};",
+            f"    LPTR const float* Bc = Bs + stg * {b_size};", *stats("Ac"),
             *_indent(_products(t, "Ac", "Bc"), 4),
             f"    if ({next_step}) {{",
             *_indent(_commit(t, "a", spec, f"(stg ^ 1) * {a_size}"), 8),
@@ -529,6 +543,8 @@ def simt_gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
     arg_names = [p.split()[-1].lstrip("*") for p in spec.params]
     per_a, per_b = _per_thread(t, "a")[1], _per_thread(t, "b")[1]
     store = spec.store("m", "n", "acc[i][j]")
+    rn = spec.row_norm  # a LayerNorm folded into this GEMM (kernels/row_norm.py)
+    assert rn is None or row_norm.supported(t, spec), (t.name, "row_norm")
     dev = [
         f"DEVICE void {name}_task({', '.join(spec.params + sk.params(t))}, const int task, const int tid, LPTR float* smem) {{",
         f"    LPTR float* As = smem;",
@@ -543,7 +559,9 @@ def simt_gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
         f"    float ra[{per_a}], rb[{per_b}];",
         *_indent(_stage(t, "a", sk.chunk_start(t, spec.K), spec), 4),
         *_indent(_stage(t, "b", sk.chunk_start(t, spec.K), spec), 4),
+        *_indent([*row_norm.declare(t), *row_norm.stage_shifts(spec, t.bm, t.bk, T, per_a)] if rn else [], 4),
         *_indent(_k_steps(t, spec), 4),
+        *_indent(row_norm.finish(t, spec.K, rn) if rn else [], 4),
         *_indent(sk.reduce_partials(t, t.tm, t.tn, T), 4),
         *_indent(sk.guard_store(t, [
             f"#pragma unroll",
@@ -553,10 +571,12 @@ def simt_gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
             f"    for (int j = 0; j < {t.tn}; ++j) {{",
             f"        const int n = n0 + {_owned(t, 'b', 'j')};",
             f"        if (m < {spec.M} && n < {spec.N}) {{",
+            *_indent(row_norm.apply(t, rn) if rn else [], 12),
             *_indent(store, 12),
             f"        }}",
             f"    }}",
             f"}}"]), 4),
+        *(["    BARRIER();  /* the statistics are read before the next rTask reuses shared memory */"] if rn else []),
         f"}}",
         "",
         f"KERNEL void {name}({', '.join(spec.params + sk.params(t))}) {{",
@@ -583,7 +603,8 @@ def emit_gemm(ctx, hint: str, spec: GemmSpec, args: list[str], reads: list[str],
     precision = gemm_precision(ctx)
     tuned = getattr(ctx, "gemm_tilings", None) or {}
     forced = getattr(ctx, "gemm_tiling", None) is not None and precision == "fp32"
-    split = getattr(ctx, "split_k", True)  # `lower`'s option split_k
+    # `lower`'s option split_k; a folded LayerNorm needs all of K in one rTask (kernels/row_norm.py)
+    split = getattr(ctx, "split_k", True) and spec.row_norm is None
     if tiling is None and not forced and shape_key(spec.batch, spec.M, spec.N, spec.K) in tuned:
         # a tiling measured fastest for this problem (`--tune`), where it is of this precision's family
         want = tuned[shape_key(spec.batch, spec.M, spec.N, spec.K)]

@@ -456,16 +456,26 @@ def store_accumulators(spec, t: "MmaTiling") -> list[str]:
     sums are added up first and the tile's last rTask alone stores (kernels/splitk.py)."""
     MI, NI = t.mi, t.ni
     return [*_indent(sk.reduce_partials(t, 2 * MI, 2 * NI, t.threads), 4),
-            *_indent(sk.guard_store(t, [line[4:] for line in _store_loop(spec, MI, NI)]), 4)]
+            *_indent(sk.guard_store(t, [line[4:] for line in _store_loop(spec, t, MI, NI)]), 4)]
 
 
-def _store_loop(spec, MI: int, NI: int) -> list[str]:
+def _row_norm(spec, t) -> list[str]:
+    """A folded LayerNorm's normalisation of the accumulator at (m, n) (kernels/row_norm.py)."""
+    if getattr(spec, "row_norm", None) is None:
+        return []
+    from .row_norm import apply
+
+    return apply(t, spec.row_norm)
+
+
+def _store_loop(spec, t, MI: int, NI: int) -> list[str]:
     return ["    #pragma unroll",
             f"    for (int i = 0; i < {2 * MI}; ++i) {{",
             "        const int m = m0 + mma_wm0 + (i / 2) * 16 + (i % 2) * 8 + mma_g;",
             "        #pragma unroll", f"        for (int j = 0; j < {2 * NI}; ++j) {{",
             "            const int n = n0 + mma_wn0 + (j / 2) * 8 + 2 * mma_t + (j % 2);",
-            f"            if (m < {spec.M} && n < {spec.N}) {{", *_indent(spec.store("m", "n", "acc[i][j]"), 16),
+            f"            if (m < {spec.M} && n < {spec.N}) {{", *_indent(_row_norm(spec, t), 16),
+            *_indent(spec.store("m", "n", "acc[i][j]"), 16),
             "            }", "        }", "    }"]
 
 
@@ -494,6 +504,7 @@ def task_head(name: str, spec, t: "MmaTiling") -> str:
 def mma_gemm_source(name: str, spec, t: MmaTiling) -> str:
     """The rOperator text; its k loop is software-pipelined through registers as the SIMT
     template's is (step k+1's global loads issued before step k's mma)."""
+    assert getattr(spec, "row_norm", None) is None, "the register-staged template has no row_norm (kernels/row_norm.py)"
     tiles_m, tiles_n = -(-spec.M // t.bm), -(-spec.N // t.bn)
     akc, bkc = spec.a_k_contiguous, not spec.b_n_contiguous
     per_a, per_b = _per_thread_count(t.bm * t.bk, t.threads), _per_thread_count(t.bn * t.bk, t.threads)

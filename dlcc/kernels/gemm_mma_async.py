@@ -33,8 +33,10 @@ accounting and the same fragment registers run on PoCL in the default suite.
 """
 from __future__ import annotations
 
+from . import row_norm as rnorm
 from . import splitk as sk
 from .gemm import _indent, _per_thread_count
+from .program import load_float
 from .gemm_mma import MMA_KINDS, mma_loops, store_accumulators, task_head, thin_kernel, zero_accumulators
 
 WARPS = 8
@@ -264,6 +266,14 @@ def async_mma_source(name: str, spec, t) -> str:
     land = [line for op in generic for line in _store_generic(op, t, dst(op), store_macro)]
     staging = [f"float stage_{op.which}[{_generic_walk(op, t)[3]}];" for op in generic]
     frag_type = "float" if t.wide else "u16"
+    rn = spec.row_norm  # a LayerNorm folded into this GEMM (kernels/row_norm.py)
+    stats, rn_decl, rn_finish = [], [], []
+    if rn is not None:
+        assert rnorm.supported(t, spec), (t.name, "row_norm")
+        load = (lambda off: f"Ar[{off}]") if t.wide else (lambda off: load_float(HALF[t.precision][0], "Ar", off))
+        stats = [f"LPTR const {stype}* Ar = As + (kb % {S}) * {a.size};",
+                 *rnorm.accumulate(t, spec.K, a.at, load, f"kb * {t.bk}")]
+        rn_decl, rn_finish = rnorm.declare(t), rnorm.finish(t, spec.K, rn)
     src = [
         task_head(name, spec, t),
         f"    LPTR {stype}* As = (LPTR {stype}*)smem;  /* {S} stages of {t.bm}x{t.bk}, then of {t.bn}x{t.bk} */",
@@ -280,6 +290,7 @@ def async_mma_source(name: str, spec, t) -> str:
         *_indent(spec.prologue or [], 4),
         *zero_accumulators(MI, NI),
         *_indent(staging, 4),
+        *_indent(rn_decl, 4),
         f"    for (int st = 0; st < {S - 1}; ++st) {{  /* the first {S - 1} k blocks in flight */",
         f"        if (st < {KB}) {{",
         f"            const int kf = {k_first}st * {t.bk};",
@@ -297,6 +308,7 @@ def async_mma_source(name: str, spec, t) -> str:
         *_indent(issue, 12),
         "        }",
         "        CP_ASYNC_COMMIT();",
+        *_indent(stats, 8),
         f"        LPTR const {frag_type}* At = (LPTR const {frag_type}*)(As + (kb % {S}) * {a.size});",
         f"        LPTR const {frag_type}* Bt = (LPTR const {frag_type}*)(Bs + (kb % {S}) * {b.size});",
         # A loop on both targets: unrolled, ptxas gave the rTask 255 registers and 240 bytes of
@@ -318,7 +330,9 @@ def async_mma_source(name: str, spec, t) -> str:
         "    }",
         "    CP_ASYNC_WAIT(0);",
         "    BARRIER();  /* the buffers are free for the next rTask that runs on this block */",
+        *_indent(rn_finish, 4),
         *store_accumulators(spec, t),
+        *(["    BARRIER();  /* the statistics are read before the next rTask reuses the buffers */"] if rn else []),
         "}",
         "",
         *thin_kernel(name, spec, f"{tile_floats} + {WARPS} * {emu}", t),

@@ -35,6 +35,7 @@ class LowerCtx:
         self.fp32_ops: set[str] = set()  # op types kept on the float32 template at those (PipelineSpec.fp32_ops)
         self.narrowed: list[str] = []  # constants stored in a half type (ops/narrow.py)
         self.transposed: list[str] = []  # GEMM constants also stored transposed (ops/matmul.py transposed_weight)
+        self.folded_norms: list[str] = []  # LayerNorms computed inside their GEMMs (ops/fold_norm.py)
         self.transpose_weights = True  # `lower`'s option: whether transposed_weight may
         self.half_activations: list[str] = []  # activations stored in a half type (narrow_activations)
         self.float32_activation_ops: dict[str, int] = {}  # op type -> nodes keeping float32 activations

@@ -5,9 +5,11 @@ import numpy as np
 
 from ..ir import Tensor
 from ..kernels.gemm import GemmSpec, RawOperand, emit_gemm, gemm_precision
+from ..kernels.row_norm import RowNorm
 from ..kernels.gemm_mma_async import async_ok
 from ..kernels.map import strides_of
 from ..kernels.program import ctype, literal, load_float, store_float
+from .fold_norm import ATTR as FOLD_ATTR
 from .registry import COMPUTE, register
 
 
@@ -80,6 +82,17 @@ def transposed_weight(ctx, name: str, raw: RawOperand, extent: int, K: int) -> s
     return copy
 
 
+def row_norm(ctx, node) -> tuple[RowNorm | None, list[str], list[str]]:
+    """A LayerNorm folded into this GEMM (ops/fold_norm.py): its RowNorm, the parameter
+    declarations of c and b' (before the output's), and their tensors; (None, [], []) otherwise."""
+    rn = node.attrs.get(FOLD_ATTR)
+    if not rn:
+        return None, [], []
+    tensors = [rn["c"]] + ([rn["b"]] if rn["b"] else [])
+    params = ["GPTR const float* RNC"] + (["GPTR const float* RNB"] if rn["b"] else [])
+    return RowNorm("RNC", "RNB" if rn["b"] else "", float(rn["eps"])), params, tensors
+
+
 @register("MatMul", since=1, category=COMPUTE, float_only=True, half_io=True)
 def _matmul(ctx, node):
     a, b = node.inputs[:2]
@@ -102,9 +115,10 @@ def _matmul(ctx, node):
     b_t = transposed_weight(ctx, b, raw_b, N, K) if len(ctx.shape(b)) == 2 else None
     if b_t:  # stored [N, K] (transposed_weight); a 2-D B has no batch offset
         b, raw_b = b_t, RawOperand("B", ctx.dtype(b_t), "boff", K, True)
+    rn, rn_params, rn_tensors = row_norm(ctx, node)
     spec = GemmSpec(
         batch=batch, M=M, N=N, K=K,
-        params=[operand_param(ctx, a, "A"), operand_param(ctx, b, "B"), output_param(ctx, out, "Y")],
+        params=[operand_param(ctx, a, "A"), operand_param(ctx, b, "B"), *rn_params, output_param(ctx, out, "Y")],
         prologue=prologue,
         load_a=lambda m, k: ([], load_float(ctx.dtype(a), "A", f"aoff + {m} * {K} + {k}")),
         load_b=lambda k, n: ([], load_float(ctx.dtype(b), "B", f"boff + {n} * {K} + {k}" if b_t
@@ -115,8 +129,9 @@ def _matmul(ctx, node):
         b_n_contiguous=not b_t,
         raw_a=RawOperand("A", ctx.dtype(a), "aoff", K, True),
         raw_b=raw_b,
+        row_norm=rn,
     )
-    emit_gemm(ctx, "MatMul", spec, [a, b, out], reads=[a, b], writes=[out])
+    emit_gemm(ctx, "MatMul", spec, [a, b, *rn_tensors, out], reads=[a, b, *rn_tensors], writes=[out])
 
 
 @register("Gemm", since=7, category=COMPUTE, float_only=True, half_io=True)
@@ -129,8 +144,9 @@ def _gemm(ctx, node):
     sa, sb = ctx.shape(a), ctx.shape(b)
     M, K = (sa[1], sa[0]) if ta else (sa[0], sa[1])
     N = sb[0] if tb else sb[1]
+    rn, rn_params, rn_tensors = row_norm(ctx, node)
     params = ([operand_param(ctx, a, "A"), operand_param(ctx, b, "B")] + ([operand_param(ctx, c, "C")] if c else [])
-              + [output_param(ctx, out, "Y")])
+              + rn_params + [output_param(ctx, out, "Y")])
     cterm = ""
     if c and beta != 0.0:
         sc = list(ctx.shape(c))
@@ -157,6 +173,7 @@ def _gemm(ctx, node):
         a_k_contiguous=not ta, b_n_contiguous=not tb,
         raw_a=RawOperand("A", ctx.dtype(a), "0", M if ta else K, not ta),
         raw_b=raw_b(),
+        row_norm=rn,
     )
-    ins = [a, b] + ([c] if c else [])
+    ins = [a, b] + ([c] if c else []) + rn_tensors
     emit_gemm(ctx, "Gemm", spec, ins + [out], reads=ins, writes=[out])

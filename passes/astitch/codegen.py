@@ -298,7 +298,8 @@ def gemm_source_fused(ng, planner, fus) -> tuple[str, list[str], list[str], list
                    a_k_contiguous=spec.a_k_contiguous, b_n_contiguous=spec.b_n_contiguous,
                    # an operand whose load text survived unchanged is still the plain tensor read
                    raw_a=spec.raw_a if (a_st2, a_val2) == tuple(texts_in[:2]) else None,
-                   raw_b=spec.raw_b if (b_st2, b_val2) == tuple(texts_in[2:4]) else None)
+                   raw_b=spec.raw_b if (b_st2, b_val2) == tuple(texts_in[2:4]) else None,
+                   row_norm=spec.row_norm)  # (its parameters keep their names: `keep`)
     pd = "".join(d + ", " for d in decls)
     pa = "".join(b.params[t] + ", " for t in ordered)
     funcs = "\n".join(b.funcs)

@@ -1,0 +1,152 @@
+"""Folding a LayerNormalization into the GEMMs that read it (`lower`'s option `fold_layernorm`).
+
+The graph rewrite behind kernels/row_norm.py: a LayerNorm over the last axis whose output only
+GEMMs read, as their A operand (directly or through views that keep the last axis), against
+constant weights, is removed. Each of those GEMMs then reads the LayerNorm's input, multiplies it
+by W' = diag(γ) W, and normalises its accumulators in the store with constants c = Σ_k W' and
+b' = β · W made here. What the template does with them, and why it is exact up to float32
+rounding, is in kernels/row_norm.py.
+
+Where it applies (anything else keeps its LayerNorm, so the fold never changes what runs):
+  - precision fp32, fp16 or bf16 (the SIMT and cp.async templates compute the statistics; at
+    tf32 the mma would round x itself, whose error grows with the row's mean, where the
+    separate LayerNorm's output is rounded about zero);
+  - at fp16/bf16 the input x is stored in the half type, so the GEMM reads exactly the values
+    the LayerNorm would have;
+  - scale and bias are constants of the normalised length (or one value); neither the
+    LayerNorm nor any GEMM is kept float32 (`fp32_ops`); the output is no graph output;
+  - every reader is a view that keeps the last axis, or a MatMul with a 2-D constant B, or a
+    Gemm with transA = 0 and a constant B, reading it as A only.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import Graph, Tensor
+from .narrow import HALF_DTYPES
+from .registry import ALIAS, lookup
+
+#: The node attribute a folded GEMM carries for ops/matmul.py: {"c", "b", "eps"}.
+ATTR = "_dlcc_row_norm"
+
+
+def _consumers(graph: Graph) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for n in graph.nodes:
+        for i in n.inputs:
+            if i:
+                out.setdefault(i, []).append(n)
+    return out
+
+
+def _vector(t: Tensor | None, length: int) -> np.ndarray | None:
+    """A LayerNorm scale or bias as `length` float64 values, where it is a constant of that many
+    values (leading ones allowed) or of one."""
+    if t is None or t.value is None:
+        return None
+    v = np.asarray(t.value, dtype=np.float64)
+    if v.size == 1:
+        return np.full(length, float(v.reshape(())))
+    if v.size == length and v.shape[-1] == length:
+        return v.reshape(length)
+    return None
+
+
+def _readers(graph: Graph, users: dict, y: str, length: int, fp32_ops) -> list | None:
+    """The GEMM nodes that read `y` as their A operand, through views that keep the last axis
+    (`length`), or None where anything else reads it (or a view of it)."""
+    gemms, todo = [], [y]
+    while todo:
+        t = todo.pop()
+        if t in graph.outputs:
+            return None
+        for n in users.get(t, []):
+            entry = lookup(n.op_type, graph.opset, n.domain)
+            if n.op_type in fp32_ops or n.inputs.count(t) != 1:
+                return None
+            if entry is not None and entry.category == ALIAS and n.inputs[0] == t and len(n.outputs) == 1:
+                shape = graph.tensors[n.outputs[0]].shape
+                if not shape or shape[-1] != length:
+                    return None
+                todo.append(n.outputs[0])
+                continue
+            if n.inputs[0] != t or len(n.inputs) < 2 or not graph.is_const(n.inputs[1]):
+                return None
+            w = graph.tensors[n.inputs[1]]
+            if n.op_type == "MatMul" and len(w.shape) == 2 and w.shape[0] == length and len(graph.tensors[t].shape) >= 2:
+                gemms.append(n)
+            elif n.op_type == "Gemm" and not n.attrs.get("transA", 0):
+                gemms.append(n)
+            else:
+                return None
+    return gemms
+
+
+def _float_weight(graph: Graph, name: str, half: str | None) -> np.ndarray:
+    """The float64 values of GEMM weight `name`: the float32 original where ops/narrow.py
+    replaced it by a half-type copy."""
+    prefix = f"%{half}:" if half else None
+    if prefix and name.startswith(prefix) and name[len(prefix):] in graph.tensors:
+        name = name[len(prefix):]
+    return np.asarray(graph.tensors[name].value, dtype=np.float64)
+
+
+def fold_layernorms(graph: Graph, precision: str, fp32_ops=frozenset()) -> list[str]:
+    """Fold every LayerNorm that qualifies (module docstring) into its GEMMs; returns the names
+    of the LayerNorm nodes folded. Runs after ops/narrow.py, so that activations' storage types
+    are known and the new weights are made in the half type directly."""
+    if precision not in ("fp32",) + tuple(HALF_DTYPES):
+        return []
+    half = HALF_DTYPES.get(precision)
+    users = _consumers(graph)
+    folded, drop = [], set()
+    for node in graph.nodes:
+        if node.op_type != "LayerNormalization" or node.op_type in fp32_ops or any(node.outputs[1:]):
+            continue
+        x, y = node.inputs[0], node.outputs[0]
+        xt = graph.tensors[x]
+        if not xt.shape or xt.value is not None or xt.dtype != (half or "float32"):
+            continue
+        axis = int(node.attrs.get("axis", -1))
+        if axis not in (-1, len(xt.shape) - 1):
+            continue
+        length = int(xt.shape[-1])
+        gamma = _vector(graph.tensors.get(node.inputs[1]), length)
+        beta_name = node.inputs[2] if len(node.inputs) > 2 else ""
+        beta = _vector(graph.tensors.get(beta_name), length) if beta_name else np.zeros(length)
+        if gamma is None or beta is None:
+            continue
+        gemms = _readers(graph, users, y, length, set(fp32_ops))
+        if not gemms:
+            continue
+        eps = float(node.attrs.get("epsilon", 1e-5))
+        for g in gemms:
+            _fold_into(graph, g, gamma, beta, eps, half, len(folded))
+        for n in users.get(y, []):
+            n.inputs[0] = x  # the views and GEMMs read x, of the same shape and storage
+        drop.add(id(node))
+        folded.append(node.name or y)
+    graph.nodes = [n for n in graph.nodes if id(n) not in drop]
+    return folded
+
+
+def _fold_into(graph: Graph, g, gamma: np.ndarray, beta: np.ndarray, eps: float, half: str | None, k: int) -> None:
+    """GEMM node `g` takes W' = diag(γ) W (in the storage type its weight had), and the
+    constants c and b' for its store (kernels/row_norm.py)."""
+    wname = g.inputs[1]
+    wt = graph.tensors[wname]
+    w = _float_weight(graph, wname, half)
+    trans_b = g.op_type == "Gemm" and bool(g.attrs.get("transB", 0))
+    scaled = w * (gamma[None, :] if trans_b else gamma[:, None])  # k along columns with transB
+    stored = scaled.astype(np.dtype(wt.dtype))
+    k_axis = 1 if trans_b else 0
+    c = stored.astype(np.float64).sum(axis=k_axis)
+    b = (w * (beta[None, :] if trans_b else beta[:, None])).sum(axis=k_axis)
+    tag = f"%lnfold{k}:{g.name or g.outputs[0]}"
+    graph.tensors[f"{tag}:W"] = Tensor(f"{tag}:W", tuple(wt.shape), wt.dtype, stored)
+    graph.tensors[f"{tag}:c"] = Tensor(f"{tag}:c", (c.size,), "float32", c.astype(np.float32))
+    has_b = bool(np.any(beta))
+    if has_b:
+        graph.tensors[f"{tag}:b"] = Tensor(f"{tag}:b", (b.size,), "float32", b.astype(np.float32))
+    g.inputs[1] = f"{tag}:W"
+    g.attrs[ATTR] = {"c": f"{tag}:c", "b": f"{tag}:b" if has_b else "", "eps": eps}

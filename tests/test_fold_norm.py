@@ -1,0 +1,162 @@
+"""A LayerNormalization computed inside the GEMMs that read it (`lower`'s `fold_layernorm`,
+ops/fold_norm.py and kernels/row_norm.py): which ones fold, the plans that result, and their
+results against onnxruntime on PoCL at fp32, fp16 and bf16, in the SIMT and cp.async templates;
+nvcc builds the folded kernels without spills."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+import dlcc
+from conftest import nvcc_ptx_and_ptxas, opencl_device_available, run_ort
+from dlcc.verify import DEFAULT_TOLERANCE
+
+needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
+
+
+def pre_ln_block(path, M=24, K=64, N=40, mean=0.0, extra_reader=False, bias=True):
+    """x + offset -> LN -> Reshape -> MatMul -> + b -> Tanh, and LN' of the same x -> Reshape ->
+    Gemm(transB) with a bias; the sum. Both LayerNorms fold unless `extra_reader` makes the
+    second one's output a graph output's input too. `mean`: the rows' offset (the accuracy of
+    a large mean against a spread of about 1)."""
+    rng = np.random.default_rng(0)
+    inits = [nh.from_array(np.array([M, K], np.int64), "shp")]
+
+    def c(name, arr):
+        inits.append(nh.from_array(np.asarray(arr, np.float32), name))
+        return name
+
+    ln1 = ["x1", c("g1", rng.uniform(0.5, 1.5, K))] + ([c("b1", rng.standard_normal(K) * 0.1)] if bias else [])
+    nodes = [h.make_node("Add", ["x", c("off", np.full((K,), mean))], ["x1"]),
+             h.make_node("LayerNormalization", ln1, ["y1"], axis=-1, epsilon=1e-5),
+             h.make_node("Reshape", ["y1", "shp"], ["y1r"]),
+             h.make_node("MatMul", ["y1r", c("W1", rng.standard_normal((K, N)) * 0.1)], ["z1"]),
+             h.make_node("Add", ["z1", c("bb1", rng.standard_normal(N) * 0.1)], ["z1b"]),
+             h.make_node("Tanh", ["z1b"], ["z2"]),
+             h.make_node("LayerNormalization", ["x1", c("g2", rng.uniform(0.5, 1.5, K)),
+                                                c("b2", rng.standard_normal(K) * 0.1)], ["y2"], axis=-1, epsilon=1e-5),
+             h.make_node("Reshape", ["y2", "shp"], ["y2r"]),
+             h.make_node("Gemm", ["y2r", c("W2", rng.standard_normal((N, K)) * 0.1), c("C2", rng.standard_normal(N) * 0.1)],
+                         ["z3"], transB=1),
+             h.make_node("Add", ["z2", "z3"], ["out"])]
+    outs = [h.make_tensor_value_info("out", TP.FLOAT, [M, N])]
+    if extra_reader:
+        nodes.append(h.make_node("Mul", ["y2", "y2"], ["sq"]))
+        outs.append(h.make_tensor_value_info("sq", TP.FLOAT, [1, M, K]))
+    g = h.make_graph(nodes, "pre_ln", [h.make_tensor_value_info("x", TP.FLOAT, [1, M, K])], outs, inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    onnx.save(m, path)
+    return path
+
+
+def _folded(cm) -> list[str]:
+    return [x for x in cm.plan["meta"]["pass_log"] if "LayerNormalization(s) computed inside" in x]
+
+
+def _layernorm_launches(cm) -> int:
+    return sum(L.get("op_type") == "LayerNormalization" or "LayerNormalization" in L.get("kernel", "")
+               for L in cm.plan["launches"])
+
+
+def _check(cm, path, precision, seed=0):
+    feeds = cm.sample_inputs(seed)
+    got = cm.executor().run(feeds)
+    names = [o.name for o in onnx.load(str(path)).graph.output]
+    ref = dict(zip(names, run_ort(path, feeds, names)))
+    rtol, atol = DEFAULT_TOLERANCE[precision]
+    for n in ref:
+        np.testing.assert_allclose(got[n], ref[n], rtol=rtol, atol=atol, err_msg=n)
+
+
+@needs_opencl
+@pytest.mark.parametrize("precision,pipeline", [("fp32", "baseline"), ("fp32", "full"), ("bf16", "baseline"),
+                                                ("bf16", "astitch"), ("bf16", "full"), ("fp16", "full")])
+def test_layernorms_fold_into_their_gemms_and_match(tmp_path, precision, pipeline):
+    """Both LayerNorms fold: no LayerNorm kernel is left, the pass log names them, the GEMMs read
+    x itself, and the outputs match onnxruntime at the precision's tolerance."""
+    path = pre_ln_block(tmp_path / "m.onnx")
+    cm = dlcc.compile(path, target="opencl", pipeline=pipeline, device="h100", precision=precision)
+    (log,) = _folded(cm)
+    assert log.startswith("lower: 2 LayerNormalization(s)"), log
+    assert _layernorm_launches(cm) == 0
+    src = cm.source("cuda")
+    assert "rn_s1 += rn_d" in src and "RNC[n]" in src
+    if precision != "fp32" and pipeline == "baseline":  # x, stored in the half type, is copied by cp.async
+        # (AStitch computes x + offset in the GEMMs' loads instead, as both GEMMs read it)
+        assert re.search(r"CP_ASYNC16\(As ", src)
+    _check(cm, path, precision)
+
+
+@needs_opencl
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_ragged_shapes_fold(tmp_path, precision):
+    """K that no k block divides (72), and M and N that no tile divides: the sums skip the
+    padding, the rows past M are never stored."""
+    path = pre_ln_block(tmp_path / "m.onnx", M=37, K=72, N=50)
+    cm = dlcc.compile(path, target="opencl", pipeline="astitch", device="h100", precision=precision)
+    assert _folded(cm) and _layernorm_launches(cm) == 0
+    _check(cm, path, precision)
+
+
+@needs_opencl
+def test_a_large_mean_keeps_float32_accuracy(tmp_path):
+    """Rows of mean 1000 and spread about 1, at fp32 (the SIMT template stores x - s for its
+    row's first element s): within fp32's tolerance of onnxruntime. Taken about zero, the
+    product x · W' and mean · c cancel three more digits, and the result missed the tolerance."""
+    path = pre_ln_block(tmp_path / "m.onnx", mean=1000.0)
+    cm = dlcc.compile(path, target="opencl", pipeline="baseline", device="h100", precision="fp32")
+    assert _folded(cm)
+    _check(cm, path, "fp32")
+
+
+@needs_opencl
+def test_what_does_not_fold(tmp_path):
+    """A LayerNorm whose output another op reads too stays a kernel (the first one still folds);
+    none folds at tf32 (the mma would round x about zero) or with `fold_layernorm: false`, and
+    those plans match onnxruntime as well."""
+    path = pre_ln_block(tmp_path / "m.onnx", extra_reader=True)
+    cm = dlcc.compile(path, target="opencl", pipeline="baseline", device="h100", precision="bf16")
+    (log,) = _folded(cm)
+    assert log.startswith("lower: 1 LayerNormalization(s)"), log
+    assert _layernorm_launches(cm) == 1
+    _check(cm, path, "bf16")
+
+    path = pre_ln_block(tmp_path / "p.onnx")
+    cm = dlcc.compile(path, target="opencl", pipeline="baseline", device="h100", precision="tf32")
+    assert not _folded(cm) and _layernorm_launches(cm) == 2
+    _check(cm, path, "tf32")
+    pipe = tmp_path / "nofold.yaml"
+    pipe.write_text("name: nofold\npasses:\n  - name: lower\n    options:\n      fold_layernorm: false\n  - name: memplan\n")
+    cm = dlcc.compile(path, target="opencl", pipeline=str(pipe), device="h100", precision="bf16")
+    assert not _folded(cm) and _layernorm_launches(cm) == 2
+    _check(cm, path, "bf16")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_nvcc_builds_the_folded_gemms_without_spills(tmp_path, arch):
+    """Every precision's folded GEMMs (SIMT at fp32, the cp.async pipeline at fp16/bf16; fused
+    epilogues) compile for both archs with no register spills."""
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed")
+    path = pre_ln_block(tmp_path / "m.onnx", M=128, K=768, N=768)
+    srcs = []
+    for precision in ("fp32", "bf16", "fp16"):
+        cm = dlcc.compile(path, target="opencl", pipeline="astitch", device="h100", precision=precision)
+        assert _folded(cm)
+        srcs.append(cm.source("cuda"))
+    for k, src in enumerate(srcs):
+        f = tmp_path / f"k{k}.cu"
+        f.write_text(src)
+        _, log = nvcc_ptx_and_ptxas(f, arch)
+        spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", log)]
+        assert spills and not any(spills), log[-3000:]

@@ -393,9 +393,7 @@ def choose_rkernels(run: _Run, veus: int, dev, ctx, policy: str = "wavefront") -
         gemms = [L for L in w if _plain_gemm(prog, L)]
         if not gemms:
             continue
-        # (a GEMM with a folded LayerNorm needs all of K in one rTask: kernels/row_norm.py)
-        family = {id(L): tiling_family(L.expr.tiling, dev, getattr(ctx, "split_k", True) and L.expr.spec.row_norm is None)
-                  for L in gemms}
+        family = {id(L): tiling_family(L.expr.tiling, dev, getattr(ctx, "split_k", True)) for L in gemms}
         cost = {(id(L), t): (family[id(L)][1](t, *_mnk(L), dev), family[id(L)][1](t, *_mnk(L), one_sm))
                 for L in gemms for t in family[id(L)][0]}
 

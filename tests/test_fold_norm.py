@@ -107,6 +107,27 @@ def test_ragged_shapes_fold(tmp_path, precision):
 
 
 @needs_opencl
+@pytest.mark.parametrize("precision,shape,tiling", [
+    ("bf16", "1x24x40x64", "tc32x64x64_w2x4_s3_bf16_sk2"),  # the second chunk lies wholly past K
+    ("fp16", "1x37x50x72", "tc32x64x32_w2x4_s4_fp16_sk2"),  # a ragged last chunk
+    ("fp32", "1x37x50x72", "32x32x16_2x2_sk4"),
+    ("fp32", "1x24x40x64", "16x64x64_1x4v_sk2"),
+])
+def test_split_gemms_carry_the_row_sums(tmp_path, precision, shape, tiling):
+    """Split along K, each chunk sums its own columns about the same shift, and the tile's last
+    rTask adds the chunks' sums as it adds their accumulators (kernels/splitk.py)."""
+    M, N, K = map(int, shape.split("x")[1:])
+    path = pre_ln_block(tmp_path / "m.onnx", M=M, K=K, N=N, mean=20.0 if precision == "fp32" else 0.0)
+    pipe = tmp_path / "split.yaml"
+    pipe.write_text(f"name: split\npasses:\n  - name: lower\n    options:\n      gemm_tilings: {{'{shape}': {tiling}}}\n"
+                    "  - name: memplan\n")
+    cm = dlcc.compile(path, target="opencl", pipeline=str(pipe), device="h100", precision=precision)
+    tilings = {k["name"]: k.get("tiling") for k in cm.plan["kernels"]}
+    assert _folded(cm) and sum(tilings.get(L["kernel"]) == tiling for L in cm.plan["launches"]) == 2
+    _check(cm, path, precision)
+
+
+@needs_opencl
 def test_a_large_mean_keeps_float32_accuracy(tmp_path):
     """Rows of mean 1000 and spread about 1, at fp32 (the SIMT template stores x - s for its
     row's first element s): within fp32's tolerance of onnxruntime. Taken about zero, the

@@ -333,8 +333,8 @@ class GemmSpec:
     raw_a: RawOperand | None = None
     raw_b: RawOperand | None = None
     # A LayerNormalization folded into this GEMM (kernels/row_norm.py): A is its input, B its
-    # scaled weights, and the store normalises the accumulators first. Templates without it
-    # (row_norm.supported) are never chosen, and the GEMM is never split along K.
+    # scaled weights, and the store normalises the accumulators first (the SIMT and cp.async
+    # templates; at fp32, fp16 and bf16, where ops/fold_norm.py folds).
     row_norm: "RowNorm | None" = None
 
 
@@ -518,7 +518,7 @@ def _k_steps(t: Tiling, spec: GemmSpec) -> list[str]:
         if spec.row_norm is None:
             return []
         return _indent(row_norm.accumulate(t, spec.K, lambda r, c: f"({c}) * {t.a_stride} + ({r})",
-                                           lambda off: f"{tile}[{off}]", "k0", shifted=True), 4)
+                                           lambda off: f"{tile}[{off}]", "k0"), 4)
     if not t.vec:
         return [*k_loop, *_indent(_commit(t, "a", spec), 4), *_indent(_commit(t, "b", spec), 4), "    BARRIER();",
                 f"    if ({next_step}) {{", *_indent(nxt, 8), "    }", *stats("As"),
@@ -559,10 +559,10 @@ def simt_gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
         f"    float ra[{per_a}], rb[{per_b}];",
         *_indent(_stage(t, "a", sk.chunk_start(t, spec.K), spec), 4),
         *_indent(_stage(t, "b", sk.chunk_start(t, spec.K), spec), 4),
-        *_indent([*row_norm.declare(t), *row_norm.stage_shifts(spec, t.bm, t.bk, T, per_a)] if rn else [], 4),
+        *_indent([*row_norm.declare(t, spec, shifted=True), *row_norm.stage_shifts(spec, t.bm, t.bk, T, per_a)] if rn else [], 4),
         *_indent(_k_steps(t, spec), 4),
+        *_indent(sk.reduce_partials(t, t.tm, t.tn, T, stats=rn is not None), 4),
         *_indent(row_norm.finish(t, spec.K, rn) if rn else [], 4),
-        *_indent(sk.reduce_partials(t, t.tm, t.tn, T), 4),
         *_indent(sk.guard_store(t, [
             f"#pragma unroll",
             f"for (int i = 0; i < {t.tm}; ++i) {{",
@@ -603,8 +603,7 @@ def emit_gemm(ctx, hint: str, spec: GemmSpec, args: list[str], reads: list[str],
     precision = gemm_precision(ctx)
     tuned = getattr(ctx, "gemm_tilings", None) or {}
     forced = getattr(ctx, "gemm_tiling", None) is not None and precision == "fp32"
-    # `lower`'s option split_k; a folded LayerNorm needs all of K in one rTask (kernels/row_norm.py)
-    split = getattr(ctx, "split_k", True) and spec.row_norm is None
+    split = getattr(ctx, "split_k", True)  # `lower`'s option split_k
     if tiling is None and not forced and shape_key(spec.batch, spec.M, spec.N, spec.K) in tuned:
         # a tiling measured fastest for this problem (`--tune`), where it is of this precision's family
         want = tuned[shape_key(spec.batch, spec.M, spec.N, spec.K)]
@@ -629,7 +628,7 @@ def emit_gemm(ctx, hint: str, spec: GemmSpec, args: list[str], reads: list[str],
     name = ctx.program.add_kernel(f"{hint}_{tiling.name}", lambda n: gemm_source(n, spec, tiling), tiling.threads,
                                   kind="gemm", tiling=tiling.name, pass_name=ctx.pass_name, math=tiling.math,
                                   **kernel_smem(tiling))
-    extra = sk.launch_args(ctx, tiling, spec.batch, spec.M, spec.N)
+    extra = sk.launch_args(ctx, tiling, spec.batch, spec.M, spec.N, stats=spec.row_norm is not None)
     ctx.launch(name, tasks_for(tiling, spec.batch, spec.M, spec.N), list(args) + extra,
                reads=reads + sk.split_tensors(extra)[0], writes=writes + sk.split_tensors(extra)[1],
                flops=2 * spec.batch * spec.M * spec.N * spec.K,
@@ -648,7 +647,7 @@ def retile(ctx, L, t, kname: str, spec: GemmSpec, text, old_extra: list, pass_na
     name = ctx.program.add_kernel(kname, text, t.threads, kind="gemm", tiling=t.name,
                                   pass_name=pass_name, math=t.math, **kernel_smem(t))
     L.kernel, L.grid, L.block = name, tasks_for(t, spec.batch, spec.M, spec.N), t.threads
-    old, extra = sk.tensors(old_extra), sk.launch_args(ctx, t, spec.batch, spec.M, spec.N)
+    old, extra = sk.tensors(old_extra), sk.launch_args(ctx, t, spec.batch, spec.M, spec.N, stats=spec.row_norm is not None)
     L.args = L.args[:len(L.args) - len(old_extra)] + sk.typed(extra)
     L.writes = [w for w in L.writes if w not in old] + sk.split_tensors(extra)[1]
     L.regions.pop(sk.COUNTERS, None)

@@ -455,7 +455,11 @@ def store_accumulators(spec, t: "MmaTiling") -> list[str]:
     (`mma_g`, `mma_t` are the caller's: g = lane / 4, t = lane % 4). Split along K, the partial
     sums are added up first and the tile's last rTask alone stores (kernels/splitk.py)."""
     MI, NI = t.mi, t.ni
-    return [*_indent(sk.reduce_partials(t, 2 * MI, 2 * NI, t.threads), 4),
+    rn = getattr(spec, "row_norm", None)  # a folded LayerNorm: its statistics once the sums are whole
+    if rn is not None:
+        from .row_norm import finish
+    return [*_indent(sk.reduce_partials(t, 2 * MI, 2 * NI, t.threads, stats=rn is not None), 4),
+            *_indent(finish(t, spec.K, rn) if rn is not None else [], 4),
             *_indent(sk.guard_store(t, [line[4:] for line in _store_loop(spec, t, MI, NI)]), 4)]
 
 

@@ -267,13 +267,13 @@ def async_mma_source(name: str, spec, t) -> str:
     staging = [f"float stage_{op.which}[{_generic_walk(op, t)[3]}];" for op in generic]
     frag_type = "float" if t.wide else "u16"
     rn = spec.row_norm  # a LayerNorm folded into this GEMM (kernels/row_norm.py)
-    stats, rn_decl, rn_finish = [], [], []
+    stats, rn_decl = [], []
     if rn is not None:
         assert rnorm.supported(t, spec), (t.name, "row_norm")
         load = (lambda off: f"Ar[{off}]") if t.wide else (lambda off: load_float(HALF[t.precision][0], "Ar", off))
         stats = [f"LPTR const {stype}* Ar = As + (kb % {S}) * {a.size};",
-                 *rnorm.accumulate(t, spec.K, a.at, load, f"kb * {t.bk}")]
-        rn_decl, rn_finish = rnorm.declare(t), rnorm.finish(t, spec.K, rn)
+                 *rnorm.accumulate(t, spec.K, a.at, load, f"{k_first}kb * {t.bk}")]
+        rn_decl = rnorm.declare(t, spec, shifted=False)  # (store_accumulators finishes them)
     src = [
         task_head(name, spec, t),
         f"    LPTR {stype}* As = (LPTR {stype}*)smem;  /* {S} stages of {t.bm}x{t.bk}, then of {t.bn}x{t.bk} */",
@@ -330,7 +330,6 @@ def async_mma_source(name: str, spec, t) -> str:
         "    }",
         "    CP_ASYNC_WAIT(0);",
         "    BARRIER();  /* the buffers are free for the next rTask that runs on this block */",
-        *_indent(rn_finish, 4),
         *store_accumulators(spec, t),
         *(["    BARRIER();  /* the statistics are read before the next rTask reuses the buffers */"] if rn else []),
         "}",

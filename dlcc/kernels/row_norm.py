@@ -28,9 +28,11 @@ the LayerNorm's input instead, and the normalisation moves into its epilogue:
   mean (a row of mean 1000 and spread 1 lost 3x the accuracy of the separate LayerNorm without
   it). At fp16/bf16 x is already rounded to 8 or 11 bits about zero where it is stored, so the
   cancellation costs nothing the separate LayerNorm kept, and cp.async copies x unchanged.
-- Only where the k loop covers all of K in one rTask (no split-K) and A is k-contiguous, and in
-  the templates that implement it: the cp.async tensor-core pipeline (fp16, bf16) and the SIMT
-  one (fp32).
+- Split along K (kernels/splitk.py), each chunk's rTask sums its own columns about the same
+  shift, and the two sums per thread travel with the partial accumulators through the
+  workspace; the tile's last rTask adds them up in k order, as it does the accumulators.
+- Where A is k-contiguous, and in the templates that implement it: the cp.async tensor-core
+  pipeline (fp16, bf16) and the SIMT one (fp32).
 
 Accuracy: at fp16/bf16 x is already stored in the half type (the fold requires it), so the mma
 sees exactly the values the separate LayerNorm read, and LN(x) itself is never rounded to the
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import splitk as sk
 from .program import literal
 
 
@@ -61,12 +64,11 @@ def scratch_floats(threads: int, bm: int) -> int:
 
 
 def supported(t, spec) -> bool:
-    """Whether tiling `t` can compute `spec`'s row statistics: one rTask walks all of K, A is
-    k-contiguous, THREADS / BM threads share a row evenly, and the statistics fit in the tiles'
-    shared memory."""
+    """Whether tiling `t` can compute `spec`'s row statistics: A is k-contiguous, THREADS / BM
+    threads share a row evenly, and the statistics fit in the tiles' shared memory."""
     bm = t.bm
     threads = t.threads
-    if getattr(t, "splitk", 1) != 1 or not spec.a_k_contiguous or threads % bm:
+    if not spec.a_k_contiguous or threads % bm:
         return False
     if t.bk % (threads // bm):
         return False
@@ -74,23 +76,30 @@ def supported(t, spec) -> bool:
     return tile >= scratch_floats(threads, bm)
 
 
-def declare(t) -> list[str]:
-    """Per-thread state: its row of the tile, its first column, and the running sums."""
+def declare(t, spec, shifted: bool) -> list[str]:
+    """Per-thread state: its row of the tile, its first column, the running sums, and the shift
+    they are taken about: the row's first element, read from A itself (so that every k chunk of
+    a split tile sums about the same one), or none where the tile already holds x - s
+    (`shifted`: stage_shifts)."""
     per_row = t.threads // t.bm
-    return [f"const int rn_r = tid / {per_row}, rn_q = tid % {per_row};",
+    head = [f"const int rn_r = tid / {per_row}, rn_q = tid % {per_row};",
             "float rn_sh = 0.0f, rn_s1 = 0.0f, rn_s2 = 0.0f;  /* row_norm: shift, sums about it */"]
+    if shifted:
+        return head
+    stmts, val = spec.load_a("m", "k")
+    return [*head, "{", f"    const int m = m0 + rn_r, k = 0;", f"    if (m < {spec.M}) {{",
+            *["        " + x for x in stmts], f"        rn_sh = {val};", "    }", "}"]
 
 
-def accumulate(t, K: int, tile_at, load, k0: str, shifted: bool = False) -> list[str]:
+def accumulate(t, K: int, tile_at, load, k0: str) -> list[str]:
     """Add a landed k block to the sums. `tile_at(row, col)`: the element offset of A's (row, col)
-    within the block's buffer; `load(offset)`: its float value; `k0`: the block's first k.
-    `shifted`: the tile already holds x - s (stage_shifts), so the sums need no shift of their own."""
+    within the block's buffer; `load(offset)`: its float value; `k0`: the block's first k."""
     per_row = t.threads // t.bm
     each = t.bk // per_row
-    guard = "" if K % t.bk == 0 else f"if ({k0} + rn_c < {K}) "
-    first = [] if shifted else [f"if ({k0} == 0) rn_sh = {load(tile_at('rn_r', '0'))};  /* row_norm: the row's first element */"]
-    return [*first,
-            "#pragma unroll",
+    # (k blocks past K hold zeros: a ragged last block, or split chunks that K does not fill)
+    walked = sk.steps_per_chunk(t, K) * getattr(t, "splitk", 1) * t.bk
+    guard = "" if walked == K else f"if ({k0} + rn_c < {K}) "
+    return ["#pragma unroll",
             f"for (int rn_e = 0; rn_e < {each}; ++rn_e) {{",
             f"    const int rn_c = rn_q + rn_e * {per_row};",
             f"    {guard}{{ const float rn_d = {load(tile_at('rn_r', 'rn_c'))} - rn_sh; rn_s1 += rn_d; rn_s2 += rn_d * rn_d; }}",
@@ -98,10 +107,12 @@ def accumulate(t, K: int, tile_at, load, k0: str, shifted: bool = False) -> list
 
 
 def finish(t, K: int, rn: RowNorm) -> list[str]:
-    """After the k loop, with shared memory free: each row's T partial sums added in order into
+    """After the k loop (and split-K's read-back, which leaves the sums over every chunk in the
+    tile's last rTask), with shared memory free: each row's T partial sums added in order into
     its mean and rstd (`rn_p[3 * THREADS + 2 * row]`, `... + 1`). Barriers at top level only."""
     T, per_row, inv = t.threads, t.threads // t.bm, literal(1.0 / K)
     return ["/* row_norm (kernels/row_norm.py): the rows' mean and rstd from the threads' sums */",
+            "BARRIER();  /* (split, every thread has read the last-rTask flag split-K left in smem[0]) */",
             "LPTR float* rn_p = smem;",
             f"rn_p[tid] = rn_s1; rn_p[{T} + tid] = rn_s2; rn_p[{2 * T} + tid] = rn_sh;",
             "BARRIER();",

@@ -25,8 +25,9 @@ loads zeros past K (the templates' guards). So no loop's bounds read the block i
 miscompiles such loops around barriers (dlcc/testing/pocl_kernels.py), and nvcc gets a constant
 trip count.
 
-The workspace is a scratch tensor of the launch (tiles x S x BM x BN floats, in the arena, alive
-only during the launch; in L2 on a GPU), its counters `tiles` ints of the `%splitk` storage.
+The workspace is a scratch tensor of the launch (tiles x S x BM x BN floats, and 2 x THREADS more
+per chunk for a folded LayerNorm's row sums; in the arena, alive only during the launch; in L2 on
+a GPU), its counters `tiles` ints of the `%splitk` storage.
 """
 from __future__ import annotations
 
@@ -98,7 +99,12 @@ def chunk_start(t, K: int) -> str:
 READBACK_REGISTERS = 32
 
 
-def reduce_partials(t, rows: int, cols: int, threads: int) -> list[str]:
+#: Floats a thread adds to its chunk's partial sums for a LayerNorm folded into the GEMM
+#: (kernels/row_norm.py): its two sums over the chunk's columns of its row.
+STATS = 2
+
+
+def reduce_partials(t, rows: int, cols: int, threads: int, stats: bool = False) -> list[str]:
     """After the k loop, with shared memory free (the loop's last barrier passed): the partial
     sums of a split rTask into the workspace, the count, and, in the tile's last rTask, the sum
     of all S in k order into `acc`, read back from the workspace (its own slot too, written by the
@@ -108,20 +114,30 @@ def reduce_partials(t, rows: int, cols: int, threads: int) -> list[str]:
     are still added in k order, so the bits do not change. Larger tiles keep one chunk's loads in
     flight at a time (the loop rolled): all S of them, nvcc had hoisted into 255 registers and
     spills inside persistent kernels (BERT-base fp32 `full`, 4x4 SIMT tiles in 4 chunks).
+    With `stats`, a folded LayerNorm's two row sums (`rn_s1`, `rn_s2`, kernels/row_norm.py) go
+    out and come back beside the accumulators, summed over the chunks in the same order.
     Defines `sk_last` (1: this rTask stores the tile). Every barrier is at the task's top level;
     the branch holds none. Empty for an unsplit tiling."""
     if t.splitk == 1:
         return []
     S, per = t.splitk, rows * cols
-    slot = f"(({{q}}) * {per} + i * {cols} + j) * {threads} + tid"
+    P = per + (STATS if stats else 0)  # floats a thread keeps per chunk
+    slot = f"(({{q}}) * {P} + i * {cols} + j) * {threads} + tid"
+    stat = f"(({{q}}) * {P} + {per} + {{e}}) * {threads} + tid"
+    out = [] if not stats else [f"sk_w[{stat.format(q='sk_kc', e=0)}] = rn_s1;", f"sk_w[{stat.format(q='sk_kc', e=1)}] = rn_s2;"]
+    back = [] if not stats else [
+        "    rn_s1 = 0.0f; rn_s2 = 0.0f;  /* a folded LayerNorm's sums over every chunk, in k order */",
+        f"    for (int q = 0; q < {S}; ++q) {{ rn_s1 += LOAD_CG(sk_w + {stat.format(q='q', e=0)}); "
+        f"rn_s2 += LOAD_CG(sk_w + {stat.format(q='q', e=1)}); }}"]
     return [
         "/* split-K (kernels/splitk.py): partial sums out, count in; the last of the tile's rTasks adds them up */",
-        f"GPTR float* sk_w = sk_ws + sk_tile * {S * per * threads};",
+        f"GPTR float* sk_w = sk_ws + sk_tile * {S * P * threads};",
         "#pragma unroll",
         f"for (int i = 0; i < {rows}; ++i) {{",
         "    #pragma unroll",
         f"    for (int j = 0; j < {cols}; ++j) sk_w[{slot.format(q='sk_kc')}] = acc[i][j];",
         "}",
+        *out,
         "FENCE();",
         "BARRIER();",
         f"if (tid == 0) ((LPTR int*)smem)[0] = ATOMIC_ADD_I32(sk_cnt + sk_off + sk_tile, 1) == {S - 1};",
@@ -142,6 +158,7 @@ def reduce_partials(t, rows: int, cols: int, threads: int) -> list[str]:
         f"            for (int j = 0; j < {cols}; ++j) acc[i][j] += LOAD_CG(sk_w + {slot.format(q='q')});",
         "        }",
         "    }",
+        *back,
         "    if (tid == 0) ATOMIC_STORE_I32(sk_cnt + sk_off + sk_tile, 0);",
         "}",
     ]
@@ -166,14 +183,15 @@ def tiles_of(t, batch: int, M: int, N: int) -> int:
     return batch * -(-M // t.bm) * -(-N // t.bn)
 
 
-def launch_args(ctx, t, batch: int, M: int, N: int) -> list:
+def launch_args(ctx, t, batch: int, M: int, N: int, stats: bool = False) -> list:
     """The three launch arguments a split tiling adds after the op's: a fresh workspace tensor,
     the counter storage, and this launch's first counter (the counters grow by its tiles).
-    Empty for an unsplit tiling. `ctx`: the LowerCtx (its graph gets the tensors)."""
+    Empty for an unsplit tiling. `ctx`: the LowerCtx (its graph gets the tensors). `stats`: a
+    LayerNorm folded into the GEMM, whose row sums each chunk adds to its partials."""
     if t.splitk == 1:
         return []
     tiles = tiles_of(t, batch, M, N)
-    ws = ctx.temp((tiles * t.splitk * t.bm * t.bn,), "float32")
+    ws = ctx.temp((tiles * t.splitk * (t.bm * t.bn + (STATS * t.threads if stats else 0)),), "float32")
     g = ctx.graph
     have = g.tensors[COUNTERS].shape[0] if COUNTERS in g.tensors else 0
     g.tensors[COUNTERS] = Tensor(COUNTERS, (have + tiles,), "int32")

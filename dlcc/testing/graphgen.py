@@ -12,7 +12,8 @@ What the patterns favour (each is one function below, in `PATTERNS` with its wei
 - Softmax/LogSoftmax, LayerNormalization, and hand-decomposed LayerNorms (the tf2onnx form with
   E[x²] - mean², as in the model that motivated this module), RMSNorm;
 - Reshape, Transpose, Slice, Concat, Split, Gather, Expand, Pad between them;
-- MatMul, Gemm and Conv (with BatchNorm and pools) with prologue and epilogue chains;
+- MatMul, Gemm and Conv (with BatchNorm and pools) with prologue and epilogue chains, and
+  LayerNorms that only GEMMs read (folded into them);
 - LSTM and GRU.
 Shapes include odd sizes, 1-sized dims, rows longer than the shared-memory budget, rows shorter
 than a warp and grids smaller than a device.
@@ -878,6 +879,34 @@ def p_head_merge(g: Gen) -> None:
         g.one("Neg", [t], t.shape, -t.hi, -t.lo)
 
 
+def p_prenorm(g: Gen) -> None:
+    """A LayerNorm over the last axis that only GEMMs against weights read (a pre-LN
+    transformer's ln_1, ln_2, ln_f), which `lower` folds into them (ops/fold_norm.py): a MatMul
+    of any rank, or a Gemm (either B layout, a bias, alpha) after a Reshape to rows, one or two of
+    them; sometimes another reader too, which keeps the LayerNorm a kernel of its own."""
+    a = g.pick_or_input(lambda u: 2 <= u.rank <= 3 and 2 <= u.shape[-1] <= 512)
+    if not (2 <= a.rank <= 3 and 2 <= a.shape[-1] <= 512):
+        a = g.input((g.dim(12), g.dim(12)))
+    a = g.bounded(a, 10.0)
+    K = a.shape[-1]
+    ins = [a, g.weight((K,), 1.0, hint="gamma")] + ([g.weight((K,), 0.5, hint="beta")] if g.ch.chance(0.7) else [])
+    lim = math.sqrt(K) + 0.5
+    y = g.one("LayerNormalization", ins, a.shape, -lim, lim, axis=-1, epsilon=g.ch.pick([1e-5, 1e-6]))
+    rows, scale = int(np.prod(a.shape[:-1])), 1.0 / math.sqrt(K)
+    for _ in range(g.ch.pick([1, 1, 2])):
+        N = g.dim(18)
+        bound = K * y.mag * scale
+        if g.ch.chance(0.5):
+            g.one("MatMul", [y, g.weight((K, N), scale)], a.shape[:-1] + (N,), -bound, bound)
+            continue
+        r = y if y.rank == 2 else g.one("Reshape", [y, g.ints([rows, K])], (rows, K), y.lo, y.hi)
+        trans_b, alpha = int(g.ch.chance(0.5)), g.ch.pick([1.0, 0.5])
+        gins = [r, g.weight((N, K) if trans_b else (K, N), scale)] + ([g.weight((N,), 0.5, hint="c")] if g.ch.chance(0.6) else [])
+        g.one("Gemm", gins, (rows, N), -alpha * bound - 0.5, alpha * bound + 0.5, alpha=alpha, transB=trans_b)
+    if g.ch.chance(0.2):
+        g.one("Neg", [y], y.shape, -y.hi, -y.lo)
+
+
 def p_gemm(g: Gen) -> None:
     a = g.pick_or_input(lambda u: u.rank == 2 and u.shape[1] <= 512)
     if a.rank != 2 or a.shape[1] > 512:
@@ -1213,7 +1242,7 @@ PATTERNS = [
     (p_transpose, 5), (p_slice, 4), (p_concat, 4), (p_split, 3), (p_gather, 3), (p_expand, 2), (p_pad, 2),
     (p_where, 2), (p_cast, 1), (p_cumsum, 1), (p_matmul, 6), (p_gemm, 3), (p_conv, 4), (p_rnn, 2),
     (p_misc, 2), (p_logic, 1), (p_mod, 1), (p_topk, 1), (p_gathernd, 1), (p_convtranspose, 1), (p_norm, 1),
-    (p_resize, 1), (p_alias, 1), (p_head_merge, 4),
+    (p_resize, 1), (p_alias, 1), (p_head_merge, 4), (p_prenorm, 3),
 ]
 
 

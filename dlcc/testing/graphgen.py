@@ -884,6 +884,8 @@ def p_prenorm(g: Gen) -> None:
     transformer's ln_1, ln_2, ln_f), which `lower` folds into them (ops/fold_norm.py): a MatMul
     of any rank, or a Gemm (either B layout, a bias, alpha) after a Reshape to rows, one or two of
     them; sometimes another reader too, which keeps the LayerNorm a kernel of its own."""
+    if g.opset < 17:  # (LayerNormalization is an op from opset 17 on)
+        return
     a = g.pick_or_input(lambda u: 2 <= u.rank <= 3 and 2 <= u.shape[-1] <= 512)
     if not (2 <= a.rank <= 3 and 2 <= a.shape[-1] <= 512):
         a = g.input((g.dim(12), g.dim(12)))
@@ -899,7 +901,8 @@ def p_prenorm(g: Gen) -> None:
         if g.ch.chance(0.5):
             g.one("MatMul", [y, g.weight((K, N), scale)], a.shape[:-1] + (N,), -bound, bound)
             continue
-        r = y if y.rank == 2 else g.one("Reshape", [y, g.ints([rows, K])], (rows, K), y.lo, y.hi)
+        # (always a Reshape: onnx infers a LayerNormalization's output dims only partly)
+        r = g.one("Reshape", [y, g.ints([rows, K])], (rows, K), y.lo, y.hi)
         trans_b, alpha = int(g.ch.chance(0.5)), g.ch.pick([1.0, 0.5])
         gins = [r, g.weight((N, K) if trans_b else (K, N), scale)] + ([g.weight((N,), 0.5, hint="c")] if g.ch.chance(0.6) else [])
         g.one("Gemm", gins, (rows, N), -alpha * bound - 0.5, alpha * bound + 0.5, alpha=alpha, transB=trans_b)

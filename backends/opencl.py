@@ -29,6 +29,39 @@ def configure_pocl() -> None:
     -cl-opt-disable (unoptimised_kernels), and tests/test_pocl_miscompiles.py checks that no
     other kernel of the test models has it."""
     claim_pocl_threads()
+    claim_thread_stack()
+
+
+#: The stack (MiB) dlcc asks glibc to give new threads, PoCL's workers among them (claim_thread_stack).
+POCL_STACK_MB = 256
+
+
+def claim_thread_stack() -> None:
+    """Raise glibc's default thread stack before PoCL starts its worker threads. PoCL's pthread
+    device runs a work-group on a worker thread whose stack is glibc's default (RLIMIT_STACK: 8 MiB
+    here), and the work-group function keeps every private value that lives across a barrier in a
+    context array of one copy per work-item, on that stack. Built with -cl-opt-disable, nothing is
+    promoted or shares a slot: a persistent kernel of many rTasks (ch_ppocr_mobile_v2.0_cls through
+    `full` at bf16: a 13.2 MiB frame) ran past the stack, SIGSEGV (or, where the frame lands on
+    another mapping, silent corruption). Only address space is reserved; pages are touched as used."""
+    import ctypes
+    import sys
+
+    if "pyopencl" in sys.modules or not sys.platform.startswith("linux"):
+        return
+    want = int(os.environ.get("DLCC_THREAD_STACK_MB", POCL_STACK_MB)) << 20
+    try:
+        libc = ctypes.CDLL(None)
+        attr = ctypes.create_string_buffer(128)  # pthread_attr_t: 56 bytes on x86-64 glibc
+        if libc.pthread_getattr_default_np(attr) != 0:
+            return
+        size = ctypes.c_size_t(0)
+        if libc.pthread_attr_getstacksize(attr, ctypes.byref(size)) == 0 and size.value < want:
+            if libc.pthread_attr_setstacksize(attr, ctypes.c_size_t(want)) == 0:
+                libc.pthread_setattr_default_np(attr)
+        libc.pthread_attr_destroy(attr)
+    except (OSError, AttributeError):  # not glibc: keep the platform's default
+        pass
 
 
 def claim_pocl_threads() -> None:
@@ -67,14 +100,17 @@ def builds_unoptimised(kernel: dict | None, grid_sync: bool = False) -> bool:
     the launch grid, around barriers: the shape PoCL 3.1 miscompiles optimised), the GPU-only
     SIMT tilings, and the multi-stage fp16/bf16 tensor-core rKernels (PoCL's LLVM crashes
     optimising them). The cost model prices them with DeviceSpec.unoptimised_slowdown."""
-    from ..kernels.gemm import GPU_TILINGS
+    from ..kernels.gemm import GPU_TILINGS, VECTOR_TILINGS
     from ..kernels.gemm_mma import mma_tilings
     from ..kernels.splitk import base_name
 
     k = kernel or {}
     if grid_sync or k.get("kind") == "persistent":
         return True
-    slow_to_build = {t.name for t in GPU_TILINGS} | {t.name for p in ("fp16", "bf16")
+    # the GPU-only SIMT tilings in both templates: 8x4 and 8x8 outputs a thread (GPU_TILINGS and
+    # their vector twins); LLVM 15 crashed optimising a split-K 8x8v rKernel (ch_PP-OCRv4_rec)
+    gpu_only = {t.name for t in GPU_TILINGS + VECTOR_TILINGS if t.tm * t.tn >= 32}
+    slow_to_build = gpu_only | {t.name for p in ("fp16", "bf16")
                                                        for t in mma_tilings(p, deep=True) if t.stages > 1}
     return base_name(k.get("tiling") or "") in slow_to_build
 

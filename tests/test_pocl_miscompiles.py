@@ -132,3 +132,69 @@ def test_rammer_dispatcher_around_a_regional_stitch(tmp_path):
     got = dlcc.compile(tmp_path / "g.onnx", target="opencl", pipeline=config_named("full-join-always").spec())(case.feeds)
     ok, notes, _ = compare_outputs(case.model, got, case.refs)
     assert ok, notes
+
+
+def test_every_gpu_sized_simt_tiling_builds_unoptimised():
+    """LLVM 15 (PoCL 3.1) crashed with SIGSEGV in its inliner at the first launch of a split-K
+    `128x128x16_8x8v` rKernel built optimised (PP-OCRv4's text recogniser through `astitch` on the
+    h100 spec): the vector twins of the GPU-only tilings need the -cl-opt-disable build as the
+    scalar ones do. Every SIMT tiling of 32 or more outputs a thread, split or not, gets it."""
+    from dlcc.backends.opencl import builds_unoptimised
+    from dlcc.kernels.gemm import ALL_TILINGS
+    from dlcc.kernels.splitk import variants
+
+    big = [t for t in variants(ALL_TILINGS) if t.tm * t.tn >= 32]
+    assert {t.vec for t in big} == {False, True}
+    assert all(builds_unoptimised({"kind": "gemm", "tiling": t.name}) for t in big)
+    assert not any(builds_unoptimised({"kind": "gemm", "tiling": t.name}) for t in variants(ALL_TILINGS)
+                   if t.tm * t.tn < 32)
+
+
+_STACK_PROBE = """
+import sys
+import numpy as np
+import dlcc.backends.opencl  # noqa: F401  (configure_pocl: before pyopencl starts PoCL's threads)
+import pyopencl as cl
+n = int(sys.argv[1])
+src = '''
+__kernel void __attribute__((reqd_work_group_size(256, 1, 1))) big(__global float* y, __global const float* x) {
+    float p[@N@];
+    const int t = get_local_id(0);
+    for (int i = 0; i < @N@; ++i) p[i] = x[(i + t) % 1024];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float s = 0.0f;
+    for (int i = 0; i < @N@; ++i) s += p[(@N@ - 1 - i + t) % @N@];
+    y[t] = s;
+}'''.replace("@N@", str(n))
+ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])
+q = cl.CommandQueue(ctx)
+prg = cl.Program(ctx, src).build(options=["-cl-std=CL1.2", "-cl-opt-disable"])
+x = np.random.default_rng(0).random(1024).astype(np.float32)
+mf = cl.mem_flags
+xb = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=x)
+yb = cl.Buffer(ctx, mf.READ_WRITE, 1024)
+prg.big(q, (256,), (256,), yb, xb)
+y = np.empty(256, np.float32)
+cl.enqueue_copy(q, y, yb)
+q.finish()
+want = [x[[((n - 1 - i + t) % n + t) % 1024 for i in range(n)]].astype(np.float64).sum() for t in (0, 255)]
+print("ok" if np.allclose(y[[0, 255]], want, rtol=1e-4) else "WRONG")
+"""
+
+
+@pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
+def test_a_work_group_larger_than_the_default_thread_stack_runs(tmp_path):
+    """PoCL keeps each private value live across a barrier once per work-item, on its worker
+    thread's stack (glibc's default: 8 MiB). Built unoptimised, a persistent kernel of many
+    rTasks (the PP-OCR text-direction classifier through `full` at bf16: a 13.2 MiB frame) ran
+    past it: SIGSEGV, or corruption where the frame met another mapping. dlcc raises the default
+    thread stack before PoCL starts (backends/opencl.py claim_thread_stack): a 9 MiB frame runs,
+    in a process of its own so that a crash fails the test and not the run."""
+    import subprocess
+    import sys
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(_STACK_PROBE)
+    env = {**__import__("os").environ, "POCL_CACHE_DIR": str(tmp_path / "pocl")}
+    r = subprocess.run([sys.executable, str(probe), str(9 * 1024)], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout[-500:], r.stderr[-2000:])

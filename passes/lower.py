@@ -121,7 +121,8 @@ class LowerOptions(BaseModel):
                                     "transposed where that makes them whole, so that cp.async copies it "
                                     "(ops/matmul.py transposed_weight); false: as the model stores it")
 
-    fold_layernorm: bool = Field(True, description="at fp32, fp16 and bf16, a LayerNormalization whose output only "
+    fold_layernorm: bool = Field(True, description="at fp32, fp16 and bf16, a LayerNormalization (or an RMSNorm "
+                                 "as torch exports LLaMA's and T5's) whose output only "
                                  "GEMMs read (as A, against constant weights) is computed inside them: they read its "
                                  "input, its scale is folded into their weights, and their store normalises with each "
                                  "row's mean and variance, summed as the k loop streams the rows (kernels/row_norm.py); "
@@ -184,7 +185,7 @@ def lower(state: CompileState, opts) -> None:
                          f"{HALF_DTYPES[state.precision]} ({mb:.1f} MB of float32 read as {mb / 2:.1f} MB)")
     if state.ctx.folded_norms:
         names = state.ctx.folded_norms
-        state.log.append(f"lower: {len(names)} LayerNormalization(s) computed inside the GEMM(s) that read them "
+        state.log.append(f"lower: {len(names)} LayerNorm/RMSNorm(s) computed inside the GEMM(s) that read them "
                          "(kernels/row_norm.py): " + ", ".join(names[:6]) + (" ..." if len(names) > 6 else ""))
     if state.ctx.transposed:
         state.log.append(f"lower: {len(state.ctx.transposed)} GEMM/Conv weight(s) stored transposed, so that "

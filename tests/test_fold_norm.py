@@ -58,7 +58,7 @@ def pre_ln_block(path, M=24, K=64, N=40, mean=0.0, extra_reader=False, bias=True
 
 
 def _folded(cm) -> list[str]:
-    return [x for x in cm.plan["meta"]["pass_log"] if "LayerNormalization(s) computed inside" in x]
+    return [x for x in cm.plan["meta"]["pass_log"] if "RMSNorm(s) computed inside" in x]
 
 
 def _layernorm_launches(cm) -> int:
@@ -85,7 +85,7 @@ def test_layernorms_fold_into_their_gemms_and_match(tmp_path, precision, pipelin
     path = pre_ln_block(tmp_path / "m.onnx")
     cm = dlcc.compile(path, target="opencl", pipeline=pipeline, device="h100", precision=precision)
     (log,) = _folded(cm)
-    assert log.startswith("lower: 2 LayerNormalization(s)"), log
+    assert log.startswith("lower: 2 LayerNorm/RMSNorm(s)"), log
     assert _layernorm_launches(cm) == 0
     src = cm.source("cuda")
     assert "rn_s1 += rn_d" in src and "RNC[n]" in src
@@ -146,7 +146,7 @@ def test_what_does_not_fold(tmp_path):
     path = pre_ln_block(tmp_path / "m.onnx", extra_reader=True)
     cm = dlcc.compile(path, target="opencl", pipeline="baseline", device="h100", precision="bf16")
     (log,) = _folded(cm)
-    assert log.startswith("lower: 1 LayerNormalization(s)"), log
+    assert log.startswith("lower: 1 LayerNorm/RMSNorm(s)"), log
     assert _layernorm_launches(cm) == 1
     _check(cm, path, "bf16")
 
@@ -181,3 +181,58 @@ def test_nvcc_builds_the_folded_gemms_without_spills(tmp_path, arch):
         _, log = nvcc_ptx_and_ptxas(f, arch)
         spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", log)]
         assert spills and not any(spills), log[-3000:]
+
+
+def rms_block(path, form="div", gamma=True, M=24, K=64, N=40, extra_reader=False):
+    """x -> RMSNorm as torch exports LLaMA's and T5's (Pow, ReduceMean over the last axis, Add
+    eps, Sqrt, then Div(x, ·), Mul(x, Reciprocal(·)) or Mul(Div(1, ·), x), then Mul by γ) ->
+    MatMul. `extra_reader`: the Sqrt is a graph output too (nothing folds)."""
+    rng = np.random.default_rng(1)
+    inits = [nh.from_array(np.array(2.0, np.float32), "two"), nh.from_array(np.array(1e-6, np.float32), "eps"),
+             nh.from_array(np.array(1.0, np.float32), "one"), nh.from_array(np.array([-1], np.int64), "ax"),
+             nh.from_array(rng.uniform(0.5, 1.5, K).astype(np.float32), "g"),
+             nh.from_array((rng.standard_normal((K, N)) * 0.1).astype(np.float32), "W")]
+    inits.append(nh.from_array((rng.standard_normal(K) * 0.1).astype(np.float32), "off"))
+    # (x + off: a computed x, which fp16/bf16 store in the half type, as the fold needs)
+    nodes = [h.make_node("Add", ["x", "off"], ["x1"]), h.make_node("Pow", ["x1", "two"], ["p"]), h.make_node("ReduceMean", ["p", "ax"], ["ms"], keepdims=1),
+             h.make_node("Add", ["ms", "eps"], ["mse"]), h.make_node("Sqrt", ["mse"], ["rms"])]
+    if form == "div":
+        nodes.append(h.make_node("Div", ["x1", "rms"], ["nx"]))
+    elif form == "reciprocal":
+        nodes += [h.make_node("Reciprocal", ["rms"], ["r"]), h.make_node("Mul", ["x1", "r"], ["nx"])]
+    else:
+        nodes += [h.make_node("Div", ["one", "rms"], ["r"]), h.make_node("Mul", ["r", "x1"], ["nx"])]
+    nodes += [h.make_node("Mul", ["g", "nx"], ["y"])] if gamma else [h.make_node("Identity", ["nx"], ["y"])]
+    nodes.append(h.make_node("MatMul", ["y", "W"], ["out"]))
+    outs = [h.make_tensor_value_info("out", TP.FLOAT, [1, M, N])]
+    if extra_reader:
+        outs.append(h.make_tensor_value_info("rms", TP.FLOAT, [1, M, 1]))
+    g = h.make_graph(nodes, "rms", [h.make_tensor_value_info("x", TP.FLOAT, [1, M, K])], outs, inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 18)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    onnx.save(m, path)
+    return path
+
+
+@needs_opencl
+@pytest.mark.parametrize("form,gamma,precision", [("div", True, "fp32"), ("div", True, "bf16"),
+                                                  ("reciprocal", True, "fp16"), ("div-one", False, "fp32"),
+                                                  ("reciprocal", False, "bf16")])
+def test_rmsnorms_fold(tmp_path, form, gamma, precision):
+    """LLaMA's and T5's RMSNorm, in the forms exporters write it, folds into the MatMul after it:
+    its six or seven nodes are gone, and the output matches onnxruntime."""
+    path = rms_block(tmp_path / "m.onnx", form, gamma)
+    cm = dlcc.compile(path, target="opencl", pipeline="baseline", device="h100", precision=precision)
+    (log,) = _folded(cm)
+    assert log.startswith("lower: 1 LayerNorm/RMSNorm(s)"), log
+    assert [L["op_type"] for L in cm.plan["launches"]] == ["Add", "MatMul"]
+    _check(cm, path, precision)
+
+
+@needs_opencl
+def test_an_rmsnorm_with_another_reader_stays(tmp_path):
+    path = rms_block(tmp_path / "m.onnx", extra_reader=True)
+    cm = dlcc.compile(path, target="opencl", pipeline="baseline", device="h100", precision="fp32")
+    assert not _folded(cm) and "Sqrt" in [L["op_type"] for L in cm.plan["launches"]]
+    _check(cm, path, "fp32")

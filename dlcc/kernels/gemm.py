@@ -422,7 +422,7 @@ def _commit(t: Tiling, which: str, spec: GemmSpec, stage: str = "") -> list[str]
     template's offset of the stage written (a C expression of floats). A folded LayerNorm's A
     goes in less its row's shift (kernels/row_norm.py stage_shifts)."""
     at = f"{stage} + " if stage else ""
-    shift = " - rn_sa[r]" if spec.row_norm is not None else ""
+    shift = " - rn_sa[r]" if spec.row_norm is not None and spec.row_norm.center else ""
     dst = (f"As[{at}kk * {t.a_stride} + mm] = ra[r]{shift};" if which == "a"
            else f"Bs[{at}kk * {t.b_stride} + nn] = rb[r];")
     return [*_walk(t, which, spec), f"    {dst}", "}"]
@@ -559,7 +559,8 @@ def simt_gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
         f"    float ra[{per_a}], rb[{per_b}];",
         *_indent(_stage(t, "a", sk.chunk_start(t, spec.K), spec), 4),
         *_indent(_stage(t, "b", sk.chunk_start(t, spec.K), spec), 4),
-        *_indent([*row_norm.declare(t, spec, shifted=True), *row_norm.stage_shifts(spec, t.bm, t.bk, T, per_a)] if rn else [], 4),
+        *_indent([*row_norm.declare(t, spec, shifted=True),
+                  *(row_norm.stage_shifts(spec, t.bm, t.bk, T, per_a) if rn.center else [])] if rn else [], 4),
         *_indent(_k_steps(t, spec), 4),
         *_indent(sk.reduce_partials(t, t.tm, t.tn, T, stats=rn is not None), 4),
         *_indent(row_norm.finish(t, spec.K, rn) if rn else [], 4),

@@ -49,12 +49,15 @@ from .program import literal
 
 @dataclass(frozen=True)
 class RowNorm:
-    """The folded LayerNorm of a GEMM's A rows: the kernel parameter names of c (float32 [N])
-    and b' (float32 [N]; "" without a LayerNorm bias), and epsilon."""
+    """The folded norm of a GEMM's A rows: the kernel parameter names of c (float32 [N]; "" for
+    an RMSNorm) and b' (float32 [N]; "" without a bias), epsilon, and whether the rows are
+    centred (LayerNorm) or only scaled by their root mean square (RMSNorm: x / sqrt(mean(x²) +
+    eps), LLaMA's and T5's, where the store is rstd ⊙ (x · W') and needs neither c nor a shift)."""
 
     c: str
     b: str
     eps: float
+    center: bool = True
 
 
 def scratch_floats(threads: int, bm: int) -> int:
@@ -84,7 +87,7 @@ def declare(t, spec, shifted: bool) -> list[str]:
     per_row = t.threads // t.bm
     head = [f"const int rn_r = tid / {per_row}, rn_q = tid % {per_row};",
             "float rn_sh = 0.0f, rn_s1 = 0.0f, rn_s2 = 0.0f;  /* row_norm: shift, sums about it */"]
-    if shifted:
+    if shifted or not spec.row_norm.center:
         return head
     stmts, val = spec.load_a("m", "k")
     return [*head, "{", f"    const int m = m0 + rn_r, k = 0;", f"    if (m < {spec.M}) {{",
@@ -119,7 +122,7 @@ def finish(t, K: int, rn: RowNorm) -> list[str]:
             f"if (tid < {t.bm}) {{",
             "    float rn_a = 0.0f, rn_b = 0.0f;",
             f"    for (int q = 0; q < {per_row}; ++q) {{ rn_a += rn_p[tid * {per_row} + q]; rn_b += rn_p[{T} + tid * {per_row} + q]; }}",
-            f"    const float rn_mu = rn_a * {inv};",
+            f"    const float rn_mu = rn_a * {inv};" if rn.center else "    const float rn_mu = 0.0f; (void)rn_a;",
             f"    const float rn_var = F_MAX(rn_b * {inv} - rn_mu * rn_mu, 0.0f);",
             f"    rn_p[{3 * T} + 2 * tid] = rn_p[{2 * T} + tid * {per_row}] + rn_mu;",
             f"    rn_p[{3 * T} + 2 * tid + 1] = F_RSQRT(rn_var + {literal(rn.eps)});",
@@ -131,8 +134,9 @@ def apply(t, rn: RowNorm, acc: str = "acc[i][j]") -> list[str]:
     """In the store loop, at (m, n) inside the matrix: the accumulator normalised,
     rstd * (acc - mean * c[n]) + b'[n], before the op's store."""
     bias = f" + {rn.b}[n]" if rn.b else ""
+    centre = f" - rn_p[rn_i] * {rn.c}[n]" if rn.c else ""
     return [f"{{ const int rn_i = {3 * t.threads} + 2 * (m - m0);",
-            f"  {acc} = rn_p[rn_i + 1] * ({acc} - rn_p[rn_i] * {rn.c}[n]){bias}; }}"]
+            f"  {acc} = rn_p[rn_i + 1] * ({acc}{centre}){bias}; }}"]
 
 
 def stage_shifts(spec, bm: int, bk: int, threads: int, per: int) -> list[str]:

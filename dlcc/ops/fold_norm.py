@@ -1,11 +1,14 @@
-"""Folding a LayerNormalization into the GEMMs that read it (`lower`'s option `fold_layernorm`).
+"""Folding a LayerNormalization, or an RMSNorm, into the GEMMs that read it (`lower`'s option
+`fold_layernorm`).
 
 The graph rewrite behind kernels/row_norm.py: a LayerNorm over the last axis whose output only
 GEMMs read, as their A operand (directly or through views that keep the last axis), against
 constant weights, is removed. Each of those GEMMs then reads the LayerNorm's input, multiplies it
 by W' = diag(γ) W, and normalises its accumulators in the store with constants c = Σ_k W' and
 b' = β · W made here. What the template does with them, and why it is exact up to float32
-rounding, is in kernels/row_norm.py.
+rounding, is in kernels/row_norm.py. An RMSNorm (x / sqrt(mean(x²) + eps) · γ: LLaMA, T5, as
+exporters write it in six or seven nodes, _rms_norm) folds the same way with no centring: the
+GEMM takes diag(γ) W and its store scales each row by its rstd.
 
 Where it applies (anything else keeps its LayerNorm, so the fold never changes what runs):
   - precision fp32, fp16 or bf16 (the SIMT and cp.async templates compute the statistics; at
@@ -91,16 +94,102 @@ def _float_weight(graph: Graph, name: str, half: str | None) -> np.ndarray:
     return np.asarray(graph.tensors[name].value, dtype=np.float64)
 
 
+def _const_scalar(graph: Graph, name: str) -> float | None:
+    t = graph.tensors.get(name)
+    if t is None or t.value is None or t.value.size != 1:
+        return None
+    return float(np.asarray(t.value).reshape(()))
+
+
+def _rms_norm(graph: Graph, users: dict, out_node, fp32_ops) -> tuple | None:
+    """The RMSNorm that ends in `out_node`, as torch exports LLaMA's and T5's (after simplify):
+    Pow(x, 2) (or Mul(x, x)) -> ReduceMean(last axis, keepdims) -> Add(eps) -> Sqrt -> Div(x, ·)
+    (or Mul by its Reciprocal, or by Div(1, ·)), then optionally Mul by a constant γ. Returns (x, γ or None, eps, the nodes
+    it removes), or None where it is not that, or where an intermediate has another reader."""
+    by_out = {o: n for n in graph.nodes for o in n.outputs if o}
+
+    def only(t: str, reader) -> bool:
+        return t not in graph.outputs and [id(n) for n in users.get(t, [])] == [id(reader)]
+
+    def producer(t: str, op: str):
+        n = by_out.get(t)
+        return n if n is not None and n.op_type == op and n.op_type not in fp32_ops else None
+
+    gamma, n = None, out_node
+    consts = [i for i in n.inputs if i and graph.is_const(i)]
+    if n.op_type == "Mul" and len(n.inputs) == 2 and len(consts) == 1:  # the scale: Mul(γ, h) or Mul(h, γ)
+        h = n.inputs[1 - n.inputs.index(consts[0])]
+        gamma, scale_node = consts[0], n
+        n = by_out.get(h)
+        if n is None or not only(h, scale_node):
+            return None
+    removed = [out_node] if gamma else []
+
+    def reciprocal(t: str) -> str | None:  # s where t = Reciprocal(s) or Div(1, s)
+        r = by_out.get(t)
+        if r is None or r.op_type in fp32_ops:
+            return None
+        if r.op_type == "Reciprocal":
+            return r.inputs[0]
+        if r.op_type == "Div" and len(r.inputs) == 2 and _const_scalar(graph, r.inputs[0]) == 1.0:
+            return r.inputs[1]
+        return None
+
+    if n.op_type == "Div" and len(n.inputs) == 2 and not graph.is_const(n.inputs[0]):
+        (x, s), reader = n.inputs, n
+    elif n.op_type == "Mul" and len(n.inputs) == 2 and sum(reciprocal(i) is not None for i in n.inputs) == 1:
+        r = next(i for i in n.inputs if reciprocal(i) is not None)
+        x, s, reader = n.inputs[1 - n.inputs.index(r)], reciprocal(r), by_out[r]
+        if not only(r, n):
+            return None
+        removed.append(reader)
+    else:
+        return None
+    removed.append(n)
+    sq = producer(s, "Sqrt")
+    if sq is None or not only(s, reader):
+        return None
+    add = producer(sq.inputs[0], "Add")
+    if add is None or not only(sq.inputs[0], sq):
+        return None
+    eps_in = [i for i in add.inputs if _const_scalar(graph, i) is not None]
+    if len(eps_in) != 1:
+        return None
+    mean_t = add.inputs[1 - add.inputs.index(eps_in[0])]
+    rm = producer(mean_t, "ReduceMean")
+    if rm is None or not only(mean_t, add) or int(rm.attrs.get("keepdims", 1)) != 1:
+        return None
+    rank = len(graph.tensors[x].shape or ())
+    axes = rm.attrs.get("axes")
+    if axes is None and len(rm.inputs) > 1 and graph.is_const(rm.inputs[1]):
+        axes = [int(a) for a in np.asarray(graph.tensors[rm.inputs[1]].value).reshape(-1)]
+    if axes is None or [a % rank for a in axes] != [rank - 1]:
+        return None
+    pw = producer(rm.inputs[0], "Pow") or producer(rm.inputs[0], "Mul")  # x², as Pow(x, 2) or Mul(x, x)
+    square = pw is not None and (pw.inputs == [x, x] if pw.op_type == "Mul"
+                                 else pw.inputs[0] == x and _const_scalar(graph, pw.inputs[1]) == 2.0)
+    if not square or not only(rm.inputs[0], rm):
+        return None
+    return x, gamma, _const_scalar(graph, eps_in[0]), removed + [sq, add, rm, pw]
+
+
 def fold_layernorms(graph: Graph, precision: str, fp32_ops=frozenset()) -> list[str]:
-    """Fold every LayerNorm that qualifies (module docstring) into its GEMMs; returns the names
-    of the LayerNorm nodes folded. Runs after ops/narrow.py, so that activations' storage types
-    are known and the new weights are made in the half type directly."""
+    """Fold every LayerNorm and RMSNorm that qualifies (module docstring) into its GEMMs;
+    returns the names of the nodes folded (a LayerNormalization, or an RMSNorm's last node).
+    Runs after ops/narrow.py, so that activations' storage types are known and the new weights
+    are made in the half type directly."""
     if precision not in ("fp32",) + tuple(HALF_DTYPES):
         return []
     half = HALF_DTYPES.get(precision)
     users = _consumers(graph)
     folded, drop = [], set()
-    for node in graph.nodes:
+    for node in list(graph.nodes):
+        if node.op_type in ("Mul", "Div") and id(node) not in drop:
+            rms = _rms_norm(graph, users, node, set(fp32_ops))
+            if rms is not None and _fold_rms(graph, users, node, rms, half, set(fp32_ops), len(folded)):
+                drop.update(id(n) for n in rms[3])
+                folded.append(node.name or node.outputs[0])
+            continue
         if node.op_type != "LayerNormalization" or node.op_type in fp32_ops or any(node.outputs[1:]):
             continue
         x, y = node.inputs[0], node.outputs[0]
@@ -130,7 +219,28 @@ def fold_layernorms(graph: Graph, precision: str, fp32_ops=frozenset()) -> list[
     return folded
 
 
-def _fold_into(graph: Graph, g, gamma: np.ndarray, beta: np.ndarray, eps: float, half: str | None, k: int) -> None:
+def _fold_rms(graph: Graph, users: dict, last, rms: tuple, half: str | None, fp32_ops, k: int) -> bool:
+    """Fold the RMSNorm `rms` (_rms_norm) ending in node `last` into the GEMMs that read its
+    output, where they are all it has; False (nothing changed) otherwise."""
+    x, gamma_name, eps, _ = rms
+    xt = graph.tensors[x]
+    if not xt.shape or xt.value is not None or xt.dtype != (half or "float32"):
+        return False
+    length = int(xt.shape[-1])
+    gamma = _vector(graph.tensors.get(gamma_name), length) if gamma_name else np.ones(length)
+    y = last.outputs[0]
+    gemms = _readers(graph, users, y, length, fp32_ops) if gamma is not None else None
+    if not gemms:
+        return False
+    for g in gemms:
+        _fold_into(graph, g, gamma, np.zeros(length), eps, half, k, center=False)
+    for n in users.get(y, []):
+        n.inputs[0] = x
+    return True
+
+
+def _fold_into(graph: Graph, g, gamma: np.ndarray, beta: np.ndarray, eps: float, half: str | None, k: int,
+               center: bool = True) -> None:
     """GEMM node `g` takes W' = diag(γ) W (in the storage type its weight had), and the
     constants c and b' for its store (kernels/row_norm.py)."""
     wname = g.inputs[1]
@@ -144,9 +254,10 @@ def _fold_into(graph: Graph, g, gamma: np.ndarray, beta: np.ndarray, eps: float,
     b = (w * (beta[None, :] if trans_b else beta[:, None])).sum(axis=k_axis)
     tag = f"%lnfold{k}:{g.name or g.outputs[0]}"
     graph.tensors[f"{tag}:W"] = Tensor(f"{tag}:W", tuple(wt.shape), wt.dtype, stored)
-    graph.tensors[f"{tag}:c"] = Tensor(f"{tag}:c", (c.size,), "float32", c.astype(np.float32))
+    if center:
+        graph.tensors[f"{tag}:c"] = Tensor(f"{tag}:c", (c.size,), "float32", c.astype(np.float32))
     has_b = bool(np.any(beta))
     if has_b:
         graph.tensors[f"{tag}:b"] = Tensor(f"{tag}:b", (b.size,), "float32", b.astype(np.float32))
     g.inputs[1] = f"{tag}:W"
-    g.attrs[ATTR] = {"c": f"{tag}:c", "b": f"{tag}:b" if has_b else "", "eps": eps}
+    g.attrs[ATTR] = {"c": f"{tag}:c" if center else "", "b": f"{tag}:b" if has_b else "", "eps": eps, "center": center}

@@ -88,9 +88,10 @@ def row_norm(ctx, node) -> tuple[RowNorm | None, list[str], list[str]]:
     rn = node.attrs.get(FOLD_ATTR)
     if not rn:
         return None, [], []
-    tensors = [rn["c"]] + ([rn["b"]] if rn["b"] else [])
-    params = ["GPTR const float* RNC"] + (["GPTR const float* RNB"] if rn["b"] else [])
-    return RowNorm("RNC", "RNB" if rn["b"] else "", float(rn["eps"])), params, tensors
+    tensors = ([rn["c"]] if rn["c"] else []) + ([rn["b"]] if rn["b"] else [])
+    params = (["GPTR const float* RNC"] if rn["c"] else []) + (["GPTR const float* RNB"] if rn["b"] else [])
+    return (RowNorm("RNC" if rn["c"] else "", "RNB" if rn["b"] else "", float(rn["eps"]), bool(rn.get("center", True))),
+            params, tensors)
 
 
 @register("MatMul", since=1, category=COMPUTE, float_only=True, half_io=True)

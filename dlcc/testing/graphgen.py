@@ -880,7 +880,7 @@ def p_head_merge(g: Gen) -> None:
 
 
 def p_prenorm(g: Gen) -> None:
-    """A LayerNorm over the last axis that only GEMMs against weights read (a pre-LN
+    """A LayerNorm (or an RMSNorm) over the last axis that only GEMMs against weights read (a pre-LN
     transformer's ln_1, ln_2, ln_f), which `lower` folds into them (ops/fold_norm.py): a MatMul
     of any rank, or a Gemm (either B layout, a bias, alpha) after a Reshape to rows, one or two of
     them; sometimes another reader too, which keeps the LayerNorm a kernel of its own."""
@@ -891,9 +891,19 @@ def p_prenorm(g: Gen) -> None:
         a = g.input((g.dim(12), g.dim(12)))
     a = g.bounded(a, 10.0)
     K = a.shape[-1]
-    ins = [a, g.weight((K,), 1.0, hint="gamma")] + ([g.weight((K,), 0.5, hint="beta")] if g.ch.chance(0.7) else [])
-    lim = math.sqrt(K) + 0.5
-    y = g.one("LayerNormalization", ins, a.shape, -lim, lim, axis=-1, epsilon=g.ch.pick([1e-5, 1e-6]))
+    gamma, lim, eps = g.weight((K,), 1.0, hint="gamma"), math.sqrt(K) + 0.5, g.ch.pick([1e-5, 1e-6])
+    if g.ch.chance(0.6):
+        ins = [a, gamma] + ([g.weight((K,), 0.5, hint="beta")] if g.ch.chance(0.7) else [])
+        y = g.one("LayerNormalization", ins, a.shape, -lim, lim, axis=-1, epsilon=eps)
+    else:  # an RMSNorm as torch exports LLaMA's: x / sqrt(mean(x²) + eps) · γ
+        sq = (g.one("Pow", [a, g.scalar(2.0)], a.shape, 0.0, a.mag ** 2) if g.ch.chance(0.5)
+              else g.one("Mul", [a, a], a.shape, 0.0, a.mag ** 2))
+        ms = _reduce_node(g, "ReduceMean", sq, [-1], 1, 0.0, a.mag ** 2)
+        s = g.one("Sqrt", [g.one("Add", [ms, g.scalar(eps)], ms.shape, eps, ms.hi + eps)], ms.shape,
+                  math.sqrt(eps), math.sqrt(ms.hi + eps))
+        n = (g.one("Div", [a, s], a.shape, -lim, lim) if g.ch.chance(0.5)
+             else g.one("Mul", [a, g.one("Reciprocal", [s], s.shape, 1 / s.hi, 1 / s.lo)], a.shape, -lim, lim))
+        y = g.one("Mul", [gamma, n], a.shape, -lim, lim) if g.ch.chance(0.8) else n
     rows, scale = int(np.prod(a.shape[:-1])), 1.0 / math.sqrt(K)
     for _ in range(g.ch.pick([1, 1, 2])):
         N = g.dim(18)

@@ -154,7 +154,7 @@ def run(artifact: Path = typer.Argument(..., help="artifact directory from `dlcc
     import dlcc
 
     cm = dlcc.load(artifact, target=target)
-    feeds = _load_inputs(inputs) if inputs else cm.sample_inputs(seed)
+    feeds = given if inputs else cm.sample_inputs(seed)
     steps = _steps(quiet or json_out)
     with steps.step(f"build kernels ({cm.target})"):
         ex = cm.executor()
@@ -197,11 +197,13 @@ def verify(model: Path = typer.Argument(..., help="ONNX model file"),
     its outputs rounded to their own type."""
     from .verify import DEFAULT_TOLERANCE, OUTPUT_TOLERANCE, verify_outputs
 
+    given = _load_inputs(inputs) if inputs else None
+    shape = list(shape or []) + _shapes_of(given, shape, model)
     cm = _compile(model, shape, target, pipeline, device, quiet, json_out, profile_db=profile_db, precision=precision)
     prec = cm.plan["meta"].get("precision", "fp32")
     tol_from = ("given" if rtol is not None and atol is not None else f"{prec} default" if rtol is None and atol is None
                 else f"{'rtol' if rtol is not None else 'atol'} given, the other the {prec} default")
-    feeds = _load_inputs(inputs) if inputs else cm.sample_inputs(seed)
+    feeds = given if inputs else cm.sample_inputs(seed)
     steps = _steps(quiet or json_out)
     with steps.step(f"build kernels ({cm.target})"):
         ex = cm.executor()
@@ -726,6 +728,25 @@ def _print_plan_estimate(d: dict, timeline) -> None:
     out.print(f"best: [bold]{_escape(d['best'])}[/] — {_escape(d['why'])}")
     if timeline:
         out.print(f"timeline → {_escape(str(timeline))} (open in https://ui.perfetto.dev)")
+
+
+def _shapes_of(feeds: dict | None, shape, model) -> list[str]:
+    """`--shape` bindings NAME=AxB for the arrays of `--inputs` that `--shape` does not bind, of
+    the model's inputs with a dynamic dim: such a model is compiled for the inputs it is given.
+    (Arrays that are no input of the model are left to the run, which names them.)"""
+    if not feeds:
+        return []
+    import onnx
+
+    try:
+        graph = onnx.load(str(model), load_external_data=False).graph
+    except Exception:
+        return []  # the compile reports an unreadable model
+    dynamic = {i.name for i in graph.input
+               if any(not d.HasField("dim_value") for d in i.type.tensor_type.shape.dim)}
+    bound = {str(b).split("=", 1)[0] for b in shape or [] if "=" in str(b)}
+    return [f"{k}={'x'.join(map(str, v.shape))}" for k, v in feeds.items()
+            if k in dynamic and k not in bound and getattr(v, "ndim", 0) > 0]
 
 
 def _load_inputs(path: Path) -> dict:

@@ -153,3 +153,26 @@ def test_python_dash_m_dlcc_is_the_cli(tmp_path):
     assert ok.returncode == 0 and "h100" in ok.stdout
     bad = subprocess.run([sys.executable, "-m", "dlcc", "no-such-command"], capture_output=True, text=True, cwd=tmp_path)
     assert bad.returncode != 0 and "no-such-command" in bad.stdout + bad.stderr
+
+
+def test_verify_binds_dynamic_dims_from_its_inputs(tmp_path):
+    """`verify -i FILE` on a model with a dynamic dim compiles for the arrays it is given (as a
+    user of silero-vad's op15 export, batch x sequence, would try it); --shape still wins, and
+    an array that is no input is named by the one error."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "dyn",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 5])])
+    model = tmp_path / "dyn.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), model)
+    np.savez(tmp_path / "in.npz", x=np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32))
+    rc, out, err = cli("verify", model, "-i", tmp_path / "in.npz", "--target", "opencl", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["outputs"][0]["shape"] == [3, 5]
+    rc, out, err = cli("verify", model, "-i", tmp_path / "in.npz", "-s", "x=2x5", "--target", "opencl")
+    assert rc != 0 and "Traceback" not in err and "x" in err
+    np.savez(tmp_path / "bad.npz", z=np.zeros((3, 5), np.float32))
+    rc, out, err = cli("verify", model, "-i", tmp_path / "bad.npz", "--target", "opencl")
+    assert rc != 0 and "Traceback" not in err and "'batch'" in err, err

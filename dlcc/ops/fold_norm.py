@@ -78,7 +78,8 @@ def _readers(graph: Graph, users: dict, y: str, length: int, fp32_ops) -> list |
             w = graph.tensors[n.inputs[1]]
             if n.op_type == "MatMul" and len(w.shape) == 2 and w.shape[0] == length and len(graph.tensors[t].shape) >= 2:
                 gemms.append(n)
-            elif n.op_type == "Gemm" and not n.attrs.get("transA", 0):
+            elif (n.op_type == "Gemm" and not n.attrs.get("transA", 0) and len(w.shape) == 2
+                  and w.shape[1 if n.attrs.get("transB", 0) else 0] == length):
                 gemms.append(n)
             else:
                 return None

@@ -154,7 +154,7 @@ def run(artifact: Path = typer.Argument(..., help="artifact directory from `dlcc
     import dlcc
 
     cm = dlcc.load(artifact, target=target)
-    feeds = given if inputs else cm.sample_inputs(seed)
+    feeds = _load_inputs(inputs) if inputs else cm.sample_inputs(seed)
     steps = _steps(quiet or json_out)
     with steps.step(f"build kernels ({cm.target})"):
         ex = cm.executor()

@@ -1,4 +1,4 @@
-"""A LayerNormalization computed inside the GEMM that reads it (`lower`'s `fold_layernorm`).
+"""A LayerNormalization (or an RMSNorm) computed inside the GEMM that reads it (`lower`'s `fold_layernorm`).
 
 Why: in a pre-LN transformer (GPT-2, ViT, most decoders) every LayerNorm's output is read by one
 GEMM only: ln_1 by the QKV projection, ln_2 by the FFN's up-projection, ln_f by the LM head. Run

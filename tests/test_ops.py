@@ -407,6 +407,8 @@ add(
     op("DepthToSpace-DCR", "DepthToSpace", [X(R((2, 8, 3, 2)))], {"blocksize": 2}),
     op("DepthToSpace-CRD", "DepthToSpace", [X(R((2, 8, 3, 2)))], {"blocksize": 2, "mode": "CRD"}),
     op("DepthToSpace-DCR-b3", "DepthToSpace", [X(R((1, 18, 2, 2)))], {"blocksize": 3}),
+    op("SpaceToDepth", "SpaceToDepth", [X(R((2, 3, 4, 6)))], {"blocksize": 2}),
+    op("SpaceToDepth-b3", "SpaceToDepth", [X(R((1, 2, 6, 3)))], {"blocksize": 3}),
     op("Trilu-upper", "Trilu", [X(R((4, 5)))]),
     op("Trilu-lower", "Trilu", [X(R((4, 5)))], {"upper": 0}),
     op("Trilu-upper-k1-batched", "Trilu", [X(R((2, 4, 5))), W(np.array(1, I64))]),

@@ -222,6 +222,8 @@ def _reshape(graph, n):
 def _blocksize(graph, n):
     out = _at_least(n, "blocksize", 1, 1)
     b, x = _ints(n, "blocksize", 1)[0], _shape(graph, n.inputs[0])
+    if x is not None and len(x) != 4:
+        out.append(f"the input has rank {len(x)}, not 4 (N, C, H, W)")
     if not out and x is not None and len(x) == 4:
         if n.op_type == "DepthToSpace" and x[1] % (b * b):
             out.append(f"blocksize {b}: the input's {x[1]} channels are not a multiple of {b * b}")

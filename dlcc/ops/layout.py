@@ -335,6 +335,20 @@ def _depth_to_space(ctx, node):
     emit_map(ctx, node.outputs[0], [node.inputs[0]], body, "DepthToSpace", flops_per_elem=0)
 
 
+@register("SpaceToDepth", since=1, category=LAYOUT, half_io=True)
+def _space_to_depth(ctx, node):
+    """Each b x b block of pixels into channels, block offset major: output channel
+    (bh * b + bw) * C + c reads x[c, h * b + bh, w * b + bw] (YOLOX's and YOLOv5's Focus stem)."""
+    _, c, _, _ = ctx.shape(node.inputs[0])
+    b = ctx.attr("blocksize")
+
+    def body(v):
+        s = [f"const int sd = {v.o[1]} / {c}, sc = {v.o[1]} % {c};"]
+        return s, v.ld(0, [v.o[0], "sc", f"{v.o[2]} * {b} + sd / {b}", f"{v.o[3]} * {b} + sd % {b}"])
+
+    emit_map(ctx, node.outputs[0], [node.inputs[0]], body, "SpaceToDepth", flops_per_elem=0)
+
+
 @register("Trilu", since=14, category=LAYOUT, half_io=True)
 def _trilu(ctx, node):
     k = 0

@@ -1049,9 +1049,10 @@ def p_rnn(g: Gen) -> None:
 
 
 def p_misc(g: Gen) -> None:
-    """Layout ops real exporters also write: Tile, DepthToSpace, Trilu, GatherElements, ArgMax."""
+    """Layout ops real exporters also write: Tile, DepthToSpace, SpaceToDepth, Trilu, GatherElements,
+    ArgMax."""
     kind = g.ch.pick(["Tile", "Trilu", "GatherElements", "ArgMax", "DepthToSpace"][: 5 if g.opset >= 14 else 1] +
-                     (["GatherElements", "ArgMax", "DepthToSpace"] if g.opset < 14 else []))
+                     (["GatherElements", "ArgMax", "DepthToSpace"] if g.opset < 14 else []) + ["SpaceToDepth"])
     v = g.pick_or_input(lambda u: u.rank >= 2 and u.numel <= 2048, lambda: g.shape(2, 1024))
     if v.rank < 2:
         v = g.input(g.shape(2, 1024))
@@ -1075,6 +1076,12 @@ def p_misc(g: Gen) -> None:
             tuple(d for k, d in enumerate(x.shape) if k != axis)
         i = g.one("ArgMax", [x], out, dtype="int64", axis=axis, keepdims=keep)
         g.one("Cast", [i], out, 0, x.shape[axis], to=TensorProto.FLOAT)
+    elif kind == "SpaceToDepth":  # on an NCHW tensor whose H and W the block divides (YOLOX's Focus)
+        b = g.ch.pick([2, 3])
+        x = (g.pick(lambda u: u.rank == 4 and u.shape[2] % b == 0 and u.shape[3] % b == 0)
+             or g.input((1, g.ch.pick([1, 3]), 2 * b, 3 * b)))
+        n, c, h, w = x.shape
+        g.one("SpaceToDepth", [x], (n, c * b * b, h // b, w // b), x.lo, x.hi, blocksize=b)
     else:  # DepthToSpace on an NCHW tensor whose C divides by b²
         b = 2
         x = g.pick(lambda u: u.rank == 4 and u.shape[1] % 4 == 0) or g.input((1, 4 * g.ch.pick([1, 2]), 3, 5))

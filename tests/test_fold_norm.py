@@ -20,6 +20,16 @@ from dlcc.verify import DEFAULT_TOLERANCE
 needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
 
 
+def _save(path, nodes, name, x_shape, outs, inits, opset):
+    """The graph of `nodes` with float input x of `x_shape`, checked and saved at `path`."""
+    g = h.make_graph(nodes, name, [h.make_tensor_value_info("x", TP.FLOAT, x_shape)], outs, inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    onnx.save(m, path)
+    return path
+
+
 def pre_ln_block(path, M=24, K=64, N=40, mean=0.0, extra_reader=False, bias=True):
     """x + offset -> LN -> Reshape -> MatMul -> + b -> Tanh, and LN' of the same x -> Reshape ->
     Gemm(transB) with a bias; the sum. Both LayerNorms fold unless `extra_reader` makes the
@@ -49,12 +59,7 @@ def pre_ln_block(path, M=24, K=64, N=40, mean=0.0, extra_reader=False, bias=True
     if extra_reader:
         nodes.append(h.make_node("Mul", ["y2", "y2"], ["sq"]))
         outs.append(h.make_tensor_value_info("sq", TP.FLOAT, [1, M, K]))
-    g = h.make_graph(nodes, "pre_ln", [h.make_tensor_value_info("x", TP.FLOAT, [1, M, K])], outs, inits)
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.checker.check_model(m)
-    onnx.save(m, path)
-    return path
+    return _save(path, nodes, "pre_ln", [1, M, K], outs, inits, 17)
 
 
 def _folded(cm) -> list[str]:
@@ -207,12 +212,7 @@ def rms_block(path, form="div", gamma=True, M=24, K=64, N=40, extra_reader=False
     outs = [h.make_tensor_value_info("out", TP.FLOAT, [1, M, N])]
     if extra_reader:
         outs.append(h.make_tensor_value_info("rms", TP.FLOAT, [1, M, 1]))
-    g = h.make_graph(nodes, "rms", [h.make_tensor_value_info("x", TP.FLOAT, [1, M, K])], outs, inits)
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 18)])
-    m.ir_version = 8
-    onnx.checker.check_model(m)
-    onnx.save(m, path)
-    return path
+    return _save(path, nodes, "rms", [1, M, K], outs, inits, 18)
 
 
 @needs_opencl

@@ -57,7 +57,11 @@ class RowNorm:
     c: str
     b: str
     eps: float
-    center: bool = True
+
+    @property
+    def center(self) -> bool:
+        """A LayerNorm's (its rows centred, with c), not an RMSNorm's."""
+        return bool(self.c)
 
 
 def scratch_floats(threads: int, bm: int) -> int:

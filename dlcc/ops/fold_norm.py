@@ -29,7 +29,7 @@ from ..ir import Graph, Tensor
 from .narrow import HALF_DTYPES
 from .registry import ALIAS, lookup
 
-#: The node attribute a folded GEMM carries for ops/matmul.py: {"c", "b", "eps"}.
+#: The node attribute a folded GEMM carries for ops/matmul.py: {"c", "b", "eps"} (c "" for an RMSNorm).
 ATTR = "_dlcc_row_norm"
 
 
@@ -102,12 +102,12 @@ def _const_scalar(graph: Graph, name: str) -> float | None:
     return float(np.asarray(t.value).reshape(()))
 
 
-def _rms_norm(graph: Graph, users: dict, out_node, fp32_ops) -> tuple | None:
+def _rms_norm(graph: Graph, users: dict, by_out: dict, out_node, fp32_ops) -> tuple | None:
     """The RMSNorm that ends in `out_node`, as torch exports LLaMA's and T5's (after simplify):
     Pow(x, 2) (or Mul(x, x)) -> ReduceMean(last axis, keepdims) -> Add(eps) -> Sqrt -> Div(x, ·)
-    (or Mul by its Reciprocal, or by Div(1, ·)), then optionally Mul by a constant γ. Returns (x, γ or None, eps, the nodes
-    it removes), or None where it is not that, or where an intermediate has another reader."""
-    by_out = {o: n for n in graph.nodes for o in n.outputs if o}
+    (or Mul by its Reciprocal, or by Div(1, ·)), then optionally Mul by a constant γ. Returns
+    (x, γ or None, eps, the nodes it removes), or None where it is not that, or where an intermediate has another reader.
+    `by_out`: each tensor's producing node."""
 
     def only(t: str, reader) -> bool:
         return t not in graph.outputs and [id(n) for n in users.get(t, [])] == [id(reader)]
@@ -181,67 +181,55 @@ def fold_layernorms(graph: Graph, precision: str, fp32_ops=frozenset()) -> list[
     are made in the half type directly."""
     if precision not in ("fp32",) + tuple(HALF_DTYPES):
         return []
-    half = HALF_DTYPES.get(precision)
+    half, fp32_ops = HALF_DTYPES.get(precision), set(fp32_ops)
     users = _consumers(graph)
+    by_out = {o: n for n in graph.nodes for o in n.outputs if o}
     folded, drop = [], set()
     for node in list(graph.nodes):
         if node.op_type in ("Mul", "Div") and id(node) not in drop:
-            rms = _rms_norm(graph, users, node, set(fp32_ops))
-            if rms is not None and _fold_rms(graph, users, node, rms, half, set(fp32_ops), len(folded)):
-                drop.update(id(n) for n in rms[3])
-                folded.append(node.name or node.outputs[0])
+            rms = _rms_norm(graph, users, by_out, node, fp32_ops)
+            if rms is None:
+                continue
+            x, gamma, eps, removed = rms
+            norm = (x, node.outputs[0], gamma, "", eps, False)
+        elif node.op_type == "LayerNormalization" and node.op_type not in fp32_ops and not any(node.outputs[1:]):
+            x = node.inputs[0]
+            if int(node.attrs.get("axis", -1)) not in (-1, len(graph.tensors[x].shape or ()) - 1):
+                continue
+            beta = node.inputs[2] if len(node.inputs) > 2 else ""
+            norm, removed = (x, node.outputs[0], node.inputs[1], beta, float(node.attrs.get("epsilon", 1e-5)), True), [node]
+        else:
             continue
-        if node.op_type != "LayerNormalization" or node.op_type in fp32_ops or any(node.outputs[1:]):
-            continue
-        x, y = node.inputs[0], node.outputs[0]
-        xt = graph.tensors[x]
-        if not xt.shape or xt.value is not None or xt.dtype != (half or "float32"):
-            continue
-        axis = int(node.attrs.get("axis", -1))
-        if axis not in (-1, len(xt.shape) - 1):
-            continue
-        length = int(xt.shape[-1])
-        gamma = _vector(graph.tensors.get(node.inputs[1]), length)
-        beta_name = node.inputs[2] if len(node.inputs) > 2 else ""
-        beta = _vector(graph.tensors.get(beta_name), length) if beta_name else np.zeros(length)
-        if gamma is None or beta is None:
-            continue
-        gemms = _readers(graph, users, y, length, set(fp32_ops))
-        if not gemms:
-            continue
-        eps = float(node.attrs.get("epsilon", 1e-5))
-        for g in gemms:
-            _fold_into(graph, g, gamma, beta, eps, half, len(folded))
-        for n in users.get(y, []):
-            n.inputs[0] = x  # the views and GEMMs read x, of the same shape and storage
-        drop.add(id(node))
-        folded.append(node.name or y)
+        if _fold(graph, users, *norm, half, fp32_ops, len(folded)):
+            drop.update(id(n) for n in removed)
+            folded.append(node.name or node.outputs[0])
     graph.nodes = [n for n in graph.nodes if id(n) not in drop]
     return folded
 
 
-def _fold_rms(graph: Graph, users: dict, last, rms: tuple, half: str | None, fp32_ops, k: int) -> bool:
-    """Fold the RMSNorm `rms` (_rms_norm) ending in node `last` into the GEMMs that read its
-    output, where they are all it has; False (nothing changed) otherwise."""
-    x, gamma_name, eps, _ = rms
+def _fold(graph: Graph, users: dict, x: str, y: str, gamma_name: str | None, beta_name: str, eps: float,
+          center: bool, half: str | None, fp32_ops, k: int) -> bool:
+    """Fold the norm of x into y (scale `gamma_name`, bias `beta_name`, either "" or None for
+    none; `center`: a LayerNorm, else an RMSNorm) into the GEMMs that read y, where they are all
+    it has, and rewire them to x; False, with nothing changed, where it does not qualify."""
     xt = graph.tensors[x]
     if not xt.shape or xt.value is not None or xt.dtype != (half or "float32"):
         return False
     length = int(xt.shape[-1])
     gamma = _vector(graph.tensors.get(gamma_name), length) if gamma_name else np.ones(length)
-    y = last.outputs[0]
-    gemms = _readers(graph, users, y, length, fp32_ops) if gamma is not None else None
+    beta = _vector(graph.tensors.get(beta_name), length) if beta_name else np.zeros(length)
+    gemms = _readers(graph, users, y, length, fp32_ops) if gamma is not None and beta is not None else None
     if not gemms:
         return False
     for g in gemms:
-        _fold_into(graph, g, gamma, np.zeros(length), eps, half, k, center=False)
+        _fold_into(graph, g, gamma, beta, eps, half, k, center)
     for n in users.get(y, []):
-        n.inputs[0] = x
+        n.inputs[0] = x  # the views and GEMMs read x, of the same shape and storage
     return True
 
 
 def _fold_into(graph: Graph, g, gamma: np.ndarray, beta: np.ndarray, eps: float, half: str | None, k: int,
-               center: bool = True) -> None:
+               center: bool) -> None:
     """GEMM node `g` takes W' = diag(γ) W (in the storage type its weight had), and the
     constants c and b' for its store (kernels/row_norm.py)."""
     wname = g.inputs[1]
@@ -261,4 +249,4 @@ def _fold_into(graph: Graph, g, gamma: np.ndarray, beta: np.ndarray, eps: float,
     if has_b:
         graph.tensors[f"{tag}:b"] = Tensor(f"{tag}:b", (b.size,), "float32", b.astype(np.float32))
     g.inputs[1] = f"{tag}:W"
-    g.attrs[ATTR] = {"c": f"{tag}:c" if center else "", "b": f"{tag}:b" if has_b else "", "eps": eps, "center": center}
+    g.attrs[ATTR] = {"c": f"{tag}:c" if center else "", "b": f"{tag}:b" if has_b else "", "eps": eps}

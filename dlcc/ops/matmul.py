@@ -90,8 +90,7 @@ def row_norm(ctx, node) -> tuple[RowNorm | None, list[str], list[str]]:
         return None, [], []
     tensors = ([rn["c"]] if rn["c"] else []) + ([rn["b"]] if rn["b"] else [])
     params = (["GPTR const float* RNC"] if rn["c"] else []) + (["GPTR const float* RNB"] if rn["b"] else [])
-    return (RowNorm("RNC" if rn["c"] else "", "RNB" if rn["b"] else "", float(rn["eps"]), bool(rn.get("center", True))),
-            params, tensors)
+    return RowNorm("RNC" if rn["c"] else "", "RNB" if rn["b"] else "", float(rn["eps"])), params, tensors
 
 
 @register("MatMul", since=1, category=COMPUTE, float_only=True, half_io=True)

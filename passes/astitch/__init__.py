@@ -203,31 +203,28 @@ def _written(ng, st) -> set[str]:
     return out
 
 
-def _inlined_used(ng, pl, st) -> set[int]:
+def _inlined_reads(ng, start, inlined: set[int]) -> set[int]:
+    """The nodes of `inlined` that nodes `start` read, transitively (computed in their threads)."""
     used: set[int] = set()
-    todo = [s.node for ph in st.phases for s in ph.stages]
+    todo = list(start)
     while todo:
-        n = ng.nodes[todo.pop()]
-        for t in n.inputs:
+        for t in ng.nodes[todo.pop()].inputs:
             p = ng.producer.get(t)
-            if p is not None and p in st.inlined and p not in used:
+            if p is not None and p in inlined and p not in used:
                 used.add(p)
                 todo.append(p)
     return used
+
+
+def _inlined_used(ng, pl, st) -> set[int]:
+    return _inlined_reads(ng, [s.node for ph in st.phases for s in ph.stages], st.inlined)
 
 
 def _with_loads(ng, pl, members) -> set[int]:
     """`members` of a fused rOperator and the nodes computed inside its loads (planner.gemm_inline)
     that they read, transitively: the readers _dram looks at. Why: an embedding lookup inlined
     into GPT-2's first QKV projection reads 128 rows of a 77 MB table, not the table."""
-    out, todo = set(members), list(members)
-    while todo:
-        for t in ng.nodes[todo.pop()].inputs:
-            p = ng.producer.get(t)
-            if p is not None and p in pl.gemm_inline and p not in out:
-                out.add(p)
-                todo.append(p)
-    return out
+    return set(members) | _inlined_reads(ng, members, pl.gemm_inline)
 
 
 def _dram(ng, pl, reads, writes, members) -> int:

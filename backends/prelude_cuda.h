@@ -59,6 +59,7 @@ typedef signed char i8;
 #define F_FMOD fmodf
 #define F_ISNAN(x) isnan(x)
 #define F_ISINF(x) isinf(x)
+#define F_ISFINITE(x) isfinite(x)
 typedef __half f16;  /* float16 is storage only: loads and stores convert to and from float */
 #define LOAD_F16(p, i) __half2float((p)[i])
 #define STORE_F16(p, i, v) ((p)[i] = __float2half_rn(v))

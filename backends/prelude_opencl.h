@@ -42,6 +42,7 @@ typedef char i8;
 #define F_FMOD fmod
 #define F_ISNAN(x) isnan(x)
 #define F_ISINF(x) isinf(x)
+#define F_ISFINITE(x) isfinite(x)
 typedef half f16;  /* pointers to half need no cl_khr_fp16; vload/vstore_half convert */
 #define LOAD_F16(p, i) vload_half((i), (p))
 #define STORE_F16(p, i, v) vstore_half_rte((v), (i), (p))

@@ -360,7 +360,7 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
         pl.add_column("", overflow="fold")
         for line in said:
             name, _, rest = line.partition(": ")
-            pl.add_row(*map(_escape, (name, rest) if name in PASSES else ("", line)))
+            pl.add_row(*map(_escape, (name, rest) if name in PASSES or name == "import" else ("", line)))
         out.print(pl)
     _print_index_checks(plan["meta"])
     if launch_rows is not None:

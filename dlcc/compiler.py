@@ -261,6 +261,7 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
                          fp32_ops=tuple(pipe.fp32_ops), half_activations=pipe.half_activations,
                          graphs=pipe.graphs and (target == "cuda" if graphs is None else graphs),
                          joins=any(p.name == "rammer" for p in pipe.passes))
+    state.log.extend(graph.notes)
     if precision_note:
         state.log.append(precision_note)
     check_order([p.name for p in pipe.passes], f"pipeline {pipe.name!r}")  # also for specs built in code

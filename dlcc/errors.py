@@ -31,6 +31,10 @@ class DynamicShapeError(ShapeError):
     """A shape depends on tensor values, not only on input shapes (not compilable statically)."""
 
 
+class UnsupportedControlFlowError(DlccError):
+    """An If that dlcc cannot turn into plain nodes (control_flow.py says which and why)."""
+
+
 class UnsupportedOpsError(DlccError):
     """The graph uses ops dlcc cannot lower; lists every one of them at once."""
 

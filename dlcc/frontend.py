@@ -2,7 +2,8 @@
 
 Folding uses onnxruntime at ORT_ENABLE_BASIC first (it folds Shape→Gather→Concat chains the way
 NNFusion relies on), then `onnx.reference.ReferenceEvaluator` for anything left whose inputs are
-all known. Shapes come from `onnx.shape_inference`. No op semantics are written by hand here.
+all known (with the few ops it gets wrong replaced: reference_ops.py). Shapes come from
+`onnx.shape_inference`. An If becomes plain nodes (control_flow.py).
 """
 from __future__ import annotations
 
@@ -381,7 +382,7 @@ def _fold_and_infer(graph: Graph) -> None:
     """Walk the nodes in order: fold those whose inputs are all known values (onnx.reference), and
     infer the output shapes that whole-model inference left open (they often become known once a
     shape subgraph is folded). Shapes of static tensors fold `Shape` and `Size` directly."""
-    from onnx.reference import ReferenceEvaluator
+    from .reference_ops import evaluator
 
     keep: list[Node] = []
     declared = set(graph.outputs)
@@ -399,7 +400,7 @@ def _fold_and_infer(graph: Graph) -> None:
         if node.domain == "" and node.op_type not in _NONDETERMINISTIC and ins and all(graph.is_const(i) for i in ins):
             try:
                 m, feeds = _mini_model(graph, node)
-                results = ReferenceEvaluator(m).run(None, feeds)
+                results = evaluator(m).run(None, feeds)
                 for o, v in zip([o for o in node.outputs if o], results):
                     _set_value(graph.tensors[o], np.asarray(v))
                 continue
@@ -520,6 +521,11 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         if folded is not None:
             model = folded
     model = infer_shapes(model, path)
+    from .control_flow import check_selects, inline_ifs
+
+    notes, selects = inline_ifs(model, path)
+    if notes:
+        model = infer_shapes(model, path)
     opset = opset_of(model)
     from .expand import MAX_ROUNDS, expand_functions
     from .ops.registry import supported_ops
@@ -547,10 +553,10 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
             m = onnx.helper.make_model(onnx.helper.make_graph([n], "c", [], [onnx.helper.make_tensor_value_info(n.output[0], 0, None)]),
                                        opset_imports=[onnx.helper.make_opsetid("", opset)])
-            from onnx.reference import ReferenceEvaluator
+            from .reference_ops import evaluator
 
             try:
-                val = np.asarray(ReferenceEvaluator(m).run(None, {})[0])
+                val = np.asarray(evaluator(m).run(None, {})[0])
             except Exception as e:  # a value attribute whose data does not match its dims or type
                 raise ModelError(f"{path}: Constant node {n.name or n.output[0]!r} cannot be evaluated: "
                                  f"{first_line(e)}") from None
@@ -568,8 +574,10 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         outputs=[o.name for o in g.output],
         opset=opset,
         source_node_count=source_nodes,
+        notes=notes,
     )
     _fold_and_infer(graph)
+    check_selects(graph, selects, path)
     for t in graph.tensors.values():
         if t.value is not None:
             t.shape = tuple(t.value.shape)

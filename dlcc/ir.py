@@ -83,6 +83,9 @@ class Graph:
     # Internal tensor -> the ONNX output name it is reported as (when an output had to be copied
     # into a tensor of its own, e.g. a graph output that is also a graph input).
     output_alias: dict[str, str] = field(default_factory=dict)
+    # What the import did that a user should see in the pass log (control_flow.py: how each If was
+    # inlined).
+    notes: list[str] = field(default_factory=list)
 
     def output_name(self, name: str) -> str:
         return self.output_alias.get(name, name)

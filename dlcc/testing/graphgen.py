@@ -14,7 +14,8 @@ What the patterns favour (each is one function below, in `PATTERNS` with its wei
 - Reshape, Transpose, Slice, Concat, Split, Gather, Expand, Pad between them;
 - MatMul, Gemm and Conv (with BatchNorm and pools) with prologue and epilogue chains, and
   LayerNorms that only GEMMs read (folded into them);
-- LSTM and GRU.
+- LSTM and GRU;
+- If, with a constant condition or one computed exactly from an input (control_flow.py).
 Shapes include odd sizes, 1-sized dims, rows longer than the shared-memory budget, rows shorter
 than a warp and grids smaller than a device.
 
@@ -1257,12 +1258,44 @@ def p_alias(g: Gen) -> None:
 
 
 #: (pattern, weight): elementwise and reductions most, since they are what AStitch rewrites.
+def p_if(g: Gen) -> None:
+    """An If whose branches each compute from an outer value with a local constant of the same
+    name in both (control_flow.py renames them apart). Its condition is a constant (the taken
+    branch is inlined) or compares a ReduceMax of an input, which is exact, with a threshold
+    among the input's values (both branches run, Where selects): a rounded condition could
+    flip between dlcc and onnxruntime and make a correct program look wrong."""
+    a = g.pick_or_input(lambda u: u.rank >= 1)
+    if g.ch.chance(0.3):
+        cond = g.const(np.array(g.ch.chance(0.5)), "cond")
+    else:
+        x = g.pick(lambda u: u.exact and u.rank >= 1 and u.name in g.feeds) or g.input(g.shape(2))
+        vals = np.sort(g.feeds[x.name].ravel())
+        thr = float(vals[g.ch.pick([0, len(vals) // 2, len(vals) - 1])])
+        m = g.one("ReduceMax", [x], (), x.lo, x.hi, keepdims=0)
+        cond = g.one(g.ch.pick(["Greater", "GreaterOrEqual", "Less"]), [m, g.scalar(thr)], (), 0, 1, dtype="bool")
+    local, out = g.name("k"), g.name("br")
+    k_then, k_else = g.ch.pick([0.5, 2.0, -1.0]), g.ch.pick([0.25, 3.0])
+    first = g.ch.pick(["Tanh", "Neg", "Relu"])
+    lo1, hi1 = {"Tanh": (-1.0, 1.0), "Neg": (-a.hi, -a.lo), "Relu": (0.0, max(a.hi, 0.0))}[first]
+
+    def branch(name, op, k, lo, hi):
+        nodes = ([helper.make_node(op, [a.name], [local + "_t"])] if op else []) + [
+            helper.make_node("Mul", [local + "_t" if op else a.name, local], [out])]
+        return (helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, list(a.shape))],
+                                  [numpy_helper.from_array(np.array(k, np.float32), local)]),
+                sorted((lo * k, hi * k)))
+
+    then, (tlo, thi) = branch("then", first, k_then, lo1, hi1)
+    els, (elo, ehi) = branch("else", None, k_else, a.lo, a.hi)
+    g.node("If", [cond], [(a.shape, "float32", min(tlo, elo), max(thi, ehi))], then_branch=then, else_branch=els)
+
+
 PATTERNS = [
     (p_unary, 14), (p_binary, 14), (p_reduce, 10), (p_softmax, 4), (p_layernorm, 5), (p_reshape, 6),
     (p_transpose, 5), (p_slice, 4), (p_concat, 4), (p_split, 3), (p_gather, 3), (p_expand, 2), (p_pad, 2),
     (p_where, 2), (p_cast, 1), (p_cumsum, 1), (p_matmul, 6), (p_gemm, 3), (p_conv, 4), (p_rnn, 2),
     (p_misc, 2), (p_logic, 1), (p_mod, 1), (p_topk, 1), (p_gathernd, 1), (p_convtranspose, 1), (p_norm, 1),
-    (p_resize, 1), (p_alias, 1), (p_head_merge, 4), (p_prenorm, 3),
+    (p_resize, 1), (p_alias, 1), (p_head_merge, 4), (p_prenorm, 3), (p_if, 1),
 ]
 
 

@@ -135,27 +135,13 @@ def float64_model(model: onnx.ModelProto) -> onnx.ModelProto:
     return m
 
 
-def _mean_op():
-    """onnx.reference's Mean adds in place into its first input, so it fails where that input is
-    the one broadcast (onnx 1.23); this one broadcasts like the spec says."""
-    from onnx.reference.op_run import OpRun
-
-    class Mean(OpRun):
-        op_domain = ""
-
-        def _run(self, *args):
-            return (np.asarray(sum(args[1:], args[0]) / len(args), args[0].dtype),)
-
-    return Mean
-
-
 def _run64(m: onnx.ModelProto, feeds: dict) -> dict:
-    from onnx.reference import ReferenceEvaluator
+    from ..reference_ops import evaluator
 
     f64 = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feeds.items()}
     names = [o.name for o in m.graph.output]
     return {n: np.asarray(v, np.float64) if np.asarray(v).dtype.kind == "f" else np.asarray(v)
-            for n, v in zip(names, ReferenceEvaluator(m, new_ops=[_mean_op()]).run(names, f64))}
+            for n, v in zip(names, evaluator(m).run(names, f64))}
 
 
 def float64_reference(model: onnx.ModelProto, feeds: dict) -> dict:

@@ -12,7 +12,7 @@ import re
 from ...kernels.gemm import GemmSpec, gemm_source
 from ...kernels.map import MapView, prune_defs, unravel
 from ...kernels.program import FLOAT_LOAD_MACROS, ctype, literal, load_float, store_float, value_ctype
-from ...kernels.reduce import COMBINE, INIT, ReduceLayout
+from ...kernels.reduce import COMBINE, ReduceLayout, accumulate_init, accumulate_step
 from .planner import BLOCK, Phase, Stitch
 
 PD, PA = "@PD@", "@PA@"  # parameter declarations / arguments, filled in once all are known
@@ -187,20 +187,19 @@ def _reduce_stage(ng, b, ph, s, n) -> list[str]:
     lay = ReduceLayout(red.shape, red.axes)
     bst, base = lay.base("o")
     ost, off = lay.offset("r")
-    comb = COMBINE[red.op].format(a="acc", b=f"({red.pre})")
     post = red.post.replace("R_F", _lit(lay.R))
     x = n.inputs[0]
     T = ph.tpr
     lines = [f"for (int q = 0; q < {s.per_unit}; ++q) {{",
              f"    const int o = u * {s.per_unit} + q;",
-             f"    float acc = {INIT[red.op]};",
+             *["    " + z for z in accumulate_init(red.op)],
              "    if (act) {",
              *["        " + z for z in bst],
              f"        const int base = {base};",
              f"        for (int r = lt; r < {lay.R}; r += {T}) {{",
              *["            " + z for z in ost],
              f"            const float v = (float)({b.read(x, f'base + {off}')});",
-             f"            acc = {comb};",
+             *["            " + z for z in accumulate_step(red.op, red.pre)],
              "        }",
              "    }"]
     if T > 1:

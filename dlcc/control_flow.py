@@ -1,0 +1,222 @@
+"""`If` without control flow on the device: each If of the main graph becomes plain nodes before
+lowering, so dlcc's kernels, AStitch and Rammer never see a branch.
+
+- **A condition known at compile time** (an initializer, a Constant, or what onnxruntime's folding
+  made of a shape test once the dynamic dims are bound): the taken branch's nodes replace the If,
+  and the other branch is dropped. Exporters write such Ifs for shape special cases (torch's
+  `if x.shape[1] == 1`), and most Ifs in real models are of this kind.
+- **A condition computed from the inputs** (openWakeWord's detectors run a verifier network only
+  when the first score passes a threshold): both branches are inlined and each output is
+  `Where(cond, then_output, else_output)` (if-conversion, as GPU compilers predicate short
+  branches). The answer is the one the If gives, because ONNX ops have no side effects and Where
+  does not look at the value it does not select (NaN or Inf in the branch not taken stays
+  there). The cost is the work of the branch not taken, and the pass log says so. Two branches
+  whose outputs differ in shape or type cannot be selected elementwise: that is one clear error.
+  So is a branch that indexes with computed indices (Gather, GatherElements, GatherND; constant
+  indices are fine, they are checked when the plan is compiled): dlcc
+  checks every index it reads and would report an out-of-range index that the branch not taken
+  computed, where onnxruntime, which does not run that branch, reports nothing.
+
+Branch-local names (node outputs and the branch's own initializers) are renamed under a prefix
+no tensor of the model uses, since both branches may define the same name. Names the branch reads
+from the enclosing graph stay as they are. An If inside a branch is inlined in the next round.
+
+Loops (Loop, Scan) are not handled here: they stay unsupported ops, listed as such.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .errors import UnsupportedControlFlowError
+from .expand import _all_names, _prefix
+
+#: Nested Ifs are inlined one level per round; this bounds the rounds.
+MAX_DEPTH = 8
+#: Ops whose indices dlcc checks at run time (kernels/index_check.py): a branch that is computed
+#: but not taken must not contain one, or its indices could raise an error onnxruntime never sees.
+CHECKED_INDEX_OPS = ("Gather", "GatherElements", "GatherND")
+
+
+def inline_ifs(model: onnx.ModelProto, path) -> tuple[list[str], list[tuple[str, str, str, str]]]:
+    """Replace, in place, every If of `model`'s main graph (nested ones too) by plain nodes.
+    Returns (notes for the pass log, selects): each select is (If name, output, then value,
+    else value), whose shapes the caller checks once shapes are known (`check_selects`)."""
+    notes: list[str] = []
+    selects: list[tuple[str, str, str, str]] = []
+    for _ in range(MAX_DEPTH):
+        if not any(n.op_type == "If" and n.domain in ("", "ai.onnx") for n in model.graph.node):
+            return notes, selects
+        _one_round(model, path, notes, selects)
+    raise UnsupportedControlFlowError(f"{path}: If nodes nest more than {MAX_DEPTH} deep; dlcc inlines at most that many levels")
+
+
+def _one_round(model, path, notes: list[str], selects: list) -> None:
+    g = model.graph
+    consts = _constant_values(g)
+    taken = _all_names_deep(g)
+    out: list[onnx.NodeProto] = []
+    for k, node in enumerate(g.node):
+        if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+            out.append(node)
+            continue
+        branches = {a.name: a.g for a in node.attribute if a.name in ("then_branch", "else_branch")}
+        label = node.name or node.output[0]
+        if len(branches) != 2:
+            raise UnsupportedControlFlowError(f"{path}: If {label!r} lacks a then_branch or an else_branch")
+        for b in branches.values():
+            if len(b.output) != len(node.output):
+                raise UnsupportedControlFlowError(f"{path}: If {label!r}: a branch has {len(b.output)} output(s) where the "
+                                          f"node has {len(node.output)}")
+            _tensor_outputs(b, label, path)
+        prefix = _prefix(node, k, taken)
+        cond = node.input[0]
+        if cond in consts:
+            value = np.asarray(consts[cond])
+            if value.size != 1:
+                raise UnsupportedControlFlowError(f"{path}: If {label!r}: its condition holds {value.size} values, not one")
+            which = "then_branch" if bool(value.reshape(())) else "else_branch"
+            body, values = _inline_branch(branches[which], f"{prefix}{which[:4]}_", g)
+            out += body
+            out += [onnx.helper.make_node("Identity", [v], [o], name=f"{label}/{which}/out{i}")
+                    for i, (v, o) in enumerate(zip(values, node.output)) if o]
+            notes.append(f"import: If {label!r}: condition known at compile time, {which} inlined")
+            continue
+        known = {t.name for t in g.initializer} | set(consts)
+        for name, b in branches.items():
+            bad = sorted({n.op_type for n in _nodes_deep(b) if n.op_type in CHECKED_INDEX_OPS
+                          and n.input[1] not in known | _local_constants(b)})
+            if bad:
+                raise UnsupportedControlFlowError(
+                    f"{path}: If {label!r}: its condition is computed from the inputs, so dlcc would run both "
+                    f"branches and select; its {name} indexes with {', '.join(bad)}, whose index checks could "
+                    "then fail in the branch not taken. Bind the inputs that decide it, or export without the If.")
+        for i, (a, b) in enumerate(zip(branches["then_branch"].output, branches["else_branch"].output)):
+            ta, tb = _static_type(branches["then_branch"], a.name), _static_type(branches["else_branch"], b.name)
+            if ta and tb and ta != tb:
+                _differ(path, label, node.output[i], ta, tb)
+        t_nodes, t_vals = _inline_branch(branches["then_branch"], f"{prefix}then_", g)
+        e_nodes, e_vals = _inline_branch(branches["else_branch"], f"{prefix}else_", g)
+        scalar = f"{prefix}cond"
+        shape0 = f"{prefix}scalar_shape"
+        g.initializer.append(numpy_helper.from_array(np.zeros((0,), np.int64), shape0))
+        out += t_nodes + e_nodes
+        out.append(onnx.helper.make_node("Reshape", [cond, shape0], [scalar], name=f"{label}/cond"))
+        for i, (tv, ev, o) in enumerate(zip(t_vals, e_vals, node.output)):
+            if o:
+                out.append(onnx.helper.make_node("Where", [scalar, tv, ev], [o], name=f"{label}/select{i}"))
+                selects.append((label, o, tv, ev))
+        notes.append(f"import: If {label!r}: condition computed from the inputs; both branches computed "
+                     f"({len(t_nodes)} + {len(e_nodes)} nodes) and each output selected by Where")
+    del g.node[:]
+    g.node.extend(out)
+
+
+def check_selects(graph, selects, path) -> None:
+    """After shapes are known: an if-converted output's two branch values must agree in shape and
+    dtype, or Where would broadcast them into a shape the If never produces."""
+    for label, out, tv, ev in selects:
+        t, e = graph.tensors.get(tv), graph.tensors.get(ev)
+        if t is None or e is None:
+            continue
+        if t.shape != e.shape or t.dtype != e.dtype:
+            _differ(path, label, out, (t.dtype, list(t.shape or [])), (e.dtype, list(e.shape or [])))
+
+
+def _differ(path, label, out, then_type, else_type):
+    raise UnsupportedControlFlowError(
+        f"{path}: If {label!r}: its condition is computed from the inputs, so dlcc runs both branches and "
+        f"selects, which needs outputs alike; output {out!r} is {then_type[0]}{then_type[1]} from then_branch and "
+        f"{else_type[0]}{else_type[1]} from else_branch")
+
+
+def _static_type(b: onnx.GraphProto, name: str):
+    """(dtype name, dims) of value `name` as the branch declares or shape inference found it, when
+    every dim is a number; else None."""
+    for vi in list(b.output) + list(b.value_info):
+        if vi.name == name and vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            dims = vi.type.tensor_type.shape.dim
+            if all(d.HasField("dim_value") for d in dims):
+                return (onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type).name,
+                        [d.dim_value for d in dims])
+    return None
+
+
+def _inline_branch(b: onnx.GraphProto, prefix: str, g: onnx.GraphProto) -> tuple[list[onnx.NodeProto], list[str]]:
+    """The branch's nodes with its own names under `prefix`, its initializers moved into `g`, and
+    the (renamed) names of its outputs."""
+    local = {o for n in b.node for o in n.output if o} | {t.name for t in b.initializer}
+    rename = {name: f"{prefix}{name}" for name in local}
+    for t in b.initializer:
+        c = onnx.TensorProto()
+        c.CopyFrom(t)
+        c.name = rename[t.name]
+        g.initializer.append(c)
+    nodes = []
+    for j, bn in enumerate(b.node):
+        n = onnx.NodeProto()
+        n.CopyFrom(bn)
+        n.name = f"{prefix}{bn.name or bn.op_type + str(j)}"
+        del n.input[:], n.output[:]
+        n.input.extend(rename.get(i, i) for i in bn.input)
+        n.output.extend(rename.get(o, o) for o in bn.output)
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                _rename_reads(sub, rename)
+        nodes.append(n)
+    return nodes, [rename.get(o.name, o.name) for o in b.output]
+
+
+def _rename_reads(g: onnx.GraphProto, rename: dict[str, str]) -> None:
+    """Rename, in a nested graph, the reads of names its enclosing branch defined."""
+    for n in g.node:
+        for k, i in enumerate(n.input):
+            if i in rename:
+                n.input[k] = rename[i]
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                _rename_reads(sub, rename)
+    for k, o in enumerate(g.output):
+        if o.name in rename:
+            g.output[k].name = rename[o.name]
+
+
+def _tensor_outputs(b: onnx.GraphProto, label: str, path) -> None:
+    for o in b.output:
+        if o.type.HasField("sequence_type") or o.type.HasField("optional_type") or o.type.HasField("map_type"):
+            raise UnsupportedControlFlowError(f"{path}: If {label!r}: branch output {o.name!r} is not a tensor (a sequence, "
+                                      "optional or map); dlcc compiles tensors only")
+
+
+def _constant_values(g: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """Small constants of the main graph: initializers and Constant nodes with a `value`."""
+    vals = {t.name: numpy_helper.to_array(t) for t in g.initializer if len(t.dims) <= 1 and np.prod(t.dims) <= 1}
+    for n in g.node:
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
+            for a in n.attribute:
+                if a.name == "value" and a.t.ByteSize() < 64:
+                    vals[n.output[0]] = numpy_helper.to_array(a.t)
+    return vals
+
+
+def _local_constants(b: onnx.GraphProto) -> set[str]:
+    """Names a branch defines as constants (its initializers and Constant nodes): indices read
+    from these are checked when the plan is compiled, not at run time."""
+    return {t.name for t in b.initializer} | {n.output[0] for n in b.node if n.op_type == "Constant"}
+
+
+def _nodes_deep(g: onnx.GraphProto):
+    for n in g.node:
+        yield n
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                yield from _nodes_deep(sub)
+
+
+def _all_names_deep(g: onnx.GraphProto) -> set[str]:
+    names = _all_names(g)
+    for n in _nodes_deep(g):
+        names.update(n.input)
+        names.update(n.output)
+    return names

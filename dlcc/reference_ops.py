@@ -1,0 +1,63 @@
+"""onnx.reference, with the ops it gets wrong replaced.
+
+dlcc evaluates ONNX with `onnx.reference.ReferenceEvaluator` in two places: the constant folder of
+the import (frontend.py `_fold_and_infer`, the Constant nodes) and the float64 arbiter of the test
+oracle (testing/rounding.py). A wrong op there is a wrong folded constant in a compiled plan, or
+an oracle that blames rounding for a real mismatch. These are the ones found wrong (onnx 1.23),
+each replaced by the spec's meaning:
+
+- **BatchNormalization, opsets 9 to 13**: onnx.reference normalises with the batch's own
+  statistics whenever `momentum` is set, and the schema's default sets it, so every inference
+  BatchNormalization of those opsets came out as a training step. The spec decides the mode by
+  the outputs: one output is inference, with the given mean and variance. (openWakeWord's
+  embedding model, a tf2onnx export at opset 13: 5.9 off on values of about 40.)
+- **GlobalMaxPool** of other than 4-D input: it reduced axes (d-2, d-1) counted from the wrong
+  end (the channels of a 3-D input, where the spec pools every axis after the second). (Magika's
+  1-D convolutional head.)
+- **Mean**: it adds in place into its first input, so it fails where that input is the one
+  broadcast.
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx.reference.op_run import OpRun
+from onnx.reference.ops.op_batch_normalization import _batchnorm_test_mode, _batchnorm_training_mode
+
+
+class BatchNormalization(OpRun):
+    op_domain = ""
+
+    def _run(self, x, scale, bias, mean, var, epsilon=None, momentum=None, training_mode=None, is_test=None,
+             spatial=None):  # noqa: ARG002 (spatial: opset 7's flag; dlcc lowers per-channel only)
+        eps = 1e-5 if epsilon is None else epsilon
+        outputs = [o for o in self.output if o]
+        training = bool(training_mode) if training_mode is not None else (len(outputs) > 1 and not is_test)
+        if not training:
+            return (_batchnorm_test_mode(x, scale, bias, mean, var, epsilon=eps),)
+        y, saved_mean, saved_var, running_mean, running_var = _batchnorm_training_mode(
+            x, scale, bias, mean, var, 0.9 if momentum is None else momentum, eps)
+        return (y, running_mean, running_var, saved_mean, saved_var)[:len(self.output)]
+
+
+class GlobalMaxPool(OpRun):
+    op_domain = ""
+
+    def _run(self, x):
+        return (np.max(x, axis=tuple(range(2, x.ndim)), keepdims=True),)
+
+
+class Mean(OpRun):
+    op_domain = ""
+
+    def _run(self, *args):
+        return (np.asarray(sum(args[1:], args[0]) / len(args), args[0].dtype),)
+
+
+FIXED_OPS = [BatchNormalization, GlobalMaxPool, Mean]
+
+
+def evaluator(model):
+    """A ReferenceEvaluator of `model` (a ModelProto) with FIXED_OPS in place of onnx's own."""
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(model, new_ops=FIXED_OPS)

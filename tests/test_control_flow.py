@@ -1,0 +1,155 @@
+"""`If` (dlcc/control_flow.py): a condition known at compile time inlines the branch it takes; one
+computed from the inputs runs both branches and selects with Where. Results against onnxruntime
+on PoCL with inputs that take each branch; the branches that cannot be selected are clear errors."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+import dlcc
+from conftest import opencl_device_available, run_ort
+from dlcc.errors import UnsupportedControlFlowError
+from dlcc.frontend import import_model
+
+needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
+rng = np.random.default_rng(0)
+
+
+def _branch(name, nodes, out, shape, inits=()):
+    return h.make_graph(nodes, name, [], [h.make_tensor_value_info(out, TP.FLOAT, shape)], list(inits))
+
+
+def then_else(shape=(4, 6), else_shape=None):
+    """Two branches over the outer x that both define `t` and `w` (renaming must keep them apart):
+    then: exp(x) @ w + 1, with w its own initializer; else: sqrt(x) * w' - x, whose sqrt of a
+    negative x is NaN wherever the else branch is not taken."""
+    k = shape[-1]
+    then = _branch("then", [h.make_node("Exp", ["x"], ["t"]), h.make_node("MatMul", ["t", "w"], ["u"]),
+                            h.make_node("Add", ["u", "one"], ["y_then"])], "y_then", list(shape),
+                   [nh.from_array(rng.standard_normal((k, k)).astype(np.float32) * 0.3, "w"),
+                    nh.from_array(np.ones((1,), np.float32), "one")])
+    eshape = else_shape or shape
+    enodes = [h.make_node("Sqrt", ["x"], ["t"]), h.make_node("Mul", ["t", "w"], ["u"]),
+              h.make_node("Sub", ["u", "x"], ["y_else"])]
+    if else_shape:
+        enodes.append(h.make_node("ReduceSum", ["y_else", "ax"], ["y_else2"], keepdims=0))
+    els = _branch("else", enodes, "y_else2" if else_shape else "y_else", list(eshape[:-1] if else_shape else eshape),
+                  [nh.from_array(rng.standard_normal((k,)).astype(np.float32), "w")]
+                  + ([nh.from_array(np.array([-1], np.int64), "ax")] if else_shape else []))
+    return then, els
+
+
+def _save(path, nodes, inits, shape=(4, 6), out_shape=(4, 6), opset=17):
+    g = h.make_graph(nodes, "if_model", [h.make_tensor_value_info("x", TP.FLOAT, list(shape))],
+                     [h.make_tensor_value_info("y", TP.FLOAT, list(out_shape))], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    onnx.save(m, path)
+    return str(path)
+
+
+def computed_if(path, shape=(4, 6), else_shape=None, extra_then=()):
+    """y = If(sum(x) > 0, then, else) * 2: the condition depends on the input."""
+    then, els = then_else(shape, else_shape)
+    then.node.extend(extra_then)
+    nodes = [h.make_node("ReduceSum", ["x"], ["s"], keepdims=0), h.make_node("Greater", ["s", "zero"], ["c"]),
+             h.make_node("If", ["c"], ["r"], then_branch=then, else_branch=els),
+             h.make_node("Mul", ["r", "two"], ["y"])]
+    return _save(path, nodes, [nh.from_array(np.zeros((), np.float32), "zero"),
+                               nh.from_array(np.full((1,), 2, np.float32), "two")], shape)
+
+
+def constant_if(path, value: bool):
+    then, els = then_else()
+    nodes = [h.make_node("If", ["c"], ["r"], then_branch=then, else_branch=els), h.make_node("Relu", ["r"], ["y"])]
+    return _save(path, nodes, [nh.from_array(np.array(value), "c")])
+
+
+def _check(path, x, pipeline="astitch"):
+    cm = dlcc.compile(path, target="opencl", pipeline=pipeline)
+    got = cm({"x": x})["y"]
+    ref = run_ort(path, {"x": x})[0]
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    return cm
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_constant_condition_inlines_only_the_taken_branch(tmp_path, fold):
+    """onnxruntime's folding inlines such an If itself; without it (a model onnxruntime cannot
+    load is still imported) control_flow.py does, and says so."""
+    for value in (True, False):
+        g = import_model(constant_if(tmp_path / f"c{value}.onnx", value), fold=fold)
+        ops = [n.op_type for n in g.nodes]
+        assert "If" not in ops and "Where" not in ops
+        assert ("Exp" in ops) == value and ("Sqrt" in ops) == (not value)
+        assert any("inlined" in n for n in g.notes) == (not fold)
+
+
+@needs_opencl
+@pytest.mark.parametrize("value", [True, False])
+def test_constant_condition_matches_onnxruntime(tmp_path, value):
+    x = np.abs(rng.standard_normal((4, 6))).astype(np.float32)
+    _check(constant_if(tmp_path / "c.onnx", value), x)
+
+
+@needs_opencl
+@pytest.mark.parametrize("pipeline", ["baseline", "astitch", "full"])
+def test_computed_condition_selects_the_branch_onnxruntime_takes(tmp_path, pipeline):
+    """Inputs that take each branch; the else branch's Sqrt of a negative x is NaN where the then
+    branch is taken, and must not leak into the selected output."""
+    path = computed_if(tmp_path / "m.onnx")
+    cm = dlcc.compile(path, target="opencl", pipeline=pipeline)
+    for x in (np.abs(rng.standard_normal((4, 6))).astype(np.float32) + 0.1,      # then (and else is finite)
+              rng.standard_normal((4, 6)).astype(np.float32) + 0.5,              # then; else has NaNs
+              -np.abs(rng.standard_normal((4, 6))).astype(np.float32) - 0.1):     # else
+        got, ref = cm({"x": x})["y"], run_ort(path, {"x": x})[0]
+        assert np.isfinite(ref).all() == np.isfinite(got).all()
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    assert any("both branches computed" in line for line in cm.plan["meta"]["pass_log"])
+
+
+@needs_opencl
+def test_nested_if(tmp_path):
+    """A computed If inside the then branch of a computed If: inlined over two rounds."""
+    inner_then, inner_else = then_else()
+    inner = [h.make_node("ReduceMax", ["x"], ["m"], keepdims=0), h.make_node("Greater", ["m", "lim"], ["c2"]),
+             h.make_node("If", ["c2"], ["z"], then_branch=inner_then, else_branch=inner_else)]
+    outer_then = _branch("outer_then", inner, "z", [4, 6], [nh.from_array(np.array(1.5, np.float32), "lim")])
+    outer_else = _branch("outer_else", [h.make_node("Neg", ["x"], ["n"])], "n", [4, 6])
+    nodes = [h.make_node("ReduceSum", ["x"], ["s"], keepdims=0), h.make_node("Greater", ["s", "zero"], ["c"]),
+             h.make_node("If", ["c"], ["y"], then_branch=outer_then, else_branch=outer_else)]
+    path = _save(tmp_path / "n.onnx", nodes, [nh.from_array(np.zeros((), np.float32), "zero")])
+    g = import_model(path)
+    assert [n.op_type for n in g.nodes].count("Where") == 2
+    for x in (np.abs(rng.standard_normal((4, 6))).astype(np.float32) * 0.2,   # outer then, inner else
+              np.abs(rng.standard_normal((4, 6))).astype(np.float32) * 3,     # outer then, inner then
+              -np.abs(rng.standard_normal((4, 6))).astype(np.float32)):       # outer else
+        _check(path, x)
+
+
+def test_branches_of_different_shapes_are_one_clear_error(tmp_path):
+    path = computed_if(tmp_path / "d.onnx", else_shape=(4, 6))
+    with pytest.raises(UnsupportedControlFlowError, match=r"If .*both branches.*then_branch.*else_branch"):
+        dlcc.compile(path, target="opencl", pipeline="baseline")
+
+
+def test_computed_indices_in_a_branch_are_refused(tmp_path):
+    gather = [h.make_node("ArgMax", ["x"], ["i"], axis=1, keepdims=0),
+              h.make_node("Gather", ["x", "i"], ["g"], axis=1)]
+    path = computed_if(tmp_path / "g.onnx", extra_then=gather)
+    with pytest.raises(UnsupportedControlFlowError, match="Gather"):
+        import_model(path)
+
+
+def test_cli_reports_the_if_error_without_a_traceback(tmp_path):
+    from test_bad_input import assert_clean_error, cli
+
+    path = computed_if(tmp_path / "d.onnx", else_shape=(4, 6))
+    rc, out, err = cli("compile", path, "-t", "opencl", "-o", tmp_path / "out")
+    assert_clean_error(rc, out, err, "else_branch", "float32[4]")
+    assert not (tmp_path / "out").exists()

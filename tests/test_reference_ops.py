@@ -1,0 +1,69 @@
+"""dlcc/reference_ops.py: onnx.reference with the ops it gets wrong replaced, as the import's
+constant folder and the test oracle's float64 arbiter use it. Each case is checked against
+onnxruntime, and once through a compile whose constant folder evaluates the op."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+import dlcc
+from conftest import opencl_device_available, run_ort
+from dlcc.reference_ops import evaluator
+
+needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
+rng = np.random.default_rng(0)
+
+
+def _model(nodes, inputs, out, out_shape, inits=(), opset=13):
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info(n, TP.FLOAT, s) for n, s in inputs],
+                     [h.make_tensor_value_info(out, TP.FLOAT, out_shape)], list(inits))
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+    m.ir_version = 7
+    onnx.checker.check_model(m)
+    return m
+
+
+def _bn_params(c):
+    return [nh.from_array(rng.uniform(0.5, 1.5, c).astype(np.float32), "s"),
+            nh.from_array(rng.standard_normal(c).astype(np.float32), "b"),
+            nh.from_array(rng.standard_normal(c).astype(np.float32), "mean"),
+            nh.from_array(rng.uniform(0.1, 2, c).astype(np.float32), "var")]
+
+
+@pytest.mark.parametrize("opset", [9, 13, 15])
+def test_batchnorm_with_one_output_is_inference(tmp_path, opset):
+    x = rng.standard_normal((2, 3, 5, 4)).astype(np.float32) * 3 + 1
+    m = _model([h.make_node("BatchNormalization", ["x", "s", "b", "mean", "var"], ["y"], epsilon=1e-3)],
+               [("x", [2, 3, 5, 4])], "y", [2, 3, 5, 4], _bn_params(3), opset)
+    onnx.save(m, tmp_path / "bn.onnx")
+    np.testing.assert_allclose(evaluator(m).run(None, {"x": x})[0], run_ort(tmp_path / "bn.onnx", {"x": x})[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 7), (2, 3, 4, 5), (1, 2, 3, 2, 4)])
+def test_global_max_pool_pools_every_axis_after_the_channels(tmp_path, shape):
+    x = rng.standard_normal(shape).astype(np.float32)
+    out = list(shape[:2]) + [1] * (len(shape) - 2)
+    m = _model([h.make_node("GlobalMaxPool", ["x"], ["y"])], [("x", list(shape))], "y", out)
+    onnx.save(m, tmp_path / "gmp.onnx")
+    np.testing.assert_array_equal(evaluator(m).run(None, {"x": x})[0], run_ort(tmp_path / "gmp.onnx", {"x": x})[0])
+
+
+@needs_opencl
+def test_the_constant_folder_evaluates_batchnorm_as_inference(tmp_path):
+    """A BatchNormalization of a constant at opset 13, added to the input. The constant is a weight
+    (over 4 KB), which leaves the graph before onnxruntime's folding, so dlcc's own folder
+    evaluates the BatchNormalization: dlcc's result matches onnxruntime's."""
+    c = rng.standard_normal((1, 3, 20, 20)).astype(np.float32) * 2
+    m = _model([h.make_node("BatchNormalization", ["c", "s", "b", "mean", "var"], ["n"]),
+                h.make_node("Add", ["x", "n"], ["y"])],
+               [("x", [1, 3, 20, 20])], "y", [1, 3, 20, 20], [nh.from_array(c, "c")] + _bn_params(3))
+    path = tmp_path / "fold.onnx"
+    onnx.save(m, path)
+    x = rng.standard_normal((1, 3, 20, 20)).astype(np.float32)
+    cm = dlcc.compile(str(path), target="opencl", pipeline="baseline")
+    np.testing.assert_allclose(cm({"x": x})["y"], run_ort(path, {"x": x})[0], rtol=1e-5, atol=1e-5)

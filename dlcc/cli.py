@@ -519,7 +519,8 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
     from .passes import PASSES
 
     if what == "ops":
-        rows = [(op, e[-1].category, ", ".join(str(x.since) for x in e)) for op, e in sorted(_REGISTRY.items())]
+        rows = sorted([(op, e[-1].category, ", ".join(str(x.since) for x in e)) for op, e in _REGISTRY.items()]
+                      + [("If", "control flow: plain nodes at import (dlcc/control_flow.py)", "1")])
         cols = ("op", "category", "since opsets")
     elif what == "devices":
         rows = []

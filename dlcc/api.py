@@ -106,7 +106,8 @@ class CompiledModel:
             self._exec.synchronize()
 
     def sample_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
-        return sample_inputs(self.inputs, seed, self.plan.get("meta", {}).get("int_high"))
+        meta = self.plan.get("meta", {})
+        return sample_inputs(self.inputs, seed, meta.get("int_high"), meta.get("bound_values"))
 
     def save(self, out_dir: str | os.PathLike) -> Path:
         if self.kernel_codes is None:

@@ -41,7 +41,8 @@ def _global_options(device_index: Optional[int] = typer.Option(
         os.environ[CUDA_DEVICE_ENV] = str(device_index)  # read by the runtime and the device detection
 
 ShapeOpt = typer.Option(None, "--shape", "--input-shape", "-s", help="bind an input's shape: NAME=1x3x224x224 (repeatable); "
-                        "NAME=8 binds a symbolic dim; FILE.yaml reads bindings from `shapes: {NAME: [dims]}`")
+                        "NAME=8 binds a symbolic dim, or the value of a scalar int input (sr=16000); FILE.yaml reads "
+                        "bindings from `shapes: {NAME: [dims]}`")
 TargetOpt = typer.Option("auto", "--target", "-t", help="auto (CUDA if a GPU is present, else OpenCL), cuda, opencl")
 PipelineOpt = typer.Option("baseline", "--pipeline", "-p", help="pipeline name (configs/pipelines) or YAML file; "
                            "auto: the built-in pipeline `dlcc estimate` predicts fastest on the device")

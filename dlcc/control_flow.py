@@ -29,8 +29,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .errors import UnsupportedControlFlowError
-from .expand import _all_names, _prefix
+from .errors import UnsupportedControlFlowError, first_line
+from .expand import _all_names, _has_subgraph, _prefix
 
 #: Nested Ifs are inlined one level per round; this bounds the rounds.
 MAX_DEPTH = 8
@@ -39,24 +39,44 @@ MAX_DEPTH = 8
 CHECKED_INDEX_OPS = ("Gather", "GatherElements", "GatherND")
 
 
-def inline_ifs(model: onnx.ModelProto, path) -> tuple[list[str], list[tuple[str, str, str, str]]]:
-    """Replace, in place, every If of `model`'s main graph (nested ones too) by plain nodes.
-    Returns (notes for the pass log, selects): each select is (If name, output, then value,
-    else value), whose shapes the caller checks once shapes are known (`check_selects`)."""
+def inline_ifs(model: onnx.ModelProto, path, infer, computed: bool = True) -> tuple[onnx.ModelProto, list[str], list]:
+    """Replace the Ifs of `model`'s main graph (nested ones too) by plain nodes, one nesting level
+    per round, until a round changes nothing. `infer` (a function of a model, returning it with
+    shapes inferred, leniently) runs after each round: an If nested in an inlined branch often
+    tests a shape (Silero VAD's `if x.dim() == 2`), which is known only once the branch sits in
+    the main graph. `computed`: also if-convert the Ifs whose condition the inputs decide (else
+    they stay). Returns (the model, notes for the pass log, selects): each select is (If name,
+    output, then value, else value), whose shapes the caller checks once shapes are known
+    (`check_selects`).
+
+    Why not onnxruntime's folding between rounds: with an If whose condition has become a
+    constant, onnxruntime 1.23's basic optimisation crashes the process (a segmentation fault on
+    Silero VAD with `sr` bound); so the caller inlines the known conditions (computed=False)
+    before it lets onnxruntime fold the graph at all."""
     notes: list[str] = []
     selects: list[tuple[str, str, str, str]] = []
+    if not has_if(model):
+        return model, notes, selects
+    model = infer(model)
     for _ in range(MAX_DEPTH):
-        if not any(n.op_type == "If" and n.domain in ("", "ai.onnx") for n in model.graph.node):
-            return notes, selects
-        _one_round(model, path, notes, selects)
+        if not _one_round(model, path, notes, selects, computed):
+            return model, notes, selects
+        model = infer(model)
     raise UnsupportedControlFlowError(f"{path}: If nodes nest more than {MAX_DEPTH} deep; dlcc inlines at most that many levels")
 
 
-def _one_round(model, path, notes: list[str], selects: list) -> None:
+def has_if(model: onnx.ModelProto) -> bool:
+    return any(n.op_type == "If" and n.domain in ("", "ai.onnx") for n in model.graph.node)
+
+
+def _one_round(model, path, notes: list[str], selects: list, computed: bool) -> bool:
+    """One level of inlining; whether anything changed."""
     g = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     consts = _constant_values(g)
     taken = _all_names_deep(g)
     out: list[onnx.NodeProto] = []
+    changed = False
     for k, node in enumerate(g.node):
         if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
             out.append(node)
@@ -72,8 +92,11 @@ def _one_round(model, path, notes: list[str], selects: list) -> None:
             _tensor_outputs(b, label, path)
         prefix = _prefix(node, k, taken)
         cond = node.input[0]
-        if cond in consts:
-            value = np.asarray(consts[cond])
+        value = consts.get(cond)
+        if value is None:
+            value = _shape_condition(g, cond, consts, opset)
+        if value is not None:
+            value = np.asarray(value)
             if value.size != 1:
                 raise UnsupportedControlFlowError(f"{path}: If {label!r}: its condition holds {value.size} values, not one")
             which = "then_branch" if bool(value.reshape(())) else "else_branch"
@@ -82,20 +105,27 @@ def _one_round(model, path, notes: list[str], selects: list) -> None:
             out += [onnx.helper.make_node("Identity", [v], [o], name=f"{label}/{which}/out{i}")
                     for i, (v, o) in enumerate(zip(values, node.output)) if o]
             notes.append(f"import: If {label!r}: condition known at compile time, {which} inlined")
+            changed = True
             continue
+        if not computed:
+            out.append(node)
+            continue
+        changed = True
         known = {t.name for t in g.initializer} | set(consts)
         for name, b in branches.items():
+            local = _local_constants(b)
             bad = sorted({n.op_type for n in _nodes_deep(b) if n.op_type in CHECKED_INDEX_OPS
-                          and n.input[1] not in known | _local_constants(b)})
+                          and n.input[1] not in known | local})
             if bad:
+                deciders = _deciding_inputs(g, cond)
                 raise UnsupportedControlFlowError(
-                    f"{path}: If {label!r}: its condition is computed from the inputs, so dlcc would run both "
-                    f"branches and select; its {name} indexes with {', '.join(bad)}, whose index checks could "
-                    "then fail in the branch not taken. Bind the inputs that decide it, or export without the If.")
+                    f"{path}: If {label!r}: its condition is computed from {_from(deciders)}, so dlcc would run "
+                    f"both branches and select; its {name} indexes with computed indices ({', '.join(bad)}), "
+                    f"whose index checks could then fail in the branch not taken.{_bind_hint(deciders)}")
         for i, (a, b) in enumerate(zip(branches["then_branch"].output, branches["else_branch"].output)):
             ta, tb = _static_type(branches["then_branch"], a.name), _static_type(branches["else_branch"], b.name)
             if ta and tb and ta != tb:
-                _differ(path, label, node.output[i], ta, tb)
+                _differ(path, label, node.output[i], ta, tb, _deciding_inputs(g, cond))
         t_nodes, t_vals = _inline_branch(branches["then_branch"], f"{prefix}then_", g)
         e_nodes, e_vals = _inline_branch(branches["else_branch"], f"{prefix}else_", g)
         scalar = f"{prefix}cond"
@@ -107,10 +137,41 @@ def _one_round(model, path, notes: list[str], selects: list) -> None:
             if o:
                 out.append(onnx.helper.make_node("Where", [scalar, tv, ev], [o], name=f"{label}/select{i}"))
                 selects.append((label, o, tv, ev))
-        notes.append(f"import: If {label!r}: condition computed from the inputs; both branches computed "
-                     f"({len(t_nodes)} + {len(e_nodes)} nodes) and each output selected by Where")
+        notes.append(f"import: If {label!r}: condition computed from {_from(_deciding_inputs(g, cond))}; "
+                     f"both branches computed ({len(t_nodes)} + {len(e_nodes)} nodes) and each output selected "
+                     "by Where")
     del g.node[:]
     g.node.extend(out)
+    return changed
+
+
+def branches_do_not_type_check(path, notes: list[str], error: Exception) -> UnsupportedControlFlowError:
+    """The error for an if-converted model that onnx shape inference rejects: one of the branches
+    that now always runs does not type-check at the bound input shapes (Silero VAD's 8 kHz network
+    given a 16 kHz chunk), where onnxruntime would never have run it."""
+    converted = [n.removeprefix("import: ").split(";")[0] for n in notes if "both branches computed" in n]
+    shown = "; ".join(converted[:2]) + (f"; and {len(converted) - 2} more" if len(converted) > 2 else "")
+    deciders = sorted({x.strip() for c in converted[:1] if "input(s) " in c for x in c.split("input(s) ")[1].split(",")})
+    return UnsupportedControlFlowError(
+        f"{path}: dlcc runs both branches of an If whose condition the inputs decide ({shown}), and one "
+        f"of them does not type-check at these input shapes ({first_line(error, 300)}).{_bind_hint(deciders)}")
+
+
+def _deciding_inputs(g: onnx.GraphProto, cond: str) -> list[str]:
+    """The graph inputs that `cond` is computed from."""
+    producer = {o: n for n in g.node for o in n.output if o}
+    inputs = {i.name for i in g.input}
+    found, todo, seen = [], [cond], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in inputs:
+            found.append(name)
+        elif name in producer:
+            todo += [i for i in producer[name].input if i]
+    return sorted(found)
 
 
 def check_selects(graph, selects, path) -> None:
@@ -124,11 +185,22 @@ def check_selects(graph, selects, path) -> None:
             _differ(path, label, out, (t.dtype, list(t.shape or [])), (e.dtype, list(e.shape or [])))
 
 
-def _differ(path, label, out, then_type, else_type):
+def _differ(path, label, out, then_type, else_type, deciders=None):
     raise UnsupportedControlFlowError(
-        f"{path}: If {label!r}: its condition is computed from the inputs, so dlcc runs both branches and "
+        f"{path}: If {label!r}: its condition is computed from {_from(deciders)}, so dlcc runs both branches and "
         f"selects, which needs outputs alike; output {out!r} is {then_type[0]}{then_type[1]} from then_branch and "
-        f"{else_type[0]}{else_type[1]} from else_branch")
+        f"{else_type[0]}{else_type[1]} from else_branch.{_bind_hint(deciders)}")
+
+
+def _from(deciders) -> str:
+    return f"input(s) {', '.join(deciders)}" if deciders else "the inputs"
+
+
+def _bind_hint(deciders) -> str:
+    """How to avoid the if-conversion: bind the deciding scalar inputs' values."""
+    names = deciders or ["NAME"]
+    return (" Binding the value of a scalar int input that decides it (" + ", ".join(f"--shape {n}=V" for n in names)
+            + ") compiles the branch that value takes.")
 
 
 def _static_type(b: onnx.GraphProto, name: str):
@@ -189,6 +261,75 @@ def _tensor_outputs(b: onnx.GraphProto, label: str, path) -> None:
                                       "optional or map); dlcc compiles tensors only")
 
 
+#: How many nodes a condition's computation may take to be evaluated at compile time.
+MAX_CONDITION_NODES = 200
+
+
+def _shape_condition(g: onnx.GraphProto, cond: str, consts: dict, opset: int) -> np.ndarray | None:
+    """The value of `cond` when it is computed only from constants and from the shapes of
+    tensors whose shapes are static here (`Shape`, `Size`): torch's exported shape tests
+    (`if x.dim() == 2`, `if x.shape[-1] == 64`), evaluated with onnx.reference. onnxruntime's
+    folding does this too, but cannot load a graph once an inlined branch holds a nested If whose
+    untaken side does not type-check at the bound shapes (Silero VAD's unbatched-LSTM path).
+    None where anything else feeds the condition."""
+    producer = {o: n for n in g.node for o in n.output if o}
+    shapes = _static_shapes(g)
+    leaves: dict[str, np.ndarray] = {}
+    nodes: list[onnx.NodeProto] = []
+    seen: set[str] = set()
+
+    def resolve(name: str) -> bool:
+        if name in seen or name in leaves:
+            return True
+        if name in consts:
+            leaves[name] = np.asarray(consts[name])
+            return True
+        n = producer.get(name)
+        if n is None or n.domain not in ("", "ai.onnx") or len(nodes) >= MAX_CONDITION_NODES or _has_subgraph(n) \
+                or n.op_type.startswith("Random"):
+            return False
+        if n.op_type in ("Shape", "Size"):
+            if n.input[0] not in shapes:
+                return False
+            dims = np.array(shapes[n.input[0]], np.int64)
+            if n.op_type == "Size":
+                leaves[name] = np.array(int(np.prod(dims)), np.int64)
+            else:
+                at = {a.name: a.i for a in n.attribute}
+                leaves[name] = dims[at.get("start", 0):at.get("end", len(dims))]
+            return True
+        if not all(resolve(i) for i in n.input if i):
+            return False
+        seen.update(o for o in n.output if o)
+        nodes.append(n)
+        return True
+
+    if not resolve(cond):
+        return None
+    if cond in leaves:
+        return leaves[cond]
+    from .reference_ops import evaluator
+
+    m = onnx.helper.make_model(
+        onnx.helper.make_graph(nodes, "condition", [], [onnx.helper.make_empty_tensor_value_info(cond)],
+                               [numpy_helper.from_array(v, k) for k, v in leaves.items()]),
+        opset_imports=[onnx.helper.make_opsetid("", opset)])
+    try:
+        return np.asarray(evaluator(m).run(None, {})[0])
+    except Exception:  # an op onnx.reference cannot evaluate here: the condition stays computed
+        return None
+
+
+def _static_shapes(g: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        t = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+        if t is not None and t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
+            shapes[vi.name] = tuple(d.dim_value for d in t.shape.dim)
+    shapes.update({t.name: tuple(t.dims) for t in g.initializer})
+    return shapes
+
+
 def _constant_values(g: onnx.GraphProto) -> dict[str, np.ndarray]:
     """Small constants of the main graph: initializers and Constant nodes with a `value`."""
     vals = {t.name: numpy_helper.to_array(t) for t in g.initializer if len(t.dims) <= 1 and np.prod(t.dims) <= 1}
@@ -201,9 +342,17 @@ def _constant_values(g: onnx.GraphProto) -> dict[str, np.ndarray]:
 
 
 def _local_constants(b: onnx.GraphProto) -> set[str]:
-    """Names a branch defines as constants (its initializers and Constant nodes): indices read
-    from these are checked when the plan is compiled, not at run time."""
-    return {t.name for t in b.initializer} | {n.output[0] for n in b.node if n.op_type == "Constant"}
+    """Names a branch defines as constants (initializers and Constant nodes, in it and in the
+    branches nested in it): indices read from these are checked when the plan is compiled, not
+    at run time."""
+    names = {t.name for t in b.initializer}
+    for n in _nodes_deep(b):
+        if n.op_type == "Constant":
+            names.add(n.output[0])
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                names.update(t.name for t in sub.initializer)
+    return names
 
 
 def _nodes_deep(g: onnx.GraphProto):

@@ -199,6 +199,7 @@ class Executor:
         arrays = []
         try:
             self._convert_inputs(sig, inputs, arrays, describe)
+            self.check_bound_values(arrays)
             self.check_indices(arrays)
         except BaseException:
             _release(arrays)  # a DLPack producer's memory is released even when an input is refused
@@ -262,6 +263,24 @@ class Executor:
             raise InteropError(f"{name} is a pyopencl array of another OpenCL context than the model's; "
                                "create it with the model's runtime context (model.executor().rt.ctx), or pass "
                                "a numpy array")
+
+    def check_bound_values(self, arrays: list) -> None:
+        """A scalar input whose value the compile bound (`--shape sr=16000`) must be fed that value:
+        the plan was built for it (its Ifs and shape math folded), so another value would be
+        silently computed as if it were the bound one."""
+        bound = (self.plan.get("meta") or {}).get("bound_values") or {}
+        for k, t in enumerate(self.plan["inputs"]):
+            if t["name"] not in bound:
+                continue
+            a = arrays[k]
+            if not isinstance(a, np.ndarray):
+                host = np.empty(a.shape, a.dtype)
+                self.rt.read_ref(a, host)
+                a = host
+            if not np.all(a == bound[t["name"]]):
+                raise InputError(f"input {t['name']!r} is {a.ravel()[:1].tolist()[0]}, and the model was compiled for "
+                                 f"{t['name']}={bound[t['name']]} (--shape {t['name']}={bound[t['name']]}); compile it "
+                                 "again for this value")
 
     def check_indices(self, arrays: list[np.ndarray]) -> None:
         """Gather indices fed by the user (an embedding's token ids) lie inside their tensor, as

@@ -26,7 +26,8 @@ ShapeBindings = dict[str, tuple[int, ...]]
 
 
 def parse_shape_binding(text: str) -> tuple[str, tuple[int, ...]]:
-    """Parse `NAME=1x3x224x224` (also `NAME=1,3,224,224`; `NAME=8` binds a symbolic dim)."""
+    """Parse `NAME=1x3x224x224` (also `NAME=1,3,224,224`; `NAME=8` binds a symbolic dim, or the
+    value of a scalar int input: bind_values)."""
     if "=" not in text:
         raise ShapeError(f"--shape {text!r}: expected NAME=DIMxDIMx..., for example input=1x3x224x224")
     name, _, dims = text.rpartition("=")
@@ -174,6 +175,51 @@ def opset_of(model: onnx.ModelProto) -> int:
         if imp.domain in ("", "ai.onnx"):
             return imp.version
     return 1
+
+
+def bind_values(model: onnx.ModelProto, shapes: ShapeBindings | None, weights=()) -> tuple[ShapeBindings, dict[str, int]]:
+    """Bind the value of each scalar integer or bool input that `shapes` names (`--shape sr=16000`:
+    a scalar has no dims, so the binding can only mean its value), as torch.compile specialises
+    on a Python int. Every read of the input then reads a constant, so the Ifs and shape math it
+    decides fold (Silero VAD picks its 8 or 16 kHz network by `sr`). The input stays in the
+    signature, and the run checks that it is fed that value (plan meta `bound_values`).
+    Returns (the bindings left for bind_shapes, the bound values)."""
+    shapes = dict(shapes or {})
+    init_names = {i.name for i in model.graph.initializer} | set(weights)
+    values: dict[str, int] = {}
+    for inp in model.graph.input:
+        tt = inp.type.tensor_type if inp.type.HasField("tensor_type") else None
+        if (inp.name in init_names or inp.name not in shapes or tt is None or not tt.HasField("shape")
+                or len(tt.shape.dim) or tt.elem_type not in _VALUE_TYPES):
+            continue
+        want = shapes.pop(inp.name)
+        if len(want) != 1:
+            raise ShapeError(f"--shape {inp.name}: the input is a scalar, so a binding gives its value, one number")
+        value = int(want[0])
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        if dtype == np.bool_ and value != 1 or dtype != np.bool_ and value > np.iinfo(dtype).max:
+            raise ShapeError(f"--shape {inp.name}={value}: not a value of the input's type {dtype.name}")
+        const = f"{inp.name}=bound"
+        model.graph.initializer.append(numpy_helper.from_array(np.array(value, dtype), const))
+        _rename_reads(model.graph, inp.name, const)
+        values[inp.name] = value
+    return shapes, values
+
+
+#: Scalar input types whose value `--shape NAME=V` can bind.
+_VALUE_TYPES = (onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT8, onnx.TensorProto.UINT8,
+                onnx.TensorProto.BOOL)
+
+
+def _rename_reads(g: onnx.GraphProto, old: str, new: str) -> None:
+    """Every read of `old` in `g` and in the graphs nested in it reads `new` instead."""
+    for n in g.node:
+        for k, i in enumerate(n.input):
+            if i == old:
+                n.input[k] = new
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                _rename_reads(sub, old, new)
 
 
 def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: str = "model",
@@ -506,11 +552,21 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     signature = [i.name for i in model.graph.input if i.name not in orig_init]
     weights = split_weights(model, path)
     check_model(model, path)
+    shapes, bound_values = bind_values(model, shapes, weights)
     model = bind_shapes(model, shapes, source=str(path), weights=weights)
     # Attributes are checked on the model as written: onnxruntime's folding below fuses a
     # BatchNormalization into the Conv before it, inf or NaN weights included.
     from .ops.checks import check_attributes
 
+    from .control_flow import branches_do_not_type_check, check_selects, has_if, inline_ifs
+
+    def lenient(m: onnx.ModelProto) -> onnx.ModelProto:
+        # A branch not taken may not type-check at these shapes until it is dropped.
+        return shape_inference.infer_shapes(m, check_type=False, strict_mode=False, data_prop=True)
+
+    # Ifs whose condition is known now (a constant, a bound value, a shape test) are inlined
+    # before onnxruntime folds anything (control_flow.inline_ifs says why).
+    model, notes, _ = inline_ifs(model, path, lenient, computed=False)
     try:
         shaped = infer_shapes(model, path)
     except ModelError:  # reported below, after folding, where folding does not cure it
@@ -520,12 +576,18 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         folded = fold_with_onnxruntime(model)
         if folded is not None:
             model = folded
-    model = infer_shapes(model, path)
-    from .control_flow import check_selects, inline_ifs
-
-    notes, selects = inline_ifs(model, path)
-    if notes:
-        model = infer_shapes(model, path)
+    # (Leniently while computed Ifs remain: their branches may differ in shape, which the
+    # if-conversion below reports in its own words.)
+    model = lenient(model) if has_if(model) else infer_shapes(model, path)
+    model, more, selects = inline_ifs(model, path, lenient)
+    notes += more
+    if more:
+        try:
+            model = infer_shapes(model, path)
+        except ModelError as e:
+            if not selects:
+                raise
+            raise branches_do_not_type_check(path, notes, e) from None
     opset = opset_of(model)
     from .expand import MAX_ROUNDS, expand_functions
     from .ops.registry import supported_ops
@@ -575,6 +637,7 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         opset=opset,
         source_node_count=source_nodes,
         notes=notes,
+        bound_values=bound_values,
     )
     _fold_and_infer(graph)
     check_selects(graph, selects, path)

@@ -19,14 +19,18 @@ def padding_mask(rng: np.random.Generator, shape, dtype) -> np.ndarray:
     return (np.arange(s) < lens[..., None]).astype(dtype)
 
 
-def sample_inputs(signature: list[dict], seed: int = 0, int_high: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+def sample_inputs(signature: list[dict], seed: int = 0, int_high: dict[str, int] | None = None,
+                  bound: dict[str, int] | None = None) -> dict[str, np.ndarray]:
     """Floats ~ N(0, 1); int or bool names with 'mask' → padding_mask; other ints in
-    [0, int_high[name] or 2); other bools random."""
+    [0, int_high[name] or 2); other bools random; an input whose value the compile bound
+    (`bound`, frontend.bind_values) that value."""
     rng = np.random.default_rng(seed)
     out = {}
     for t in signature:
         name, shape, dt = t["name"], tuple(t["shape"]), np.dtype(t["dtype"])
-        if dt.kind == "f":
+        if name in (bound or {}):
+            out[name] = np.full(shape, bound[name], dt)
+        elif dt.kind == "f":
             out[name] = rng.standard_normal(shape).astype(dt)
         elif "mask" in name.lower():
             out[name] = padding_mask(rng, shape, dt)
@@ -37,8 +41,16 @@ def sample_inputs(signature: list[dict], seed: int = 0, int_high: dict[str, int]
     return out
 
 
+#: Ops that pass an int input's values on unchanged (views, broadcasts, casts).
+_VALUE_PRESERVING = ("Reshape", "Expand", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Cast")
+
+
 def gather_bounds(graph) -> dict[str, int]:
-    """For int inputs used as Gather indices, the size of the gathered axis (a safe upper bound)."""
+    """Upper bounds (exclusive) for drawing int inputs, so that sample inputs mean something:
+    - an input used as Gather indices: the size of the gathered axis (a safe bound, and it wins);
+    - an input compared by Equal with a constant of non-negative ints (a one-hot encoding, as
+      tf2onnx writes Magika's byte input): one past the constant's largest value. Drawn from
+      [0, 2) instead, Magika's bytes were all 0 or 1, a degenerate input for its LayerNorm."""
     bounds: dict[str, int] = {}
     for n in graph.nodes:
         if n.op_type == "Gather" and len(n.inputs) > 1:
@@ -48,4 +60,27 @@ def gather_bounds(graph) -> dict[str, int]:
             if src in graph.inputs and data.shape is not None:
                 dim = data.shape[axis]
                 bounds[src] = min(bounds.get(src, dim), dim)
+    producer = {o: n for n in graph.nodes for o in n.outputs}
+    for n in graph.nodes:
+        if n.op_type != "Equal" or len(n.inputs) != 2:
+            continue
+        for here, other in (n.inputs, n.inputs[::-1]):
+            src, const = _source_input(graph, producer, here), graph.tensors.get(other)
+            if src is None or src in bounds or const is None or const.value is None:
+                continue
+            vals = np.asarray(const.value)
+            if vals.size and vals.dtype.kind in "iu" and vals.min() >= 0 and vals.max() < 2**31 - 1:
+                bounds[src] = int(vals.max()) + 1
     return bounds
+
+
+def _source_input(graph, producer, name: str) -> str | None:
+    """The int graph input whose values reach `name` unchanged, if any."""
+    for _ in range(16):
+        if name in graph.inputs:
+            return name if np.dtype(graph.tensors[name].dtype).kind in "iu" else None
+        n = producer.get(name)
+        if n is None or n.op_type not in _VALUE_PRESERVING or not n.inputs:
+            return None
+        name = n.inputs[0]
+    return None

@@ -86,6 +86,8 @@ class Graph:
     # What the import did that a user should see in the pass log (control_flow.py: how each If was
     # inlined).
     notes: list[str] = field(default_factory=list)
+    # Scalar inputs whose value the compile bound (frontend.bind_values): the run checks the feeds.
+    bound_values: dict[str, int] = field(default_factory=dict)
 
     def output_name(self, name: str) -> str:
         return self.output_alias.get(name, name)

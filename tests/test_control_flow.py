@@ -80,14 +80,14 @@ def _check(path, x, pipeline="astitch"):
 
 @pytest.mark.parametrize("fold", [True, False])
 def test_constant_condition_inlines_only_the_taken_branch(tmp_path, fold):
-    """onnxruntime's folding inlines such an If itself; without it (a model onnxruntime cannot
-    load is still imported) control_flow.py does, and says so."""
+    """dlcc inlines such an If itself, before onnxruntime's folding (which crashed the process on
+    a bound Silero VAD), with or without that folding, and says so."""
     for value in (True, False):
         g = import_model(constant_if(tmp_path / f"c{value}.onnx", value), fold=fold)
         ops = [n.op_type for n in g.nodes]
         assert "If" not in ops and "Where" not in ops
         assert ("Exp" in ops) == value and ("Sqrt" in ops) == (not value)
-        assert any("inlined" in n for n in g.notes) == (not fold)
+        assert any("inlined" in n for n in g.notes)
 
 
 @needs_opencl
@@ -153,3 +153,62 @@ def test_cli_reports_the_if_error_without_a_traceback(tmp_path):
     rc, out, err = cli("compile", path, "-t", "opencl", "-o", tmp_path / "out")
     assert_clean_error(rc, out, err, "else_branch", "float32[4]")
     assert not (tmp_path / "out").exists()
+
+
+def mode_if(path):
+    """y = If(mode == 16, then: x * 2, else: Reshape(x, [-1]) summed to a scalar) + 0: the branches
+    differ in shape, so with `mode` left an input the If cannot be selected elementwise; bound
+    (`--shape mode=16`) it inlines. The then branch also holds a shape test on x (`x.dim() == 2`)
+    that is known only once the branch is in the main graph."""
+    inner_then = _branch("dim2", [h.make_node("Mul", ["x", "two"], ["d2"])], "d2", [4, 6])
+    inner_else = _branch("dimn", [h.make_node("Neg", ["x"], ["dn"])], "dn", [4, 6])
+    then = _branch("then", [h.make_node("Shape", ["x"], ["shp"]), h.make_node("Size", ["shp"], ["rank"]),
+                            h.make_node("Equal", ["rank", "two_i"], ["is2"]),
+                            h.make_node("If", ["is2"], ["t"], then_branch=inner_then, else_branch=inner_else)],
+                   "t", [4, 6])
+    els = _branch("else", [h.make_node("ReduceSum", ["x"], ["e"], keepdims=0)], "e", [])
+    nodes = [h.make_node("Equal", ["mode", "sixteen"], ["c"]),
+             h.make_node("If", ["c"], ["r"], then_branch=then, else_branch=els),
+             h.make_node("Add", ["r", "zero"], ["y"])]
+    g = h.make_graph(nodes, "mode", [h.make_tensor_value_info("x", TP.FLOAT, [4, 6]),
+                                     h.make_tensor_value_info("mode", TP.INT64, [])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [4, 6])],
+                     [nh.from_array(np.array(16, np.int64), "sixteen"), nh.from_array(np.array(2, np.int64), "two_i"),
+                      nh.from_array(np.float32(2), "two"), nh.from_array(np.zeros((1,), np.float32), "zero")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, path)
+    return str(path)
+
+
+def test_a_bound_scalar_input_decides_the_if_at_compile_time(tmp_path):
+    path = mode_if(tmp_path / "mode.onnx")
+    with pytest.raises(UnsupportedControlFlowError, match=r"input\(s\) mode"):
+        import_model(path)  # both branches would run, and their outputs differ in shape
+    g = import_model(path, {"mode": (16,)})
+    assert g.bound_values == {"mode": 16} and "mode" in g.inputs
+    ops = [n.op_type for n in g.nodes]
+    assert "If" not in ops and "Where" not in ops and "Neg" not in ops and "ReduceSum" not in ops
+    assert sum("inlined" in n for n in g.notes) == 2  # the If on mode, then the shape test inside it
+
+
+@needs_opencl
+def test_a_bound_value_is_checked_when_the_model_runs(tmp_path):
+    from dlcc.executor import InputError
+
+    path = mode_if(tmp_path / "mode.onnx")
+    cm = dlcc.compile(path, target="opencl", pipeline="astitch", shapes={"mode": (16,)})
+    assert cm.plan["meta"]["bound_values"] == {"mode": 16}
+    feeds = cm.sample_inputs(0)
+    assert feeds["mode"] == 16
+    np.testing.assert_allclose(cm(feeds)["y"], run_ort(path, feeds)[0], rtol=1e-6)
+    with pytest.raises(InputError, match="compiled for mode=16"):
+        cm({"x": feeds["x"], "mode": np.array(8)})
+
+
+def test_a_value_binding_must_fit_the_scalar(tmp_path):
+    from dlcc.errors import ShapeError
+
+    path = mode_if(tmp_path / "mode.onnx")
+    with pytest.raises(ShapeError, match="one number"):
+        import_model(path, {"mode": (16, 2)})

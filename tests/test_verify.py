@@ -127,3 +127,36 @@ def test_dtype_must_be_onnxruntimes(got_dtype, ref_dtype):
     r = compare("o", ref.astype(got_dtype), ref, 1.0, 1.0)
     assert not r["passed"] and "dtype" in r["note"]
     assert compare("o", ref.copy(), ref, 1e-3, 1e-4)["passed"]
+
+
+def test_int_inputs_are_drawn_within_their_gather_and_one_hot_bounds(tmp_path):
+    """Sample inputs for int inputs: a Gather's indices below the gathered axis; an input compared
+    by Equal with a constant (a one-hot encoding, through a Reshape and a Cast, as tf2onnx writes
+    Magika's bytes) below one past the constant's largest value; anything else in [0, 2)."""
+    from dlcc.frontend import import_model
+    from dlcc.inputs import gather_bounds
+
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"]),
+             helper.make_node("Reshape", ["bytes", "shp"], ["b3"]),
+             helper.make_node("Cast", ["b3"], ["b64"], to=TensorProto.INT64),
+             helper.make_node("Equal", ["b64", "range"], ["hot"]),
+             helper.make_node("Cast", ["hot"], ["hotf"], to=TensorProto.FLOAT),
+             helper.make_node("ReduceSum", ["hotf"], ["y"], keepdims=0),
+             helper.make_node("Cast", ["flag"], ["flagf"], to=TensorProto.FLOAT),
+             helper.make_node("ReduceSum", ["emb"], ["e"], keepdims=0),
+             helper.make_node("Add", ["e", "y"], ["ey"]),
+             helper.make_node("Mul", ["ey", "flagf"], ["out"])]
+    inits = [onnx.numpy_helper.from_array(np.ones((7, 3), np.float32), "table"),
+             onnx.numpy_helper.from_array(np.array([4, 8, 1], np.int64), "shp"),
+             onnx.numpy_helper.from_array(np.arange(300, dtype=np.int64), "range")]
+    g = helper.make_graph(nodes, "ints", [helper.make_tensor_value_info("ids", TensorProto.INT64, [5]),
+                                          helper.make_tensor_value_info("bytes", TensorProto.INT32, [32]),
+                                          helper.make_tensor_value_info("flag", TensorProto.INT64, [1])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1])], inits)
+    path = tmp_path / "ints.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    bounds = gather_bounds(import_model(path))
+    assert bounds == {"ids": 7, "bytes": 300}
+    feeds = sample_inputs([{"name": "bytes", "shape": [4096], "dtype": "int32"},
+                           {"name": "flag", "shape": [64], "dtype": "int64"}], 0, bounds)
+    assert feeds["bytes"].max() > 250 and feeds["bytes"].min() >= 0 and set(np.unique(feeds["flag"])) == {0, 1}

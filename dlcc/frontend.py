@@ -35,8 +35,9 @@ def parse_shape_binding(text: str) -> tuple[str, tuple[int, ...]]:
         shape = tuple(int(d) for d in dims.replace(",", "x").split("x") if d != "")
     except ValueError:
         raise ShapeError(f"--shape {text!r}: dims must be positive integers separated by 'x'") from None
-    if not name or any(d <= 0 for d in shape):
+    if not name or not shape or len(shape) > 1 and any(d <= 0 for d in shape):
         raise ShapeError(f"--shape {text!r}: expected NAME=DIMxDIMx... with positive dims")
+    # (One number may be 0 or negative: the value of a scalar input. bind_shapes refuses it as a dim.)
     if any(d > INT32_MAX for d in shape):
         raise ShapeError(f"--shape {text!r}: a dim above {INT32_MAX} is more than dlcc's 32-bit indices address")
     return name, shape
@@ -197,7 +198,8 @@ def bind_values(model: onnx.ModelProto, shapes: ShapeBindings | None, weights=()
             raise ShapeError(f"--shape {inp.name}: the input is a scalar, so a binding gives its value, one number")
         value = int(want[0])
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
-        if dtype == np.bool_ and value != 1 or dtype != np.bool_ and value > np.iinfo(dtype).max:
+        if dtype == np.bool_ and value not in (0, 1) or dtype != np.bool_ and not (
+                np.iinfo(dtype).min <= value <= np.iinfo(dtype).max):
             raise ShapeError(f"--shape {inp.name}={value}: not a value of the input's type {dtype.name}")
         const = f"{inp.name}=bound"
         model.graph.initializer.append(numpy_helper.from_array(np.array(value, dtype), const))
@@ -227,6 +229,10 @@ def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: st
     """Make every graph input static, from `shapes` (by input name or by symbolic dim name).
     `weights`: inputs that are really initializers (split_weights), not the model's inputs."""
     shapes = dict(shapes or {})
+    for key, val in shapes.items():
+        if any(int(d) <= 0 for d in val):
+            raise ShapeError(f"--shape {key}={'x'.join(map(str, val))}: dims must be positive (only the value of a "
+                             "scalar int input may be 0 or negative)")
     init_names = {i.name for i in model.graph.initializer} | set(weights)
     inputs = [i for i in model.graph.input if i.name not in init_names]
     input_names = [i.name for i in inputs]

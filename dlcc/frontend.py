@@ -344,6 +344,17 @@ def infer_shapes(model: onnx.ModelProto, path) -> onnx.ModelProto:
         return shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
     except Exception as e:
         msg = str(e).strip().splitlines()
+        try:
+            # onnx 1.23's data propagation can fail where plain inference does not: it propagates
+            # an Unsqueeze'd [batch] tensor as if it were still one-dimensional, and then finds
+            # its Sub with a [200] constant "invalid" (onnx-asr's Kaldi front end, which
+            # onnxruntime runs). dlcc's own folder computes what propagation would have known.
+            out = shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=False)
+            log.debug("%s: shape inference with data propagation failed (%s); inferred without it", path,
+                      msg[0] if msg else e)
+            return out
+        except Exception:
+            pass
         if _in_function_body(str(e), opset_of(model)):
             # onnx's inference of an op defined by a function body can fail inside that body
             # (MeanVarianceNormalization's Constant, onnx 1.23): the op's own fault, not the
@@ -556,6 +567,8 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     from .ops.checks import check_attributes
 
     from .control_flow import branches_do_not_type_check, check_selects, has_if, inline_ifs
+    from .loops import MAX_DEPTH as MAX_LOOP_DEPTH, has_loop, unroll_loops
+    from .spectral import lower_spectral
 
     def lenient(m: onnx.ModelProto) -> onnx.ModelProto:
         # A branch not taken may not type-check at these shapes until it is dropped.
@@ -573,12 +586,27 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         folded = fold_with_onnxruntime(model)
         if folded is not None:
             model = folded
-    # (Leniently while computed Ifs remain: their branches may differ in shape, which the
-    # if-conversion below reports in its own words.)
-    model = lenient(model) if has_if(model) else infer_shapes(model, path)
-    model, more, selects = inline_ifs(model, path, lenient)
+    # STFT and DFT become products with a Fourier basis (spectral.py), before strict inference,
+    # which gets a rank-2 STFT wrong; after folding, which makes a computed window a constant.
+    model, more = lower_spectral(model, lenient, weights, path)
     notes += more
-    if more:
+    # Loops with a known trip count are unrolled (loops.py), and the Ifs left are if-converted;
+    # a loop inside a branch, or an If inside a loop's body, surfaces for the next round.
+    selects: list = []
+    inlined = False
+    for _ in range(MAX_LOOP_DEPTH):
+        model, more = unroll_loops(model, path, lenient)
+        notes += more
+        # (Leniently while computed Ifs remain: their branches may differ in shape, which the
+        # if-conversion below reports in its own words.)
+        model = lenient(model) if has_if(model) else infer_shapes(model, path)
+        model, more, chosen = inline_ifs(model, path, lenient)
+        notes += more
+        selects += chosen
+        inlined = inlined or bool(more)
+        if not has_loop(model):
+            break
+    if inlined:
         try:
             model = infer_shapes(model, path)
         except ModelError as e:

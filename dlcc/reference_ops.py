@@ -16,6 +16,8 @@ each replaced by the spec's meaning:
   1-D convolutional head.)
 - **Mean**: it adds in place into its first input, so it fails where that input is the one
   broadcast.
+- **STFT** of a [batch, samples] signal (which onnxruntime accepts, and onnx-script's audio front
+  ends feed it): it fails. Replaced by numpy's FFT over the frames, for either signal form.
 """
 from __future__ import annotations
 
@@ -53,7 +55,24 @@ class Mean(OpRun):
         return (np.asarray(sum(args[1:], args[0]) / len(args), args[0].dtype),)
 
 
-FIXED_OPS = [BatchNormalization, GlobalMaxPool, Mean]
+class STFT(OpRun):
+    op_domain = ""
+
+    def _run(self, signal, frame_step, window=None, frame_length=None, onesided=None):
+        x = signal[..., None] if signal.ndim == 2 else signal
+        z = x[..., 0] + 1j * x[..., 1] if x.shape[-1] == 2 else x[..., 0]
+        length = (window.shape[0] if window is not None
+                  else int(frame_length) if frame_length is not None else z.shape[1])
+        w = np.ones(length) if window is None else window.astype(np.float64)
+        step = int(frame_step)
+        frames = (z.shape[1] - length) // step + 1
+        taken = z[:, np.arange(frames)[:, None] * step + np.arange(length)] * w  # [batch, frames, length]
+        real = x.shape[-1] == 1
+        spec = np.fft.rfft(taken, axis=-1) if (1 if onesided is None else onesided) and real else np.fft.fft(taken, axis=-1)
+        return (np.stack([spec.real, spec.imag], -1).astype(signal.dtype),)
+
+
+FIXED_OPS = [BatchNormalization, GlobalMaxPool, Mean, STFT]
 
 
 def evaluator(model):

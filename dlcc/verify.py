@@ -176,4 +176,47 @@ def verify_outputs(model_path, got: dict[str, np.ndarray], feeds: dict, rtol: fl
             g = np.asarray(got[n])
             rows.append({"name": n, "shape": list(g.shape), "dtype": str(g.dtype), "max_abs_err": float("inf"),
                          "max_rel_err": float("inf"), "passed": False, "note": "not an output of the model"})
+    arbitrate(model_path, rows, got, feeds, dict(zip(names, refs)))
     return rows
+
+
+#: The arbiter evaluates the model in float64 with onnx.reference (Python): above this many bytes
+#: of weights that would take minutes, and a failing row stays failed.
+ARBITER_MAX_BYTES = 64 * 2**20
+
+
+def arbitrate(model_path, rows: list[dict], got: dict, feeds: dict, refs: dict) -> None:
+    """Give the float outputs that failed against onnxruntime a second judge: the exact answer,
+    the model evaluated in float64 (onnx.reference, testing/rounding.py). A row passes after all
+    when dlcc is within the same tolerance of the exact answer and closer to it than onnxruntime
+    is: onnxruntime, not dlcc, is the one off. The row says so (`judge: float64`, and both
+    distances in its note).
+
+    Why: onnxruntime is a float32 program too, and not always the more accurate one. Its STFT
+    of a 400-sample frame is about 1e-3 off in a log-mel front end (onnx-asr's GigaAM
+    preprocessor), where dlcc's Fourier-basis product is 5e-6 off. Without a second judge, verify
+    would call the more accurate answer a mismatch. Rows that fail for other reasons (shape,
+    dtype, NaN placement, a missing output) are not judged again."""
+    failing = [r for r in rows if not r["passed"] and "note" not in r and np.dtype(r["dtype"]).kind == "f"
+               and r["name"] in got and r["name"] in refs]
+    if not failing or _half_outputs(model_path)[0]:
+        return
+    try:
+        model = onnx.load(str(model_path))
+        if sum(t.ByteSize() for t in model.graph.initializer) > ARBITER_MAX_BYTES:
+            return
+        from .testing.rounding import float64_reference, pruned_to
+
+        exact = float64_reference(pruned_to(model, [r["name"] for r in failing]), dict(feeds))
+    except Exception:  # onnx.reference cannot evaluate the model: onnxruntime's verdict stands
+        return
+    for r in failing:
+        e = exact.get(r["name"])
+        if e is None or np.shape(e) != tuple(r["shape"]):
+            continue
+        mine = compare(r["name"], np.asarray(got[r["name"]]).astype(np.float64), e, r["rtol"], r["atol"])
+        theirs = compare(r["name"], np.asarray(refs[r["name"]]).astype(np.float64), e, r["rtol"], r["atol"])
+        if mine["passed"] and mine["max_abs_err"] < theirs["max_abs_err"]:
+            r.update(passed=True, judge="float64",
+                     note=f"judged against the float64 answer (onnx.reference): dlcc is {mine['max_abs_err']:.3g} "
+                          f"from it, onnxruntime {theirs['max_abs_err']:.3g}")

@@ -293,13 +293,17 @@ def test_out_of_range_gather_ids_are_an_input_error(tmp_path):
 def _computed_index_model(path, op):
     """`op` on indices computed from a float input x (Floor, Cast), so only the device knows them:
     Gather and GatherElements on data [10, 4] (axis 0), GatherND on index pairs into it."""
-    shape = {"Gather": [2, 3], "GatherElements": [3, 4], "GatherND": [3, 2]}[op]
-    out_shape = {"Gather": [2, 3, 4], "GatherElements": [3, 4], "GatherND": [3]}[op]
+    shape = {"Gather": [2, 3], "GatherElements": [3, 4], "GatherND": [3, 2], "ScatterElements": [3, 4],
+             "ScatterND": [3, 2]}[op]
+    out_shape = {"Gather": [2, 3, 4], "GatherElements": [3, 4], "GatherND": [3]}.get(op, [10, 4])
+    updates = {"ScatterElements": [3, 4], "ScatterND": [3]}.get(op)
     nodes = [h.make_node("Floor", ["x"], ["f"]), h.make_node("Cast", ["f"], ["i"], to=T.INT64),
-             h.make_node(op, ["data", "i"], ["g"], name="g"), h.make_node("Neg", ["g"], ["y"])]
+             h.make_node(op, ["data", "i"] + (["u"] if updates else []), ["g"], name="g"), h.make_node("Neg", ["g"], ["y"])]
+    inits = [nh.from_array(np.arange(40, dtype=np.float32).reshape(10, 4), "data")]
+    if updates:
+        inits.append(nh.from_array(-100 - np.arange(np.prod(updates), dtype=np.float32).reshape(updates), "u"))
     g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, shape)],
-                     [h.make_tensor_value_info("y", T.FLOAT, out_shape)],
-                     [nh.from_array(np.arange(40, dtype=np.float32).reshape(10, 4), "data")])
+                     [h.make_tensor_value_info("y", T.FLOAT, out_shape)], inits)
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
     return path
 
@@ -308,6 +312,9 @@ COMPUTED = {  # op: (indices in range, negative ones wrapping; an out-of-range o
     "Gather": ([[0, 9, -1], [-10, 4, 5]], (1, 2), 10, "[1, 2]"),
     "GatherElements": ([[0, 1, 2, 3], [9, 8, 7, 6], [-1, -2, -10, 0]], (2, 3), 10, "[2, 3]"),
     "GatherND": ([[0, 0], [9, 3], [-1, -4]], (2, 1), 4, "[2, 1]"),
+    # (Scatters: distinct targets; which of two updates of one element wins is the spec's to leave open.)
+    "ScatterElements": ([[0, 1, 2, 3], [9, 8, 7, 6], [-2, -3, -10, 0]], (2, 3), 10, "[2, 3]"),
+    "ScatterND": ([[0, 0], [9, 3], [-1, -4]], (2, 1), 4, "[2, 1]"),
 }
 
 
@@ -315,7 +322,8 @@ COMPUTED = {  # op: (indices in range, negative ones wrapping; an out-of-range o
 @pytest.mark.parametrize("op", sorted(COMPUTED))
 def test_computed_indices_out_of_range_are_an_error_from_the_device(tmp_path, op, pipeline):
     """Indices computed inside the model cannot be checked before the launch. The Gather clamps
-    them, so nothing reads outside the table, and a check kernel records the first bad one; the
+    them, so nothing reads outside the table (a Scatter compares against them, so nothing lands
+    outside its output), and a check kernel records the first bad one; the
     run raises naming the node, the index, its position and the bound (onnxruntime refuses these
     too). In-range indices, negative ones wrapped, match onnxruntime, also right after an error
     (the error words are cleared)."""

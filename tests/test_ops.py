@@ -387,6 +387,37 @@ add(
        {"axis": 0}),
     op("GatherElements-axis-1", "GatherElements", [X(R((2, 3, 5))), X(R((2, 3, 4), "int", -5, 5))], {"axis": -1}),
     op("GatherElements-axis1-3d", "GatherElements", [X(R((2, 4, 3))), X(R((2, 2, 3), "int", -4, 4))], {"axis": 1}),
+    # Scatters: the updates land in order; duplicate targets only where a reduction makes the
+    # order irrelevant (none leaves it open), indices given as a graph input check the run-time path.
+    op("ScatterElements-axis0", "ScatterElements",
+       [X(R((4, 3))), W(np.array([[1, 0, 2], [3, -4, -1]], I64)), X(R((2, 3)))], {"axis": 0}),
+    op("ScatterElements-axis1-partial", "ScatterElements",
+       [X(R((3, 5))), X(np.array([[4, 0], [-1, 2]], I64)), X(R((2, 2)))], {"axis": 1}),
+    op("ScatterElements-3d-axis-1", "ScatterElements",
+       [X(R((2, 3, 6))), X(np.array([[[5, 0, 2]] * 3] * 2, I64)), X(R((2, 3, 3)))], {"axis": -1}),
+    op("ScatterElements-add-duplicates", "ScatterElements",
+       [X(R((2, 5))), X(np.array([[1, 1, 4, 1], [0, 0, 0, 3]], I64)), X(R((2, 4)))], {"axis": 1, "reduction": "add"},
+       opset=16),
+    op("ScatterElements-mul", "ScatterElements",
+       [X(R((2, 5))), W(np.array([[1, 1, 4]], I64)), X(R((1, 3)))], {"axis": 1, "reduction": "mul"}, opset=16),
+    op("ScatterElements-max-min", "ScatterElements",
+       [X(R((3, 4))), W(np.array([[0, 0, 2, 2], [0, 1, 2, 2]], I64)), X(R((2, 4)))], {"axis": 0, "reduction": "max"},
+       opset=18),
+    op("ScatterElements-min", "ScatterElements",
+       [X(R((3, 4))), W(np.array([[0, 0, 2, 2], [0, 1, 2, 2]], I64)), X(R((2, 4)))], {"axis": 0, "reduction": "min"},
+       opset=18),
+    op("ScatterElements-int64", "ScatterElements",
+       [X(R((3, 4), "int", -9, 9)), W(np.array([[2, 0, 1, 0]], I64)), X(R((1, 4), "int", -9, 9))], {"axis": 0}),
+    op("Scatter-opset9", "Scatter", [X(R((3, 3))), W(np.array([[1, 0, 2]], I64)), X(R((1, 3)))], {"axis": 1}, opset=9),
+    op("ScatterND-rows", "ScatterND", [X(R((5, 3))), X(np.array([[4], [0]], I64)), X(R((2, 3)))]),
+    op("ScatterND-elements-negative", "ScatterND",
+       [X(R((3, 4, 2))), W(np.array([[0, 1, 1], [-1, -1, 0], [2, 0, 1]], I64)), X(R((3,)))]),
+    op("ScatterND-kv-cache-slot", "ScatterND",
+       [X(R((1, 2, 6, 4))), X(np.array([[[0, 0, 5], [0, 1, 5]]], I64)), X(R((1, 2, 4)))]),
+    op("ScatterND-add-duplicates", "ScatterND",
+       [X(R((4, 3))), W(np.array([[1], [1], [3]], I64)), X(R((3, 3)))], {"reduction": "add"}, opset=16),
+    op("ScatterND-max", "ScatterND",
+       [X(R((4, 3))), W(np.array([[1], [1], [3]], I64)), X(R((3, 3)))], {"reduction": "max"}, opset=18),
     op("Expand-3-to-2x3", "Expand", [X(R((3,))), W(np.array([2, 3], I64))]),
     op("Expand-31-to-2x3x4", "Expand", [X(R((3, 1))), W(np.array([2, 3, 4], I64))]),
     op("Expand-shape-smaller-rank", "Expand", [X(R((2, 1, 4))), W(np.array([3, 1], I64))]),
@@ -424,6 +455,19 @@ def _split_second_output_only(rng):
 
 
 add(graph_case("Split-13-only-second-output-used", _split_second_output_only, opset=13))
+
+
+def _lengths_minus_a_range(rng):
+    # onnx-asr's Kaldi front end: [batch] lengths, unsqueezed, minus a [200] range. onnx 1.23's
+    # data propagation calls this Sub an invalid broadcast (it propagates the unsqueezed values as
+    # if still one-dimensional); the import infers without propagation then.
+    nodes = [helper.make_node("Unsqueeze", ["lens", "one"], ["u"]), helper.make_node("Add", ["u", "pad"], ["a"]),
+             helper.make_node("Sub", ["a", "c"], ["y"])]
+    inits = {"one": np.array([1], I64), "pad": np.array(120, I64), "c": np.arange(1, 201, dtype=I64)}
+    return nodes, {"lens": np.array([16000, 12345], I64)}, inits, ["y"]
+
+
+add(graph_case("Unsqueeze-Sub-past-onnx-data-propagation", _lengths_minus_a_range))
 
 
 # Views (Reshape/Flatten/Squeeze/Unsqueeze) followed by an op so a kernel reads through the view.

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.map import MapExpr, emit_map
+from ..kernels.map import MapExpr, emit_map, linear_index
+from ..kernels.program import value_ctype
 from ..kernels.transpose import emit_tiled_transpose, wants_tiled
 from ..kernels.index_check import emit_index_check, input_check_kernel
 from .registry import ALIAS, LAYOUT, register
@@ -253,6 +254,95 @@ def _gather_nd(ctx, node):
 
     emit_map(ctx, node.outputs[0], [data, idx], body, "GatherND", flops_per_elem=0, inline_scalars=False, sparse_reads=True)
     index_check(ctx, node, idx, [dshape[b + j] for j in range(k)], last_axis=True)
+
+
+#: How a scatter combines an update with the value already there (ONNX's `reduction`); max and
+#: min are std::max/std::min's comparisons, as onnxruntime applies them.
+_SCATTER_COMBINE = {
+    "none": lambda acc, u: u,
+    "add": lambda acc, u: f"{acc} + {u}",
+    "mul": lambda acc, u: f"{acc} * {u}",
+    "max": lambda acc, u: f"(({acc}) < ({u}) ? ({u}) : ({acc}))",
+    "min": lambda acc, u: f"(({u}) < ({acc}) ? ({u}) : ({acc}))",
+}
+
+
+def _scatter_combine(ctx):
+    reduction = ctx.attr("reduction", "none")
+    if reduction not in _SCATTER_COMBINE:
+        raise ctx.fail(f"reduction {reduction!r} is not one of {', '.join(_SCATTER_COMBINE)}")
+    return _SCATTER_COMBINE[reduction]
+
+
+@register("Scatter", since=9, category=LAYOUT, half_io=True)
+@register("ScatterElements", since=11, category=LAYOUT, half_io=True)
+def _scatter_elements(ctx, node):
+    """out = data, then out[j with j[axis] = indices[j]] = updates[j] for every j of indices, in
+    order (a later duplicate wins, or combines by `reduction`).
+
+    As a map: each output element starts from data and scans the updates that could land on it
+    (those sharing its other coordinates: indices.shape[axis] of them), applying the matches in
+    index order. That is the order onnxruntime applies them in, so duplicates and reductions
+    give its answer, with no atomics and no second kernel writing the same buffer. The cost is
+    indices.shape[axis] compares per output element: small for the scatters real models make
+    (a padded edge, a KV-cache row), and priced as such."""
+    data, idx, upd = node.inputs[:3]
+    dshape, ishape = ctx.shape(data), ctx.shape(idx)
+    r = len(dshape)
+    ax = _axis(ctx.attr("axis", 0), r)
+    if len(ishape) != r or ctx.shape(upd) != ishape or any(i > d for d, i in zip(dshape, ishape)):
+        raise ctx.fail(f"indices {list(ishape)} and updates {list(ctx.shape(upd))} must have the same rank and "
+                       f"shape as each other, within data {list(dshape)}")
+    combine = _scatter_combine(ctx)
+    acc_t = value_ctype(ctx.dtype(data))
+
+    def body(v):
+        coords = list(v.o)
+        coords[ax] = "q"
+        inside = [f"{v.o[d]} < {ishape[d]}" for d in range(r) if d != ax and ishape[d] < dshape[d]]
+        loop = (f"for (int q = 0; q < {ishape[ax]}; ++q) {{ "
+                f"i64 g = (i64)({v.ld(1, coords)}); if (g < 0) g += {dshape[ax]}; "
+                f"if (g == {v.o[ax]}) acc = {combine('acc', v.ld(2, coords))}; }}")
+        s = [f"{acc_t} acc = {v.ld(0)};", f"if ({' && '.join(inside)}) {{ {loop} }}" if inside else loop]
+        return s, "acc"
+
+    emit_map(ctx, node.outputs[0], [data, idx, upd], body, node.op_type, flops_per_elem=max(1, ishape[ax]),
+             inline_scalars=False)
+    index_check(ctx, node, idx, [dshape[ax]])
+
+
+@register("ScatterND", since=11, category=LAYOUT, half_io=True)
+def _scatter_nd(ctx, node):
+    """out = data, then out[indices[u]] = updates[u] for every index tuple u, in order (k =
+    indices.shape[-1] leading coordinates each; a later duplicate wins, or combines by
+    `reduction`). As a map, like ScatterElements: each output element scans the U index tuples
+    and applies those naming its leading coordinates, in order (U compares per element)."""
+    data, idx, upd = node.inputs[:3]
+    dshape, ishape = ctx.shape(data), ctx.shape(idx)
+    k = ishape[-1] if ishape else 0
+    if not ishape or not 1 <= k <= len(dshape):
+        raise ctx.fail(f"indices {list(ishape)} must end in a tuple length between 1 and data's rank {len(dshape)}")
+    want = tuple(ishape[:-1]) + tuple(dshape[k:])
+    if tuple(ctx.shape(upd)) != want:
+        raise ctx.fail(f"updates have shape {list(ctx.shape(upd))}; indices {list(ishape)} into data "
+                       f"{list(dshape)} need {list(want)}")
+    combine = _scatter_combine(ctx)
+    acc_t = value_ctype(ctx.dtype(data))
+    count = int(np.prod(ishape[:-1])) if len(ishape) > 1 else 1
+    inner = int(np.prod(dshape[k:])) if k < len(dshape) else 1
+
+    def body(v):
+        rest = linear_index(v.o[k:], dshape[k:]) if k < len(dshape) else "0"
+        reads = " ".join(f"i64 g{j} = (i64)({v.ld_flat(1, f'u * {k} + {j}')}); if (g{j} < 0) g{j} += {dshape[j]};"
+                         for j in range(k))
+        match = " && ".join(f"g{j} == {v.o[j]}" for j in range(k))
+        loop = (f"for (int u = 0; u < {count}; ++u) {{ {reads} "
+                f"if ({match}) acc = {combine('acc', v.ld_flat(2, f'u * {inner} + {rest}'))}; }}")
+        return [f"{acc_t} acc = {v.ld(0)};", loop], "acc"
+
+    emit_map(ctx, node.outputs[0], [data, idx, upd], body, "ScatterND", flops_per_elem=max(1, count),
+             inline_scalars=False)
+    index_check(ctx, node, idx, [dshape[j] for j in range(k)], last_axis=True)
 
 
 @register("Expand", since=8, category=LAYOUT, half_io=True)

@@ -1,0 +1,287 @@
+"""`Scan` and `Loop` without control flow on the device: each is unrolled at import into plain
+nodes, one copy of its body per iteration, when the number of iterations is known at compile
+time. dlcc's kernels, AStitch and Rammer then see a straight-line graph, as they do for the
+loops torch's tracer unrolls itself.
+
+- **Scan** (opset 9 on): the iterations are the scan inputs' length along their scan axis,
+  which `--shape` makes static. Iteration t reads slice t of each scan input (a Gather with a
+  constant index; the last slice first where `scan_input_directions` says so), the body's state
+  outputs feed the next iteration, and each scan output is the Concat of its per-iteration
+  values along `scan_output_axes` (reversed where `scan_output_directions` says so). onnx-asr's
+  WeSpeaker front end frames its waveform this way: a 2-node body run once per hop.
+- **Loop** (a `for` loop): a trip count `M` that is a constant (after onnxruntime's folding,
+  so one computed from static shapes counts), an initial condition that is absent or constant
+  true, and a body whose condition output stays true: the body's own condition input passed
+  through, or a constant true. The iteration number is a constant per copy. Loop-carried values
+  may change shape from one iteration to the next, since each copy is inferred on its own.
+  Scan outputs stack along a new first axis.
+
+What stays an error, and says why: a Loop whose condition the body computes from data (a
+`while` loop: its trip count is known only at run time), a Loop without a trip count, a loop
+of zero iterations with scan outputs (a zero-length tensor), opset 8's Scan (a batch axis and
+`sequence_lens`), and a loop whose unrolled copies would exceed MAX_UNROLLED_NODES nodes.
+
+The body's own initializers are moved into the graph once, not once per iteration; its other
+local names are renamed per iteration under a prefix no tensor of the model uses, and names it
+reads from the enclosing graph stay as they are. A loop nested in a body is unrolled in the
+next round, once its copies sit in the main graph.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .control_flow import _all_names_deep, _constant_values, _graphs_of, _static_shapes, rename_reads
+from .errors import ShapeError, UnsupportedControlFlowError
+from .expand import _prefix
+
+#: The most nodes the unrolled copies of one loop may add (iterations × body nodes).
+MAX_UNROLLED_NODES = 20000
+#: Loops nested in loop bodies are unrolled one level per round; this bounds the rounds.
+MAX_DEPTH = 8
+
+LOOPS = ("Loop", "Scan")
+
+
+def has_loop(model: onnx.ModelProto) -> bool:
+    return any(n.op_type in LOOPS and n.domain in ("", "ai.onnx") for n in model.graph.node)
+
+
+def unroll_loops(model: onnx.ModelProto, path, infer) -> tuple[onnx.ModelProto, list[str]]:
+    """Unroll every Loop and Scan of `model`'s main graph, nested ones too (one level per round,
+    `infer`, a lenient shape inference, between rounds). Returns (the model, pass-log notes)."""
+    notes: list[str] = []
+    for _ in range(MAX_DEPTH):
+        if not has_loop(model):
+            return model, notes
+        model = infer(model)
+        _one_round(model, path, notes)
+    if has_loop(model):
+        raise UnsupportedControlFlowError(f"{path}: loops nest more than {MAX_DEPTH} deep; dlcc unrolls at most that many levels")
+    return model, notes
+
+
+def _one_round(model: onnx.ModelProto, path, notes: list[str]) -> None:
+    g = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    consts, shapes = _constant_values(g), _static_shapes(g)
+    taken = _all_names_deep(g)
+    out: list[onnx.NodeProto] = []
+    for k, node in enumerate(g.node):
+        if node.op_type not in LOOPS or node.domain not in ("", "ai.onnx"):
+            out.append(node)
+            continue
+        label = node.name or node.output[0]
+        prefix = _prefix(node, k, taken)
+        taken.add(prefix)
+        unroll = _scan if node.op_type == "Scan" else _loop
+        nodes, note = unroll(node, label, prefix, g, consts, shapes, opset, path)
+        out += nodes
+        notes.append(f"import: {node.op_type} {label!r}: {note}")
+    del g.node[:]
+    g.node.extend(out)
+    del g.value_info[:]  # the caller infers the unrolled graph afresh
+
+
+def _body(node: onnx.NodeProto, label: str, path) -> onnx.GraphProto:
+    body = next((a.g for a in node.attribute if a.name == "body"), None)
+    if body is None:
+        raise UnsupportedControlFlowError(f"{path}: {node.op_type} {label!r} has no body")
+    for o in list(body.input) + list(body.output):
+        if not o.type.HasField("tensor_type"):
+            raise UnsupportedControlFlowError(f"{path}: {node.op_type} {label!r}: body value {o.name!r} is not a tensor "
+                                              "(a sequence, optional or map); dlcc compiles tensors only")
+    return body
+
+
+def _check_size(iterations: int, body: onnx.GraphProto, node, label, path) -> None:
+    if iterations * len(body.node) > MAX_UNROLLED_NODES:
+        raise UnsupportedControlFlowError(
+            f"{path}: {node.op_type} {label!r} runs {iterations} iterations of a {len(body.node)}-node body; dlcc unrolls "
+            f"loops, and that is more than its limit of {MAX_UNROLLED_NODES} nodes")
+
+
+class _Unroller:
+    """Emits the per-iteration copies of one body into the main graph `g`."""
+
+    def __init__(self, body: onnx.GraphProto, prefix: str, g: onnx.GraphProto, label: str, opset: int):
+        self.body, self.prefix, self.label, self.opset = body, prefix, label, opset
+        self.nodes: list[onnx.NodeProto] = []
+        self.consts: dict[tuple, str] = {}
+        # The body's initializers go into the graph once, shared by every iteration.
+        self.shared = {t.name: f"{prefix}c_{t.name}" for t in body.initializer}
+        for t in body.initializer:
+            c = onnx.TensorProto()
+            c.CopyFrom(t)
+            c.name = self.shared[t.name]
+            g.initializer.append(c)
+
+    def const(self, value: np.ndarray) -> str:
+        key = (value.dtype.str, value.shape, value.tobytes())
+        if key not in self.consts:
+            name = f"{self.prefix}k{len(self.consts)}"
+            self.nodes.append(helper.make_node("Constant", [], [name], name=f"{self.label}/{name}",
+                                               value=numpy_helper.from_array(value, name)))
+            self.consts[key] = name
+        return self.consts[key]
+
+    def node(self, op: str, inputs: list[str], output: str, **attrs) -> str:
+        self.nodes.append(helper.make_node(op, inputs, [output], name=f"{self.label}/{output}", **attrs))
+        return output
+
+    def iteration(self, t: int, bind: dict[str, str]) -> list[str]:
+        """One copy of the body with its inputs bound to `bind`; the names of its outputs."""
+        pre = f"{self.prefix}i{t}_"
+        rename = dict(self.shared)
+        rename.update({o: f"{pre}{o}" for n in self.body.node for o in n.output if o})
+        rename.update(bind)
+        for j, bn in enumerate(self.body.node):
+            n = onnx.NodeProto()
+            n.CopyFrom(bn)
+            n.name = f"{pre}{bn.name or bn.op_type + str(j)}"
+            del n.input[:], n.output[:]
+            n.input.extend(rename.get(i, i) for i in bn.input)
+            n.output.extend(rename.get(o, o) for o in bn.output)
+            for a in n.attribute:
+                for sub in _graphs_of(a):
+                    rename_reads(sub, rename)
+            self.nodes.append(n)
+        return [rename.get(o.name, o.name) for o in self.body.output]
+
+    def stack(self, values: list[str], axis: int, output: str, k: int) -> None:
+        """`output` (scan output k) = the values, each given a new axis `axis`, concatenated along it."""
+        if self.opset >= 13:
+            ax = self.const(np.array([axis], np.int64))
+            parts = [self.node("Unsqueeze", [v, ax], f"{self.prefix}s{k}_{j}") for j, v in enumerate(values)]
+        else:  # (axes an attribute before opset 13)
+            parts = [self.node("Unsqueeze", [v], f"{self.prefix}s{k}_{j}", axes=[axis]) for j, v in enumerate(values)]
+        self.node("Concat", parts, output, axis=axis)
+
+
+def _ints(node: onnx.NodeProto, name: str, n: int, default: int) -> list[int]:
+    got = next((list(helper.get_attribute_value(a)) for a in node.attribute if a.name == name), None)
+    return [default] * n if got is None else [int(v) for v in got]
+
+
+def _scan(node, label, prefix, g, consts, shapes, opset, path):
+    if opset < 9:
+        raise UnsupportedControlFlowError(f"{path}: Scan {label!r} is opset 8's (a batch axis and sequence_lens); dlcc "
+                                          f"unrolls the Scan of opset 9 on")
+    body = _body(node, label, path)
+    m = next((int(helper.get_attribute_value(a)) for a in node.attribute if a.name == "num_scan_inputs"), None)
+    if m is None or not 0 < m <= len(node.input):
+        raise UnsupportedControlFlowError(f"{path}: Scan {label!r}: num_scan_inputs {m} does not fit its "
+                                          f"{len(node.input)} inputs")
+    n_state = len(node.input) - m
+    n_out = len(body.output) - n_state
+    if len(body.input) != n_state + m or n_out < 0:
+        raise UnsupportedControlFlowError(f"{path}: Scan {label!r}: its body takes {len(body.input)} inputs and gives "
+                                          f"{len(body.output)} outputs, for {n_state} states and {m} scan inputs")
+    in_axes, in_dirs = _ints(node, "scan_input_axes", m, 0), _ints(node, "scan_input_directions", m, 0)
+    out_axes, out_dirs = _ints(node, "scan_output_axes", n_out, 0), _ints(node, "scan_output_directions", n_out, 0)
+    lengths = set()
+    xs = node.input[n_state:]
+    for j, x in enumerate(xs):
+        shape = shapes.get(x)
+        if shape is None:
+            raise ShapeError(f"{path}: Scan {label!r} scans {x!r}, whose shape is not static here; bind the model's "
+                             f"dynamic dims with --shape NAME=DIMS")
+        in_axes[j] %= max(1, len(shape))
+        lengths.add(shape[in_axes[j]])
+    if len(lengths) != 1:
+        raise UnsupportedControlFlowError(f"{path}: Scan {label!r}: its scan inputs differ in length ({sorted(lengths)})")
+    iterations = lengths.pop()
+    if iterations == 0 and any(node.output[n_state:]):
+        raise UnsupportedControlFlowError(f"{path}: Scan {label!r} runs zero iterations, so its scan outputs are empty; "
+                                          f"dlcc has no zero-length tensors")
+    _check_size(iterations, body, node, label, path)
+    u = _Unroller(body, prefix, g, label, opset)
+    states = list(node.input[:n_state])
+    per_iter: list[list[str]] = [[] for _ in range(n_out)]
+    for t in range(iterations):
+        bind = {body.input[i].name: states[i] for i in range(n_state)}
+        for j, x in enumerate(xs):
+            idx = u.const(np.array(iterations - 1 - t if in_dirs[j] else t, np.int64))
+            bind[body.input[n_state + j].name] = u.node("Gather", [x, idx], f"{prefix}g{t}_{j}", axis=in_axes[j])
+        outs = u.iteration(t, bind)
+        states = outs[:n_state]
+        for k in range(n_out):
+            per_iter[k].append(outs[n_state + k])
+    _finish(u, node, states, per_iter, out_axes, out_dirs)
+    return u.nodes, f"unrolled: {iterations} iterations of a {len(body.node)}-node body"
+
+
+def _loop(node, label, prefix, g, consts, shapes, opset, path):
+    body = _body(node, label, path)
+    inputs = list(node.input) + [""] * (2 - len(node.input))
+    trip, cond = inputs[0], inputs[1]
+    n_state = len(node.input) - 2
+    n_out = len(body.output) - 1 - n_state
+    if len(body.input) != n_state + 2 or n_out < 0:
+        raise UnsupportedControlFlowError(f"{path}: Loop {label!r}: its body takes {len(body.input)} inputs and gives "
+                                          f"{len(body.output)} outputs, for {n_state} loop-carried values")
+    if not trip or trip not in consts:
+        why = "has no trip count" if not trip else f"has a trip count {trip!r} computed at run time"
+        raise UnsupportedControlFlowError(f"{path}: Loop {label!r} {why}; dlcc unrolls loops, so it needs the number of "
+                                          f"iterations at compile time (a constant, or one computed from --shape)")
+    iterations = int(np.asarray(consts[trip]).reshape(()))
+    if cond:
+        if cond not in consts:
+            raise UnsupportedControlFlowError(f"{path}: Loop {label!r}: its initial condition {cond!r} is computed at run "
+                                              f"time; dlcc unrolls loops whose condition is known")
+        if not bool(np.asarray(consts[cond]).reshape(())):
+            iterations = 0
+    if not _stays_true(body, consts):
+        raise UnsupportedControlFlowError(
+            f"{path}: Loop {label!r} is a while loop: its body computes whether to go on ({body.output[0].name!r}); "
+            f"dlcc unrolls loops with a trip count known at compile time, and this one's is known only at run time")
+    iterations = max(iterations, 0)
+    if iterations == 0 and any(node.output[n_state:]):
+        raise UnsupportedControlFlowError(f"{path}: Loop {label!r} runs zero iterations, so its scan outputs are empty; "
+                                          f"dlcc has no zero-length tensors")
+    _check_size(iterations, body, node, label, path)
+    u = _Unroller(body, prefix, g, label, opset)
+    states = list(node.input[2:])
+    per_iter: list[list[str]] = [[] for _ in range(n_out)]
+    true = u.const(np.array(True))
+    for t in range(iterations):
+        bind = {body.input[0].name: u.const(np.array(t, np.int64)), body.input[1].name: true}
+        bind.update({body.input[2 + i].name: states[i] for i in range(n_state)})
+        outs = u.iteration(t, bind)
+        states = outs[1:1 + n_state]
+        for k in range(n_out):
+            per_iter[k].append(outs[1 + n_state + k])
+    _finish(u, node, states, per_iter, [0] * n_out, [0] * n_out)
+    return u.nodes, f"unrolled: {iterations} iterations of a {len(body.node)}-node body"
+
+
+def _finish(u: _Unroller, node, states, per_iter, axes, dirs) -> None:
+    """The loop's outputs: the final states, then each scan output stacked."""
+    for i, s in enumerate(states):
+        if i < len(node.output) and node.output[i]:
+            u.node("Identity", [s], node.output[i])
+    for k, values in enumerate(per_iter):
+        o = len(states) + k
+        if o < len(node.output) and node.output[o]:
+            u.stack(values[::-1] if dirs[k] else values, axes[k], node.output[o], k)
+
+
+def _stays_true(body: onnx.GraphProto, outer: dict) -> bool:
+    """Whether the body's condition output is true in every iteration: its condition input passed
+    through (via Identity), or a constant true (its own, or the enclosing graph's)."""
+    produced = {o: n for n in body.node for o in n.output if o}
+    local = _constant_values(body)
+    name, seen = body.output[0].name, set()
+    while name not in seen:
+        seen.add(name)
+        if name == body.input[1].name:
+            return True
+        value = local.get(name, outer.get(name) if name not in produced else None)
+        if value is not None:
+            return bool(np.asarray(value).size == 1 and np.asarray(value).reshape(()))
+        n = produced.get(name)
+        if n is None or n.op_type != "Identity":
+            return False
+        name = n.input[0]
+    return False

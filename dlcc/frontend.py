@@ -588,7 +588,7 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
             model = folded
     # STFT and DFT become products with a Fourier basis (spectral.py), before strict inference,
     # which gets a rank-2 STFT wrong; after folding, which makes a computed window a constant.
-    model, more = lower_spectral(model, lenient, weights, path)
+    model, more, float32_nodes = lower_spectral(model, lenient, weights, path)
     notes += more
     # Loops with a known trip count are unrolled (loops.py), and the Ifs left are if-converted;
     # a loop inside a branch, or an If inside a loop's body, surfaces for the next round.
@@ -663,6 +663,7 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         source_node_count=source_nodes,
         notes=notes,
         bound_values=bound_values,
+        float32_nodes=float32_nodes,
     )
     _fold_and_infer(graph)
     check_selects(graph, selects, path)

@@ -88,6 +88,9 @@ class Graph:
     notes: list[str] = field(default_factory=list)
     # Scalar inputs whose value the compile bound (frontend.bind_values): the run checks the feeds.
     bound_values: dict[str, int] = field(default_factory=dict)
+    # Nodes that stay float32 at a half precision whatever the pipeline says (narrow.kept_float32):
+    # the products the import makes of STFT and DFT.
+    float32_nodes: set[str] = field(default_factory=set)
 
     def output_name(self, name: str) -> str:
         return self.output_alias.get(name, name)

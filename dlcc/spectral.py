@@ -47,13 +47,16 @@ def has_spectral(model: onnx.ModelProto) -> bool:
     return any(n.op_type in ("STFT", "DFT") and n.domain in ("", "ai.onnx") for n in model.graph.node)
 
 
-def lower_spectral(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray], path) -> tuple[onnx.ModelProto, list[str]]:
+def lower_spectral(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray],
+                   path) -> tuple[onnx.ModelProto, list[str], set[str]]:
     """Rewrite every STFT and DFT of the main graph (in place) into plain ops with a constant
     basis. `infer` is a lenient shape inference (a function of a model); `weights` holds the
     values split_weights took out of the graph, and receives the bases (each also a typed graph
-    input, as split_weights leaves weights). Returns (the model, notes for the pass log)."""
+    input, as split_weights leaves weights). Returns (the model, notes for the pass log, the
+    names of the Conv and MatMul nodes made: they stay float32 at every precision, as
+    torch.autocast keeps stft and fft in float32; Graph.float32_nodes)."""
     if not has_spectral(model):
-        return model, []
+        return model, [], set()
     # Shapes come from an inferred copy; the model itself is rewritten, so that what onnx
     # inferred downstream of a transform (a rank-2 STFT's wrong bins, also in the graph's
     # output types) is not kept.
@@ -63,6 +66,7 @@ def lower_spectral(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray]
     taken = _all_names(g)
     out: list[onnx.NodeProto] = []
     notes: list[str] = []
+    products: set[str] = set()
     for k, node in enumerate(g.node):
         if node.op_type not in ("STFT", "DFT") or node.domain not in ("", "ai.onnx"):
             out.append(node)
@@ -73,13 +77,14 @@ def lower_spectral(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray]
         lower = _stft if node.op_type == "STFT" else _dft
         nodes, basis, note = lower(node, label, prefix, shapes, consts, _opset(model), path)
         out += nodes
+        products.update(n.name for n in nodes if n.op_type in ("Conv", "MatMul"))
         weights[basis.name] = numpy_helper.to_array(basis)
         g.input.append(helper.make_tensor_value_info(basis.name, basis.data_type, list(basis.dims)))
         notes.append(f"import: {node.op_type} {label!r}: {note}")
     del g.node[:]
     g.node.extend(out)
     del g.value_info[:]  # the caller infers the rewritten graph afresh
-    return model, notes
+    return model, notes, products
 
 
 def _stft(node, label, prefix, shapes, consts, opset, path):

@@ -24,7 +24,8 @@ def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "
     `unjoinable_us`: what a GEMM tiling that no persistent kernel can run (a DEEP one, in dynamic
     shared memory) costs beyond its own time, where a later pass joins launches (kernels/gemm_mma.py
     choose_mma_tiling); 0 where nothing is joined."""
-    narrowed = narrow_gemm_weights(graph, precision, set(fp32_ops)) if precision in HALF_DTYPES else []
+    fp32_ops = set(fp32_ops) | graph.float32_nodes
+    narrowed = narrow_gemm_weights(graph, precision, fp32_ops) if precision in HALF_DTYPES else []
     ctx = LowerCtx(graph, device, pass_name=pass_name)
     ctx.narrowed = narrowed
     if precision in HALF_DTYPES and half_activations:

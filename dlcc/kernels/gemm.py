@@ -591,8 +591,10 @@ def simt_gemm_source(name: str, spec: GemmSpec, t: Tiling) -> str:
 
 def gemm_precision(ctx) -> str:
     """The precision the current node's GEMM computes at: the compile's, or fp32 for an op type
-    kept float32 (PipelineSpec.fp32_ops)."""
-    if getattr(ctx, "node", None) is not None and ctx.node.op_type in getattr(ctx, "fp32_ops", ()):
+    kept float32 (PipelineSpec.fp32_ops) or a node the import keeps float32 (Graph.float32_nodes)."""
+    from ..ops.narrow import kept_float32
+
+    if getattr(ctx, "node", None) is not None and kept_float32(ctx.node, getattr(ctx, "fp32_ops", ())):
         return "fp32"
     return getattr(ctx, "precision", "fp32")
 

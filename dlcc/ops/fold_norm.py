@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Graph, Tensor
-from .narrow import HALF_DTYPES
+from .narrow import HALF_DTYPES, kept_float32
 from .registry import ALIAS, lookup
 
 #: The node attribute a folded GEMM carries for ops/matmul.py: {"c", "b", "eps"} (c "" for an RMSNorm).
@@ -65,7 +65,7 @@ def _readers(graph: Graph, users: dict, y: str, length: int, fp32_ops) -> list |
             return None
         for n in users.get(t, []):
             entry = lookup(n.op_type, graph.opset, n.domain)
-            if n.op_type in fp32_ops or n.inputs.count(t) != 1:
+            if kept_float32(n, fp32_ops) or n.inputs.count(t) != 1:
                 return None
             if entry is not None and entry.category == ALIAS and n.inputs[0] == t and len(n.outputs) == 1:
                 shape = graph.tensors[n.outputs[0]].shape
@@ -114,7 +114,7 @@ def _rms_norm(graph: Graph, users: dict, by_out: dict, out_node, fp32_ops) -> tu
 
     def producer(t: str, op: str):
         n = by_out.get(t)
-        return n if n is not None and n.op_type == op and n.op_type not in fp32_ops else None
+        return n if n is not None and n.op_type == op and not kept_float32(n, fp32_ops) else None
 
     gamma, n = None, out_node
     consts = [i for i in n.inputs if i and graph.is_const(i)]
@@ -128,7 +128,7 @@ def _rms_norm(graph: Graph, users: dict, by_out: dict, out_node, fp32_ops) -> tu
 
     def reciprocal(t: str) -> str | None:  # s where t = Reciprocal(s) or Div(1, s)
         r = by_out.get(t)
-        if r is None or r.op_type in fp32_ops:
+        if r is None or kept_float32(r, fp32_ops):
             return None
         if r.op_type == "Reciprocal":
             return r.inputs[0]
@@ -192,7 +192,7 @@ def fold_layernorms(graph: Graph, precision: str, fp32_ops=frozenset()) -> list[
                 continue
             x, gamma, eps, removed = rms
             norm = (x, node.outputs[0], gamma, "", eps, False)
-        elif node.op_type == "LayerNormalization" and node.op_type not in fp32_ops and not any(node.outputs[1:]):
+        elif node.op_type == "LayerNormalization" and not kept_float32(node, fp32_ops) and not any(node.outputs[1:]):
             x = node.inputs[0]
             if int(node.attrs.get("axis", -1)) not in (-1, len(graph.tensors[x].shape or ()) - 1):
                 continue

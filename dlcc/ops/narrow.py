@@ -28,6 +28,14 @@ from .registry import ALIAS, ELEMENTWISE, REDUCTION, lookup
 HALF_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 
 
+def kept_float32(node, fp32_ops) -> bool:
+    """Whether `node` stays float32 at a half precision: its op type is listed in the pipeline's
+    `fp32_ops`, or the node itself is (the import lists the products it makes of a Fourier
+    transform, Graph.float32_nodes, as torch.autocast keeps stft and fft in float32: a 16-bit
+    basis puts every weak bin of a spectrum under the rounding of the strong ones)."""
+    return node.op_type in fp32_ops or node.name in fp32_ops
+
+
 def gemm_operands(graph: Graph, node) -> list[int]:
     """Input positions of `node` that the GEMM template loads as operands (ops/matmul.py,
     ops/conv.py): MatMul's and Gemm's A and B, Conv's weight unless it is depthwise (a map
@@ -49,7 +57,7 @@ def narrow_gemm_weights(graph: Graph, precision: str, fp32_ops=frozenset()) -> l
     np_dtype = np.dtype(dtype)  # "bfloat16" is ml_dtypes' (registered by dlcc.ir)
     narrowed: dict[str, str] = {}
     for node in graph.nodes:
-        if node.op_type in fp32_ops:
+        if kept_float32(node, fp32_ops):
             continue
         for k in gemm_operands(graph, node):
             name = node.inputs[k]
@@ -92,7 +100,7 @@ def narrow_activations(graph: Graph, precision: str, fp32_ops=frozenset()) -> tu
 
     def converts(n) -> bool:
         entry = entries[id(n)]
-        return entry is not None and entry.half_io and n.op_type not in fp32_ops
+        return entry is not None and entry.half_io and not kept_float32(n, fp32_ops)
 
     # Statistics: a reduction's smaller output (a mean, a sum of squares) and what elementwise
     # ops compute from statistics and constants alone (E[x]^2, E[x^2] - E[x]^2, + eps, sqrt).

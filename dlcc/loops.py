@@ -89,9 +89,12 @@ def _body(node: onnx.NodeProto, label: str, path) -> onnx.GraphProto:
     if body is None:
         raise UnsupportedControlFlowError(f"{path}: {node.op_type} {label!r} has no body")
     for o in list(body.input) + list(body.output):
-        if not o.type.HasField("tensor_type"):
+        # (A sequence of tensors may be carried: TorchScript's `outs.append(h)`; sequences.py
+        # resolves it once the loop is unrolled.)
+        seq = o.type.sequence_type.elem_type if o.type.HasField("sequence_type") else None
+        if not (o.type.HasField("tensor_type") or (seq is not None and seq.HasField("tensor_type"))):
             raise UnsupportedControlFlowError(f"{path}: {node.op_type} {label!r}: body value {o.name!r} is not a tensor "
-                                              "(a sequence, optional or map); dlcc compiles tensors only")
+                                              "or a sequence of tensors (an optional or a map); dlcc compiles tensors only")
     return body
 
 
@@ -187,7 +190,10 @@ def _scan(node, label, prefix, g, consts, shapes, opset, path):
         if shape is None:
             raise ShapeError(f"{path}: Scan {label!r} scans {x!r}, whose shape is not static here; bind the model's "
                              f"dynamic dims with --shape NAME=DIMS")
-        in_axes[j] %= max(1, len(shape))
+        if not -len(shape) <= in_axes[j] < len(shape):
+            raise UnsupportedControlFlowError(f"{path}: Scan {label!r}: scan axis {in_axes[j]} of {x!r} is outside its "
+                                              f"{len(shape)} dimensions")
+        in_axes[j] %= len(shape)
         lengths.add(shape[in_axes[j]])
     if len(lengths) != 1:
         raise UnsupportedControlFlowError(f"{path}: Scan {label!r}: its scan inputs differ in length ({sorted(lengths)})")

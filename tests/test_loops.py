@@ -3,6 +3,8 @@ compile time. Results against onnxruntime on PoCL through every pipeline; the lo
 be unrolled are one clear error each, naming the loop and why."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import onnx
 import pytest
@@ -14,6 +16,11 @@ import dlcc
 from conftest import opencl_device_available, run_ort
 from dlcc.errors import UnsupportedControlFlowError
 from dlcc.frontend import import_model
+
+try:
+    import torch
+except ImportError:  # (the models extra)
+    torch = None
 
 needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
 rng = np.random.default_rng(0)
@@ -159,3 +166,82 @@ def test_the_cli_names_the_loop(tmp_path):
     assert p.returncode == 2, p.stderr
     assert "while loop" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_scan_axis_outside_the_input_is_one_clear_error(tmp_path):
+    path = scan_model(tmp_path / "s.onnx")
+    m = onnx.load(path)
+    for a in m.graph.node[0].attribute:
+        if a.name == "scan_input_axes":
+            a.ints[1] = 5
+    onnx.save(m, path)
+    with pytest.raises(UnsupportedControlFlowError, match=r"Scan 's': scan axis 5 of 'b' is outside its 2 dimensions"):
+        dlcc.compile(path, target="opencl")
+
+
+if torch is not None:
+    class _Appends(torch.nn.Module):
+        """A TorchScript loop that appends to a list: torch's TorchScript exporter writes a Loop
+        that carries a sequence (SequenceEmpty, SequenceInsert in the body, ConcatFromSequence
+        after it)."""
+
+        def forward(self, x):
+            h = torch.zeros_like(x[0])
+            outs: list[torch.Tensor] = []
+            for i in range(x.size(0)):
+                h = torch.tanh(h * 0.5 + x[i])
+                outs.append(h)
+            return torch.stack(outs), h
+
+
+@needs_opencl
+@pytest.mark.skipif(torch is None, reason="torch (the models extra) is not installed")
+def test_a_torchscript_loop_that_appends_to_a_list(tmp_path):
+    path = tmp_path / "appends.onnx"
+    x = torch.randn(5, 3, 4)
+    with warnings.catch_warnings():  # (TorchScript export is deprecated in torch 2.13; it is still how such models were made)
+        warnings.simplefilter("ignore")
+        torch.onnx.export(torch.jit.script(_Appends()), (x,), str(path), dynamo=False, opset_version=17,
+                          input_names=["x"], output_names=["ys", "h"])
+    assert {"Loop", "SequenceEmpty", "ConcatFromSequence"} <= {n.op_type for n in onnx.load(str(path)).graph.node}
+    m = _run_both(str(path), {"x": x.numpy()}, "astitch")
+    assert any("sequence op(s) resolved" in line for line in m.plan["meta"]["pass_log"])
+    want = _Appends()(x)
+    np.testing.assert_allclose(m({"x": x.numpy()})["ys"], want[0].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def _sequence_model(path, position_input=False):
+    """Every sequence op with known positions: construct, insert (at a negative position), erase,
+    at, length, split, concat with and without a new axis."""
+    c = lambda name, v: nh.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [h.make_node("SequenceConstruct", ["a", "b"], ["s1"]),
+             h.make_node("SequenceInsert", ["s1", "c", "m1"], ["s2"]),  # [a, c, b]
+             h.make_node("SplitToSequence", ["c"], ["parts"], axis=1),  # c's 3 columns, kept [2, 1]
+             h.make_node("SequenceAt", ["parts", "p" if position_input else "k2"], ["col"]),
+             h.make_node("SequenceInsert", ["s2", "col"], ["s3"]),  # [a, c, b, col]
+             h.make_node("SequenceErase", ["s3", "k0"], ["s4"]),  # [c, b, col]
+             h.make_node("SequenceLength", ["s4"], ["n"]),
+             h.make_node("SequenceErase", ["s4"], ["s5"]),  # [c, b]
+             h.make_node("ConcatFromSequence", ["s5"], ["cat"], axis=1),
+             h.make_node("ConcatFromSequence", ["s5"], ["stk"], axis=0, new_axis=1)]
+    inputs = [_vi("a", [2, 3]), _vi("b", [2, 3]), _vi("c", [2, 3])] + ([_vi("p", [], TP.INT64)] if position_input else [])
+    return _save(path, nodes, inputs, [_vi("cat", [2, 6]), _vi("stk", [2, 2, 3]), _vi("n", [], TP.INT64), _vi("col", [2, 1])],
+                 [c("m1", -1), c("k2", 2), c("k0", 0)])
+
+
+@needs_opencl
+def test_sequence_ops_with_known_positions(tmp_path):
+    feeds = {k: rng.standard_normal((2, 3)).astype(np.float32) for k in "abc"}
+    _run_both(_sequence_model(tmp_path / "s.onnx"), feeds, "astitch")
+
+
+def test_a_position_known_only_at_run_time_is_reported_unsupported(tmp_path):
+    from dlcc.errors import UnsupportedOpsError
+
+    path = _sequence_model(tmp_path / "s.onnx", position_input=True)
+    with pytest.raises(UnsupportedOpsError, match="SequenceAt"):
+        dlcc.compile(path, target="opencl")
+    # (Binding the position's value, --shape p=1, makes it known.)
+    cm = dlcc.compile(path, target="opencl", shapes={"p": 1})
+    c = rng.standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(cm({"a": c, "b": c, "c": c, "p": np.array(1, np.int64)})["col"], c[:, 1:2])

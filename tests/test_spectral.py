@@ -176,7 +176,7 @@ def test_torch_stft_and_rfft_through_torchs_exporter(tmp_path):
 
     x = torch.randn(2, 512)
     path = tmp_path / "features.onnx"
-    torch.onnx.export(Features(), (x,), str(path), dynamo=True, verbose=False)
+    torch.onnx.export(Features().eval(), (x,), str(path), dynamo=True, verbose=False)
     ops = {n.op_type for n in onnx.load(str(path)).graph.node}
     assert {"STFT", "DFT"} <= ops, ops
     m = dlcc.compile(path, target="opencl", pipeline="astitch")

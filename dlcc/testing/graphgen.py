@@ -1290,12 +1290,91 @@ def p_if(g: Gen) -> None:
     g.node("If", [cond], [(a.shape, "float32", min(tlo, elo), max(thi, ehi))], then_branch=then, else_branch=els)
 
 
+def p_scatter(g: Gen) -> None:
+    """ScatterElements or ScatterND of a pool value with constant indices (some negative). Without
+    a reduction the targets are distinct, since which of two updates of one element lands is the
+    spec's to leave open; with add, max or min (opsets 16 and 18) they may repeat."""
+    v = g.pick_or_input(lambda u: u.rank >= 1 and u.numel <= 4096)
+    if v.rank == 0 or v.numel > 4096:
+        v = g.input(g.shape(2))
+    reds = ["none"] + (["add"] if g.opset >= 16 else []) + (["max", "min"] if g.opset >= 18 else [])
+    red = g.ch.pick(reds)
+    attrs = {} if red == "none" else {"reduction": red}
+    if g.ch.chance(0.5):
+        axis = g.ch.below(v.rank)
+        ishape = tuple(g.ch.between(1, d) for d in v.shape)
+        n = v.shape[axis]
+        if red == "none":  # a random permutation along the axis, cut to the indices' length
+            full = ishape[:axis] + (n,) + ishape[axis + 1:]
+            idx = np.argsort(g.rs.random(full), axis=axis).take(range(ishape[axis]), axis=axis)
+        else:
+            idx = g.rs.integers(0, n, ishape)
+        idx = np.where(g.rs.random(ishape) < 0.3, idx - n, idx).astype(np.int64)
+        count, op = ishape[axis], "ScatterElements"
+        attrs["axis"] = axis - v.rank if g.ch.chance(0.3) else axis
+    else:
+        k = g.ch.between(1, v.rank)
+        cells = int(np.prod(v.shape[:k]))
+        lead = g.ch.between(1, min(4, cells))
+        flat = g.rs.choice(cells, lead, replace=red != "none")
+        idx = np.stack(np.unravel_index(flat, v.shape[:k]), -1).astype(np.int64)
+        idx = np.where(g.rs.random(idx.shape) < 0.3, idx - np.array(v.shape[:k]), idx)
+        ishape, count, op = (lead,) + tuple(v.shape[k:]), lead, "ScatterND"
+    u = g.input(ishape, hint="upd") if g.ch.chance(0.5) else g.weight(ishape, 1.0, hint="upd")
+    if red == "add":
+        lo, hi = v.lo + count * min(u.lo, 0.0), v.hi + count * max(u.hi, 0.0)
+    else:
+        lo, hi = min(v.lo, u.lo), max(v.hi, u.hi)
+    g.one(op, [v, g.const(idx, "idx"), u], v.shape, lo, hi, **attrs)
+
+
+def p_scan(g: Gen) -> None:
+    """A Scan over a pool value's leading axis (at most 6 steps, either direction): a running
+    state += tanh(slice), returned after the last step and stacked as the scan output (loops.py
+    unrolls it). Its body's names are the graph's style too (escaped when they reach source)."""
+    v = g.pick_or_input(lambda u: u.rank >= 2 and u.shape[0] <= 6)
+    if v.rank < 2 or v.shape[0] > 6:
+        v = g.input((g.ch.between(1, 5),) + g.shape(g.ch.pick([1, 2])))
+    steps, inner = v.shape[0], tuple(v.shape[1:])
+    s0 = g.pick(lambda u: u.shape == inner) or g.weight(inner, 1.0, hint="s0")
+    s, x, t, s2, o = (g.name(h) for h in ("sin", "xt", "th", "sout", "so"))
+    f = TensorProto.FLOAT
+    body = helper.make_graph(
+        [helper.make_node("Tanh", [x], [t]), helper.make_node("Add", [s, t], [s2]), helper.make_node("Identity", [s2], [o])],
+        g.name("body"), [helper.make_tensor_value_info(s, f, list(inner)), helper.make_tensor_value_info(x, f, list(inner))],
+        [helper.make_tensor_value_info(s2, f, list(inner)), helper.make_tensor_value_info(o, f, list(inner))])
+    lo, hi = s0.lo - steps, s0.hi + steps
+    g.node("Scan", [s0, v], [(inner, "float32", lo, hi), ((steps,) + inner, "float32", lo, hi)], body=body,
+           num_scan_inputs=1, scan_input_directions=[int(g.ch.chance(0.3))], scan_output_directions=[int(g.ch.chance(0.3))])
+
+
+def p_dft(g: Gen) -> None:
+    """A DFT (opset 17 on) along the last axis of a pool value made [..., N, 1]: the full complex
+    spectrum or the onesided one (spectral.py makes it a MatMul with a Fourier basis)."""
+    if g.opset < 17:
+        return
+    v = g.bounded(g.pick_or_input(lambda u: 1 <= u.rank <= 3 and 2 <= u.shape[-1] <= 64))
+    if v.rank == 0 or not 2 <= v.shape[-1] <= 64:
+        v = g.input(g.shape(2))
+    n = v.shape[-1]
+    col = g.one("Unsqueeze", [v, g.ints([-1])], v.shape + (1,), v.lo, v.hi)
+    onesided = int(g.ch.chance(0.5))
+    bins = n // 2 + 1 if onesided else n
+    ins, attrs = [col], {"onesided": onesided}
+    if g.opset >= 20:
+        ins += [None, g.ints(-2)]
+    else:
+        attrs["axis"] = col.rank - 2
+    g.one("DFT", ins, v.shape[:-1] + (bins, 2), -n * v.mag, n * v.mag, **attrs)
+
+
 PATTERNS = [
     (p_unary, 14), (p_binary, 14), (p_reduce, 10), (p_softmax, 4), (p_layernorm, 5), (p_reshape, 6),
     (p_transpose, 5), (p_slice, 4), (p_concat, 4), (p_split, 3), (p_gather, 3), (p_expand, 2), (p_pad, 2),
     (p_where, 2), (p_cast, 1), (p_cumsum, 1), (p_matmul, 6), (p_gemm, 3), (p_conv, 4), (p_rnn, 2),
     (p_misc, 2), (p_logic, 1), (p_mod, 1), (p_topk, 1), (p_gathernd, 1), (p_convtranspose, 1), (p_norm, 1),
-    (p_resize, 1), (p_alias, 1), (p_head_merge, 4), (p_prenorm, 3), (p_if, 1),
+    (p_resize, 1), (p_alias, 1), (p_head_merge, 4), (p_prenorm, 3), (p_if, 1), (p_scatter, 1), (p_scan, 1),
+    (p_dft, 1),
 ]
 
 

@@ -232,6 +232,13 @@ def _inline_branch(b: onnx.GraphProto, prefix: str, g: onnx.GraphProto) -> tuple
         c.CopyFrom(t)
         c.name = rename[t.name]
         g.initializer.append(c)
+    return copy_nodes(b, prefix, rename), [rename.get(o.name, o.name) for o in b.output]
+
+
+def copy_nodes(b: onnx.GraphProto, prefix: str, rename: dict[str, str]) -> list[onnx.NodeProto]:
+    """Copies of `b`'s nodes, named under `prefix`, with every name in `rename` renamed where
+    they read or write it, in the graphs nested in them too (an If branch inlined, a loop body
+    unrolled: loops.py)."""
     nodes = []
     for j, bn in enumerate(b.node):
         n = onnx.NodeProto()
@@ -244,7 +251,7 @@ def _inline_branch(b: onnx.GraphProto, prefix: str, g: onnx.GraphProto) -> tuple
             for sub in _graphs_of(a):
                 rename_reads(sub, rename)
         nodes.append(n)
-    return nodes, [rename.get(o.name, o.name) for o in b.output]
+    return nodes
 
 
 def rename_reads(g: onnx.GraphProto, rename: dict[str, str], outputs: bool = True) -> None:

@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .control_flow import _all_names_deep, _constant_values, _graphs_of, _static_shapes, rename_reads
+from .control_flow import _all_names_deep, _constant_values, _static_shapes, copy_nodes
 from .errors import ShapeError, UnsupportedControlFlowError
 from .expand import _prefix
 
@@ -139,17 +139,7 @@ class _Unroller:
         rename = dict(self.shared)
         rename.update({o: f"{pre}{o}" for n in self.body.node for o in n.output if o})
         rename.update(bind)
-        for j, bn in enumerate(self.body.node):
-            n = onnx.NodeProto()
-            n.CopyFrom(bn)
-            n.name = f"{pre}{bn.name or bn.op_type + str(j)}"
-            del n.input[:], n.output[:]
-            n.input.extend(rename.get(i, i) for i in bn.input)
-            n.output.extend(rename.get(o, o) for o in bn.output)
-            for a in n.attribute:
-                for sub in _graphs_of(a):
-                    rename_reads(sub, rename)
-            self.nodes.append(n)
+        self.nodes += copy_nodes(self.body, pre, rename)
         return [rename.get(o.name, o.name) for o in self.body.output]
 
     def stack(self, values: list[str], axis: int, output: str, k: int) -> None:

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -303,24 +304,26 @@ def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: st
     return model
 
 
-def fold_with_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto | None:
-    """Constant-fold with onnxruntime ORT_ENABLE_BASIC; None if ORT cannot load the model."""
-    import onnxruntime as ort
+#: How long onnxruntime's folding of one model may take before the import goes on without it.
+FOLD_TIMEOUT_S = 300
+
+
+def fold_with_onnxruntime(model: onnx.ModelProto, path="model") -> onnx.ModelProto | None:
+    """Constant-fold with onnxruntime ORT_ENABLE_BASIC; None if ORT cannot load the model. ORT
+    runs in a worker process (isolate.py): where it crashes or hangs, the import goes on without
+    its folding, with a warning, instead of dying with it."""
+    from . import isolate
 
     with tempfile.TemporaryDirectory(prefix="dlcc-fold-") as tmp:
         src = os.path.join(tmp, "in.onnx")
         dst = os.path.join(tmp, "out.onnx")
         large = _approx_bytes(model) > 1_800_000_000
         onnx.save(model, src, save_as_external_data=large)
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        so.optimized_model_filepath = dst
-        so.log_severity_level = 4  # fatal only: a model ORT cannot load is dlcc's to report (None below)
-        if large:
-            so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "out.data")
-        try:
-            ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
-        except Exception:
+        status = isolate.run("ort_optimize", [src, dst, large], FOLD_TIMEOUT_S)
+        if status != "ok":
+            if status != "failed":
+                warnings.warn(f"dlcc: onnxruntime {status} while folding the constants of {path}; dlcc folds them "
+                              f"itself (the compile goes on)", stacklevel=2)
             return None
         out = onnx.load(dst)
     if any(n.domain not in ("", "ai.onnx") for n in out.graph.node) and not any(
@@ -328,6 +331,24 @@ def fold_with_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto | None:
     ):
         return None  # ORT introduced contrib ops; keep the portable graph
     return out
+
+
+def _ort_optimize(src: str, dst: str, large: bool) -> bool:
+    """onnxruntime's basic optimisation of the model at `src`, written to `dst` (a step of
+    isolate.py's worker); False where onnxruntime cannot load the model (dlcc reports that itself)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = dst
+    so.log_severity_level = 4  # fatal only: a model ORT cannot load is dlcc's to report
+    if large:
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "out.data")
+    try:
+        ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+    except Exception:
+        return False
+    return True
 
 
 def _approx_bytes(model: onnx.ModelProto) -> int:
@@ -593,7 +614,7 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         shaped = model
     check_attributes(_attribute_view(shaped, path), path)
     if fold:
-        folded = fold_with_onnxruntime(model)
+        folded = fold_with_onnxruntime(model, path)
         if folded is not None:
             model = folded
     # STFT and DFT become products with a Fourier basis (spectral.py), before strict inference,

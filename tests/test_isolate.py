@@ -1,0 +1,39 @@
+"""onnxruntime's folding runs in a worker process (dlcc/isolate.py): a crash or a hang there is a
+status and a warning, and the compile goes on without it, instead of dying with it."""
+from __future__ import annotations
+
+import signal
+import warnings
+
+import numpy as np
+import pytest
+
+import dlcc
+from conftest import opencl_device_available, run_ort
+from dlcc import isolate
+
+
+def test_a_worker_that_crashes_is_a_status_and_is_replaced():
+    assert isolate.run("signal", [int(signal.SIGSEGV)], 60) == f"crashed (signal {int(signal.SIGSEGV)})"
+    assert isolate.run("signal", [int(signal.SIGABRT)], 60) == f"crashed (signal {int(signal.SIGABRT)})"
+    assert isolate.run("ort_optimize", ["/nonexistent/in.onnx", "/nonexistent/out.onnx", False], 60) == "failed"
+
+
+def test_a_worker_that_hangs_is_killed():
+    assert isolate.run("signal", [int(signal.SIGSTOP)], 2).startswith("timed out after 2 s")
+    assert isolate.run("ort_optimize", ["/nonexistent/in.onnx", "/nonexistent/out.onnx", False], 60) == "failed"
+
+
+@pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
+def test_the_compile_goes_on_when_onnxruntime_crashes(monkeypatch, tmp_path):
+    from test_bad_input import EXAMPLE
+
+    monkeypatch.setattr(isolate, "run", lambda *a, **k: "crashed (signal 11)")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m = dlcc.compile(EXAMPLE, target="opencl", cache=False)
+    assert any("onnxruntime crashed (signal 11) while folding the constants" in str(w.message) for w in caught)
+    feeds = m.sample_inputs(0)
+    got = m(feeds)
+    for name, ref in zip(got, run_ort(EXAMPLE, feeds, list(got))):
+        np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-5)

@@ -47,6 +47,7 @@ STEPS = {"ort_optimize": _ort_optimize, "signal": _signal}
 class _Worker:
     def __init__(self):
         self.proc: subprocess.Popen | None = None
+        self.pid = os.getpid()  # the process that started `proc` (a forked child starts its own)
         self.lock = threading.Lock()
 
     def _start(self) -> subprocess.Popen:
@@ -60,6 +61,8 @@ class _Worker:
 
     def call(self, step: str, args: list, timeout: float) -> str:
         with self.lock:
+            if self.pid != os.getpid():  # forked since: the worker's pipes are the parent's
+                self.proc, self.pid = None, os.getpid()
             if self.proc is None or self.proc.poll() is not None:
                 self.proc = self._start()
             p = self.proc

@@ -37,3 +37,25 @@ def test_the_compile_goes_on_when_onnxruntime_crashes(monkeypatch, tmp_path):
     got = m(feeds)
     for name, ref in zip(got, run_ort(EXAMPLE, feeds, list(got))):
         np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-5)
+
+
+def test_a_forked_child_gets_a_worker_of_its_own():
+    """After os.fork, the inherited worker's pipes are the parent's; the child starts its own."""
+    import os
+
+    assert isolate.run("ort_optimize", ["/nonexistent/a", "/nonexistent/b", False], 60) == "failed"
+    parent_worker = isolate._WORKER.proc.pid
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a step through a worker of its own, then report it
+        try:
+            status = isolate.run("ort_optimize", ["/nonexistent/a", "/nonexistent/b", False], 60)
+            os.write(w, f"{status} {isolate._WORKER.proc.pid}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    status, child_worker = os.read(r, 200).decode().split()
+    os.waitpid(pid, 0)
+    assert status == "failed" and int(child_worker) != parent_worker
+    assert isolate.run("ort_optimize", ["/nonexistent/a", "/nonexistent/b", False], 60) == "failed"
+    assert isolate._WORKER.proc.pid == parent_worker

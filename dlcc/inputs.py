@@ -1,6 +1,8 @@
 """Seeded sample inputs from a model's signature, shared by `verify`, `run` and the launcher."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 
@@ -21,9 +23,9 @@ def padding_mask(rng: np.random.Generator, shape, dtype) -> np.ndarray:
 
 def sample_inputs(signature: list[dict], seed: int = 0, int_high: dict[str, int] | None = None,
                   bound: dict[str, int] | None = None) -> dict[str, np.ndarray]:
-    """Floats ~ N(0, 1); int or bool names with 'mask' → padding_mask; other ints in
-    [0, int_high[name] or 2); other bools random; an input whose value the compile bound
-    (`bound`, frontend.bind_values) that value."""
+    """Floats ~ N(0, 1); int or bool names with 'mask' → padding_mask; an int [batch] input named as
+    lengths → valid lengths (length_bound); other ints in [0, int_high[name] or 2); other bools
+    random; an input whose value the compile bound (`bound`, frontend.bind_values) that value."""
     rng = np.random.default_rng(seed)
     out = {}
     for t in signature:
@@ -34,11 +36,34 @@ def sample_inputs(signature: list[dict], seed: int = 0, int_high: dict[str, int]
             out[name] = rng.standard_normal(shape).astype(dt)
         elif "mask" in name.lower():
             out[name] = padding_mask(rng, shape, dt)
+        elif dt.kind in "iu" and name not in (int_high or {}) and length_bound(name, shape, signature):
+            n = length_bound(name, shape, signature)
+            lens = rng.integers(max(1, n // 2), n + 1, shape)
+            lens.flat[0] = n  # one row of the whole length, the others shorter or not
+            out[name] = lens.astype(dt)
         elif dt.kind == "b":
             out[name] = rng.integers(0, 2, shape).astype(bool)
         else:
             out[name] = rng.integers(0, (int_high or {}).get(name, 2), shape).astype(dt)
     return out
+
+
+#: Words of an input's name that say it holds lengths (onnx-asr's `waveforms_lens`, `x_lengths`).
+LENGTH_WORDS = {"len", "lens", "length", "lengths"}
+
+
+def length_bound(name: str, shape, signature: list[dict]) -> int | None:
+    """For an int input of shape [batch] named as lengths: the length of the float input it
+    describes (axis 1 of a float input of shape [batch, N, ...]), else None. Drawn from [0, 2)
+    instead, the lengths of onnx-asr's audio front ends masked out every frame but one, and
+    verify compared zeros with zeros."""
+    if len(shape) != 1 or not LENGTH_WORDS & set(re.split(r"[^a-z]+", name.lower())):
+        return None
+    for t in signature:
+        s = tuple(t["shape"])
+        if np.dtype(t["dtype"]).kind == "f" and len(s) >= 2 and s[0] == shape[0] and s[1] > 0:
+            return int(s[1])
+    return None
 
 
 #: Ops that pass an int input's values on unchanged (views, broadcasts, casts).

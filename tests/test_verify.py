@@ -198,3 +198,18 @@ def test_an_output_onnxruntime_gets_wrong_is_judged_against_float64(tmp_path):
     bad[1, 3, 7] += 0.01
     row = verify_outputs(path, {"y": bad}, {"x": x})[0]
     assert not row["passed"] and "judge" not in row, row
+
+
+def test_length_inputs_are_drawn_as_valid_lengths():
+    """An int [batch] input named as lengths (onnx-asr's `waveforms_lens`) gets lengths of the float
+    input it describes: one whole, the others at least half of it. Drawn from [0, 2) they masked
+    out every frame but one, and verify compared zeros with zeros."""
+    sig = [{"name": "waveforms", "shape": [4, 16000], "dtype": "float32"},
+           {"name": "waveforms_lens", "shape": [4], "dtype": "int64"},
+           {"name": "x_lengths", "shape": [3], "dtype": "int32"},  # no float input of batch 3: plain ints
+           {"name": "lenient", "shape": [4], "dtype": "int64"}]  # ("len" only as a part of a word)
+    got = sample_inputs(sig, seed=3)
+    lens = got["waveforms_lens"]
+    assert lens.dtype == np.int64 and lens[0] == 16000 and (lens >= 8000).all() and (lens <= 16000).all()
+    assert set(np.unique(got["x_lengths"])) <= {0, 1} and got["x_lengths"].dtype == np.int32
+    assert set(np.unique(got["lenient"])) <= {0, 1}

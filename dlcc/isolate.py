@@ -13,7 +13,8 @@ second: Python and onnxruntime) and kept: each call is a line on its stdin namin
 STEPS and its arguments, and a line back, so onnxruntime's own start-up is paid once. A worker
 that crashed or timed out is replaced on the next call. A plain subprocess, not
 multiprocessing: it never re-imports the caller's `__main__` (an unguarded script would run
-twice) and pickles nothing. With DLCC_ISOLATE=0 in the environment the steps run in-process.
+twice) and pickles nothing. With DLCC_ISOLATE=0 in the environment (and on Windows, where
+select() does not take pipes) the steps run in-process.
 """
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ _WORKER = _Worker()
 def run(step: str, args: list, timeout: float) -> str:
     """Run STEPS[step](*args) in the worker. Returns "ok", "failed" (it returned False or raised),
     "crashed (signal N)" or "timed out after T s" (the worker is then killed and replaced)."""
-    if os.environ.get("DLCC_ISOLATE", "1") == "0":
+    if os.environ.get("DLCC_ISOLATE", "1") == "0" or sys.platform == "win32":  # (select() on pipes is POSIX)
         try:
             return "ok" if STEPS[step](*args) else "failed"
         except Exception:  # noqa: BLE001

@@ -34,6 +34,9 @@ class DlccRep(onnx.backend.base.BackendRep):
         init = {i.name for i in self.proto.graph.initializer}
         names = [i.name for i in self.proto.graph.input if i.name not in init]
         if self.compiled is None:
+            if any(isinstance(a, np.ndarray) and a.size == 0 for a in inputs):
+                # (dlcc refuses a graph input with a zero dim: README, "zero-sized tensors")
+                raise unittest.SkipTest("a zero-size graph input")
             # (A scalar int or bool input's binding is its value: a DFT's axis, a Loop's trip count.)
             shapes = {n: (int(a) if a.ndim == 0 and a.dtype.kind in "iub" else tuple(a.shape))
                       for n, a in zip(names, inputs) if isinstance(a, np.ndarray)}

@@ -1069,3 +1069,23 @@ def test_batchnorm_spatial_0_is_refused(tmp_path):
     onnx.save(m, path)
     with pytest.raises(DlccError, match="spatial=0"):
         dlcc.compile(str(path), target="opencl", pipeline="baseline")
+
+
+@pytest.mark.parametrize("mode", ["DCR", "CRD"])
+def test_space_to_depth_modes_of_opset_28(tmp_path, mode):
+    """Opset 28 gave SpaceToDepth DepthToSpace's `mode`: CRD puts each channel's block together.
+    onnxruntime does not run opset 28 yet; onnx.reference is the oracle."""
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+    from onnx.reference import ReferenceEvaluator
+
+    g = h.make_graph([h.make_node("SpaceToDepth", ["x"], ["y"], blocksize=2, mode=mode)], "s2d",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [1, 3, 4, 6])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [1, 12, 2, 3])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 28)])
+    path = tmp_path / "s2d.onnx"
+    onnx.save(m, path)
+    x = np.arange(72, dtype=np.float32).reshape(1, 3, 4, 6)
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    got = dlcc.compile(str(path), target="opencl", pipeline="baseline")({"x": x})["y"]
+    np.testing.assert_array_equal(got, want)

@@ -427,13 +427,21 @@ def _depth_to_space(ctx, node):
 
 @register("SpaceToDepth", since=1, category=LAYOUT, half_io=True)
 def _space_to_depth(ctx, node):
-    """Each b x b block of pixels into channels, block offset major: output channel
-    (bh * b + bw) * C + c reads x[c, h * b + bh, w * b + bw] (YOLOX's and YOLOv5's Focus stem)."""
+    """Each b x b block of pixels into channels. DCR (the default, and the only order before
+    opset 28): block offset major, output channel (bh * b + bw) * C + c reads
+    x[c, h * b + bh, w * b + bw] (YOLOX's and YOLOv5's Focus stem). CRD (opset 28's `mode`):
+    channel major, output channel c * b * b + bh * b + bw."""
     _, c, _, _ = ctx.shape(node.inputs[0])
     b = ctx.attr("blocksize")
+    mode = ctx.attr("mode", "DCR")
+    if mode not in ("DCR", "CRD"):
+        raise ctx.fail(f"mode {mode!r} is not DCR or CRD")
 
     def body(v):
-        s = [f"const int sd = {v.o[1]} / {c}, sc = {v.o[1]} % {c};"]
+        if mode == "CRD":
+            s = [f"const int sc = {v.o[1]} / {b * b}, sd = {v.o[1]} % {b * b};"]
+        else:
+            s = [f"const int sd = {v.o[1]} / {c}, sc = {v.o[1]} % {c};"]
         return s, v.ld(0, [v.o[0], "sc", f"{v.o[2]} * {b} + sd / {b}", f"{v.o[3]} * {b} + sd % {b}"])
 
     emit_map(ctx, node.outputs[0], [node.inputs[0]], body, "SpaceToDepth", flops_per_elem=0)

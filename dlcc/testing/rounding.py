@@ -116,10 +116,16 @@ def pruned_to(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
 
 
 def float64_model(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` with every float32 tensor, constant and Cast-to-float made double."""
+    """`model` with every float32 tensor, constant and Cast-to-float made double, in the graphs
+    nested in it too (an If's branches, a Scan's or Loop's body: a float32 constant left there
+    stops onnx.reference with a type mismatch against the double values around it)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    g = m.graph
+    _to_float64(m.graph)
+    return m
+
+
+def _to_float64(g: onnx.GraphProto) -> None:
     for vi in list(g.input) + list(g.output) + list(g.value_info):
         if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
             vi.type.tensor_type.elem_type = TensorProto.DOUBLE
@@ -132,7 +138,8 @@ def float64_model(model: onnx.ModelProto) -> onnx.ModelProto:
                 a.i = TensorProto.DOUBLE
             if a.name == "value" and a.t.data_type == TensorProto.FLOAT:  # Constant nodes
                 a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float64), a.t.name))
-    return m
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                _to_float64(sub)
 
 
 def _run64(m: onnx.ModelProto, feeds: dict) -> dict:

@@ -25,7 +25,8 @@ Branch-local names (node outputs and the branch's own initializers) are renamed 
 no tensor of the model uses, since both branches may define the same name. Names the branch reads
 from the enclosing graph stay as they are. An If inside a branch is inlined in the next round.
 
-Loops (Loop, Scan) are not handled here: they stay unsupported ops, listed as such.
+Loops (Loop, Scan) are not handled here: loops.py unrolls them, and an If in a body they unroll
+is inlined by the next round here.
 """
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ select() does not take pipes) the steps run in-process.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
@@ -86,7 +87,22 @@ class _Worker:
             return "ok" if line.strip() == "ok" else "failed"
 
 
+    def close(self) -> None:
+        """End the worker (at exit): its stdin closes, it finishes, and it is waited for."""
+        p, self.proc = self.proc, None
+        if p is None or self.pid != os.getpid():
+            return
+        try:
+            p.stdin.close()
+            p.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            p.kill()
+            p.wait()
+        p.stdout.close()
+
+
 _WORKER = _Worker()
+atexit.register(_WORKER.close)
 
 
 def run(step: str, args: list, timeout: float) -> str:

@@ -1,6 +1,7 @@
 """Expand standard ONNX ops that onnx defines by a function body (MeanVarianceNormalization,
 GroupNormalization, RMSNormalization, Attention, Shrink, Swish, ...) into that body, when dlcc has
-no lowering of its own for them.
+no lowering of its own for them. ReduceLogSumExp, whose body computes in float64, gets a body of
+dlcc's own instead (OWN_BODIES).
 
 Why: the onnx op schemas already say what such an op means in terms of simpler ops, and dlcc
 lowers those. Expanding before lowering gives the whole family at once, and AStitch then
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import onnx
 from onnx import defs
 
@@ -37,6 +39,10 @@ def expand_functions(model: onnx.ModelProto, supported: set[str], opset: int) ->
     nodes, done = [], []
     for k, node in enumerate(model.graph.node):
         body = None
+        if node.domain in ("", "ai.onnx") and node.op_type in OWN_BODIES and node.op_type not in supported:
+            nodes += OWN_BODIES[node.op_type](node, opset, _prefix(node, k, taken))
+            done.append(node.op_type)
+            continue
         if node.domain in ("", "ai.onnx") and node.op_type not in supported:
             body = _body(node, opset, types)
         if body is None:
@@ -49,6 +55,64 @@ def expand_functions(model: onnx.ModelProto, supported: set[str], opset: int) ->
         model.graph.node.extend(nodes)
         log.debug("expanded function ops into their bodies: %s", ", ".join(sorted(set(done))))
     return done
+
+
+def _log_sum_exp(node: onnx.NodeProto, opset: int, prefix: str) -> list[onnx.NodeProto]:
+    """ReduceLogSumExp as max + log(sum(exp(x - max))): onnx's own body computes in float64 (a
+    dtype dlcc's kernels do not have) so that exp does not overflow; subtracting the row's
+    maximum first avoids the overflow in float32 (torch.logsumexp's formulation). A row whose
+    maximum is infinite subtracts 0 instead: all -inf gives -inf, a +inf gives +inf, as the
+    exact answer does. AStitch stitches the six nodes back into reductions with their maps."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    keepdims = int(attrs.get("keepdims", 1))
+    extra = {"noop_with_empty_axes": attrs["noop_with_empty_axes"]} if "noop_with_empty_axes" in attrs else {}
+    axes_in = node.input[1] if len(node.input) > 1 and node.input[1] else None  # opset 18's input
+    axes_attr = attrs.get("axes")
+    out, nodes = node.output[0], []
+    name = node.name or node.op_type
+
+    def reduce(op: str, x: str, y: str, keep: int) -> None:
+        as_input = opset >= (18 if op == "ReduceMax" else 13)
+        ins, kw = [x], dict(keepdims=keep, **(extra if opset >= 18 else {}))
+        if as_input and axes_in:
+            ins.append(axes_in)
+        elif as_input and axes_attr is not None:
+            c = f"{prefix}axes"
+            if not any(n.output[0] == c for n in nodes):
+                nodes.append(onnx.helper.make_node("Constant", [], [c], name=f"{name}/axes",
+                                                   value=onnx.numpy_helper.from_array(np.array(axes_attr, np.int64))))
+            ins.append(c)
+        elif axes_attr is not None:
+            kw["axes"] = list(axes_attr)
+        nodes.append(onnx.helper.make_node(op, ins, [y], name=f"{name}/{y[len(prefix):]}", **kw))
+
+    def finite_or_zero(m: str, y: str) -> None:
+        nodes.extend([onnx.helper.make_node("IsInf", [m], [f"{y}_inf"], name=f"{name}/{y[len(prefix):]}_inf"),
+                      onnx.helper.make_node("Constant", [], [f"{y}_zero"], name=f"{name}/{y[len(prefix):]}_zero",
+                                            value=onnx.helper.make_tensor(f"{y}_zero", onnx.TensorProto.FLOAT, [], [0.0])),
+                      onnx.helper.make_node("CastLike", [f"{y}_zero", m], [f"{y}_z"], name=f"{name}/{y[len(prefix):]}_z")
+                      if opset >= 15 else onnx.helper.make_node("Identity", [f"{y}_zero"], [f"{y}_z"]),
+                      onnx.helper.make_node("Where", [f"{y}_inf", f"{y}_z", m], [y], name=f"{name}/{y[len(prefix):]}")])
+
+    x = node.input[0]
+    reduce("ReduceMax", x, f"{prefix}max", 1)
+    finite_or_zero(f"{prefix}max", f"{prefix}shift")
+    nodes += [onnx.helper.make_node("Sub", [x, f"{prefix}shift"], [f"{prefix}d"], name=f"{name}/sub"),
+              onnx.helper.make_node("Exp", [f"{prefix}d"], [f"{prefix}e"], name=f"{name}/exp")]
+    reduce("ReduceSum", f"{prefix}e", f"{prefix}sum", keepdims)
+    nodes.append(onnx.helper.make_node("Log", [f"{prefix}sum"], [f"{prefix}log"], name=f"{name}/log"))
+    if keepdims:
+        shift = f"{prefix}shift"
+    else:
+        reduce("ReduceMax", x, f"{prefix}max_k", 0)
+        finite_or_zero(f"{prefix}max_k", f"{prefix}shift_k")
+        shift = f"{prefix}shift_k"
+    nodes.append(onnx.helper.make_node("Add", [f"{prefix}log", shift], [out], name=f"{name}/add"))
+    return nodes
+
+
+#: Ops whose onnx body dlcc cannot run, expanded into a body of dlcc's own instead.
+OWN_BODIES = {"ReduceLogSumExp": _log_sum_exp}
 
 
 def _schema(op_type: str, opset: int):

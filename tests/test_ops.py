@@ -418,6 +418,17 @@ add(
        [X(R((4, 3))), W(np.array([[1], [1], [3]], I64)), X(R((3, 3)))], {"reduction": "add"}, opset=16),
     op("ScatterND-max", "ScatterND",
        [X(R((4, 3))), W(np.array([[1], [1], [3]], I64)), X(R((3, 3)))], {"reduction": "max"}, opset=18),
+    # ReduceLogSumExp: dlcc's own body (max + log(sum(exp(x - max))), expand.py), also where a
+    # float32 exp of the values overflows (x around 100) and where a row is all -inf.
+    op("ReduceLogSumExp-13-axis1", "ReduceLogSumExp", [X(R((3, 5, 4)))], {"axes": [1]}, opset=13),
+    op("ReduceLogSumExp-13-all-keepdims0", "ReduceLogSumExp", [X(R((3, 4), "uniform", 80, 120))], {"keepdims": 0},
+       opset=13),
+    op("ReduceLogSumExp-18-axes-input", "ReduceLogSumExp", [X(R((2, 3, 6), "uniform", -100, 100)),
+                                                            W(np.array([-1, 0], I64))], {"keepdims": 0}, opset=18),
+    op("ReduceLogSumExp-18-neg-inf-row", "ReduceLogSumExp",
+       [X(np.array([[-np.inf, -np.inf, -np.inf], [1.0, 2.0, -np.inf], [np.inf, 0.0, 1.0]], F32)), W(np.array([1], I64))],
+       opset=18),
+    op("ReduceLogSumExp-11-default-axes", "ReduceLogSumExp", [X(R((2, 3)))], opset=11),
     op("Expand-3-to-2x3", "Expand", [X(R((3,))), W(np.array([2, 3], I64))]),
     op("Expand-31-to-2x3x4", "Expand", [X(R((3, 1))), W(np.array([2, 3, 4], I64))]),
     op("Expand-shape-smaller-rank", "Expand", [X(R((2, 1, 4))), W(np.array([3, 1], I64))]),

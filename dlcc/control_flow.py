@@ -35,6 +35,7 @@ import onnx
 from onnx import numpy_helper
 
 from .errors import UnsupportedControlFlowError, first_line
+from .frontend import opset_of
 from .expand import _all_names, _has_subgraph, _prefix
 
 #: Nested Ifs are inlined one level per round; this bounds the rounds.
@@ -77,7 +78,7 @@ def has_if(model: onnx.ModelProto) -> bool:
 def _one_round(model, path, notes: list[str], selects: list, computed: bool) -> bool:
     """One level of inlining; whether anything changed."""
     g = model.graph
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    opset = opset_of(model)
     consts = _constant_values(g)
     taken = _all_names_deep(g)
     out: list[onnx.NodeProto] = []

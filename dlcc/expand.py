@@ -101,11 +101,9 @@ def _log_sum_exp(node: onnx.NodeProto, opset: int, prefix: str) -> list[onnx.Nod
               onnx.helper.make_node("Exp", [f"{prefix}d"], [f"{prefix}e"], name=f"{name}/exp")]
     reduce("ReduceSum", f"{prefix}e", f"{prefix}sum", keepdims)
     nodes.append(onnx.helper.make_node("Log", [f"{prefix}sum"], [f"{prefix}log"], name=f"{name}/log"))
-    if keepdims:
-        shift = f"{prefix}shift"
-    else:
-        reduce("ReduceMax", x, f"{prefix}max_k", 0)
-        finite_or_zero(f"{prefix}max_k", f"{prefix}shift_k")
+    shift = f"{prefix}shift"
+    if not keepdims:  # (the guarded maximum, its reduced axes dropped: one element each, not x again)
+        reduce("ReduceMax", shift, f"{prefix}shift_k", 0)
         shift = f"{prefix}shift_k"
     nodes.append(onnx.helper.make_node("Add", [f"{prefix}log", shift], [out], name=f"{name}/add"))
     return nodes

@@ -36,8 +36,7 @@ def sample_inputs(signature: list[dict], seed: int = 0, int_high: dict[str, int]
             out[name] = rng.standard_normal(shape).astype(dt)
         elif "mask" in name.lower():
             out[name] = padding_mask(rng, shape, dt)
-        elif dt.kind in "iu" and name not in (int_high or {}) and length_bound(name, shape, signature):
-            n = length_bound(name, shape, signature)
+        elif dt.kind in "iu" and name not in (int_high or {}) and (n := length_bound(name, shape, signature)):
             lens = rng.integers(max(1, n // 2), n + 1, shape)
             lens.flat[0] = n  # one row of the whole length, the others shorter or not
             out[name] = lens.astype(dt)

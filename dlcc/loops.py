@@ -35,6 +35,7 @@ from onnx import helper, numpy_helper
 from .control_flow import _all_names_deep, _constant_values, _static_shapes, copy_nodes
 from .errors import ShapeError, UnsupportedControlFlowError
 from .expand import _prefix
+from .frontend import opset_of
 
 #: The most nodes the unrolled copies of one loop may add (iterations × body nodes).
 MAX_UNROLLED_NODES = 20000
@@ -64,7 +65,7 @@ def unroll_loops(model: onnx.ModelProto, path, infer) -> tuple[onnx.ModelProto, 
 
 def _one_round(model: onnx.ModelProto, path, notes: list[str]) -> None:
     g = model.graph
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    opset = opset_of(model)
     consts, shapes = _constant_values(g), _static_shapes(g)
     taken = _all_names_deep(g)
     out: list[onnx.NodeProto] = []

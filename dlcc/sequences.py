@@ -29,6 +29,7 @@ from onnx import helper, numpy_helper
 
 from .control_flow import _constant_values, _static_shapes
 from .expand import _all_names, _prefix
+from .frontend import opset_of
 
 SEQUENCE_OPS = ("SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase", "SequenceAt",
                 "SequenceLength", "ConcatFromSequence", "SplitToSequence")
@@ -47,7 +48,7 @@ def resolve_sequences(model: onnx.ModelProto, infer) -> tuple[onnx.ModelProto, l
     g = model.graph
     consts = _constant_values(g)
     shapes = _static_shapes(infer(model).graph) if any(n.op_type == "SplitToSequence" for n in g.node) else {}
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    opset = opset_of(model)
     taken = _all_names(g)
     seqs: dict[str, list[str]] = {}
     out: list[onnx.NodeProto] = []

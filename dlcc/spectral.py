@@ -35,6 +35,7 @@ from onnx import helper, numpy_helper
 
 from .errors import ModelError, ShapeError
 from .expand import _all_names, _prefix
+from .frontend import opset_of
 
 #: The largest basis a transform may have (values): 32M float32 values are 128 MB of weights.
 MAX_BASIS_ELEMENTS = 32 * 2**20
@@ -75,7 +76,7 @@ def lower_spectral(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray]
         prefix = _prefix(node, k, taken)
         taken.add(prefix)
         lower = _stft if node.op_type == "STFT" else _dft
-        nodes, basis, note = lower(node, label, prefix, shapes, consts, _opset(model), path)
+        nodes, basis, note = lower(node, label, prefix, shapes, consts, opset_of(model), path)
         out += nodes
         products.update(n.name for n in nodes if n.op_type in ("Conv", "MatMul"))
         weights[basis.name] = numpy_helper.to_array(basis)
@@ -320,10 +321,6 @@ def _shapes_and_types(g: onnx.GraphProto) -> dict[str, tuple[tuple | None, int]]
     for t in g.initializer:
         out[t.name] = (tuple(t.dims), t.data_type)
     return out
-
-
-def _opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
 
 
 def _fmt(shape) -> str:

@@ -29,9 +29,9 @@ def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "
     ctx = LowerCtx(graph, device, pass_name=pass_name)
     ctx.narrowed = narrowed
     if precision in HALF_DTYPES and half_activations:
-        ctx.half_activations, ctx.float32_activation_ops = narrow_activations(graph, precision, set(fp32_ops))
-    ctx.fp32_ops = set(fp32_ops)
-    ctx.folded_norms = fold_layernorms(graph, precision, set(fp32_ops)) if fold_layernorm else []
+        ctx.half_activations, ctx.float32_activation_ops = narrow_activations(graph, precision, fp32_ops)
+    ctx.fp32_ops = fp32_ops
+    ctx.folded_norms = fold_layernorms(graph, precision, fp32_ops) if fold_layernorm else []
     ctx.rnn_input = rnn_input
     ctx.precision = precision
     ctx.gemm_tiling = None if gemm_tiling == "auto" else next(t for t in ALL_TILINGS if t.name == gemm_tiling)

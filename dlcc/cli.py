@@ -212,7 +212,7 @@ def verify(model: Path = typer.Argument(..., help="ONNX model file"),
     with steps.step(f"run on {cm.target}"):
         got = ex.run(feeds, timing)
     with steps.step("run onnxruntime"):
-        rows = verify_outputs(model, got, feeds, rtol, atol, precision=prec)
+        rows = verify_outputs(model, got, feeds, rtol, atol, precision=prec, compiled=cm)
     passed = all(r["passed"] for r in rows)
     if rtol is None or atol is None:
         halves = sorted({r["dtype"] for r in rows if r["dtype"] in OUTPUT_TOLERANCE})
@@ -230,7 +230,7 @@ def verify(model: Path = typer.Argument(..., help="ONNX model file"),
         for r in rows:
             t.add_row(_escape(r["name"]), "x".join(map(str, r["shape"])), f"{r['max_abs_err']:.3g}", f"{r['max_rel_err']:.3g}",
                       f"{r['atol']:g} + {r['rtol']:g}·|ref|" if "rtol" in r else "-",
-                      ("[green]PASS (float64)[/]" if r.get("judge") == "float64" else "[green]PASS[/]")
+                      (f"[green]PASS ({r['judge']})[/]" if r.get("judge") else "[green]PASS[/]")
                       if r["passed"] else "[red]FAIL[/]")
         out.print(t)
         for r in rows:
@@ -519,6 +519,7 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
     from .config import builtin_names, load_device, load_pipeline
     from .ops.registry import _REGISTRY
     from .passes import PASSES
+    from .quantized import MICROSOFT
 
     if what == "ops":
         rows = sorted([(op, e[-1].category, ", ".join(str(x.since) for x in e)) for op, e in _REGISTRY.items()]
@@ -526,7 +527,13 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
                          ("Loop", "control flow: unrolled at import (dlcc/loops.py)", "1"),
                          ("Scan", "control flow: unrolled at import (dlcc/loops.py)", "9"),
                          ("STFT", "a strided Conv against a Fourier basis, at import (dlcc/spectral.py)", "17"),
-                         ("DFT", "a MatMul against a Fourier basis, at import (dlcc/spectral.py)", "17, 20")])
+                         ("DFT", "a MatMul against a Fourier basis, at import (dlcc/spectral.py)", "17, 20")]
+                      + [(op, "quantized: float32 arithmetic at import (dlcc/quantized.py)", since)
+                         for op, since in (("QuantizeLinear", "10"), ("DequantizeLinear", "10"), ("DynamicQuantizeLinear", "11"),
+                                           ("MatMulInteger", "10"), ("ConvInteger", "10"), ("QLinearMatMul", "10"),
+                                           ("QLinearConv", "10"))]
+                      + [(f"com.microsoft::{op}", "quantized: float32 arithmetic at import (dlcc/quantized.py)", "1")
+                         for op in sorted(MICROSOFT)])
         cols = ("op", "category", "since opsets")
     elif what == "devices":
         rows = []

@@ -599,6 +599,7 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     from .control_flow import branches_do_not_type_check, check_selects, has_if, inline_ifs
     from .loops import MAX_DEPTH as MAX_LOOP_DEPTH, has_loop, unroll_loops
     from .sequences import resolve_sequences
+    from .quantized import lower_quantized
     from .spectral import lower_spectral
 
     def lenient(m: onnx.ModelProto) -> onnx.ModelProto:
@@ -621,6 +622,11 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     # which gets a rank-2 STFT wrong; after folding, which makes a computed window a constant.
     model, more, float32_nodes = lower_spectral(model, lenient, weights, path)
     notes += more
+    # Quantization ops become float32 arithmetic (quantized.py), after folding for the same
+    # reason: a scale or zero point the model computes from constants is a constant by then.
+    model, more, kept = lower_quantized(model, lenient, weights, path)
+    notes += more
+    float32_nodes |= kept
     # Loops with a known trip count are unrolled (loops.py), and the Ifs left are if-converted;
     # a loop inside a branch, or an If inside a loop's body, surfaces for the next round.
     selects: list = []

@@ -16,6 +16,10 @@ each replaced by the spec's meaning:
   1-D convolutional head.)
 - **Mean**: it adds in place into its first input, so it fails where that input is the one
   broadcast.
+- **DequantizeLinear, opsets 10 to 18**: onnx 1.23 has implementations for 19 on only, so a
+  model of an older opset with one (every QDQ model that onnxruntime.quantization writes at
+  opset 13 to 17) cannot be evaluated. The newest implementation serves every opset: the
+  attributes the older versions have mean the same there, and the newer ones default to them.
 - **STFT** of a [batch, samples] signal (which onnxruntime accepts, and onnx-script's audio front
   ends feed it): it fails. Replaced by numpy's FFT over the frames, for either signal form.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 from onnx.reference.op_run import OpRun
+from onnx.reference.ops.op_dequantize_linear import DequantizeLinear_25
 from onnx.reference.ops.op_batch_normalization import _batchnorm_test_mode, _batchnorm_training_mode
 
 
@@ -72,7 +77,11 @@ class STFT(OpRun):
         return (np.stack([spec.real, spec.imag], -1).astype(signal.dtype),)
 
 
-FIXED_OPS = [BatchNormalization, GlobalMaxPool, Mean, STFT]
+class DequantizeLinear(DequantizeLinear_25):
+    op_domain = ""
+
+
+FIXED_OPS = [BatchNormalization, DequantizeLinear, GlobalMaxPool, Mean, STFT]
 
 
 def evaluator(model):

@@ -157,7 +157,7 @@ def _verify(job: dict, cm, row: dict, cache, log) -> None:
     ex = cm.executor()
     got = ex.run(feeds)
     res = verify_outputs(job["model"], got, feeds, v["rtol"], v["atol"],
-                         half_output_floor=v.get("half_output_floor", False))
+                         half_output_floor=v.get("half_output_floor", False), compiled=cm)
     res = [{"name": r["name"], "max_abs_err": float(r["max_abs_err"]), "max_rel_err": float(r["max_rel_err"]),
             "passed": bool(r["passed"]), **({"note": r["note"]} if "note" in r else {})} for r in res]
     build_log = getattr(ex.rt, "build_log", "")

@@ -1,0 +1,249 @@
+"""verify's judge for quantized models: a value quantized one step apart at a rounding tie is
+not a wrong result, and this proves that is all that happened.
+
+A quantized model rounds float values to integers (QuantizeLinear, DynamicQuantizeLinear, the
+requantize inside QLinearConv...). dlcc and onnxruntime compute the floats before each rounding in
+different orders, so they may differ in the last bit, and a value that lands on a tie (k + 0.5
+steps) is rounded to k by one and to k + 1 by the other. From there on the two runs compute from
+different integers, and an output can move by far more than verify's float tolerance.
+
+The judge checks the two things that make such a run correct, with onnxruntime as the reference
+(optimizations off, as verify runs quantized models):
+
+1. dlcc's plan is compiled again with every quantized tensor as an extra output (the same
+   pipeline, precision, device and shapes), and must give the same outputs, bit for bit, as the
+   plan under test; its extra outputs are then the plan's own quantized values;
+2. onnxruntime runs the model *forced*: every quantized tensor is fed from dlcc's values instead
+   of computed, and what the model would have quantized is an output. Then
+   - every quantized value of dlcc's is a correct rounding of onnxruntime's value before
+     quantization: |dequantize(q) − clamp(x)| <= step / 2 + atol + rtol·|x| (the tolerance is
+     verify's own: how far a float value may be from the reference), and a dynamic scale and
+     zero point are within the tolerance and one step of the reference's;
+   - given dlcc's quantized values, every output of onnxruntime's is within the tolerance of dlcc's.
+
+A row that passes both says `PASS (quantization)` and how many values were rounded the other way.
+Anything else (a quantized value off by more, a segment off between quantizers, an instrumented
+plan that computes something else) leaves the row failed."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+#: Ops whose outputs are quantized values, and which of their outputs.
+QUANTIZERS = {"QuantizeLinear": (0,), "DynamicQuantizeLinear": (0, 1, 2), "QLinearConv": (0,), "QLinearMatMul": (0,),
+              "QGemm": (0,), "QLinearAdd": (0,), "QLinearMul": (0,), "QLinearSigmoid": (0,),
+              "QLinearLeakyRelu": (0,), "QLinearConcat": (0,), "QLinearGlobalAveragePool": (0,)}
+
+
+def _points(model: onnx.ModelProto) -> list[int]:
+    """Positions of the nodes that quantize (a QGemm without y_scale gives floats)."""
+    from .quantized import is_quantized_op
+
+    return [k for k, n in enumerate(model.graph.node) if is_quantized_op(n) and n.op_type in QUANTIZERS
+            and not (n.op_type == "QGemm" and (len(n.input) < 8 or not n.input[7]))]
+
+
+def judge_quantized(model_path, rows: list[dict], got: dict, feeds: dict, compiled) -> None:
+    """Re-judge failing rows of a quantized model (module docstring); changes `rows` in place."""
+    failing = [r for r in rows if not r["passed"] and "note" not in r and r["name"] in got]
+    if not failing or compiled is None:
+        return
+    try:
+        model = onnx.load(str(model_path))
+        points = _points(model)
+        if not points:
+            return
+        nodes = model.graph.node
+        quantized = [nodes[k].output[i] for k in points for i in QUANTIZERS[nodes[k].op_type]
+                     if i < len(nodes[k].output) and nodes[k].output[i]]
+        mine = _instrumented_run(model, quantized, feeds, compiled)
+        forced = _forced_run(model, points, quantized, feeds, mine)
+    except Exception as e:  # the judge could not run: onnxruntime's verdict stands
+        for r in failing:
+            r["note"] = f"not judged for quantization: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        return
+    if any(not np.array_equal(np.asarray(mine[r["name"]]), np.asarray(got[r["name"]]), equal_nan=True) for r in failing):
+        for r in failing:
+            r["note"] = "not judged for quantization: the plan with its quantized values as outputs computes other outputs"
+        return
+    flips, total, bad = _check_points(model, points, mine, forced, failing[0]["rtol"], failing[0]["atol"])
+    from .verify import compare
+
+    for r in failing:
+        if bad:
+            r["note"] = f"quantization judge: {bad}"
+            continue
+        given = compare(r["name"], np.asarray(got[r["name"]]), np.asarray(forced[r["name"]]), r["rtol"], r["atol"])
+        if not given["passed"]:
+            r["note"] = (f"quantization judge: given dlcc's quantized values, onnxruntime is still "
+                         f"{given['max_abs_err']:.3g} away")
+            continue
+        r.update(passed=True, judge="quantization",
+                 note=f"judged with dlcc's quantized values: {flips} of {total} quantized values are rounded one "
+                      f"step apart at a tie (each within half a step and the tolerance of onnxruntime's value "
+                      f"before quantization); from them onnxruntime computes this output within "
+                      f"{given['max_abs_err']:.3g} of dlcc's")
+
+
+#: Where each quantizer's output type is read when shape inference does not know the op: its
+#: zero point's input position.
+_ZERO_POINT = {"QuantizeLinear": 2, "QLinearConv": 7, "QLinearMatMul": 7, "QGemm": 8, "QLinearAdd": 7,
+               "QLinearMul": 7, "QLinearSigmoid": 4, "QLinearLeakyRelu": 4, "QLinearConcat": 1,
+               "QLinearGlobalAveragePool": 4}
+
+
+def _elem_types(model: onnx.ModelProto, points: list[int]) -> dict[str, tuple[int, list]]:
+    """The element type and shape of every quantized tensor and quantizer input: onnx's shape
+    inference where it knows the op, else the zero point's type (uint8 without one) and the rank
+    of the op's first input with every dim unnamed (the com.microsoft ops keep their input's
+    rank; QGemm is 2-D)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
+    except Exception:
+        inferred = model.graph
+    seen = list(inferred.input) + list(inferred.value_info) + list(inferred.output)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in seen if vi.type.tensor_type.elem_type}
+    shapes = {vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+              for vi in seen if vi.type.tensor_type.HasField("shape")}
+    shapes.update({t.name: list(t.dims) for t in model.graph.initializer})
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    for n in model.graph.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    types[n.output[0]] = a.t.data_type
+    out = {}
+    for k in points:
+        n = model.graph.node[k]
+        x = n.input[2] if n.op_type == "QLinearConcat" else n.input[0]
+        rank = 2 if n.op_type == "QGemm" else len(shapes.get(x) or [])
+        if n.op_type == "DynamicQuantizeLinear":
+            out.update(zip(n.output, ((onnx.TensorProto.UINT8, shapes.get(x, [None] * rank)), (onnx.TensorProto.FLOAT, []),
+                                      (onnx.TensorProto.UINT8, []))))
+        else:
+            zp = _ZERO_POINT[n.op_type]
+            zp = n.input[zp] if zp < len(n.input) and n.input[zp] else ""
+            t = types.get(n.output[0]) or types.get(zp) or _attr(n, "output_dtype", 0) or onnx.TensorProto.UINT8
+            out[n.output[0]] = (t, shapes.get(n.output[0], [None] * rank))
+        out[n.input[0]] = (types.get(n.input[0], onnx.TensorProto.FLOAT), shapes.get(n.input[0], [None] * rank))
+    return out
+
+
+def _instrumented_run(model: onnx.ModelProto, quantized: list[str], feeds: dict, compiled) -> dict:
+    """dlcc's plan, compiled again with the quantized tensors as extra outputs, run on `feeds`."""
+    import dlcc
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    types = _elem_types(model, _points(model))
+    m.graph.output.extend(helper.make_tensor_value_info(q, *types[q]) for q in quantized if q not in have)
+    meta = compiled.plan["meta"]
+    with tempfile.TemporaryDirectory(prefix="dlcc-qjudge-") as tmp:
+        path = os.path.join(tmp, "instrumented.onnx")
+        onnx.save(m, path)
+        cm = dlcc.compile(path, shapes=meta.get("shapes") or {}, target=meta["target"], pipeline=meta["pipeline"],
+                          device=meta.get("device_key"), precision=meta.get("precision"))
+        return cm.executor().run(dict(feeds))
+
+
+def _forced_run(model: onnx.ModelProto, points, quantized: list[str], feeds: dict, mine: dict) -> dict:
+    """onnxruntime (optimizations off) on the model with every quantized tensor fed from dlcc's
+    values; the reference's own quantized values come out as `NAME#ref`, each quantizer's float
+    input as `NAME#x`, and the model's outputs as themselves."""
+    import onnxruntime as ort
+
+    types = _elem_types(model, points)
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    extra = []
+    for k in points:
+        n = g.node[k]
+        for i in QUANTIZERS[n.op_type]:
+            if i < len(n.output) and n.output[i]:
+                extra.append((n.output[i] + "#ref", types[n.output[i]]))
+                n.output[i] = n.output[i] + "#ref"
+        if n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear"):
+            x = f"{n.input[0]}#x"
+            g.node.append(helper.make_node("Identity", [n.input[0]], [x], name=f"{x}/identity"))
+            extra.append((x, types[n.input[0]]))
+    for q in quantized:
+        v = np.asarray(mine[q])
+        g.input.append(helper.make_tensor_value_info(q, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape)))
+    g.output.extend(helper.make_tensor_value_info(e, *t) for e, t in extra)
+    del g.value_info[:]
+    from .quantized import exact_products
+
+    m = exact_products(m)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    given = {i.name: (np.asarray(mine[i.name]) if i.name in quantized else feeds[i.name]) for i in sess.get_inputs()}
+    return dict(zip(names, sess.run(names, given)))
+
+
+def _consts(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    vals = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    vals[n.output[0]] = numpy_helper.to_array(a.t)
+    return vals
+
+
+def _check_points(model, points, mine: dict, forced: dict, rtol: float, atol: float) -> tuple[int, int, str]:
+    """(values rounded the other way, quantized values in all, the first violation or "")."""
+    consts = _consts(model)
+    flips = total = 0
+    for n in (model.graph.node[k] for k in points):
+        q = n.output[0]
+        a, ref = np.asarray(mine[q]), np.asarray(forced[q + "#ref"])
+        total += a.size
+        differ = a != ref
+        if n.op_type == "DynamicQuantizeLinear":
+            s_mine, s_ref = float(mine[n.output[1]]), float(forced[n.output[1] + "#ref"])
+            z_mine, z_ref = int(mine[n.output[2]]), int(forced[n.output[2] + "#ref"])
+            if abs(s_mine - s_ref) > atol + rtol * abs(s_ref) or abs(z_mine - z_ref) > 1:
+                return flips, total, (f"{q!r}: dynamic scale {s_mine:.6g} and zero point {z_mine} against "
+                                      f"onnxruntime's {s_ref:.6g} and {z_ref}")
+            scale, zp = np.float64(s_mine), np.float64(z_mine)
+        if not differ.any():
+            continue
+        if n.op_type == "QuantizeLinear":
+            scale, zp = consts.get(n.input[1]), consts.get(n.input[2]) if len(n.input) > 2 and n.input[2] else 0
+            if scale is None or zp is None:
+                return flips, total, f"{q!r}: {int(differ.sum())} values differ and its scale is computed"
+            axis = _attr(n, "axis", 1)
+            scale, zp = _along(np.asarray(scale, np.float64), a.ndim, axis), _along(np.asarray(zp, np.float64), a.ndim, axis)
+        elif n.op_type != "DynamicQuantizeLinear":
+            return flips, total, f"{q!r} ({n.op_type}): {int(differ.sum())} quantized values differ from onnxruntime's"
+        x = np.asarray(forced[n.input[0] + "#x"], np.float64)
+        info = np.iinfo(a.dtype)
+        lo, hi = (info.min - zp) * scale, (info.max - zp) * scale
+        xc = np.clip(x, np.minimum(lo, hi), np.maximum(lo, hi))
+        err = np.abs((a.astype(np.float64) - zp) * scale - xc)
+        allowed = np.abs(scale) / 2 + atol + rtol * np.abs(x)
+        if np.any(err > allowed) or np.any(np.abs(a.astype(np.int64) - ref.astype(np.int64)) > 1):
+            k = int(np.argmax(err - allowed))
+            return flips, total, (f"{q!r}: dlcc's value {a.flat[k]} does not round onnxruntime's {x.flat[k]:.6g} "
+                                  f"(scale {np.broadcast_to(scale, a.shape).flat[k]:.6g})")
+        flips += int(differ.sum())
+    return flips, total, ""
+
+
+def _along(v: np.ndarray, rank: int, axis: int) -> np.ndarray:
+    if v.ndim == 1 and v.size > 1 and rank > 1:
+        return v.reshape([-1] + [1] * (rank - axis % rank - 1))
+    return v
+
+
+def _attr(n: onnx.NodeProto, name: str, default: int) -> int:
+    return next((int(helper.get_attribute_value(a)) for a in n.attribute if a.name == name), default)

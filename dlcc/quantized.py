@@ -1,0 +1,660 @@
+"""Quantized models: QuantizeLinear, DequantizeLinear, the integer products and onnxruntime's
+QOperator ops become float32 arithmetic at import, before anything is lowered.
+
+Three kinds of int8 model come out of the tools people use (onnxruntime.quantization, and the
+exporters that follow its formats):
+
+- **QDQ** (quantize_static's default): float ops between DequantizeLinear and QuantizeLinear pairs;
+- **dynamic** (quantize_dynamic): DynamicQuantizeLinear on activations, then MatMulInteger or
+  ConvInteger, and a float rescale;
+- **QOperator**: QLinearConv and QLinearMatMul, and com.microsoft's QGemm, QLinearAdd,
+  QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearConcat, QLinearGlobalAveragePool.
+
+dlcc has no int8 kernels. Each op is rewritten into the float arithmetic that onnxruntime's CPU
+kernels perform, step for step, so that the result is the same and not merely close:
+
+- quantize: `x / scale`, rounded half to even (Round), plus the zero point, clamped, cast; a
+  requantize multiplies an exact int32 accumulator, converted to float, by the float scale
+  `a_scale * b_scale / y_scale` computed in that order (MlasRequantizeOutput);
+- dequantize: `(float(q) - float(zero_point)) * scale`;
+- an integer product is a float32 MatMul or Conv of integer-valued operands (q − zero point, at
+  most 255 in magnitude). A float32 sum of integers is exact while every partial sum stays below
+  2**24. For a constant weight the bound is known exactly: the largest column sum of |b|, times
+  the largest |a| the input's type allows. Where it could pass 2**24 the reduction is split into
+  chunks that each stay below it, and the chunks are added in int32 (MAX_EXACT). So MatMulInteger
+  and ConvInteger are exact, as onnxruntime's int32 accumulation is;
+- a constant DequantizeLinear (a weight) is computed here, in numpy, once.
+
+Where onnxruntime is itself not exact, dlcc does not pretend to be: values a float op computes
+before a QuantizeLinear may differ in the last bit from onnxruntime's (another summation order), and
+a value within that bit of a rounding tie is quantized one step apart. `dlcc verify` reports such
+steps as what they are (verify.py's quantization judge).
+
+Every node made here stays float32 at every precision (Graph.float32_nodes): a 16-bit type holds
+neither a quantized value's sum nor `x / scale` exactly enough to round it as the model says.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .errors import ModelError, UnsupportedDtypesError
+from .expand import _all_names, _prefix
+from .spectral import _constants, _shapes_and_types
+
+#: A float32 sum of integers is exact while every partial sum stays below this.
+MAX_EXACT = 2 ** 24
+
+#: Standard ops rewritten here.
+STANDARD = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
+            "ConvInteger", "QLinearMatMul", "QLinearConv"}
+#: onnxruntime's quantization ops (domain com.microsoft) rewritten here.
+MICROSOFT = {"QuantizeLinear", "DequantizeLinear", "QGemm", "QLinearAdd", "QLinearMul",
+             "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat", "QLinearGlobalAveragePool",
+             "DynamicQuantizeMatMul", "MatMulIntegerToFloat"}
+
+_F = onnx.TensorProto.FLOAT
+_I32 = onnx.TensorProto.INT32
+#: Integer types a quantized tensor may have here, with their ranges.
+_RANGE = {onnx.TensorProto.UINT8: (0, 255), onnx.TensorProto.INT8: (-128, 127),
+          onnx.TensorProto.INT32: (-2 ** 31, 2 ** 31 - 1)}
+_NAMES = {onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT8: "int8", onnx.TensorProto.INT32: "int32"}
+
+
+def is_quantized_op(node: onnx.NodeProto) -> bool:
+    if node.domain in ("", "ai.onnx"):
+        return node.op_type in STANDARD
+    return node.domain == "com.microsoft" and node.op_type in MICROSOFT
+
+
+def has_quantized(model: onnx.ModelProto) -> bool:
+    return any(is_quantized_op(n) for n in model.graph.node)
+
+
+def lower_quantized(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray] | None,
+                    path, only: set[str] | None = None) -> tuple[onnx.ModelProto, list[str], set[str]]:
+    """Rewrite every quantization op of the main graph (in place) into float32 arithmetic.
+    `infer` is a lenient shape inference; `weights` holds the values split_weights took out of
+    the graph and receives the dequantized weights (None: they become initializers, for a model
+    that onnxruntime runs as it is). `only` limits the rewrite to those op types. Returns (the
+    model, notes for the pass log, the names of the nodes made: Graph.float32_nodes).
+
+    Runs in rounds: an op whose input's rank is not known yet (the output of a com.microsoft op,
+    which onnx's shape inference does not know) waits for the next round."""
+    made: set[str] = set()
+    counts: dict[str, int] = {}
+    from .frontend import opset_of
+
+    def chosen(n: onnx.NodeProto) -> bool:
+        return is_quantized_op(n) and (only is None or n.op_type in only)
+
+    notes: list[str] = []
+    if any(chosen(n) for n in model.graph.node) and opset_of(model) < 11:
+        # The arithmetic needs opset 11 (Round, Equal on floats): the model is converted first by
+        # onnx's version converter, which rewrites what changed at 11 (Clip, Resize, ...).
+        from onnx import version_converter
+
+        before = opset_of(model)
+        try:
+            model = version_converter.convert_version(model, 11)
+        except Exception as e:
+            raise ModelError(f"{path}: quantized ops at opset {before} are computed with opset 11's Round, and onnx's "
+                             f"version converter cannot convert this model to opset 11: {str(e).splitlines()[0][:300]}") from None
+        notes.append(f"import: converted from opset {before} to 11 for the quantized ops (onnx.version_converter)")
+    while any(chosen(n) for n in model.graph.node):
+        g = model.graph
+        info = _shapes_and_types(infer(model).graph)
+        consts = _constants(g, weights or {})
+        taken = _all_names(g)
+        out: list[onnx.NodeProto] = []
+        progress = False
+        for k, node in enumerate(g.node):
+            if not chosen(node):
+                out.append(node)
+                continue
+            b = _Builder(node, _prefix(node, k, taken), info, consts, weights, g, path)
+            taken.add(b.prefix)
+            try:
+                _LOWER[node.op_type](b)
+            except _Later:
+                out.append(node)
+                continue
+            out += b.nodes
+            for name, arr in b.pending:
+                if weights is None:
+                    g.initializer.append(numpy_helper.from_array(arr, name))
+                    continue
+                weights[name] = arr
+                g.input.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype), list(arr.shape)))
+            made.update(n.name for n in b.nodes)
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+            progress = True
+        del g.node[:]
+        g.node.extend(out)
+        del g.value_info[:]
+        if not progress:
+            left = sorted({n.op_type for n in g.node if chosen(n)})
+            unknown = sorted({f"{n.domain}.{n.op_type}" for n in g.node if n.domain not in ("", "ai.onnx")
+                              and not is_quantized_op(n)})
+            raise ModelError(f"{path}: the input ranks of {', '.join(left)} could not be inferred"
+                             + (f": they follow {', '.join(unknown)}, which dlcc does not support and "
+                                "onnx cannot infer" if unknown else "; bind the model's dynamic dims with --shape"))
+    if counts:
+        model = _float_pools(model, infer)
+    notes += [f"import: quantized ops computed in float32 ({', '.join(f'{n} {op}' for op, n in sorted(counts.items()))})"] if counts else []
+    return model, notes, made
+
+
+#: The ops with an integer product. onnxruntime's CPU kernels for uint8 x int8 products add pairs
+#: of products in int16 with saturation on x86 without VNNI (AVX2's vpmaddubsw): a row of 255s
+#: times a column of eight 127s gives 131068, not 259080, in MatMulInteger, QLinearMatMul,
+#: QLinearConv, QGemm, MatMulIntegerToFloat and DynamicQuantizeMatMul. verify's reference
+#: therefore runs them as this module writes them (exact_products).
+PRODUCTS = {"MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "QGemm",
+            "MatMulIntegerToFloat", "DynamicQuantizeMatMul"}
+
+
+def exact_products(model: onnx.ModelProto, path="model") -> onnx.ModelProto:
+    """A copy of `model` whose integer products (PRODUCTS) are exact float32 products of their
+    integer operands, every other op as it was: what verify gives onnxruntime to run."""
+    from onnx import shape_inference
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    if not any(is_quantized_op(n) and n.op_type in PRODUCTS for n in m.graph.node):
+        return m
+    infer = lambda x: shape_inference.infer_shapes(x, check_type=False, strict_mode=False)  # noqa: E731
+    return lower_quantized(m, infer, None, path, only=PRODUCTS)[0]
+
+
+class _Later(Exception):
+    """An input's rank is not known in this round."""
+
+
+class _Builder:
+    """Emits the float32 nodes for one quantized node, names under its prefix."""
+
+    def __init__(self, node, prefix, info, consts, weights, graph, path):
+        self.node, self.prefix, self.info, self.consts = node, prefix, info, consts
+        self.weights, self.graph, self.path = weights, graph, path
+        self.label = node.name or node.output[0]
+        self.nodes: list[onnx.NodeProto] = []
+        self.pending: list[tuple[str, np.ndarray]] = []  # weights, kept once the node is done
+        self.attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        self._n = 0
+
+    # -- inputs ---------------------------------------------------------------------------
+    def input(self, i: int) -> str:
+        return self.node.input[i] if i < len(self.node.input) else ""
+
+    def const(self, name: str) -> np.ndarray | None:
+        return self.consts.get(name) if name else None
+
+    def elem(self, name: str) -> int | None:
+        c = self.const(name)
+        if c is not None:
+            return helper.np_dtype_to_tensor_dtype(c.dtype)
+        return self.info.get(name, (None, None))[1] or None
+
+    def note(self, name: str, shape, elem: int | None) -> str:
+        """Record the shape (None: unknown; only its rank is read) and type of a tensor made here."""
+        self.info[name] = (shape, elem)
+        return name
+
+    def rank(self, name: str) -> int:
+        c = self.const(name)
+        if c is not None:
+            return c.ndim
+        shape = self.info.get(name, (None, None))[0]
+        if shape is None:
+            raise _Later()
+        return len(shape)
+
+    def fail(self, why: str, kind=ModelError) -> Exception:
+        return kind(f"{self.path}: {self.node.op_type} {self.label!r}: {why}")
+
+    # -- outputs --------------------------------------------------------------------------
+    def fresh(self, hint: str) -> str:
+        self._n += 1
+        return f"{self.prefix}{hint}{self._n}"
+
+    def op(self, op_type: str, inputs: list[str], out: str | None = None, **attrs) -> str:
+        out = out or self.fresh(op_type.lower())
+        short = out[len(self.prefix):] if out.startswith(self.prefix) else out
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=f"{self.label}/{short}", **attrs))
+        return out
+
+    def constant(self, value, dtype=np.float32) -> str:
+        """A constant: small ones as Constant nodes, large ones (a dequantized weight) as weights,
+        which is how split_weights leaves the model's own."""
+        arr = np.array(value, dtype)  # (a copy, C-ordered; np.ascontiguousarray would make a scalar 1-D)
+        name = self.fresh("c")
+        if arr.size > 64:
+            self.pending.append((name, arr))
+        else:
+            self.nodes.append(helper.make_node("Constant", [], [name], name=f"{self.label}/{name[len(self.prefix):]}",
+                                               value=numpy_helper.from_array(arr, name)))
+        self.consts[name] = arr
+        return name
+
+    # -- helpers --------------------------------------------------------------------------
+    def as_float(self, name: str) -> str:
+        """`name` as a float32 tensor (a constant is converted here)."""
+        c = self.const(name)
+        if c is not None:
+            return self.constant(c.astype(np.float32))
+        return name if self.elem(name) == _F else self.op("Cast", [name], to=_F)
+
+    def trailing(self, axis: int, of: str) -> int:
+        """How many size-1 dims follow `axis` in tensor `of`: a negative axis needs no rank, so a
+        per-row or per-column vector is placed even where `of`'s rank is not known yet."""
+        return -axis - 1 if axis < 0 else self.rank(of) - axis - 1
+
+    def per_axis(self, name: str, axis: int, of: str) -> str:
+        """A scale or zero point (a scalar, or 1-D along `axis` of tensor `of`) shaped to broadcast
+        against `of`, as float32."""
+        if not name:
+            return ""
+        f = self.as_float(name)
+        c = self.const(f)
+        if c is not None:
+            return self.constant(c.reshape([-1] + [1] * self.trailing(axis, of))) if c.ndim == 1 and c.size > 1 else f
+        if self.rank(name) == 1 and self.trailing(axis, of) > 0:
+            shape = self.constant(np.array([-1] + [1] * self.trailing(axis, of), np.int64), np.int64)
+            return self.op("Reshape", [f, shape])
+        return f
+
+    def along(self, v: np.ndarray, axis: int, of: str) -> np.ndarray:
+        """A constant scale or zero point shaped as per_axis shapes it."""
+        return v.reshape([-1] + [1] * self.trailing(axis, of)) if v.ndim == 1 and v.size > 1 else v
+
+    def int_type(self, name: str, default: int = onnx.TensorProto.UINT8) -> int:
+        t = self.elem(name) if name else default
+        t = default if t is None else t
+        if t not in _RANGE:
+            raise self.fail(f"quantized type {onnx.TensorProto.DataType.Name(t)} is not supported "
+                            "(dlcc holds uint8, int8 and int32)", UnsupportedDtypesError)
+        return t
+
+    def quantize(self, scaled: str, zp: str, qtype: int, out: str) -> str:
+        """round(scaled) + zp, clamped to qtype's range, cast: the rounding step of QuantizeLinear
+        and of every requantize (half to even, as onnxruntime's cvtps and nearbyint do)."""
+        lo, hi = _RANGE[qtype]
+        r = self.op("Round", [scaled])
+        if zp:
+            r = self.op("Add", [r, zp])
+        r = self.op("Min", [self.op("Max", [r, self.constant(np.float32(lo))]), self.constant(np.float32(hi))])
+        return self.op("Cast", [r], out, to=qtype)
+
+    def dequantize(self, q: str, scale: str, zp: str, axis: int = 1) -> str:
+        """(float(q) - float(zp)) * scale, as a float32 tensor; a constant q is computed here."""
+        cq, cs, cz = self.const(q), self.const(scale), self.const(zp) if zp else np.zeros((), np.float32)
+        if cq is not None and cs is not None and cz is not None:
+            s, z = self.along(cs, axis, q), self.along(cz, axis, q)
+            return self.constant((cq.astype(np.float32) - z.astype(np.float32)) * s.astype(np.float32))
+        x = self.as_float(q)
+        if zp:
+            x = self.op("Sub", [x, self.per_axis(zp, axis, q)])
+        return self.op("Mul", [x, self.per_axis(scale, axis, q)])
+
+    def centred(self, q: str, zp: str, axis: int) -> tuple[str, float, np.ndarray | None]:
+        """q − zp as float32 (integer values), the largest |q − zp| it can hold, and its value
+        when constant."""
+        qtype = self.int_type(q)
+        lo, hi = _RANGE[qtype]
+        cq, cz = self.const(q), (self.const(zp) if zp else np.zeros((), np.int32))
+        if cq is not None and cz is not None:
+            v = cq.astype(np.float32) - self.along(cz, axis, q).astype(np.float32)
+            return self.constant(v), float(np.abs(v).max(initial=0.0)), v
+        bound = float(max(abs(lo - int(cz.min())), abs(hi - int(cz.max())))) if cz is not None and cz.size else float(hi - lo)
+        x = self.as_float(q)
+        if zp:
+            x = self.op("Sub", [x, self.per_axis(zp, axis, q)])
+        return x, bound, None
+
+    def scale_product(self, *names: str, divide: str = "") -> str:
+        """The product of scales (scalars or 1-D) in the given order, divided by `divide`
+        (ComputeOutputScale's `a_scale * b_scale[i] / y_scale`), in float32 arithmetic: here
+        when they are constants, else in the plan."""
+        vals = [self.const(n) for n in names + ((divide,) if divide else ())]
+        if all(v is not None for v in vals):
+            acc = vals[0].astype(np.float32)
+            for v in vals[1:len(names)]:
+                acc = acc * v.astype(np.float32)
+            return self.constant(acc / vals[-1].astype(np.float32) if divide else acc)
+        acc = self.as_float(names[0])
+        for n in names[1:]:
+            acc = self.op("Mul", [acc, self.as_float(n)])
+        acc = self.op("Div", [acc, self.as_float(divide)]) if divide else acc
+        return self.note(acc, (None,), _F)
+
+
+def _float_pools(model: onnx.ModelProto, infer) -> onnx.ModelProto:
+    """MaxPool on int8 or uint8 (QOperator models pool quantized values) as MaxPool on their
+    float32 values, cast back: a maximum of integers is exact in float32, and dlcc's MaxPool
+    kernels are float."""
+    types = _shapes_and_types(infer(model).graph)
+    g = model.graph
+    if not any(n.op_type == "MaxPool" and types.get(n.input[0], (None, 0))[1] in _NAMES for n in g.node):
+        return model
+    out = []
+    for n in g.node:
+        t = types.get(n.input[0], (None, 0))[1] if n.op_type == "MaxPool" and n.domain in ("", "ai.onnx") else 0
+        if t not in (onnx.TensorProto.UINT8, onnx.TensorProto.INT8):
+            out.append(n)
+            continue
+        label = n.name or n.output[0]
+        wide_in, wide_out = f"{n.output[0]}/float_in", f"{n.output[0]}/float_out"
+        pool = onnx.NodeProto()
+        pool.CopyFrom(n)
+        pool.input[0], pool.output[0] = wide_in, wide_out
+        out += [helper.make_node("Cast", [n.input[0]], [wide_in], name=f"{label}/to_float", to=_F), pool,
+                helper.make_node("Cast", [wide_out], [n.output[0]], name=f"{label}/from_float", to=t)]
+    del g.node[:]
+    g.node.extend(out)
+    del g.value_info[:]
+    return model
+
+
+def _no_blocks(b: _Builder) -> None:
+    """Blocked quantization (opset 21's block_size) is computed only for constants."""
+    if int(b.attrs.get("block_size", 0)):
+        from .ops.context import LoweringError
+
+        raise b.fail("blocked quantization (block_size) of a computed tensor is not supported", LoweringError)
+
+
+# -- the standard ops ----------------------------------------------------------------------
+
+def _dequantize_linear(b: _Builder) -> None:
+    x, scale, zp = b.input(0), b.input(1), b.input(2)
+    axis = int(b.attrs.get("axis", 1))
+    block = int(b.attrs.get("block_size", 0))
+    cq, cs = b.const(x), b.const(scale)
+    if block and cq is not None and cs is not None:
+        cz = b.const(zp) if zp else np.zeros_like(cs)
+        ax = axis % cq.ndim
+        s = np.repeat(cs, block, axis=ax).take(range(cq.shape[ax]), axis=ax)
+        z = np.repeat(cz, block, axis=ax).take(range(cq.shape[ax]), axis=ax)
+        y = b.constant((cq.astype(np.float32) - z.astype(np.float32)) * s.astype(np.float32))
+    else:
+        _no_blocks(b)
+        b.int_type(x)
+        y = b.dequantize(x, scale, zp, axis)
+    out_type = b.elem(scale) or _F
+    b.op("Cast" if out_type != _F else "Identity", [y], b.node.output[0], **({"to": out_type} if out_type != _F else {}))
+
+
+def _quantize_linear(b: _Builder) -> None:
+    x, scale, zp = b.input(0), b.input(1), b.input(2)
+    axis = int(b.attrs.get("axis", 1))
+    _no_blocks(b)
+    qtype = b.int_type(zp, default=int(b.attrs.get("output_dtype", 0)) or onnx.TensorProto.UINT8)
+    v = b.op("Div", [b.as_float(x), b.per_axis(scale, axis, x)])
+    b.quantize(v, b.per_axis(zp, axis, x), qtype, b.node.output[0])
+
+
+def _dynamic_quantize_linear(b: _Builder) -> None:
+    """onnxruntime's GetQuantizationParameter: the range widened to include 0, scale
+    (max − min) / 255 (1 where the range is empty), zero point round(clamp(0 − min / scale))
+    with std::round (half away from zero; the value is never negative), then QuantizeLinear."""
+    x = b.as_float(b.input(0))
+    y, y_scale, y_zp = (list(b.node.output) + ["", ""])[:3]
+    zero = b.constant(np.float32(0))
+    hi = b.op("Max", [b.op("ReduceMax", [x], keepdims=0), zero])
+    lo = b.op("Min", [b.op("ReduceMin", [x], keepdims=0), zero])
+    span = b.op("Sub", [hi, lo])
+    scale = b.op("Where", [b.op("Equal", [hi, lo]), b.constant(np.float32(1)),
+                          b.op("Div", [span, b.constant(np.float32(255))])], y_scale or None)
+    z = b.op("Min", [b.op("Max", [b.op("Sub", [zero, b.op("Div", [lo, scale])]), zero]), b.constant(np.float32(255))])
+    down = b.op("Floor", [z])
+    tie = b.op("Equal", [b.op("Sub", [z, down]), b.constant(np.float32(0.5))])
+    zf = b.op("Where", [tie, b.op("Ceil", [z]), b.op("Round", [z])])
+    if y_zp:
+        b.op("Cast", [zf], y_zp, to=onnx.TensorProto.UINT8)
+    b.quantize(b.op("Div", [x, scale]), zf, onnx.TensorProto.UINT8, y or b.fresh("y"))
+
+
+def _integer_product(b: _Builder, op: str, a: str, a_zp: str, w: str, w_zp: str, attrs: dict | None = None) -> str:
+    """MatMul or Conv of (a − a_zp) and (w − w_zp) as an exact int32 tensor (module docstring:
+    chunks of the reduction that each stay below MAX_EXACT, added in int32)."""
+    if op == "MatMul":
+        # a_zero_point is a scalar or one per row of A (axis -2); b_zero_point one per column.
+        af, a_max, _ = b.centred(a, a_zp, axis=-2)
+        wf, w_max, wv = b.centred(w, w_zp, axis=-1)
+        k_axis = -2 if b.rank(w) > 1 else -1
+        k = (wv.shape[k_axis] if wv is not None else None)
+    else:
+        af, a_max, _ = b.centred(a, a_zp, axis=1)
+        wf, w_max, wv = b.centred(w, w_zp, axis=0)
+        k = None
+    if wv is not None:
+        # The exact bound: the largest sum of |w| that one output element reduces over.
+        if op == "MatMul":
+            sums = np.abs(wv).sum(axis=k_axis) if wv.ndim > 1 else np.abs(wv).sum(keepdims=True)
+        else:
+            sums = np.abs(wv).reshape(wv.shape[0], -1).sum(axis=1)
+        exact = a_max * float(sums.max(initial=0.0)) < MAX_EXACT
+    else:
+        k = _reduced_length(b, a, w, op)
+        exact = a_max * w_max * k < MAX_EXACT
+    attrs = attrs or {}
+    if exact:
+        return b.op("Cast", [b.op(op, [af, wf], **attrs)], to=_I32)
+    if wv is None:
+        raise b.fail("an integer product of two computed operands whose float32 sum could be inexact "
+                     f"(a reduction of {k} terms) is not supported")
+    total = None
+    for mask in _chunks(b, wv, a_max, op):
+        part = b.op("Cast", [b.op(op, [af, b.constant(wv * mask)], **attrs)], to=_I32)
+        total = part if total is None else b.op("Add", [total, part])
+    return total
+
+
+def _reduced_length(b: _Builder, a: str, w: str, op: str) -> int:
+    shape = b.info.get(w, (None, None))[0]
+    if shape is None or any(d is None for d in shape):
+        raise b.fail("the reduction length of an integer product with a computed operand is not known")
+    if op == "MatMul":
+        return int(shape[-2] if len(shape) > 1 else shape[0])
+    return int(np.prod(shape[1:]))
+
+
+def _chunks(b: _Builder, wv: np.ndarray, a_max: float, op: str):
+    """0/1 masks over the weight that split its reduction into consecutive runs whose partial
+    sums of |w| times a_max stay below MAX_EXACT, for every output element at once."""
+    if op == "MatMul":
+        w2 = np.abs(wv if wv.ndim > 1 else wv[:, None])
+        w2 = np.moveaxis(w2, -2, 0).reshape(w2.shape[-2], -1)  # [K, everything else]
+    else:
+        w2 = np.abs(wv).reshape(wv.shape[0], -1).T  # [C/g*kh*kw, M]
+    limit = MAX_EXACT / max(a_max, 1.0)
+    runs, start, acc = [], 0, np.zeros(w2.shape[1], np.float64)
+    for i in range(w2.shape[0]):
+        if (acc + w2[i]).max(initial=0.0) >= limit:
+            runs.append((start, i))
+            start, acc = i, np.zeros_like(acc)
+        acc += w2[i]
+    runs.append((start, w2.shape[0]))
+    for s, e in runs:
+        m = np.zeros(w2.shape[0], np.float32)
+        m[s:e] = 1
+        if op == "MatMul":
+            shape = [1] * wv.ndim
+            shape[-2 if wv.ndim > 1 else 0] = -1
+            yield m.reshape(shape)
+        else:
+            yield m.reshape((1,) + wv.shape[1:])
+
+
+def _conv_attrs(b: _Builder) -> dict:
+    return {k: v for k, v in b.attrs.items() if k in ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")}
+
+
+def _matmul_integer(b: _Builder) -> None:
+    acc = _integer_product(b, "MatMul", b.input(0), b.input(2), b.input(1), b.input(3))
+    b.op("Identity", [acc], b.node.output[0])
+
+
+def _conv_integer(b: _Builder) -> None:
+    acc = _integer_product(b, "Conv", b.input(0), b.input(2), b.input(1), b.input(3), _conv_attrs(b))
+    b.op("Identity", [acc], b.node.output[0])
+
+
+def _requantize(b: _Builder, acc: str, scale: str, y_zp: str, axis: int, of: str, qtype: int) -> None:
+    """MlasRequantizeOutput: float(acc) * scale, rounded, plus the zero point, clamped. A 1-D
+    scale runs along `axis` of tensor `of` (the weight, whose rank the output has)."""
+    v = b.op("Mul", [b.op("Cast", [acc], to=_F), b.per_axis(scale, axis, of)])
+    b.quantize(v, b.per_axis(y_zp, axis, of), qtype, b.node.output[0])
+
+
+def _qlinear_matmul(b: _Builder) -> None:
+    a, a_s, a_zp, w, w_s, w_zp, y_s, y_zp = (b.input(i) for i in range(8))
+    acc = _integer_product(b, "MatMul", a, a_zp, w, w_zp)
+    _requantize(b, acc, b.scale_product(a_s, w_s, divide=y_s), y_zp, -1, w, b.int_type(y_zp))
+
+
+def _qlinear_conv(b: _Builder) -> None:
+    x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp, bias = (b.input(i) for i in range(9))
+    acc = _integer_product(b, "Conv", x, x_zp, w, w_zp, _conv_attrs(b))
+    rank = b.rank(w)  # the output's, as the input's
+    if bias:
+        acc = b.op("Add", [acc, _channel_int32(b, bias, rank)])
+    _requantize(b, acc, b.scale_product(x_s, w_s, divide=y_s), y_zp, 1, w, b.int_type(y_zp))
+
+
+def _channel_int32(b: _Builder, bias: str, rank: int) -> str:
+    c = b.const(bias)
+    if c is not None:
+        return b.constant(c.astype(np.int32).reshape([-1] + [1] * (rank - 2)), np.int32)
+    shape = b.constant(np.array([-1] + [1] * (rank - 2), np.int64), np.int64)
+    return b.op("Reshape", [b.op("Cast", [bias], to=_I32) if b.elem(bias) != _I32 else bias, shape])
+
+
+# -- onnxruntime's QOperator ops (com.microsoft) --------------------------------------------
+
+def _qgemm(b: _Builder) -> None:
+    """QGemm(A, a_s, a_zp, B, b_s, b_zp, C?, y_s?, y_zp?): an int32 product plus the int32 bias C,
+    then scaled by alpha·a_s·b_s: requantized with y_s when it is given, else float32 out."""
+    a, a_s, a_zp, w, w_s, w_zp, c, y_s, y_zp = (b.input(i) for i in range(9))
+    if int(b.attrs.get("transA", 0)):
+        a = b.op("Transpose", [a], perm=[1, 0])
+    if int(b.attrs.get("transB", 0)):
+        cw = b.const(w)
+        w = b.constant(cw.T, cw.dtype) if cw is not None else b.op("Transpose", [w], perm=[1, 0])
+        cz = b.const(w_zp) if w_zp else None
+        if cz is not None:
+            w_zp = b.constant(cz, cz.dtype)
+        b.info[w] = ((None, None), b.elem(b.input(3)))
+        b.info[w] = (b.info[w][0], b.elem(b.input(3)))
+    acc = _integer_product(b, "MatMul", a, a_zp, w, w_zp)
+    if c:
+        cc = b.const(c)
+        acc = b.op("Add", [acc, b.constant(cc.astype(np.int32), np.int32) if cc is not None else c])
+    alpha = float(b.attrs.get("alpha", 1.0))
+    names = ([b.constant(np.float32(alpha))] if alpha != 1.0 else []) + [a_s, w_s]
+    if y_s:
+        _requantize(b, acc, b.scale_product(*names, divide=y_s), y_zp, -1, w, b.int_type(y_zp))
+    else:
+        b.op("Mul", [b.op("Cast", [acc], to=_F), b.scale_product(*names)], b.node.output[0])
+
+
+def _qlinear_binary(b: _Builder) -> None:
+    """QLinearAdd: a_s/c_s·(a − a_zp) + b_s/c_s·(b − b_zp), rounded, plus c_zp (MlasQLinearAdd);
+    QLinearMul: a_s·b_s/c_s·(a − a_zp)·(b − b_zp), rounded, plus c_zp."""
+    a, a_s, a_zp, x, x_s, x_zp, c_s, c_zp = (b.input(i) for i in range(8))
+    af, _, _ = b.centred(a, a_zp, 1)
+    xf, _, _ = b.centred(x, x_zp, 1)
+    if b.node.op_type == "QLinearAdd":
+        v = b.op("Add", [b.op("Mul", [b.scale_product(a_s, divide=c_s), af]),
+                         b.op("Mul", [b.scale_product(x_s, divide=c_s), xf])])
+    else:
+        v = b.op("Mul", [b.scale_product(a_s, x_s, divide=c_s), b.op("Mul", [af, xf])])
+    b.quantize(v, b.as_float(c_zp) if c_zp else "", b.int_type(c_zp or a), b.node.output[0])
+
+
+def _qlinear_unary(b: _Builder) -> None:
+    """QLinearSigmoid, QLinearLeakyRelu: onnxruntime builds a 256-entry table as dequantize, the
+    float function, quantize; the same three steps per element give the same values."""
+    x, x_s, x_zp, y_s, y_zp = (b.input(i) for i in range(5))
+    v = b.dequantize(x, x_s, x_zp)
+    if b.node.op_type == "QLinearSigmoid":
+        v = b.op("Sigmoid", [v])
+    else:
+        v = b.op("LeakyRelu", [v], alpha=float(b.attrs.get("alpha", 0.01)))
+    b.quantize(b.op("Div", [v, b.as_float(y_s)]), b.as_float(y_zp) if y_zp else "", b.int_type(y_zp or x), b.node.output[0])
+
+
+def _qlinear_concat(b: _Builder) -> None:
+    """QLinearConcat(y_s, y_zp, (x, x_s, x_zp)...): each input requantized to the output's scale
+    (dequantize, then quantize, as onnxruntime's table does), then concatenated. An input already
+    in the output's scale and zero point is taken as it is."""
+    y_s, y_zp = b.input(0), b.input(1)
+    qtype = b.int_type(y_zp)
+    parts = []
+    ins = list(b.node.input[2:])
+    for i in range(0, len(ins), 3):
+        x, x_s, x_zp = ins[i:i + 3]
+        same = all(b.const(p) is not None and b.const(q) is not None and np.array_equal(b.const(p), b.const(q))
+                   for p, q in ((x_s, y_s), (x_zp, y_zp)))
+        if same:
+            parts.append(x)
+            continue
+        v = b.op("Div", [b.dequantize(x, x_s, x_zp), b.as_float(y_s)])
+        parts.append(b.quantize(v, b.as_float(y_zp), qtype, b.fresh("q")))
+    b.op("Concat", parts, b.node.output[0], axis=int(b.attrs["axis"]))
+
+
+def _qlinear_global_average_pool(b: _Builder) -> None:
+    """MlasQLinearGlobalAveragePool: the int32 sum of (x − x_zp) over the image, times
+    x_s / (y_s · pixels), rounded, plus y_zp."""
+    x, x_s, x_zp, y_s, y_zp = (b.input(i) for i in range(5))
+    shape = b.info.get(x, (None, None))[0]
+    if shape is None or any(d is None for d in shape):
+        raise _Later()
+    last = bool(int(b.attrs.get("channels_last", 0)))
+    axes = list(range(1, len(shape) - 1)) if last else list(range(2, len(shape)))
+    pixels = int(np.prod([shape[a] for a in axes]))
+    xf, _, _ = b.centred(x, x_zp, 1)
+    total = b.op("ReduceSum", [xf, b.constant(np.array(axes, np.int64), np.int64)], keepdims=1)
+    scale = b.op("Div", [b.as_float(x_s), b.op("Mul", [b.as_float(y_s), b.constant(np.float32(pixels))])])
+    b.quantize(b.op("Mul", [total, scale]), b.as_float(y_zp) if y_zp else "", b.int_type(y_zp or x), b.node.output[0])
+
+
+def _dynamic_quantize_matmul(b: _Builder) -> None:
+    """DynamicQuantizeMatMul(A float, B, b_scale, b_zp?, bias?): A quantized as
+    DynamicQuantizeLinear does, an exact int32 product, scaled by a_s·b_s, plus the bias."""
+    a, w, w_s, w_zp, bias = (b.input(i) for i in range(5))
+    q, a_s, a_zp = b.fresh("aq"), b.fresh("as"), b.fresh("azp")
+    sub = _Builder(helper.make_node("DynamicQuantizeLinear", [a], [q, a_s, a_zp], name=f"{b.label}/quantize"),
+                   b.prefix + "d_", b.info, b.consts, b.weights, b.graph, b.path)
+    _dynamic_quantize_linear(sub)
+    b.nodes += sub.nodes
+    b.pending += sub.pending
+    b.info[q] = (b.info.get(a, (None, None))[0], onnx.TensorProto.UINT8)
+    b.info[a_zp] = ((), onnx.TensorProto.UINT8)
+    _float_product(b, q, w, a_s, w_s, a_zp, w_zp, bias)
+
+
+def _matmul_integer_to_float(b: _Builder) -> None:
+    """MatMulIntegerToFloat(A, B, a_scale, b_scale, a_zp?, b_zp?, bias?)."""
+    a, w, a_s, w_s, a_zp, w_zp, bias = (b.input(i) for i in range(7))
+    _float_product(b, a, w, a_s, w_s, a_zp, w_zp, bias)
+
+
+def _float_product(b, a, w, a_s, w_s, a_zp, w_zp, bias) -> None:
+    acc = _integer_product(b, "MatMul", a, a_zp, w, w_zp)
+    y = b.op("Mul", [b.op("Cast", [acc], to=_F), b.scale_product(a_s, w_s)])
+    b.op("Add" if bias else "Identity", [y, b.as_float(bias)] if bias else [y], b.node.output[0])
+
+
+_LOWER = {
+    "QuantizeLinear": _quantize_linear, "DequantizeLinear": _dequantize_linear,
+    "DynamicQuantizeLinear": _dynamic_quantize_linear, "MatMulInteger": _matmul_integer,
+    "ConvInteger": _conv_integer, "QLinearMatMul": _qlinear_matmul, "QLinearConv": _qlinear_conv,
+    "QGemm": _qgemm, "QLinearAdd": _qlinear_binary, "QLinearMul": _qlinear_binary,
+    "QLinearSigmoid": _qlinear_unary, "QLinearLeakyRelu": _qlinear_unary, "QLinearConcat": _qlinear_concat,
+    "QLinearGlobalAveragePool": _qlinear_global_average_pool,
+    "DynamicQuantizeMatMul": _dynamic_quantize_matmul, "MatMulIntegerToFloat": _matmul_integer_to_float,
+}

@@ -39,12 +39,22 @@ QUANTIZERS = {"QuantizeLinear": (0,), "DynamicQuantizeLinear": (0, 1, 2), "QLine
               "QLinearLeakyRelu": (0,), "QLinearConcat": (0,), "QLinearGlobalAveragePool": (0,)}
 
 
-def _points(model: onnx.ModelProto) -> list[int]:
-    """Positions of the nodes that quantize (a QGemm without y_scale gives floats)."""
+def _points(original: onnx.ModelProto, model: onnx.ModelProto) -> list[int]:
+    """Positions in `model` (the original with its integer products written out,
+    quantized.exact_products) of the nodes that quantize: its quantizers, and the nodes that now
+    write what the original's quantizers did (the Cast that ends a rewritten QLinearConv). A
+    rewritten DynamicQuantizeLSTM's per-step DynamicQuantizeLinear nodes are quantizers too."""
     from .quantized import is_quantized_op
 
-    return [k for k, n in enumerate(model.graph.node) if is_quantized_op(n) and n.op_type in QUANTIZERS
-            and not (n.op_type == "QGemm" and (len(n.input) < 8 or not n.input[7]))]
+    wanted = {n.output[0] for n in original.graph.node if is_quantized_op(n) and n.op_type in QUANTIZERS
+              and not (n.op_type == "QGemm" and (len(n.input) < 8 or not n.input[7]))}
+    return [k for k, n in enumerate(model.graph.node)
+            if (n.op_type in QUANTIZERS and n.op_type != "QGemm" and (n.domain in ("", "ai.onnx") or is_quantized_op(n)))
+            or (n.output and n.output[0] in wanted)]
+
+
+def _outputs_of(n: onnx.NodeProto) -> tuple[int, ...]:
+    return QUANTIZERS.get(n.op_type, (0,))
 
 
 def judge_quantized(model_path, rows: list[dict], got: dict, feeds: dict, compiled) -> None:
@@ -53,14 +63,17 @@ def judge_quantized(model_path, rows: list[dict], got: dict, feeds: dict, compil
     if not failing or compiled is None:
         return
     try:
-        model = onnx.load(str(model_path))
-        points = _points(model)
+        from .quantized import exact_products
+
+        original = onnx.load(str(model_path))
+        model = exact_products(original, model_path, feeds)
+        points = _points(original, model)
         if not points:
             return
         nodes = model.graph.node
-        quantized = [nodes[k].output[i] for k in points for i in QUANTIZERS[nodes[k].op_type]
+        quantized = [nodes[k].output[i] for k in points for i in _outputs_of(nodes[k])
                      if i < len(nodes[k].output) and nodes[k].output[i]]
-        mine = _instrumented_run(model, quantized, feeds, compiled)
+        mine = _instrumented_run(model, points, quantized, feeds, compiled)
         forced = _forced_run(model, points, quantized, feeds, mine)
     except Exception as e:  # the judge could not run: onnxruntime's verdict stands
         for r in failing:
@@ -125,61 +138,62 @@ def _elem_types(model: onnx.ModelProto, points: list[int]) -> dict[str, tuple[in
             out.update(zip(n.output, ((onnx.TensorProto.UINT8, shapes.get(x, [None] * rank)), (onnx.TensorProto.FLOAT, []),
                                       (onnx.TensorProto.UINT8, []))))
         else:
-            zp = _ZERO_POINT[n.op_type]
+            zp = _ZERO_POINT.get(n.op_type, len(n.input))
             zp = n.input[zp] if zp < len(n.input) and n.input[zp] else ""
-            t = types.get(n.output[0]) or types.get(zp) or _attr(n, "output_dtype", 0) or onnx.TensorProto.UINT8
+            t = (types.get(n.output[0]) or types.get(zp) or _attr(n, "output_dtype", 0) or _attr(n, "to", 0)
+                 or onnx.TensorProto.UINT8)
             out[n.output[0]] = (t, shapes.get(n.output[0], [None] * rank))
         out[n.input[0]] = (types.get(n.input[0], onnx.TensorProto.FLOAT), shapes.get(n.input[0], [None] * rank))
     return out
 
 
-def _instrumented_run(model: onnx.ModelProto, quantized: list[str], feeds: dict, compiled) -> dict:
+def _instrumented_run(model: onnx.ModelProto, points: list[int], quantized: list[str], feeds: dict, compiled) -> dict:
     """dlcc's plan, compiled again with the quantized tensors as extra outputs, run on `feeds`."""
     import dlcc
 
     m = onnx.ModelProto()
     m.CopyFrom(model)
     have = {o.name for o in m.graph.output}
-    types = _elem_types(model, _points(model))
+    types = _elem_types(model, points)
     m.graph.output.extend(helper.make_tensor_value_info(q, *types[q]) for q in quantized if q not in have)
     meta = compiled.plan["meta"]
     with tempfile.TemporaryDirectory(prefix="dlcc-qjudge-") as tmp:
         path = os.path.join(tmp, "instrumented.onnx")
         onnx.save(m, path)
-        cm = dlcc.compile(path, shapes=meta.get("shapes") or {}, target=meta["target"], pipeline=meta["pipeline"],
+        # The inputs' dims are the feeds' already (exact_products); bound values stay bound.
+        inputs = {i.name for i in m.graph.input}
+        shapes = {k: v for k, v in (meta.get("shapes") or {}).items() if k in inputs}
+        cm = dlcc.compile(path, shapes=shapes, target=meta["target"], pipeline=meta["pipeline"],
                           device=meta.get("device_key"), precision=meta.get("precision"))
         return cm.executor().run(dict(feeds))
 
 
 def _forced_run(model: onnx.ModelProto, points, quantized: list[str], feeds: dict, mine: dict) -> dict:
-    """onnxruntime (optimizations off) on the model with every quantized tensor fed from dlcc's
-    values; the reference's own quantized values come out as `NAME#ref`, each quantizer's float
-    input as `NAME#x`, and the model's outputs as themselves."""
+    """onnxruntime (optimizations off) on `model` (its integer products already exact) with every
+    quantized tensor fed from dlcc's values; the reference's own quantized values come out as
+    `NAME#ref`, each quantizer's float input as `NAME#x`, and the model's outputs as themselves."""
     import onnxruntime as ort
 
-    types = _elem_types(model, points)
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
     extra = []
     for k in points:
         n = g.node[k]
-        for i in QUANTIZERS[n.op_type]:
+        for i in _outputs_of(n):
             if i < len(n.output) and n.output[i]:
-                extra.append((n.output[i] + "#ref", types[n.output[i]]))
+                v = np.asarray(mine[n.output[i]])
+                extra.append((n.output[i] + "#ref", (helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))))
                 n.output[i] = n.output[i] + "#ref"
-        if n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear"):
+        if n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear") and f"{n.input[0]}#x" not in {e for e, _ in extra}:
             x = f"{n.input[0]}#x"
             g.node.append(helper.make_node("Identity", [n.input[0]], [x], name=f"{x}/identity"))
-            extra.append((x, types[n.input[0]]))
+            extra.append((x, (onnx.TensorProto.FLOAT, None)))
     for q in quantized:
         v = np.asarray(mine[q])
         g.input.append(helper.make_tensor_value_info(q, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape)))
     g.output.extend(helper.make_tensor_value_info(e, *t) for e, t in extra)
     del g.value_info[:]
-    from .quantized import exact_products
-
-    m = exact_products(m)
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

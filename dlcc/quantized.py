@@ -39,7 +39,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .errors import ModelError, UnsupportedDtypesError
+from .errors import DlccError, ModelError, UnsupportedDtypesError
 from .expand import _all_names, _prefix
 from .spectral import _constants, _shapes_and_types
 
@@ -52,7 +52,7 @@ STANDARD = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatM
 #: onnxruntime's quantization ops (domain com.microsoft) rewritten here.
 MICROSOFT = {"QuantizeLinear", "DequantizeLinear", "QGemm", "QLinearAdd", "QLinearMul",
              "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat", "QLinearGlobalAveragePool",
-             "DynamicQuantizeMatMul", "MatMulIntegerToFloat"}
+             "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "DynamicQuantizeLSTM"}
 
 _F = onnx.TensorProto.FLOAT
 _I32 = onnx.TensorProto.INT32
@@ -73,12 +73,14 @@ def has_quantized(model: onnx.ModelProto) -> bool:
 
 
 def lower_quantized(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray] | None,
-                    path, only: set[str] | None = None) -> tuple[onnx.ModelProto, list[str], set[str]]:
+                    path, only: set[str] | None = None,
+                    known: dict[str, tuple] | None = None) -> tuple[onnx.ModelProto, list[str], set[str]]:
     """Rewrite every quantization op of the main graph (in place) into float32 arithmetic.
     `infer` is a lenient shape inference; `weights` holds the values split_weights took out of
     the graph and receives the dequantized weights (None: they become initializers, for a model
     that onnxruntime runs as it is). `only` limits the rewrite to those op types. Returns (the
-    model, notes for the pass log, the names of the nodes made: Graph.float32_nodes).
+    model, notes for the pass log, the names of the nodes made: Graph.float32_nodes). `known`
+    gives float tensors' shapes that inference may not find ({name: shape}).
 
     Runs in rounds: an op whose input's rank is not known yet (the output of a com.microsoft op,
     which onnx's shape inference does not know) waits for the next round."""
@@ -102,31 +104,39 @@ def lower_quantized(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray
             raise ModelError(f"{path}: quantized ops at opset {before} are computed with opset 11's Round, and onnx's "
                              f"version converter cannot convert this model to opset 11: {str(e).splitlines()[0][:300]}") from None
         notes.append(f"import: converted from opset {before} to 11 for the quantized ops (onnx.version_converter)")
+    # Shapes are inferred afresh: a model's own value_info (symbolic dims written by its
+    # exporter or quantizer) would otherwise hide what the bound input shapes imply.
+    del model.graph.value_info[:]
+    cache: dict[tuple, tuple] = {}  # derived constants shared between nodes (_Builder.shared)
     while any(chosen(n) for n in model.graph.node):
         g = model.graph
         info = _shapes_and_types(infer(model).graph)
-        consts = _constants(g, weights or {})
+        info.update({k: (tuple(v), _F) for k, v in (known or {}).items()})
+        consts = _constants(g, weights or {}, path)
         taken = _all_names(g)
         out: list[onnx.NodeProto] = []
         progress = False
+        waiting = None  # the first error a node that waits would raise, were this the last round
         for k, node in enumerate(g.node):
             if not chosen(node):
                 out.append(node)
                 continue
-            b = _Builder(node, _prefix(node, k, taken), info, consts, weights, g, path)
+            b = _Builder(node, _prefix(node, k, taken), info, consts, weights, g, path, cache)
             taken.add(b.prefix)
             try:
+                _check_inputs(b)
                 _LOWER[node.op_type](b)
-            except _Later:
+            except _Later as e:
                 out.append(node)
+                waiting = waiting or (e.args[0] if e.args else None)
                 continue
+            except DlccError:
+                raise
+            except Exception as e:  # a malformed node the checks above did not foresee
+                raise b.fail(f"cannot be computed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
             out += b.nodes
             for name, arr in b.pending:
-                if weights is None:
-                    g.initializer.append(numpy_helper.from_array(arr, name))
-                    continue
-                weights[name] = arr
-                g.input.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype), list(arr.shape)))
+                b.commit(name, arr)
             made.update(n.name for n in b.nodes)
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
             progress = True
@@ -134,6 +144,8 @@ def lower_quantized(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray
         g.node.extend(out)
         del g.value_info[:]
         if not progress:
+            if waiting is not None:
+                raise waiting
             left = sorted({n.op_type for n in g.node if chosen(n)})
             unknown = sorted({f"{n.domain}.{n.op_type}" for n in g.node if n.domain not in ("", "ai.onnx")
                               and not is_quantized_op(n)})
@@ -149,35 +161,78 @@ def lower_quantized(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray
 #: The ops with an integer product. onnxruntime's CPU kernels for uint8 x int8 products add pairs
 #: of products in int16 with saturation on x86 without VNNI (AVX2's vpmaddubsw): a row of 255s
 #: times a column of eight 127s gives 131068, not 259080, in MatMulInteger, QLinearMatMul,
-#: QLinearConv, QGemm, MatMulIntegerToFloat and DynamicQuantizeMatMul. verify's reference
-#: therefore runs them as this module writes them (exact_products).
+#: QLinearConv, QGemm, MatMulIntegerToFloat, DynamicQuantizeMatMul and DynamicQuantizeLSTM.
+#: verify's reference therefore runs them as this module writes them (exact_products);
+#: tests/test_quantized.py checks each against onnxruntime's own kernel on data where it does
+#: not saturate.
 PRODUCTS = {"MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "QGemm",
-            "MatMulIntegerToFloat", "DynamicQuantizeMatMul"}
+            "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM"}
 
 
-def exact_products(model: onnx.ModelProto, path="model") -> onnx.ModelProto:
+def exact_products(model: onnx.ModelProto, path="model", feeds: dict | None = None) -> onnx.ModelProto:
     """A copy of `model` whose integer products (PRODUCTS) are exact float32 products of their
-    integer operands, every other op as it was: what verify gives onnxruntime to run."""
+    integer operands, every other op as it was: what verify gives onnxruntime to run. The
+    `feeds` fix the graph inputs' dims first, so that an LSTM's steps are known; where onnx's
+    inference cannot size an LSTM's input (a Reshape to a shape computed after another LSTM),
+    onnxruntime's own run of the model on the feeds does."""
     from onnx import shape_inference
 
     m = onnx.ModelProto()
     m.CopyFrom(model)
     if not any(is_quantized_op(n) and n.op_type in PRODUCTS for n in m.graph.node):
         return m
-    infer = lambda x: shape_inference.infer_shapes(x, check_type=False, strict_mode=False)  # noqa: E731
-    return lower_quantized(m, infer, None, path, only=PRODUCTS)[0]
+    shapes = {k: np.shape(v) for k, v in (feeds or {}).items()}
+    for vi in m.graph.input:
+        if vi.name in shapes and vi.type.tensor_type.HasField("shape"):
+            dims = vi.type.tensor_type.shape.dim
+            if len(dims) == len(shapes[vi.name]):
+                for dim, n in zip(dims, shapes[vi.name]):
+                    dim.Clear()
+                    dim.dim_value = int(n)
+    def infer(x: onnx.ModelProto) -> onnx.ModelProto:
+        # Data propagation sizes a Reshape whose shape the model computes (an LSTM's input after
+        # another LSTM); onnx 1.23's propagation rejects some valid graphs (frontend.infer_shapes).
+        try:
+            return shape_inference.infer_shapes(x, check_type=False, strict_mode=False, data_prop=True)
+        except Exception:
+            return shape_inference.infer_shapes(x, check_type=False, strict_mode=False)
+
+    lstm_inputs = [n.input[0] for n in m.graph.node if n.op_type == "DynamicQuantizeLSTM" and is_quantized_op(n)]
+    known = _run_shapes(m, feeds, lstm_inputs) if lstm_inputs and feeds else {}
+    return lower_quantized(m, infer, None, path, only=PRODUCTS, known=known)[0]
+
+
+def _run_shapes(model: onnx.ModelProto, feeds: dict, names: list[str]) -> dict[str, tuple]:
+    """The shapes of float tensors `names` in onnxruntime's run of `model` on `feeds`."""
+    import onnxruntime as ort
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    m.graph.output.extend(helper.make_tensor_value_info(n, _F, None) for n in dict.fromkeys(names) if n not in have)
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        ins = {i.name for i in sess.get_inputs()}
+        vals = sess.run(list(dict.fromkeys(names)), {k: v for k, v in feeds.items() if k in ins})
+    except Exception:  # inference's shapes stand, and an unknown one is reported as such
+        return {}
+    return {n: tuple(np.shape(v)) for n, v in zip(dict.fromkeys(names), vals)}
 
 
 class _Later(Exception):
-    """An input's rank is not known in this round."""
+    """An input's rank (or shape) is not known in this round; the argument, if any, is the error
+    to raise if no later round makes it known."""
 
 
 class _Builder:
     """Emits the float32 nodes for one quantized node, names under its prefix."""
 
-    def __init__(self, node, prefix, info, consts, weights, graph, path):
+    def __init__(self, node, prefix, info, consts, weights, graph, path, cache):
         self.node, self.prefix, self.info, self.consts = node, prefix, info, consts
-        self.weights, self.graph, self.path = weights, graph, path
+        self.weights, self.graph, self.path, self.cache = weights, graph, path, cache
         self.label = node.name or node.output[0]
         self.nodes: list[onnx.NodeProto] = []
         self.pending: list[tuple[str, np.ndarray]] = []  # weights, kept once the node is done
@@ -238,10 +293,36 @@ class _Builder:
         self.consts[name] = arr
         return name
 
+    def commit(self, name: str, arr: np.ndarray) -> None:
+        """Put a large constant in the model: a weight (as split_weights leaves the model's own),
+        or an initializer where there are no split weights (exact_products)."""
+        if self.weights is None:
+            self.graph.initializer.append(numpy_helper.from_array(arr, name))
+            return
+        self.weights[name] = arr
+        self.graph.input.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype), list(arr.shape)))
+
+    def shared(self, key: tuple, make) -> str:
+        """A large float32 constant derived from the model's constants (`make()`), made once per
+        import and read by every node that derives the same one: an unrolled LSTM's R,
+        centred, serves all its steps, instead of a copy per step."""
+        if key not in self.cache:
+            arr = np.array(make(), np.float32)
+            if arr.size <= 64:
+                return self.constant(arr)
+            name = f"{self.prefix}shared{len(self.cache)}"
+            self.commit(name, arr)
+            self.cache[key] = (name, arr)
+        name, arr = self.cache[key]
+        self.consts[name] = arr
+        return name
+
     # -- helpers --------------------------------------------------------------------------
     def as_float(self, name: str) -> str:
         """`name` as a float32 tensor (a constant is converted here)."""
         c = self.const(name)
+        if c is not None and c.size > 64:
+            return self.shared(("float", name), lambda: c.astype(np.float32))
         if c is not None:
             return self.constant(c.astype(np.float32))
         return name if self.elem(name) == _F else self.op("Cast", [name], to=_F)
@@ -306,7 +387,7 @@ class _Builder:
         cq, cz = self.const(q), (self.const(zp) if zp else np.zeros((), np.int32))
         if cq is not None and cz is not None:
             v = cq.astype(np.float32) - self.along(cz, axis, q).astype(np.float32)
-            return self.constant(v), float(np.abs(v).max(initial=0.0)), v
+            return self.shared(("centred", q, zp, axis), lambda: v), float(np.abs(v).max(initial=0.0)), v
         bound = float(max(abs(lo - int(cz.min())), abs(hi - int(cz.max())))) if cz is not None and cz.size else float(hi - lo)
         x = self.as_float(q)
         if zp:
@@ -328,6 +409,45 @@ class _Builder:
             acc = self.op("Mul", [acc, self.as_float(n)])
         acc = self.op("Div", [acc, self.as_float(divide)]) if divide else acc
         return self.note(acc, (None,), _F)
+
+
+#: Inputs each op takes (fewest, most). The standard ops' counts are the ONNX checker's; onnx
+#: has no schemas for com.microsoft's, so they are checked here (onnxruntime's contrib schemas).
+_INPUTS = {"QGemm": (6, 9), "QLinearAdd": (7, 8), "QLinearMul": (7, 8), "QLinearSigmoid": (4, 5),
+           "QLinearLeakyRelu": (4, 5), "QLinearGlobalAveragePool": (4, 5), "DynamicQuantizeMatMul": (3, 5),
+           "MatMulIntegerToFloat": (4, 7), "QuantizeLinear": (2, 3), "DequantizeLinear": (2, 3),
+           "DynamicQuantizeLSTM": (12, 12)}
+
+
+def _check_inputs(b: _Builder) -> None:
+    """What the ONNX checker cannot see in a quantized node: com.microsoft input counts, a
+    QLinearConcat's (tensor, scale, zero point) triples, float inputs where a float is
+    quantized, and a per-axis scale that fits its axis."""
+    op, n = b.node.op_type, len(b.node.input)
+    lo, hi = _INPUTS.get(op, (0, 1 << 30))
+    if not lo <= n <= hi:
+        raise b.fail(f"takes {lo} to {hi} inputs, not {n}")
+    if op == "QLinearConcat" and (n < 5 or (n - 2) % 3):
+        raise b.fail(f"takes the output's scale and zero point, then a (tensor, scale, zero point) triple per input; "
+                     f"{n} inputs are not that")
+    if op in ("QuantizeLinear", "DynamicQuantizeLinear", "DynamicQuantizeMatMul") and b.elem(b.input(0)) not in (None, _F):
+        raise b.fail(f"quantizes a float tensor, not {onnx.TensorProto.DataType.Name(b.elem(b.input(0)))}")
+    if op == "DequantizeLinear" and n > 2 and b.input(2) and None not in (b.elem(b.input(0)), b.elem(b.input(2))) \
+            and b.elem(b.input(0)) != b.elem(b.input(2)):
+        raise b.fail("the zero point's type is not the quantized tensor's")
+    if op == "QLinearGlobalAveragePool":
+        shape = b.info.get(b.input(0), (None, None))[0]
+        if shape is not None and len(shape) < 3:
+            raise b.fail(f"pools a tensor of rank 3 or more, not {len(shape)}")
+    if op in ("QuantizeLinear", "DequantizeLinear") and not int(b.attrs.get("block_size", 0)):
+        shape, scale = b.info.get(b.input(0), (None, None))[0], b.const(b.input(1))
+        if shape is None or scale is None or scale.size <= 1:
+            return
+        axis = int(b.attrs.get("axis", 1))
+        if not -len(shape) <= axis < len(shape):
+            raise b.fail(f"axis {axis} is outside the input's {len(shape)} dims")
+        if scale.ndim != 1 or (shape[axis] is not None and scale.size != shape[axis]):
+            raise b.fail(f"a scale of shape {list(scale.shape)} does not run along axis {axis} of size {shape[axis]}")
 
 
 def _float_pools(model: onnx.ModelProto, infer) -> onnx.ModelProto:
@@ -446,8 +566,9 @@ def _integer_product(b: _Builder, op: str, a: str, a_zp: str, w: str, w_zp: str,
         raise b.fail("an integer product of two computed operands whose float32 sum could be inexact "
                      f"(a reduction of {k} terms) is not supported")
     total = None
-    for mask in _chunks(b, wv, a_max, op):
-        part = b.op("Cast", [b.op(op, [af, b.constant(wv * mask)], **attrs)], to=_I32)
+    for k, mask in enumerate(_chunks(b, wv, a_max, op)):
+        chunk = b.shared(("chunk", af if wv is None else wf, k), lambda: wv * mask)
+        part = b.op("Cast", [b.op(op, [af, chunk], **attrs)], to=_I32)
         total = part if total is None else b.op("Add", [total, part])
     return total
 
@@ -628,7 +749,7 @@ def _dynamic_quantize_matmul(b: _Builder) -> None:
     a, w, w_s, w_zp, bias = (b.input(i) for i in range(5))
     q, a_s, a_zp = b.fresh("aq"), b.fresh("as"), b.fresh("azp")
     sub = _Builder(helper.make_node("DynamicQuantizeLinear", [a], [q, a_s, a_zp], name=f"{b.label}/quantize"),
-                   b.prefix + "d_", b.info, b.consts, b.weights, b.graph, b.path)
+                   b.prefix + "d_", b.info, b.consts, b.weights, b.graph, b.path, b.cache)
     _dynamic_quantize_linear(sub)
     b.nodes += sub.nodes
     b.pending += sub.pending
@@ -649,6 +770,127 @@ def _float_product(b, a, w, a_s, w_s, a_zp, w_zp, bias) -> None:
     b.op("Add" if bias else "Identity", [y, b.as_float(bias)] if bias else [y], b.node.output[0])
 
 
+def _dynamic_quantize_lstm(b: _Builder) -> None:
+    """com.microsoft's DynamicQuantizeLSTM (what quantize_dynamic makes of an LSTM), unrolled
+    into the steps onnxruntime's UniDirectionalLstm takes with int8 weights:
+
+    - X·W for every step at once: X [seq·batch, input] quantized as DynamicQuantizeLinear does
+      (one scale over all of X), an exact integer product with W [input, 4·hidden], times
+      x_scale·w_scale;
+    - then per step: h_{t−1} [batch, hidden] quantized the same way (its own scale each step;
+      the initial state's zeros give scale 1), an exact product with R, times h_scale·r_scale,
+      added to the step's X·W; plus Wb + Rb; gates i, o, f, c in ONNX's order, sigmoid, tanh,
+      tanh, optional clip and peepholes.
+
+    The DynamicQuantizeLinear and MatMulInteger nodes written here are rewritten by the next
+    round. Needs: static X, constant weights, scales and zero points, no sequence_lens (or all
+    equal to the sequence length), the default activations, input_forget 0.
+
+    With a batch of several sequences, each sequence's h is quantized on its own, so that a
+    sequence's outputs do not depend on the others in its batch (at batch 1 there is no choice).
+    onnxruntime splits the batch across its threads when it has more than 4 rows, or 2 or more
+    with a hidden size of at most 256 (UniDirectionalLstm::SetNumThreads), and quantizes each
+    thread's rows together: the same answer where it has a thread per sequence, another one
+    where it has fewer threads than sequences or does not split."""
+    x, w, r, bias, lens, h0, c0, peep, w_s, w_zp, r_s, r_zp = (b.input(i) for i in range(12))
+    shape = b.info.get(x, (None, None))[0]
+    if shape is None or len(shape) != 3 or any(d is None for d in shape):
+        # (An LSTM before it may still have to be unrolled for its shape to be known.)
+        raise _Later(b.fail(f"needs X of a static [seq, batch, input] shape, not {shape}; bind its dims with --shape"))
+    seq, batch, width = shape
+    hidden = int(b.attrs.get("hidden_size", 0))
+    direction = b.attrs.get("direction", b"forward")
+    direction = direction.decode() if isinstance(direction, bytes) else str(direction)
+    dirs = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}.get(direction)
+    consts = {k: b.const(v) for k, v in (("W", w), ("R", r), ("W_scale", w_s), ("W_zero_point", w_zp),
+                                           ("R_scale", r_s), ("R_zero_point", r_zp))}
+    missing = [k for k, v in consts.items() if v is None]
+    acts = [a.decode().lower() if isinstance(a, bytes) else str(a).lower() for a in b.attrs.get("activations", [])]
+    lens_v = b.const(lens) if lens else None
+    why = ("an unknown direction" if dirs is None else f"{', '.join(missing)} computed at run time" if missing
+           else "activations other than sigmoid, tanh, tanh" if acts and acts != ["sigmoid", "tanh", "tanh"] * len(dirs)
+           else "input_forget" if int(b.attrs.get("input_forget", 0))
+           else "sequence_lens shorter than the sequence" if lens and (lens_v is None or np.any(lens_v != seq))
+           else "" if hidden > 0 and consts["W"].shape == (len(dirs), width, 4 * hidden) else "W's shape does not fit")
+    if why:
+        raise b.fail(f"{why} is not supported")
+    clip = float(b.attrs["clip"]) if "clip" in b.attrs else None
+    cb, cp = b.const(bias) if bias else None, b.const(peep) if peep else None
+    if (bias and cb is None) or (peep and cp is None):
+        raise b.fail("a bias or peephole computed at run time is not supported")
+
+    def per_dir(v: np.ndarray, d: int) -> np.ndarray:
+        return v[d] if v.ndim >= 1 and v.shape[0] == len(dirs) else v
+
+    def state(name: str, d: int) -> str:
+        if not name:
+            return b.constant(np.zeros((batch, hidden), np.float32))
+        return b.op("Gather", [b.as_float(name), b.constant(np.int64(d), np.int64)], axis=0)
+
+    lo, hi = (b.constant(np.float32(-clip)), b.constant(np.float32(clip))) if clip is not None else ("", "")
+
+    def gate(v: str, k: int, peephole: int | None = None, c_: str = "") -> str:
+        """Gate k of [i, o, f, c]: plus c_·P[peephole] (P holds i, o, f), plus Wb + Rb, clipped."""
+        if cp is not None and peephole is not None:
+            v = b.op("Add", [v, b.op("Mul", [c_, b.constant(cp[d, peephole * hidden:(peephole + 1) * hidden].astype(np.float32))])])
+        if cb is not None:
+            v = b.op("Add", [v, b.constant(cb[d, k * hidden:(k + 1) * hidden].astype(np.float32)
+                                           + cb[d, (4 + k) * hidden:(5 + k) * hidden].astype(np.float32))])
+        return b.op("Clip", [v, lo, hi]) if clip is not None else v
+
+    x2 = b.op("Reshape", [b.as_float(x), b.constant(np.array([seq * batch, width], np.int64), np.int64)])
+    ys, hs, cs = [], [], []
+    split = b.constant(np.full(4, hidden, np.int64), np.int64)
+    for d, backward in enumerate(dirs):
+        wq = b.constant(consts["W"][d], consts["W"].dtype)
+        rq = b.constant(consts["R"][d], consts["R"].dtype)
+        wz = b.constant(per_dir(consts["W_zero_point"], d), consts["W_zero_point"].dtype)
+        rz = b.constant(per_dir(consts["R_zero_point"], d), consts["R_zero_point"].dtype)
+        xw = _dynamic_product(b, x2, wq, wz, per_dir(consts["W_scale"], d))
+        xw = b.op("Reshape", [xw, b.constant(np.array([seq, batch, 4 * hidden], np.int64), np.int64)])
+        h, c = state(h0, d), state(c0, d)
+        outs: dict[int, str] = {}
+        for t in (range(seq - 1, -1, -1) if backward else range(seq)):
+            xt = b.op("Gather", [xw, b.constant(np.int64(t), np.int64)], axis=0)
+            if batch == 1:
+                hr = _dynamic_product(b, h, rq, rz, per_dir(consts["R_scale"], d))
+            else:  # each sequence's h quantized on its own (the docstring says why)
+                rows = [b.op("Gather", [h, b.constant(np.array([k], np.int64), np.int64)], axis=0) for k in range(batch)]
+                hr = b.op("Concat", [_dynamic_product(b, row, rq, rz, per_dir(consts["R_scale"], d)) for row in rows], axis=0)
+            g = b.op("Add", [xt, hr])
+            gi, go, gf, gc = (b.fresh(k) for k in "iofc")
+            b.nodes.append(helper.make_node("Split", [g, split], [gi, go, gf, gc], name=f"{b.label}/{gi[len(b.prefix):]}", axis=1))
+            # GateComputations' order per gate: + c·P (P holds i, o, f; i and f read the previous
+            # c, o the new one), + Wb + Rb, clipped, activated; then h = tanh(c)·o, c unclipped.
+            i_ = b.op("Sigmoid", [gate(gi, 0, 0, c)])
+            f_ = b.op("Sigmoid", [gate(gf, 2, 2, c)])
+            c = b.op("Add", [b.op("Mul", [c, f_]), b.op("Mul", [i_, b.op("Tanh", [gate(gc, 3)])])])
+            o_ = b.op("Sigmoid", [gate(go, 1, 1, c)])
+            h = b.op("Mul", [b.op("Tanh", [c]), o_])
+            b.note(h, (batch, hidden), _F)
+            outs[t] = h
+        ys.append(b.op("Concat", [outs[t] for t in range(seq)], axis=0))  # [seq·batch, hidden], in time order
+        hs.append(h)
+        cs.append(c)
+    out = list(b.node.output) + ["", "", ""]
+    if out[0]:
+        parts = [b.op("Reshape", [y, b.constant(np.array([seq, 1, batch, hidden], np.int64), np.int64)]) for y in ys]
+        b.op("Concat", parts, out[0], axis=1)
+    for name, finals in ((out[1], hs), (out[2], cs)):
+        if name:
+            b.op("Concat", [b.op("Unsqueeze", [f, b.constant(np.array([0], np.int64), np.int64)]) for f in finals], name, axis=0)
+
+
+def _dynamic_product(b: _Builder, a: str, wq: str, wz: str, w_scale: np.ndarray) -> str:
+    """onnxruntime's quantized ComputeGemm: `a` (float) quantized as DynamicQuantizeLinear does,
+    an int32 product with the int8 weight, times a_scale · w_scale (float32, in that order)."""
+    q, s, z = b.fresh("q"), b.fresh("s"), b.fresh("z")
+    b.nodes.append(helper.make_node("DynamicQuantizeLinear", [a], [q, s, z], name=f"{b.label}/{q[len(b.prefix):]}"))
+    acc = b.op("MatMulInteger", [q, wq, z, wz])
+    scale = b.op("Mul", [s, b.constant(np.asarray(w_scale, np.float32))])
+    return b.op("Mul", [b.op("Cast", [acc], to=_F), scale])
+
+
 _LOWER = {
     "QuantizeLinear": _quantize_linear, "DequantizeLinear": _dequantize_linear,
     "DynamicQuantizeLinear": _dynamic_quantize_linear, "MatMulInteger": _matmul_integer,
@@ -657,4 +899,5 @@ _LOWER = {
     "QLinearSigmoid": _qlinear_unary, "QLinearLeakyRelu": _qlinear_unary, "QLinearConcat": _qlinear_concat,
     "QLinearGlobalAveragePool": _qlinear_global_average_pool,
     "DynamicQuantizeMatMul": _dynamic_quantize_matmul, "MatMulIntegerToFloat": _matmul_integer_to_float,
+    "DynamicQuantizeLSTM": _dynamic_quantize_lstm,
 }

@@ -35,7 +35,7 @@ from onnx import helper, numpy_helper
 
 from .errors import ModelError, ShapeError
 from .expand import _all_names, _prefix
-from .frontend import opset_of
+from .frontend import opset_of, tensor_value
 
 #: The largest basis a transform may have (values): 32M float32 values are 128 MB of weights.
 MAX_BASIS_ELEMENTS = 32 * 2**20
@@ -63,7 +63,7 @@ def lower_spectral(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray]
     # output types) is not kept.
     shapes = _shapes_and_types(infer(model).graph)
     g = model.graph
-    consts = _constants(g, weights)
+    consts = _constants(g, weights, path)
     taken = _all_names(g)
     out: list[onnx.NodeProto] = []
     notes: list[str] = []
@@ -299,14 +299,16 @@ def _const_node(name: str, value: np.ndarray, label: str) -> onnx.NodeProto:
     return helper.make_node("Constant", [], [name], name=f"{label}/{name}", value=numpy_helper.from_array(value, name))
 
 
-def _constants(g: onnx.GraphProto, weights: dict) -> dict[str, np.ndarray]:
-    vals = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+def _constants(g: onnx.GraphProto, weights: dict, path="model") -> dict[str, np.ndarray]:
+    """Every initializer, split-out weight and Constant value; one whose data does not match its
+    dims is a ModelError naming it (frontend.tensor_value)."""
+    vals = {t.name: tensor_value(t, path) for t in g.initializer}
     vals.update(weights)
     for n in g.node:
         if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
             for a in n.attribute:
                 if a.name == "value":
-                    vals[n.output[0]] = numpy_helper.to_array(a.t)
+                    vals[n.output[0]] = tensor_value(a.t, path, "Constant")
     return vals
 
 

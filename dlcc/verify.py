@@ -114,7 +114,7 @@ def is_quantized(model_path) -> bool:
     return any(is_quantized_op(n) for n in onnx.load(str(model_path), load_external_data=False).graph.node)
 
 
-def _session(model_path, widen: bool):
+def _session(model_path, widen: bool, feeds: dict | None = None):
     """onnxruntime on the model; with `widen` (a float16 or bfloat16 model), on the model widened
     to float32 (the reference is the float32 model: onnxruntime's CPU kernels would round every
     intermediate to the 16-bit type, or have none at all for bfloat16).
@@ -124,7 +124,8 @@ def _session(model_path, widen: bool):
     replaces DequantizeLinear → Conv → QuantizeLinear by its own QLinearConv: on the test CNNs
     quantized by onnxruntime.quantization, its outputs are then 3e-3 to 3e-2 away from the
     unoptimized ones. And its uint8 x int8 product kernels saturate on x86 CPUs without VNNI
-    (quantized.PRODUCTS), so their own answer is not the model's there."""
+    (quantized.PRODUCTS), so their own answer is not the model's there. The rewrite is made for
+    the shapes of `feeds` (an LSTM is unrolled over its steps)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -133,7 +134,7 @@ def _session(model_path, widen: bool):
         from .quantized import exact_products
 
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        m = exact_products(onnx.load(str(model_path)), model_path)
+        m = exact_products(onnx.load(str(model_path)), model_path, feeds)
         if widen:
             _widen_graph(m.graph)
         return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
@@ -154,7 +155,7 @@ def _reference(model_path, feeds: dict, names: list[str] | None = None) -> tuple
     model's outputs are rounded back to their 16-bit type, as an exact 16-bit result would be."""
     widen, half = _half_outputs(model_path)
     try:
-        sess = _session(model_path, widen)
+        sess = _session(model_path, widen, feeds)
         names = names or [o.name for o in sess.get_outputs()]
         if widen:
             wide_in = {i.name for i in sess.get_inputs() if i.type == "tensor(float)"}

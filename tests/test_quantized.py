@@ -404,3 +404,23 @@ def test_judge_passes_a_plan_that_rounds_a_tie_the_other_way(tmp_path):
     got["y"].flat[7] += 3.92
     rows = verify_outputs(path, got, feeds, compiled=cm)
     assert not rows[0]["passed"] and "computes other outputs" in rows[0]["note"]
+
+
+@pytest.mark.skipif(__import__("dlcc.backends.nvcc", fromlist=["find_nvcc"]).find_nvcc() is None,
+                    reason="nvcc is not installed on this machine")
+def test_quantized_kernels_compile_for_cuda(quantized_cnn):
+    """The kernels of the three quantized forms, at fp32 and bf16 (quantized arithmetic kept
+    float32 beside the tensor-core GEMMs), through nvcc for sm_80 and sm_90 without spills."""
+    from dlcc.backends.nvcc import compile_cubin
+    from dlcc.backends.source import render
+
+    codes: dict[str, str] = {}
+    for path in quantized_cnn.values():
+        for pipeline, precision in (("astitch", "fp32"), ("astitch", "bf16")):
+            m = dlcc.compile(path, target="opencl", pipeline=pipeline, precision=precision)
+            codes.update(zip([k["name"] for k in m.plan["kernels"]], m.kernel_codes))
+    source = render(list(codes.values()), "cuda")
+    for arch in ("sm_80", "sm_90"):
+        usage = compile_cubin(source, arch)
+        assert set(codes) <= set(usage)
+        assert not {k: u for k, u in usage.items() if u.spills}

@@ -83,7 +83,7 @@ def judge_quantized(model_path, rows: list[dict], got: dict, feeds: dict, compil
         for r in failing:
             r["note"] = "not judged for quantization: the plan with its quantized values as outputs computes other outputs"
         return
-    flips, total, bad = _check_points(model, points, mine, forced, failing[0]["rtol"], failing[0]["atol"])
+    flips, total, bad, worst = _check_points(model, points, mine, forced, failing[0]["rtol"], failing[0]["atol"])
     from .verify import compare
 
     for r in failing:
@@ -98,8 +98,8 @@ def judge_quantized(model_path, rows: list[dict], got: dict, feeds: dict, compil
         r.update(passed=True, judge="quantization",
                  note=f"judged with dlcc's quantized values: {flips} of {total} quantized values are rounded one "
                       f"step apart at a tie (each within half a step and the tolerance of onnxruntime's value "
-                      f"before quantization); from them onnxruntime computes this output within "
-                      f"{given['max_abs_err']:.3g} of dlcc's")
+                      f"before quantization; the farthest {worst:.2g} of a step from its tie); from them "
+                      f"onnxruntime computes this output within {given['max_abs_err']:.3g} of dlcc's")
 
 
 #: Where each quantizer's output type is read when shape inference does not know the op: its
@@ -213,44 +213,52 @@ def _consts(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return vals
 
 
-def _check_points(model, points, mine: dict, forced: dict, rtol: float, atol: float) -> tuple[int, int, str]:
-    """(values rounded the other way, quantized values in all, the first violation or "")."""
+def _check_points(model, points, mine: dict, forced: dict, rtol: float, atol: float) -> tuple[int, int, str, float]:
+    """(values rounded the other way, quantized values in all, the first violation or "", the
+    largest distance of a value rounded the other way from its tie, in steps)."""
     consts = _consts(model)
     flips = total = 0
+    worst = 0.0
     for n in (model.graph.node[k] for k in points):
         q = n.output[0]
         a, ref = np.asarray(mine[q]), np.asarray(forced[q + "#ref"])
         total += a.size
-        differ = a != ref
+        # Values are compared centred on their zero points: a dynamic zero point is itself rounded
+        # (0 − min / scale is 127.5 for a tanh's [-1, 1]), and one a step apart shifts them all.
+        shift = 0
         if n.op_type == "DynamicQuantizeLinear":
             s_mine, s_ref = float(mine[n.output[1]]), float(forced[n.output[1] + "#ref"])
             z_mine, z_ref = int(mine[n.output[2]]), int(forced[n.output[2] + "#ref"])
             if abs(s_mine - s_ref) > atol + rtol * abs(s_ref) or abs(z_mine - z_ref) > 1:
                 return flips, total, (f"{q!r}: dynamic scale {s_mine:.6g} and zero point {z_mine} against "
-                                      f"onnxruntime's {s_ref:.6g} and {z_ref}")
-            scale, zp = np.float64(s_mine), np.float64(z_mine)
+                                      f"onnxruntime's {s_ref:.6g} and {z_ref}"), worst
+            scale, zp, shift = np.float64(s_mine), np.float64(z_mine), z_mine - z_ref
+        apart = a.astype(np.int64) - ref.astype(np.int64) - shift
+        differ = apart != 0
         if not differ.any():
             continue
         if n.op_type == "QuantizeLinear":
             scale, zp = consts.get(n.input[1]), consts.get(n.input[2]) if len(n.input) > 2 and n.input[2] else 0
             if scale is None or zp is None:
-                return flips, total, f"{q!r}: {int(differ.sum())} values differ and its scale is computed"
+                return flips, total, f"{q!r}: {int(differ.sum())} values differ and its scale is computed", worst
             axis = _attr(n, "axis", 1)
             scale, zp = _along(np.asarray(scale, np.float64), a.ndim, axis), _along(np.asarray(zp, np.float64), a.ndim, axis)
         elif n.op_type != "DynamicQuantizeLinear":
-            return flips, total, f"{q!r} ({n.op_type}): {int(differ.sum())} quantized values differ from onnxruntime's"
+            return flips, total, f"{q!r} ({n.op_type}): {int(differ.sum())} quantized values differ from onnxruntime's", worst
         x = np.asarray(forced[n.input[0] + "#x"], np.float64)
         info = np.iinfo(a.dtype)
         lo, hi = (info.min - zp) * scale, (info.max - zp) * scale
         xc = np.clip(x, np.minimum(lo, hi), np.maximum(lo, hi))
         err = np.abs((a.astype(np.float64) - zp) * scale - xc)
         allowed = np.abs(scale) / 2 + atol + rtol * np.abs(x)
-        if np.any(err > allowed) or np.any(np.abs(a.astype(np.int64) - ref.astype(np.int64)) > 1):
+        if np.any(err > allowed) or np.any(np.abs(apart) > 1):
             k = int(np.argmax(err - allowed))
             return flips, total, (f"{q!r}: dlcc's value {a.flat[k]} does not round onnxruntime's {x.flat[k]:.6g} "
-                                  f"(scale {np.broadcast_to(scale, a.shape).flat[k]:.6g})")
+                                  f"(scale {np.broadcast_to(scale, a.shape).flat[k]:.6g})"), worst
+        steps = np.broadcast_to(x / scale, a.shape)[differ]
+        worst = max(worst, float(np.abs(steps - np.floor(steps) - 0.5).max(initial=0.0)))
         flips += int(differ.sum())
-    return flips, total, ""
+    return flips, total, "", worst
 
 
 def _along(v: np.ndarray, rank: int, axis: int) -> np.ndarray:

@@ -179,8 +179,6 @@ def exact_products(model: onnx.ModelProto, path="model", feeds: dict | None = No
 
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    if not any(is_quantized_op(n) and n.op_type in PRODUCTS for n in m.graph.node):
-        return m
     shapes = {k: np.shape(v) for k, v in (feeds or {}).items()}
     for vi in m.graph.input:
         if vi.name in shapes and vi.type.tensor_type.HasField("shape"):
@@ -189,6 +187,8 @@ def exact_products(model: onnx.ModelProto, path="model", feeds: dict | None = No
                 for dim, n in zip(dims, shapes[vi.name]):
                     dim.Clear()
                     dim.dim_value = int(n)
+    if not any(is_quantized_op(n) and n.op_type in PRODUCTS for n in m.graph.node):
+        return m
     def infer(x: onnx.ModelProto) -> onnx.ModelProto:
         # Data propagation sizes a Reshape whose shape the model computes (an LSTM's input after
         # another LSTM); onnx 1.23's propagation rejects some valid graphs (frontend.infer_shapes).

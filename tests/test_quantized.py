@@ -376,8 +376,9 @@ def test_judge_accepts_a_tie_and_nothing_else(tmp_path, mine, verdict):
     m = onnx.load(_judge_model(tmp_path))
     x = np.float32([0.0, 0.75, 1.0, 1.5, 2.0, 2.5])  # onnxruntime's values before quantization
     ref = np.array([10, 12, 12, 13, 14, 15], U8)  # round(x / 0.5) + 10, ties to even
-    flips, total, bad = _check_points(m, [0], {"q": np.array(mine, U8)}, {"q#ref": ref, "x#x": x}, 1e-3, 1e-4)
-    assert total == 6
+    flips, total, bad, worst = _check_points(m, [0], {"q": np.array(mine, U8)}, {"q#ref": ref, "x#x": x}, 1e-3, 1e-4)
+    assert total == 6 and flips == (mine != [10, 12, 12, 13, 14, 15] and not verdict)
+    assert worst == 0.0  # the one value rounded the other way (x = 0.75) sits on its tie
     assert (verdict in bad) if verdict else bad == ""
 
 
@@ -424,3 +425,63 @@ def test_quantized_kernels_compile_for_cuda(quantized_cnn):
         usage = compile_cubin(source, arch)
         assert set(codes) <= set(usage)
         assert not {k: u for k, u in usage.items() if u.spills}
+
+
+def _ort_threads(path, feeds, threads):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = threads
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@needs_opencl
+@pytest.mark.parametrize("direction, batch, extras", [("forward", 1, ()), ("reverse", 1, ("h0",)),
+                                                      ("bidirectional", 1, ("h0", "per-channel")),
+                                                      ("forward", 1, ("peepholes", "clip")),
+                                                      ("bidirectional", 2, ("h0", "peepholes", "clip"))])
+def test_dynamic_quantize_lstm(tmp_path, direction, batch, extras):
+    """com.microsoft's DynamicQuantizeLSTM (quantize_dynamic's LSTM), unrolled with X and each
+    step's h quantized dynamically, against onnxruntime's own kernel. Weights stay within ±64,
+    where onnxruntime's uint8 x int8 product does not saturate; at batch 2 onnxruntime runs one
+    thread per sequence (intra_op_num_threads=2), each quantizing its own h, as dlcc does."""
+    seq, width, hidden = 6, 8, 4
+    nd = 2 if direction == "bidirectional" else 1
+    r = np.random.default_rng(1)
+    cols = (nd, 4 * hidden) if "per-channel" in extras else (nd,)
+    inits = {"W": r.integers(-64, 65, (nd, width, 4 * hidden)).astype(I8), "R": r.integers(-64, 65, (nd, hidden, 4 * hidden)).astype(I8),
+             "B": r.standard_normal((nd, 8 * hidden)).astype(np.float32),
+             "ws": r.uniform(0.005, 0.02, cols).astype(np.float32), "wz": np.zeros(cols, I8),
+             "rs": r.uniform(0.01, 0.03, cols).astype(np.float32), "rz": np.zeros(cols, I8)}
+    feeds = {"x": r.standard_normal((seq, batch, width)).astype(np.float32)}
+    ins = ["x", "W", "R", "B", "", "", "", "", "ws", "wz", "rs", "rz"]
+    if "h0" in extras:
+        feeds.update(h0=r.standard_normal((nd, batch, hidden)).astype(np.float32),
+                     c0=r.standard_normal((nd, batch, hidden)).astype(np.float32))
+        ins[5:7] = ["h0", "c0"]
+    if "peepholes" in extras:
+        inits["P"] = r.standard_normal((nd, 3 * hidden)).astype(np.float32)
+        ins[7] = "P"
+    attrs = {"direction": direction, "hidden_size": hidden, **({"clip": 1.5} if "clip" in extras else {})}
+    path = _save(tmp_path / "lstm.onnx", [_ms("DynamicQuantizeLSTM", ins, ["y", "yh", "yc"], **attrs)], feeds, inits,
+                 ["y", "yh", "yc"], microsoft=True)
+    refs = _ort_threads(path, feeds, 2)
+    for pipeline in ("baseline", "astitch"):
+        got = dlcc.compile(path, target="opencl", pipeline=pipeline)(feeds)
+        for name, ref in zip(("y", "yh", "yc"), refs):
+            np.testing.assert_allclose(got[name], ref, rtol=1e-6, atol=1e-6, err_msg=f"{pipeline} {name}")
+
+
+def test_dynamic_quantize_lstm_refusals(tmp_path):
+    """What the unrolling cannot do is one clear error naming the node."""
+    hidden, width = 4, 8
+    inits = {"W": np.zeros((1, width, 16), I8), "R": np.zeros((1, hidden, 16), I8), "ws": np.float32([0.1]),
+             "wz": I8([0]), "rs": np.float32([0.1]), "rz": I8([0]), "lens": np.array([3], I32)}
+    feeds = {"x": np.zeros((5, 1, width), np.float32)}
+    ins = ["x", "W", "R", "", "lens", "", "", "", "ws", "wz", "rs", "rz"]
+    path = _save(tmp_path / "l.onnx", [_ms("DynamicQuantizeLSTM", ins, ["y"], hidden_size=hidden)], feeds, inits, ["y"],
+                 microsoft=True)
+    with pytest.raises(DlccError, match="sequence_lens shorter than the sequence is not supported"):
+        dlcc.compile(path, target="opencl")

@@ -342,6 +342,12 @@ def _ort_optimize(src: str, dst: str, large: bool) -> bool:
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     so.optimized_model_filepath = dst
     so.log_severity_level = 4  # fatal only: a model ORT cannot load is dlcc's to report
+    # onnxruntime's basic level also rewrites QuantizeLinear/DequantizeLinear pairs, and not
+    # exactly: its DoubleQDQPairsRemover turns Q(s1) → DQ(s1) → Q(s2) → DQ(s2) into one pair,
+    # which moved a quantized ViT's outputs by 0.24 (docs/quantized.md). Folding must not change
+    # what a model computes, so those rewrites are off.
+    so.add_session_config_entry("session.disable_quant_qdq", "1")
+    so.add_session_config_entry("session.disable_double_qdq_remover", "1")
     if large:
         so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "out.data")
     try:

@@ -102,49 +102,23 @@ def judge_quantized(model_path, rows: list[dict], got: dict, feeds: dict, compil
                       f"onnxruntime computes this output within {given['max_abs_err']:.3g} of dlcc's")
 
 
-#: Where each quantizer's output type is read when shape inference does not know the op: its
-#: zero point's input position.
-_ZERO_POINT = {"QuantizeLinear": 2, "QLinearConv": 7, "QLinearMatMul": 7, "QGemm": 8, "QLinearAdd": 7,
-               "QLinearMul": 7, "QLinearSigmoid": 4, "QLinearLeakyRelu": 4, "QLinearConcat": 1,
-               "QLinearGlobalAveragePool": 4}
+def _probe(model: onnx.ModelProto, names: list[str], feeds: dict) -> dict[str, tuple[int, list]]:
+    """The element type and shape of tensors `names`, from onnxruntime's run of `model` on
+    `feeds` (onnx's inference does not know the com.microsoft ops, and the instrumented model's
+    extra outputs must be typed)."""
+    import onnxruntime as ort
 
-
-def _elem_types(model: onnx.ModelProto, points: list[int]) -> dict[str, tuple[int, list]]:
-    """The element type and shape of every quantized tensor and quantizer input: onnx's shape
-    inference where it knows the op, else the zero point's type (uint8 without one) and the rank
-    of the op's first input with every dim unnamed (the com.microsoft ops keep their input's
-    rank; QGemm is 2-D)."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
-    except Exception:
-        inferred = model.graph
-    seen = list(inferred.input) + list(inferred.value_info) + list(inferred.output)
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in seen if vi.type.tensor_type.elem_type}
-    shapes = {vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
-              for vi in seen if vi.type.tensor_type.HasField("shape")}
-    shapes.update({t.name: list(t.dims) for t in model.graph.initializer})
-    types.update({t.name: t.data_type for t in model.graph.initializer})
-    for n in model.graph.node:
-        if n.op_type == "Constant":
-            for a in n.attribute:
-                if a.name == "value":
-                    types[n.output[0]] = a.t.data_type
-    out = {}
-    for k in points:
-        n = model.graph.node[k]
-        x = n.input[2] if n.op_type == "QLinearConcat" else n.input[0]
-        rank = 2 if n.op_type == "QGemm" else len(shapes.get(x) or [])
-        if n.op_type == "DynamicQuantizeLinear":
-            out.update(zip(n.output, ((onnx.TensorProto.UINT8, shapes.get(x, [None] * rank)), (onnx.TensorProto.FLOAT, []),
-                                      (onnx.TensorProto.UINT8, []))))
-        else:
-            zp = _ZERO_POINT.get(n.op_type, len(n.input))
-            zp = n.input[zp] if zp < len(n.input) and n.input[zp] else ""
-            t = (types.get(n.output[0]) or types.get(zp) or _attr(n, "output_dtype", 0) or _attr(n, "to", 0)
-                 or onnx.TensorProto.UINT8)
-            out[n.output[0]] = (t, shapes.get(n.output[0], [None] * rank))
-        out[n.input[0]] = (types.get(n.input[0], onnx.TensorProto.FLOAT), shapes.get(n.input[0], [None] * rank))
-    return out
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    m.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names if n not in have)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    ins = {i.name for i in sess.get_inputs()}
+    vals = sess.run(names, {k: v for k, v in feeds.items() if k in ins})
+    return {n: (helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype), list(np.shape(v))) for n, v in zip(names, vals)}
 
 
 def _instrumented_run(model: onnx.ModelProto, points: list[int], quantized: list[str], feeds: dict, compiled) -> dict:
@@ -154,7 +128,7 @@ def _instrumented_run(model: onnx.ModelProto, points: list[int], quantized: list
     m = onnx.ModelProto()
     m.CopyFrom(model)
     have = {o.name for o in m.graph.output}
-    types = _elem_types(model, points)
+    types = _probe(model, quantized, feeds)
     m.graph.output.extend(helper.make_tensor_value_info(q, *types[q]) for q in quantized if q not in have)
     meta = compiled.plan["meta"]
     with tempfile.TemporaryDirectory(prefix="dlcc-qjudge-") as tmp:

@@ -121,7 +121,7 @@ def lower_quantized(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray
             if not chosen(node):
                 out.append(node)
                 continue
-            b = _Builder(node, _prefix(node, k, taken), info, consts, weights, g, path, cache)
+            b = _Builder(node, _prefix(node, k, taken), info, consts, weights, g, path, cache, opset_of(model))
             taken.add(b.prefix)
             try:
                 _check_inputs(b)
@@ -190,12 +190,9 @@ def exact_products(model: onnx.ModelProto, path="model", feeds: dict | None = No
     if not any(is_quantized_op(n) and n.op_type in PRODUCTS for n in m.graph.node):
         return m
     def infer(x: onnx.ModelProto) -> onnx.ModelProto:
-        # Data propagation sizes a Reshape whose shape the model computes (an LSTM's input after
-        # another LSTM); onnx 1.23's propagation rejects some valid graphs (frontend.infer_shapes).
-        try:
-            return shape_inference.infer_shapes(x, check_type=False, strict_mode=False, data_prop=True)
-        except Exception:
-            return shape_inference.infer_shapes(x, check_type=False, strict_mode=False)
+        # Ranks are what the rewrite reads (an LSTM's input shape comes from onnxruntime's run,
+        # `known`); onnx 1.23's data propagation mis-sizes some computed Reshapes.
+        return shape_inference.infer_shapes(x, check_type=False, strict_mode=False)
 
     lstm_inputs = [n.input[0] for n in m.graph.node if n.op_type == "DynamicQuantizeLSTM" and is_quantized_op(n)]
     known = _run_shapes(m, feeds, lstm_inputs) if lstm_inputs and feeds else {}
@@ -230,9 +227,10 @@ class _Later(Exception):
 class _Builder:
     """Emits the float32 nodes for one quantized node, names under its prefix."""
 
-    def __init__(self, node, prefix, info, consts, weights, graph, path, cache):
+    def __init__(self, node, prefix, info, consts, weights, graph, path, cache, opset):
         self.node, self.prefix, self.info, self.consts = node, prefix, info, consts
         self.weights, self.graph, self.path, self.cache = weights, graph, path, cache
+        self.opset = opset  # the ops written here take their opset-13 forms from 13 on (Split, Unsqueeze, ReduceSum)
         self.label = node.name or node.output[0]
         self.nodes: list[onnx.NodeProto] = []
         self.pending: list[tuple[str, np.ndarray]] = []  # weights, kept once the node is done
@@ -575,8 +573,8 @@ def _integer_product(b: _Builder, op: str, a: str, a_zp: str, w: str, w_zp: str,
 
 def _reduced_length(b: _Builder, a: str, w: str, op: str) -> int:
     shape = b.info.get(w, (None, None))[0]
-    if shape is None or any(d is None for d in shape):
-        raise b.fail("the reduction length of an integer product with a computed operand is not known")
+    if shape is None or any(d is None for d in shape):  # (known once what computes it is rewritten)
+        raise _Later(b.fail("the reduction length of an integer product with a computed operand is not known"))
     if op == "MatMul":
         return int(shape[-2] if len(shape) > 1 else shape[0])
     return int(np.prod(shape[1:]))
@@ -738,7 +736,8 @@ def _qlinear_global_average_pool(b: _Builder) -> None:
     axes = list(range(1, len(shape) - 1)) if last else list(range(2, len(shape)))
     pixels = int(np.prod([shape[a] for a in axes]))
     xf, _, _ = b.centred(x, x_zp, 1)
-    total = b.op("ReduceSum", [xf, b.constant(np.array(axes, np.int64), np.int64)], keepdims=1)
+    total = (b.op("ReduceSum", [xf, b.constant(np.array(axes, np.int64), np.int64)], keepdims=1) if b.opset >= 13
+             else b.op("ReduceSum", [xf], axes=axes, keepdims=1))
     scale = b.op("Div", [b.as_float(x_s), b.op("Mul", [b.as_float(y_s), b.constant(np.float32(pixels))])])
     b.quantize(b.op("Mul", [total, scale]), b.as_float(y_zp) if y_zp else "", b.int_type(y_zp or x), b.node.output[0])
 
@@ -749,7 +748,7 @@ def _dynamic_quantize_matmul(b: _Builder) -> None:
     a, w, w_s, w_zp, bias = (b.input(i) for i in range(5))
     q, a_s, a_zp = b.fresh("aq"), b.fresh("as"), b.fresh("azp")
     sub = _Builder(helper.make_node("DynamicQuantizeLinear", [a], [q, a_s, a_zp], name=f"{b.label}/quantize"),
-                   b.prefix + "d_", b.info, b.consts, b.weights, b.graph, b.path, b.cache)
+                   b.prefix + "d_", b.info, b.consts, b.weights, b.graph, b.path, b.cache, b.opset)
     _dynamic_quantize_linear(sub)
     b.nodes += sub.nodes
     b.pending += sub.pending
@@ -859,7 +858,9 @@ def _dynamic_quantize_lstm(b: _Builder) -> None:
                 hr = b.op("Concat", [_dynamic_product(b, row, rq, rz, per_dir(consts["R_scale"], d)) for row in rows], axis=0)
             g = b.op("Add", [xt, hr])
             gi, go, gf, gc = (b.fresh(k) for k in "iofc")
-            b.nodes.append(helper.make_node("Split", [g, split], [gi, go, gf, gc], name=f"{b.label}/{gi[len(b.prefix):]}", axis=1))
+            b.nodes.append(helper.make_node("Split", [g, split] if b.opset >= 13 else [g], [gi, go, gf, gc],
+                                            name=f"{b.label}/{gi[len(b.prefix):]}", axis=1,
+                                            **({} if b.opset >= 13 else {"split": [hidden] * 4})))
             # GateComputations' order per gate: + c·P (P holds i, o, f; i and f read the previous
             # c, o the new one), + Wb + Rb, clipped, activated; then h = tanh(c)·o, c unclipped.
             i_ = b.op("Sigmoid", [gate(gi, 0, 0, c)])
@@ -878,7 +879,8 @@ def _dynamic_quantize_lstm(b: _Builder) -> None:
         b.op("Concat", parts, out[0], axis=1)
     for name, finals in ((out[1], hs), (out[2], cs)):
         if name:
-            b.op("Concat", [b.op("Unsqueeze", [f, b.constant(np.array([0], np.int64), np.int64)]) for f in finals], name, axis=0)
+            b.op("Concat", [b.op("Unsqueeze", [f, b.constant(np.array([0], np.int64), np.int64)]) if b.opset >= 13
+                            else b.op("Unsqueeze", [f], axes=[0]) for f in finals], name, axis=0)
 
 
 def _dynamic_product(b: _Builder, a: str, wq: str, wz: str, w_scale: np.ndarray) -> str:

@@ -485,3 +485,19 @@ def test_dynamic_quantize_lstm_refusals(tmp_path):
                  microsoft=True)
     with pytest.raises(DlccError, match="sequence_lens shorter than the sequence is not supported"):
         dlcc.compile(path, target="opencl")
+
+
+@needs_opencl
+def test_double_quantization_is_kept(tmp_path):
+    """Q(s1) → DQ(s1) → Q(s2) → DQ(s2) rounds twice, and means it. onnxruntime's basic optimizer
+    (which dlcc's import folds with) merges such pairs into one (DoubleQDQPairsRemover), which gave
+    a quantized ViT's outputs 0.24 off the model; the import turns its QDQ rewrites off."""
+    x = np.random.default_rng(3).uniform(0, 1, (4, 64)).astype(np.float32)
+    nodes = [h.make_node("Softmax", ["x"], ["p"], axis=-1), h.make_node("QuantizeLinear", ["p", "s1", "z"], ["q1"]),
+             h.make_node("DequantizeLinear", ["q1", "s1", "z"], ["d1"]), h.make_node("QuantizeLinear", ["d1", "s2", "z"], ["q2"]),
+             h.make_node("DequantizeLinear", ["q2", "s2", "z"], ["d2"]), h.make_node("Mul", ["d2", "k"], ["y"])]
+    path = _save(tmp_path / "qq.onnx", nodes, {"x": x}, {"s1": np.float32(1 / 1024), "s2": np.float32(1 / 300),
+                                                         "z": U8(0), "k": np.float32(1000)}, ["y"])
+    _same_as_ort(path, {"x": x})
+    log = dlcc.compile(path, target="opencl").plan["meta"]["pass_log"]
+    assert any("2 QuantizeLinear" in line for line in log), log

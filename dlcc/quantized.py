@@ -769,130 +769,6 @@ def _float_product(b, a, w, a_s, w_s, a_zp, w_zp, bias) -> None:
     b.op("Add" if bias else "Identity", [y, b.as_float(bias)] if bias else [y], b.node.output[0])
 
 
-def _dynamic_quantize_lstm(b: _Builder) -> None:
-    """com.microsoft's DynamicQuantizeLSTM (what quantize_dynamic makes of an LSTM), unrolled
-    into the steps onnxruntime's UniDirectionalLstm takes with int8 weights:
-
-    - X·W for every step at once: X [seq·batch, input] quantized as DynamicQuantizeLinear does
-      (one scale over all of X), an exact integer product with W [input, 4·hidden], times
-      x_scale·w_scale;
-    - then per step: h_{t−1} [batch, hidden] quantized the same way (its own scale each step;
-      the initial state's zeros give scale 1), an exact product with R, times h_scale·r_scale,
-      added to the step's X·W; plus Wb + Rb; gates i, o, f, c in ONNX's order, sigmoid, tanh,
-      tanh, optional clip and peepholes.
-
-    The DynamicQuantizeLinear and MatMulInteger nodes written here are rewritten by the next
-    round. Needs: static X, constant weights, scales and zero points, no sequence_lens (or all
-    equal to the sequence length), the default activations, input_forget 0.
-
-    With a batch of several sequences, each sequence's h is quantized on its own, so that a
-    sequence's outputs do not depend on the others in its batch (at batch 1 there is no choice).
-    onnxruntime splits the batch across its threads when it has more than 4 rows, or 2 or more
-    with a hidden size of at most 256 (UniDirectionalLstm::SetNumThreads), and quantizes each
-    thread's rows together: the same answer where it has a thread per sequence, another one
-    where it has fewer threads than sequences or does not split."""
-    x, w, r, bias, lens, h0, c0, peep, w_s, w_zp, r_s, r_zp = (b.input(i) for i in range(12))
-    shape = b.info.get(x, (None, None))[0]
-    if shape is None or len(shape) != 3 or any(d is None for d in shape):
-        # (An LSTM before it may still have to be unrolled for its shape to be known.)
-        raise _Later(b.fail(f"needs X of a static [seq, batch, input] shape, not {shape}; bind its dims with --shape"))
-    seq, batch, width = shape
-    hidden = int(b.attrs.get("hidden_size", 0))
-    direction = b.attrs.get("direction", b"forward")
-    direction = direction.decode() if isinstance(direction, bytes) else str(direction)
-    dirs = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}.get(direction)
-    consts = {k: b.const(v) for k, v in (("W", w), ("R", r), ("W_scale", w_s), ("W_zero_point", w_zp),
-                                           ("R_scale", r_s), ("R_zero_point", r_zp))}
-    missing = [k for k, v in consts.items() if v is None]
-    acts = [a.decode().lower() if isinstance(a, bytes) else str(a).lower() for a in b.attrs.get("activations", [])]
-    lens_v = b.const(lens) if lens else None
-    why = ("an unknown direction" if dirs is None else f"{', '.join(missing)} computed at run time" if missing
-           else "activations other than sigmoid, tanh, tanh" if acts and acts != ["sigmoid", "tanh", "tanh"] * len(dirs)
-           else "input_forget" if int(b.attrs.get("input_forget", 0))
-           else "sequence_lens shorter than the sequence" if lens and (lens_v is None or np.any(lens_v != seq))
-           else "" if hidden > 0 and consts["W"].shape == (len(dirs), width, 4 * hidden) else "W's shape does not fit")
-    if why:
-        raise b.fail(f"{why} is not supported")
-    clip = float(b.attrs["clip"]) if "clip" in b.attrs else None
-    cb, cp = b.const(bias) if bias else None, b.const(peep) if peep else None
-    if (bias and cb is None) or (peep and cp is None):
-        raise b.fail("a bias or peephole computed at run time is not supported")
-
-    def per_dir(v: np.ndarray, d: int) -> np.ndarray:
-        return v[d] if v.ndim >= 1 and v.shape[0] == len(dirs) else v
-
-    def state(name: str, d: int) -> str:
-        if not name:
-            return b.constant(np.zeros((batch, hidden), np.float32))
-        return b.op("Gather", [b.as_float(name), b.constant(np.int64(d), np.int64)], axis=0)
-
-    lo, hi = (b.constant(np.float32(-clip)), b.constant(np.float32(clip))) if clip is not None else ("", "")
-
-    def gate(v: str, k: int, peephole: int | None = None, c_: str = "") -> str:
-        """Gate k of [i, o, f, c]: plus c_·P[peephole] (P holds i, o, f), plus Wb + Rb, clipped."""
-        if cp is not None and peephole is not None:
-            v = b.op("Add", [v, b.op("Mul", [c_, b.constant(cp[d, peephole * hidden:(peephole + 1) * hidden].astype(np.float32))])])
-        if cb is not None:
-            v = b.op("Add", [v, b.constant(cb[d, k * hidden:(k + 1) * hidden].astype(np.float32)
-                                           + cb[d, (4 + k) * hidden:(5 + k) * hidden].astype(np.float32))])
-        return b.op("Clip", [v, lo, hi]) if clip is not None else v
-
-    x2 = b.op("Reshape", [b.as_float(x), b.constant(np.array([seq * batch, width], np.int64), np.int64)])
-    ys, hs, cs = [], [], []
-    split = b.constant(np.full(4, hidden, np.int64), np.int64)
-    for d, backward in enumerate(dirs):
-        wq = b.constant(consts["W"][d], consts["W"].dtype)
-        rq = b.constant(consts["R"][d], consts["R"].dtype)
-        wz = b.constant(per_dir(consts["W_zero_point"], d), consts["W_zero_point"].dtype)
-        rz = b.constant(per_dir(consts["R_zero_point"], d), consts["R_zero_point"].dtype)
-        xw = _dynamic_product(b, x2, wq, wz, per_dir(consts["W_scale"], d))
-        xw = b.op("Reshape", [xw, b.constant(np.array([seq, batch, 4 * hidden], np.int64), np.int64)])
-        h, c = state(h0, d), state(c0, d)
-        outs: dict[int, str] = {}
-        for t in (range(seq - 1, -1, -1) if backward else range(seq)):
-            xt = b.op("Gather", [xw, b.constant(np.int64(t), np.int64)], axis=0)
-            if batch == 1:
-                hr = _dynamic_product(b, h, rq, rz, per_dir(consts["R_scale"], d))
-            else:  # each sequence's h quantized on its own (the docstring says why)
-                rows = [b.op("Gather", [h, b.constant(np.array([k], np.int64), np.int64)], axis=0) for k in range(batch)]
-                hr = b.op("Concat", [_dynamic_product(b, row, rq, rz, per_dir(consts["R_scale"], d)) for row in rows], axis=0)
-            g = b.op("Add", [xt, hr])
-            gi, go, gf, gc = (b.fresh(k) for k in "iofc")
-            b.nodes.append(helper.make_node("Split", [g, split] if b.opset >= 13 else [g], [gi, go, gf, gc],
-                                            name=f"{b.label}/{gi[len(b.prefix):]}", axis=1,
-                                            **({} if b.opset >= 13 else {"split": [hidden] * 4})))
-            # GateComputations' order per gate: + c·P (P holds i, o, f; i and f read the previous
-            # c, o the new one), + Wb + Rb, clipped, activated; then h = tanh(c)·o, c unclipped.
-            i_ = b.op("Sigmoid", [gate(gi, 0, 0, c)])
-            f_ = b.op("Sigmoid", [gate(gf, 2, 2, c)])
-            c = b.op("Add", [b.op("Mul", [c, f_]), b.op("Mul", [i_, b.op("Tanh", [gate(gc, 3)])])])
-            o_ = b.op("Sigmoid", [gate(go, 1, 1, c)])
-            h = b.op("Mul", [b.op("Tanh", [c]), o_])
-            b.note(h, (batch, hidden), _F)
-            outs[t] = h
-        ys.append(b.op("Concat", [outs[t] for t in range(seq)], axis=0))  # [seq·batch, hidden], in time order
-        hs.append(h)
-        cs.append(c)
-    out = list(b.node.output) + ["", "", ""]
-    if out[0]:
-        parts = [b.op("Reshape", [y, b.constant(np.array([seq, 1, batch, hidden], np.int64), np.int64)]) for y in ys]
-        b.op("Concat", parts, out[0], axis=1)
-    for name, finals in ((out[1], hs), (out[2], cs)):
-        if name:
-            b.op("Concat", [b.op("Unsqueeze", [f, b.constant(np.array([0], np.int64), np.int64)]) if b.opset >= 13
-                            else b.op("Unsqueeze", [f], axes=[0]) for f in finals], name, axis=0)
-
-
-def _dynamic_product(b: _Builder, a: str, wq: str, wz: str, w_scale: np.ndarray) -> str:
-    """onnxruntime's quantized ComputeGemm: `a` (float) quantized as DynamicQuantizeLinear does,
-    an int32 product with the int8 weight, times a_scale · w_scale (float32, in that order)."""
-    q, s, z = b.fresh("q"), b.fresh("s"), b.fresh("z")
-    b.nodes.append(helper.make_node("DynamicQuantizeLinear", [a], [q, s, z], name=f"{b.label}/{q[len(b.prefix):]}"))
-    acc = b.op("MatMulInteger", [q, wq, z, wz])
-    scale = b.op("Mul", [s, b.constant(np.asarray(w_scale, np.float32))])
-    return b.op("Mul", [b.op("Cast", [acc], to=_F), scale])
-
-
 _LOWER = {
     "QuantizeLinear": _quantize_linear, "DequantizeLinear": _dequantize_linear,
     "DynamicQuantizeLinear": _dynamic_quantize_linear, "MatMulInteger": _matmul_integer,
@@ -901,5 +777,8 @@ _LOWER = {
     "QLinearSigmoid": _qlinear_unary, "QLinearLeakyRelu": _qlinear_unary, "QLinearConcat": _qlinear_concat,
     "QLinearGlobalAveragePool": _qlinear_global_average_pool,
     "DynamicQuantizeMatMul": _dynamic_quantize_matmul, "MatMulIntegerToFloat": _matmul_integer_to_float,
-    "DynamicQuantizeLSTM": _dynamic_quantize_lstm,
 }
+
+from .quantized_lstm import dynamic_quantize_lstm  # noqa: E402 (it builds on _Builder above)
+
+_LOWER["DynamicQuantizeLSTM"] = dynamic_quantize_lstm

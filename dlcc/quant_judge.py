@@ -31,7 +31,7 @@ import tempfile
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 #: Ops whose outputs are quantized values, and which of their outputs.
 QUANTIZERS = {"QuantizeLinear": (0,), "DynamicQuantizeLinear": (0, 1, 2), "QLinearConv": (0,), "QLinearMatMul": (0,),
@@ -102,25 +102,6 @@ def judge_quantized(model_path, rows: list[dict], got: dict, feeds: dict, compil
                       f"onnxruntime computes this output within {given['max_abs_err']:.3g} of dlcc's")
 
 
-def _probe(model: onnx.ModelProto, names: list[str], feeds: dict) -> dict[str, tuple[int, list]]:
-    """The element type and shape of tensors `names`, from onnxruntime's run of `model` on
-    `feeds` (onnx's inference does not know the com.microsoft ops, and the instrumented model's
-    extra outputs must be typed)."""
-    import onnxruntime as ort
-
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    have = {o.name for o in m.graph.output}
-    m.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names if n not in have)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    ins = {i.name for i in sess.get_inputs()}
-    vals = sess.run(names, {k: v for k, v in feeds.items() if k in ins})
-    return {n: (helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype), list(np.shape(v))) for n, v in zip(names, vals)}
-
-
 def _instrumented_run(model: onnx.ModelProto, points: list[int], quantized: list[str], feeds: dict, compiled) -> dict:
     """dlcc's plan, compiled again with the quantized tensors as extra outputs, run on `feeds`."""
     import dlcc
@@ -128,7 +109,9 @@ def _instrumented_run(model: onnx.ModelProto, points: list[int], quantized: list
     m = onnx.ModelProto()
     m.CopyFrom(model)
     have = {o.name for o in m.graph.output}
-    types = _probe(model, quantized, feeds)
+    from .quantized import tensor_types
+
+    types = tensor_types(model, quantized, feeds)
     m.graph.output.extend(helper.make_tensor_value_info(q, *types[q]) for q in quantized if q not in have)
     meta = compiled.plan["meta"]
     with tempfile.TemporaryDirectory(prefix="dlcc-qjudge-") as tmp:
@@ -177,20 +160,12 @@ def _forced_run(model: onnx.ModelProto, points, quantized: list[str], feeds: dic
     return dict(zip(names, sess.run(names, given)))
 
 
-def _consts(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    vals = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    for n in model.graph.node:
-        if n.op_type == "Constant":
-            for a in n.attribute:
-                if a.name == "value":
-                    vals[n.output[0]] = numpy_helper.to_array(a.t)
-    return vals
-
-
 def _check_points(model, points, mine: dict, forced: dict, rtol: float, atol: float) -> tuple[int, int, str, float]:
     """(values rounded the other way, quantized values in all, the first violation or "", the
     largest distance of a value rounded the other way from its tie, in steps)."""
-    consts = _consts(model)
+    from .spectral import _constants
+
+    consts = _constants(model.graph, {})
     flips = total = 0
     worst = 0.0
     for n in (model.graph.node[k] for k in points):

@@ -68,10 +68,6 @@ def is_quantized_op(node: onnx.NodeProto) -> bool:
     return node.domain == "com.microsoft" and node.op_type in MICROSOFT
 
 
-def has_quantized(model: onnx.ModelProto) -> bool:
-    return any(is_quantized_op(n) for n in model.graph.node)
-
-
 def lower_quantized(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray] | None,
                     path, only: set[str] | None = None,
                     known: dict[str, tuple] | None = None) -> tuple[onnx.ModelProto, list[str], set[str]]:
@@ -106,7 +102,8 @@ def lower_quantized(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray
         notes.append(f"import: converted from opset {before} to 11 for the quantized ops (onnx.version_converter)")
     # Shapes are inferred afresh: a model's own value_info (symbolic dims written by its
     # exporter or quantizer) would otherwise hide what the bound input shapes imply.
-    del model.graph.value_info[:]
+    if any(chosen(n) for n in model.graph.node):
+        del model.graph.value_info[:]
     cache: dict[tuple, tuple] = {}  # derived constants shared between nodes (_Builder.shared)
     while any(chosen(n) for n in model.graph.node):
         g = model.graph
@@ -195,28 +192,33 @@ def exact_products(model: onnx.ModelProto, path="model", feeds: dict | None = No
         return shape_inference.infer_shapes(x, check_type=False, strict_mode=False)
 
     lstm_inputs = [n.input[0] for n in m.graph.node if n.op_type == "DynamicQuantizeLSTM" and is_quantized_op(n)]
-    known = _run_shapes(m, feeds, lstm_inputs) if lstm_inputs and feeds else {}
+    known = {}
+    if lstm_inputs and feeds:
+        try:
+            known = {n: shape for n, (_, shape) in tensor_types(m, lstm_inputs, feeds).items()}
+        except Exception:  # inference's shapes stand, and an unknown one is reported as such
+            pass
     return lower_quantized(m, infer, None, path, only=PRODUCTS, known=known)[0]
 
 
-def _run_shapes(model: onnx.ModelProto, feeds: dict, names: list[str]) -> dict[str, tuple]:
-    """The shapes of float tensors `names` in onnxruntime's run of `model` on `feeds`."""
+def tensor_types(model: onnx.ModelProto, names: list[str], feeds: dict) -> dict[str, tuple[int, list]]:
+    """The element type and shape of tensors `names` in onnxruntime's run (optimizations off) of
+    `model` on `feeds`: what onnx's inference cannot say of the com.microsoft ops' outputs, or of
+    a Reshape to a shape computed after another LSTM. Raises what onnxruntime raises."""
     import onnxruntime as ort
 
+    names = list(dict.fromkeys(names))
     m = onnx.ModelProto()
     m.CopyFrom(model)
     have = {o.name for o in m.graph.output}
-    m.graph.output.extend(helper.make_tensor_value_info(n, _F, None) for n in dict.fromkeys(names) if n not in have)
+    m.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names if n not in have)
     so = ort.SessionOptions()
     so.log_severity_level = 4
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        ins = {i.name for i in sess.get_inputs()}
-        vals = sess.run(list(dict.fromkeys(names)), {k: v for k, v in feeds.items() if k in ins})
-    except Exception:  # inference's shapes stand, and an unknown one is reported as such
-        return {}
-    return {n: tuple(np.shape(v)) for n, v in zip(dict.fromkeys(names), vals)}
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    ins = {i.name for i in sess.get_inputs()}
+    vals = sess.run(names, {k: v for k, v in feeds.items() if k in ins})
+    return {n: (helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype), list(np.shape(v))) for n, v in zip(names, vals)}
 
 
 class _Later(Exception):
@@ -555,7 +557,7 @@ def _integer_product(b: _Builder, op: str, a: str, a_zp: str, w: str, w_zp: str,
             sums = np.abs(wv).reshape(wv.shape[0], -1).sum(axis=1)
         exact = a_max * float(sums.max(initial=0.0)) < MAX_EXACT
     else:
-        k = _reduced_length(b, a, w, op)
+        k = _reduced_length(b, w, op)
         exact = a_max * w_max * k < MAX_EXACT
     attrs = attrs or {}
     if exact:
@@ -571,7 +573,7 @@ def _integer_product(b: _Builder, op: str, a: str, a_zp: str, w: str, w_zp: str,
     return total
 
 
-def _reduced_length(b: _Builder, a: str, w: str, op: str) -> int:
+def _reduced_length(b: _Builder, w: str, op: str) -> int:
     shape = b.info.get(w, (None, None))[0]
     if shape is None or any(d is None for d in shape):  # (known once what computes it is rewritten)
         raise _Later(b.fail("the reduction length of an integer product with a computed operand is not known"))

@@ -1,6 +1,7 @@
 """Compare a compiled model's outputs with onnxruntime's on the same inputs (Polygraphy-style)."""
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 
@@ -99,10 +100,23 @@ def _widen_graph(g: onnx.GraphProto) -> None:
                     _widen_graph(sub)
 
 
+@functools.lru_cache(maxsize=1)
+def _graph_of(path: str, mtime_ns: int, size: int) -> onnx.GraphProto:
+    """The model's graph without its external data, parsed once for the questions verify asks of
+    it per run (a file changed in place is read again; only the last model is kept, since a
+    graph with embedded weights is as large as they are)."""
+    return onnx.load(path, load_external_data=False).graph
+
+
+def _graph(model_path) -> onnx.GraphProto:
+    st = os.stat(model_path)
+    return _graph_of(str(model_path), st.st_mtime_ns, st.st_size)
+
+
 def _half_outputs(model_path) -> tuple[bool, dict[str, str]]:
     """(whether the model's inputs or outputs hold a 16-bit float, {output: its 16-bit dtype}),
     from the graph alone (its weights stay unread)."""
-    g = onnx.load(str(model_path), load_external_data=False).graph
+    g = _graph(model_path)
     half = {vi.name: _HALF[vi.type.tensor_type.elem_type] for vi in g.output if vi.type.tensor_type.elem_type in _HALF}
     return bool(half) or any(vi.type.tensor_type.elem_type in _HALF for vi in g.input), half
 
@@ -111,7 +125,7 @@ def is_quantized(model_path) -> bool:
     """Whether the model holds quantization ops (quantized.py), from the graph alone."""
     from .quantized import is_quantized_op
 
-    return any(is_quantized_op(n) for n in onnx.load(str(model_path), load_external_data=False).graph.node)
+    return any(is_quantized_op(n) for n in _graph(model_path).node)
 
 
 def _session(model_path, widen: bool, feeds: dict | None = None):

@@ -169,8 +169,15 @@ class CudaRuntime:
         if cubin and cuda.get("arch") == f"sm_{major}{minor}":
             self.module = self.drv.module_from_buffer(cubin)
             return
+        from .nvcc import arch_for, uses_wgmma
+
+        if uses_wgmma(source) and (major, minor) != (9, 0):
+            raise CompileError(f"this plan's GEMMs use Hopper's warpgroup MMA (wgmma: sm_90 only), planned for an "
+                               f"sm_90 device spec, and this GPU is sm_{major}{minor}: compile it for this GPU "
+                               "(leave --device out to plan for the GPU present)")
         try:
-            self.module = SourceModule(source, no_extern_c=True, arch=f"sm_{major}{minor}", options=["-O3"])
+            self.module = SourceModule(source, no_extern_c=True, arch=arch_for(source, f"sm_{major}{minor}"),
+                                       options=["-O3"])
         except Exception as e:
             raise CompileError(f"nvcc rejected the generated kernels (a dlcc bug):\n{e}") from None
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import CompileError
 
-_FN = re.compile(r"Compiling entry function '([^']+)' for '(sm_\d+)'")
+_FN = re.compile(r"Compiling entry function '([^']+)' for '(sm_\d+a?)'")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _PROPS = re.compile(r"Function properties for (\S+)")
 _USED = re.compile(r"Used (\d+) registers(?:, used \d+ barriers)?(?:, (\d+) bytes smem)?")
@@ -62,6 +62,19 @@ def _parallel_flags(nvcc: str) -> tuple[str, ...]:
     return ("--split-compile=0",) if m and (int(m.group(1)), int(m.group(2))) >= (12, 1) else ()
 
 
+def uses_wgmma(source: str) -> bool:
+    """Whether `source` calls Hopper's warpgroup MMA (kernels/gemm_wgmma.py), not merely defines
+    the prelude's macros: a wgmma rKernel commits its groups with `WGMMA_COMMIT();`."""
+    return "WGMMA_COMMIT();" in source
+
+
+def arch_for(source: str, arch: str) -> str:
+    """The nvcc arch to build `source` for on a device of `arch`: wgmma exists only in sm_90's
+    arch-specific feature set, so a module holding it is built for sm_90a (its cubin loads on
+    every sm_90 GPU; a PTX fallback for later archs could not hold it)."""
+    return "sm_90a" if arch == "sm_90" and uses_wgmma(source) else arch
+
+
 def compile_cubin(source: str, arch: str = "sm_80", nvcc: str | None = None, timeout: int = 600) -> dict[str, Usage]:
     """nvcc -cubin -arch=ARCH --resource-usage; raises CompileError with the log on failure."""
     return build_cubin(source, arch, nvcc, timeout)[0]
@@ -73,6 +86,7 @@ def build_cubin(source: str, arch: str = "sm_80", nvcc: str | None = None,
     nvcc = nvcc or find_nvcc()
     if not nvcc:
         raise CompileError("nvcc not found on PATH")
+    arch = arch_for(source, arch)
     with tempfile.TemporaryDirectory(prefix="dlcc-nvcc-") as tmp:
         src = os.path.join(tmp, "kernels.cu")
         with open(src, "w") as f:

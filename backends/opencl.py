@@ -101,7 +101,7 @@ def builds_unoptimised(kernel: dict | None, grid_sync: bool = False) -> bool:
     SIMT tilings, and the multi-stage fp16/bf16 tensor-core rKernels (PoCL's LLVM crashes
     optimising them). The cost model prices them with DeviceSpec.unoptimised_slowdown."""
     from ..kernels.gemm import GPU_TILINGS, VECTOR_TILINGS
-    from ..kernels.gemm_mma import mma_tilings
+    from ..kernels.gemm_mma import mma_family
     from ..kernels.splitk import base_name
 
     k = kernel or {}
@@ -110,8 +110,10 @@ def builds_unoptimised(kernel: dict | None, grid_sync: bool = False) -> bool:
     # the GPU-only SIMT tilings in both templates: 8x4 and 8x8 outputs a thread (GPU_TILINGS and
     # their vector twins); LLVM 15 crashed optimising a split-K 8x8v rKernel (ch_PP-OCRv4_rec)
     gpu_only = {t.name for t in GPU_TILINGS + VECTOR_TILINGS if t.tm * t.tn >= 32}
+    # (and the wgmma ones, whose emulation PoCL also built wrong optimised: every product 0 in a
+    # module holding one of them alone; right with -cl-opt-disable)
     slow_to_build = gpu_only | {t.name for p in ("fp16", "bf16")
-                                                       for t in mma_tilings(p, deep=True) if t.stages > 1}
+                                for t in mma_family(p, deep=True, wgmma=True) if t.stages > 1}
     return base_name(k.get("tiling") or "") in slow_to_build
 
 

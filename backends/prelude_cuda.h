@@ -144,3 +144,53 @@ DEVICE void dlcc_cp_async16(void* dst, const void* src, int valid) {
 #define K_UNROLL _Pragma("unroll")
 /* Four floats from shared memory in one 16-byte read (the vector SIMT GEMM; p 16-byte aligned). */
 #define LOAD4_LOCAL(p) (*(const float4*)(p))
+/* Hopper's warpgroup MMA (kernels/gemm_wgmma.py; sm_90a: backends/nvcc.py builds a module holding it
+ * for that arch). A warpgroup (four warps) multiplies a 64 x N x 16 block out of shared memory,
+ * each operand named by a 64-bit descriptor (start address, stride byte offset, swizzle), into
+ * the accumulators acc[2][N / 4] of each thread: the D fragment is mma.m16n8's, warp w of the
+ * group holding rows 16w..16w+15, so acc[i][j] is row g + 8i, column 8(j / 2) + 2t + (j % 2).
+ * The wgmma is asynchronous: WGMMA_ARRIVE (wgmma.fence, after the accumulators were last
+ * written), the wgmmas, WGMMA_COMMIT, WGMMA_WAIT(n) until at most n groups are in flight. The
+ * empty asms on the accumulators (CUTLASS's warpgroup_fence_operand) keep the compiler from
+ * moving their reads or writes across the wait or the fence. cp.async writes shared memory
+ * through the generic proxy and wgmma reads it through the async one: WGMMA_PROXY_FENCE
+ * (fence.proxy.async) makes the writes visible before the barrier that publishes them. */
+typedef unsigned long long wg_desc_t;
+#define WG_SMEM_ADDR(p) ((unsigned)__cvta_generic_to_shared(p))
+#define WGMMA_STATE  /* the hardware keeps the groups (OpenCL's emulation needs a queue) */
+#define WGMMA_PROXY_FENCE() asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory")
+#define WGMMA_COMMIT() asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory")
+#define DLCC_WG_D1(acc, j) "+f"(acc[0][2 * (j)]), "+f"(acc[0][2 * (j) + 1]), "+f"(acc[1][2 * (j)]), "+f"(acc[1][2 * (j) + 1])
+#define DLCC_WG_D2(acc, j) DLCC_WG_D1(acc, j), DLCC_WG_D1(acc, (j) + 1)
+#define DLCC_WG_D4(acc, j) DLCC_WG_D2(acc, j), DLCC_WG_D2(acc, (j) + 2)
+#define DLCC_WG_D8(acc, j) DLCC_WG_D4(acc, j), DLCC_WG_D4(acc, (j) + 4)
+#define DLCC_WG_D16(acc, j) DLCC_WG_D8(acc, j), DLCC_WG_D8(acc, (j) + 8)
+#define DLCC_WG_R8 "%0,%1,%2,%3,%4,%5,%6,%7"
+#define DLCC_WG_R16 DLCC_WG_R8 ",%8,%9,%10,%11,%12,%13,%14,%15"
+#define DLCC_WG_R32 DLCC_WG_R16 ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+#define DLCC_WG_R64 DLCC_WG_R32 ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47" \
+    ",%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+/* d (N/2 accumulators), A and B descriptors, scale-d 1 (accumulate), scale-a and -b 1, both K-major */
+/* (The accumulator lists come last, as __VA_ARGS__: expanded, they are many arguments.) */
+#define DLCC_WGMMA(n, ty, regs, ia, ib, da, db, ...) \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n" #n "k16.f32." ty "." ty " {" regs "}, " ia ", " ib ", 1, 1, 1, 0, 0;\n" \
+                 : __VA_ARGS__ : "l"(da), "l"(db))
+#define DLCC_WG_FENCE(...) asm volatile("" : __VA_ARGS__ :: "memory")
+#define DLCC_WG_ARRIVE(...) do { DLCC_WG_FENCE(__VA_ARGS__); asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); } while (0)
+#define DLCC_WG_WAIT(n, ...) do { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(n) : "memory"); DLCC_WG_FENCE(__VA_ARGS__); } while (0)
+#define WGMMA_BF16_N16(acc, da, db) DLCC_WGMMA(16, "bf16", DLCC_WG_R8, "%8", "%9", da, db, DLCC_WG_D2(acc, 0))
+#define WGMMA_BF16_N32(acc, da, db) DLCC_WGMMA(32, "bf16", DLCC_WG_R16, "%16", "%17", da, db, DLCC_WG_D4(acc, 0))
+#define WGMMA_BF16_N64(acc, da, db) DLCC_WGMMA(64, "bf16", DLCC_WG_R32, "%32", "%33", da, db, DLCC_WG_D8(acc, 0))
+#define WGMMA_BF16_N128(acc, da, db) DLCC_WGMMA(128, "bf16", DLCC_WG_R64, "%64", "%65", da, db, DLCC_WG_D16(acc, 0))
+#define WGMMA_F16_N16(acc, da, db) DLCC_WGMMA(16, "f16", DLCC_WG_R8, "%8", "%9", da, db, DLCC_WG_D2(acc, 0))
+#define WGMMA_F16_N32(acc, da, db) DLCC_WGMMA(32, "f16", DLCC_WG_R16, "%16", "%17", da, db, DLCC_WG_D4(acc, 0))
+#define WGMMA_F16_N64(acc, da, db) DLCC_WGMMA(64, "f16", DLCC_WG_R32, "%32", "%33", da, db, DLCC_WG_D8(acc, 0))
+#define WGMMA_F16_N128(acc, da, db) DLCC_WGMMA(128, "f16", DLCC_WG_R64, "%64", "%65", da, db, DLCC_WG_D16(acc, 0))
+#define WGMMA_ARRIVE_N16(acc) DLCC_WG_ARRIVE(DLCC_WG_D2(acc, 0))
+#define WGMMA_ARRIVE_N32(acc) DLCC_WG_ARRIVE(DLCC_WG_D4(acc, 0))
+#define WGMMA_ARRIVE_N64(acc) DLCC_WG_ARRIVE(DLCC_WG_D8(acc, 0))
+#define WGMMA_ARRIVE_N128(acc) DLCC_WG_ARRIVE(DLCC_WG_D16(acc, 0))
+#define WGMMA_WAIT_N16(n, acc) DLCC_WG_WAIT(n, DLCC_WG_D2(acc, 0))
+#define WGMMA_WAIT_N32(n, acc) DLCC_WG_WAIT(n, DLCC_WG_D4(acc, 0))
+#define WGMMA_WAIT_N64(n, acc) DLCC_WG_WAIT(n, DLCC_WG_D8(acc, 0))
+#define WGMMA_WAIT_N128(n, acc) DLCC_WG_WAIT(n, DLCC_WG_D16(acc, 0))

@@ -220,3 +220,91 @@ DEVICE float dlcc_bf16_bits(uint h) { return as_float((h & 0xffffu) << 16); }
                  cv(a3), cv((a3) >> 16), cv(b0), cv((b0) >> 16), cv(b1), cv((b1) >> 16), mma_scr, mma_lane)
 #define MMA_F16_P(...) DLCC_MMA_P(dlcc_f16_bits, __VA_ARGS__)
 #define MMA_BF16_P(...) DLCC_MMA_P(dlcc_bf16_bits, __VA_ARGS__)
+/* Hopper's warpgroup MMA (kernels/gemm_wgmma.py), emulated. A wgmma is queued at issue and run at
+ * the WGMMA_WAIT that covers its group, the latest moment the hardware may read its operands, so
+ * a template that refills a buffer before waiting for the wgmmas reading it reads the new data
+ * here, as it might on a GPU. It reads both operands as the hardware does, through their
+ * descriptors: address = start + (row / 8) * stride byte offset + (row % 8) * 128 + k * 2, then
+ * the 128B swizzle on the address bits (bits 4-6 ^= bits 7-9). Shared addresses are offsets from
+ * the task's `smem` (WG_SMEM_ADDR). Each thread then adds its
+ * own D fragment elements (rows g and g + 8 of its warp's 16, columns 8(j / 2) + 2t + (j % 2)),
+ * summed in k order; the products of half-type values are exact in float32. Another swizzle
+ * mode, or a start address off its 1 KiB atom, makes the whole product NaN. */
+typedef ulong wg_desc_t;
+#define WG_SMEM_ADDR(p) ((uint)((LPTR const char*)(p) - (LPTR const char*)smem))
+#define DLCC_WGQ_MAX 8
+typedef struct {
+    ulong a[DLCC_WGQ_MAX], b[DLCC_WGQ_MAX];
+    int n[DLCC_WGQ_MAX], bf[DLCC_WGQ_MAX], group[DLCC_WGQ_MAX];
+    int count, groups;
+} dlcc_wgq_t;
+#define WGMMA_STATE dlcc_wgq_t dlcc_wgq; dlcc_wgq.count = 0; dlcc_wgq.groups = 0;
+DEVICE int dlcc_wg_desc_ok(ulong desc) {  /* 128B swizzle, the start on its 1 KiB atom (bits 7-9 clear) */
+    return (desc >> 62) == 1ul && ((((uint)(desc & 0x3fffu) << 4) >> 7) & 7u) == 0u;
+}
+DEVICE float dlcc_wg_elem(LPTR const ushort* sm, ulong desc, int row, int k, int bf) {
+    const uint start = (uint)(desc & 0x3fffu) << 4, sbo = (uint)((desc >> 32) & 0x3fffu) << 4;
+    uint addr = start + (uint)(row >> 3) * sbo + (uint)(row & 7) * 128u + (uint)k * 2u;
+    addr ^= ((addr >> 7) & 7u) << 4;
+    const uint h = sm[addr >> 1];
+    return bf ? dlcc_bf16_bits(h) : dlcc_f16_bits(h);
+}
+DEVICE void dlcc_wgmma_run(ulong da, ulong db, int n, int bf, float* acc, LPTR const ushort* sm, int tid) {
+    const int lane = tid & 31, g = lane >> 2, t = lane & 3, w = (tid >> 5) & 3, cols = n / 4;
+    /* A descriptor this emulation does not read as the hardware would poisons the whole product.
+     * (PoCL builds these kernels with -cl-opt-disable: backends/opencl.py builds_unoptimised.) */
+    const float poison = dlcc_wg_desc_ok(da) && dlcc_wg_desc_ok(db) ? 0.0f : NAN;
+    for (int i = 0; i < 2; ++i) {
+        const int r = 16 * w + g + 8 * i;
+        for (int j = 0; j < cols; ++j) {
+            const int c = 8 * (j >> 1) + 2 * t + (j & 1);
+            float s = poison;
+            for (int k = 0; k < 16; ++k) s += dlcc_wg_elem(sm, da, r, k, bf) * dlcc_wg_elem(sm, db, c, k, bf);
+            acc[i * cols + j] += s;
+        }
+    }
+}
+DEVICE void dlcc_wgmma_issue(dlcc_wgq_t* q, ulong da, ulong db, int n, int bf, float* acc, LPTR const ushort* sm,
+                             int tid) {
+    if (q->count == DLCC_WGQ_MAX) {  /* more in flight than any tiling issues: run it now */
+        dlcc_wgmma_run(da, db, n, bf, acc, sm, tid);
+        return;
+    }
+    q->a[q->count] = da; q->b[q->count] = db; q->n[q->count] = n; q->bf[q->count] = bf;
+    q->group[q->count] = q->groups;
+    q->count++;
+}
+DEVICE void dlcc_wgmma_wait(dlcc_wgq_t* q, int pending, float* acc, LPTR const ushort* sm, int tid) {
+    int keep = 0;
+    for (int i = 0; i < q->count; ++i) {
+        if (q->group[i] < q->groups - pending) {
+            dlcc_wgmma_run(q->a[i], q->b[i], q->n[i], q->bf[i], acc, sm, tid);
+        } else {
+            q->a[keep] = q->a[i]; q->b[keep] = q->b[i]; q->n[keep] = q->n[i];
+            q->bf[keep] = q->bf[i]; q->group[keep] = q->group[i];
+            keep++;
+        }
+    }
+    q->count = keep;
+}
+#define WGMMA_PROXY_FENCE()
+#define WGMMA_COMMIT() (dlcc_wgq.groups++)
+#define DLCC_WGMMA(n, bf, acc, da, db) \
+    dlcc_wgmma_issue(&dlcc_wgq, (da), (db), (n), (bf), (float*)(acc), (LPTR const ushort*)smem, tid)
+#define WGMMA_BF16_N16(acc, da, db) DLCC_WGMMA(16, 1, acc, da, db)
+#define WGMMA_BF16_N32(acc, da, db) DLCC_WGMMA(32, 1, acc, da, db)
+#define WGMMA_BF16_N64(acc, da, db) DLCC_WGMMA(64, 1, acc, da, db)
+#define WGMMA_BF16_N128(acc, da, db) DLCC_WGMMA(128, 1, acc, da, db)
+#define WGMMA_F16_N16(acc, da, db) DLCC_WGMMA(16, 0, acc, da, db)
+#define WGMMA_F16_N32(acc, da, db) DLCC_WGMMA(32, 0, acc, da, db)
+#define WGMMA_F16_N64(acc, da, db) DLCC_WGMMA(64, 0, acc, da, db)
+#define WGMMA_F16_N128(acc, da, db) DLCC_WGMMA(128, 0, acc, da, db)
+#define WGMMA_ARRIVE_N16(acc)
+#define WGMMA_ARRIVE_N32(acc)
+#define WGMMA_ARRIVE_N64(acc)
+#define WGMMA_ARRIVE_N128(acc)
+#define DLCC_WG_WAIT(n, acc) dlcc_wgmma_wait(&dlcc_wgq, (n), (float*)(acc), (LPTR const ushort*)smem, tid)
+#define WGMMA_WAIT_N16(n, acc) DLCC_WG_WAIT(n, acc)
+#define WGMMA_WAIT_N32(n, acc) DLCC_WG_WAIT(n, acc)
+#define WGMMA_WAIT_N64(n, acc) DLCC_WG_WAIT(n, acc)
+#define WGMMA_WAIT_N128(n, acc) DLCC_WG_WAIT(n, acc)

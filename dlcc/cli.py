@@ -142,6 +142,11 @@ def _warn_spills(plan: dict) -> None:
                   f"kernel(s): " + _escape(", ".join(f"{k} ({b} B)" for k, b in worst))
                   + "; they run, slower. `dlcc inspect ARTIFACT --launches` lists them (please report it)",
                   soft_wrap=True)
+    serial = cuda.get("wgmma_serialized") or {}
+    if serial:
+        k, why = next(iter(serial.items()))
+        err.print(f"[yellow]warning:[/] ptxas serialized the wgmma instructions in {len(serial)} kernel(s) (C7510), "
+                  f"which then run slower: " + _escape(f"{k}: {why}") + " (please report it)", soft_wrap=True)
 
 
 @app.command()

@@ -5,6 +5,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import threading
 from pathlib import Path
 from dataclasses import dataclass
@@ -105,7 +106,18 @@ def build_cuda_binary(plan: dict, kernel_codes: list[str], dev: DeviceSpec, cach
                              "blocks_per_sm": blocks_per_sm(u, blocks[name], dev)}
                       for name, u in usage.items() if name in blocks},
     }
+    serialized = wgmma_serialized(log)
+    if serialized:
+        plan["cuda"]["wgmma_serialized"] = serialized
     return {plan["cuda"]["cubin"]: cubin, "nvcc.log": log.encode()}
+
+
+def wgmma_serialized(log: str) -> dict[str, str]:
+    """{kernel: why} for the kernels in which ptxas serialized the wgmma instructions (its
+    performance warning C7510: each then waits for the one before, and Hopper's warpgroup MMA
+    loses its overlap; kernels/gemm_wgmma.py). dlcc's kernels are written not to trigger it."""
+    return {fn: why.strip() for why, fn in
+            re.findall(r"C7510\)[^\n]*?serialized due to ([^\n]*?) in the function '(\w+)'", log)}
 
 
 def kernel_spills(usage: dict, kernels) -> dict[str, int]:

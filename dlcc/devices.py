@@ -107,7 +107,7 @@ _BUILTIN_KEYS = {"h100": "h100", "a100": "a100", "v100": "v100", "2080": "rtx208
 #: attributes). The tensor-core constants in h100.yaml were fitted on an H200.
 CALIBRATION_FIELDS = ("kernel_fixed_us", "gemm_fixed_us", "dram_efficiency", "compute_efficiency", "gemm_cycle_us",
                       "mma_cycle_us", "grid_barrier_us", "launch_overhead_us", "gemm_deep_pipelines",
-                      "simt_vector_tilings", "persistent_dynamic_smem")
+                      "gemm_wgmma", "simt_vector_tilings", "persistent_dynamic_smem")
 
 
 def same_design(cc: tuple[int, int], sms: int) -> str | None:

@@ -190,7 +190,7 @@ def lower(state: CompileState, opts) -> None:
                          "(kernels/row_norm.py): " + ", ".join(names[:6]) + (" ..." if len(names) > 6 else ""))
     if state.ctx.transposed:
         state.log.append(f"lower: {len(state.ctx.transposed)} GEMM/Conv weight(s) stored transposed, so that "
-                         "cp.async copies them in whole 16-byte chunks: " + ", ".join(state.ctx.transposed[:6])
+                         "cp.async copies them in whole 16-byte chunks (and K-major, for wgmma): " + ", ".join(state.ctx.transposed[:6])
                          + (" ..." if len(state.ctx.transposed) > 6 else ""))
     acts = state.ctx.half_activations
     if state.precision in HALF_DTYPES and state.half_activations:

@@ -65,6 +65,7 @@ from ..estimate.costmodel import (gemm_model_us, kernel_fixed_us, kernel_time, r
                                   wave_gemm_us)
 from ..ir import Tensor
 from ..kernels import splitk
+from ..backends.nvcc import uses_wgmma
 from ..kernels.gemm import GemmExpr, gemm_source, retile, tiling_family
 from ..kernels.gemm_mma import STATIC_SMEM_BYTES
 from ..kernels.program import STORAGE_ARRAY, STORAGE_PARAMS, Launch, ctype
@@ -328,10 +329,13 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
                 params.append(f"const int a{len(params)}")
                 ji += 1
         # One out-of-line function per call site (SITE_FN: __noinline__ on CUDA), so nvcc sizes
-        # the kernel's registers as the max over its rTasks.
+        # the kernel's registers as the max over its rTasks. Not a wgmma GEMM's
+        # (kernels/gemm_wgmma.py): across a call, ptxas serializes every wgmma of the kernel
+        # (warning C7510, "wgmma pipeline crossing function boundary"), so those are inlined.
+        wgmma = uses_wgmma(r.device_code)
         names = [f"a{j}" for j in range(len(params))] + ["task_id", "thread_id", "smem"]
         params += ["const int task_id", "const int thread_id", "LPTR float* smem"]
-        site_code.append(f"SITE_FN void KNAME_site{s}({', '.join(params)}) {{\n"
+        site_code.append(f"{'DEVICE' if wgmma else 'SITE_FN'} void KNAME_site{s}({', '.join(params)}) {{\n"
                          f"    {r.task_fn}({', '.join(names)});\n}}\n")
         call = f"KNAME_site{s}({', '.join(call_args + ['t - lo', 'tid', 'smem'])});"
         # The loop is empty unless this entry is call site s: no barrier ever sits under an `if`.

@@ -87,7 +87,8 @@ def main(argv=None) -> int:
                     "modelled against measured time")
     ap.add_argument("--tilings", default=None, metavar="NAMES",
                     help="time only these tilings (base names, comma-separated; their split variants too); "
-                    "`vector`: the vector template's (kernels/gemm.py VECTOR_TILINGS) beside their scalar twins")
+                    "`vector`: the vector template's (kernels/gemm.py VECTOR_TILINGS) beside their scalar twins; "
+                    "`wgmma`: Hopper's warpgroup-MMA ones (kernels/gemm_wgmma.py), on PoCL too (emulated)")
     ap.add_argument("--model-only", action="store_true",
                     help="run nothing: print the cost model's pick per shape on --device, unsplit and with split-K "
                     "(kernels/splitk.py), and the modelled gain")
@@ -104,18 +105,24 @@ def main(argv=None) -> int:
     tilings = list(dict.fromkeys(cpu if rt.is_cpu() else tilings_for(dev, vector=True) + CANDIDATES))
     choose, cost, rnd, b_dtype = choose_tiling, simt_cost(dev), (lambda x: x), "float32"
     if a.precision != "fp32":
-        from dlcc.kernels.gemm_mma import choose_mma_tiling, deep_tilings_fit, mma_cost, mma_tilings
+        from dlcc.kernels.gemm_mma import choose_mma_tiling, deep_tilings_fit, mma_cost, mma_family
+        from dlcc.kernels.gemm_wgmma import wgmma_fits
         from dlcc.ops.narrow import HALF_DTYPES
         from dlcc.testing.rounding import operand_round
 
         # the DEEP tilings (dynamic shared memory) too, where the GPU's shared memory holds them
         deep = not rt.is_cpu() and deep_tilings_fit(dev)
-        tilings, cost = list(splitk.variants(mma_tilings(a.precision, deep), None if rt.is_cpu() else dev)), mma_cost
+        # Hopper's wgmma ones (kernels/gemm_wgmma.py) on an sm_90 spec and GPU, or wherever asked for
+        # (`--tilings wgmma`: on PoCL, through the prelude's emulation)
+        wg = (not rt.is_cpu() and wgmma_fits(dev)) or a.tilings == "wgmma"
+        tilings = list(splitk.variants(mma_family(a.precision, dev, deep, wg), None if rt.is_cpu() else dev))
+        cost = mma_cost
         choose = lambda *args: choose_mma_tiling(*args, precision=a.precision)  # noqa: E731
         rnd = lambda x: operand_round(x, a.precision)  # noqa: E731
         b_dtype = HALF_DTYPES.get(a.precision, "float32")
     if a.tilings:
-        wanted = set(vector_and_twins() if a.tilings == "vector" else a.tilings.split(","))
+        wanted = set(vector_and_twins() if a.tilings == "vector" else
+                     [t.name for t in tilings if getattr(t, "wgmma", False)] if a.tilings == "wgmma" else a.tilings.split(","))
         tilings = [t for t in tilings if splitk.base_name(t.name) in wanted]
         if not tilings:
             print(f"--tilings {a.tilings}: none of the {a.precision} tilings is named so", file=sys.stderr)

@@ -274,7 +274,9 @@ def test_a_warm_rerun_starts_no_worker_and_reuses_verification(repo, tmp_path):
     assert all(r["met"] and r["cache_hit"] is False and r["verify_cached"] is False for r in cold)
     warm = run_batch(jobs, str(tmp_path / "o2"), 1, cache=cache, worker=_misbehave)
     assert [r["name"] for r in warm] == [j.name for j in jobs]
-    assert all(r["met"] and r["cache_hit"] and r["verify_cached"] for r in warm), warm
+    # (The message is short, so that a failure names the row and the flag that missed.)
+    assert all(r["met"] and r["cache_hit"] and r["verify_cached"] for r in warm), [
+        (r["name"], r["met"], r["cache_hit"], r["verify_cached"], r["outcome"], (r["error"] or "")[:300]) for r in warm]
     assert all((tmp_path / "o2" / r["name"] / "plan.json").is_file() for r in warm)
     assert "(a cached pass)" in Path(warm[0]["log"]).read_text()
     # Other tolerances are another verification: a worker runs it (here, the one that fails).

@@ -222,10 +222,10 @@ def tiling_and_cost(name: str, device=None) -> tuple[object, Callable] | None:
     t = tiling_named(name)
     if t is not None:
         return t, simt_cost(device)
-    from .gemm_mma import MMA_KINDS, mma_cost, mma_tilings
+    from .gemm_mma import MMA_KINDS, mma_cost, mma_family
 
     for p in MMA_KINDS:
-        for m in sk.variants(mma_tilings(p, deep=True)):
+        for m in sk.variants(mma_family(p, deep=True, wgmma=True)):
             if m.name == name:
                 return m, mma_cost
     return None
@@ -234,20 +234,21 @@ def tiling_and_cost(name: str, device=None) -> tuple[object, Callable] | None:
 def tiling_family_for(precision: str, device=None, split: bool = True) -> tuple:
     """The tilings a GEMM at `precision` may run as on `device` (what `--tune` times): the SIMT
     ones at fp32, the tensor-core ones of that precision otherwise, with the DEEP ones where the
-    device's shared memory holds them; on a GPU each also split along K unless `split` is off."""
+    device's shared memory holds them and the wgmma ones on an sm_90 GPU; on a GPU each also split
+    along K unless `split` is off."""
     if precision == "fp32":
         return tilings_for(device, split, vector=True)
-    from .gemm_mma import deep_tilings_fit, mma_tilings
+    from .gemm_mma import deep_tilings_fit, mma_family
 
-    return sk.variants(mma_tilings(precision, deep_tilings_fit(device)), device, split)
+    return sk.variants(mma_family(precision, device, deep_tilings_fit(device)), device, split)
 
 
 def all_tiling_names() -> list[str]:
     """Every tiling name a pipeline may give (`lower`'s gemm_tilings): SIMT and tensor-core."""
-    from .gemm_mma import MMA_KINDS, mma_tilings
+    from .gemm_mma import MMA_KINDS, mma_family
 
     return [t.name for t in sk.variants(ALL_TILINGS)] + [t.name for p in MMA_KINDS
-                                                        for t in sk.variants(mma_tilings(p, deep=True))]
+                                                        for t in sk.variants(mma_family(p, deep=True, wgmma=True))]
 
 
 def shape_key(batch: int, M: int, N: int, K: int) -> str:
@@ -287,10 +288,10 @@ def choose_tiling(batch: int, M: int, N: int, K: int, device=None, split: bool =
 def tiling_family(t, device=None, split: bool = True) -> tuple[tuple, Callable]:
     """The tilings a GEMM's rKernel may be swapped for on `device` (Rammer re-tiles per wave), with
     their cost function: those of its own template, so a tensor-core GEMM stays on tensor cores."""
-    from .gemm_mma import MmaTiling, mma_cost, mma_tilings
+    from .gemm_mma import MmaTiling, chooses_wgmma, mma_cost, mma_family
 
     if isinstance(t, MmaTiling):
-        return sk.variants(mma_tilings(t.precision), device, split), mma_cost
+        return sk.variants(mma_family(t.precision, device, False, t.wgmma or chooses_wgmma(device)), device, split), mma_cost
     return tilings_for(device, split), simt_cost(device)
 
 

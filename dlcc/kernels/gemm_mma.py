@@ -66,11 +66,18 @@ class MmaTiling:
     #: more (fp16, bf16): kernels/gemm_mma_async.py's cp.async pipeline with that many buffers.
     stages: int = 1
     splitk: int = 1  # k chunks per output tile, each its own rTask (kernels/splitk.py)
+    #: Hopper's warpgroup MMA from shared memory (kernels/gemm_wgmma.py; sm_90 only) instead of
+    #: ldmatrix and mma.sync, on the same cp.async pipeline.
+    wgmma: bool = False
 
     def __post_init__(self):
         assert self.warps_m * self.warps_n == WARPS and self.precision in MMA_KINDS
         assert self.bm % (16 * self.warps_m) == 0 and self.bn % (8 * self.warps_n) == 0 and self.bk % self.kstep == 0
         assert self.stages == 1 or (self.bk % 16 == 0 or self.precision in WIDE) and self.bm % 8 == 0
+        if self.wgmma:
+            from .gemm_wgmma import check_tiling
+
+            check_tiling(self)
 
     @property
     def kstep(self) -> int:
@@ -110,14 +117,19 @@ class MmaTiling:
     def tile_floats(self) -> int:
         """Both operand tiles, every stage's: 16-bit values two to a float in the async
         template at fp16/bf16; floats in padded rows otherwise (operand_floats)."""
+        if self.wgmma:
+            from .gemm_wgmma import tile_floats
+
+            return tile_floats(self)
         if self.stages > 1 and not self.wide:
             return self.stages * (self.bm + self.bn) * self.bk // 2
         return self.stages * (self.operand_floats("a") + self.operand_floats("b"))
 
     @property
     def smem_floats(self) -> int:
-        """The operand tiles, plus the OpenCL emulation's scratch."""
-        return self.tile_floats + WARPS * MMA_KINDS[self.precision][3]
+        """The operand tiles, plus the OpenCL emulation's scratch (none for wgmma, whose emulation
+        reads the operands through the descriptors)."""
+        return self.tile_floats + (0 if self.wgmma else WARPS * MMA_KINDS[self.precision][3])
 
     @property
     def cuda_smem_bytes(self) -> int:
@@ -140,9 +152,13 @@ class MmaTiling:
         base = f"tc{self.bm}x{self.bn}x{self.bk}_w{self.warps_m}x{self.warps_n}"
         base = base if self.stages == 1 else f"{base}_s{self.stages}"
         base = base if self.precision == "tf32" else f"{base}_{self.precision}"
-        return base + sk.suffix(self.splitk)
+        return base + ("_wg" if self.wgmma else "") + sk.suffix(self.splitk)
 
     def source(self, name: str, spec) -> str:
+        if self.wgmma:
+            from .gemm_wgmma import wgmma_source
+
+            return wgmma_source(name, spec, self)
         if self.stages > 1:
             from .gemm_mma_async import async_mma_source
 
@@ -323,6 +339,10 @@ def mma_cost(t: MmaTiling, batch: int, M: int, N: int, K: int, device=None) -> f
     """Modelled cycles, in the form of kernels/gemm.py tiling_cost: the larger of an SM's issue
     time (mma instructions, fragment and operand traffic, loop overhead) and its latency chain
     (rounds of co-resident blocks x k steps x one step's latency)."""
+    if t.wgmma:
+        from .gemm_wgmma import wgmma_cost
+
+        return wgmma_cost(t, batch, M, N, K, device)
     if t.stages > 1:
         return _async_cost(t, batch, M, N, K, device) * _template_weight(t, device)
     sms = getattr(device, "sms", 80)
@@ -390,8 +410,24 @@ def choose_mma_tiling(batch: int, M: int, N: int, K: int, device=None, precision
             c += unjoinable_us / scale if scale else 0.0
         return c
 
-    return cheapest(sk.variants(mma_tilings(precision, chooses_deep(device)), device, split), cost,
-                    batch, M, N, K, device)
+    return cheapest(sk.variants(mma_family(precision, device, chooses_deep(device), chooses_wgmma(device)),
+                                device, split), cost, batch, M, N, K, device)
+
+
+def mma_family(precision: str, device=None, deep: bool = False, wgmma: bool | None = None) -> tuple[MmaTiling, ...]:
+    """mma_tilings(precision, deep), followed by the wgmma tilings (kernels/gemm_wgmma.py) where
+    `wgmma` says so (None: wherever `device` can run them, an sm_90 GPU)."""
+    from .gemm_wgmma import wgmma_fits, wgmma_tilings
+
+    wgmma = wgmma_fits(device) if wgmma is None else wgmma
+    return mma_tilings(precision, deep) + (wgmma_tilings(precision) if wgmma else ())
+
+
+def chooses_wgmma(device) -> bool:
+    """Whether the cost model picks among the wgmma tilings on `device` (kernels/gemm_wgmma.py)."""
+    from .gemm_wgmma import chooses_wgmma as chooses
+
+    return chooses(device)
 
 
 def _addr(t: MmaTiling, which: str, k_contiguous: bool, x: str, k: str) -> str:

@@ -63,15 +63,24 @@ def transposed_weight(ctx, name: str, raw: RawOperand, extent: int, K: int) -> s
     rows of 768 and every chunk is aligned. The weight is copied once, here at compile time (as
     ops/narrow.py narrows it), and the original stays for any other reader.
 
+    On a device whose GEMMs take Hopper's wgmma tilings (kernels/gemm_wgmma.py chooses_wgmma), a
+    weight stored [K, N] is stored [N, K] too: wgmma reads both operands K-major from shared
+    memory, and only a K-major weight goes there by cp.async (the other is loaded element by
+    element). The mma.sync tilings read either layout as fast (ldmatrix, with or without .trans).
+
     `raw` describes the operand as stored: a plain [rows, cols] matrix (no batch offset) of
     `extent` (m or n) by `K`, k along the columns where raw.k_contiguous."""
+    from ..kernels.gemm_wgmma import HALF as WGMMA_PRECISIONS, chooses_wgmma
+
     precision = gemm_precision(ctx)
     t = ctx.tensor(name)
     if (precision == "fp32" or not getattr(ctx, "transpose_weights", True) or raw is None or t.value is None
             or t.value.size != extent * K):
         return None
     flipped = RawOperand(raw.ptr, raw.dtype, raw.base, extent if raw.k_contiguous else K, not raw.k_contiguous)
-    if async_ok(raw, precision, extent, K) or not async_ok(flipped, precision, extent, K):
+    k_major = (not raw.k_contiguous and precision in WGMMA_PRECISIONS
+               and chooses_wgmma(getattr(ctx, "device", None)))
+    if (async_ok(raw, precision, extent, K) and not k_major) or not async_ok(flipped, precision, extent, K):
         return None
     copy = f"%T:{name}"
     if copy not in ctx.graph.tensors:

@@ -21,6 +21,7 @@
 #   . .gpu/setup.sh && scripts/gpu_session.sh 14    # DEEP GEMMs as rTasks of persistent kernels (dynamic shared memory), off and on (~3 min)
 #   . .gpu/setup.sh && scripts/gpu_session.sh 15    # GPT-2 with its LM head's weight stored transposed for cp.async, off and on (~3 min)
 #   . .gpu/setup.sh && scripts/gpu_session.sh 16    # GPT-2 and ViT with their LayerNorms folded into the GEMMs, off and on (~4 min)
+#   . .gpu/setup.sh && scripts/gpu_session.sh 17    # Hopper's wgmma GEMM tilings: on the hardware, against cuBLAS and mma.sync, then in models (~8 min)
 #
 # What each number is for: issue 21 (stage 1: both import orders, device arrays, graphs, threads),
 # issue 18 (stages 2 and 3: GEMM and model floors against cuBLAS and torch.compile), issue 20
@@ -273,8 +274,31 @@ case "${1:-}" in
         --models-dir "$MODELS" --json-out "$OUT/$m-$pr.json"
     done
     ;;
+  17)
+    # Hopper's warpgroup MMA (kernels/gemm_wgmma.py), never run on a GPU before; in order of
+    # importance (one ~8-minute call):
+    # 1. correctness on the hardware: every wgmma tiling at bf16, split and unsplit, on a small
+    #    odd shape, each checked against numpy inside gemm_tilings (a MISMATCH line ends the step);
+    # 2. the small models through astitch and full with gemm_wgmma on (every GEMM then a wgmma
+    #    one where the model prefers it), against onnxruntime;
+    # 3. every bf16 tiling (mma.sync, DEEP and wgmma: on an sm_90 GPU the family holds them all)
+    #    on BERT's shapes and 1024^3 against cuBLAS: the record `gemm_tilings.py --fit` reads;
+    # 4. BERT-base and GPT-2 at bf16 through full with the h100 spec as shipped and with
+    #    gemm_wgmma on, beside torch.compile.
+    # Turn gemm_wgmma on in configs/devices/h100.yaml where 4's second row beats its first, and
+    # refit the wgmma constants (gemm_wgmma.py WGMMA_RATE) on 3's record.
+    SMALL="${SMALL_MODELS_DIR:-$MODELS}"
+    step wgmma-check 60 "$PY" scripts/gemm_tilings.py --precision bf16 --tilings wgmma --repeat 2 --shapes 70x136x520
+    spec_with gemm_wgmma wgmma
+    step small-wgmma 90 "$PY" scripts/vs_torch.py --size small --models bert,gpt2,vit,cnn --precisions bf16 \
+      --pipelines astitch,full --torch-modes eager --repeat 10 --device "$OUT/h100-wgmma.yaml" --models-dir "$SMALL" \
+      --json-out "$OUT/small-wgmma.json"
+    step gemm-bf16 150 "$PY" scripts/gemm_tilings.py --precision bf16 --vs-torch --repeat 10 \
+      --shapes 128x768x768,128x3072x768,128x768x3072,1024x1024x1024 --json "$OUT/gemm-bf16.json"
+    off_and_on gemm_wgmma wgmma 70 bf16
+    ;;
   *)
-    echo "usage: scripts/gpu_session.sh 0|1|...|16   (the stages are described at the top of this file)" >&2
+    echo "usage: scripts/gpu_session.sh 0|1|...|17   (the stages are described at the top of this file)" >&2
     exit 2
     ;;
 esac

@@ -233,6 +233,65 @@ def _frag_b(op: OperandTile, buf: str, NI: int) -> list[str]:
     return loads
 
 
+def operand_copies(t, spec, a: OperandTile, b: OperandTile, a_raw: bool, b_raw: bool,
+                   store_macro: str | None) -> tuple[list[str], list[str], list[str]]:
+    """How one k block reaches the stage buffers (`st`, at k offset `kf`): the copies issued (cp.async
+    for the raw operands; the others' element loads into registers), the lines that land the
+    latter in shared memory after the block's arithmetic (so that their latency, too, overlaps
+    it: the SIMT template's register pipeline), and their staging registers."""
+    raws = [(op, raw) for op, ok, raw in ((a, a_raw, spec.raw_a), (b, b_raw, spec.raw_b)) if ok]
+    generic = [op for op, ok in ((a, a_raw), (b, b_raw)) if not ok]
+    dst = lambda op: f"{op.which.upper()}s + st * {op.size}"  # noqa: E731
+    issue = [line for op, raw in raws for line in _fill_raw(op, t, spec, raw, dst(op), "kf")]
+    issue += [line for op in generic for line in _load_generic(op, t, spec, "kf")]
+    land = [line for op in generic for line in _store_generic(op, t, dst(op), store_macro)]
+    staging = [f"float stage_{op.which}[{_generic_walk(op, t)[3]}];" for op in generic]
+    return issue, land, staging
+
+
+def pipeline_fill(t, KB: int, k_first: str, issue: list[str], land: list[str]) -> list[str]:
+    """The first STAGES - 1 k blocks put in flight, each its own cp.async group."""
+    S = t.stages
+    return [f"    for (int st = 0; st < {S - 1}; ++st) {{  /* the first {S - 1} k blocks in flight */",
+            f"        if (st < {KB}) {{", f"            const int kf = {k_first}st * {t.bk};",
+            *_indent(issue, 12), *_indent(land, 12), "        }", "        CP_ASYNC_COMMIT();", "    }"]
+
+
+def pipeline_step(t, KB: int, k_first: str, issue: list[str], publish: list[str]) -> list[str]:
+    """The head of k block `kb`: its copies waited for, `publish` (a fence its readers need), the
+    barrier after which everyone's have landed and nobody still reads the oldest buffer, and
+    block kb + STAGES - 1 issued into that buffer."""
+    S = t.stages
+    return [f"        CP_ASYNC_WAIT({S - 2});  /* this thread's copies of block kb have landed */", *publish,
+            "        BARRIER();  /* everyone's have, and nobody still reads the buffer refilled next */",
+            f"        const int kn = kb + {S - 1}, st = kn % {S};  /* the block refilled meanwhile, and its buffer */",
+            f"        if (kn < {KB}) {{", f"            const int kf = {k_first}kn * {t.bk};", *_indent(issue, 12),
+            "        }", "        CP_ASYNC_COMMIT();"]
+
+
+def pipeline_end(t, spec, KB: int, land: list[str]) -> list[str]:
+    """The k loop's end (the element-loaded operands of the block refilled landed in shared memory,
+    after this block's arithmetic), the buffers freed, the accumulators stored, the task closed."""
+    return [*([f"        if (kn < {KB}) {{", *_indent(land, 12), "        }"] if land else []), "    }",
+            "    CP_ASYNC_WAIT(0);", "    BARRIER();  /* the buffers are free for the next rTask that runs on this block */",
+            *store_accumulators(spec, t),
+            *(["    BARRIER();  /* the statistics are read before the next rTask reuses the buffers */"]
+              if spec.row_norm is not None else []), "}", ""]
+
+
+def row_norm_stats(t, spec, a: OperandTile, stype: str, k_first: str, wide: bool = False) -> tuple[list[str], list[str]]:
+    """A folded LayerNorm's (kernels/row_norm.py) per-thread state, and its sums over k block `kb`'s
+    A tile in shared memory; nothing without one."""
+    rn = spec.row_norm
+    if rn is None:
+        return [], []
+    assert rnorm.supported(t, spec), (t.name, "row_norm")
+    load = (lambda off: f"Ar[{off}]") if wide else (lambda off: load_float(HALF[t.precision][0], "Ar", off))
+    stats = [f"LPTR const {stype}* Ar = As + (kb % {t.stages}) * {a.size};",
+             *rnorm.accumulate(t, spec.K, a.at, load, f"{k_first}kb * {t.bk}")]
+    return stats, rnorm.declare(t, spec, shifted=False)  # (store_accumulators finishes them)
+
+
 def async_mma_source(name: str, spec, t) -> str:
     """The rOperator text of async tiling `t` (MmaTiling with stages > 1) for `spec`."""
     _, _, mma, _, emu = MMA_KINDS[t.precision]
@@ -255,25 +314,9 @@ def async_mma_source(name: str, spec, t) -> str:
 
     a_raw = async_ok(spec.raw_a, t.precision, spec.M, spec.K) and (spec.raw_a.k_contiguous == a.kc)
     b_raw = async_ok(spec.raw_b, t.precision, spec.N, spec.K) and (spec.raw_b.k_contiguous == b.kc)
-    raws = [(op, raw) for op, ok, raw in ((a, a_raw, spec.raw_a), (b, b_raw, spec.raw_b)) if ok]
-    generic = [op for op, ok in ((a, a_raw), (b, b_raw)) if not ok]
-    dst = lambda op: f"{op.which.upper()}s + st * {op.size}"  # noqa: E731
-    # Copies issued now: cp.async for the raw operands; the other operands' loads go into
-    # registers here and into shared memory after the block's mmas, so that their latency, too,
-    # overlaps arithmetic (the SIMT template's register pipeline).
-    issue = [line for op, raw in raws for line in _fill_raw(op, t, spec, raw, dst(op), "kf")]
-    issue += [line for op in generic for line in _load_generic(op, t, spec, "kf")]
-    land = [line for op in generic for line in _store_generic(op, t, dst(op), store_macro)]
-    staging = [f"float stage_{op.which}[{_generic_walk(op, t)[3]}];" for op in generic]
+    issue, land, staging = operand_copies(t, spec, a, b, a_raw, b_raw, store_macro)
     frag_type = "float" if t.wide else "u16"
-    rn = spec.row_norm  # a LayerNorm folded into this GEMM (kernels/row_norm.py)
-    stats, rn_decl = [], []
-    if rn is not None:
-        assert rnorm.supported(t, spec), (t.name, "row_norm")
-        load = (lambda off: f"Ar[{off}]") if t.wide else (lambda off: load_float(HALF[t.precision][0], "Ar", off))
-        stats = [f"LPTR const {stype}* Ar = As + (kb % {S}) * {a.size};",
-                 *rnorm.accumulate(t, spec.K, a.at, load, f"{k_first}kb * {t.bk}")]
-        rn_decl = rnorm.declare(t, spec, shifted=False)  # (store_accumulators finishes them)
+    stats, rn_decl = row_norm_stats(t, spec, a, stype, k_first, t.wide)  # a folded LayerNorm (kernels/row_norm.py)
     src = [
         task_head(name, spec, t),
         f"    LPTR {stype}* As = (LPTR {stype}*)smem;  /* {S} stages of {t.bm}x{t.bk}, then of {t.bn}x{t.bk} */",
@@ -291,23 +334,9 @@ def async_mma_source(name: str, spec, t) -> str:
         *zero_accumulators(MI, NI),
         *_indent(staging, 4),
         *_indent(rn_decl, 4),
-        f"    for (int st = 0; st < {S - 1}; ++st) {{  /* the first {S - 1} k blocks in flight */",
-        f"        if (st < {KB}) {{",
-        f"            const int kf = {k_first}st * {t.bk};",
-        *_indent(issue, 12),
-        *_indent(land, 12),
-        "        }",
-        "        CP_ASYNC_COMMIT();",
-        "    }",
+        *pipeline_fill(t, KB, k_first, issue, land),
         f"    for (int kb = 0; kb < {KB}; ++kb) {{",
-        f"        CP_ASYNC_WAIT({S - 2});  /* this thread's copies of block kb have landed */",
-        "        BARRIER();  /* everyone's have, and nobody still reads the buffer refilled next */",
-        f"        const int kn = kb + {S - 1}, st = kn % {S};  /* the block refilled meanwhile, and its buffer */",
-        f"        if (kn < {KB}) {{",
-        f"            const int kf = {k_first}kn * {t.bk};",
-        *_indent(issue, 12),
-        "        }",
-        "        CP_ASYNC_COMMIT();",
+        *pipeline_step(t, KB, k_first, issue, []),
         *_indent(stats, 8),
         f"        LPTR const {frag_type}* At = (LPTR const {frag_type}*)(As + (kb % {S}) * {a.size});",
         f"        LPTR const {frag_type}* Bt = (LPTR const {frag_type}*)(Bs + (kb % {S}) * {b.size});",
@@ -326,14 +355,7 @@ def async_mma_source(name: str, spec, t) -> str:
         *_indent(_frag_b(b, "Bt", NI), 12),
         *_indent(mma_loops(mma, MI, NI, mma_args), 12),
         "        }",
-        *([f"        if (kn < {KB}) {{", *_indent(land, 12), "        }"] if land else []),
-        "    }",
-        "    CP_ASYNC_WAIT(0);",
-        "    BARRIER();  /* the buffers are free for the next rTask that runs on this block */",
-        *store_accumulators(spec, t),
-        *(["    BARRIER();  /* the statistics are read before the next rTask reuses the buffers */"] if rn else []),
-        "}",
-        "",
+        *pipeline_end(t, spec, KB, land),
         *thin_kernel(name, spec, f"{tile_floats} + {WARPS} * {emu}", t),
     ]
     return "\n".join(src)

@@ -45,12 +45,11 @@ sm_90 GPU. nvcc builds a module holding them for sm_90a (backends/nvcc.py).
 """
 from __future__ import annotations
 
-from . import row_norm as rnorm
 from . import splitk as sk
 from .gemm import _indent
-from .gemm_mma_async import CHUNK, HALF, THREADS, OperandTile, _fill_raw, _generic_walk, _load_generic, _store_generic, async_ok
-from .gemm_mma import store_accumulators, task_head, thin_kernel, zero_accumulators
-from .program import load_float
+from .gemm_mma_async import (CHUNK, HALF, THREADS, OperandTile, async_ok, operand_copies, pipeline_end, pipeline_fill,
+                             pipeline_step, row_norm_stats)
+from .gemm_mma import task_head, thin_kernel, zero_accumulators
 
 #: k of one wgmma (fp16, bf16) and of a shared k block (one 128-byte swizzle row of 16-bit values).
 K16, BK = 16, 64
@@ -146,21 +145,8 @@ def wgmma_source(name: str, spec, t) -> str:
 
     a_raw = async_ok(spec.raw_a, t.precision, spec.M, spec.K) and spec.raw_a.k_contiguous
     b_raw = async_ok(spec.raw_b, t.precision, spec.N, spec.K) and spec.raw_b.k_contiguous
-    raws = [(op, raw) for op, ok, raw in ((a, a_raw, spec.raw_a), (b, b_raw, spec.raw_b)) if ok]
-    generic = [op for op, ok in ((a, a_raw), (b, b_raw)) if not ok]
-    dst = lambda op: f"{op.which.upper()}s + st * {op.size}"  # noqa: E731
-    issue = [line for op, raw in raws for line in _fill_raw(op, t, spec, raw, dst(op), "kf")]
-    issue += [line for op in generic for line in _load_generic(op, t, spec, "kf")]
-    land = [line for op in generic for line in _store_generic(op, t, dst(op), store_macro)]
-    staging = [f"float stage_{op.which}[{_generic_walk(op, t)[3]}];" for op in generic]
-    rn = spec.row_norm
-    stats, rn_decl = [], []
-    if rn is not None:
-        assert rnorm.supported(t, spec), (t.name, "row_norm")
-        stats = [f"LPTR const {stype}* Ar = As + (kb % {S}) * {a.size};",
-                 *rnorm.accumulate(t, spec.K, a.at, lambda off: load_float(HALF[t.precision][0], "Ar", off),
-                                   f"{k_first}kb * {t.bk}")]
-        rn_decl = rnorm.declare(t, spec, shifted=False)
+    issue, land, staging = operand_copies(t, spec, a, b, a_raw, b_raw, store_macro)
+    stats, rn_decl = row_norm_stats(t, spec, a, stype, k_first)
     wm0 = "wg * 64 + (mma_warp % 4) * 16" if wg_split_m(t) else "(mma_warp % 4) * 16"
     wn0 = "0" if wg_split_m(t) else f"wg * {N}"
     mmas = [f"WGMMA_{kind}_N{N}(acc, da + {2 * s}, db + {2 * s});  /* k {K16 * s}..{K16 * s + 15}: +32 bytes a step */"
@@ -183,38 +169,18 @@ def wgmma_source(name: str, spec, t) -> str:
         *zero_accumulators(t.mi, t.ni),
         *_indent(staging, 4),
         *_indent(rn_decl, 4),
-        f"    for (int st = 0; st < {S - 1}; ++st) {{  /* the first {S - 1} k blocks in flight */",
-        f"        if (st < {KB}) {{",
-        f"            const int kf = {k_first}st * {t.bk};",
-        *_indent(issue, 12),
-        *_indent(land, 12),
-        "        }",
-        "        CP_ASYNC_COMMIT();",
-        "    }",
+        *pipeline_fill(t, KB, k_first, issue, land),
         f"    for (int kb = 0; kb < {KB}; ++kb) {{",
-        f"        CP_ASYNC_WAIT({S - 2});  /* this thread's copies of block kb have landed */",
-        "        WGMMA_PROXY_FENCE();  /* ... and are visible to the async proxy wgmma reads through */",
-        "        BARRIER();  /* everyone's are; block kb - 1's wgmmas are done (waited), so its buffer is free */",
-        f"        const int kn = kb + {S - 1}, st = kn % {S};  /* the block refilled meanwhile, and its buffer */",
-        f"        if (kn < {KB}) {{",
-        f"            const int kf = {k_first}kn * {t.bk};",
-        *_indent(issue, 12),
-        "        }",
-        "        CP_ASYNC_COMMIT();",
+        # (block kb - 1's wgmmas were waited for, so the buffer refilled is free)
+        *pipeline_step(t, KB, k_first, issue,
+                       ["        WGMMA_PROXY_FENCE();  /* ... visible to the async proxy wgmma reads through */"]),
         *_indent(stats, 8),
         *_indent(_descriptors(t, a, b), 8),
         f"        WGMMA_ARRIVE_N{N}(acc);",
         *_indent(mmas, 8),
         "        WGMMA_COMMIT();",
         f"        WGMMA_WAIT_N{N}(0, acc);",
-        *([f"        if (kn < {KB}) {{", *_indent(land, 12), "        }"] if land else []),
-        "    }",
-        "    CP_ASYNC_WAIT(0);",
-        "    BARRIER();  /* the buffers are free for the next rTask that runs on this block */",
-        *store_accumulators(spec, t),
-        *(["    BARRIER();  /* the statistics are read before the next rTask reuses the buffers */"] if rn else []),
-        "}",
-        "",
+        *pipeline_end(t, spec, KB, land),
         *thin_kernel(name, spec, str(tile_floats(t)), t),
     ]
     return "\n".join(src)

@@ -96,7 +96,7 @@ class DeviceSpec(Strict):
                                       "measured them faster; --tune times them wherever they fit regardless")
     gemm_wgmma: bool = Field(False, description="whether the cost model picks among the fp16/bf16 GEMM tilings "
                              "on Hopper's warpgroup MMA (kernels/gemm_wgmma.py; sm_90 only) on this device: turn it "
-                             "on where scripts/gemm_tilings.py measured them faster; --tune times them on any sm_90 GPU")
+                             "on where scripts/gemm_tilings.py measured them faster (--tune times them only where it is on)")
     simt_vector_tilings: bool = Field(False, description="whether the cost model picks among the fp32 SIMT GEMM "
                                       "tilings of the vector template (kernels/gemm.py VECTOR_TILINGS: two shared "
                                       "stages, float4 shared reads) on this device: turn it on where "

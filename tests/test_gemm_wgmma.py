@@ -132,10 +132,12 @@ def test_only_sm_90_runs_them_and_only_a_measured_spec_picks_them():
     assert not chooses_wgmma(h100)  # off until a GPU times them (scripts/gpu_session.sh 17)
     on = h100.model_copy(update={"gemm_wgmma": True})
     assert chooses_wgmma(on) and not chooses_wgmma(a100.model_copy(update={"gemm_wgmma": True}))
-    # --tune's family has them on sm_90 only; a pipeline may name them; none at the float precisions
+    # --tune's family has them where the spec has them on (sm_90 only); a pipeline may name them;
+    # none at the float precisions
     wg = {t.name for t in wgmma_tilings("bf16")}
-    assert wg <= {t.name for t in tiling_family_for("bf16", h100)}
-    assert not wg & {t.name for t in tiling_family_for("bf16", a100)}
+    assert wg <= {t.name for t in tiling_family_for("bf16", on)}
+    assert not wg & {t.name for t in tiling_family_for("bf16", h100)}
+    assert not wg & {t.name for t in tiling_family_for("bf16", a100.model_copy(update={"gemm_wgmma": True}))}
     assert wg <= set(all_tiling_names()) and wgmma_tilings("tf32") == ()
     # the cost model prices them (finite, positive) and picks one only where the spec says so
     for shape in ((1, 128, 768, 768), (1, 1024, 1024, 1024)):

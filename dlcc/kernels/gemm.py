@@ -234,13 +234,15 @@ def tiling_and_cost(name: str, device=None) -> tuple[object, Callable] | None:
 def tiling_family_for(precision: str, device=None, split: bool = True) -> tuple:
     """The tilings a GEMM at `precision` may run as on `device` (what `--tune` times): the SIMT
     ones at fp32, the tensor-core ones of that precision otherwise, with the DEEP ones where the
-    device's shared memory holds them and the wgmma ones on an sm_90 GPU; on a GPU each also split
-    along K unless `split` is off."""
+    device's shared memory holds them and the wgmma ones where the device spec has them on
+    (`gemm_wgmma`: until a GPU has run them, --tune does not put a user's compile on them; the
+    measurement is scripts/gemm_tilings.py's); on a GPU each also split along K unless `split` is
+    off."""
     if precision == "fp32":
         return tilings_for(device, split, vector=True)
-    from .gemm_mma import deep_tilings_fit, mma_family
+    from .gemm_mma import chooses_wgmma, deep_tilings_fit, mma_family
 
-    return sk.variants(mma_family(precision, device, deep_tilings_fit(device)), device, split)
+    return sk.variants(mma_family(precision, device, deep_tilings_fit(device), chooses_wgmma(device)), device, split)
 
 
 def all_tiling_names() -> list[str]:

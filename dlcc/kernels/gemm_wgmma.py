@@ -39,9 +39,9 @@ another swizzle mode, or a buffer off its 1 KiB atom, reads NaN. So the same til
 descriptors and group accounting run in the default suite.
 
 wgmma exists on sm_90 alone (not sm_80, not sm_100): these tilings are candidates where the device
-spec's arch is sm_90 (`wgmma_fits`), and the cost model picks among them only where the spec says
-they were measured faster (`gemm_wgmma`); `--tune` and scripts/gemm_tilings.py time them on any
-sm_90 GPU. nvcc builds a module holding them for sm_90a (backends/nvcc.py).
+spec's arch is sm_90 (`wgmma_fits`), and the cost model and `--tune` pick among them only where the
+spec says they were measured faster (`gemm_wgmma`); scripts/gemm_tilings.py times them on any sm_90
+GPU. nvcc builds a module holding them for sm_90a (backends/nvcc.py).
 """
 from __future__ import annotations
 

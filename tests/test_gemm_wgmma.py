@@ -90,11 +90,17 @@ def _one(rt, src_of, t, M=64, N=64, K=256, seed=5):
 
 
 @needs_opencl
-def test_waiting_for_too_few_wgmma_groups_is_caught(rt):
-    """The emulated wgmmas run at the wait that covers them: a k loop that waits for one group too
-    few leaves the last block's products out, as it would read unfinished accumulators on a GPU."""
-    t = wgmma_tilings("bf16")[5]
-    out, ref = _one(rt, lambda s: s.replace(f"WGMMA_WAIT_N{wg_n(t)}(0, acc);", f"WGMMA_WAIT_N{wg_n(t)}(1, acc);"), t)
+@pytest.mark.parametrize("which", [5, 3], ids=["2-stage", "6-stage"])
+def test_waiting_for_too_few_wgmma_groups_is_caught(rt, which):
+    """The emulated wgmmas run at the wait that covers them: a k loop whose last wait leaves a
+    group in flight leaves the last block's products out, as it would store unfinished
+    accumulators on a GPU. From three stages on one group stays in flight inside the loop."""
+    t = wgmma_tilings("bf16")[which]
+    n = wg_n(t)
+    src = gemm_source("g", plain_spec(64, 64, 256, True, b_dtype="bfloat16", a_dtype="bfloat16"), t)
+    assert src.count(f"WGMMA_WAIT_N{n}(0, acc);") == 1 and src.count(f"WGMMA_WAIT_N{n}(1, acc);") == (t.stages >= 3)
+    assert f"const int kn = kb + {t.stages - 1 - (t.stages >= 3)}," in src  # copies run one block less ahead
+    out, ref = _one(rt, lambda s: s.replace(f"WGMMA_WAIT_N{n}(0, acc);", f"WGMMA_WAIT_N{n}(1, acc);"), t)
     assert not np.allclose(out, ref, rtol=1e-2, atol=1e-2)
 
 

@@ -249,30 +249,31 @@ def operand_copies(t, spec, a: OperandTile, b: OperandTile, a_raw: bool, b_raw: 
     return issue, land, staging
 
 
-def pipeline_fill(t, KB: int, k_first: str, issue: list[str], land: list[str]) -> list[str]:
-    """The first STAGES - 1 k blocks put in flight, each its own cp.async group."""
-    S = t.stages
+def pipeline_fill(t, KB: int, k_first: str, issue: list[str], land: list[str], ahead: int | None = None) -> list[str]:
+    """The first `ahead` k blocks (STAGES - 1 unless given) put in flight, each its own cp.async group."""
+    S = t.stages if ahead is None else ahead + 1
     return [f"    for (int st = 0; st < {S - 1}; ++st) {{  /* the first {S - 1} k blocks in flight */",
             f"        if (st < {KB}) {{", f"            const int kf = {k_first}st * {t.bk};",
             *_indent(issue, 12), *_indent(land, 12), "        }", "        CP_ASYNC_COMMIT();", "    }"]
 
 
-def pipeline_step(t, KB: int, k_first: str, issue: list[str], publish: list[str]) -> list[str]:
+def pipeline_step(t, KB: int, k_first: str, issue: list[str], publish: list[str], ahead: int | None = None) -> list[str]:
     """The head of k block `kb`: its copies waited for, `publish` (a fence its readers need), the
-    barrier after which everyone's have landed and nobody still reads the oldest buffer, and
-    block kb + STAGES - 1 issued into that buffer."""
-    S = t.stages
-    return [f"        CP_ASYNC_WAIT({S - 2});  /* this thread's copies of block kb have landed */", *publish,
+    barrier after which everyone's have landed and nobody still reads the buffer refilled next,
+    and block kb + `ahead` (STAGES - 1 unless given) issued into that buffer."""
+    S, ahead = t.stages, t.stages - 1 if ahead is None else ahead
+    return [f"        CP_ASYNC_WAIT({ahead - 1});  /* this thread's copies of block kb have landed */", *publish,
             "        BARRIER();  /* everyone's have, and nobody still reads the buffer refilled next */",
-            f"        const int kn = kb + {S - 1}, st = kn % {S};  /* the block refilled meanwhile, and its buffer */",
+            f"        const int kn = kb + {ahead}, st = kn % {S};  /* the block refilled meanwhile, and its buffer */",
             f"        if (kn < {KB}) {{", f"            const int kf = {k_first}kn * {t.bk};", *_indent(issue, 12),
             "        }", "        CP_ASYNC_COMMIT();"]
 
 
-def pipeline_end(t, spec, KB: int, land: list[str]) -> list[str]:
+def pipeline_end(t, spec, KB: int, land: list[str], after_loop: tuple[str, ...] = ()) -> list[str]:
     """The k loop's end (the element-loaded operands of the block refilled landed in shared memory,
-    after this block's arithmetic), the buffers freed, the accumulators stored, the task closed."""
-    return [*([f"        if (kn < {KB}) {{", *_indent(land, 12), "        }"] if land else []), "    }",
+    after this block's arithmetic), `after_loop`, the buffers freed, the accumulators stored, the
+    task closed."""
+    return [*([f"        if (kn < {KB}) {{", *_indent(land, 12), "        }"] if land else []), "    }", *after_loop,
             "    CP_ASYNC_WAIT(0);", "    BARRIER();  /* the buffers are free for the next rTask that runs on this block */",
             *store_accumulators(spec, t),
             *(["    BARRIER();  /* the statistics are read before the next rTask reuses the buffers */"]

@@ -25,8 +25,11 @@ descriptor format):
     swizzle mode 128B. Each k16 step adds 32 bytes to the start; each warpgroup's 64-row (or
     N-column) share adds whole atoms.
   - Per k block: wait for its copies, `fence.proxy.async` (cp.async writes through the generic
-    proxy, wgmma reads through the async one), barrier, refill the oldest buffer, then
-    `wgmma.fence`, four wgmmas, `commit_group`, `wait_group 0`.
+    proxy, wgmma reads through the async one), barrier, refill the buffer no wgmma reads any more,
+    then `wgmma.fence`, four wgmmas, `commit_group`, and `wait_group 1` (from three stages on:
+    the previous block's wgmmas done, this block's left running under the next block's wait and
+    barrier, as CUTLASS's sm90 cp.async mainloop does; the copies then run STAGES - 2 blocks
+    ahead) or `wait_group 0` (two stages).
   - The accumulators are the `acc[i][j]` grid of kernels/gemm_mma.py with one 16-row mma tile per
     warp (wgmma's D fragment is mma.m16n8's, four warps stacked), so its store loop, split-K's
     reduction, AStitch's epilogues and the folded LayerNorm apply unchanged.
@@ -115,6 +118,13 @@ TILINGS = (
 )
 
 
+def wgmmas_in_flight(t) -> int:
+    """k blocks whose wgmmas stay in flight while the next block's are issued (CUTLASS's sm90
+    cp.async mainloop keeps one): 1 from three stages on, at the price of one block fewer copied
+    ahead; 0 with two stages, where that would leave no copy in flight."""
+    return 1 if t.stages >= 3 else 0
+
+
 def tile_floats(t) -> int:
     """Both operand tiles, every stage's (16-bit values, two to a float), and the alignment slack."""
     return t.stages * (t.bm + t.bn) * t.bk // 2 + ALIGN_FLOATS
@@ -142,6 +152,8 @@ def wgmma_source(name: str, spec, t) -> str:
     assert a.per_row == 8 and b.per_row == 8  # one 128-byte swizzle row per m or n
     S, KB = t.stages, sk.steps_per_chunk(t, spec.K)
     k_first = "" if t.splitk == 1 else f"{sk.chunk_start(t, spec.K)} + "
+    in_flight = wgmmas_in_flight(t)
+    ahead = S - 1 - in_flight  # k blocks copied ahead: a buffer is refilled once no wgmma reads it
 
     a_raw = async_ok(spec.raw_a, t.precision, spec.M, spec.K) and spec.raw_a.k_contiguous
     b_raw = async_ok(spec.raw_b, t.precision, spec.N, spec.K) and spec.raw_b.k_contiguous
@@ -169,18 +181,19 @@ def wgmma_source(name: str, spec, t) -> str:
         *zero_accumulators(t.mi, t.ni),
         *_indent(staging, 4),
         *_indent(rn_decl, 4),
-        *pipeline_fill(t, KB, k_first, issue, land),
+        *pipeline_fill(t, KB, k_first, issue, land, ahead),
         f"    for (int kb = 0; kb < {KB}; ++kb) {{",
-        # (block kb - 1's wgmmas were waited for, so the buffer refilled is free)
+        # (the barrier also follows every thread's wait for the wgmmas of block kb - 1 - in_flight,
+        # the last to read the buffer refilled)
         *pipeline_step(t, KB, k_first, issue,
-                       ["        WGMMA_PROXY_FENCE();  /* ... visible to the async proxy wgmma reads through */"]),
+                       ["        WGMMA_PROXY_FENCE();  /* ... visible to the async proxy wgmma reads through */"], ahead),
         *_indent(stats, 8),
         *_indent(_descriptors(t, a, b), 8),
         f"        WGMMA_ARRIVE_N{N}(acc);",
         *_indent(mmas, 8),
         "        WGMMA_COMMIT();",
-        f"        WGMMA_WAIT_N{N}(0, acc);",
-        *pipeline_end(t, spec, KB, land),
+        f"        WGMMA_WAIT_N{N}({in_flight}, acc);  /* block kb - {in_flight}'s wgmmas have finished */",
+        *pipeline_end(t, spec, KB, land, (f"    WGMMA_WAIT_N{N}(0, acc);",) if in_flight else ()),
         *thin_kernel(name, spec, str(tile_floats(t)), t),
     ]
     return "\n".join(src)

@@ -97,6 +97,16 @@ class DeviceSpec(Strict):
     gemm_wgmma: bool = Field(False, description="whether the cost model picks among the fp16/bf16 GEMM tilings "
                              "on Hopper's warpgroup MMA (kernels/gemm_wgmma.py; sm_90 only) on this device: turn it "
                              "on where scripts/gemm_tilings.py measured them faster (--tune times them only where it is on)")
+    @field_validator("gemm_wgmma")
+    @classmethod
+    def _wgmma_arch(cls, v: bool, info) -> bool:
+        """wgmma exists on sm_90 alone (kernels/gemm_wgmma.py): a spec of another arch that turns it
+        on is a mistake, not a switch to ignore."""
+        arch = info.data.get("arch")
+        if v and arch != "sm_90":
+            raise ValueError(f"wgmma exists on sm_90 GPUs alone; this spec's arch is {arch or 'none'}")
+        return v
+
     simt_vector_tilings: bool = Field(False, description="whether the cost model picks among the fp32 SIMT GEMM "
                                       "tilings of the vector template (kernels/gemm.py VECTOR_TILINGS: two shared "
                                       "stages, float4 shared reads) on this device: turn it on where "

@@ -265,3 +265,15 @@ def test_nvcc_builds_wgmma_plans_unserialized(model_path, tmp_path, monkeypatch,
     assert not any(r["spill_bytes"] for r in cuda["resources"].values()), cuda["resources"]
     assert wgmma_serialized("ptxas info    : (C7510) Potential Performance Loss: wgmma.mma_async instructions are "
                             "serialized due to a reason in the function 'k'") == {"k": "a reason"}
+
+
+def test_a_spec_that_turns_wgmma_on_for_another_arch_is_refused(tmp_path):
+    """A device YAML with `gemm_wgmma: true` on an sm_80 spec is one error naming the file and the
+    field, not a switch silently ignored."""
+    from conftest import device_with
+
+    from dlcc.errors import DlccError
+
+    path = device_with(tmp_path, "a100", gemm_wgmma=True)
+    with pytest.raises(DlccError, match=r"(?s)a100-with\.yaml.*gemm_wgmma.*sm_90 GPUs alone.*sm_80"):
+        load_device(str(path))

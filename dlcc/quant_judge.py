@@ -36,7 +36,8 @@ from onnx import helper
 #: Ops whose outputs are quantized values, and which of their outputs.
 QUANTIZERS = {"QuantizeLinear": (0,), "DynamicQuantizeLinear": (0, 1, 2), "QLinearConv": (0,), "QLinearMatMul": (0,),
               "QGemm": (0,), "QLinearAdd": (0,), "QLinearMul": (0,), "QLinearSigmoid": (0,),
-              "QLinearLeakyRelu": (0,), "QLinearConcat": (0,), "QLinearGlobalAveragePool": (0,)}
+              "QLinearLeakyRelu": (0,), "QLinearConcat": (0,), "QLinearGlobalAveragePool": (0,),
+              "QLinearSoftmax": (0,), "QLinearAveragePool": (0,)}
 
 
 def _points(original: onnx.ModelProto, model: onnx.ModelProto) -> list[int]:
@@ -182,11 +183,20 @@ def _check_points(model, points, mine: dict, forced: dict, rtol: float, atol: fl
                 return flips, total, (f"{q!r}: dynamic scale {s_mine:.6g} and zero point {z_mine} against "
                                       f"onnxruntime's {s_ref:.6g} and {z_ref}"), worst
             scale, zp, shift = np.float64(s_mine), np.float64(z_mine), z_mine - z_ref
+        x = None
+        if n.op_type == "QLinearSoftmax":
+            # its sum is not summed in onnxruntime's order (dlcc/quantized_qlinear.py): the value
+            # onnxruntime rounds, from the input it was given (dlcc's), in steps of y_scale, and
+            # that value rounded and clamped as onnxruntime's kernel does
+            x, scale, zp, ref = _softmax_point(n, consts, mine, a.dtype)
         apart = a.astype(np.int64) - ref.astype(np.int64) - shift
         differ = apart != 0
         if not differ.any():
             continue
-        if n.op_type == "QuantizeLinear":
+        if n.op_type == "QLinearSoftmax":
+            if x is None:
+                return flips, total, f"{q!r}: {int(differ.sum())} values differ and its scales are computed", worst
+        elif n.op_type == "QuantizeLinear":
             scale, zp = consts.get(n.input[1]), consts.get(n.input[2]) if len(n.input) > 2 and n.input[2] else 0
             if scale is None or zp is None:
                 return flips, total, f"{q!r}: {int(differ.sum())} values differ and its scale is computed", worst
@@ -194,7 +204,8 @@ def _check_points(model, points, mine: dict, forced: dict, rtol: float, atol: fl
             scale, zp = _along(np.asarray(scale, np.float64), a.ndim, axis), _along(np.asarray(zp, np.float64), a.ndim, axis)
         elif n.op_type != "DynamicQuantizeLinear":
             return flips, total, f"{q!r} ({n.op_type}): {int(differ.sum())} quantized values differ from onnxruntime's", worst
-        x = np.asarray(forced[n.input[0] + "#x"], np.float64)
+        if x is None:
+            x = np.asarray(forced[n.input[0] + "#x"], np.float64)
         info = np.iinfo(a.dtype)
         lo, hi = (info.min - zp) * scale, (info.max - zp) * scale
         xc = np.clip(x, np.minimum(lo, hi), np.maximum(lo, hi))
@@ -208,6 +219,21 @@ def _check_points(model, points, mine: dict, forced: dict, rtol: float, atol: fl
         worst = max(worst, float(np.abs(steps - np.floor(steps) - 0.5).max(initial=0.0)))
         flips += int(differ.sum())
     return flips, total, "", worst
+
+
+def _softmax_point(n: onnx.NodeProto, consts: dict, mine: dict, dtype) -> tuple:
+    """(the float value onnxruntime's QLinearSoftmax rounds, times y_scale; y_scale; y_zp; that value
+    rounded and saturated) from dlcc's quantized input, or Nones where the scales are computed."""
+    from .quantized_qlinear import softmax_before_rounding
+
+    xs, ys = consts.get(n.input[1]), consts.get(n.input[3])
+    if xs is None or ys is None or n.input[0] not in mine:
+        return None, None, None, np.zeros((), np.int64)
+    zp = float(consts.get(n.input[4], 0)) if len(n.input) > 4 and n.input[4] else 0.0
+    v = softmax_before_rounding(n, np.asarray(mine[n.input[0]]), float(xs), float(ys))
+    info = np.iinfo(dtype)
+    ref = np.clip(np.rint(v) + zp, info.min, info.max).astype(np.int64)
+    return v * float(ys), np.float64(ys), np.float64(zp), ref
 
 
 def _along(v: np.ndarray, rank: int, axis: int) -> np.ndarray:

@@ -8,7 +8,8 @@ exporters that follow its formats):
 - **dynamic** (quantize_dynamic): DynamicQuantizeLinear on activations, then MatMulInteger or
   ConvInteger, and a float rescale;
 - **QOperator**: QLinearConv and QLinearMatMul, and com.microsoft's QGemm, QLinearAdd,
-  QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearConcat, QLinearGlobalAveragePool.
+  QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearConcat, QLinearGlobalAveragePool,
+  QLinearSoftmax and QLinearAveragePool (the last two in dlcc/quantized_qlinear.py).
 
 dlcc has no int8 kernels. Each op is rewritten into the float arithmetic that onnxruntime's CPU
 kernels perform, step for step, so that the result is the same and not merely close:
@@ -52,7 +53,8 @@ STANDARD = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatM
 #: onnxruntime's quantization ops (domain com.microsoft) rewritten here.
 MICROSOFT = {"QuantizeLinear", "DequantizeLinear", "QGemm", "QLinearAdd", "QLinearMul",
              "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat", "QLinearGlobalAveragePool",
-             "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "DynamicQuantizeLSTM"}
+             "QLinearSoftmax", "QLinearAveragePool", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
+             "DynamicQuantizeLSTM"}
 
 _F = onnx.TensorProto.FLOAT
 _I32 = onnx.TensorProto.INT32
@@ -76,7 +78,8 @@ def lower_quantized(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray
     the graph and receives the dequantized weights (None: they become initializers, for a model
     that onnxruntime runs as it is). `only` limits the rewrite to those op types. Returns (the
     model, notes for the pass log, the names of the nodes made: Graph.float32_nodes). `known`
-    gives float tensors' shapes that inference may not find ({name: shape}).
+    gives the shapes and element types of tensors that inference may not find
+    ({name: (shape, elem)}: onnxruntime's, quantized.tensor_types).
 
     Runs in rounds: an op whose input's rank is not known yet (the output of a com.microsoft op,
     which onnx's shape inference does not know) waits for the next round."""
@@ -108,7 +111,7 @@ def lower_quantized(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray
     while any(chosen(n) for n in model.graph.node):
         g = model.graph
         info = _shapes_and_types(infer(model).graph)
-        info.update({k: (tuple(v), _F) for k, v in (known or {}).items()})
+        info.update({k: (tuple(shape), elem) for k, (shape, elem) in (known or {}).items()})
         consts = _constants(g, weights or {}, path)
         taken = _all_names(g)
         out: list[onnx.NodeProto] = []
@@ -191,14 +194,27 @@ def exact_products(model: onnx.ModelProto, path="model", feeds: dict | None = No
         # `known`); onnx 1.23's data propagation mis-sizes some computed Reshapes.
         return shape_inference.infer_shapes(x, check_type=False, strict_mode=False)
 
-    lstm_inputs = [n.input[0] for n in m.graph.node if n.op_type == "DynamicQuantizeLSTM" and is_quantized_op(n)]
+    # The shapes onnx's inference cannot give (an LSTM's input; a product's operand after a
+    # com.microsoft op such as QLinearSoftmax, which onnx has no schema for) come from onnxruntime.
+    made = {o for n in m.graph.node for o in n.output}
+    unsized = _unsized(infer(m))
+    wanted = [n.input[0] for n in m.graph.node if n.op_type == "DynamicQuantizeLSTM" and is_quantized_op(n)]
+    wanted += [i for n in m.graph.node if is_quantized_op(n) and n.op_type in PRODUCTS for i in n.input
+               if i in made and i in unsized]
     known = {}
-    if lstm_inputs and feeds:
+    if wanted and feeds:
         try:
-            known = {n: shape for n, (_, shape) in tensor_types(m, lstm_inputs, feeds).items()}
+            known = {n: (shape, elem) for n, (elem, shape) in tensor_types(m, wanted, feeds).items()}
         except Exception:  # inference's shapes stand, and an unknown one is reported as such
             pass
     return lower_quantized(m, infer, None, path, only=PRODUCTS, known=known)[0]
+
+
+def _unsized(model: onnx.ModelProto) -> set[str]:
+    """The tensors made by `model`'s nodes that its value_info (after inference) gives no shape."""
+    sized = {vi.name for vi in (*model.graph.value_info, *model.graph.output, *model.graph.input)
+             if vi.type.tensor_type.HasField("shape")}
+    return {o for n in model.graph.node for o in n.output if o and o not in sized}
 
 
 def tensor_types(model: onnx.ModelProto, names: list[str], feeds: dict) -> dict[str, tuple[int, list]]:
@@ -416,7 +432,7 @@ class _Builder:
 _INPUTS = {"QGemm": (6, 9), "QLinearAdd": (7, 8), "QLinearMul": (7, 8), "QLinearSigmoid": (4, 5),
            "QLinearLeakyRelu": (4, 5), "QLinearGlobalAveragePool": (4, 5), "DynamicQuantizeMatMul": (3, 5),
            "MatMulIntegerToFloat": (4, 7), "QuantizeLinear": (2, 3), "DequantizeLinear": (2, 3),
-           "DynamicQuantizeLSTM": (12, 12)}
+           "DynamicQuantizeLSTM": (12, 12), "QLinearSoftmax": (4, 5), "QLinearAveragePool": (4, 5)}
 
 
 def _check_inputs(b: _Builder) -> None:
@@ -781,6 +797,8 @@ _LOWER = {
     "DynamicQuantizeMatMul": _dynamic_quantize_matmul, "MatMulIntegerToFloat": _matmul_integer_to_float,
 }
 
-from .quantized_lstm import dynamic_quantize_lstm  # noqa: E402 (it builds on _Builder above)
+from .quantized_lstm import dynamic_quantize_lstm  # noqa: E402 (they build on _Builder above)
+from .quantized_qlinear import qlinear_average_pool, qlinear_softmax  # noqa: E402
 
-_LOWER["DynamicQuantizeLSTM"] = dynamic_quantize_lstm
+_LOWER.update(DynamicQuantizeLSTM=dynamic_quantize_lstm, QLinearSoftmax=qlinear_softmax,
+              QLinearAveragePool=qlinear_average_pool)

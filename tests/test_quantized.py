@@ -240,6 +240,32 @@ def test_onnxruntime_qoperator_ops(tmp_path, case):
 
 
 @needs_opencl
+@pytest.mark.parametrize("case", ["softmax-u8-13", "softmax-i8-13-axis1", "softmax-u8-12-axis1", "softmax-i8-11-noaxis",
+                                  "avgpool-nchw", "avgpool-nhwc-pads", "avgpool-1d-include-pad"])
+def test_onnxruntime_qlinear_softmax_and_average_pool(tmp_path, case):
+    """QLinearSoftmax (onnxruntime's float lookup table, opset-13 and opset-12 axis semantics, axis
+    -1 where absent whatever the opset) and QLinearAveragePool (NCHW and NHWC, pads, 1-D), against
+    onnxruntime's own kernels, bit for bit (the softmax's sums here land on no rounding tie)."""
+    if case.startswith("softmax"):
+        _, t, opset, *rest = case.split("-")
+        signed = t == "i8"
+        shape = (3, 77) if not rest else (2, 5, 7)
+        a = _i8(shape) if signed else rng.integers(0, 256, shape).astype(U8)
+        zp = I8(-128) if signed else U8(0)
+        inits = {"xs": np.float32(0.05), "xz": zp * 0, "ys": np.float32(1 / 256), "yz": zp}
+        attrs = {"opset": int(opset), **({"axis": 1} if rest == ["axis1"] else {})}
+        node = _ms("QLinearSoftmax", ["a", "xs", "xz", "ys", "yz"], ["y"], **attrs)
+    else:
+        a = _u8((2, 6, 9) if "1d" in case else (2, 7, 7, 3) if "nhwc" in case else (2, 3, 7, 7), hi=256)
+        attrs = ({"kernel_shape": [3], "strides": [2], "pads": [1, 1], "count_include_pad": 1} if "1d" in case
+                 else {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "channels_last": 1}
+                 if "nhwc" in case else {"kernel_shape": [2, 3], "strides": [1, 2]})
+        inits = {"xs": np.float32(0.037), "xz": U8(100), "ys": np.float32(0.011), "yz": U8(131)}
+        node = _ms("QLinearAveragePool", ["a", "xs", "xz", "ys", "yz"], ["y"], **attrs)
+    _same_as_ort(_save(tmp_path / "q.onnx", [node], {"a": a}, inits, ["y"], microsoft=True), {"a": a})
+
+
+@needs_opencl
 def test_maxpool_of_quantized_values(tmp_path):
     """QOperator models pool uint8 and int8 values: pooled in float32, cast back, exact."""
     x = _i8((1, 3, 8, 8))
@@ -405,6 +431,75 @@ def test_judge_passes_a_plan_that_rounds_a_tie_the_other_way(tmp_path):
     got["y"].flat[7] += 3.92
     rows = verify_outputs(path, got, feeds, compiled=cm)
     assert not rows[0]["passed"] and "computes other outputs" in rows[0]["note"]
+
+
+def test_judge_holds_a_qlinear_softmax_to_onnxruntimes_value_before_rounding(tmp_path):
+    """QLinearSoftmax's sum is dlcc's reduction, not onnxruntime's loop (dlcc/quantized_qlinear.py):
+    the judge computes onnxruntime's value before rounding from the quantized input and accepts a
+    value rounded the other way at a tie, and nothing else."""
+    from dlcc.quant_judge import _check_points
+    from dlcc.quantized_qlinear import softmax_before_rounding
+
+    x = rng.integers(0, 256, (2, 40)).astype(U8)
+    inits = {"xs": np.float32(0.05), "xz": U8(0), "ys": np.float32(1 / 256), "yz": U8(0)}
+    node = _ms("QLinearSoftmax", ["x", "xs", "xz", "ys", "yz"], ["q"], opset=13)
+    m = onnx.load(_save(tmp_path / "s.onnx", [node], {"x": x}, inits, ["q"], microsoft=True))
+    v = softmax_before_rounding(node, x, 0.05, 1 / 256)
+    ref = np.clip(np.rint(v), 0, 255).astype(U8)
+    assert np.array_equal(ref, _ort(m, {"x": x})[0])  # the judge's onnxruntime value is onnxruntime's
+    k = int(np.argmin(np.abs(v - np.floor(v) - 0.5)))  # the value nearest a tie
+    off = abs(v.flat[k] - np.floor(v.flat[k]) - 0.5)  # its distance from the tie, in steps
+    near, far = ref.copy(), ref.copy()
+    near.flat[k] += 1 if np.rint(v.flat[k]) < v.flat[k] else -1
+    far.flat[k] += 2
+    covers, short = (off + 1e-3) / 256, (off / 2) / 256  # atol just past the distance, and short of it
+    for mine, atol, ok in ((ref, short, True), (near, covers, True), (near, short, False), (far, covers, False)):
+        flips, total, bad, _ = _check_points(m, [0], {"q": mine, "x": x}, {"q#ref": ref}, 0.0, atol)
+        assert (bad == "") == ok and total == 80 and flips == (ok and mine is near), (bad, off)
+
+
+@needs_opencl
+def test_qlinear_softmax_saturates_a_probability_of_one(tmp_path):
+    """int8 QLinearSoftmax with y_scale 1/256 and y_zp −128: a probability of 1 is 256 − 128 = 128
+    steps, past 127, and is clamped to 127, as onnxruntime's kernel does."""
+    x = np.zeros((2, 8), I8)
+    x[:, 3] = 127  # exp(127 · 0.5) dwarfs the rest: a probability of 1 to float precision
+    inits = {"xs": np.float32(0.5), "xz": I8(0), "ys": np.float32(1 / 256), "yz": I8(-128)}
+    node = _ms("QLinearSoftmax", ["x", "xs", "xz", "ys", "yz"], ["q"], opset=13)
+    ref = _same_as_ort(_save(tmp_path / "one.onnx", [node], {"x": x}, inits, ["q"], microsoft=True), {"x": x})[0]
+    assert (ref[:, 3] == 127).all() and (ref[:, :3] == -128).all()
+
+
+@pytest.mark.slow
+@needs_opencl
+def test_qoperator_transformer_verifies(model_path, tmp_path):
+    """bert-small from torch's exporter, quantized by onnxruntime.quantization to QOperator form
+    with int8 activations: its attention's QLinearSoftmax and the QLinearMatMuls around it,
+    compiled and verified as `dlcc verify` does. (slow: PoCL builds its kernels cold in one to
+    three minutes on 2 cores; the ops themselves are checked against onnxruntime above.)"""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    from dlcc.verify import verify_outputs
+
+    src = str(model_path("bert"))
+    ins = [(i.name, [d.dim_value or 1 for d in i.type.tensor_type.shape.dim]) for i in onnx.load(src).graph.input]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.left = [{n: np.random.default_rng(k).integers(0, 50, shape).astype(np.int64) for n, shape in ins}
+                         for k in range(2)]
+
+        def get_next(self):
+            return self.left.pop() if self.left else None
+
+    path = str(tmp_path / "bert-qop.onnx")
+    quantize_static(src, path, Reader(), quant_format=QuantFormat.QOperator, activation_type=QuantType.QInt8,
+                    weight_type=QuantType.QInt8)
+    assert "QLinearSoftmax" in {n.op_type for n in onnx.load(path).graph.node}
+    cm = dlcc.compile(path, target="opencl", pipeline="astitch")
+    feeds = cm.sample_inputs(0)
+    rows = verify_outputs(path, cm(feeds), feeds, compiled=cm)
+    assert all(r["passed"] for r in rows), rows
 
 
 @pytest.mark.skipif(__import__("dlcc.backends.nvcc", fromlist=["find_nvcc"]).find_nvcc() is None,

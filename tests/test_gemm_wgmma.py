@@ -277,3 +277,20 @@ def test_a_spec_that_turns_wgmma_on_for_another_arch_is_refused(tmp_path):
     path = device_with(tmp_path, "a100", gemm_wgmma=True)
     with pytest.raises(DlccError, match=r"(?s)a100-with\.yaml.*gemm_wgmma.*sm_90 GPUs alone.*sm_80"):
         load_device(str(path))
+
+
+def test_rammer_retiles_wgmma_gemms_only_to_tilings_a_persistent_kernel_holds(tmp_path):
+    """Rammer re-tiles a wave's GEMMs within their template; for wgmma ones, only to tilings in
+    static shared memory (five of the seven are dynamic, which a persistent kernel's rTask takes
+    only on some specs). Re-tiled to a dynamic one, the run lost its rOperator (a KeyError in the
+    `rammer` pass: BERT-base's plan and `dlcc estimate` on a wgmma spec)."""
+    import dlcc
+    from conftest import parallel_gemms
+    from dlcc.kernels.gemm import tiling_and_cost
+
+    path = parallel_gemms(tmp_path / "g.onnx", 3, M=128, K=768, N=768)
+    for pipeline in ("rammer", "full"):
+        cm = dlcc.compile(path, target="opencl", pipeline=pipeline, device=_wgmma_h100(tmp_path), precision="bf16")
+        (L,) = [L for L in cm.plan["launches"] if L.get("rprogram")]
+        tilings = [g[0] for w in L["rprogram"]["waves"] for g in w["gemms"]]
+        assert tilings and all("_wg" in t and not tiling_and_cost(t)[0].dynamic for t in tilings), tilings

@@ -293,7 +293,10 @@ def tiling_family(t, device=None, split: bool = True) -> tuple[tuple, Callable]:
     from .gemm_mma import MmaTiling, chooses_wgmma, mma_cost, mma_family
 
     if isinstance(t, MmaTiling):
-        return sk.variants(mma_family(t.precision, device, False, t.wgmma or chooses_wgmma(device)), device, split), mma_cost
+        # (not the tilings in dynamic shared memory, which a persistent kernel's rTask takes only
+        # on some specs: the DEEP ones are left out by mma_family's deep=False, the wgmma ones here)
+        family = [m for m in mma_family(t.precision, device, False, t.wgmma or chooses_wgmma(device)) if not m.dynamic]
+        return sk.variants(family, device, split), mma_cost
     return tilings_for(device, split), simt_cost(device)
 
 

@@ -169,7 +169,8 @@ class CudaRuntime:
         if cubin and cuda.get("arch") == f"sm_{major}{minor}":
             self.module = self.drv.module_from_buffer(cubin)
             return
-        from .nvcc import arch_for, uses_wgmma
+        from ..kernels.gemm_wgmma import uses_wgmma
+        from .nvcc import arch_for
 
         if uses_wgmma(source) and (major, minor) != (9, 0):
             raise CompileError(f"this plan's GEMMs use Hopper's warpgroup MMA (wgmma: sm_90 only), planned for an "

@@ -62,16 +62,12 @@ def _parallel_flags(nvcc: str) -> tuple[str, ...]:
     return ("--split-compile=0",) if m and (int(m.group(1)), int(m.group(2))) >= (12, 1) else ()
 
 
-def uses_wgmma(source: str) -> bool:
-    """Whether `source` calls Hopper's warpgroup MMA (kernels/gemm_wgmma.py), not merely defines
-    the prelude's macros: a wgmma rKernel commits its groups with `WGMMA_COMMIT();`."""
-    return "WGMMA_COMMIT();" in source
-
-
 def arch_for(source: str, arch: str) -> str:
     """The nvcc arch to build `source` for on a device of `arch`: wgmma exists only in sm_90's
     arch-specific feature set, so a module holding it is built for sm_90a (its cubin loads on
     every sm_90 GPU; a PTX fallback for later archs could not hold it)."""
+    from ..kernels.gemm_wgmma import uses_wgmma
+
     return "sm_90a" if arch == "sm_90" and uses_wgmma(source) else arch
 
 

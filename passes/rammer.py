@@ -65,9 +65,9 @@ from ..estimate.costmodel import (gemm_model_us, kernel_fixed_us, kernel_time, r
                                   wave_gemm_us)
 from ..ir import Tensor
 from ..kernels import splitk
-from ..backends.nvcc import uses_wgmma
 from ..kernels.gemm import GemmExpr, gemm_source, retile, tiling_family
 from ..kernels.gemm_mma import STATIC_SMEM_BYTES
+from ..kernels.gemm_wgmma import uses_wgmma
 from ..kernels.program import STORAGE_ARRAY, STORAGE_PARAMS, Launch, ctype
 from ..plan import gemm_problem
 from ..kernels.roperator import NotAnROperator, to_roperator

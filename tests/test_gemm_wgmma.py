@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from conftest import gemm_plan, nvcc_ptx_and_ptxas, opencl_device_available
-from dlcc.backends.nvcc import arch_for, find_nvcc, uses_wgmma
+from dlcc.backends.nvcc import arch_for, find_nvcc
 from dlcc.backends.source import render
 from dlcc.config import load_device
 from dlcc.kernels import splitk as sk
 from dlcc.kernels.gemm import all_tiling_names, gemm_source, plain_spec, tiling_family_for
 from dlcc.kernels.gemm_mma import choose_mma_tiling
 from dlcc.kernels.gemm_mma_async import swizzle
-from dlcc.kernels.gemm_wgmma import TILINGS, chooses_wgmma, wg_n, wgmma_fits, wgmma_tilings
+from dlcc.kernels.gemm_wgmma import TILINGS, chooses_wgmma, uses_wgmma, wg_n, wgmma_fits, wgmma_tilings
 from test_gemm_mma_async import HALF, _operands, _reference, _run
 
 needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")

@@ -62,6 +62,12 @@ ALIGN_FLOATS = 256
 WIDTHS = (16, 32, 64, 128)
 
 
+def uses_wgmma(source: str) -> bool:
+    """Whether kernel text `source` calls the warpgroup MMA, not merely holds the prelude's macros
+    (which every CUDA module defines): a wgmma rKernel commits its groups with `WGMMA_COMMIT();`."""
+    return "WGMMA_COMMIT();" in source
+
+
 def wg_split_m(t) -> bool:
     """Whether the two warpgroups split the tile's rows (BM = 128) rather than its columns (BM = 64)."""
     return t.bm == 128

@@ -196,13 +196,13 @@ def exact_products(model: onnx.ModelProto, path="model", feeds: dict | None = No
 
     # The shapes onnx's inference cannot give (an LSTM's input; a product's operand after a
     # com.microsoft op such as QLinearSoftmax, which onnx has no schema for) come from onnxruntime.
-    made = {o for n in m.graph.node for o in n.output}
-    unsized = _unsized(infer(m))
-    wanted = [n.input[0] for n in m.graph.node if n.op_type == "DynamicQuantizeLSTM" and is_quantized_op(n)]
-    wanted += [i for n in m.graph.node if is_quantized_op(n) and n.op_type in PRODUCTS for i in n.input
-               if i in made and i in unsized]
-    known = {}
-    if wanted and feeds:
+    known, wanted = {}, []
+    if feeds:  # (without feeds onnxruntime cannot run: no inference here to throw away)
+        unsized = _unsized(infer(m))
+        wanted = [n.input[0] for n in m.graph.node if n.op_type == "DynamicQuantizeLSTM" and is_quantized_op(n)]
+        wanted += [i for n in m.graph.node if is_quantized_op(n) and n.op_type in PRODUCTS for i in n.input
+                   if i in unsized]
+    if wanted:
         try:
             known = {n: (shape, elem) for n, (elem, shape) in tensor_types(m, wanted, feeds).items()}
         except Exception:  # inference's shapes stand, and an unknown one is reported as such

@@ -43,16 +43,16 @@ def softmax_table(x_scale: float, reduce_len: int) -> np.ndarray:
     return np.exp((i - 255 + s) * np.float64(np.float32(x_scale))).astype(np.float32)
 
 
-def _softmax_axes(b: _Builder, rank: int) -> tuple[list[int], int]:
+def softmax_axes(attrs: dict, rank: int) -> list[int]:
     """The axes a QLinearSoftmax reduces: from `axis` on, flattened, under softmax's opset-12
     semantics (`opset` < 13), or `axis` alone. `axis` is -1 where absent whatever the opset: the
-    contrib schema's default, which onnxruntime reads before its kernel's own opset-based one."""
-    opset = int(b.attrs["opset"])
-    axis = int(b.attrs.get("axis", -1))
+    contrib schema's default, which onnxruntime reads before its kernel's own opset-based one.
+    Raises ValueError for an axis out of range."""
+    axis = int(attrs.get("axis", -1))
     if not -rank <= axis < rank:
-        raise b.fail(f"axis {axis} is out of range for a rank-{rank} input")
+        raise ValueError(f"axis {axis} is out of range for a rank-{rank} input")
     axis %= rank
-    return (list(range(axis, rank)) if opset < 13 else [axis]), opset
+    return list(range(axis, rank)) if int(attrs["opset"]) < 13 else [axis]
 
 
 def _reduce(b: _Builder, op: str, x: str, axes: list[int]) -> str:
@@ -72,7 +72,10 @@ def qlinear_softmax(b: _Builder) -> None:
     shape = b.info.get(x, (None, None))[0]
     if shape is None or any(d is None for d in shape):
         raise _Later(b.fail("needs its input's shape: the table is built for the reduced length"))
-    axes, _ = _softmax_axes(b, len(shape))
+    try:
+        axes = softmax_axes(b.attrs, len(shape))
+    except ValueError as e:
+        raise b.fail(str(e)) from None
     reduce_len = int(np.prod([shape[a] for a in axes]))
     xs = b.const(x_s)
     if xs is None or xs.size != 1:
@@ -93,10 +96,7 @@ def qlinear_softmax(b: _Builder) -> None:
 def softmax_before_rounding(node: onnx.NodeProto, x: np.ndarray, x_scale: float, y_scale: float) -> np.ndarray:
     """What onnxruntime's QLinearSoftmax rounds, from its quantized input `x` (float64, for
     verify's judge): T · floor(1 / y_scale) / sum, the sum a sequential float32 loop as there."""
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    opset = int(attrs["opset"])
-    axis = int(attrs.get("axis", -1)) % x.ndim
-    axes = tuple(range(axis, x.ndim)) if opset < 13 else (axis,)
+    axes = tuple(softmax_axes({a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}, x.ndim))
     moved = np.moveaxis(x.astype(np.int64), axes, range(x.ndim - len(axes), x.ndim))
     rows = moved.reshape(-1, int(np.prod([x.shape[a] for a in axes])))
     t = softmax_table(x_scale, rows.shape[1])[rows - rows.max(axis=1, keepdims=True) + 255]

@@ -17,7 +17,7 @@ from dlcc.backends.source import render
 from dlcc.config import load_device
 from dlcc.kernels import splitk as sk
 from dlcc.kernels.gemm import all_tiling_names, gemm_source, plain_spec, tiling_family_for
-from dlcc.kernels.gemm_mma import choose_mma_tiling
+from dlcc.kernels.gemm_mma import choose_mma_tiling, mma_tilings
 from dlcc.kernels.gemm_mma_async import swizzle
 from dlcc.kernels.gemm_wgmma import TILINGS, chooses_wgmma, uses_wgmma, wg_n, wgmma_fits, wgmma_tilings
 from test_gemm_mma_async import HALF, _operands, _reference, _run
@@ -149,7 +149,7 @@ def test_only_sm_90_runs_them_and_only_a_measured_spec_picks_them():
     for shape in ((1, 128, 768, 768), (1, 1024, 1024, 1024)):
         assert not choose_mma_tiling(*shape, h100, "bf16").wgmma
         assert choose_mma_tiling(*shape, on, "bf16").name in {t.name for t in sk.variants(wgmma_tilings("bf16"), on)} | {
-            t.name for t in sk.variants(choose_mma_tiling.__globals__["mma_tilings"]("bf16", True), on)}
+            t.name for t in sk.variants(mma_tilings("bf16", True), on)}
 
 
 def test_a_wgmma_module_is_built_for_sm_90a():
@@ -165,13 +165,13 @@ def test_nvcc_builds_every_wgmma_tiling_without_spills(tmp_path):
     """Every tiling at both precisions, with operands copied raw and loaded per element, unsplit
     and split, builds for sm_90a; the PTX holds the wgmma of each width, its fences, commits and
     waits, and the proxy fence; nothing spills; the dynamic ones hold no static shared memory."""
-    sources, names = [], []
+    sources, dynamic = [], []
     for precision, half in HALF.items():
         for tb in (True, False):
             spec = plain_spec(128, 768, 768, tb, b_dtype=half, a_dtype=half)
             for t in wgmma_tilings(precision) + tuple(dataclasses.replace(t, splitk=4) for t in wgmma_tilings(precision)[:2]):
-                names.append(f"g_{t.name}_{int(tb)}")
-                sources.append(gemm_source(names[-1], spec, t))
+                sources.append(gemm_source(f"g_{t.name}_{int(tb)}", spec, t))
+                dynamic += [f"g_{t.name}_{int(tb)}"] if t.dynamic else []
     src = tmp_path / "k.cu"
     src.write_text(render(sources, "cuda"))
     ptx, log = nvcc_ptx_and_ptxas(src, arch_for(src.read_text(), "sm_90"))
@@ -180,8 +180,6 @@ def test_nvcc_builds_every_wgmma_tiling_without_spills(tmp_path):
     assert len(spills) == len(sources) and not any(spills) and not any(stacks), log[-3000:]
     assert "C7510" not in log and "serialized" not in log, log[-3000:]  # ptxas kept the wgmma pipeline
     used = dict(re.findall(r"Function properties for (\w+)\n.*\n.*Used \d+ registers([^\n]*)", log))
-    dynamic = [n for n, t in zip(names, [t for p in HALF for tb in (1, 0) for t in wgmma_tilings(p) + tuple(
-        dataclasses.replace(t, splitk=4) for t in wgmma_tilings(p)[:2])]) if t.dynamic]
     assert dynamic and all(n in used and "bytes smem" not in used[n] for n in dynamic)
     for n_ in sorted({wg_n(t) for t in wgmma_tilings("bf16")}):
         for ty in ("f16", "bf16"):

@@ -251,8 +251,8 @@ def operand_copies(t, spec, a: OperandTile, b: OperandTile, a_raw: bool, b_raw: 
 
 def pipeline_fill(t, KB: int, k_first: str, issue: list[str], land: list[str], ahead: int | None = None) -> list[str]:
     """The first `ahead` k blocks (STAGES - 1 unless given) put in flight, each its own cp.async group."""
-    S = t.stages if ahead is None else ahead + 1
-    return [f"    for (int st = 0; st < {S - 1}; ++st) {{  /* the first {S - 1} k blocks in flight */",
+    ahead = t.stages - 1 if ahead is None else ahead
+    return [f"    for (int st = 0; st < {ahead}; ++st) {{  /* the first {ahead} k blocks in flight */",
             f"        if (st < {KB}) {{", f"            const int kf = {k_first}st * {t.bk};",
             *_indent(issue, 12), *_indent(land, 12), "        }", "        CP_ASYNC_COMMIT();", "    }"]
 

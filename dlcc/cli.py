@@ -524,6 +524,7 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
     from .config import builtin_names, load_device, load_pipeline
     from .ops.registry import _REGISTRY
     from .passes import PASSES
+    from .fused_ops import MICROSOFT as FUSED, ONNX_DOMAIN as FUSED_ONNX_DOMAIN
     from .quantized import MICROSOFT
 
     if what == "ops":
@@ -538,7 +539,11 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
                                            ("MatMulInteger", "10"), ("ConvInteger", "10"), ("QLinearMatMul", "10"),
                                            ("QLinearConv", "10"))]
                       + [(f"com.microsoft::{op}", "quantized: float32 arithmetic at import (dlcc/quantized.py)", "1")
-                         for op in sorted(MICROSOFT)])
+                         for op in sorted(MICROSOFT)]
+                      + [(f"com.microsoft::{op}", "onnxruntime's fused op: standard ops at import (dlcc/fused_ops.py)", "1")
+                         for op in FUSED]
+                      + [(f"{op} (onnxruntime's)", "onnxruntime's ONNX-domain op: standard ops at import (dlcc/fused_ops.py)",
+                          "1" if op == "SimplifiedLayerNormalization" else "1 to 16") for op in FUSED_ONNX_DOMAIN])
         cols = ("op", "category", "since opsets")
     elif what == "devices":
         rows = []

@@ -595,6 +595,16 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     orig_init = {i.name for i in model.graph.initializer}
     signature = [i.name for i in model.graph.input if i.name not in orig_init]
     weights = split_weights(model, path)
+
+    def lenient(m: onnx.ModelProto) -> onnx.ModelProto:
+        # A branch not taken may not type-check at these shapes until it is dropped.
+        return shape_inference.infer_shapes(m, check_type=False, strict_mode=False, data_prop=True)
+
+    # onnxruntime's fused ops become standard ops first (fused_ops.py): two of them sit in the
+    # ONNX domain, where the checker rejects them.
+    from .fused_ops import lower_fused
+
+    model, fused_notes = lower_fused(model, lenient, weights, path)
     check_model(model, path)
     shapes, bound_values = bind_values(model, shapes, weights)
     model = bind_shapes(model, shapes, source=str(path), weights=weights)
@@ -608,13 +618,10 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     from .quantized import lower_quantized
     from .spectral import lower_spectral
 
-    def lenient(m: onnx.ModelProto) -> onnx.ModelProto:
-        # A branch not taken may not type-check at these shapes until it is dropped.
-        return shape_inference.infer_shapes(m, check_type=False, strict_mode=False, data_prop=True)
-
     # Ifs whose condition is known now (a constant, a bound value, a shape test) are inlined
     # before onnxruntime folds anything (control_flow.inline_ifs says why).
     model, notes, _ = inline_ifs(model, path, lenient, computed=False)
+    notes = fused_notes + notes
     try:
         shaped = infer_shapes(model, path)
     except ModelError:  # reported below, after folding, where folding does not cure it

@@ -38,11 +38,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
-from .errors import DlccError, ModelError, UnsupportedDtypesError
-from .expand import _all_names, _prefix
-from .spectral import _constants, _shapes_and_types
+from .errors import ModelError, UnsupportedDtypesError
+from .rewrite import Builder, Later, raise_opset, rewrite_rounds
+from .spectral import _shapes_and_types
 
 #: A float32 sum of integers is exact while every partial sum stays below this.
 MAX_EXACT = 2 ** 24
@@ -83,8 +83,6 @@ def lower_quantized(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray
 
     Runs in rounds: an op whose input's rank is not known yet (the output of a com.microsoft op,
     which onnx's shape inference does not know) waits for the next round."""
-    made: set[str] = set()
-    counts: dict[str, int] = {}
     from .frontend import opset_of
 
     def chosen(n: onnx.NodeProto) -> bool:
@@ -92,66 +90,14 @@ def lower_quantized(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray
 
     notes: list[str] = []
     if any(chosen(n) for n in model.graph.node) and opset_of(model) < 11:
-        # The arithmetic needs opset 11 (Round, Equal on floats): the model is converted first by
-        # onnx's version converter, which rewrites what changed at 11 (Clip, Resize, ...).
-        from onnx import version_converter
-
-        before = opset_of(model)
-        try:
-            model = version_converter.convert_version(model, 11)
-        except Exception as e:
-            raise ModelError(f"{path}: quantized ops at opset {before} are computed with opset 11's Round, and onnx's "
-                             f"version converter cannot convert this model to opset 11: {str(e).splitlines()[0][:300]}") from None
-        notes.append(f"import: converted from opset {before} to 11 for the quantized ops (onnx.version_converter)")
+        # The arithmetic needs opset 11 (Round, Equal on floats).
+        model, note = raise_opset(model, 11, path, "quantized ops are computed with opset 11's Round")
+        notes.append(note)
     # Shapes are inferred afresh: a model's own value_info (symbolic dims written by its
     # exporter or quantizer) would otherwise hide what the bound input shapes imply.
     if any(chosen(n) for n in model.graph.node):
         del model.graph.value_info[:]
-    cache: dict[tuple, tuple] = {}  # derived constants shared between nodes (_Builder.shared)
-    while any(chosen(n) for n in model.graph.node):
-        g = model.graph
-        info = _shapes_and_types(infer(model).graph)
-        info.update({k: (tuple(shape), elem) for k, (shape, elem) in (known or {}).items()})
-        consts = _constants(g, weights or {}, path)
-        taken = _all_names(g)
-        out: list[onnx.NodeProto] = []
-        progress = False
-        waiting = None  # the first error a node that waits would raise, were this the last round
-        for k, node in enumerate(g.node):
-            if not chosen(node):
-                out.append(node)
-                continue
-            b = _Builder(node, _prefix(node, k, taken), info, consts, weights, g, path, cache, opset_of(model))
-            taken.add(b.prefix)
-            try:
-                _check_inputs(b)
-                _LOWER[node.op_type](b)
-            except _Later as e:
-                out.append(node)
-                waiting = waiting or (e.args[0] if e.args else None)
-                continue
-            except DlccError:
-                raise
-            except Exception as e:  # a malformed node the checks above did not foresee
-                raise b.fail(f"cannot be computed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
-            out += b.nodes
-            for name, arr in b.pending:
-                b.commit(name, arr)
-            made.update(n.name for n in b.nodes)
-            counts[node.op_type] = counts.get(node.op_type, 0) + 1
-            progress = True
-        del g.node[:]
-        g.node.extend(out)
-        del g.value_info[:]
-        if not progress:
-            if waiting is not None:
-                raise waiting
-            left = sorted({n.op_type for n in g.node if chosen(n)})
-            unknown = sorted({f"{n.domain}.{n.op_type}" for n in g.node if n.domain not in ("", "ai.onnx")
-                              and not is_quantized_op(n)})
-            raise ModelError(f"{path}: the input ranks of {', '.join(left)} could not be inferred"
-                             + (f": they follow {', '.join(unknown)}, which dlcc does not support and "
-                                "onnx cannot infer" if unknown else "; bind the model's dynamic dims with --shape"))
+    made, counts = rewrite_rounds(model, infer, weights, path, chosen, _lower, _Builder, known)
     if counts:
         model = _float_pools(model, infer)
     notes += [f"import: quantized ops computed in float32 ({', '.join(f'{n} {op}' for op, n in sorted(counts.items()))})"] if counts else []
@@ -237,112 +183,14 @@ def tensor_types(model: onnx.ModelProto, names: list[str], feeds: dict) -> dict[
     return {n: (helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype), list(np.shape(v))) for n, v in zip(names, vals)}
 
 
-class _Later(Exception):
-    """An input's rank (or shape) is not known in this round; the argument, if any, is the error
-    to raise if no later round makes it known."""
+_Later = Later
 
 
-class _Builder:
-    """Emits the float32 nodes for one quantized node, names under its prefix."""
-
-    def __init__(self, node, prefix, info, consts, weights, graph, path, cache, opset):
-        self.node, self.prefix, self.info, self.consts = node, prefix, info, consts
-        self.weights, self.graph, self.path, self.cache = weights, graph, path, cache
-        self.opset = opset  # the ops written here take their opset-13 forms from 13 on (Split, Unsqueeze, ReduceSum)
-        self.label = node.name or node.output[0]
-        self.nodes: list[onnx.NodeProto] = []
-        self.pending: list[tuple[str, np.ndarray]] = []  # weights, kept once the node is done
-        self.attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        self._n = 0
-
-    # -- inputs ---------------------------------------------------------------------------
-    def input(self, i: int) -> str:
-        return self.node.input[i] if i < len(self.node.input) else ""
-
-    def const(self, name: str) -> np.ndarray | None:
-        return self.consts.get(name) if name else None
-
-    def elem(self, name: str) -> int | None:
-        c = self.const(name)
-        if c is not None:
-            return helper.np_dtype_to_tensor_dtype(c.dtype)
-        return self.info.get(name, (None, None))[1] or None
-
-    def note(self, name: str, shape, elem: int | None) -> str:
-        """Record the shape (None: unknown; only its rank is read) and type of a tensor made here."""
-        self.info[name] = (shape, elem)
-        return name
-
-    def rank(self, name: str) -> int:
-        c = self.const(name)
-        if c is not None:
-            return c.ndim
-        shape = self.info.get(name, (None, None))[0]
-        if shape is None:
-            raise _Later()
-        return len(shape)
-
-    def fail(self, why: str, kind=ModelError) -> Exception:
-        return kind(f"{self.path}: {self.node.op_type} {self.label!r}: {why}")
-
-    # -- outputs --------------------------------------------------------------------------
-    def fresh(self, hint: str) -> str:
-        self._n += 1
-        return f"{self.prefix}{hint}{self._n}"
-
-    def op(self, op_type: str, inputs: list[str], out: str | None = None, **attrs) -> str:
-        out = out or self.fresh(op_type.lower())
-        short = out[len(self.prefix):] if out.startswith(self.prefix) else out
-        self.nodes.append(helper.make_node(op_type, inputs, [out], name=f"{self.label}/{short}", **attrs))
-        return out
-
-    def constant(self, value, dtype=np.float32) -> str:
-        """A constant: small ones as Constant nodes, large ones (a dequantized weight) as weights,
-        which is how split_weights leaves the model's own."""
-        arr = np.array(value, dtype)  # (a copy, C-ordered; np.ascontiguousarray would make a scalar 1-D)
-        name = self.fresh("c")
-        if arr.size > 64:
-            self.pending.append((name, arr))
-        else:
-            self.nodes.append(helper.make_node("Constant", [], [name], name=f"{self.label}/{name[len(self.prefix):]}",
-                                               value=numpy_helper.from_array(arr, name)))
-        self.consts[name] = arr
-        return name
-
-    def commit(self, name: str, arr: np.ndarray) -> None:
-        """Put a large constant in the model: a weight (as split_weights leaves the model's own),
-        or an initializer where there are no split weights (exact_products)."""
-        if self.weights is None:
-            self.graph.initializer.append(numpy_helper.from_array(arr, name))
-            return
-        self.weights[name] = arr
-        self.graph.input.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype), list(arr.shape)))
-
-    def shared(self, key: tuple, make) -> str:
-        """A large float32 constant derived from the model's constants (`make()`), made once per
-        import and read by every node that derives the same one: an unrolled LSTM's R,
-        centred, serves all its steps, instead of a copy per step."""
-        if key not in self.cache:
-            arr = np.array(make(), np.float32)
-            if arr.size <= 64:
-                return self.constant(arr)
-            name = f"{self.prefix}shared{len(self.cache)}"
-            self.commit(name, arr)
-            self.cache[key] = (name, arr)
-        name, arr = self.cache[key]
-        self.consts[name] = arr
-        return name
+class _Builder(Builder):
+    """A Builder with the quantization arithmetic: scales and zero points placed along their
+    axis, quantize and dequantize steps, and exact products' bounds."""
 
     # -- helpers --------------------------------------------------------------------------
-    def as_float(self, name: str) -> str:
-        """`name` as a float32 tensor (a constant is converted here)."""
-        c = self.const(name)
-        if c is not None and c.size > 64:
-            return self.shared(("float", name), lambda: c.astype(np.float32))
-        if c is not None:
-            return self.constant(c.astype(np.float32))
-        return name if self.elem(name) == _F else self.op("Cast", [name], to=_F)
-
     def trailing(self, axis: int, of: str) -> int:
         """How many size-1 dims follow `axis` in tensor `of`: a negative axis needs no rank, so a
         per-row or per-column vector is placed even where `of`'s rank is not known yet."""
@@ -433,6 +281,11 @@ _INPUTS = {"QGemm": (6, 9), "QLinearAdd": (7, 8), "QLinearMul": (7, 8), "QLinear
            "QLinearLeakyRelu": (4, 5), "QLinearGlobalAveragePool": (4, 5), "DynamicQuantizeMatMul": (3, 5),
            "MatMulIntegerToFloat": (4, 7), "QuantizeLinear": (2, 3), "DequantizeLinear": (2, 3),
            "DynamicQuantizeLSTM": (12, 12), "QLinearSoftmax": (4, 5), "QLinearAveragePool": (4, 5)}
+
+
+def _lower(b: _Builder) -> None:
+    _check_inputs(b)
+    _LOWER[b.node.op_type](b)
 
 
 def _check_inputs(b: _Builder) -> None:

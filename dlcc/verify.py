@@ -114,11 +114,16 @@ def _graph(model_path) -> onnx.GraphProto:
 
 
 def _half_outputs(model_path) -> tuple[bool, dict[str, str]]:
-    """(whether the model's inputs or outputs hold a 16-bit float, {output: its 16-bit dtype}),
-    from the graph alone (its weights stay unread)."""
+    """(whether the model computes in a 16-bit float anywhere, {output: its 16-bit dtype}), from
+    the graph alone (its weights stay unread). A mixed-precision model counts: float32 inputs and
+    outputs around float16 weights and Casts, as onnxruntime's float16 converter writes with
+    keep_io_types (the reference is then the widened model, like a float16 model's)."""
     g = _graph(model_path)
     half = {vi.name: _HALF[vi.type.tensor_type.elem_type] for vi in g.output if vi.type.tensor_type.elem_type in _HALF}
-    return bool(half) or any(vi.type.tensor_type.elem_type in _HALF for vi in g.input), half
+    inside = (any(vi.type.tensor_type.elem_type in _HALF for vi in list(g.input) + list(g.value_info))
+              or any(t.data_type in _HALF for t in g.initializer)
+              or any(a.name == "to" and a.i in _HALF for n in g.node if n.op_type == "Cast" for a in n.attribute))
+    return bool(half) or inside, half
 
 
 def is_quantized(model_path) -> bool:

@@ -97,6 +97,26 @@ def test_the_reference_widens_casts_constants_and_rounds_outputs(tmp_path):
     assert y.dtype == BF16 and np.array_equal(y.view(np.uint16), want.view(np.uint16))
 
 
+def test_a_mixed_precision_model_is_widened_too(tmp_path):
+    """float32 inputs and outputs around float16 weights and Casts (onnxruntime's float16
+    converter with keep_io_types): the reference is the widened model, not onnxruntime rounding
+    every intermediate to float16, which a float32 plan is not."""
+    w = (np.arange(12, dtype=np.float32).reshape(3, 4) / 7).astype(np.float16)
+    nodes = [helper.make_node("Cast", ["x"], ["xh"], to=TensorProto.FLOAT16),
+             helper.make_node("MatMul", ["xh", "w"], ["yh"]),
+             helper.make_node("Cast", ["yh"], ["y"], to=TensorProto.FLOAT)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [numpy_helper.from_array(w, "w")])
+    path = tmp_path / "mixed.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    x = np.array([[1.001, 2.003, -3.007], [0.1, 0.2, 0.3]], np.float32)
+    (y,) = run_onnxruntime(str(path), {"x": x})
+    want = x.astype(np.float64) @ w.astype(np.float64)  # x not rounded to float16, nor the product
+    assert y.dtype == np.float32 and np.allclose(y, want, rtol=1e-6, atol=0)
+    rounded = (x.astype(np.float16) @ w).astype(np.float32)  # what float16 intermediates give
+    assert not np.allclose(rounded, want, rtol=1e-6, atol=0)
+
+
 def test_a_half_model_computes_at_its_own_precision_where_tensor_cores_are(bf16_model, tmp_path):
     """No precision asked for: bf16 on an sm_80+ CUDA device, float32 on OpenCL and on an older GPU
     (with a note each time); a precision set in the pipeline file or on the command line wins."""

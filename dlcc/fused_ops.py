@@ -1,0 +1,623 @@
+"""onnxruntime's fused ops (its transformer optimizer's and its saved-optimized models') become
+standard ONNX ops at import, before anything else reads the model.
+
+Why: a model that went through `onnxruntime.transformers.optimizer` (or Hugging Face Optimum's
+ORTOptimizer, or was saved by an onnxruntime session with `optimized_model_filepath`) holds
+com.microsoft ops that no ONNX exporter writes: Attention, MultiHeadAttention,
+EmbedLayerNormalization, SkipLayerNormalization, SkipSimplifiedLayerNormalization, Gelu,
+BiasGelu, FastGelu, QuickGelu, BiasAdd, RotaryEmbedding, FusedMatMul, FusedGemm, FusedConv, and
+two ops onnxruntime registers in the ONNX domain itself (SimplifiedLayerNormalization, and
+LayerNormalization below opset 17), which the ONNX checker rejects. Such files are what many
+packages ship (`model_optimized.onnx`).
+
+Each is rewritten into the standard ops that compute what onnxruntime's CPU kernel computes
+(their schemas and kernels in onnxruntime/contrib_ops/cpu are the reference; the tests check each
+against onnxruntime). dlcc then lowers and stitches those ops as it does an exporter's: an
+Attention node becomes the MatMul, Softmax, MatMul chain that AStitch's attention fusion and the
+GEMM rOperators already handle. Nothing is lost against a kernel per fused op, since the
+passes fuse again, across the old op boundaries too.
+
+The rewrites are written to be shape-agnostic (Reshape with 0 and -1, masks built with Shape and
+Range), since they run before the model's dims are bound; they need only input ranks, which
+shape inference gives, and a node waits a round (rewrite.Later) until it knows them.
+Normalizations and activations on float16 or bfloat16 tensors compute in float32 and cast back,
+as onnxruntime's kernels do.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from .rewrite import Builder, Later, rewrite_rounds
+
+_F = onnx.TensorProto.FLOAT
+_HALF = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+_I64 = onnx.TensorProto.INT64
+
+#: onnxruntime's default epsilons (its contrib schemas): the skip and embedding layer norms
+#: default to 1e-12, the others to 1e-5.
+_EPS_SKIP = 1e-12
+
+
+def is_fused_op(node: onnx.NodeProto, opset: int) -> bool:
+    """Whether `node` is one of onnxruntime's fused ops that this module rewrites."""
+    if node.domain == "com.microsoft":
+        return node.op_type in _LOWER
+    if node.domain in ("", "ai.onnx"):
+        return node.op_type == "SimplifiedLayerNormalization" or (node.op_type == "LayerNormalization" and opset < 17)
+    return False
+
+
+def lower_fused(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray] | None, path) -> tuple[onnx.ModelProto, list[str]]:
+    """Rewrite every fused op of the main graph (in place) into standard ops. `infer` is a lenient
+    shape inference; `weights` holds the values split_weights took out of the graph (None: new
+    constants become initializers). Returns the model and notes for the pass log."""
+    from .frontend import opset_of
+
+    opset = opset_of(model)
+    if not any(is_fused_op(n, opset) for n in model.graph.node):
+        return model, []
+    if opset < 11:
+        from .rewrite import raise_opset
+
+        model, note = raise_opset(model, 11, path, "onnxruntime's fused ops are written with opset 11's Range and Slice")
+        opset, notes = 11, [note]
+    else:
+        notes = []
+    _, counts = rewrite_rounds(model, infer, weights, path, lambda n: is_fused_op(n, opset), _lower, _Builder)
+    notes.append("import: onnxruntime's fused ops rewritten into standard ops ("
+                 + ", ".join(f"{n} {op}" for op, n in sorted(counts.items())) + ")")
+    return model, notes
+
+
+class _Builder(Builder):
+    """A Builder with the opset-dependent forms of the few ops whose signature changed."""
+
+    def const_of(self, value, like: str | int) -> str:
+        """A constant in the element type `like` (an ONNX type, or a tensor's: float32 where it
+        is not known)."""
+        elem = like if isinstance(like, int) else (self.elem(like) or _F)
+        return self.constant(np.asarray(value, helper.tensor_dtype_to_np_dtype(elem)),
+                             helper.tensor_dtype_to_np_dtype(elem))
+
+    def ints(self, *values: int) -> str:
+        return self.constant(np.array(values, np.int64), np.int64)
+
+    def reduce_mean(self, x: str, axes: list[int]) -> str:
+        if self.opset >= 18:
+            return self.op("ReduceMean", [x, self.ints(*axes)], keepdims=1)
+        return self.op("ReduceMean", [x], axes=axes, keepdims=1)
+
+    def unsqueeze(self, x: str, axes: list[int], out: str | None = None) -> str:
+        if self.opset >= 13:
+            return self.op("Unsqueeze", [x, self.ints(*axes)], out)
+        return self.op("Unsqueeze", [x], out, axes=axes)
+
+    def slice(self, x: str, start, end, axis: int) -> str:
+        """x[start:end] along `axis`; start and end are ints or 1-element int64 tensors."""
+        s = self.ints(start) if isinstance(start, int) else start
+        e = self.ints(end) if isinstance(end, int) else end
+        return self.op("Slice", [x, s, e, self.ints(axis)])
+
+    def dim(self, x: str, axis: int) -> str:
+        """Dim `axis` of x as a 1-element int64 tensor."""
+        return self.slice(self.op("Shape", [x]), axis, axis + 1 if axis != -1 else (1 << 62), 0)
+
+    def to_float(self, x: str) -> tuple[str, int]:
+        """x as float32 (a half tensor is cast), and its own element type."""
+        elem = self.elem(x) or _F
+        return (self.op("Cast", [x], to=_F) if elem in _HALF else x), elem
+
+    def output(self, value: str, k: int, elem: int) -> None:
+        """Name `value` as the node's output `k` (if the node has it), cast back to `elem`."""
+        if k >= len(self.node.output) or not self.node.output[k]:
+            return
+        out = self.node.output[k]
+        if elem in _HALF:
+            self.op("Cast", [value], out, to=elem)
+        else:
+            self.op("Identity", [value], out)
+
+    def wants(self, k: int | None) -> bool:
+        """Whether the node has output `k` (None: an output the op does not have)."""
+        return k is not None and k < len(self.node.output) and bool(self.node.output[k])
+
+    def attr(self, name: str, default):
+        """Attribute `name`, or `default`; one of another kind than the default's (a float
+        where an int belongs, an int where a list does) is a clear error."""
+        v = self.attrs.get(name, default)
+        kinds = {bool: int, int: int, float: (int, float), list: list, bytes: (bytes, str)}
+        want = kinds.get(type(default), type(default))
+        if not isinstance(v, want) or (isinstance(v, list) and not all(isinstance(x, (int, float)) for x in v)):
+            kind = {int: "an int", list: "a list of numbers"}.get(want, "a float" if want == (int, float) else "a string")
+            raise self.fail(f"attribute {name!r} must be {kind}, not {v!r}"[:300])
+        return v
+
+    def unsupported(self, what: str) -> Exception:
+        from .ops.context import LoweringError
+
+        return self.fail(f"{what} is not supported", LoweringError)
+
+    def scalar(self, x: str) -> str:
+        """A 1-element tensor as a scalar (Range's bounds are scalars)."""
+        return self.op("Squeeze", [x, self.ints(0)]) if self.opset >= 13 else self.op("Squeeze", [x], axes=[0])
+
+    def arange(self, start: str, length: str) -> str:
+        """start, start + 1, ... (length values); scalar int64 start, 1-element int64 length."""
+        end = self.op("Add", [start, self.scalar(length)])
+        return self.op("Range", [start, end, self.constant(np.int64(1), np.int64)])
+
+
+def _lower(b: _Builder) -> None:
+    lo, hi = _INPUTS.get(b.node.op_type, (1, 1 << 30))
+    n = len(b.node.input)
+    if not lo <= n <= hi:
+        raise b.fail(f"takes {lo} to {hi} inputs, not {n}")
+    for i in _REQUIRED.get(b.node.op_type, range(lo)):
+        if not b.input(i):
+            raise b.fail(f"input {i} is required")
+    _LOWER[b.node.op_type](b)
+
+
+# -- activations ----------------------------------------------------------------------------
+
+def _gelu_of(b: _Builder, x: str) -> str:
+    """0.5 x (1 + erf(x / sqrt 2)) in float32 (onnxruntime's Gelu and BiasGelu)."""
+    e = b.op("Erf", [b.op("Mul", [x, b.constant(np.float32(1 / np.sqrt(2)))])])
+    return b.op("Mul", [b.op("Mul", [x, b.constant(np.float32(0.5))]), b.op("Add", [e, b.constant(np.float32(1))])])
+
+
+def _biased(b: _Builder, x: str, bias: str) -> tuple[str, int]:
+    """x (+ bias), as float32, and x's element type."""
+    xf, elem = b.to_float(x)
+    if bias:
+        xf = b.op("Add", [xf, b.to_float(bias)[0]])
+    return xf, elem
+
+
+def _gelu(b: _Builder) -> None:
+    x, elem = _biased(b, b.input(0), b.input(1))
+    b.output(_gelu_of(b, x), 0, elem)
+
+
+def _fast_gelu(b: _Builder) -> None:
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), onnxruntime's tanh approximation."""
+    x, elem = _biased(b, b.input(0), b.input(1))
+    alpha = np.float32(np.sqrt(2 / np.pi))
+    inner = b.op("Mul", [x, b.op("Add", [b.constant(alpha), b.op("Mul", [b.op("Mul", [x, x]), b.constant(np.float32(0.044715) * alpha)])])])
+    y = b.op("Mul", [b.op("Mul", [x, b.constant(np.float32(0.5))]), b.op("Add", [b.op("Tanh", [inner]), b.constant(np.float32(1))])])
+    b.output(y, 0, elem)
+
+
+def _quick_gelu(b: _Builder) -> None:
+    """x sigmoid(alpha x)."""
+    x, elem = b.to_float(b.input(0))
+    alpha = float(b.attr("alpha", 1.702))
+    b.output(b.op("Mul", [x, b.op("Sigmoid", [b.op("Mul", [x, b.constant(np.float32(alpha))])])]), 0, elem)
+
+
+def _bias_add(b: _Builder) -> None:
+    """X + bias + skip."""
+    b.op("Add", [b.op("Add", [b.input(0), b.input(1)]), b.input(2)], b.node.output[0])
+
+
+#: onnxruntime's fused activations (FusedConv, FusedGemm): name -> (op, its attributes from
+#: activation_params or activation_alpha/beta).
+def _activation(b: _Builder, y: str, out: str) -> None:
+    act = b.attr("activation", b"")
+    act = act.decode(errors="replace") if isinstance(act, bytes) else act
+    params = [float(v) for v in b.attr("activation_params", [])]
+    if b.node.op_type == "FusedGemm":
+        params = [float(b.attr("activation_alpha", 0.01 if act == "LeakyRelu" else 0.2)),
+                  float(b.attr("activation_beta", 0.5))]
+    if act in ("", "Identity"):
+        b.op("Identity", [y], out)
+    elif act in ("Relu", "Tanh", "Sigmoid"):
+        b.op(act, [y], out)
+    elif act == "LeakyRelu":
+        b.op("LeakyRelu", [y], out, alpha=params[0] if params else 0.01)
+    elif act == "HardSigmoid":
+        b.op("HardSigmoid", [y], out, alpha=params[0] if params else 0.2, beta=params[1] if len(params) > 1 else 0.5)
+    elif act == "Clip":
+        if len(params) < 2:
+            raise b.fail("a Clip activation takes its min and max in activation_params")
+        b.op("Clip", [y, b.const_of(np.float32(params[0]), b.input(0)), b.const_of(np.float32(params[1]), b.input(0))], out)
+    else:
+        raise b.unsupported(f"activation {act!r}")
+
+
+def _fused_conv(b: _Builder) -> None:
+    """Conv, then + Z (a residual), then the activation."""
+    keep = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+    attrs = {k: v for k, v in b.attrs.items() if k in keep}  # (Conv's, which the checker sees after the rewrite)
+    if isinstance(attrs.get("auto_pad"), bytes):
+        attrs["auto_pad"] = attrs["auto_pad"].decode()
+    y = b.op("Conv", [x for x in b.node.input[:3]], **attrs)
+    if b.input(3):
+        y = b.op("Add", [y, b.input(3)])
+    _activation(b, y, b.node.output[0])
+
+
+def _fused_gemm(b: _Builder) -> None:
+    keep = ("alpha", "beta", "transA", "transB")
+    y = b.op("Gemm", list(b.node.input[:3]), **{k: v for k, v in b.attrs.items() if k in keep})
+    _activation(b, y, b.node.output[0])
+
+
+def _fused_matmul(b: _Builder) -> None:
+    """alpha * (A or A^T) x (B or B^T), transposing the last two dims (FusedMatMul, TransposeMatMul)."""
+    if int(b.attr("transBatchA", 0)) or int(b.attr("transBatchB", 0)):
+        raise b.unsupported("FusedMatMul with transBatchA or transBatchB")
+
+    def operand(i: int, flag: str) -> str:
+        x = b.input(i)
+        if not int(b.attr(flag, 0)):
+            return x
+        r = b.rank(x)
+        if r < 2:
+            raise b.fail(f"input {i} of rank {r} cannot be transposed")
+        return b.op("Transpose", [x], perm=list(range(r - 2)) + [r - 1, r - 2])
+
+    y = b.op("MatMul", [operand(0, "transA"), operand(1, "transB")])
+    alpha = float(b.attr("alpha", 1.0))
+    if alpha != 1.0:
+        y = b.op("Mul", [y, b.const_of(np.float32(alpha), b.input(0))])
+    b.op("Identity", [y], b.node.output[0])
+
+
+# -- normalizations -------------------------------------------------------------------------
+
+def _norm_axes(b: _Builder, x: str, axis: int) -> list[int]:
+    """The normalized axes [axis, rank), negative (so a -1 needs no rank)."""
+    if axis == -1:
+        return [-1]
+    r = b.rank(x)
+    if not -r <= axis < r:
+        raise b.fail(f"axis {axis} is outside the input's {r} dims")
+    first = axis % r
+    return list(range(first - r, 0))
+
+
+def _layer_norm(b: _Builder, x: str, gamma: str, beta: str, eps: float, axes: list[int], elem: int,
+                outs: tuple[int, int, int], rms: bool = False) -> None:
+    """y = (x - mean) / sqrt(var + eps) * gamma + beta over `axes` (rms: x / sqrt(mean(x^2) + eps)
+    * gamma), x float32; the outputs at indices `outs` = (y, mean, inverse std) where the node has
+    them. Two passes, as onnxruntime's LayerNormalization does (its skip variants take E[x^2] -
+    mean^2; the two differ in the last bits)."""
+    y_k, mean_k, inv_k = outs
+    if not rms and b.opset >= 17 and len(axes) == 1 and not b.wants(mean_k) and not b.wants(inv_k):
+        g = b.to_float(gamma)[0]
+        ins = [x, g] + ([b.to_float(beta)[0]] if beta else [])
+        b.output(b.op("LayerNormalization", ins, axis=axes[0], epsilon=eps), y_k, elem)
+        return
+    if rms:
+        d, mean = x, None
+    else:
+        mean = b.reduce_mean(x, axes)
+        d = b.op("Sub", [x, mean])
+    var = b.reduce_mean(b.op("Mul", [d, d]), axes)
+    inv = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [var, b.constant(np.float32(eps))])])])
+    y = b.op("Mul", [b.op("Mul", [d, inv]), b.to_float(gamma)[0]])
+    if beta:
+        y = b.op("Add", [y, b.to_float(beta)[0]])
+    b.output(y, y_k, elem)
+    if mean is not None and b.wants(mean_k):
+        b.op("Identity", [mean], b.node.output[mean_k])
+    if b.wants(inv_k):
+        b.op("Identity", [inv], b.node.output[inv_k])
+
+
+def _skip_layer_norm(b: _Builder) -> None:
+    """input + skip (+ bias), then a layer norm over the last axis; outputs (y, mean, inverse std,
+    the sum). SkipSimplifiedLayerNormalization: the same with an RMS norm, and no beta input."""
+    rms = b.node.op_type == "SkipSimplifiedLayerNormalization"
+    x, elem = b.to_float(b.input(0))
+    s = b.op("Add", [x, b.to_float(b.input(1))[0]])
+    bias = b.input(3) if rms else b.input(4)
+    if bias:
+        s = b.op("Add", [s, b.to_float(bias)[0]])
+    b.output(s, 3, elem)
+    beta = "" if rms else b.input(3)
+    _layer_norm(b, s, b.input(2), beta, float(b.attr("epsilon", _EPS_SKIP)), [-1], elem, (0, 1, 2), rms=rms)
+
+
+def _contrib_layer_norm(b: _Builder) -> None:
+    """onnxruntime's LayerNormalization (ONNX domain, before opset 17 made it standard) and
+    SimplifiedLayerNormalization (an RMS norm): outputs (Y, Mean, InvStdDev) and (Y, inv_std_var)."""
+    rms = b.node.op_type == "SimplifiedLayerNormalization"
+    x, elem = b.to_float(b.input(0))
+    axes = _norm_axes(b, b.input(0), int(b.attr("axis", -1)))
+    eps = float(b.attr("epsilon", 1e-5))
+    if rms:
+        _layer_norm(b, x, b.input(1), "", eps, axes, elem, (0, None, 1), rms=True)
+    else:
+        _layer_norm(b, x, b.input(1), b.input(2), eps, axes, elem, (0, 1, 2))
+
+
+def _embed_layer_norm(b: _Builder) -> None:
+    """word_embedding[input_ids] + position_embedding[position_ids or 0..S-1]
+    (+ segment_embedding[segment_ids]), then a layer norm; mask_index is the count of ones in
+    each row of the mask (zeros without one); embedding_sum is the sum before the norm."""
+    ids, seg_ids, word, pos, seg_emb, gamma, beta = (b.input(i) for i in range(7))
+    mask, pos_ids = b.input(7), b.input(8)
+    if bool(seg_ids) != bool(seg_emb):
+        raise b.fail("segment_ids and segment_embedding come together")
+
+    def rows(table: str, index: str) -> str:  # (typed as the table, for to_float)
+        return b.note(b.op("Gather", [table, index], axis=0), None, b.elem(table))
+
+    w, elem = b.to_float(rows(word, ids))
+    if pos_ids:
+        p = rows(pos, pos_ids)
+    else:
+        p = b.note(b.slice(pos, 0, b.dim(ids, 1), 0), None, b.elem(pos))  # [S, hidden], broadcast over the batch
+    s = b.op("Add", [w, b.to_float(p)[0]])
+    if seg_ids:
+        s = b.op("Add", [s, b.to_float(rows(seg_emb, seg_ids))[0]])
+    _layer_norm(b, s, gamma, beta, float(b.attr("epsilon", _EPS_SKIP)), [-1], elem, (0, None, None))
+    if b.wants(1):
+        if mask:
+            # (counted in float32, exact to 2**24 tokens, and cast: dlcc reduces floats)
+            ones = b.op("Cast", [b.op("Equal", [mask, b.const_of(1, mask)])], to=_F)
+            total = b.op("ReduceSum", [ones, b.ints(1)], keepdims=0) if b.opset >= 13 else \
+                b.op("ReduceSum", [ones], axes=[1], keepdims=0)
+            count = b.op("Cast", [total], to=onnx.TensorProto.INT32)
+        else:
+            zero = b.op("Mul", [b.op("Cast", [b.dim(ids, 0)], to=onnx.TensorProto.INT32), b.constant(np.int32(0), np.int32)])
+            count = b.op("Expand", [zero, b.dim(ids, 0)])
+        b.op("Identity", [count], b.node.output[1])
+    b.output(s, 2, elem)
+
+
+# -- attention ------------------------------------------------------------------------------
+
+def _heads(b: _Builder, x: str, n: int, key: bool = False) -> str:
+    """[B, L, n * h] -> [B, n, L, h] (key: [B, n, h, L], ready for Q x K^T)."""
+    x = b.op("Reshape", [x, b.ints(0, 0, n, -1)])
+    return b.op("Transpose", [x], perm=[0, 2, 3, 1] if key else [0, 2, 1, 3])
+
+
+def _padding_mask(b: _Builder, mask: str, query: str, keys: str, filter_value: float, like: str) -> str:
+    """The additive mask of onnxruntime's key padding forms, broadcastable to [B, N, S, T]:
+    raw [B, T] or [B, S, T] (1 keeps, 0 masks), or 1-D [B] end positions (right padding) or [2B]
+    ends then starts (left padding too). `keys` is the [B, N, T, h] key tensor (T from it)."""
+    r = b.rank(mask)
+    zero, fill = b.const_of(np.float32(0), like), b.const_of(np.float32(filter_value), like)
+    if r in (2, 3):
+        keep = b.op("Greater", [mask, b.const_of(0, mask)])
+        add = b.op("Where", [keep, zero, fill])
+        return b.op("Reshape", [add, b.op("Concat", [b.dim(mask, 0), b.ints(1), b.ints(1) if r == 2 else b.dim(mask, 1),
+                                                     b.ints(-1)], axis=0)])
+    if r != 1:
+        raise b.unsupported(f"a mask_index of rank {r}")
+    batch = b.dim(query, 0)
+    pos = b.arange(b.constant(np.int64(0), np.int64), b.dim(keys, 2))  # [T]
+    m64 = b.op("Cast", [mask], to=_I64)
+    end = b.unsqueeze(b.slice(m64, 0, batch, 0), [1])  # [B, 1]
+    # [2B] holds the starts after the ends; [B] has none (the zeros appended stand for them)
+    padded = b.op("Concat", [m64, b.op("Mul", [b.slice(m64, 0, batch, 0), b.constant(np.int64(0), np.int64)])], axis=0)
+    start = b.unsqueeze(b.slice(padded, batch, b.op("Add", [batch, batch]), 0), [1])
+    keep = b.op("And", [b.op("Less", [pos, end]), b.op("Not", [b.op("Less", [pos, start])])])  # [B, T]
+    add = b.op("Where", [keep, zero, fill])
+    return b.unsqueeze(add, [1, 2])
+
+
+def _causal(b: _Builder, query: str, keys: str) -> str:
+    """[S, T] booleans: key j is hidden from query i where j > (T - S) + i (the past precedes)."""
+    s, t = b.dim(query, 2), b.dim(keys, 2)
+    zero = b.constant(np.int64(0), np.int64)
+    i, j = b.arange(zero, s), b.arange(zero, t)
+    limit = b.op("Add", [b.unsqueeze(i, [1]), b.op("Sub", [t, s])])  # [S, 1]
+    return b.op("Greater", [b.unsqueeze(j, [0]), limit])
+
+
+def _attend(b: _Builder, q: str, k_t: str, v: str, scale: float, pad: str, bias: str, causal: str, elem: int) -> str:
+    """softmax(scale * q k^T + pad + bias) v, [B, N, S, h_v] -> the output [B, S, N * h_v]. The
+    causal mask is not added: a hidden score is set to float's lowest value, as onnxruntime's
+    PrepareMask sets it over any padding value (so a row whose only visible keys are padding
+    still attends to them, as onnxruntime's does). `elem` is the element type of q, k and v."""
+    scores = b.op("Mul", [b.op("MatMul", [q, k_t]), b.const_of(np.float32(scale), elem)])
+    if pad:
+        scores = b.op("Add", [scores, pad])
+    if bias:
+        scores = b.op("Add", [scores, bias])
+    if causal:
+        lowest = np.finfo(helper.tensor_dtype_to_np_dtype(elem)).min
+        scores = b.op("Where", [b.unsqueeze(causal, [0, 1]), b.const_of(lowest, elem), scores])
+    probs = b.op("Softmax", [scores], axis=-1) if b.opset >= 13 else b.op("Softmax", [scores], axis=3)
+    out = b.op("Transpose", [b.op("MatMul", [probs, v])], perm=[0, 2, 1, 3])
+    return b.op("Reshape", [out, b.ints(0, 0, -1)])
+
+
+def _attention(b: _Builder) -> None:
+    """onnxruntime's Attention: one input projected by merged Q/K/V weights, heads split, an
+    optional past concatenated before the keys and values (present = both, stacked), the padding
+    and causal masks and an attention bias added to the scaled scores."""
+    if int(b.attr("do_rotary", 0)):
+        raise b.unsupported("Attention with do_rotary")
+    if int(b.attr("past_present_share_buffer", 0)) or b.input(6):
+        raise b.unsupported("Attention with past_present_share_buffer")
+    x, w, bias, mask, past, attn_bias = (b.input(i) for i in range(6))
+    n = int(b.attr("num_heads", 0))
+    if n <= 0:
+        raise b.fail("num_heads must be positive")
+    wv = b.const(w)
+    width = wv.shape[1] if wv is not None and wv.ndim == 2 else None
+    if width is None:
+        shape = b.info.get(w, (None, None))[0]
+        width = shape[1] if shape is not None and len(shape) == 2 and shape[1] else None
+    sizes = [int(s) for s in b.attr("qkv_hidden_sizes", [])]
+    if not sizes:
+        if width is None:
+            raise Later(b.fail("the width of its weights is not known"))
+        if width % 3:
+            raise b.fail(f"weights of width {width} do not split into three equal Q, K and V parts; give qkv_hidden_sizes")
+        sizes = [width // 3] * 3
+    if len(sizes) != 3 or any(s <= 0 or s % n for s in sizes) or (width is not None and sum(sizes) != width):
+        raise b.fail(f"qkv_hidden_sizes {sizes} must be three positive multiples of num_heads {n} adding up to the weights' width {width}")
+    if past and not (sizes[0] == sizes[1] == sizes[2]):
+        raise b.fail("with a past state, Q, K and V have one hidden size")
+    edges = np.cumsum([0] + sizes)
+    parts = []
+    for k in range(3):
+        if wv is not None:
+            wk = b.constant(np.ascontiguousarray(wv[:, edges[k]:edges[k + 1]]), wv.dtype)
+        else:
+            wk = b.slice(w, int(edges[k]), int(edges[k + 1]), 1)
+        y = b.op("MatMul", [x, wk])
+        if bias:
+            bv = b.const(bias)
+            bk = b.constant(bv[edges[k]:edges[k + 1]], bv.dtype) if bv is not None else b.slice(bias, int(edges[k]), int(edges[k + 1]), 0)
+            y = b.op("Add", [y, bk])
+        parts.append(y)
+    q, k_t, v = _heads(b, parts[0], n), _heads(b, parts[1], n), _heads(b, parts[2], n)
+    k = k_t  # [B, N, L, h]
+    if past:
+        k = b.op("Concat", [b.op("Gather", [past, b.constant(np.int64(0), np.int64)], axis=0), k], axis=2)
+        v = b.op("Concat", [b.op("Gather", [past, b.constant(np.int64(1), np.int64)], axis=0), v], axis=2)
+    if b.wants(1):
+        b.op("Concat", [b.unsqueeze(k, [0]), b.unsqueeze(v, [0])], b.node.output[1], axis=0)
+    scale = float(b.attr("scale", 0.0)) or 1.0 / np.sqrt(sizes[0] // n)
+    fill = float(b.attr("mask_filter_value", -10000.0))
+    if mask and b.rank(mask) == 4:
+        raise b.unsupported("a 4-D mask_index (Megatron's)")
+    pad = _padding_mask(b, mask, x, k, fill, x) if mask else ""
+    causal = _causal(b, q, k) if int(b.attr("unidirectional", 0)) else ""
+    k_t = b.op("Transpose", [k], perm=[0, 1, 3, 2])
+    b.op("Identity", [_attend(b, q, k_t, v, scale, pad, attn_bias, causal, b.elem(x) or _F)], b.node.output[0])
+
+
+def _multi_head_attention(b: _Builder) -> None:
+    """onnxruntime's MultiHeadAttention: separate query, key and value ([B, L, hidden], or key
+    and value already [B, N, L, h]), an optional bias for the three projections, a key padding
+    mask, an attention bias, and past key and value concatenated before them."""
+    q, k, v, bias, mask, attn_bias, past_k, past_v = (b.input(i) for i in range(8))
+    if any(b.input(i) for i in (8, 9)):
+        raise b.unsupported("MultiHeadAttention with past_sequence_length or cache_indirection")
+    if any(b.wants(i) for i in (3,)):
+        raise b.unsupported("MultiHeadAttention's qk output")
+    n = int(b.attr("num_heads", 0))
+    if n <= 0:
+        raise b.fail("num_heads must be positive")
+    if b.rank(q) != 3:
+        raise b.unsupported(f"a query of rank {b.rank(q)} (packed Q, K and V)")
+    if not k or not v:
+        raise b.unsupported("MultiHeadAttention without separate key and value (packed forms)")
+    shape = b.info.get(q, (None, None))[0]
+    hq = shape[-1] if shape and shape[-1] else None  # the query's (and key's) hidden size
+    if hq is None and (bias or not float(b.attr("scale", 0.0))):
+        raise Later(b.fail("the query's hidden size is not known"))
+    if bias:
+        bv = b.const(bias)
+        if bv is None:
+            raise b.unsupported("a bias that is not a constant")
+        b_q, b_k, b_v = bv[:hq], bv[hq:2 * hq], bv[2 * hq:]
+        q = b.op("Add", [q, b.constant(b_q, bv.dtype)])
+    qh = _heads(b, q, n)
+
+    def project(t: str, bt) -> str:
+        if b.rank(t) == 4:  # already [B, N, L, h]
+            return t
+        if bt is not None:
+            t = b.op("Add", [t, b.constant(bt, bt.dtype)])
+        return _heads(b, t, n)
+
+    key, value = project(k, b_k if bias else None), project(v, b_v if bias else None)
+    if past_k:
+        key = b.op("Concat", [past_k, key], axis=2)
+        value = b.op("Concat", [past_v, value], axis=2)
+    if b.wants(1):
+        b.op("Identity", [key], b.node.output[1])
+    if b.wants(2):
+        b.op("Identity", [value], b.node.output[2])
+    scale = float(b.attr("scale", 0.0)) or 1.0 / np.sqrt(hq // n)
+    fill = float(b.attr("mask_filter_value", -10000.0))
+    pad = _padding_mask(b, mask, q, key, fill, q) if mask else ""
+    causal = _causal(b, qh, key) if int(b.attr("unidirectional", 0)) else ""
+    k_t = b.op("Transpose", [key], perm=[0, 1, 3, 2])
+    b.op("Identity", [_attend(b, qh, k_t, value, scale, pad, attn_bias, causal, b.elem(b.input(0)) or _F)], b.node.output[0])
+
+
+def _rotary_embedding(b: _Builder) -> None:
+    """onnxruntime's RotaryEmbedding: the first rotary_embedding_dim values of each head rotated
+    by the cached cos and sin at each token's position (halves, or interleaved pairs)."""
+    x, pos_ids, cos, sin = (b.input(i) for i in range(4))
+    if int(b.attr("is_packed_batching", 0)):
+        raise b.unsupported("RotaryEmbedding with is_packed_batching")
+    r = b.rank(x)
+    if r not in (3, 4):
+        raise b.fail(f"rotates a tensor of rank 3 or 4, not {r}")
+    n, rd = int(b.attr("num_heads", 0)), int(b.attr("rotary_embedding_dim", 0))
+    interleaved = bool(int(b.attr("interleaved", 0)))
+    cv = b.const(cos)
+    if cv is None:
+        shape = b.info.get(cos, (None, None))[0]
+        half = shape[1] if shape and len(shape) == 2 and shape[1] else None
+    else:
+        half = cv.shape[1]
+    if half is None:
+        raise Later(b.fail("the width of cos_cache is not known"))
+    rd = rd or 2 * half
+    if r == 3:
+        if n <= 0:
+            shape = b.info.get(x, (None, None))[0]
+            if rd != 2 * half or not shape or not shape[-1]:
+                raise b.fail("a 3-D input needs num_heads (or its hidden size known, with head size = 2 x the cache's width)")
+            n = shape[-1] // rd
+        xh = b.op("Transpose", [b.op("Reshape", [x, b.ints(0, 0, n, -1)])], perm=[0, 2, 1, 3])  # [B, N, S, h]
+    else:
+        xh = x
+    # positions: [B, S] ids, or one offset for every batch: offset + 0..S-1
+    if b.rank(pos_ids) == 2:
+        pos = pos_ids
+    else:
+        # (the offset is added to 0..S-1, which folds: a Range over a computed start would not)
+        p0 = b.op("Cast", [b.op("Reshape", [pos_ids, b.ints(1)])], to=_I64)
+        pos = b.unsqueeze(b.op("Add", [b.arange(b.constant(np.int64(0), np.int64), b.dim(xh, 2)), p0]), [0])
+    c = b.unsqueeze(b.op("Gather", [cos, pos], axis=0), [1])  # [B or 1, 1, S, rd/2]
+    sn = b.unsqueeze(b.op("Gather", [sin, pos], axis=0), [1])
+    rot = b.slice(xh, 0, rd, 3)
+    rest = b.slice(xh, rd, 1 << 62, 3)
+    if interleaved:
+        pairs = b.op("Reshape", [rot, b.ints(0, 0, 0, -1, 2)])
+        x1, x2 = b.slice(pairs, 0, 1, 4), b.slice(pairs, 1, 2, 4)
+        c5, s5 = b.unsqueeze(c, [4]), b.unsqueeze(sn, [4])
+        y1 = b.op("Sub", [b.op("Mul", [x1, c5]), b.op("Mul", [x2, s5])])
+        y2 = b.op("Add", [b.op("Mul", [x2, c5]), b.op("Mul", [x1, s5])])
+        y = b.op("Reshape", [b.op("Concat", [y1, y2], axis=4), b.ints(0, 0, 0, -1)])
+    else:
+        x1, x2 = b.slice(rot, 0, rd // 2, 3), b.slice(rot, rd // 2, rd, 3)
+        y1 = b.op("Sub", [b.op("Mul", [x1, c]), b.op("Mul", [x2, sn])])
+        y2 = b.op("Add", [b.op("Mul", [x2, c]), b.op("Mul", [x1, sn])])
+        y = b.op("Concat", [y1, y2], axis=3)
+    y = b.op("Concat", [y, rest], axis=3)
+    if r == 3:
+        y = b.op("Reshape", [b.op("Transpose", [y], perm=[0, 2, 1, 3]), b.ints(0, 0, -1)])
+    b.op("Identity", [y], b.node.output[0])
+
+
+#: Inputs each op takes (fewest, most), from onnxruntime's contrib schemas (onnx has none).
+_INPUTS = {"Gelu": (1, 1), "BiasGelu": (2, 2), "FastGelu": (1, 2), "QuickGelu": (1, 1), "BiasAdd": (3, 3),
+           "SkipLayerNormalization": (3, 5), "SkipSimplifiedLayerNormalization": (3, 4),
+           "SimplifiedLayerNormalization": (2, 2), "LayerNormalization": (2, 3),
+           "EmbedLayerNormalization": (7, 9), "Attention": (2, 7), "MultiHeadAttention": (1, 10),
+           "RotaryEmbedding": (4, 4), "FusedMatMul": (2, 2), "TransposeMatMul": (2, 2), "FusedGemm": (2, 3),
+           "FusedConv": (2, 4)}
+
+#: Inputs that must be given where an op's schema has optional ones before its last required one.
+_REQUIRED = {"EmbedLayerNormalization": (0, 2, 3, 5, 6)}
+
+_LOWER = {
+    "Gelu": _gelu, "BiasGelu": _gelu, "FastGelu": _fast_gelu, "QuickGelu": _quick_gelu, "BiasAdd": _bias_add,
+    "SkipLayerNormalization": _skip_layer_norm, "SkipSimplifiedLayerNormalization": _skip_layer_norm,
+    "SimplifiedLayerNormalization": _contrib_layer_norm, "LayerNormalization": _contrib_layer_norm,
+    "EmbedLayerNormalization": _embed_layer_norm, "Attention": _attention, "MultiHeadAttention": _multi_head_attention,
+    "RotaryEmbedding": _rotary_embedding, "FusedMatMul": _fused_matmul, "TransposeMatMul": _fused_matmul,
+    "FusedGemm": _fused_gemm, "FusedConv": _fused_conv,
+}
+
+#: What `dlcc list ops` shows: the com.microsoft ops, and the ONNX-domain ones onnxruntime adds.
+MICROSOFT = sorted(k for k in _LOWER if k not in ("SimplifiedLayerNormalization", "LayerNormalization"))
+ONNX_DOMAIN = ("SimplifiedLayerNormalization", "LayerNormalization")
+

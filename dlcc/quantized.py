@@ -54,7 +54,7 @@ STANDARD = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatM
 MICROSOFT = {"QuantizeLinear", "DequantizeLinear", "QGemm", "QLinearAdd", "QLinearMul",
              "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat", "QLinearGlobalAveragePool",
              "QLinearSoftmax", "QLinearAveragePool", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
-             "DynamicQuantizeLSTM"}
+             "DynamicQuantizeLSTM", "MatMulNBits"}
 
 _F = onnx.TensorProto.FLOAT
 _I32 = onnx.TensorProto.INT32
@@ -133,8 +133,14 @@ def exact_products(model: onnx.ModelProto, path="model", feeds: dict | None = No
                 for dim, n in zip(dims, shapes[vi.name]):
                     dim.Clear()
                     dim.dim_value = int(n)
+    for n in m.graph.node:  # MatMulNBits' float products, not its int8 approximation (quantized_blocks.py)
+        if n.op_type == "MatMulNBits" and n.domain == "com.microsoft":
+            for a in n.attribute:
+                if a.name == "accuracy_level" and a.i == 4:
+                    a.i = 0
     if not any(is_quantized_op(n) and n.op_type in PRODUCTS for n in m.graph.node):
         return m
+
     def infer(x: onnx.ModelProto) -> onnx.ModelProto:
         # Ranks are what the rewrite reads (an LSTM's input shape comes from onnxruntime's run,
         # `known`); onnx 1.23's data propagation mis-sizes some computed Reshapes.
@@ -280,7 +286,8 @@ class _Builder(Builder):
 _INPUTS = {"QGemm": (6, 9), "QLinearAdd": (7, 8), "QLinearMul": (7, 8), "QLinearSigmoid": (4, 5),
            "QLinearLeakyRelu": (4, 5), "QLinearGlobalAveragePool": (4, 5), "DynamicQuantizeMatMul": (3, 5),
            "MatMulIntegerToFloat": (4, 7), "QuantizeLinear": (2, 3), "DequantizeLinear": (2, 3),
-           "DynamicQuantizeLSTM": (12, 12), "QLinearSoftmax": (4, 5), "QLinearAveragePool": (4, 5)}
+           "DynamicQuantizeLSTM": (12, 12), "QLinearSoftmax": (4, 5), "QLinearAveragePool": (4, 5),
+           "MatMulNBits": (3, 6)}
 
 
 def _lower(b: _Builder) -> None:
@@ -652,6 +659,7 @@ _LOWER = {
 
 from .quantized_lstm import dynamic_quantize_lstm  # noqa: E402 (they build on _Builder above)
 from .quantized_qlinear import qlinear_average_pool, qlinear_softmax  # noqa: E402
+from .quantized_blocks import matmul_nbits  # noqa: E402
 
 _LOWER.update(DynamicQuantizeLSTM=dynamic_quantize_lstm, QLinearSoftmax=qlinear_softmax,
-              QLinearAveragePool=qlinear_average_pool)
+              QLinearAveragePool=qlinear_average_pool, MatMulNBits=matmul_nbits)

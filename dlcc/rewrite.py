@@ -45,6 +45,7 @@ class Builder:
         except Exception as e:  # a reference attribute outside a function, or an unknown type
             raise ModelError(f"{path}: {node.op_type} {self.label!r}: an attribute cannot be read: {first_line(e)}") from None
         self._n = 0
+        self.track = True  # whether rewrite_rounds returns the nodes made among its `made` (a rewrite may opt out)
 
     # -- inputs ---------------------------------------------------------------------------
     def input(self, i: int) -> str:
@@ -144,7 +145,8 @@ def rewrite_rounds(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray]
     Later to wait for the next round. `infer` is a lenient shape inference; `weights` holds the
     values split_weights took out (None: large constants become initializers); `known` gives
     shapes and element types inference may not find ({name: (shape, elem)}). Returns the names
-    of the nodes made and how many nodes of each op type were rewritten."""
+    of the nodes made (by builders that keep `track`) and how many nodes of each op type were
+    rewritten."""
     from .frontend import opset_of
 
     builder = builder or Builder
@@ -182,7 +184,8 @@ def rewrite_rounds(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray]
             out += b.nodes
             for name, arr in b.pending:
                 b.commit(name, arr)
-            made.update(n.name for n in b.nodes)
+            if b.track:
+                made.update(n.name for n in b.nodes)
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
             progress = True
         del g.node[:]

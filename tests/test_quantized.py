@@ -600,3 +600,120 @@ def test_double_quantization_is_kept(tmp_path):
     _same_as_ort(path, {"x": x})
     log = dlcc.compile(path, target="opencl").plan["meta"]["pass_log"]
     assert any("2 QuantizeLinear" in line for line in log), log
+
+
+def _pack(values: np.ndarray, bits: int) -> np.ndarray:
+    """values (ints below 2**bits) along the last axis packed least significant bits first, one
+    byte stream per row (MatMulNBits' layout), written bit by bit (not quantized_blocks' code)."""
+    rows = values.reshape(-1, values.shape[-1])
+    out = np.zeros((rows.shape[0], -(-rows.shape[1] * bits // 8)), np.uint8)
+    for r, row in enumerate(rows):
+        for j, v in enumerate(row):
+            for t in range(bits):
+                if (int(v) >> t) & 1:
+                    pos = j * bits + t
+                    out[r, pos // 8] |= np.uint8(1 << (pos % 8))
+    return out.reshape(*values.shape[:-1], -1)
+
+
+@needs_opencl
+@pytest.mark.parametrize("bits,block,K,zp_kind", [(4, 32, 80, "uint8"), (4, 16, 64, None), (4, 16, 48, "float"),
+                                              (8, 16, 48, "uint8"), (2, 32, 64, "uint8"), (2, 16, 64, None)])
+def test_matmul_nbits_matches_onnxruntime(tmp_path, bits, block, K, zp_kind):
+    """MatMulNBits (int2/4/8 weights in blocks along K, a last block past K, packed uint8 or
+    float zero points or the default 2^(bits-1), a bias) against
+    onnxruntime's own kernel; its weights are dequantized at import into a float MatMul, which
+    then follows the plan's precision (not kept float32 like the exact quantized rewrites)."""
+    N = 24
+    kb = -(-K // block)
+    q = rng.integers(0, 2 ** bits, (N, kb * block))
+    w = _pack(q.reshape(N, kb, block), bits)
+    scales = (rng.random((N, kb)) * 0.1 + 0.01).astype(np.float32)
+    inits = {"w": w, "scales": scales.reshape(-1), "bias": rng.standard_normal(N).astype(np.float32)}
+    ins = ["a", "w", "scales"]
+    if zp_kind == "uint8":
+        inits["zp"] = _pack(rng.integers(0, 2 ** bits, (N, kb)), bits).reshape(-1)
+    elif zp_kind == "float":
+        inits["zp"] = (rng.random((N, kb)) * 2 ** bits).astype(np.float32)
+    ins += ["zp" if zp_kind else "", "", "bias"]
+    node = h.make_node("MatMulNBits", ins, ["y"], domain="com.microsoft", K=K, N=N, bits=bits, block_size=block)
+    a = rng.standard_normal((2, 3, K)).astype(np.float32)
+    path = _save(tmp_path / "nbits.onnx", [node], {"a": a}, inits, ["y"], microsoft=True)
+    ref = _ort(onnx.load(path), {"a": a})[0]
+    m = dlcc.compile(path, target="opencl", pipeline="astitch")
+    np.testing.assert_allclose(m({"a": a})["y"], ref, rtol=1e-5, atol=1e-5)
+    from dlcc.frontend import import_model
+
+    assert not import_model(path).float32_nodes
+
+
+@needs_opencl
+def test_matmul_nbits_int8_accuracy_level_is_judged_on_the_float_product(tmp_path):
+    """accuracy_level 4 lets onnxruntime quantize A to int8: dlcc computes the float product, and
+    verify's reference is the model at level 0, which describes that product."""
+    N, K, block = 16, 64, 32
+    q = rng.integers(0, 16, (N, K))
+    inits = {"w": _pack(q.reshape(N, 2, block), 4), "scales": (rng.random(N * 2) * 0.1 + 0.01).astype(np.float32)}
+    node = h.make_node("MatMulNBits", ["a", "w", "scales"], ["y"], domain="com.microsoft", K=K, N=N, bits=4,
+                       block_size=block, accuracy_level=4)
+    a = rng.standard_normal((4, K)).astype(np.float32)
+    path = _save(tmp_path / "nbits_int8.onnx", [node], {"a": a}, inits, ["y"], microsoft=True)
+    from dlcc.verify import verify_outputs
+
+    cm = dlcc.compile(path, target="opencl", pipeline="astitch")
+    got = cm({"a": a})
+    want = a @ ((q.astype(np.float32) - 8) * np.repeat(inits["scales"].reshape(N, 2), block, axis=1)).T
+    np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-5)
+    rows = verify_outputs(path, got, {"a": a}, compiled=cm)
+    assert all(r["passed"] for r in rows), rows
+    approx = _ort(onnx.load(path), {"a": a})[0]  # onnxruntime's own int8 path is further off
+    assert not np.allclose(approx, want, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_matmul_nbits_is_a_clear_error(tmp_path):
+    """A B of the wrong size, a computed B, a block size that is not a power of two, 3-bit weights,
+    the deprecated g_idx: one error each."""
+    w = _pack(rng.integers(0, 16, (8, 2, 16)), 4)
+    scales = np.ones(16, np.float32)
+
+    def compile_with(inits, ins=("a", "w", "scales"), **attrs):
+        attrs = {"K": 32, "N": 8, "bits": 4, "block_size": 16} | attrs
+        node = h.make_node("MatMulNBits", list(ins), ["y"], domain="com.microsoft", **attrs)
+        g = h.make_graph([node], "bad", [h.make_tensor_value_info("a", TP.FLOAT, [2, 32])] +
+                         ([h.make_tensor_value_info("wi", TP.UINT8, [8, 2, 8])] if "wi" in ins else []),
+                         [h.make_tensor_value_info("y", TP.FLOAT, [2, 8])], [nh.from_array(v, k) for k, v in inits.items()])
+        p = tmp_path / "bad.onnx"
+        onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)]), str(p))
+        with pytest.raises(DlccError) as e:
+            dlcc.compile(str(p), target="opencl")
+        return str(e.value)
+
+    assert "B must be uint8 of shape" in compile_with({"w": w[:, :1], "scales": scales})
+    assert "must be constants" in compile_with({"scales": scales}, ins=("a", "wi", "scales"))
+    assert "power of two" in compile_with({"w": w, "scales": scales}, block_size=24)
+    assert "3-bit weights are not supported" in compile_with({"w": w, "scales": scales}, bits=3)
+    g_idx = np.arange(32, dtype=np.int32) // 16
+    assert "g_idx input is not supported" in compile_with({"w": w, "scales": scales, "g": g_idx}, ins=("a", "w", "scales", "", "g"))
+
+
+@needs_opencl
+def test_int4_weight_only_bert_verifies(model_path, tmp_path):
+    """bert-small with its MatMul weights quantized to 4 bits by onnxruntime's
+    MatMulNBitsQuantizer (blocks of 32, asymmetric: packed zero points), as int4 LLM exports are,
+    through astitch and full against onnxruntime's own MatMulNBits kernel."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    from dlcc.verify import verify_outputs
+
+    q = MatMulNBitsQuantizer(onnx.load(str(model_path("bert"))), block_size=32, is_symmetric=False,
+                             algo_config=DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=False))
+    q.process()
+    path = str(tmp_path / "bert-int4.onnx")
+    q.model.save_model_to_file(path)
+    assert sum(n.op_type == "MatMulNBits" for n in onnx.load(path).graph.node) >= 8
+    for pipeline in ("astitch", "full"):
+        cm = dlcc.compile(path, target="opencl", pipeline=pipeline)
+        feeds = cm.sample_inputs(0)
+        rows = verify_outputs(path, cm(feeds), feeds, compiled=cm)
+        assert all(r["passed"] for r in rows), rows
+    assert any("MatMulNBits" in n for n in cm.plan["meta"]["pass_log"])

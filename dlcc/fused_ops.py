@@ -49,14 +49,21 @@ def is_fused_op(node: onnx.NodeProto, opset: int) -> bool:
     return False
 
 
-def lower_fused(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray] | None, path) -> tuple[onnx.ModelProto, list[str]]:
-    """Rewrite every fused op of the main graph (in place) into standard ops. `infer` is a lenient
-    shape inference; `weights` holds the values split_weights took out of the graph (None: new
-    constants become initializers). Returns the model and notes for the pass log."""
+def lower_fused(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray] | None, path,
+                only: tuple[str, ...] | None = None, known: dict[str, tuple] | None = None) -> tuple[onnx.ModelProto, list[str]]:
+    """Rewrite every fused op of the main graph (in place) into standard ops (`only`: those op
+    types). `infer` is a lenient shape inference; `weights` holds the values split_weights took
+    out of the graph (None: new constants become initializers); `known` gives shapes and types
+    inference cannot ({name: (shape, elem)}, as rewrite_rounds takes them). Returns the model
+    and notes for the pass log."""
     from .frontend import opset_of
 
     opset = opset_of(model)
-    if not any(is_fused_op(n, opset) for n in model.graph.node):
+
+    def chosen(n: onnx.NodeProto) -> bool:
+        return is_fused_op(n, opset) and (only is None or n.op_type in only)
+
+    if not any(chosen(n) for n in model.graph.node):
         return model, []
     if opset < 11:
         from .rewrite import raise_opset
@@ -65,7 +72,7 @@ def lower_fused(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray] | 
         opset, notes = 11, [note]
     else:
         notes = []
-    _, counts = rewrite_rounds(model, infer, weights, path, lambda n: is_fused_op(n, opset), _lower, _Builder)
+    _, counts = rewrite_rounds(model, infer, weights, path, chosen, _lower, _Builder, known)
     notes.append("import: onnxruntime's fused ops rewritten into standard ops ("
                  + ", ".join(f"{n} {op}" for op, n in sorted(counts.items())) + ")")
     return model, notes
@@ -336,11 +343,14 @@ def _contrib_layer_norm(b: _Builder) -> None:
 
 
 def _embed_layer_norm(b: _Builder) -> None:
+    _embed(b, *(b.input(i) for i in range(9)))
+
+
+def _embed(b: _Builder, ids: str, seg_ids: str, word: str, pos: str, seg_emb: str, gamma: str, beta: str, mask: str,
+           pos_ids: str) -> None:
     """word_embedding[input_ids] + position_embedding[position_ids or 0..S-1]
     (+ segment_embedding[segment_ids]), then a layer norm; mask_index is the count of ones in
     each row of the mask (zeros without one); embedding_sum is the sum before the norm."""
-    ids, seg_ids, word, pos, seg_emb, gamma, beta = (b.input(i) for i in range(7))
-    mask, pos_ids = b.input(7), b.input(8)
     if bool(seg_ids) != bool(seg_emb):
         raise b.fail("segment_ids and segment_embedding come together")
 
@@ -370,6 +380,28 @@ def _embed_layer_norm(b: _Builder) -> None:
     b.output(s, 2, elem)
 
 
+def _q_embed_layer_norm(b: _Builder) -> None:
+    """onnxruntime's QEmbedLayerNormalization: EmbedLayerNormalization with its embeddings, gamma
+    and beta quantized (all constants): each is dequantized here, once, as (q - zero_point) *
+    scale, and the float op follows."""
+    ids, seg_ids, word, pos, seg_emb, gamma, beta, mask = (b.input(i) for i in range(8))
+    scales = [b.input(i) for i in range(8, 13)]
+    zps = [b.input(i) for i in range(13, 18)]
+    tables = []
+    for k, (q, sc, zp) in enumerate(zip((word, pos, seg_emb, gamma, beta), scales, zps)):
+        if not q:
+            tables.append("")
+            continue
+        vals = [b.const(v) for v in (q, sc, zp)]
+        if any(v is None for v in vals) or vals[0].dtype not in (np.int8, np.uint8):
+            raise b.fail("its embeddings, gamma and beta, their scales and zero points must be int8 or uint8 "
+                         "constants with their scales and zero points")
+        qv, sv, zv = vals
+        tables.append(b.constant((qv.astype(np.float32) - zv.astype(np.float32)) * sv.astype(np.float32)))
+    word, pos, seg_emb, gamma, beta = tables
+    _embed(b, ids, seg_ids, word, pos, seg_emb, gamma, beta, mask, "")
+
+
 # -- attention ------------------------------------------------------------------------------
 
 def _heads(b: _Builder, x: str, n: int, key: bool = False) -> str:
@@ -378,7 +410,7 @@ def _heads(b: _Builder, x: str, n: int, key: bool = False) -> str:
     return b.op("Transpose", [x], perm=[0, 2, 3, 1] if key else [0, 2, 1, 3])
 
 
-def _padding_mask(b: _Builder, mask: str, query: str, keys: str, filter_value: float, like: str) -> str:
+def _padding_mask(b: _Builder, mask: str, query: str, keys: str, filter_value: float, like: str | int) -> str:
     """The additive mask of onnxruntime's key padding forms, broadcastable to [B, N, S, T]:
     raw [B, T] or [B, S, T] (1 keeps, 0 masks), or 1-D [B] end positions (right padding) or [2B]
     ends then starts (left padding too). `keys` is the [B, N, T, h] key tensor (T from it)."""
@@ -471,21 +503,53 @@ def _attention(b: _Builder) -> None:
             bk = b.constant(bv[edges[k]:edges[k + 1]], bv.dtype) if bv is not None else b.slice(bias, int(edges[k]), int(edges[k + 1]), 0)
             y = b.op("Add", [y, bk])
         parts.append(y)
-    q, k_t, v = _heads(b, parts[0], n), _heads(b, parts[1], n), _heads(b, parts[2], n)
-    k = k_t  # [B, N, L, h]
+    _attention_core(b, x, parts, sizes[0] // n, n, mask, past, attn_bias, b.elem(x) or _F)
+
+
+def _attention_core(b: _Builder, x: str, parts: list[str], head: int, n: int, mask: str, past: str,
+                    attn_bias: str, elem: int) -> None:
+    """Attention and QAttention after their projection: `parts` are Q, K and V as [B, S, n * h]
+    (`head` the Q/K head size), x the node's input (the batch is read from it); the past
+    concatenated before the keys and values, the present output, the masks, the scores, the
+    output. `elem` is the element type of Q, K and V."""
+    q, k, v = _heads(b, parts[0], n), _heads(b, parts[1], n), _heads(b, parts[2], n)  # [B, N, L, h]
     if past:
         k = b.op("Concat", [b.op("Gather", [past, b.constant(np.int64(0), np.int64)], axis=0), k], axis=2)
         v = b.op("Concat", [b.op("Gather", [past, b.constant(np.int64(1), np.int64)], axis=0), v], axis=2)
     if b.wants(1):
         b.op("Concat", [b.unsqueeze(k, [0]), b.unsqueeze(v, [0])], b.node.output[1], axis=0)
-    scale = float(b.attr("scale", 0.0)) or 1.0 / np.sqrt(sizes[0] // n)
+    scale = float(b.attr("scale", 0.0)) or 1.0 / np.sqrt(head)
     fill = float(b.attr("mask_filter_value", -10000.0))
     if mask and b.rank(mask) == 4:
         raise b.unsupported("a 4-D mask_index (Megatron's)")
-    pad = _padding_mask(b, mask, x, k, fill, x) if mask else ""
+    pad = _padding_mask(b, mask, x, k, fill, elem) if mask else ""
     causal = _causal(b, q, k) if int(b.attr("unidirectional", 0)) else ""
     k_t = b.op("Transpose", [k], perm=[0, 1, 3, 2])
-    b.op("Identity", [_attend(b, q, k_t, v, scale, pad, attn_bias, causal, b.elem(x) or _F)], b.node.output[0])
+    b.op("Identity", [_attend(b, q, k_t, v, scale, pad, attn_bias, causal, elem)], b.node.output[0])
+
+
+def _q_attention(b: _Builder) -> None:
+    """onnxruntime's QAttention (what quantize_dynamic makes of an Attention): the projection is
+    an integer product of the quantized input and weight (a MatMulInteger, which quantized.py then
+    computes exactly), times input_scale x weight_scale (per tensor or per column), plus the
+    bias; then Attention's computation in float."""
+    if int(b.attr("do_rotary", 0)) or int(b.attr("past_present_share_buffer", 0)):
+        raise b.unsupported("QAttention with do_rotary or past_present_share_buffer")
+    x, w, bias, x_s, w_s, mask, x_zp, w_zp, past = (b.input(i) for i in range(9))
+    n = int(b.attr("num_heads", 0))
+    if n <= 0:
+        raise b.fail("num_heads must be positive")
+    shape = b.const(w).shape if b.const(w) is not None else b.info.get(w, (None, None))[0]
+    width = shape[1] if shape is not None and len(shape) == 2 and shape[1] else None
+    if width is None:
+        raise Later(b.fail("the width of its weights is not known"))
+    if width % (3 * n):
+        raise b.fail(f"weights of width {width} do not split into Q, K and V of num_heads {n} heads each")
+    acc = b.op("Cast", [b.op("MatMulInteger", [x, w, x_zp, w_zp] if w_zp else [x, w] + ([x_zp] if x_zp else []))], to=_F)
+    qkv = b.op("Add", [b.op("Mul", [acc, b.op("Mul", [x_s, w_s])]), bias])
+    h = width // 3
+    parts = [b.slice(qkv, k * h, (k + 1) * h, -1) for k in range(3)]
+    _attention_core(b, x, parts, h // n, n, mask, past, "", _F)
 
 
 def _multi_head_attention(b: _Builder) -> None:
@@ -533,7 +597,7 @@ def _multi_head_attention(b: _Builder) -> None:
         b.op("Identity", [value], b.node.output[2])
     scale = float(b.attr("scale", 0.0)) or 1.0 / np.sqrt(hq // n)
     fill = float(b.attr("mask_filter_value", -10000.0))
-    pad = _padding_mask(b, mask, q, key, fill, q) if mask else ""
+    pad = _padding_mask(b, mask, q, key, fill, b.elem(b.input(0)) or _F) if mask else ""
     causal = _causal(b, qh, key) if int(b.attr("unidirectional", 0)) else ""
     k_t = b.op("Transpose", [key], perm=[0, 1, 3, 2])
     b.op("Identity", [_attend(b, qh, k_t, value, scale, pad, attn_bias, causal, b.elem(b.input(0)) or _F)], b.node.output[0])
@@ -602,11 +666,13 @@ _INPUTS = {"Gelu": (1, 1), "BiasGelu": (2, 2), "FastGelu": (1, 2), "QuickGelu": 
            "SkipLayerNormalization": (3, 5), "SkipSimplifiedLayerNormalization": (3, 4),
            "SimplifiedLayerNormalization": (2, 2), "LayerNormalization": (2, 3),
            "EmbedLayerNormalization": (7, 9), "Attention": (2, 7), "MultiHeadAttention": (1, 10),
+           "QAttention": (5, 9), "QEmbedLayerNormalization": (18, 18),
            "RotaryEmbedding": (4, 4), "FusedMatMul": (2, 2), "TransposeMatMul": (2, 2), "FusedGemm": (2, 3),
            "FusedConv": (2, 4)}
 
 #: Inputs that must be given where an op's schema has optional ones before its last required one.
-_REQUIRED = {"EmbedLayerNormalization": (0, 2, 3, 5, 6)}
+_REQUIRED = {"EmbedLayerNormalization": (0, 2, 3, 5, 6),
+             "QEmbedLayerNormalization": (0, 2, 3, 5, 6, 8, 9, 11, 12, 13, 14, 16, 17)}
 
 _LOWER = {
     "Gelu": _gelu, "BiasGelu": _gelu, "FastGelu": _fast_gelu, "QuickGelu": _quick_gelu, "BiasAdd": _bias_add,
@@ -615,9 +681,15 @@ _LOWER = {
     "EmbedLayerNormalization": _embed_layer_norm, "Attention": _attention, "MultiHeadAttention": _multi_head_attention,
     "RotaryEmbedding": _rotary_embedding, "FusedMatMul": _fused_matmul, "TransposeMatMul": _fused_matmul,
     "FusedGemm": _fused_gemm, "FusedConv": _fused_conv,
+    "QAttention": _q_attention, "QEmbedLayerNormalization": _q_embed_layer_norm,
 }
+
+#: The quantized ones: verify runs its reference with their integer products exact
+#: (quantized.exact_products), as for the other quantization ops.
+QUANTIZED = ("QAttention", "QEmbedLayerNormalization")
 
 #: What `dlcc list ops` shows: the com.microsoft ops, and the ONNX-domain ones onnxruntime adds.
 MICROSOFT = sorted(k for k in _LOWER if k not in ("SimplifiedLayerNormalization", "LayerNormalization"))
+
 ONNX_DOMAIN = ("SimplifiedLayerNormalization", "LayerNormalization")
 

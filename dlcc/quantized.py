@@ -116,8 +116,9 @@ PRODUCTS = {"MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "QGe
 
 
 def exact_products(model: onnx.ModelProto, path="model", feeds: dict | None = None) -> onnx.ModelProto:
-    """A copy of `model` whose integer products (PRODUCTS) are exact float32 products of their
-    integer operands, every other op as it was: what verify gives onnxruntime to run. The
+    """A copy of `model` whose integer products (PRODUCTS, and QAttention's) are exact float32
+    products of their integer operands, every other op as it was: what verify gives onnxruntime
+    to run. The
     `feeds` fix the graph inputs' dims first, so that an LSTM's steps are known; where onnx's
     inference cannot size an LSTM's input (a Reshape to a shape computed after another LSTM),
     onnxruntime's own run of the model on the feeds does."""
@@ -138,28 +139,43 @@ def exact_products(model: onnx.ModelProto, path="model", feeds: dict | None = No
             for a in n.attribute:
                 if a.name == "accuracy_level" and a.i == 4:
                     a.i = 0
-    if not any(is_quantized_op(n) and n.op_type in PRODUCTS for n in m.graph.node):
-        return m
 
     def infer(x: onnx.ModelProto) -> onnx.ModelProto:
         # Ranks are what the rewrite reads (an LSTM's input shape comes from onnxruntime's run,
         # `known`); onnx 1.23's data propagation mis-sizes some computed Reshapes.
         return shape_inference.infer_shapes(x, check_type=False, strict_mode=False)
 
+    # QAttention's product becomes a MatMulInteger (fused_ops.py), made exact below with the rest;
+    # the ranks of its inputs that follow other com.microsoft ops come from onnxruntime
+    from .fused_ops import lower_fused
+
+    if any(n.op_type == "QAttention" and n.domain == "com.microsoft" for n in m.graph.node):
+        unsized = _unsized(infer(m)) if feeds else set()
+        wanted = [i for n in m.graph.node if n.op_type == "QAttention" for i in n.input if i in unsized]
+        m = lower_fused(m, infer, None, path, only=("QAttention",), known=_known(m, wanted, feeds))[0]
+    if not any(is_quantized_op(n) and n.op_type in PRODUCTS for n in m.graph.node):
+        return m
+
     # The shapes onnx's inference cannot give (an LSTM's input; a product's operand after a
     # com.microsoft op such as QLinearSoftmax, which onnx has no schema for) come from onnxruntime.
-    known, wanted = {}, []
+    wanted = []
     if feeds:  # (without feeds onnxruntime cannot run: no inference here to throw away)
         unsized = _unsized(infer(m))
         wanted = [n.input[0] for n in m.graph.node if n.op_type == "DynamicQuantizeLSTM" and is_quantized_op(n)]
         wanted += [i for n in m.graph.node if is_quantized_op(n) and n.op_type in PRODUCTS for i in n.input
                    if i in unsized]
-    if wanted:
-        try:
-            known = {n: (shape, elem) for n, (elem, shape) in tensor_types(m, wanted, feeds).items()}
-        except Exception:  # inference's shapes stand, and an unknown one is reported as such
-            pass
-    return lower_quantized(m, infer, None, path, only=PRODUCTS, known=known)[0]
+    return lower_quantized(m, infer, None, path, only=PRODUCTS, known=_known(m, wanted, feeds))[0]
+
+
+def _known(m: onnx.ModelProto, wanted: list[str], feeds) -> dict[str, tuple]:
+    """{name: (shape, elem)} of tensors `wanted` in onnxruntime's run of `m` on `feeds` (none
+    where it cannot run: inference's shapes stand, and an unknown one is reported as such)."""
+    if not wanted or not feeds:
+        return {}
+    try:
+        return {n: (shape, elem) for n, (elem, shape) in tensor_types(m, wanted, feeds).items()}
+    except Exception:
+        return {}
 
 
 def _unsized(model: onnx.ModelProto) -> set[str]:

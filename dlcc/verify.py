@@ -127,10 +127,12 @@ def _half_outputs(model_path) -> tuple[bool, dict[str, str]]:
 
 
 def is_quantized(model_path) -> bool:
-    """Whether the model holds quantization ops (quantized.py), from the graph alone."""
+    """Whether the model holds quantization ops (quantized.py, and fused_ops.QUANTIZED), from the
+    graph alone."""
+    from .fused_ops import QUANTIZED
     from .quantized import is_quantized_op
 
-    return any(is_quantized_op(n) for n in _graph(model_path).node)
+    return any(is_quantized_op(n) or (n.domain == "com.microsoft" and n.op_type in QUANTIZED) for n in _graph(model_path).node)
 
 
 def _session(model_path, widen: bool, feeds: dict | None = None):

@@ -1,10 +1,11 @@
 """onnxruntime's fused ops (dlcc/fused_ops.py) on PoCL, each checked against onnxruntime's own
 CPU kernel (its optimizations off, so that the node runs as written): the activations, the skip,
 embedding, simplified and pre-17 layer norms, Attention with every mask form, a past state and
-unidirectional masking, MultiHeadAttention, RotaryEmbedding, and the fused Conv, Gemm and MatMul.
-Several nodes share a model where they can, so that one compile checks them all. A real model
-comes from onnxruntime's transformer optimizer run on a BERT export (Attention,
-EmbedLayerNormalization, SkipLayerNormalization, BiasGelu)."""
+unidirectional masking, MultiHeadAttention, RotaryEmbedding, the fused Conv, Gemm and MatMul, and the quantized
+QAttention and QEmbedLayerNormalization. Several nodes share a model where they can, so that one
+compile checks them all. Real models come from onnxruntime's transformer optimizer run on a BERT
+export (Attention, EmbedLayerNormalization, SkipLayerNormalization, BiasGelu), then from its
+quantize_dynamic."""
 from __future__ import annotations
 
 import numpy as np
@@ -266,14 +267,14 @@ def test_bad_fused_nodes_are_clear_errors(tmp_path):
     del x
 
 
-@needs_opencl
-def test_onnxruntime_optimized_bert(tmp_path):
-    """A BERT export put through onnxruntime's transformer optimizer, as Optimum's optimized
-    models are: EmbedLayerNormalization, Attention (its mask index from the embedding),
-    SkipLayerNormalization and BiasGelu, through every pipeline, against onnxruntime on the
-    optimized file, with a padded batch row."""
+@pytest.fixture(scope="module")
+def optimized_bert(tmp_path_factory):
+    """A BERT export (TorchScript, with token types) put through onnxruntime's transformer
+    optimizer, as Optimum's optimized models are."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
+    import warnings
+
     from onnxruntime.transformers.optimizer import optimize_model
 
     torch.manual_seed(0)
@@ -292,24 +293,90 @@ def test_onnxruntime_optimized_bert(tmp_path):
         def forward(self, ids, mask, types):
             return self.m(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
 
-    ids = torch.randint(0, 100, (2, 8))
-    mask = torch.tensor([[1] * 8, [1] * 5 + [0] * 3])
-    types = torch.zeros(2, 8, dtype=torch.int64)
-    src = tmp_path / "bert.onnx"
-    import warnings
-
+    d = tmp_path_factory.mktemp("optimized")
+    ids, mask, types = torch.randint(0, 100, (2, 8)), torch.ones(2, 8, dtype=torch.int64), torch.zeros(2, 8, dtype=torch.int64)
+    names = ["input_ids", "attention_mask", "token_type_ids"]
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(Wrapper(model), (ids, mask, types), str(src), input_names=["input_ids", "attention_mask", "token_type_ids"],
+        torch.onnx.export(Wrapper(model), (ids, mask, types), str(d / "bert.onnx"), input_names=names,
                           output_names=["last_hidden_state"], opset_version=17, dynamo=False,
-                          dynamic_axes={k: {0: "batch", 1: "seq"} for k in ("input_ids", "attention_mask", "token_type_ids")})
-    opt = optimize_model(str(src), model_type="bert", num_heads=4, hidden_size=32)
+                          dynamic_axes={k: {0: "batch", 1: "seq"} for k in names})
+    opt = optimize_model(str(d / "bert.onnx"), model_type="bert", num_heads=4, hidden_size=32)
     fused = {n.op_type for n in opt.model.graph.node if n.domain == MS}
     assert {"Attention", "EmbedLayerNormalization", "SkipLayerNormalization"} <= fused, fused
-    path = tmp_path / "bert-optimized.onnx"
-    opt.save_model_to_file(str(path))
-    feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "token_type_ids": types.numpy()}
-    ref = _ort(onnx.load(str(path)), feeds)[0]
+    opt.save_model_to_file(str(d / "bert-optimized.onnx"))
+    return d / "bert-optimized.onnx"
+
+
+def _bert_feeds():
+    ids = rng.integers(0, 100, (2, 8)).astype(np.int64)
+    mask = np.array([[1] * 8, [1] * 5 + [0] * 3], np.int64)  # a padded row
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros((2, 8), np.int64)}
+
+
+@needs_opencl
+def test_onnxruntime_optimized_bert(optimized_bert):
+    """The optimized BERT (EmbedLayerNormalization, Attention with its mask index from the
+    embedding, SkipLayerNormalization, BiasGelu) through every pipeline, against onnxruntime on
+    the optimized file, with a padded batch row."""
+    feeds = _bert_feeds()
+    ref = _ort(onnx.load(str(optimized_bert)), feeds)[0]
     for p in ("baseline", "astitch", "full"):
-        got = dlcc.compile(str(path), target="opencl", pipeline=p, shapes={"batch": 2, "seq": 8})(feeds)["last_hidden_state"]
+        got = dlcc.compile(str(optimized_bert), target="opencl", pipeline=p,
+                           shapes={"batch": 2, "seq": 8})(feeds)["last_hidden_state"]
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=2e-5, err_msg=p)
+
+
+@needs_opencl
+def test_optimized_and_quantized_bert_verifies(optimized_bert, tmp_path):
+    """The optimized BERT quantized by onnxruntime's quantize_dynamic, the classic int8 BERT:
+    QAttention and QEmbedLayerNormalization beside MatMulInteger, through astitch and full, as
+    `dlcc verify` judges it (its reference computes the integer products exactly)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from dlcc.verify import verify_outputs
+
+    path = str(tmp_path / "bert-int8.onnx")
+    quantize_dynamic(str(optimized_bert), path, weight_type=QuantType.QInt8,
+                     extra_options={"DefaultTensorType": TP.FLOAT})
+    ops = {n.op_type for n in onnx.load(path).graph.node}
+    assert {"QAttention", "QEmbedLayerNormalization", "MatMulInteger"} <= ops, ops
+    feeds = _bert_feeds()
+    for p in ("astitch", "full"):
+        cm = dlcc.compile(path, target="opencl", pipeline=p, shapes={"batch": 2, "seq": 8})
+        rows = verify_outputs(path, cm(feeds), feeds, compiled=cm)
+        assert all(r["passed"] for r in rows), rows
+
+
+@needs_opencl
+def test_quantized_attention_and_embedding(tmp_path):
+    """QAttention (uint8 input, int8 weights with per-column scales and zero points, a mask
+    index, unidirectional, a past) and QEmbedLayerNormalization (uint8 tables) against
+    onnxruntime's own kernels, on inputs below 128, where its uint8 x int8 products cannot
+    saturate (test_quantized.py says why)."""
+    B, S, Hin, N, P, V = 2, 5, 16, 4, 2, 30
+    x = rng.integers(0, 128, (B, S, Hin)).astype(np.uint8)
+    inits = {"w": rng.integers(-128, 128, (Hin, 3 * Hin)).astype(np.int8), "bias": _f(3 * Hin),
+             "x_s": np.float32(0.02), "w_s": (rng.random(3 * Hin) * 0.02 + 0.001).astype(np.float32),
+             "x_zp": np.uint8(60), "w_zp": rng.integers(-3, 4, 3 * Hin).astype(np.int8), "w_s1": np.float32(0.01),
+             "w_zp1": np.int8(1)}
+    for k, shape in (("word", (V, Hin)), ("pos", (12, Hin)), ("seg", (2, Hin)), ("gamma", (Hin,)), ("beta", (Hin,))):
+        inits[f"{k}_q"] = rng.integers(0, 256, shape).astype(np.uint8)
+        inits[f"{k}_s"] = np.float32(rng.random() * 0.02 + 0.005)
+        inits[f"{k}_zp"] = np.uint8(rng.integers(100, 150))
+    lengths = np.array([3, 5], np.int32)
+    past = _f(2, B, N, P, Hin // N)
+    ids = rng.integers(0, V, (B, S)).astype(np.int32)
+    seg = rng.integers(0, 2, (B, S)).astype(np.int32)
+    mask = np.array([[1] * 5, [1] * 2 + [0] * 3], np.int32)
+    nodes = [h.make_node("QAttention", ["x", "w", "bias", "x_s", "w_s", "lengths", "x_zp", "w_zp"], ["y"], domain=MS,
+                         num_heads=N),
+             h.make_node("QAttention", ["x", "w", "bias", "x_s", "w_s1", "", "x_zp", "w_zp1", "past"], ["y2", "present"],
+                         domain=MS, num_heads=N, unidirectional=1),
+             h.make_node("QEmbedLayerNormalization", ["ids", "seg", "word_q", "pos_q", "seg_q", "gamma_q", "beta_q", "mask",
+                                                      "word_s", "pos_s", "seg_s", "gamma_s", "beta_s",
+                                                      "word_zp", "pos_zp", "seg_zp", "gamma_zp", "beta_zp"],
+                         ["emb", "mask_index"], domain=MS, epsilon=1e-5)]
+    feeds = {"x": x, "lengths": lengths, "past": past, "ids": ids, "seg": seg, "mask": mask}
+    path, refs = _model(tmp_path / "qattn.onnx", nodes, feeds, inits, ["y", "y2", "present", "emb", "mask_index"])
+    _check(path, refs, feeds)

@@ -54,7 +54,7 @@ STANDARD = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatM
 MICROSOFT = {"QuantizeLinear", "DequantizeLinear", "QGemm", "QLinearAdd", "QLinearMul",
              "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat", "QLinearGlobalAveragePool",
              "QLinearSoftmax", "QLinearAveragePool", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
-             "DynamicQuantizeLSTM", "MatMulNBits"}
+             "DynamicQuantizeLSTM", "MatMulNBits", "GatherBlockQuantized"}
 
 _F = onnx.TensorProto.FLOAT
 _I32 = onnx.TensorProto.INT32
@@ -303,7 +303,7 @@ _INPUTS = {"QGemm": (6, 9), "QLinearAdd": (7, 8), "QLinearMul": (7, 8), "QLinear
            "QLinearLeakyRelu": (4, 5), "QLinearGlobalAveragePool": (4, 5), "DynamicQuantizeMatMul": (3, 5),
            "MatMulIntegerToFloat": (4, 7), "QuantizeLinear": (2, 3), "DequantizeLinear": (2, 3),
            "DynamicQuantizeLSTM": (12, 12), "QLinearSoftmax": (4, 5), "QLinearAveragePool": (4, 5),
-           "MatMulNBits": (3, 6)}
+           "MatMulNBits": (3, 6), "GatherBlockQuantized": (3, 4)}
 
 
 def _lower(b: _Builder) -> None:
@@ -675,7 +675,8 @@ _LOWER = {
 
 from .quantized_lstm import dynamic_quantize_lstm  # noqa: E402 (they build on _Builder above)
 from .quantized_qlinear import qlinear_average_pool, qlinear_softmax  # noqa: E402
-from .quantized_blocks import matmul_nbits  # noqa: E402
+from .quantized_blocks import gather_block_quantized, matmul_nbits  # noqa: E402
 
 _LOWER.update(DynamicQuantizeLSTM=dynamic_quantize_lstm, QLinearSoftmax=qlinear_softmax,
-              QLinearAveragePool=qlinear_average_pool, MatMulNBits=matmul_nbits)
+              QLinearAveragePool=qlinear_average_pool, MatMulNBits=matmul_nbits,
+              GatherBlockQuantized=gather_block_quantized)

@@ -1,6 +1,8 @@
 """com.microsoft's MatMulNBits (weights quantized block-wise to 2, 4 or 8 bits, as
 `onnxruntime.quantization.matmul_nbits_quantizer` and onnxruntime-genai's builders write them for
-int4 LLMs) rewritten at import, as dlcc/quantized.py rewrites the other quantization ops.
+int4 LLMs) and GatherBlockQuantized (an embedding table quantized the same way, which that
+quantizer writes when asked to quantize Gathers) rewritten at import, as dlcc/quantized.py
+rewrites the other quantization ops.
 
 The weights are constants, so they are dequantized here, once, in numpy: each k of row n is
 `(q[n, k] - zero_point[n, block]) * scale[n, block]`, with the block k // block_size (the deprecated
@@ -12,6 +14,11 @@ This is onnxruntime's result where its `accuracy_level` is unset or 1 (float32 p
 dequantized weights). At level 4 onnxruntime quantizes A to int8 per block first, an
 approximation the attribute permits; dlcc computes the float products, and verify's reference
 runs the model at level 0 (quantized.exact_products), which is the product the model describes.
+
+GatherBlockQuantized's table is a constant too: it is dequantized here the same way along its
+quantize_axis (uint8 packed values, or int4 and uint4 tensors, whose default zero point is 0),
+and the node becomes a Gather from the float table. Where an index is out of range, onnxruntime
+returns zeros and dlcc reports the index as it does for any Gather.
 
 Unlike the other quantized rewrites, the MatMul made here follows the plan's precision (bf16
 tensor cores for an int4 LLM at `--precision bf16`): its result is not quantized again, so no
@@ -95,6 +102,50 @@ def matmul_nbits(b: _Builder) -> None:
                         else b.constant(weight.astype(a_type), a_type)])
     b.op("Add" if bias else "Identity", [y, bias] if bias else [y], b.node.output[0])
     b.track = False  # (follows the plan's precision: module docstring)
+
+
+def gather_block_quantized(b: _Builder) -> None:
+    data, idx, scales, zp = (b.input(i) for i in range(4))
+    vals = {name: b.const(name) for name in (data, scales, zp) if name}
+    if any(v is None for v in vals.values()):
+        raise b.fail("data, scales and zero_points must be constants (weights)", _lowering_error())
+    dv, sv = vals[data], vals[scales]
+    zv = vals.get(zp) if zp else None
+    bits, block = int(b.attrs.get("bits", 4)), int(b.attrs.get("block_size", 128))
+    rank = dv.ndim
+    qa, ga = int(b.attrs.get("quantize_axis", 1)), int(b.attrs.get("gather_axis", 0))
+    if not (-rank <= qa < rank and -rank <= ga < rank) or rank < 1:
+        raise b.fail(f"quantize_axis {qa} and gather_axis {ga} must be axes of the data's {rank} dims")
+    qa, ga = qa % rank, ga % rank
+    kind = dv.dtype.name
+    if kind == "uint8":
+        if bits not in (2, 4, 8):
+            raise b.fail(f"{bits}-bit uint8 data is not supported (2, 4 and 8 are)")
+        count = dv.shape[-1] * 8 // bits
+        q = unpack_bits(dv, bits, count) if bits < 8 else dv.astype(np.int32)
+        if zv is not None and bits < 8:
+            zv = unpack_bits(zv, bits, -(-count // block) if qa == rank - 1 else zv.shape[-1] * 8 // bits)
+        default_zp = 2 ** (bits - 1)
+    elif kind in ("int4", "uint4"):
+        q, default_zp = dv.astype(np.int32), 0
+    else:
+        raise b.fail(f"data of type {kind} is not supported (uint8, int4 and uint4 are)", _lowering_error())
+    if block < 16 or block & (block - 1):
+        raise b.fail(f"block_size {block} must be a power of two of at least 16")
+    blocks = -(-q.shape[qa] // block)
+    want = q.shape[:qa] + (blocks,) + q.shape[qa + 1:]
+    if sv.shape != want or (zv is not None and tuple(zv.shape) != want):
+        raise b.fail(f"scales and zero_points must have shape {list(want)}, not {list(sv.shape)}"
+                     + (f" and {list(zv.shape)}" if zv is not None else ""))
+    z = np.full(want, default_zp, np.float32) if zv is None else zv.astype(np.float32)
+    s = sv.astype(np.float32)
+    crop = [slice(None)] * rank
+    crop[qa] = slice(0, q.shape[qa])
+    table = (q.astype(np.float32) - np.repeat(z, block, axis=qa)[tuple(crop)]) * np.repeat(s, block, axis=qa)[tuple(crop)]
+    out = sv.dtype
+    b.op("Gather", [b.shared(("gbq", data, scales, zp), lambda: table) if out == np.float32
+                    else b.constant(table.astype(out), out), idx], b.node.output[0], axis=ga)
+    b.track = False  # (a table lookup: nothing rounds after it)
 
 
 def _lowering_error():

@@ -698,22 +698,56 @@ def test_bad_matmul_nbits_is_a_clear_error(tmp_path):
 
 @needs_opencl
 def test_int4_weight_only_bert_verifies(model_path, tmp_path):
-    """bert-small with its MatMul weights quantized to 4 bits by onnxruntime's
-    MatMulNBitsQuantizer (blocks of 32, asymmetric: packed zero points), as int4 LLM exports are,
+    """bert-small with its MatMul weights and embedding tables quantized to 4 bits by
+    onnxruntime's MatMulNBitsQuantizer (blocks of 32, asymmetric: packed zero points;
+    GatherBlockQuantized on uint4 tables), as int4 LLM exports are,
     through astitch and full against onnxruntime's own MatMulNBits kernel."""
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
     from dlcc.verify import verify_outputs
 
-    q = MatMulNBitsQuantizer(onnx.load(str(model_path("bert"))), block_size=32, is_symmetric=False,
-                             algo_config=DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=False))
+    cfg = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=False, op_types_to_quantize=("MatMul", "Gather"))
+    q = MatMulNBitsQuantizer(onnx.load(str(model_path("bert"))), block_size=32, is_symmetric=False, algo_config=cfg)
     q.process()
     path = str(tmp_path / "bert-int4.onnx")
     q.model.save_model_to_file(path)
-    assert sum(n.op_type == "MatMulNBits" for n in onnx.load(path).graph.node) >= 8
+    ops = [n.op_type for n in onnx.load(path).graph.node]
+    assert ops.count("MatMulNBits") >= 8 and "GatherBlockQuantized" in ops, ops
     for pipeline in ("astitch", "full"):
         cm = dlcc.compile(path, target="opencl", pipeline=pipeline)
         feeds = cm.sample_inputs(0)
         rows = verify_outputs(path, cm(feeds), feeds, compiled=cm)
         assert all(r["passed"] for r in rows), rows
     assert any("MatMulNBits" in n for n in cm.plan["meta"]["pass_log"])
+
+
+@needs_opencl
+@pytest.mark.parametrize("kind", ["uint8-packed", "uint4", "int4-symmetric"])
+def test_gather_block_quantized_matches_onnxruntime(tmp_path, kind):
+    """GatherBlockQuantized (an embedding table quantized in blocks along its last axis: uint8
+    with two 4-bit values to a byte, or int4/uint4 tensors; with zero points, or int4's default
+    0) against onnxruntime's kernel, negative indices included; the table is dequantized at
+    import and the node becomes a Gather."""
+    import ml_dtypes
+
+    V, H, block = 12, 40, 16
+    nb = -(-H // block)
+    scales = (rng.random((V, nb)) * 0.1 + 0.01).astype(np.float32)
+    if kind == "uint8-packed":
+        q = rng.integers(0, 16, (V, H))
+        data = _pack(q, 4)
+        zp = _pack(rng.integers(0, 16, (V, nb)), 4)
+        inits = {"data": data, "scales": scales, "zp": zp}
+    else:
+        lo, hi, dt = (0, 16, ml_dtypes.uint4) if kind == "uint4" else (-8, 8, ml_dtypes.int4)
+        inits = {"data": rng.integers(lo, hi, (V, H)).astype(dt), "scales": scales}
+        if kind == "uint4":
+            inits["zp"] = rng.integers(lo, hi, (V, nb)).astype(dt)
+    ins = ["data", "idx", "scales"] + (["zp"] if "zp" in inits else [])
+    node = h.make_node("GatherBlockQuantized", ins, ["y"], domain="com.microsoft", block_size=block, quantize_axis=1,
+                       gather_axis=0, bits=4)
+    idx = np.array([[0, 3, -1], [11, 5, 5]], np.int64)
+    path = _save(tmp_path / "gbq.onnx", [node], {"idx": idx}, inits, ["y"], opset=21, microsoft=True)
+    ref = _ort(onnx.load(path), {"idx": idx})[0]
+    got = dlcc.compile(path, target="opencl")({"idx": idx})["y"]
+    np.testing.assert_array_equal(got, ref)

@@ -79,7 +79,10 @@ def lower_fused(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray] | 
 
 
 class _Builder(Builder):
-    """A Builder with the opset-dependent forms of the few ops whose signature changed."""
+    """A Builder with what the fused rewrites share: the opset-dependent forms of the ops whose
+    signature changed (ReduceMean, Unsqueeze, Squeeze), constants typed like a tensor, shape
+    pieces (dims, aranges, slices), half-to-float casts, and attributes read with their kind
+    checked."""
 
     def const_of(self, value, like: str | int) -> str:
         """A constant in the element type `like` (an ONNX type, or a tensor's: float32 where it

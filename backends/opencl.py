@@ -98,8 +98,8 @@ def builds_unoptimised(kernel: dict | None, grid_sync: bool = False) -> bool:
     barriers) from the -cl-opt-disable build (OpenCLRuntime.compile says why for each kind):
     Rammer's persistent kernels and AStitch's grid-barrier kernels (loops whose bounds depend on
     the launch grid, around barriers: the shape PoCL 3.1 miscompiles optimised), the GPU-only
-    SIMT tilings, and the multi-stage fp16/bf16 tensor-core rKernels (PoCL's LLVM crashes
-    optimising them). The cost model prices them with DeviceSpec.unoptimised_slowdown."""
+    SIMT tilings, and the multi-stage fp16/bf16 tensor-core rKernels (they build faster so). The
+    cost model prices them with DeviceSpec.unoptimised_slowdown."""
     from ..kernels.gemm import GPU_TILINGS, VECTOR_TILINGS
     from ..kernels.gemm_mma import mma_family
     from ..kernels.splitk import base_name
@@ -110,8 +110,9 @@ def builds_unoptimised(kernel: dict | None, grid_sync: bool = False) -> bool:
     # the GPU-only SIMT tilings in both templates: 8x4 and 8x8 outputs a thread (GPU_TILINGS and
     # their vector twins); LLVM 15 crashed optimising a split-K 8x8v rKernel (ch_PP-OCRv4_rec)
     gpu_only = {t.name for t in GPU_TILINGS + VECTOR_TILINGS if t.tm * t.tn >= 32}
-    # (and the wgmma ones, whose emulation PoCL also built wrong optimised: every product 0 in a
-    # module holding one of them alone; right with -cl-opt-disable)
+    # (the multi-stage fp16/bf16 tensor-core ones, wgmma's too, for their build time: optimised
+    # they took 25% longer to build and test in tests/test_gemm_*; they build right optimised
+    # since the prelude always inlines their emulation, test_pocl_miscompiles.py)
     slow_to_build = gpu_only | {t.name for p in ("fp16", "bf16")
                                 for t in mma_family(p, deep=True, wgmma=True) if t.stages > 1}
     return base_name(k.get("tiling") or "") in slow_to_build
@@ -277,9 +278,12 @@ class OpenCLRuntime:
         block's first summed wrong; tests/test_half_activations.py's graph). Kernels on the
         GPU-only SIMT tilings (kernels/gemm.py GPU_TILINGS, in a plan compiled for a GPU device
         spec) come from that build too: PoCL's LLVM crashes optimising them. So do the fp16/bf16
-        tensor-core rKernels (kernels/gemm_mma_async.py, with their emulated cp.async queue and
-        ldmatrix): LLVM 15 crashed optimising AStitch-fused ones (SIGSEGV in the inliner on a bf16
-        encoder, in InstCombine on mobilenet-small at bf16)."""
+        tensor-core rKernels (kernels/gemm_mma_async.py and gemm_wgmma.py, with their emulated
+        cp.async queue, ldmatrix and wgmma), for their build time. Their emulation's helpers used
+        to be called out of line, and then LLVM 15 crashed optimising AStitch-fused ones (SIGSEGV
+        in the inliner on a bf16 encoder, in InstCombine on mobilenet-small at bf16), and a lone
+        wgmma kernel computed every product as 0; the prelude now always inlines them
+        (prelude_opencl.h EMULATED), and optimised, all of those build and compute right."""
         self._kernels = {}  # kernels of a previous program must not be reused
         self._unoptimised_names = unoptimised_kernels(plan) if self.is_pocl() else set()
         options = ["-cl-std=CL1.2"] + build_options()

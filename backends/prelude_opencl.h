@@ -1,6 +1,12 @@
 /* dlcc portable kernel dialect -> OpenCL C 1.2 (see prelude_cuda.h for why there are two). */
 #define KERNEL __kernel
 #define DEVICE static inline
+/* The tensor-core emulations below (mma, cp.async, ldmatrix, wgmma) are always inlined: PoCL 3's
+ * optimised build miscompiled an out-of-line one. dlcc_wgmma_run, called out of line with the
+ * task's __local buffer, read zeros where the task itself read the data just written (every
+ * product 0, in a module holding one wgmma kernel alone); inlined, the same text computes right.
+ * tests/test_pocl_miscompiles.py keeps a kernel of that shape. */
+#define EMULATED static inline __attribute__((always_inline))
 #define SITE_FN static inline  /* PoCL inlines everything that holds a barrier anyway */
 #define GPTR __global
 #define LPTR __local
@@ -71,7 +77,7 @@ DEVICE float dlcc_tf32_bits(float x) { return as_float(as_uint(x) & 0xffffe000u)
 #define MMA_EMU_FLOATS 192
 /* Once every lane has stored its fragments: lane (g, t)'s four D elements from A (16 x K,
  * row-major) and B (K x 8, k-major), summed in k order, then the scratch is free again. */
-DEVICE void dlcc_mma_emu_dot(LPTR float* A, LPTR float* B, int K, int g, int t, float* d0, float* d1, float* d2,
+EMULATED void dlcc_mma_emu_dot(LPTR float* A, LPTR float* B, int K, int g, int t, float* d0, float* d1, float* d2,
                              float* d3) {
     barrier(CLK_LOCAL_MEM_FENCE);
     float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
@@ -84,7 +90,7 @@ DEVICE void dlcc_mma_emu_dot(LPTR float* A, LPTR float* B, int K, int g, int t, 
     barrier(CLK_LOCAL_MEM_FENCE);
     *d0 += s0; *d1 += s1; *d2 += s2; *d3 += s3;
 }
-DEVICE void dlcc_mma_tf32(float* d0, float* d1, float* d2, float* d3, float a0, float a1, float a2, float a3,
+EMULATED void dlcc_mma_tf32(float* d0, float* d1, float* d2, float* d3, float a0, float a1, float a2, float a3,
                           float b0, float b1, LPTR float* scr, int lane) {
     const int g = lane >> 2, t = lane & 3;
     LPTR float* A = scr;         /* 16 x 8, row-major */
@@ -117,7 +123,7 @@ DEVICE float dlcc_to_f16(float x) {
 }
 #define TO_F16(x) dlcc_to_f16(x)
 #define MMA_EMU_FLOATS_K16 384
-DEVICE void dlcc_mma_k16(float* d0, float* d1, float* d2, float* d3, float a0, float a1, float a2, float a3,
+EMULATED void dlcc_mma_k16(float* d0, float* d1, float* d2, float* d3, float a0, float a1, float a2, float a3,
                          float a4, float a5, float a6, float a7, float b0, float b1, float b2, float b3,
                          LPTR float* scr, int lane) {
     const int g = lane >> 2, t = lane & 3;
@@ -152,13 +158,13 @@ typedef struct {
     int n, groups;
 } dlcc_cpq_t;
 #define CP_ASYNC_STATE dlcc_cpq_t dlcc_cpq; dlcc_cpq.n = 0; dlcc_cpq.groups = 0;
-DEVICE void dlcc_cp_land(LPTR ushort* d, GPTR const ushort* s, int valid) {
+EMULATED void dlcc_cp_land(LPTR ushort* d, GPTR const ushort* s, int valid) {
     const int aligned = ((((size_t)d) | ((size_t)s)) & 15) == 0;
     for (int i = 0; i < 8; ++i) d[i] = !aligned ? (ushort)0x7fff : valid ? s[i] : (ushort)0;
 }
-DEVICE void dlcc_cp_async16(dlcc_cpq_t* q, LPTR void* dst, GPTR const void* src, int valid) {
+EMULATED void dlcc_cp_async16(dlcc_cpq_t* q, LPTR void* dst, GPTR const void* src, int valid) {
     if (q->n == DLCC_CPQ_MAX) {  /* more copies in flight than any tiling issues: make it visible */
-        dlcc_cp_land((LPTR ushort*)dst, (GPTR const ushort*)src + 1, valid);
+        dlcc_cp_land((LPTR ushort*)dst, (GPTR const ushort*)src, valid);
         return;
     }
     q->dst[q->n] = (LPTR ushort*)dst;
@@ -167,7 +173,7 @@ DEVICE void dlcc_cp_async16(dlcc_cpq_t* q, LPTR void* dst, GPTR const void* src,
     q->group[q->n] = q->groups;
     q->n++;
 }
-DEVICE void dlcc_cp_wait(dlcc_cpq_t* q, int pending) {
+EMULATED void dlcc_cp_wait(dlcc_cpq_t* q, int pending) {
     int keep = 0;
     for (int i = 0; i < q->n; ++i) {
         if (q->group[i] < q->groups - pending) {
@@ -183,7 +189,7 @@ DEVICE void dlcc_cp_wait(dlcc_cpq_t* q, int pending) {
 #define CP_ASYNC16(dst, src, valid) dlcc_cp_async16(&dlcc_cpq, (dst), (src), (valid))
 #define CP_ASYNC_COMMIT() (dlcc_cpq.groups++)
 #define CP_ASYNC_WAIT(n) dlcc_cp_wait(&dlcc_cpq, (n))
-DEVICE void dlcc_ldsm(uint* r0, uint* r1, uint* r2, uint* r3, int n, int trans, LPTR const ushort* base, int off,
+EMULATED void dlcc_ldsm(uint* r0, uint* r1, uint* r2, uint* r3, int n, int trans, LPTR const ushort* base, int off,
                       LPTR float* scr, int lane) {
     LPTR int* rows = (LPTR int*)scr;
     const int g = lane >> 2, t = lane & 3;
@@ -239,20 +245,19 @@ typedef struct {
     int count, groups;
 } dlcc_wgq_t;
 #define WGMMA_STATE dlcc_wgq_t dlcc_wgq; dlcc_wgq.count = 0; dlcc_wgq.groups = 0;
-DEVICE int dlcc_wg_desc_ok(ulong desc) {  /* 128B swizzle, the start on its 1 KiB atom (bits 7-9 clear) */
+EMULATED int dlcc_wg_desc_ok(ulong desc) {  /* 128B swizzle, the start on its 1 KiB atom (bits 7-9 clear) */
     return (desc >> 62) == 1ul && ((((uint)(desc & 0x3fffu) << 4) >> 7) & 7u) == 0u;
 }
-DEVICE float dlcc_wg_elem(LPTR const ushort* sm, ulong desc, int row, int k, int bf) {
+EMULATED float dlcc_wg_elem(LPTR const ushort* sm, ulong desc, int row, int k, int bf) {
     const uint start = (uint)(desc & 0x3fffu) << 4, sbo = (uint)((desc >> 32) & 0x3fffu) << 4;
     uint addr = start + (uint)(row >> 3) * sbo + (uint)(row & 7) * 128u + (uint)k * 2u;
     addr ^= ((addr >> 7) & 7u) << 4;
     const uint h = sm[addr >> 1];
     return bf ? dlcc_bf16_bits(h) : dlcc_f16_bits(h);
 }
-DEVICE void dlcc_wgmma_run(ulong da, ulong db, int n, int bf, float* acc, LPTR const ushort* sm, int tid) {
+EMULATED void dlcc_wgmma_run(ulong da, ulong db, int n, int bf, float* acc, LPTR const ushort* sm, int tid) {
     const int lane = tid & 31, g = lane >> 2, t = lane & 3, w = (tid >> 5) & 3, cols = n / 4;
-    /* A descriptor this emulation does not read as the hardware would poisons the whole product.
-     * (PoCL builds these kernels with -cl-opt-disable: backends/opencl.py builds_unoptimised.) */
+    /* A descriptor this emulation does not read as the hardware would poisons the whole product. */
     const float poison = dlcc_wg_desc_ok(da) && dlcc_wg_desc_ok(db) ? 0.0f : NAN;
     for (int i = 0; i < 2; ++i) {
         const int r = 16 * w + g + 8 * i;
@@ -264,7 +269,7 @@ DEVICE void dlcc_wgmma_run(ulong da, ulong db, int n, int bf, float* acc, LPTR c
         }
     }
 }
-DEVICE void dlcc_wgmma_issue(dlcc_wgq_t* q, ulong da, ulong db, int n, int bf, float* acc, LPTR const ushort* sm,
+EMULATED void dlcc_wgmma_issue(dlcc_wgq_t* q, ulong da, ulong db, int n, int bf, float* acc, LPTR const ushort* sm,
                              int tid) {
     if (q->count == DLCC_WGQ_MAX) {  /* more in flight than any tiling issues: run it now */
         dlcc_wgmma_run(da, db, n, bf, acc, sm, tid);
@@ -274,7 +279,7 @@ DEVICE void dlcc_wgmma_issue(dlcc_wgq_t* q, ulong da, ulong db, int n, int bf, f
     q->group[q->count] = q->groups;
     q->count++;
 }
-DEVICE void dlcc_wgmma_wait(dlcc_wgq_t* q, int pending, float* acc, LPTR const ushort* sm, int tid) {
+EMULATED void dlcc_wgmma_wait(dlcc_wgq_t* q, int pending, float* acc, LPTR const ushort* sm, int tid) {
     int keep = 0;
     for (int i = 0; i < q->count; ++i) {
         if (q->group[i] < q->groups - pending) {

@@ -198,3 +198,36 @@ def test_a_work_group_larger_than_the_default_thread_stack_runs(tmp_path):
     env = {**__import__("os").environ, "POCL_CACHE_DIR": str(tmp_path / "pocl")}
     r = subprocess.run([sys.executable, str(probe), str(9 * 1024)], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout[-500:], r.stderr[-2000:])
+
+
+def test_tensor_core_emulations_are_right_optimised(monkeypatch):
+    """PoCL's optimised build computed every product of a wgmma kernel as 0 while the emulation's
+    helpers were called out of line (dlcc_wgmma_run read zeros from the task's __local buffer,
+    which the task itself read right); the prelude now always inlines them (EMULATED). A wgmma
+    tiling and a multi-stage bf16 mma.sync tiling, each alone in its module as that case was,
+    built optimised, against numpy. (The runtime still builds them unoptimised, as they build
+    faster so: backends/opencl.py builds_unoptimised.)"""
+    import numpy as np
+
+    import dlcc.backends.opencl as ocl
+    from conftest import gemm_plan
+    from dlcc.backends.source import render
+    from dlcc.executor import make_runtime
+    from dlcc.kernels.gemm import gemm_source, plain_spec
+    from dlcc.kernels.gemm_mma import mma_tilings
+    from dlcc.kernels.gemm_wgmma import wgmma_tilings
+    from test_gemm_mma_async import _operands, _reference, _run
+
+    monkeypatch.setattr(ocl, "builds_unoptimised", lambda *a, **k: False)
+    M, N, K = 70, 72, 200
+    spec = plain_spec(M, N, K, True, b_dtype="bfloat16", a_dtype="bfloat16")
+    A, B = _operands(M, N, K, False, True)
+    ref = _reference(A, B, "bf16", False, True)
+    deep = next(t for t in mma_tilings("bf16", deep=True) if t.stages > 1 and not t.wgmma)
+    for t in (wgmma_tilings("bf16")[5], deep):
+        rt = make_runtime("opencl")
+        name = f"g_{t.name}"
+        rt.compile(render([gemm_source(name, spec, t)], rt.dialect), gemm_plan([(name, t)]))
+        assert not rt.unoptimised, t.name  # (the optimised build ran it)
+        out = _run(rt, name, t, spec, A, B, "bfloat16", "bfloat16")
+        np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5, err_msg=t.name)

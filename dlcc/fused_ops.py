@@ -426,6 +426,12 @@ def _padding_mask(b: _Builder, mask: str, query: str, keys: str, filter_value: f
                                                      b.ints(-1)], axis=0)])
     if r != 1:
         raise b.unsupported(f"a mask_index of rank {r}")
+    # The form is told apart at run time below ([B] or [2B]); a length known now to be neither
+    # (the [3B + 2] cumulative form of onnxruntime's CUDA kernels) is refused here.
+    length, qshape = b.info.get(mask, ((None,), None))[0], b.info.get(query, (None, None))[0]
+    if length and qshape and isinstance(length[0], int) and isinstance(qshape[0], int) and length[0] \
+            and qshape[0] and length[0] not in (qshape[0], 2 * qshape[0]):
+        raise b.unsupported(f"a 1-D mask_index of {length[0]} values for a batch of {qshape[0]} (only [B] and [2B] are)")
     batch = b.dim(query, 0)
     pos = b.arange(b.constant(np.int64(0), np.int64), b.dim(keys, 2))  # [T]
     m64 = b.op("Cast", [mask], to=_I64)

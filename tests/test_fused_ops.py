@@ -240,8 +240,8 @@ def test_fused_conv_gemm_matmul(tmp_path):
 
 def test_bad_fused_nodes_are_clear_errors(tmp_path):
     """A fused op with too few inputs, no num_heads, weights that do not split, a rotary
-    Attention, or an unknown fused activation: one clear error naming the node, never a
-    traceback."""
+    Attention, a mask index in the [3B + 2] form, or an unknown fused activation: one clear error
+    naming the node, never a traceback."""
     x = _f(1, 4, 12)
 
     def compile_one(node, inits):
@@ -262,6 +262,14 @@ def test_bad_fused_nodes_are_clear_errors(tmp_path):
     assert "qkv_hidden_sizes" in msg and "Attention" in msg, msg
     assert "do_rotary is not supported" in compile_one(h.make_node("Attention", ["x", "w"], ["y"], domain=MS, num_heads=4,
                                                                    do_rotary=1), w)
+    x2 = h.make_tensor_value_info("m", TP.INT32, [8])  # 3B + 2 values for a batch of 2
+    g = h.make_graph([h.make_node("Attention", ["x", "w", "", "m"], ["y"], domain=MS, num_heads=4)], "bad",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [2, 4, 12]), x2], [h.make_tensor_value_info("y", TP.FLOAT, None)],
+                     [nh.from_array(w["w"], "w")])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(MS, 1)], ir_version=8),
+              str(tmp_path / "mask.onnx"))
+    with pytest.raises(DlccError, match="only \\[B\\] and \\[2B\\]"):
+        dlcc.compile(str(tmp_path / "mask.onnx"), target="opencl")
     assert "activation 'Elu' is not supported" in compile_one(
         h.make_node("FusedGemm", ["x", "g"], ["y"], domain=MS, activation="Elu"), w)
     del x

@@ -25,6 +25,8 @@ as onnxruntime's kernels do.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 from onnx import helper
@@ -159,7 +161,26 @@ class _Builder(Builder):
         return self.op("Range", [start, end, self.constant(np.int64(1), np.int64)])
 
 
+@functools.lru_cache(maxsize=None)
+def _schema_attributes(domain: str, op: str) -> frozenset | None:
+    """The attribute names onnxruntime's schema of `op` allows (None where it has none here)."""
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
+
+        for s in ort_c.get_all_operator_schema():
+            if s.name == op and s.domain == domain:
+                return frozenset(s.attributes)
+    except Exception:  # an onnxruntime without the schema API: the attributes go unchecked
+        pass
+    return None
+
+
 def _lower(b: _Builder) -> None:
+    allowed = _schema_attributes("com.microsoft" if b.node.domain == "com.microsoft" else "", b.node.op_type)
+    unknown = sorted(set(b.attrs) - allowed) if allowed is not None else []
+    if unknown:  # (onnxruntime refuses such a node too; the ONNX checker cannot see it)
+        raise b.fail(f"has attribute(s) {', '.join(map(repr, unknown))}, which its schema does not have "
+                     f"(it has {', '.join(sorted(allowed)) or 'none'})")
     lo, hi = _INPUTS.get(b.node.op_type, (1, 1 << 30))
     n = len(b.node.input)
     if not lo <= n <= hi:

@@ -152,7 +152,10 @@ def exact_products(model: onnx.ModelProto, path="model", feeds: dict | None = No
     if any(n.op_type == "QAttention" and n.domain == "com.microsoft" for n in m.graph.node):
         unsized = _unsized(infer(m)) if feeds else set()
         wanted = [i for n in m.graph.node if n.op_type == "QAttention" for i in n.input if i in unsized]
-        m = lower_fused(m, infer, None, path, only=("QAttention",), known=_known(m, wanted, feeds))[0]
+        # (where onnxruntime cannot run the model, its error says so: verify reports no reference)
+        known = ({n: (shape, elem) for n, (elem, shape) in tensor_types(m, wanted, feeds).items()}
+                 if wanted and feeds else {})
+        m = lower_fused(m, infer, None, path, only=("QAttention",), known=known)[0]
     if not any(is_quantized_op(n) and n.op_type in PRODUCTS for n in m.graph.node):
         return m
 

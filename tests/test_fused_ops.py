@@ -240,8 +240,8 @@ def test_fused_conv_gemm_matmul(tmp_path):
 
 def test_bad_fused_nodes_are_clear_errors(tmp_path):
     """A fused op with too few inputs, no num_heads, weights that do not split, a rotary
-    Attention, a mask index in the [3B + 2] form, or an unknown fused activation: one clear error
-    naming the node, never a traceback."""
+    Attention, a mask index in the [3B + 2] form, an attribute its schema does not have, or an
+    unknown fused activation: one clear error naming the node, never a traceback."""
     x = _f(1, 4, 12)
 
     def compile_one(node, inits):
@@ -270,6 +270,8 @@ def test_bad_fused_nodes_are_clear_errors(tmp_path):
               str(tmp_path / "mask.onnx"))
     with pytest.raises(DlccError, match="only \\[B\\] and \\[2B\\]"):
         dlcc.compile(str(tmp_path / "mask.onnx"), target="opencl")
+    assert "'block_size', which its schema does not have" in compile_one(
+        h.make_node("SkipLayerNormalization", ["x", "x", "g"], ["y"], domain=MS, block_size=32), w)
     assert "activation 'Elu' is not supported" in compile_one(
         h.make_node("FusedGemm", ["x", "g"], ["y"], domain=MS, activation="Elu"), w)
     del x

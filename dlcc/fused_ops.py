@@ -113,8 +113,8 @@ class _Builder(Builder):
         return self.op("Slice", [x, s, e, self.ints(axis)])
 
     def dim(self, x: str, axis: int) -> str:
-        """Dim `axis` of x as a 1-element int64 tensor."""
-        return self.slice(self.op("Shape", [x]), axis, axis + 1 if axis != -1 else (1 << 62), 0)
+        """Dim `axis` (not negative) of x as a 1-element int64 tensor."""
+        return self.slice(self.op("Shape", [x]), axis, axis + 1, 0)
 
     def to_float(self, x: str) -> tuple[str, int]:
         """x as float32 (a half tensor is cast), and its own element type."""
@@ -161,22 +161,19 @@ class _Builder(Builder):
         return self.op("Range", [start, end, self.constant(np.int64(1), np.int64)])
 
 
-@functools.lru_cache(maxsize=None)
-def _schema_attributes(domain: str, op: str) -> frozenset | None:
-    """The attribute names onnxruntime's schema of `op` allows (None where it has none here)."""
+@functools.lru_cache(maxsize=1)
+def _schemas() -> dict[tuple[str, str], frozenset]:
+    """{(domain, op): the attribute names onnxruntime's schema allows}, read once."""
     try:
         from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
 
-        for s in ort_c.get_all_operator_schema():
-            if s.name == op and s.domain == domain:
-                return frozenset(s.attributes)
+        return {(s.domain, s.name): frozenset(s.attributes) for s in ort_c.get_all_operator_schema()}
     except Exception:  # an onnxruntime without the schema API: the attributes go unchecked
-        pass
-    return None
+        return {}
 
 
 def _lower(b: _Builder) -> None:
-    allowed = _schema_attributes("com.microsoft" if b.node.domain == "com.microsoft" else "", b.node.op_type)
+    allowed = _schemas().get(("com.microsoft" if b.node.domain == "com.microsoft" else "", b.node.op_type))
     unknown = sorted(set(b.attrs) - allowed) if allowed is not None else []
     if unknown:  # (onnxruntime refuses such a node too; the ONNX checker cannot see it)
         raise b.fail(f"has attribute(s) {', '.join(map(repr, unknown))}, which its schema does not have "
@@ -233,9 +230,9 @@ def _bias_add(b: _Builder) -> None:
     b.op("Add", [b.op("Add", [b.input(0), b.input(1)]), b.input(2)], b.node.output[0])
 
 
-#: onnxruntime's fused activations (FusedConv, FusedGemm): name -> (op, its attributes from
-#: activation_params or activation_alpha/beta).
 def _activation(b: _Builder, y: str, out: str) -> None:
+    """FusedConv's and FusedGemm's `activation` on y, written to `out`: its parameters come from
+    activation_params (FusedConv) or activation_alpha/beta (FusedGemm)."""
     act = b.attr("activation", b"")
     act = act.decode(errors="replace") if isinstance(act, bytes) else act
     params = [float(v) for v in b.attr("activation_params", [])]
@@ -264,7 +261,7 @@ def _fused_conv(b: _Builder) -> None:
     attrs = {k: v for k, v in b.attrs.items() if k in keep}  # (Conv's, which the checker sees after the rewrite)
     if isinstance(attrs.get("auto_pad"), bytes):
         attrs["auto_pad"] = attrs["auto_pad"].decode()
-    y = b.op("Conv", [x for x in b.node.input[:3]], **attrs)
+    y = b.op("Conv", list(b.node.input[:3]), **attrs)
     if b.input(3):
         y = b.op("Add", [y, b.input(3)])
     _activation(b, y, b.node.output[0])
@@ -412,7 +409,7 @@ def _q_embed_layer_norm(b: _Builder) -> None:
     scales = [b.input(i) for i in range(8, 13)]
     zps = [b.input(i) for i in range(13, 18)]
     tables = []
-    for k, (q, sc, zp) in enumerate(zip((word, pos, seg_emb, gamma, beta), scales, zps)):
+    for q, sc, zp in zip((word, pos, seg_emb, gamma, beta), scales, zps):
         if not q:
             tables.append("")
             continue
@@ -428,10 +425,9 @@ def _q_embed_layer_norm(b: _Builder) -> None:
 
 # -- attention ------------------------------------------------------------------------------
 
-def _heads(b: _Builder, x: str, n: int, key: bool = False) -> str:
-    """[B, L, n * h] -> [B, n, L, h] (key: [B, n, h, L], ready for Q x K^T)."""
-    x = b.op("Reshape", [x, b.ints(0, 0, n, -1)])
-    return b.op("Transpose", [x], perm=[0, 2, 3, 1] if key else [0, 2, 1, 3])
+def _heads(b: _Builder, x: str, n: int) -> str:
+    """[B, L, n * h] -> [B, n, L, h]."""
+    return b.op("Transpose", [b.op("Reshape", [x, b.ints(0, 0, n, -1)])], perm=[0, 2, 1, 3])
 
 
 def _padding_mask(b: _Builder, mask: str, query: str, keys: str, filter_value: float, like: str | int) -> str:
@@ -445,6 +441,8 @@ def _padding_mask(b: _Builder, mask: str, query: str, keys: str, filter_value: f
         add = b.op("Where", [keep, zero, fill])
         return b.op("Reshape", [add, b.op("Concat", [b.dim(mask, 0), b.ints(1), b.ints(1) if r == 2 else b.dim(mask, 1),
                                                      b.ints(-1)], axis=0)])
+    if r == 4:
+        raise b.unsupported("a 4-D mask_index (Megatron's)")
     if r != 1:
         raise b.unsupported(f"a mask_index of rank {r}")
     # The form is told apart at run time below ([B] or [2B]); a length known now to be neither
@@ -474,11 +472,17 @@ def _causal(b: _Builder, query: str, keys: str) -> str:
     return b.op("Greater", [b.unsqueeze(j, [0]), limit])
 
 
-def _attend(b: _Builder, q: str, k_t: str, v: str, scale: float, pad: str, bias: str, causal: str, elem: int) -> str:
-    """softmax(scale * q k^T + pad + bias) v, [B, N, S, h_v] -> the output [B, S, N * h_v]. The
-    causal mask is not added: a hidden score is set to float's lowest value, as onnxruntime's
-    PrepareMask sets it over any padding value (so a row whose only visible keys are padding
-    still attends to them, as onnxruntime's does). `elem` is the element type of q, k and v."""
+def _attend(b: _Builder, q: str, k: str, v: str, head: int, mask: str, batch_of: str, bias: str, elem: int) -> str:
+    """softmax(scale * q k^T + padding mask + bias) v for q, k, v as [B, N, L, h] (the node's
+    `scale`, or 1/sqrt(head)), written as the node's output [B, S, N * h_v]. The padding mask is
+    built from `mask` (the batch read from `batch_of`). The causal mask (`unidirectional`) is not
+    added: a hidden score is set to float's lowest value, as onnxruntime's PrepareMask sets it over
+    any padding value (so a row whose only visible keys are padding still attends to them, as
+    onnxruntime's does). `elem` is the element type of q, k and v."""
+    scale = float(b.attr("scale", 0.0)) or 1.0 / np.sqrt(head)
+    pad = _padding_mask(b, mask, batch_of, k, float(b.attr("mask_filter_value", -10000.0)), elem) if mask else ""
+    causal = _causal(b, q, k) if int(b.attr("unidirectional", 0)) else ""
+    k_t = b.op("Transpose", [k], perm=[0, 1, 3, 2])
     scores = b.op("Mul", [b.op("MatMul", [q, k_t]), b.const_of(np.float32(scale), elem)])
     if pad:
         scores = b.op("Add", [scores, pad])
@@ -489,7 +493,7 @@ def _attend(b: _Builder, q: str, k_t: str, v: str, scale: float, pad: str, bias:
         scores = b.op("Where", [b.unsqueeze(causal, [0, 1]), b.const_of(lowest, elem), scores])
     probs = b.op("Softmax", [scores], axis=-1) if b.opset >= 13 else b.op("Softmax", [scores], axis=3)
     out = b.op("Transpose", [b.op("MatMul", [probs, v])], perm=[0, 2, 1, 3])
-    return b.op("Reshape", [out, b.ints(0, 0, -1)])
+    return b.op("Reshape", [out, b.ints(0, 0, -1)], b.node.output[0])
 
 
 def _attention(b: _Builder) -> None:
@@ -548,14 +552,7 @@ def _attention_core(b: _Builder, x: str, parts: list[str], head: int, n: int, ma
         v = b.op("Concat", [b.op("Gather", [past, b.constant(np.int64(1), np.int64)], axis=0), v], axis=2)
     if b.wants(1):
         b.op("Concat", [b.unsqueeze(k, [0]), b.unsqueeze(v, [0])], b.node.output[1], axis=0)
-    scale = float(b.attr("scale", 0.0)) or 1.0 / np.sqrt(head)
-    fill = float(b.attr("mask_filter_value", -10000.0))
-    if mask and b.rank(mask) == 4:
-        raise b.unsupported("a 4-D mask_index (Megatron's)")
-    pad = _padding_mask(b, mask, x, k, fill, elem) if mask else ""
-    causal = _causal(b, q, k) if int(b.attr("unidirectional", 0)) else ""
-    k_t = b.op("Transpose", [k], perm=[0, 1, 3, 2])
-    b.op("Identity", [_attend(b, q, k_t, v, scale, pad, attn_bias, causal, elem)], b.node.output[0])
+    _attend(b, q, k, v, head, mask, x, attn_bias, elem)
 
 
 def _q_attention(b: _Builder) -> None:
@@ -589,7 +586,7 @@ def _multi_head_attention(b: _Builder) -> None:
     q, k, v, bias, mask, attn_bias, past_k, past_v = (b.input(i) for i in range(8))
     if any(b.input(i) for i in (8, 9)):
         raise b.unsupported("MultiHeadAttention with past_sequence_length or cache_indirection")
-    if any(b.wants(i) for i in (3,)):
+    if b.wants(3):
         raise b.unsupported("MultiHeadAttention's qk output")
     n = int(b.attr("num_heads", 0))
     if n <= 0:
@@ -625,12 +622,7 @@ def _multi_head_attention(b: _Builder) -> None:
         b.op("Identity", [key], b.node.output[1])
     if b.wants(2):
         b.op("Identity", [value], b.node.output[2])
-    scale = float(b.attr("scale", 0.0)) or 1.0 / np.sqrt(hq // n)
-    fill = float(b.attr("mask_filter_value", -10000.0))
-    pad = _padding_mask(b, mask, q, key, fill, b.elem(b.input(0)) or _F) if mask else ""
-    causal = _causal(b, qh, key) if int(b.attr("unidirectional", 0)) else ""
-    k_t = b.op("Transpose", [key], perm=[0, 1, 3, 2])
-    b.op("Identity", [_attend(b, qh, k_t, value, scale, pad, attn_bias, causal, b.elem(b.input(0)) or _F)], b.node.output[0])
+    _attend(b, qh, key, value, hq // n if hq else 0, mask, q, attn_bias, b.elem(b.input(0)) or _F)
 
 
 def _rotary_embedding(b: _Builder) -> None:

@@ -118,8 +118,7 @@ PRODUCTS = {"MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "QGe
 def exact_products(model: onnx.ModelProto, path="model", feeds: dict | None = None) -> onnx.ModelProto:
     """A copy of `model` whose integer products (PRODUCTS, and QAttention's) are exact float32
     products of their integer operands, every other op as it was: what verify gives onnxruntime
-    to run. The
-    `feeds` fix the graph inputs' dims first, so that an LSTM's steps are known; where onnx's
+    to run. The `feeds` fix the graph inputs' dims first, so that an LSTM's steps are known; where onnx's
     inference cannot size an LSTM's input (a Reshape to a shape computed after another LSTM),
     onnxruntime's own run of the model on the feeds does."""
     from onnx import shape_inference
@@ -153,9 +152,7 @@ def exact_products(model: onnx.ModelProto, path="model", feeds: dict | None = No
         unsized = _unsized(infer(m)) if feeds else set()
         wanted = [i for n in m.graph.node if n.op_type == "QAttention" for i in n.input if i in unsized]
         # (where onnxruntime cannot run the model, its error says so: verify reports no reference)
-        known = ({n: (shape, elem) for n, (elem, shape) in tensor_types(m, wanted, feeds).items()}
-                 if wanted and feeds else {})
-        m = lower_fused(m, infer, None, path, only=("QAttention",), known=known)[0]
+        m = lower_fused(m, infer, None, path, only=("QAttention",), known=_known(m, wanted, feeds, strict=True))[0]
     if not any(is_quantized_op(n) and n.op_type in PRODUCTS for n in m.graph.node):
         return m
 
@@ -170,14 +167,17 @@ def exact_products(model: onnx.ModelProto, path="model", feeds: dict | None = No
     return lower_quantized(m, infer, None, path, only=PRODUCTS, known=_known(m, wanted, feeds))[0]
 
 
-def _known(m: onnx.ModelProto, wanted: list[str], feeds) -> dict[str, tuple]:
-    """{name: (shape, elem)} of tensors `wanted` in onnxruntime's run of `m` on `feeds` (none
-    where it cannot run: inference's shapes stand, and an unknown one is reported as such)."""
+def _known(m: onnx.ModelProto, wanted: list[str], feeds, strict: bool = False) -> dict[str, tuple]:
+    """{name: (shape, elem)} of tensors `wanted` in onnxruntime's run of `m` on `feeds`. Where it
+    cannot run, `strict` raises its error; otherwise there are none (inference's shapes stand,
+    and an unknown one is reported as such)."""
     if not wanted or not feeds:
         return {}
     try:
         return {n: (shape, elem) for n, (elem, shape) in tensor_types(m, wanted, feeds).items()}
     except Exception:
+        if strict:
+            raise
         return {}
 
 

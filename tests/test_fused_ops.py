@@ -242,8 +242,6 @@ def test_bad_fused_nodes_are_clear_errors(tmp_path):
     """A fused op with too few inputs, no num_heads, weights that do not split, a rotary
     Attention, a mask index in the [3B + 2] form, an attribute its schema does not have, or an
     unknown fused activation: one clear error naming the node, never a traceback."""
-    x = _f(1, 4, 12)
-
     def compile_one(node, inits):
         g = h.make_graph([node], "bad", [h.make_tensor_value_info("x", TP.FLOAT, [1, 4, 12])],
                          [h.make_tensor_value_info("y", TP.FLOAT, None)],
@@ -274,7 +272,6 @@ def test_bad_fused_nodes_are_clear_errors(tmp_path):
         h.make_node("SkipLayerNormalization", ["x", "x", "g"], ["y"], domain=MS, block_size=32), w)
     assert "activation 'Elu' is not supported" in compile_one(
         h.make_node("FusedGemm", ["x", "g"], ["y"], domain=MS, activation="Elu"), w)
-    del x
 
 
 @pytest.fixture(scope="module")

@@ -107,7 +107,8 @@ class CompiledModel:
 
     def sample_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
         meta = self.plan.get("meta", {})
-        return sample_inputs(self.inputs, seed, meta.get("int_high"), meta.get("bound_values"))
+        return sample_inputs(self.inputs, seed, meta.get("int_high"), meta.get("bound_values"),
+                             full_masks=bool(meta.get("full_masks")))
 
     def save(self, out_dir: str | os.PathLike) -> Path:
         if self.kernel_codes is None:
@@ -236,6 +237,8 @@ def _compile(model, shapes, tgt, pipeline, device, steps, profile_db, cache=None
     from .inputs import gather_bounds
 
     res.plan["meta"]["int_high"] = gather_bounds(res.state.graph)
+    if res.state.graph.full_masks:
+        res.plan["meta"]["full_masks"] = True
     return CompiledModel(res.plan, res.weights, res.kernel_codes, target=tgt, binaries=res.binaries)
 
 

@@ -30,7 +30,8 @@ def check_supported(graph: Graph) -> None:
         key = None
         if entry is None:
             key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
-        elif entry.float_only and n.inputs and graph.tensors[n.inputs[0]].dtype != "float32":
+        elif n.inputs and (entry.dtypes or entry.float_only) \
+                and graph.tensors[n.inputs[0]].dtype not in (entry.dtypes or ("float32",)):
             key = f"{n.op_type}({graph.tensors[n.inputs[0]].dtype})"
         if key is not None:
             c, first = bad.get(key, (0, n.name))

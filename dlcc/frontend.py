@@ -36,9 +36,9 @@ def parse_shape_binding(text: str) -> tuple[str, tuple[int, ...]]:
         shape = tuple(int(d) for d in dims.replace(",", "x").split("x") if d != "")
     except ValueError:
         raise ShapeError(f"--shape {text!r}: dims must be positive integers separated by 'x'") from None
-    if not name or not shape or len(shape) > 1 and any(d <= 0 for d in shape):
-        raise ShapeError(f"--shape {text!r}: expected NAME=DIMxDIMx... with positive dims")
-    # (One number may be 0 or negative: the value of a scalar input. bind_shapes refuses it as a dim.)
+    if not name or not shape or len(shape) > 1 and any(d < 0 for d in shape):
+        raise ShapeError(f"--shape {text!r}: expected NAME=DIMxDIMx... with dims of 0 or more")
+    # (One number may be negative: the value of a scalar input. bind_shapes refuses it as a dim.)
     if any(d > INT32_MAX for d in shape):
         raise ShapeError(f"--shape {text!r}: a dim above {INT32_MAX} is more than dlcc's 32-bit indices address")
     return name, shape
@@ -222,9 +222,9 @@ def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: st
     `weights`: inputs that are really initializers (split_weights), not the model's inputs."""
     shapes = dict(shapes or {})
     for key, val in shapes.items():
-        if any(int(d) <= 0 for d in val):
-            raise ShapeError(f"--shape {key}={'x'.join(map(str, val))}: dims must be positive (only the value of a "
-                             "scalar int input may be 0 or negative)")
+        if any(int(d) < 0 for d in val):
+            raise ShapeError(f"--shape {key}={'x'.join(map(str, val))}: dims must be 0 or more (only the value of a "
+                             "scalar int input may be negative)")
     init_names = {i.name for i in model.graph.initializer} | set(weights)
     inputs = [i for i in model.graph.input if i.name not in init_names]
     input_names = [i.name for i in inputs]
@@ -282,9 +282,8 @@ def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: st
                 d.dim_value = value
             elif d.HasField("dim_value") and d.dim_value == 0:
                 raise ShapeError(
-                    f"input {inp.name!r} of {source} has dim {k} of size 0, and dlcc does not compile empty "
-                    f"inputs; if the exporter wrote 0 for a dynamic dim, "
-                    f"bind it with --shape {inp.name}=" + "x".join(
+                    f"input {inp.name!r} of {source} has dim {k} of size 0, which exporters also write for a "
+                    f"dynamic dim; bind it (to 0 for an empty input) with --shape {inp.name}=" + "x".join(
                         str(x.dim_value) if x.HasField("dim_value") and x.dim_value > 0 else "N" for x in tt.shape.dim))
             else:
                 label = f"'{d.dim_param}'" if d.dim_param else "(unnamed)"
@@ -602,8 +601,9 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
 
     # onnxruntime's fused ops become standard ops first (fused_ops.py): two of them sit in the
     # ONNX domain, where the checker rejects them.
-    from .fused_ops import lower_fused
+    from .fused_ops import PADDED_QUERIES_UNSPECIFIED, lower_fused
 
+    full_masks = any(n.domain == "com.microsoft" and n.op_type in PADDED_QUERIES_UNSPECIFIED for n in model.graph.node)
     model, fused_notes = lower_fused(model, lenient, weights, path)
     check_model(model, path)
     shapes, bound_values = bind_values(model, shapes, weights)
@@ -716,6 +716,7 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         notes=notes,
         bound_values=bound_values,
         float32_nodes=float32_nodes,
+        full_masks=full_masks,
     )
     _fold_and_infer(graph)
     check_selects(graph, selects, path)

@@ -661,6 +661,15 @@ def _rotary_embedding(b: _Builder) -> None:
         # (the offset is added to 0..S-1, which folds: a Range over a computed start would not)
         p0 = b.op("Cast", [b.op("Reshape", [pos_ids, b.ints(1)])], to=_I64)
         pos = b.unsqueeze(b.op("Add", [b.arange(b.constant(np.int64(0), np.int64), b.dim(xh, 2)), p0]), [0])
+    y = _rotate(b, xh, pos, cos, sin, rd, interleaved)
+    if r == 3:
+        y = b.op("Reshape", [b.op("Transpose", [y], perm=[0, 2, 1, 3]), b.ints(0, 0, -1)])
+    b.op("Identity", [y], b.node.output[0])
+
+
+def _rotate(b: _Builder, xh: str, pos: str, cos: str, sin: str, rd: int, interleaved: bool) -> str:
+    """xh ([B, N, S, h]) with its first `rd` values of each head rotated by the cached cos and sin
+    (rows picked by `pos`, int64 [B or 1, S]): halves, or interleaved pairs; the rest unchanged."""
     c = b.unsqueeze(b.op("Gather", [cos, pos], axis=0), [1])  # [B or 1, 1, S, rd/2]
     sn = b.unsqueeze(b.op("Gather", [sin, pos], axis=0), [1])
     rot = b.slice(xh, 0, rd, 3)
@@ -677,10 +686,176 @@ def _rotary_embedding(b: _Builder) -> None:
         y1 = b.op("Sub", [b.op("Mul", [x1, c]), b.op("Mul", [x2, sn])])
         y2 = b.op("Add", [b.op("Mul", [x2, c]), b.op("Mul", [x1, sn])])
         y = b.op("Concat", [y1, y2], axis=3)
-    y = b.op("Concat", [y, rest], axis=3)
-    if r == 3:
-        y = b.op("Reshape", [b.op("Transpose", [y], perm=[0, 2, 1, 3]), b.ints(0, 0, -1)])
-    b.op("Identity", [y], b.node.output[0])
+    return b.op("Concat", [y, rest], axis=3)
+
+
+def _group_query_attention(b: _Builder) -> None:
+    """onnxruntime's GroupQueryAttention (what onnxruntime-genai's model builder emits for Llama,
+    Mistral, Phi-3, Qwen, Gemma): Q with `num_heads` heads attending to K and V with fewer
+    (`kv_num_heads`, each shared by a group of query heads), a KV cache in BNSH layout, the
+    rotary embedding applied inside (`do_rotary`), causal masking with an optional local window,
+    softcap and a smooth softmax or per-head sinks.
+
+    The cache is onnxruntime's dynamic one: present is [B, Nkv, P + S, h], holding for batch
+    entry b its first past_b = seqlens_k[b] + 1 - S rows of the past (0 on the first prompt,
+    where P = 0), then its S new rows, then zeros; onnxruntime's static (shared-buffer) cache,
+    where total_sequence_length <= P, is refused at run time, as is any total_sequence_length
+    other than P + S or a seqlens_k outside [0, P + S) (index checks: _check_in). Query heads n = kv * G + g read kv head kv, so Q
+    is reshaped to [B, Nkv, G * S, h] and multiplied by K as it is: the KV heads are never
+    copied G times."""
+    for i, what in ((12, "a quantized KV cache (k_scale)"), (13, "a quantized KV cache (v_scale)"),
+                    (14, "q_norm_weight"), (15, "k_norm_weight"), (16, "query_seqlens")):
+        if b.input(i):
+            raise b.unsupported(f"GroupQueryAttention with {what}")
+    if int(b.attr("sliding_window_cache", 0)):
+        raise b.unsupported("GroupQueryAttention with a window-sized cache (sliding_window_cache)")
+    if int(b.attr("qk_output", 0)) or b.wants(3):
+        raise b.unsupported("GroupQueryAttention's output_qk")
+    for name in ("k_quant_type", "v_quant_type"):
+        quant = b.attr(name, b"NONE")
+        if (quant.decode() if isinstance(quant, bytes) else quant) != "NONE":
+            raise b.unsupported(f"GroupQueryAttention with {name} {quant!r} (a quantized KV cache)")
+    q, k, v, past_k, past_v, seqlens, total = (b.input(i) for i in range(7))
+    cos, sin, pos_ids, attn_bias, sink = (b.input(i) for i in range(7, 12))
+    n, nkv = int(b.attr("num_heads", 0)), int(b.attr("kv_num_heads", 0))
+    if n <= 0 or nkv <= 0 or n % nkv:
+        raise b.fail(f"num_heads {n} must be a positive multiple of kv_num_heads {nkv}")
+    if bool(k) != bool(v) or bool(past_k) != bool(past_v) or bool(cos) != bool(sin):
+        raise b.fail("key and value, past_key and past_value, and cos_cache and sin_cache come in pairs")
+    causal, window = int(b.attr("causal", 1)), int(b.attr("local_window_size", -1))
+    if causal not in (0, 1) or (not causal and window >= 0):
+        raise b.fail(f"causal must be 0 or 1 (not {causal}), and local_window_size -1 without it")
+    if window == 0:  # (onnxruntime returns zeros: no key in the window)
+        raise b.fail("local_window_size 0 leaves every query no key to attend to")
+    elem = b.elem(q) or _F
+    if elem not in (_F, *_HALF) or any(t and b.elem(t) not in (None, elem) for t in (past_k, past_v)):
+        raise b.unsupported("a KV cache in another type than the query's (a quantized cache)")
+    if b.rank(q) != 3:
+        raise b.fail(f"the query has rank {b.rank(q)}, not 3")
+    width = (b.info.get(q, (None, None))[0] or (None,))[-1]
+    if not width:
+        raise Later(b.fail("the query's hidden size is not known"))
+    packed = not k
+    head, rem = divmod(width, n + 2 * nkv if packed else n)
+    if rem or head <= 0:
+        raise b.fail(f"a query of width {width} does not split into {n} heads"
+                     + (f" and {2 * nkv} key and value heads (packed Q, K and V)" if packed else ""))
+    if packed:
+        q, k, v = (b.slice(q, lo * head, hi * head, 2) for lo, hi in ((0, n), (n, n + nkv), (n + nkv, n + 2 * nkv)))
+    qh, kh, vh = _heads(b, q, n), _heads(b, k, nkv), _heads(b, v, nkv)  # [B, heads, S, h]
+    zero = b.constant(np.int64(0), np.int64)
+    s_len = b.dim(qh, 2)
+    p_len = b.dim(past_k, 2) if past_k else b.ints(0)
+    # the dynamic cache: total_sequence_length = P + S, so the first prompt is the call without a past
+    t_len = b.op("Add", [p_len, s_len])
+    # (onnxruntime's checks, made at run time: a zero added where it is used, see _check_in)
+    total_ok = _check_in(b, b.op("Sub", [b.op("Reshape", [b.op("Cast", [total], to=_I64), b.ints(1)]), t_len]), b.ints(1),
+                         "total_sequence_length_must_be_past_plus_new")
+    ends = b.op("Cast", [seqlens], to=_I64)
+    ends_ok = _check_in(b, ends, t_len, "seqlens_k_must_lie_in_0_to_total_sequence_length")
+    first = b.op("Equal", [p_len, b.ints(0)])
+    lengths = b.op("Add", [b.op("Add", [ends, b.ints(1)]), b.op("Add", [total_ok, ends_ok])])  # [B]: each entry's total length
+    past_b = b.op("Where", [first, zero, b.op("Sub", [lengths, s_len])])
+    step = b.arange(zero, s_len)  # [S]
+    query_at = b.op("Add", [b.unsqueeze(past_b, [1]), b.unsqueeze(step, [0])])  # [B, S]: each query's position
+    if int(b.attr("do_rotary", 0)):
+        if not cos:
+            raise b.fail("do_rotary needs cos_cache and sin_cache")
+        half = (b.const(cos).shape if b.const(cos) is not None else b.info.get(cos, (None, None))[0] or (None, None))[1]
+        if not half:
+            raise Later(b.fail("the width of cos_cache is not known"))
+        if 2 * half > head:
+            raise b.fail(f"cos_cache's width {half} is more than half the head size {head}")
+        pos = query_at
+        if pos_ids:  # the first prompt reads only the first id, as an offset for every entry
+            ids = b.op("Cast", [pos_ids], to=_I64)
+            first_ids = b.op("Add", [b.op("Reshape", [b.slice(b.slice(ids, 0, 1, 0), 0, 1, 1), b.ints(1, 1)]),
+                                     b.unsqueeze(step, [0])])
+            pos = b.op("Where", [first, first_ids, ids])
+        interleaved = bool(int(b.attr("rotary_interleaved", 0)))
+        qh = _rotate(b, qh, pos, cos, sin, 2 * half, interleaved)
+        kh = _rotate(b, kh, pos, cos, sin, 2 * half, interleaved)
+    present_k = _present(b, past_k, kh, past_b, t_len, elem)
+    present_v = _present(b, past_v, vh, past_b, t_len, elem)
+    for out, value in ((1, present_k), (2, present_v)):
+        if b.wants(out):
+            b.op("Identity", [value], b.node.output[out])
+    # which keys each query sees: [B, 1, S, T]
+    key_at = b.unsqueeze(b.arange(zero, t_len), [0, 1])  # [1, 1, T]
+    at = b.unsqueeze(query_at, [2])  # [B, S, 1]
+    if causal:
+        seen = b.op("Not", [b.op("Greater", [key_at, at])])
+        if window > 0:  # the query and the window - 1 keys before it
+            seen = b.op("And", [seen, b.op("Greater", [key_at, b.op("Sub", [at, b.ints(window)])])])
+    else:  # every key of the entry (the query's position only gives the shape)
+        seen = b.op("And", [b.op("Less", [key_at, b.unsqueeze(lengths, [1, 2])]), b.op("Equal", [at, at])])
+    groups = n // nkv
+    seen = b.op("Tile", [b.unsqueeze(seen, [1]), b.ints(1, 1, groups, 1)])  # [B, 1, G * S, T], rows (g, s)
+    qf, kf, vf = (b.op("Cast", [t], to=_F) if elem in _HALF else t for t in (qh, present_k, present_v))
+    scale = float(b.attr("scale", 0.0)) or 1.0 / np.sqrt(head)
+    qg = b.op("Reshape", [qf, b.ints(0, nkv, -1, head)])  # [B, Nkv, G * S, h]
+    scores = b.op("Mul", [b.op("MatMul", [qg, b.op("Transpose", [kf], perm=[0, 1, 3, 2])]),
+                          b.constant(np.float32(scale))])
+    softcap = float(b.attr("softcap", 0.0))
+    if softcap > 0:
+        cap = b.constant(np.float32(softcap))
+        scores = b.op("Mul", [b.op("Tanh", [b.op("Div", [scores, cap])]), cap])
+    if attn_bias:
+        bias = b.to_float(attn_bias)[0]
+        if b.rank(bias) != 4:
+            raise b.fail(f"attention_bias has rank {b.rank(bias)}, not 4")
+        heads_dim = (b.info.get(attn_bias, (None, None))[0] or (None,) * 4)[1]
+        if heads_dim == n:
+            bias = b.op("Reshape", [bias, b.ints(0, nkv, -1, 0)])
+        elif heads_dim == 1:
+            bias = b.op("Tile", [bias, b.ints(1, 1, groups, 1)])
+        else:
+            raise Later(b.fail("the number of heads of attention_bias is not known"))
+        scores = b.op("Add", [scores, bias])
+    scores = b.op("Where", [seen, scores, b.constant(np.finfo(np.float32).min)])
+    if sink or int(b.attr("smooth_softmax", 0)):
+        # a sink adds exp(sink) to the softmax's denominator: a column of it, dropped after
+        col = b.to_float(sink)[0] if sink else b.constant(np.zeros(n, np.float32))
+        rows = b.op("Concat", [b.ints(nkv, groups), s_len], axis=0)
+        col = b.op("Reshape", [b.op("Expand", [b.op("Reshape", [col, b.ints(nkv, groups, 1)]), rows]), b.ints(1, nkv, -1, 1)])
+        col = b.op("Expand", [col, b.op("Concat", [b.dim(scores, 0), b.ints(nkv), b.dim(scores, 2), b.ints(1)], axis=0)])
+        probs = b.slice(b.op("Softmax", [b.op("Concat", [scores, col], axis=3)], axis=-1), 0, t_len, 3)
+    else:
+        probs = b.op("Softmax", [scores], axis=-1)
+    out = b.op("Reshape", [b.op("MatMul", [probs, vf]), b.ints(0, n, -1, head)])  # [B, N, S, h]
+    out = b.op("Reshape", [b.op("Transpose", [out], perm=[0, 2, 1, 3]), b.ints(0, 0, -1)])
+    b.output(out, 0, elem)
+
+
+def _present(b: _Builder, past: str, new: str, past_b: str, t_len: str, elem: int) -> str:
+    """The dynamic cache's present ([B, Nkv, P + S, h], of element type `elem`): for batch entry
+    b, rows below past_b ([B]) from the past, then the S new rows, then zeros (onnxruntime clears
+    the rest). Without a past, the new rows."""
+    if not past:
+        return new
+    s_len, p_len = b.dim(new, 2), b.dim(past, 2)
+    blank = b.op("Expand", [b.const_of(0, elem), b.op("Concat", [b.dim(new, 0), b.dim(new, 1), b.ints(1), b.dim(new, 3)],
+                                                               axis=0)])
+    rows = b.op("Concat", [past, new, blank], axis=2)  # [B, Nkv, P + S + 1, h]: the blank row last
+    t = b.unsqueeze(b.arange(b.constant(np.int64(0), np.int64), t_len), [0])  # [1, T]
+    start = b.unsqueeze(past_b, [1])  # [B, 1]
+    from_new = b.op("Sub", [b.op("Add", [t, p_len]), start])  # P + t - past_b
+    src = b.op("Where", [b.op("Less", [t, start]), t,
+                         b.op("Where", [b.op("Less", [t, b.op("Add", [start, s_len])]), from_new, t_len])])  # [B, T]
+    index = b.op("Expand", [b.unsqueeze(src, [1, 3]), b.op("Concat", [b.dim(new, 0), b.dim(new, 1), t_len, b.dim(new, 3)],
+                                                            axis=0)])
+    return b.op("GatherElements", [rows, index], axis=2)
+
+
+def _check_in(b: _Builder, x: str, n: str, hint: str) -> str:
+    """A run-time check that every value of int64 `x` lies in [0, n) (`n` a 1-element int64
+    tensor), as zeros shaped like x for the caller to add into a value it uses (so that the
+    check is not pruned as dead). 2x - n + 1 indexes an n-element tensor: it lies in [-n, n),
+    the range a Gather accepts, exactly where x lies in [0, n), so dlcc's index checks report any
+    other value (at compile time where the values fold, else after the inference) under the
+    Gather named `.../{hint}N`."""
+    index = b.op("Add", [b.op("Sub", [b.op("Mul", [x, b.ints(2)]), n]), b.ints(1)])
+    return b.op("Gather", [b.op("Expand", [b.ints(0), n]), index], b.fresh(hint), axis=0)
 
 
 #: Inputs each op takes (fewest, most), from onnxruntime's contrib schemas (onnx has none).
@@ -689,11 +864,11 @@ _INPUTS = {"Gelu": (1, 1), "BiasGelu": (2, 2), "FastGelu": (1, 2), "QuickGelu": 
            "SimplifiedLayerNormalization": (2, 2), "LayerNormalization": (2, 3),
            "EmbedLayerNormalization": (7, 9), "Attention": (2, 7), "MultiHeadAttention": (1, 10),
            "QAttention": (5, 9), "QEmbedLayerNormalization": (18, 18),
-           "RotaryEmbedding": (4, 4), "FusedMatMul": (2, 2), "TransposeMatMul": (2, 2), "FusedGemm": (2, 3),
+           "RotaryEmbedding": (4, 4), "GroupQueryAttention": (7, 17), "FusedMatMul": (2, 2), "TransposeMatMul": (2, 2), "FusedGemm": (2, 3),
            "FusedConv": (2, 4)}
 
 #: Inputs that must be given where an op's schema has optional ones before its last required one.
-_REQUIRED = {"EmbedLayerNormalization": (0, 2, 3, 5, 6),
+_REQUIRED = {"EmbedLayerNormalization": (0, 2, 3, 5, 6), "GroupQueryAttention": (0, 5, 6),
              "QEmbedLayerNormalization": (0, 2, 3, 5, 6, 8, 9, 11, 12, 13, 14, 16, 17)}
 
 _LOWER = {
@@ -701,10 +876,15 @@ _LOWER = {
     "SkipLayerNormalization": _skip_layer_norm, "SkipSimplifiedLayerNormalization": _skip_layer_norm,
     "SimplifiedLayerNormalization": _contrib_layer_norm, "LayerNormalization": _contrib_layer_norm,
     "EmbedLayerNormalization": _embed_layer_norm, "Attention": _attention, "MultiHeadAttention": _multi_head_attention,
-    "RotaryEmbedding": _rotary_embedding, "FusedMatMul": _fused_matmul, "TransposeMatMul": _fused_matmul,
+    "RotaryEmbedding": _rotary_embedding, "GroupQueryAttention": _group_query_attention, "FusedMatMul": _fused_matmul, "TransposeMatMul": _fused_matmul,
     "FusedGemm": _fused_gemm, "FusedConv": _fused_conv,
     "QAttention": _q_attention, "QEmbedLayerNormalization": _q_embed_layer_norm,
 }
+
+#: The ops whose padded query rows onnxruntime leaves unspecified (GroupQueryAttention's rows
+#: past an entry's length in a right-padded prompt read scores its kernel never wrote): sample
+#: inputs give models with them masks without padding (Graph.full_masks).
+PADDED_QUERIES_UNSPECIFIED = ("GroupQueryAttention",)
 
 #: The quantized ones: verify runs its reference with their integer products exact
 #: (quantized.exact_products), as for the other quantization ops.

@@ -22,10 +22,12 @@ def padding_mask(rng: np.random.Generator, shape, dtype) -> np.ndarray:
 
 
 def sample_inputs(signature: list[dict], seed: int = 0, int_high: dict[str, int] | None = None,
-                  bound: dict[str, int] | None = None) -> dict[str, np.ndarray]:
-    """Floats ~ N(0, 1); int or bool names with 'mask' → padding_mask; an int [batch] input named as
-    lengths → valid lengths (length_bound); other ints in [0, int_high[name] or 2); other bools
-    random; an input whose value the compile bound (`bound`, frontend.bind_values) that value."""
+                  bound: dict[str, int] | None = None, full_masks: bool = False) -> dict[str, np.ndarray]:
+    """Floats ~ N(0, 1); int or bool names with 'mask' → padding_mask (all ones with
+    `full_masks`: a model whose reference leaves padded rows unspecified, Graph.full_masks); an
+    int [batch] input named as lengths → valid lengths (length_bound); other ints in
+    [0, int_high[name] or 2); other bools random; an input whose value the compile bound
+    (`bound`, frontend.bind_values) that value."""
     rng = np.random.default_rng(seed)
     out = {}
     for t in signature:
@@ -35,7 +37,7 @@ def sample_inputs(signature: list[dict], seed: int = 0, int_high: dict[str, int]
         elif dt.kind == "f":
             out[name] = rng.standard_normal(shape).astype(dt)
         elif "mask" in name.lower():
-            out[name] = padding_mask(rng, shape, dt)
+            out[name] = np.ones(shape, dt) if full_masks else padding_mask(rng, shape, dt)
         elif dt.kind in "iu" and name not in (int_high or {}) and (n := length_bound(name, shape, signature)):
             lens = rng.integers(max(1, n // 2), n + 1, shape)
             lens.flat[0] = n  # one row of the whole length, the others shorter or not

@@ -91,6 +91,21 @@ def test_unsupported_ops_listed_all_at_once(tmp_path):
     assert_clean_error(rc, out, err, "Hardmax", "x2", "first_hardmax", "Einsum", "the_einsum", "Det")
 
 
+def test_an_op_on_a_dtype_it_does_not_take_is_listed_with_it(tmp_path):
+    """ReduceSum and ReduceMax take int32 and int64 (ops/reduce.py INT_REDUCE), ReduceMean and
+    ReduceL2 do not: those are listed with their dtype, with the rest, before any compile."""
+    nodes = [helper.make_node("ReduceSum", ["i"], ["s"], keepdims=0), helper.make_node("ReduceMax", ["i"], ["m"], keepdims=0),
+             helper.make_node("ReduceMean", ["i"], ["mean"], keepdims=0, name="the_mean"),
+             helper.make_node("ReduceL2", ["i"], ["l2"], keepdims=0)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("i", TensorProto.INT64, [2, 4])],
+                          [helper.make_tensor_value_info(o, TensorProto.INT64, []) for o in ("s", "m", "mean", "l2")])
+    path = _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "intred.onnx")
+    with pytest.raises(UnsupportedOpsError) as e:
+        dlcc.compile(path, target="opencl")
+    assert set(e.value.ops) == {"ReduceMean(int64)", "ReduceL2(int64)"}
+    assert e.value.ops["ReduceMean(int64)"] == (1, "the_mean")
+
+
 def test_custom_domain_op_is_reported(tmp_path):
     g = helper.make_graph([helper.make_node("FancyOp", ["x"], ["y"], name="fancy", domain="com.example")], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],

@@ -214,7 +214,9 @@ def test_a_value_binding_must_fit_the_scalar(tmp_path):
         import_model(path, {"mode": (16, 2)})
 
 
-def test_a_value_binding_may_be_zero_where_a_dim_may_not(tmp_path):
+def test_a_value_binding_may_be_negative_where_a_dim_may_not(tmp_path):
+    """A scalar input's value may be 0 or negative; a dim may be 0 (an empty input: a KV cache's
+    first step), never negative."""
     from dlcc.errors import ShapeError
     from dlcc.frontend import parse_shape_binding
 
@@ -222,7 +224,9 @@ def test_a_value_binding_may_be_zero_where_a_dim_may_not(tmp_path):
     g = import_model(path, dict([parse_shape_binding("mode=0")]))
     ops = [n.op_type for n in g.nodes]
     assert g.bound_values == {"mode": 0} and "ReduceSum" in ops and "Mul" not in ops
-    with pytest.raises(ShapeError, match="dims must be positive"):
-        import_model(path, {"mode": (16,), "x": (4, 0)})
-    with pytest.raises(ShapeError, match="positive"):
-        parse_shape_binding("x=4x0")
+    assert import_model(path, dict([parse_shape_binding("mode=-3")])).bound_values == {"mode": -3}
+    with pytest.raises(ShapeError, match="dims must be 0 or more"):
+        import_model(path, {"mode": (16,), "x": (4, -1)})
+    with pytest.raises(ShapeError, match="dims of 0 or more"):
+        parse_shape_binding("x=4x-1")
+    assert parse_shape_binding("x=4x0") == ("x", (4, 0))

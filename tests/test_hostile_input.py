@@ -510,11 +510,42 @@ def test_an_input_with_a_zero_dim_is_refused_clearly(tmp_path):
     g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "z", [h.make_tensor_value_info("x", T.FLOAT, [0, 16])],
                      [h.make_tensor_value_info("y", T.FLOAT, [0, 16])])
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "z.onnx")
-    with pytest.raises(DlccError, match=r"input 'x' of .*z.onnx has dim 0 of size 0, and dlcc does not compile "
-                                        r"empty inputs; .* bind it with --shape x=Nx16"):
+    with pytest.raises(DlccError, match=r"input 'x' of .*z.onnx has dim 0 of size 0, which exporters also write "
+                                        r"for a dynamic dim; bind it \(to 0 for an empty input\) with --shape x=Nx16"):
         dlcc.compile(tmp_path / "z.onnx", target="opencl")
     m = dlcc.compile(tmp_path / "z.onnx", target="opencl", shapes={"x": (2, 16)})
     np.testing.assert_array_equal(m({"x": -np.ones((2, 16), np.float32)})["y"], np.zeros((2, 16), np.float32))
+    empty = dlcc.compile(tmp_path / "z.onnx", target="opencl", shapes={"x": (0, 16)})
+    assert empty({"x": np.zeros((0, 16), np.float32)})["y"].shape == (0, 16)
+
+
+@pytest.mark.parametrize("pipeline", ["baseline", "astitch", "full"])
+def test_an_input_bound_empty_runs_as_onnxruntime_runs_it(tmp_path, pipeline):
+    """A KV cache's first step: the past bound to length 0 (--shape past=...x0x...), concatenated
+    before the new keys, and read by the attention that follows, on every pipeline."""
+    import onnxruntime as ort
+
+    nodes = [h.make_node("Concat", ["past", "k"], ["present"], axis=1),
+             h.make_node("Transpose", ["present"], ["kt"], perm=[0, 2, 1]),
+             h.make_node("MatMul", ["q", "kt"], ["scores"]),
+             h.make_node("Softmax", ["scores"], ["p"], axis=-1),
+             h.make_node("MatMul", ["p", "present"], ["y"]),
+             h.make_node("ReduceSum", ["past"], ["past_sum"], axes=[1], keepdims=0)]
+    g = h.make_graph(nodes, "kv", [h.make_tensor_value_info("past", T.FLOAT, [2, "P", 8]),
+                                   h.make_tensor_value_info("k", T.FLOAT, [2, 3, 8]),
+                                   h.make_tensor_value_info("q", T.FLOAT, [2, 3, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [2, 3, 8]), h.make_tensor_value_info("present", T.FLOAT, [2, "T", 8]),
+                      h.make_tensor_value_info("past_sum", T.FLOAT, [2, 8])])
+    path = tmp_path / "kv.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 12)]), path)
+    rng = np.random.default_rng(0)
+    feeds = {"past": np.zeros((2, 0, 8), np.float32), "k": rng.standard_normal((2, 3, 8)).astype(np.float32),
+             "q": rng.standard_normal((2, 3, 8)).astype(np.float32)}
+    ref = ort.InferenceSession(str(path)).run(None, feeds)
+    got = dlcc.compile(path, target="opencl", pipeline=pipeline, shapes={"P": (0,)})(feeds)
+    for name, r in zip(("y", "present", "past_sum"), ref):
+        assert got[name].shape == r.shape, name
+        np.testing.assert_allclose(got[name], r, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_an_opset_from_the_future_is_refused(tmp_path):

@@ -565,6 +565,13 @@ add(
     op("ReduceMax-18-axes-input-keepdims0", "ReduceMax", [X(R((3, 4, 5))), W(np.array([1], I64))], {"keepdims": 0},
        opset=18),
 )
+# integer reductions (an attention mask's ReduceSum: onnxruntime-genai's sequence lengths), exact
+for _op in ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceSumSquare"):
+    add(op(f"{_op}-int64-two-nonadjacent", _op, [X(R(RED_X, "int", -3, 4)), W(np.array([0, 2], I64))], {"keepdims": 0},
+           opset=18))
+for _op in ("ReduceSum", "ReduceMax"):
+    add(op(f"{_op}-int32-last", _op, [X(R((4, 7), "int32", -50, 50)), W(np.array([-1], I64))], opset=18),
+        op(f"{_op}-int32-all", _op, [X(R((3, 5, 2), "int32", -50, 50))], {"keepdims": 0}, opset=18))
 for _op in ("ArgMax", "ArgMin"):
     add(
         op(f"{_op}-axis0-keepdims1", _op, [X(R((4, 5, 3), "unique"))], {"axis": 0}),

@@ -5,7 +5,7 @@ import numpy as np
 
 from ..kernels.map import emit_map, unravel
 from ..kernels.program import literal
-from ..kernels.reduce import emit_layernorm, emit_reduce, emit_softmax
+from ..kernels.reduce import ReduceLayout, emit_layernorm, emit_reduce, emit_softmax
 from .registry import REDUCTION, register
 
 # op -> (combine, pre(v), post(acc))
@@ -39,10 +39,19 @@ def _reduce_axes(ctx, node):
     return [a + rank if a < 0 else a for a in axes]
 
 
+#: The reductions that also take int32 and int64 (an attention mask's ReduceSum, a length's
+#: ReduceMax): (the C step folding element `e` into `acc`, the value of an empty reduction).
+INT_REDUCE = {"ReduceSum": ("acc + e", "0"), "ReduceProd": ("acc * e", "1"), "ReduceMax": ("(e > acc ? e : acc)", None),
+              "ReduceMin": ("(e < acc ? e : acc)", None), "ReduceL1": ("acc + (e < 0 ? -e : e)", "0"),
+              "ReduceSumSquare": ("acc + e * e", "0")}
+
+
 def _lower_reduce(ctx, node):
+    axes = _reduce_axes(ctx, node)
+    if ctx.value_dtype(node.inputs[0]) in ("int32", "int64") and node.op_type in INT_REDUCE:
+        return _int_reduce(ctx, node, axes) if axes else ctx.alias(node.outputs[0], node.inputs[0])
     if ctx.value_dtype(node.inputs[0]) != "float32":
         raise ctx.fail(f"{node.op_type} on {ctx.dtype(node.inputs[0])} is not supported (float32 only)")
-    axes = _reduce_axes(ctx, node)
     if not axes:
         return ctx.alias(node.outputs[0], node.inputs[0])
     op, pre, post = REDUCE[node.op_type]
@@ -52,8 +61,33 @@ def _lower_reduce(ctx, node):
     emit_reduce(ctx, node.outputs[0], node.inputs[0], axes, op, node.op_type, pre=pre, post=post)
 
 
+def _int_reduce(ctx, node, axes) -> None:
+    """An integer reduction, exact and wrapping as onnxruntime's: one thread per output walks
+    its reduced elements in the integer type (these are small: masks, lengths, counts), so the
+    float row and column templates, and AStitch's float arithmetic, never see it."""
+    x = node.inputs[0]
+    lay = ReduceLayout(ctx.shape(x), axes)
+    step, empty = INT_REDUCE[node.op_type]
+    if lay.R == 0 and empty is None:
+        raise ctx.fail(f"{node.op_type} over an empty axis has no value")
+    T = {"int64": "i64", "int32": "int"}[ctx.dtype(x)]
+    bstmts, base = lay.base("o")
+    ostmts, off = lay.offset("r")
+
+    def body(v):
+        first = 0 if empty is not None else 1  # max and min start from the first element (offset 0)
+        init = empty if empty is not None else v.ld_flat(0, "base")
+        lines = [f"const int o = {v.i};", *bstmts, f"const int base = {base};", f"{T} acc = {init};",
+                 f"for (int r = {first}; r < {lay.R}; ++r) {{", *["    " + s for s in ostmts],
+                 f"    const {T} e = {v.ld_flat(0, f'base + {off}')};", f"    acc = {step};", "}"]
+        return lines, "acc"
+
+    emit_map(ctx, node.outputs[0], [x], body, node.op_type, flops_per_elem=lay.R, inline_scalars=False)
+
+
 for _op in REDUCE:
-    register(_op, since=1, category=REDUCTION, float_only=True, half_io=True)(_lower_reduce)
+    register(_op, since=1, category=REDUCTION, float_only=True, half_io=True,
+             dtypes=("float32", "int32", "int64") if _op in INT_REDUCE else None)(_lower_reduce)
 
 
 @register("GlobalAveragePool", "GlobalMaxPool", since=1, category=REDUCTION, float_only=True, half_io=True)

@@ -31,12 +31,16 @@ class OpDef:
     # activations around it may be stored in the half type (ops/narrow.py narrow_activations).
     half_io: bool = False
     shape_rule: str = "onnx.shape_inference"
+    # The first input's dtypes the lowering takes, where it takes more than float32 but not
+    # every type (None: float_only decides).
+    dtypes: tuple[str, ...] | None = None
 
 
 _REGISTRY: dict[str, list[OpDef]] = {}
 
 
-def register(*op_types: str, since: int = 1, category: str = OTHER, float_only: bool = False, half_io: bool = False):
+def register(*op_types: str, since: int = 1, category: str = OTHER, float_only: bool = False, half_io: bool = False,
+             dtypes: tuple[str, ...] | None = None):
     """Decorator: `@register("Relu", since=6, category=ELEMENTWISE)` on a lowering function."""
     assert category in CATEGORIES, category
 
@@ -45,7 +49,7 @@ def register(*op_types: str, since: int = 1, category: str = OTHER, float_only: 
             entries = _REGISTRY.setdefault(op, [])
             if any(e.since == since for e in entries):
                 raise ValueError(f"{op} since opset {since} registered twice")
-            entries.append(OpDef(op, since, category, fn, float_only, half_io))
+            entries.append(OpDef(op, since, category, fn, float_only, half_io, dtypes=dtypes))
             entries.sort(key=lambda e: e.since)
         return fn
 

@@ -351,7 +351,55 @@ class Planner:
             group_of[n.id] = best
         if "independent" in self.opts.schemes:
             self._pack_siblings(members, masks)
+        # (node-level convexity does not see paths through other groups: a group on a cycle of
+        # launches is dissolved into single nodes, which always order)
+        for gi in self._launch_cycle(members):
+            members += [[nid] for nid in members[gi]]
+            members[gi] = []
         self.groups = [sorted(m) for m in members if m]
+
+    def _launch_cycle(self, members) -> set[int]:
+        """The groups (indices into `members`) that lie on a cycle of the launch graph, where a
+        group, a fused rOperator (a GEMM with its epilogue; an attention) and any other node are
+        one launch each: empty where the launches can be ordered. Why: two groups can each be
+        convex and still need each other (a1 -> b1 and b2 -> a2), and packing two independent
+        groups into one kernel adds paths between nodes that node-level ancestors do not see
+        (GroupQueryAttention's shared position arithmetic packed with one head's softmax, while
+        another's rotation read that arithmetic and fed the softmax's GEMM)."""
+        unit: dict[int, tuple] = {}
+        for gi, mem in enumerate(members):
+            for nid in mem:
+                unit[nid] = ("G", gi)
+
+        def key(nid: int) -> tuple:
+            return unit.get(nid) or ("n", self.absorbed.get(nid, nid))
+
+        inline_preds: dict[int, set] = {}
+
+        def real_preds(n) -> set:
+            """n's producers, looking through nodes computed inside rOperator loads."""
+            out = set()
+            for q in self.preds(n):
+                if q not in self.gemm_inline:
+                    out.add(q)
+                    continue
+                if q not in inline_preds:
+                    inline_preds[q] = set()  # (a DAG: no recursion back into q)
+                    inline_preds[q] = real_preds(self.nodes[q])
+                out |= inline_preds[q]
+            return out
+
+        succ: dict[tuple, set] = {}
+        for n in self.nodes:
+            if n.id in self.gemm_inline:
+                continue
+            b = key(n.id)
+            succ.setdefault(b, set())
+            for q in real_preds(n):
+                a = key(q)
+                if a != b:
+                    succ.setdefault(a, set()).add(b)
+        return {k[1] for comp in _strong_components(succ) if len(comp) > 1 for k in comp if k[0] == "G"}
 
     def _convex(self, mask: int) -> bool:
         """No path leaves the node set `mask` and comes back into it."""
@@ -391,7 +439,14 @@ class Planner:
                         and self._external_independent(members, masks, a, b)):
                     members[a] += members[b]
                     masks[a] |= masks[b]
+                    kept = members[b]
                     members[b], masks[b] = [], 0
+                    if self._launch_cycle(members):  # a path through other groups joins them: undo
+                        members[a] = members[a][:-len(kept)]
+                        masks[a] &= ~sum(1 << nid for nid in kept)
+                        members[b], masks[b] = kept, sum(1 << nid for nid in kept)
+                        gis.pop(1)
+                        continue
                     gis.pop(1)
                 else:
                     gis.pop(0)
@@ -835,3 +890,45 @@ class Planner:
                 if p in parent:
                     parent[find(p)] = find(i)
         return len({find(i) for i in mem})
+
+
+def _strong_components(succ: dict) -> list[list]:
+    """Tarjan's strongly connected components of the graph {vertex: successors}, iteratively
+    (a deep recursion would overflow on a long chain of launches)."""
+    index: dict = {}
+    low: dict = {}
+    on_stack: set = set()
+    stack: list = []
+    comps: list[list] = []
+    for root in succ:
+        if root in index:
+            continue
+        work = [(root, iter(succ.get(root, ())))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(succ.get(w, ()))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    comps.append(comp)
+    return comps

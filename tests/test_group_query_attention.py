@@ -1,0 +1,275 @@
+"""onnxruntime's GroupQueryAttention (dlcc/fused_ops.py) on PoCL, against onnxruntime's own CPU
+kernel: the KV cache as prompt, decode step (ragged batches too) and later prompt chunk; packed
+and separate Q/K/V; the rotary embedding (halves, interleaved, partial, given position ids); the
+local window, softcap, attention bias, smooth softmax and per-head sinks; non-causal attention;
+float16. Then a real model: a random-weight Llama written by onnxruntime-genai's model builder
+(GroupQueryAttention, SkipSimplifiedLayerNormalization, MatMulNBits at int4), run through a
+prompt and decode steps that feed each present back as the next past, as a generation loop
+does. Several nodes share a model where their shapes allow, so one compile checks them all."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+import dlcc
+from conftest import opencl_device_available
+from dlcc.errors import DlccError
+
+needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
+MS = "com.microsoft"
+rng = np.random.default_rng(7)
+
+
+def _f(*shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _ort(model, feeds) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+class _Case:
+    """One model of GroupQueryAttention nodes over shared inputs: a batch of B, S new tokens, a
+    past of P (0: none), head size H, each node with its own heads, inputs and attributes."""
+
+    def __init__(self, B, S, P, H, seqlens=None, dtype=np.float32):
+        self.B, self.S, self.P, self.H, self.dtype = B, S, P, H, dtype
+        self.feeds: dict[str, np.ndarray] = {}
+        self.inits: dict[str, np.ndarray] = {}
+        self.nodes: list = []
+        self.outputs: list[str] = []
+        self.valid: dict[str, list[int]] = {}  # output -> valid rows per batch entry (a padded prompt)
+        self.feeds["seqlens"] = np.array(seqlens if seqlens is not None else [P + S - 1] * B, np.int32)
+        self.feeds["total"] = np.array(P + S, np.int32)
+        self.inits["cos"] = np.cos(rng.uniform(0, 6, (32, H // 2))).astype(dtype)
+        self.inits["sin"] = np.sin(rng.uniform(0, 6, (32, H // 2))).astype(dtype)
+
+    def node(self, name, N, Nkv, packed=False, rotary=False, pos_ids=False, bias=None, sink=False, valid=None, **attrs):
+        B, S, P, H, dt = self.B, self.S, self.P, self.H, self.dtype
+        if packed:
+            self.feeds[f"{name}_qkv"] = _f(B, S, (N + 2 * Nkv) * H, dtype=dt)
+            ins = [f"{name}_qkv", "", ""]
+        else:
+            self.feeds.update({f"{name}_q": _f(B, S, N * H, dtype=dt), f"{name}_k": _f(B, S, Nkv * H, dtype=dt),
+                               f"{name}_v": _f(B, S, Nkv * H, dtype=dt)})
+            ins = [f"{name}_q", f"{name}_k", f"{name}_v"]
+        if P:
+            self.feeds.update({f"{name}_pk": _f(B, Nkv, P, H, dtype=dt), f"{name}_pv": _f(B, Nkv, P, H, dtype=dt)})
+            ins += [f"{name}_pk", f"{name}_pv"]
+        else:
+            ins += ["", ""]
+        ins += ["seqlens", "total"]
+        extra = []
+        if rotary:
+            extra += ["cos", "sin"] if rotary is True else [f"{name}_cos", f"{name}_sin"]
+            if rotary is not True:  # a partial rotation: a cache narrower than half the head
+                for k, fn in (("cos", np.cos), ("sin", np.sin)):
+                    self.inits[f"{name}_{k}"] = fn(rng.uniform(0, 6, (32, rotary))).astype(dt)
+            attrs["do_rotary"] = 1
+        if pos_ids:
+            self.feeds[f"{name}_pos"] = rng.integers(0, 20, (B, S)).astype(np.int64)
+            extra += ["", ""] * (not rotary) + [f"{name}_pos"]
+        if bias is not None:
+            self.feeds[f"{name}_bias"] = _f(*bias, dtype=dt)
+            extra += [""] * (3 - len(extra)) + [f"{name}_bias"]
+        if sink:
+            self.inits[f"{name}_sink"] = _f(N, dtype=dt)
+            extra += [""] * (4 - len(extra)) + [f"{name}_sink"]
+        outs = [f"{name}_out", f"{name}_present_k", f"{name}_present_v"]
+        self.nodes.append(h.make_node("GroupQueryAttention", ins + extra, outs, domain=MS, name=name,
+                                      num_heads=N, kv_num_heads=Nkv, **attrs))
+        self.outputs += outs
+        if valid is not None:
+            self.valid[outs[0]] = valid
+
+    def check(self, tmp_path, pipeline="astitch", rtol=1e-4, atol=2e-5):
+        ins = [h.make_tensor_value_info(n, h.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in self.feeds.items()]
+        g = h.make_graph(self.nodes, "gqa", ins, [h.make_empty_tensor_value_info(o) for o in self.outputs],
+                         [nh.from_array(v, k) for k, v in self.inits.items()])
+        m = h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(MS, 1)], ir_version=8)
+        refs = _ort(m, self.feeds)
+        for o, r in zip(m.graph.output, refs):  # onnx cannot infer com.microsoft ops: onnxruntime's shapes
+            o.CopyFrom(h.make_tensor_value_info(o.name, h.np_dtype_to_tensor_dtype(r.dtype), r.shape))
+        path = tmp_path / "gqa.onnx"
+        onnx.save(m, path)
+        got = dlcc.compile(path, target="opencl", pipeline=pipeline)(self.feeds)
+        for name, r in zip(self.outputs, refs):
+            assert got[name].shape == r.shape and got[name].dtype == r.dtype, (name, got[name].shape, r.shape)
+            rows = self.valid.get(name)
+            for b in range(self.B):  # (a padded prompt's rows past its length are unspecified in onnxruntime)
+                n = rows[b] if rows else r.shape[1]
+                np.testing.assert_allclose(got[name][b, :n].astype(np.float32), r[b, :n].astype(np.float32),
+                                           rtol=rtol, atol=atol, err_msg=f"{name}, batch entry {b}")
+
+
+@needs_opencl
+def test_decode_step(tmp_path):
+    """One new token per entry over a past of 5, one entry shorter (a ragged batch: its past rows
+    past its length are dropped, its new row lands at its own position, the rest are zeros):
+    separate and packed Q/K/V, the rotary embedding in halves and interleaved, with given
+    position ids, the local window, softcap before an attention bias of every head or of one,
+    smooth softmax, per-head sinks; 4 query heads on 2 or 1 KV heads, or on 4."""
+    c = _Case(B=2, S=1, P=5, H=16, seqlens=[5, 3])
+    c.node("plain", 4, 2)
+    c.node("mha", 4, 4, scale=0.3)
+    c.node("packed_rot", 4, 1, packed=True, rotary=True)
+    c.node("interleaved", 4, 2, rotary=True, rotary_interleaved=1)
+    c.node("pos_ids", 4, 2, rotary=True, pos_ids=True)
+    c.node("window", 4, 2, local_window_size=3)
+    c.node("cap_bias", 4, 2, bias=(2, 4, 1, 6), softcap=1.5)
+    c.node("bias_one_head", 4, 2, bias=(1, 1, 1, 6))
+    c.node("smooth", 4, 2, smooth_softmax=1)
+    c.node("sinks", 4, 2, sink=True)
+    c.check(tmp_path)
+
+
+@needs_opencl
+def test_prompt(tmp_path):
+    """The first prompt (no past): causal masking, a right-padded entry (whose padded rows
+    onnxruntime leaves unspecified; its present keeps them), the window, the rotary embedding
+    with position ids (only the first is read, as an offset), non-causal attention over each
+    entry's length."""
+    c = _Case(B=2, S=6, P=0, H=16, seqlens=[5, 3])
+    c.node("plain", 4, 2, valid=[6, 4])
+    c.node("packed_rot", 4, 2, packed=True, rotary=True, valid=[6, 4])
+    c.node("pos_ids", 4, 1, rotary=True, pos_ids=True, valid=[6, 4])
+    c.node("window", 4, 2, local_window_size=2, valid=[6, 4])
+    c.node("non_causal", 4, 2, causal=0, valid=[6, 4])
+    c.check(tmp_path)
+
+
+@needs_opencl
+def test_later_prompt_chunk(tmp_path):
+    """3 new tokens after a past of 4 (a prompt continued in chunks: batch 1): causal masking from
+    the past's end, a rotary cache narrower than half the head (a partial rotation), softcap
+    with a window; through the `full` pipeline."""
+    c = _Case(B=1, S=3, P=4, H=32)
+    c.node("plain", 4, 2, rotary=True)
+    c.node("partial", 2, 1, rotary=8)
+    c.node("cap_window", 4, 2, softcap=2.0, local_window_size=3)
+    c.check(tmp_path, pipeline="full")
+
+
+@needs_opencl
+def test_float16(tmp_path):
+    """A float16 model: the scores and softmax in float32 (as onnxruntime's kernel computes
+    them), the presents exact copies."""
+    c = _Case(B=2, S=1, P=4, H=16, seqlens=[4, 2], dtype=np.float16)
+    c.node("half", 4, 2, rotary=True)
+    c.check(tmp_path, rtol=2e-3, atol=2e-3)
+
+
+def _gqa_model(path, **attrs) -> str:
+    extra = attrs.pop("extra", [])
+    ins = ["q", "k", "v", "pk", "pv", "seqlens", "total"] + extra
+    g = h.make_graph([h.make_node("GroupQueryAttention", ins, ["o", "prk", "prv"], domain=MS, name="gqa",
+                                  **{"num_heads": 4, "kv_num_heads": 2, **attrs})], "g",
+                     [h.make_tensor_value_info("q", TP.FLOAT, [1, 1, 64]), h.make_tensor_value_info("k", TP.FLOAT, [1, 1, 32]),
+                      h.make_tensor_value_info("v", TP.FLOAT, [1, 1, 32]),
+                      h.make_tensor_value_info("pk", TP.FLOAT, [1, 2, 5, 16]), h.make_tensor_value_info("pv", TP.FLOAT, [1, 2, 5, 16]),
+                      h.make_tensor_value_info("seqlens", TP.INT32, [1]), h.make_tensor_value_info("total", TP.INT32, [])]
+                     + [h.make_tensor_value_info(n, TP.INT32, [1]) for n in extra if n],
+                     [h.make_tensor_value_info(o, TP.FLOAT, shape) for o, shape in
+                      (("o", [1, 1, 64]), ("prk", [1, 2, 6, 16]), ("prv", [1, 2, 6, 16]))])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(MS, 1)], ir_version=8), path)
+    return str(path)
+
+
+@pytest.mark.parametrize("attrs, message", [
+    ({"num_heads": 3}, "num_heads 3 must be a positive multiple of kv_num_heads 2"),
+    ({"local_window_size": 0}, "local_window_size 0 leaves every query no key"),
+    ({"causal": 0, "local_window_size": 2}, "local_window_size -1 without it"),
+    ({"sliding_window_cache": 1}, r"window-sized cache \(sliding_window_cache\) is not supported"),
+    ({"k_quant_type": "PER_TENSOR"}, r"quantized KV cache\) is not supported"),
+    ({"qk_output": 1}, "output_qk is not supported"),
+    ({"do_rotary": 1}, "do_rotary needs cos_cache and sin_cache"),
+    ({"extra": ["", "", "", "", "", "", "", "", "", "qs"]}, "query_seqlens is not supported"),
+])
+def test_forms_dlcc_refuses_are_named(tmp_path, attrs, message):
+    with pytest.raises(DlccError, match=r"GroupQueryAttention 'gqa': .*" + message):
+        dlcc.compile(_gqa_model(tmp_path / "g.onnx", **attrs), target="opencl")
+
+
+@needs_opencl
+def test_a_static_cache_is_an_error_at_run_time(tmp_path):
+    """onnxruntime's static (shared-buffer) cache, total_sequence_length <= P, is not what dlcc
+    computes (present is P + S long): the run says so instead of returning another cache."""
+    m = dlcc.compile(_gqa_model(tmp_path / "g.onnx"), target="opencl")
+    feeds = {"q": _f(1, 1, 64), "k": _f(1, 1, 32), "v": _f(1, 1, 32), "pk": _f(1, 2, 5, 16), "pv": _f(1, 2, 5, 16),
+             "seqlens": np.array([4], np.int32), "total": np.array(6, np.int32)}
+    m(feeds)
+    with pytest.raises(DlccError, match="total_sequence_length_must_be_past_plus_new"):
+        m({**feeds, "total": np.array(5, np.int32)})
+
+
+# -- a real model: onnxruntime-genai's builder -------------------------------------------------
+
+def _genai_llama(tmp_path, precision: str) -> str:
+    """A random-weight Llama (2 layers, 4 query and 2 KV heads) written by onnxruntime-genai's
+    model builder for its CPU provider, as `python -m onnxruntime_genai.models.builder` writes it."""
+    pytest.importorskip("onnxruntime_genai")
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    src, out = tmp_path / "hf", tmp_path / f"onnx-{precision}"
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(src)
+    tok = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(256)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0").save_pretrained(src)
+    run = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(src), "-o", str(out),
+                          "-p", precision, "-e", "cpu"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return str(out / "model.onnx")
+
+
+@needs_opencl
+@pytest.mark.parametrize("precision, pipeline", [("fp32", "full"), ("int4", "astitch")])
+def test_genai_llama_generates_as_onnxruntime_does(tmp_path, precision, pipeline):
+    """A prompt of 5 tokens for 2 sequences, then 2 decode steps, each feeding the presents back
+    as the next past and the argmax of the logits as the next token, as onnxruntime-genai's loop
+    does: every step's logits and presents match onnxruntime's, and so do the tokens chosen.
+    The prompt binds the past's length to 0 (an empty input)."""
+    import onnxruntime as ort
+
+    path = _genai_llama(tmp_path, precision)
+    ref_model = onnx.load(path)
+    for n in ref_model.graph.node:  # the builder's int4 products quantize activations to int8 (accuracy_level
+        for a in n.attribute:       # 4); dlcc's are float products, onnxruntime's at level 0 (as verify runs it)
+            if n.op_type == "MatMulNBits" and a.name == "accuracy_level":
+                a.i = 0
+    sess = ort.InferenceSession(ref_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    B, S, L, kv, hd = 2, 5, 2, 2, 16
+    ids = rng.integers(0, 256, (B, S)).astype(np.int64)
+    past = {f"past_key_values.{i}.{t}": np.zeros((B, kv, 0, hd), np.float32) for i in range(L) for t in ("key", "value")}
+    P = 0
+    for step in range(3):
+        s = ids.shape[1]
+        feeds = {"input_ids": ids, "attention_mask": np.ones((B, P + s), np.int64), **past}
+        ref = dict(zip(names, sess.run(None, feeds)))
+        m = dlcc.compile(path, target="opencl", pipeline=pipeline,
+                         shapes={"batch_size": (B,), "sequence_length": (s,), "past_sequence_length": (P,),
+                                 "total_sequence_length": (P + s,), "kv_cache_dim": (hd,)})
+        got = m(feeds)
+        for n in names:
+            np.testing.assert_allclose(got[n], ref[n], rtol=1e-3, atol=1e-4, err_msg=f"step {step}: {n}")
+        assert (got["logits"][:, -1].argmax(-1) == ref["logits"][:, -1].argmax(-1)).all()
+        ids = ref["logits"][:, -1].argmax(-1)[:, None].astype(np.int64)
+        past = {f"past_key_values.{i}.{t}": ref[f"present.{i}.{t}"] for i in range(L) for t in ("key", "value")}
+        P += s

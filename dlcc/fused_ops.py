@@ -839,7 +839,10 @@ def _present(b: _Builder, past: str, new: str, past_b: str, t_len: str, elem: in
     rows = b.op("Concat", [past, new, blank], axis=2)  # [B, Nkv, P + S + 1, h]: the blank row last
     t = b.unsqueeze(b.arange(b.constant(np.int64(0), np.int64), t_len), [0])  # [1, T]
     start = b.unsqueeze(past_b, [1])  # [B, 1]
-    from_new = b.op("Sub", [b.op("Add", [t, p_len]), start])  # P + t - past_b
+    # P + t - past_b, clamped into the new rows' [P, P + S): a no-op where it is read (past_b <= t
+    # < past_b + S), which proves every index in range (ops/ranges.py), so no check runs
+    from_new = b.op("Sub", [b.op("Add", [t, p_len]), start])
+    from_new = b.op("Min", [b.op("Max", [from_new, p_len]), b.op("Sub", [b.op("Add", [p_len, s_len]), b.ints(1)])])
     src = b.op("Where", [b.op("Less", [t, start]), t,
                          b.op("Where", [b.op("Less", [t, b.op("Add", [start, s_len])]), from_new, t_len])])  # [B, T]
     index = b.op("Expand", [b.unsqueeze(src, [1, 3]), b.op("Concat", [b.dim(new, 0), b.dim(new, 1), t_len, b.dim(new, 3)],

@@ -348,6 +348,43 @@ def test_computed_indices_out_of_range_are_an_error_from_the_device(tmp_path, op
         np.testing.assert_array_equal(m({"x": x})["y"], ref)
 
 
+def _clamped_index_model(path, clamp_hi: int, wide: bool = False) -> str:
+    """Gathers from a 10-row table at i = Min(Max(Cast(x), 0), clamp_hi) (and, `wide`, at i + 2^62
+    + 2^62, which wraps in int64), twice at each index, as a KV cache's K and V are gathered."""
+    nodes = [h.make_node("Cast", ["x"], ["xi"], to=T.INT64), h.make_node("Max", ["xi", "zero"], ["lo"]),
+             h.make_node("Min", ["lo", "hi"], ["i"])]
+    if wide:
+        nodes += [h.make_node("Add", ["i", "big"], ["i1"]), h.make_node("Add", ["i1", "big"], ["i2"])]
+    idx = "i2" if wide else "i"
+    nodes += [h.make_node("Gather", ["data", idx], ["k"], name="gk"), h.make_node("Gather", ["data2", idx], ["v"], name="gv"),
+              h.make_node("Add", ["k", "v"], ["y"])]
+    inits = [nh.from_array(np.arange(40, dtype=np.float32).reshape(10, 4), "data"),
+             nh.from_array(np.arange(40, dtype=np.float32).reshape(10, 4) * 3, "data2"), nh.from_array(np.array(0, np.int64), "zero"),
+             nh.from_array(np.array(clamp_hi, np.int64), "hi"), nh.from_array(np.array(2**62, np.int64), "big")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [5])], [h.make_tensor_value_info("y", T.FLOAT, [5, 4])],
+                     inits)
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+    return str(path)
+
+
+@pytest.mark.parametrize("pipeline", ["baseline", "astitch"])
+def test_indices_in_range_by_construction_are_not_checked_and_one_index_is_checked_once(tmp_path, pipeline):
+    """An index clamped into its table (Min/Max, Range, Where: ops/ranges.py) needs no check
+    kernel; one that may leave it is checked, once for the two Gathers that read it; one whose
+    arithmetic wraps in int64 is checked, its range unknown."""
+    x = np.array([-3, 0, 4, 9, 20], np.float32)
+    clamped = dlcc.compile(_clamped_index_model(tmp_path / "a.onnx", 9), target="opencl", pipeline=pipeline)
+    assert clamped.plan["meta"].get("device_index_checks", []) == []
+    rows = np.clip(x.astype(np.int64), 0, 9)
+    np.testing.assert_array_equal(clamped({"x": x})["y"], 4 * np.arange(40, dtype=np.float32).reshape(10, 4)[rows])
+    loose = dlcc.compile(_clamped_index_model(tmp_path / "b.onnx", 10), target="opencl", pipeline=pipeline)
+    assert [c["node"] for c in loose.plan["meta"]["device_index_checks"]] == ["gk"]
+    with pytest.raises(DlccError, match=r"Gather node 'gk': a computed index 10 at \[4\] is outside \[-10, 10\)"):
+        loose({"x": x})
+    wrapped = dlcc.compile(_clamped_index_model(tmp_path / "c.onnx", 9, wide=True), target="opencl", pipeline=pipeline)
+    assert [c["node"] for c in wrapped.plan["meta"]["device_index_checks"]] == ["gk"]
+
+
 def test_constant_indices_out_of_range_fail_the_compile(tmp_path):
     g = h.make_graph([h.make_node("Gather", ["data", "i"], ["y"], name="g")], "g",
                      [h.make_tensor_value_info("data", T.FLOAT, [10, 4])], [h.make_tensor_value_info("y", T.FLOAT, [2, 4])],

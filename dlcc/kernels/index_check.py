@@ -97,6 +97,10 @@ def emit_index_check(ctx, node, idx: str, bounds: list[int], per_last_axis: bool
     shape = ctx.shape(idx)
     if shape and int(np.prod(shape)) == 0:
         return
+    key = (ctx.resolve(idx), tuple(int(b) for b in bounds), per_last_axis)
+    if key in ctx.checked_indices:  # the same indices against the same bounds (a present's K and V): once
+        return
+    ctx.checked_indices.add(key)
     site = len(ctx.device_index_checks) + 1
     kname, n = _check_kernel(ctx, idx, bounds, per_last_axis)
     ctx.launch(kname, (n + BLOCK - 1) // BLOCK, [idx, ERRORS, REPORT, site], reads=[idx], writes=[ERRORS, REPORT],

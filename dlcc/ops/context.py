@@ -42,6 +42,8 @@ class LowerCtx:
         self.index_checks: list[dict] = []  # Gather indices read from graph inputs (ops/layout.py index_check)
         self.skipped_empty: list[str] = []  # nodes whose outputs are all empty: no launch (passes/lower.py)
         self.device_index_checks: list[dict] = []  # computed Gather indices (kernels/index_check.py)
+        self.checked_indices: set[tuple] = set()  # (indices, bounds, per last axis) checked on the device already
+        self.producers: dict | None = None  # tensor -> the node writing it, made once (ops/ranges.py)
         self.kept_float32: dict[str, int] = {}  # float32_compute() as lowered (passes/lower.py)
         self.unjoinable_us = 0.0  # what a GEMM no persistent kernel can run costs beyond its time (passes/lower.py)
         self.deep_declined: list[str] = []  # GEMM problems whose faster DEEP tiling gave way to a joinable one

@@ -10,7 +10,9 @@ The order of decisions follows the paper, extended at compute boundaries:
    the attention mask) and never written.
 3. **Groups.** The remaining memory-bound nodes join the group of a producer when that keeps the
    group convex (no path leaves the group and comes back); sibling groups that read a common
-   input and do not depend on each other are packed into one kernel (Independent).
+   input and do not depend on each other are packed into one kernel (Independent). The groups
+   are then checked on the graph of launches, where a path through other groups can still
+   close a cycle: a pack that does is undone, and a group left on a cycle is split up.
 4. **Dominants and materialization.** Reductions, stitch outputs and map nodes read by more than
    one node in the group are materialized; every other node is recomputed in its consumer's
    thread (Local, registers).
@@ -350,7 +352,11 @@ class Planner:
             masks[best] |= 1 << n.id
             group_of[n.id] = best
         if "independent" in self.opts.schemes:
+            before = ([list(m) for m in members], list(masks))
             self._pack_siblings(members, masks)
+            if self._launch_cycle(members):  # rare: pack again, checking every merge on the launches
+                members[:], masks[:] = before
+                self._pack_siblings(members, masks, checked=True)
         # (node-level convexity does not see paths through other groups: a group on a cycle of
         # launches is dissolved into single nodes, which always order)
         for gi in self._launch_cycle(members):
@@ -413,8 +419,10 @@ class Planner:
             i += 1
         return True
 
-    def _pack_siblings(self, members, masks) -> None:
-        """Independent scheme: groups that read a common tensor and do not depend on each other."""
+    def _pack_siblings(self, members, masks, checked: bool = False) -> None:
+        """Independent scheme: groups that read a common tensor and do not depend on each other.
+        `checked`: each merge is also checked on the graph of launches, and undone where it
+        closes a cycle through other groups (_launch_cycle), which node-level ancestors miss."""
         def deps(gi):
             d = 0
             for nid in members[gi]:
@@ -441,7 +449,7 @@ class Planner:
                     masks[a] |= masks[b]
                     kept = members[b]
                     members[b], masks[b] = [], 0
-                    if self._launch_cycle(members):  # a path through other groups joins them: undo
+                    if checked and self._launch_cycle(members):  # a path through other groups: undo
                         members[a] = members[a][:-len(kept)]
                         masks[a] &= ~sum(1 << nid for nid in kept)
                         members[b], masks[b] = kept, sum(1 << nid for nid in kept)

@@ -291,7 +291,7 @@ def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: st
                     f"input {inp.name!r} of {source} has a dynamic dim {k} {label}; dlcc compiles static shapes, "
                     f"so bind it, e.g. --shape {inp.name}=" + "x".join(
                         str(x.dim_value) if x.HasField("dim_value") and x.dim_value > 0 else "N" for x in tt.shape.dim
-                    )
+                    ) + _other_unbound(inputs, shapes, symbols, d.dim_param)
                 )
     # Stale intermediate shapes would fight the new bindings during inference; so would outputs
     # declared with -1 dims (paddle2onnx): those become unknown and are inferred.
@@ -305,6 +305,24 @@ def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: st
 
 #: How long onnxruntime's folding of one model may take before the import goes on without it.
 FOLD_TIMEOUT_S = 300
+
+
+def _other_unbound(inputs, shapes, symbols, first: str) -> str:
+    """The rest of an unbound-dim error: every other named dim left unbound, all at once, with
+    the binding of each by name (an LLM export has five: batch, sequence, past, total, head)."""
+    names: list[str] = []
+    for inp in inputs:
+        if inp.name in shapes or not inp.type.tensor_type.HasField("shape"):
+            continue
+        for d in inp.type.tensor_type.shape.dim:
+            p = d.dim_param
+            if p and not _anonymous(p) and p not in symbols and p != first and p not in names:
+                names.append(p)
+    if not names:
+        return ""
+    every = ([first] if first and not _anonymous(first) else []) + names
+    return (f". Unbound too: {', '.join(map(repr, names))}; bind each named dim once for every input: "
+            + " ".join(f"--shape {n}=N" for n in every))
 
 
 def fold_with_onnxruntime(model: onnx.ModelProto, path="model") -> onnx.ModelProto | None:

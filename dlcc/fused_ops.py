@@ -146,6 +146,11 @@ class _Builder(Builder):
             raise self.fail(f"attribute {name!r} must be {kind}, not {v!r}"[:300])
         return v
 
+    def flag(self, name: str) -> bool:
+        """A 0/1 attribute as onnxruntime's kernels read it: on only where it is 1 (`do_rotary: 2`
+        is off there, not on)."""
+        return int(self.attr(name, 0)) == 1
+
     def unsupported(self, what: str) -> Exception:
         from .ops.context import LoweringError
 
@@ -481,7 +486,7 @@ def _attend(b: _Builder, q: str, k: str, v: str, head: int, mask: str, batch_of:
     onnxruntime's does). `elem` is the element type of q, k and v."""
     scale = float(b.attr("scale", 0.0)) or 1.0 / np.sqrt(head)
     pad = _padding_mask(b, mask, batch_of, k, float(b.attr("mask_filter_value", -10000.0)), elem) if mask else ""
-    causal = _causal(b, q, k) if int(b.attr("unidirectional", 0)) else ""
+    causal = _causal(b, q, k) if b.flag("unidirectional") else ""
     k_t = b.op("Transpose", [k], perm=[0, 1, 3, 2])
     scores = b.op("Mul", [b.op("MatMul", [q, k_t]), b.const_of(np.float32(scale), elem)])
     if pad:
@@ -500,7 +505,7 @@ def _attention(b: _Builder) -> None:
     """onnxruntime's Attention: one input projected by merged Q/K/V weights, heads split, an
     optional past concatenated before the keys and values (present = both, stacked), the padding
     and causal masks and an attention bias added to the scaled scores."""
-    if int(b.attr("do_rotary", 0)):
+    if b.flag("do_rotary"):
         raise b.unsupported("Attention with do_rotary")
     if int(b.attr("past_present_share_buffer", 0)) or b.input(6):
         raise b.unsupported("Attention with past_present_share_buffer")
@@ -560,7 +565,7 @@ def _q_attention(b: _Builder) -> None:
     an integer product of the quantized input and weight (a MatMulInteger, which quantized.py then
     computes exactly), times input_scale x weight_scale (per tensor or per column), plus the
     bias; then Attention's computation in float."""
-    if int(b.attr("do_rotary", 0)) or int(b.attr("past_present_share_buffer", 0)):
+    if b.flag("do_rotary") or int(b.attr("past_present_share_buffer", 0)):
         raise b.unsupported("QAttention with do_rotary or past_present_share_buffer")
     x, w, bias, x_s, w_s, mask, x_zp, w_zp, past = (b.input(i) for i in range(9))
     n = int(b.attr("num_heads", 0))
@@ -635,7 +640,7 @@ def _rotary_embedding(b: _Builder) -> None:
     if r not in (3, 4):
         raise b.fail(f"rotates a tensor of rank 3 or 4, not {r}")
     n, rd = int(b.attr("num_heads", 0)), int(b.attr("rotary_embedding_dim", 0))
-    interleaved = bool(int(b.attr("interleaved", 0)))
+    interleaved = b.flag("interleaved")
     cv = b.const(cos)
     if cv is None:
         shape = b.info.get(cos, (None, None))[0]
@@ -758,7 +763,7 @@ def _group_query_attention(b: _Builder) -> None:
     past_b = b.op("Where", [first, zero, b.op("Sub", [lengths, s_len])])
     step = b.arange(zero, s_len)  # [S]
     query_at = b.op("Add", [b.unsqueeze(past_b, [1]), b.unsqueeze(step, [0])])  # [B, S]: each query's position
-    if int(b.attr("do_rotary", 0)):
+    if b.flag("do_rotary"):
         if not cos:
             raise b.fail("do_rotary needs cos_cache and sin_cache")
         half = (b.const(cos).shape if b.const(cos) is not None else b.info.get(cos, (None, None))[0] or (None, None))[1]
@@ -772,7 +777,7 @@ def _group_query_attention(b: _Builder) -> None:
             first_ids = b.op("Add", [b.op("Reshape", [b.slice(b.slice(ids, 0, 1, 0), 0, 1, 1), b.ints(1, 1)]),
                                      b.unsqueeze(step, [0])])
             pos = b.op("Where", [first, first_ids, ids])
-        interleaved = bool(int(b.attr("rotary_interleaved", 0)))
+        interleaved = b.flag("rotary_interleaved")
         qh = _rotate(b, qh, pos, cos, sin, 2 * half, interleaved)
         kh = _rotate(b, kh, pos, cos, sin, 2 * half, interleaved)
     present_k = _present(b, past_k, kh, past_b, t_len, elem)
@@ -813,7 +818,7 @@ def _group_query_attention(b: _Builder) -> None:
             raise Later(b.fail("the number of heads of attention_bias is not known"))
         scores = b.op("Add", [scores, bias])
     scores = b.op("Where", [seen, scores, b.constant(np.finfo(np.float32).min)])
-    if sink or int(b.attr("smooth_softmax", 0)):
+    if sink or b.flag("smooth_softmax"):
         # a sink adds exp(sink) to the softmax's denominator: a column of it, dropped after
         col = b.to_float(sink)[0] if sink else b.constant(np.zeros(n, np.float32))
         rows = b.op("Concat", [b.ints(nkv, groups), s_len], axis=0)

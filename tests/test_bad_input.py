@@ -135,6 +135,24 @@ def test_unbound_dynamic_dim(tmp_path):
     assert_clean_error(rc, out, err, "x=4xa")
 
 
+def test_every_unbound_named_dim_is_listed_at_once(tmp_path):
+    """An LLM export has several named dims (onnxruntime-genai's: batch, sequence, past, total,
+    head size); the error names all that are left, with a binding of each by name."""
+    g = helper.make_graph([helper.make_node("Concat", ["past", "new"], ["present"], axis=1)], "g",
+                          [helper.make_tensor_value_info("past", TensorProto.FLOAT, ["batch", "past_len", 8]),
+                           helper.make_tensor_value_info("new", TensorProto.FLOAT, ["batch", "seq", 8])],
+                          [helper.make_tensor_value_info("present", TensorProto.FLOAT, ["batch", "total", 8])])
+    path = _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "kv.onnx")
+    rc, out, err = cli("compile", path)
+    assert_clean_error(rc, out, err, "'batch'", "Unbound too: 'past_len', 'seq'",
+                       "--shape batch=N --shape past_len=N --shape seq=N")
+    rc, out, err = cli("compile", path, "--shape", "batch=2")
+    assert_clean_error(rc, out, err, "'past_len'", "Unbound too: 'seq'", "--shape past_len=N --shape seq=N")
+    m = dlcc.compile(path, target="opencl", shapes=["batch=2", "past_len=0", "seq=3"])
+    new = np.ones((2, 3, 8), np.float32)
+    np.testing.assert_array_equal(m({"past": np.zeros((2, 0, 8), np.float32), "new": new})["present"], new)
+
+
 @pytest.mark.parametrize("kind,body,needles", [
     ("pipelines", "name: p\npasses:\n  - name: lower\n    optionz: {}\n", ["passes.0.optionz", "unknown key"]),
     ("pipelines", "name: p\npasses: 3\n", ["passes"]),

@@ -172,9 +172,11 @@ def test_attention_variants(tmp_path):
     nodes = [h.make_node("Attention", ["x", "w", "b", "", "", "attn_bias"], ["y"], domain=MS, num_heads=N,
                          qkv_hidden_sizes=[16, 16, 32], scale=0.3, mask_filter_value=-500.0),
              h.make_node("Attention", ["x", "w2", "b2", "mask", "past"], ["y2", "present"], domain=MS, num_heads=N,
-                         unidirectional=1)]
+                         unidirectional=1),
+             # a 0/1 attribute at 2 is off, as onnxruntime reads it
+             h.make_node("Attention", ["x", "w2", "b2"], ["y3"], domain=MS, num_heads=N, unidirectional=2, do_rotary=2)]
     feeds = {"x": x, "attn_bias": bias_add, "mask": mask, "past": past}
-    path, refs = _model(tmp_path / "attn.onnx", nodes, feeds, inits, ["y", "y2", "present"])
+    path, refs = _model(tmp_path / "attn.onnx", nodes, feeds, inits, ["y", "y2", "present", "y3"])
     _check(path, refs, feeds)
 
 
@@ -191,10 +193,11 @@ def test_multi_head_attention(tmp_path):
     nodes = [h.make_node("MultiHeadAttention", ["q", "k", "v", "bias", "kpm"], ["cross"], domain=MS, num_heads=N),
              h.make_node("MultiHeadAttention", ["q", "q", "q", "", "", "", "pk", "pv"], ["self", "present_k", "present_v"],
                          domain=MS, num_heads=N, unidirectional=1),
-             h.make_node("MultiHeadAttention", ["q", "kh", "vh"], ["split"], domain=MS, num_heads=N, scale=0.2)]
+             h.make_node("MultiHeadAttention", ["q", "kh", "vh"], ["split"], domain=MS, num_heads=N, scale=0.2),
+             h.make_node("MultiHeadAttention", ["q", "q", "q"], ["self2"], domain=MS, num_heads=N, unidirectional=2)]
     feeds = {"q": q, "k": k, "v": v, "kpm": kpm, "pk": pk, "pv": pv, "kh": kh, "vh": vh}
     path, refs = _model(tmp_path / "mha.onnx", nodes, feeds, {"bias": _f(3 * D)},
-                        ["cross", "self", "present_k", "present_v", "split"])
+                        ["cross", "self", "present_k", "present_v", "split", "self2"])
     _check(path, refs, feeds)
 
 
@@ -210,12 +213,13 @@ def test_rotary_embedding(tmp_path):
     offset = np.array([3], np.int64)
     nodes = [h.make_node("RotaryEmbedding", ["x3", "pos", "cos", "sin"], ["r3"], domain=MS, num_heads=N),
              h.make_node("RotaryEmbedding", ["x4", "pos", "cos", "sin"], ["r4i"], domain=MS, interleaved=1),
+             h.make_node("RotaryEmbedding", ["x4", "pos", "cos", "sin"], ["r4i2"], domain=MS, interleaved=2),
              h.make_node("RotaryEmbedding", ["x4", "offset", "cos", "sin"], ["r4o"], domain=MS),
              h.make_node("RotaryEmbedding", ["x3", "pos", "cos_part", "sin_part"], ["r3p"], domain=MS, num_heads=N,
                          rotary_embedding_dim=4)]
     feeds = {"x3": x3, "x4": x4, "pos": pos, "offset": offset}
     inits = {"cos": cos, "sin": sin, "cos_part": cos_part, "sin_part": sin_part}
-    path, refs = _model(tmp_path / "rope.onnx", nodes, feeds, inits, ["r3", "r4i", "r4o", "r3p"])
+    path, refs = _model(tmp_path / "rope.onnx", nodes, feeds, inits, ["r3", "r4i", "r4i2", "r4o", "r3p"])
     _check(path, refs, feeds)
 
 

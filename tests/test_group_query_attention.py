@@ -77,7 +77,7 @@ class _Case:
             if rotary is not True:  # a partial rotation: a cache narrower than half the head
                 for k, fn in (("cos", np.cos), ("sin", np.sin)):
                     self.inits[f"{name}_{k}"] = fn(rng.uniform(0, 6, (32, rotary))).astype(dt)
-            attrs["do_rotary"] = 1
+            attrs.setdefault("do_rotary", 1)
         if pos_ids:
             self.feeds[f"{name}_pos"] = rng.integers(0, 20, (B, S)).astype(np.int64)
             extra += ["", ""] * (not rotary) + [f"{name}_pos"]
@@ -132,6 +132,8 @@ def test_decode_step(tmp_path):
     c.node("bias_one_head", 4, 2, bias=(1, 1, 1, 6))
     c.node("smooth", 4, 2, smooth_softmax=1)
     c.node("sinks", 4, 2, sink=True)
+    # 0/1 attributes at 2 are off, as onnxruntime reads them (a mutated model found dlcc rotating)
+    c.node("flags_at_2", 4, 2, rotary=True, do_rotary=2, rotary_interleaved=2, smooth_softmax=2)
     c.check(tmp_path)
 
 

@@ -325,6 +325,33 @@ def _other_unbound(inputs, shapes, symbols, first: str) -> str:
             + " ".join(f"--shape {n}=N" for n in every))
 
 
+def _lower_late(model: onnx.ModelProto, lenient, weights, path) -> tuple[onnx.ModelProto, list[str], set[str]]:
+    """The quantization ops and GroupQueryAttention rewritten, in turns: an int4 LLM alternates
+    them (MatMulNBits, GroupQueryAttention, MatMulNBits, ...), and each waits for the ranks of
+    the other's outputs, which onnx's inference does not know. Where neither can go on, the
+    strict rewrites say why. Returns the model, notes and the quantized nodes made."""
+    from .fused_ops import LATE, lower_fused
+    from .quantized import is_quantized_op, lower_quantized
+
+    def left(m) -> int:
+        return sum(1 for n in m.graph.node if (n.domain == "com.microsoft" and n.op_type in LATE) or is_quantized_op(n))
+
+    notes: list[str] = []
+    kept: set[str] = set()
+    while left(model):
+        before = left(model)
+        model, more = lower_fused(model, lenient, weights, path, late=True, partial=True)
+        notes += more
+        model, more, made = lower_quantized(model, lenient, weights, path, partial=True)
+        notes += more
+        kept |= made
+        if left(model) == before:  # neither could go on: the strict rewrites say why (and raise)
+            lower_fused(model, lenient, weights, path, late=True)
+            lower_quantized(model, lenient, weights, path)
+            break
+    return model, notes, kept
+
+
 def fold_with_onnxruntime(model: onnx.ModelProto, path="model") -> onnx.ModelProto | None:
     """Constant-fold with onnxruntime ORT_ENABLE_BASIC; None if ORT cannot load the model. ORT
     runs in a worker process (isolate.py): where it crashes or hangs, the import goes on without
@@ -654,8 +681,10 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     model, more, float32_nodes = lower_spectral(model, lenient, weights, path)
     notes += more
     # Quantization ops become float32 arithmetic (quantized.py), after folding for the same
-    # reason: a scale or zero point the model computes from constants is a constant by then.
-    model, more, kept = lower_quantized(model, lenient, weights, path)
+    # reason: a scale or zero point the model computes from constants is a constant by then; so
+    # does GroupQueryAttention (fused_ops.LATE), whose cache's form depends on a length the
+    # model computes from a shape.
+    model, more, kept = _lower_late(model, lenient, weights, path)
     notes += more
     float32_nodes |= kept
     # Loops with a known trip count are unrolled (loops.py), and the Ifs left are if-converted;

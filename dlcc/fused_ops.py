@@ -52,9 +52,11 @@ def is_fused_op(node: onnx.NodeProto, opset: int) -> bool:
 
 
 def lower_fused(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray] | None, path,
-                only: tuple[str, ...] | None = None, known: dict[str, tuple] | None = None) -> tuple[onnx.ModelProto, list[str]]:
+                only: tuple[str, ...] | None = None, known: dict[str, tuple] | None = None,
+                late: bool = False, partial: bool = False) -> tuple[onnx.ModelProto, list[str]]:
     """Rewrite every fused op of the main graph (in place) into standard ops (`only`: those op
-    types). `infer` is a lenient shape inference; `weights` holds the values split_weights took
+    types; `late`: the LATE ones, else the others; `partial`: rewrite_rounds'). `infer` is a
+    lenient shape inference; `weights` holds the values split_weights took
     out of the graph (None: new constants become initializers); `known` gives shapes and types
     inference cannot ({name: (shape, elem)}, as rewrite_rounds takes them). Returns the model
     and notes for the pass log."""
@@ -63,7 +65,7 @@ def lower_fused(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray] | 
     opset = opset_of(model)
 
     def chosen(n: onnx.NodeProto) -> bool:
-        return is_fused_op(n, opset) and (only is None or n.op_type in only)
+        return is_fused_op(n, opset) and (n.op_type in LATE) == late and (only is None or n.op_type in only)
 
     if not any(chosen(n) for n in model.graph.node):
         return model, []
@@ -74,7 +76,9 @@ def lower_fused(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray] | 
         opset, notes = 11, [note]
     else:
         notes = []
-    _, counts = rewrite_rounds(model, infer, weights, path, chosen, _lower, _Builder, known)
+    _, counts = rewrite_rounds(model, infer, weights, path, chosen, _lower, _Builder, known, partial=partial)
+    if not counts:
+        return model, notes
     notes.append("import: onnxruntime's fused ops rewritten into standard ops ("
                  + ", ".join(f"{n} {op}" for op, n in sorted(counts.items())) + ")")
     return model, notes
@@ -701,13 +705,19 @@ def _group_query_attention(b: _Builder) -> None:
     rotary embedding applied inside (`do_rotary`), causal masking with an optional local window,
     softcap and a smooth softmax or per-head sinks.
 
-    The cache is onnxruntime's dynamic one: present is [B, Nkv, P + S, h], holding for batch
-    entry b its first past_b = seqlens_k[b] + 1 - S rows of the past (0 on the first prompt,
-    where P = 0), then its S new rows, then zeros; onnxruntime's static (shared-buffer) cache,
-    where total_sequence_length <= P, is refused at run time, as is any total_sequence_length
-    other than P + S or a seqlens_k outside [0, P + S) (index checks: _check_in). Query heads n = kv * G + g read kv head kv, so Q
-    is reshaped to [B, Nkv, G * S, h] and multiplied by K as it is: the KV heads are never
-    copied G times."""
+    The KV cache takes onnxruntime's two forms, told apart by total_sequence_length T:
+    - growing (T = P + S): present is [B, Nkv, P + S, h];
+    - fixed-size (T <= P, onnxruntime-genai's shared past/present buffer of max_length rows):
+      present is [B, Nkv, P, h], so one plan serves every decode step.
+    For batch entry b, present holds the past's first past_b = seqlens_k[b] + 1 - S rows (none on
+    the first prompt, S = T), then its S new rows, then zeros. T is read at compile time where it
+    folds (onnxruntime-genai computes it from the attention mask's shape); a T left to run time
+    must be P + S, and a seqlens_k outside [0, T) is an error, as in onnxruntime (index checks:
+    _check_in). Query heads n = kv * G + g read kv head kv, so Q is reshaped to
+    [B, Nkv, G * S, h] and multiplied by K as it is: the KV heads are never copied G times.
+
+    It is rewritten after the dims are bound and the constants folded (LATE), so that T is known.
+    """
     for i, what in ((12, "a quantized KV cache (k_scale)"), (13, "a quantized KV cache (v_scale)"),
                     (14, "q_norm_weight"), (15, "k_norm_weight"), (16, "query_seqlens")):
         if b.input(i):
@@ -751,15 +761,30 @@ def _group_query_attention(b: _Builder) -> None:
     zero = b.constant(np.int64(0), np.int64)
     s_len = b.dim(qh, 2)
     p_len = b.dim(past_k, 2) if past_k else b.ints(0)
-    # the dynamic cache: total_sequence_length = P + S, so the first prompt is the call without a past
-    t_len = b.op("Add", [p_len, s_len])
-    # (onnxruntime's checks, made at run time: a zero added where it is used, see _check_in)
-    total_ok = _check_in(b, b.op("Sub", [b.op("Reshape", [b.op("Cast", [total], to=_I64), b.ints(1)]), t_len]), b.ints(1),
-                         "total_sequence_length_must_be_past_plus_new")
+    t_val = b.const(total)
+    shape_p = (b.info.get(past_k, (None, None))[0] or (None,) * 4)[2] if past_k else 0
+    shape_s = (b.info.get(b.input(0), (None, None))[0] or (None,) * 3)[1]  # (q may be a slice of it by now)
     ends = b.op("Cast", [seqlens], to=_I64)
-    ends_ok = _check_in(b, ends, t_len, "seqlens_k_must_lie_in_0_to_total_sequence_length")
-    first = b.op("Equal", [p_len, b.ints(0)])
-    lengths = b.op("Add", [b.op("Add", [ends, b.ints(1)]), b.op("Add", [total_ok, ends_ok])])  # [B]: each entry's total length
+    t_in = b.op("Reshape", [b.op("Cast", [total], to=_I64), b.ints(1)])
+    # (onnxruntime's checks where they cannot be made now: zeros added where they are used, _check_in)
+    if t_val is not None and t_val.size == 1:
+        if not isinstance(shape_p, int) or not isinstance(shape_s, int):
+            raise Later(b.fail("the lengths of the past and of the query are not known"))
+        t_now = int(t_val.reshape(()))
+        if t_now == shape_p + shape_s:  # growing
+            length = b.op("Add", [p_len, s_len])
+        elif 1 <= t_now <= shape_p:  # fixed-size
+            length = p_len
+        else:
+            raise b.fail(f"total_sequence_length {t_now} must be the past's {shape_p} rows plus the {shape_s} new ones "
+                         f"(a growing cache), or between 1 and {shape_p} (a fixed-size one)")
+        checks = _check_in(b, ends, b.ints(t_now), "seqlens_k_must_lie_in_0_to_total_sequence_length")
+    else:  # a growing cache, checked at run time (T = P + S, so P + S bounds seqlens_k)
+        length = b.op("Add", [p_len, s_len])
+        checks = b.op("Add", [_check_in(b, b.op("Sub", [t_in, length]), b.ints(1), "total_sequence_length_must_be_past_plus_new"),
+                              _check_in(b, ends, length, "seqlens_k_must_lie_in_0_to_total_sequence_length")])
+    first = b.op("Equal", [s_len, t_in])  # onnxruntime's first prompt: S = T, no past read
+    lengths = b.op("Add", [b.op("Add", [ends, b.ints(1)]), checks])  # [B]: each entry's total length
     past_b = b.op("Where", [first, zero, b.op("Sub", [lengths, s_len])])
     step = b.arange(zero, s_len)  # [S]
     query_at = b.op("Add", [b.unsqueeze(past_b, [1]), b.unsqueeze(step, [0])])  # [B, S]: each query's position
@@ -780,13 +805,13 @@ def _group_query_attention(b: _Builder) -> None:
         interleaved = b.flag("rotary_interleaved")
         qh = _rotate(b, qh, pos, cos, sin, 2 * half, interleaved)
         kh = _rotate(b, kh, pos, cos, sin, 2 * half, interleaved)
-    present_k = _present(b, past_k, kh, past_b, t_len, elem)
-    present_v = _present(b, past_v, vh, past_b, t_len, elem)
+    present_k = _present(b, past_k, kh, past_b, length, elem)
+    present_v = _present(b, past_v, vh, past_b, length, elem)
     for out, value in ((1, present_k), (2, present_v)):
         if b.wants(out):
             b.op("Identity", [value], b.node.output[out])
     # which keys each query sees: [B, 1, S, T]
-    key_at = b.unsqueeze(b.arange(zero, t_len), [0, 1])  # [1, 1, T]
+    key_at = b.unsqueeze(b.arange(zero, length), [0, 1])  # [1, 1, L]: the present's rows
     at = b.unsqueeze(query_at, [2])  # [B, S, 1]
     if causal:
         seen = b.op("Not", [b.op("Greater", [key_at, at])])
@@ -824,7 +849,7 @@ def _group_query_attention(b: _Builder) -> None:
         rows = b.op("Concat", [b.ints(nkv, groups), s_len], axis=0)
         col = b.op("Reshape", [b.op("Expand", [b.op("Reshape", [col, b.ints(nkv, groups, 1)]), rows]), b.ints(1, nkv, -1, 1)])
         col = b.op("Expand", [col, b.op("Concat", [b.dim(scores, 0), b.ints(nkv), b.dim(scores, 2), b.ints(1)], axis=0)])
-        probs = b.slice(b.op("Softmax", [b.op("Concat", [scores, col], axis=3)], axis=-1), 0, t_len, 3)
+        probs = b.slice(b.op("Softmax", [b.op("Concat", [scores, col], axis=3)], axis=-1), 0, length, 3)
     else:
         probs = b.op("Softmax", [scores], axis=-1)
     out = b.op("Reshape", [b.op("MatMul", [probs, vf]), b.ints(0, n, -1, head)])  # [B, N, S, h]
@@ -832,25 +857,27 @@ def _group_query_attention(b: _Builder) -> None:
     b.output(out, 0, elem)
 
 
-def _present(b: _Builder, past: str, new: str, past_b: str, t_len: str, elem: int) -> str:
-    """The dynamic cache's present ([B, Nkv, P + S, h], of element type `elem`): for batch entry
-    b, rows below past_b ([B]) from the past, then the S new rows, then zeros (onnxruntime clears
-    the rest). Without a past, the new rows."""
+def _present(b: _Builder, past: str, new: str, past_b: str, length: str, elem: int) -> str:
+    """The present ([B, Nkv, L, h], of element type `elem`; L = `length`, P + S or P): for batch
+    entry b, rows below past_b ([B]) from the past, then the S new rows, then zeros (onnxruntime
+    clears the rest). Without a past, the new rows."""
     if not past:
         return new
     s_len, p_len = b.dim(new, 2), b.dim(past, 2)
     blank = b.op("Expand", [b.const_of(0, elem), b.op("Concat", [b.dim(new, 0), b.dim(new, 1), b.ints(1), b.dim(new, 3)],
-                                                               axis=0)])
+                                                              axis=0)])
     rows = b.op("Concat", [past, new, blank], axis=2)  # [B, Nkv, P + S + 1, h]: the blank row last
-    t = b.unsqueeze(b.arange(b.constant(np.int64(0), np.int64), t_len), [0])  # [1, T]
+    t = b.unsqueeze(b.arange(b.constant(np.int64(0), np.int64), length), [0])  # [1, L]
     start = b.unsqueeze(past_b, [1])  # [B, 1]
     # P + t - past_b, clamped into the new rows' [P, P + S): a no-op where it is read (past_b <= t
     # < past_b + S), which proves every index in range (ops/ranges.py), so no check runs
     from_new = b.op("Sub", [b.op("Add", [t, p_len]), start])
-    from_new = b.op("Min", [b.op("Max", [from_new, p_len]), b.op("Sub", [b.op("Add", [p_len, s_len]), b.ints(1)])])
+    last_new = b.op("Sub", [b.op("Add", [p_len, s_len]), b.ints(1)])
+    from_new = b.op("Min", [b.op("Max", [from_new, p_len]), last_new])
+    blank_row = b.op("Add", [last_new, b.ints(1)])
     src = b.op("Where", [b.op("Less", [t, start]), t,
-                         b.op("Where", [b.op("Less", [t, b.op("Add", [start, s_len])]), from_new, t_len])])  # [B, T]
-    index = b.op("Expand", [b.unsqueeze(src, [1, 3]), b.op("Concat", [b.dim(new, 0), b.dim(new, 1), t_len, b.dim(new, 3)],
+                         b.op("Where", [b.op("Less", [t, b.op("Add", [start, s_len])]), from_new, blank_row])])  # [B, L]
+    index = b.op("Expand", [b.unsqueeze(src, [1, 3]), b.op("Concat", [b.dim(new, 0), b.dim(new, 1), length, b.dim(new, 3)],
                                                             axis=0)])
     return b.op("GatherElements", [rows, index], axis=2)
 
@@ -893,6 +920,11 @@ _LOWER = {
 #: past an entry's length in a right-padded prompt read scores its kernel never wrote): sample
 #: inputs give models with them masks without padding (Graph.full_masks).
 PADDED_QUERIES_UNSPECIFIED = ("GroupQueryAttention",)
+
+#: The ops rewritten after the dims are bound and the constants folded (frontend.import_model):
+#: GroupQueryAttention's form of cache depends on total_sequence_length's value, which onnxruntime-
+#: genai computes from the attention mask's shape.
+LATE = ("GroupQueryAttention",)
 
 #: The quantized ones: verify runs its reference with their integer products exact
 #: (quantized.exact_products), as for the other quantization ops.

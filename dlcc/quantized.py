@@ -72,14 +72,14 @@ def is_quantized_op(node: onnx.NodeProto) -> bool:
 
 def lower_quantized(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray] | None,
                     path, only: set[str] | None = None,
-                    known: dict[str, tuple] | None = None) -> tuple[onnx.ModelProto, list[str], set[str]]:
+                    known: dict[str, tuple] | None = None, partial: bool = False) -> tuple[onnx.ModelProto, list[str], set[str]]:
     """Rewrite every quantization op of the main graph (in place) into float32 arithmetic.
     `infer` is a lenient shape inference; `weights` holds the values split_weights took out of
     the graph and receives the dequantized weights (None: they become initializers, for a model
     that onnxruntime runs as it is). `only` limits the rewrite to those op types. Returns (the
     model, notes for the pass log, the names of the nodes made: Graph.float32_nodes). `known`
     gives the shapes and element types of tensors that inference may not find
-    ({name: (shape, elem)}: onnxruntime's, quantized.tensor_types).
+    ({name: (shape, elem)}: onnxruntime's, quantized.tensor_types). `partial`: rewrite_rounds'.
 
     Runs in rounds: an op whose input's rank is not known yet (the output of a com.microsoft op,
     which onnx's shape inference does not know) waits for the next round."""
@@ -97,7 +97,7 @@ def lower_quantized(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray
     # exporter or quantizer) would otherwise hide what the bound input shapes imply.
     if any(chosen(n) for n in model.graph.node):
         del model.graph.value_info[:]
-    made, counts = rewrite_rounds(model, infer, weights, path, chosen, _lower, _Builder, known)
+    made, counts = rewrite_rounds(model, infer, weights, path, chosen, _lower, _Builder, known, partial=partial)
     if counts:
         model = _float_pools(model, infer)
     notes += [f"import: quantized ops computed in float32 ({', '.join(f'{n} {op}' for op, n in sorted(counts.items()))})"] if counts else []

@@ -139,14 +139,16 @@ class Builder:
 
 def rewrite_rounds(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray] | None, path,
                    chosen: Callable[[onnx.NodeProto], bool], lower: Callable[["Builder"], None],
-                   builder=None, known: dict[str, tuple] | None = None) -> tuple[set[str], dict[str, int]]:
+                   builder=None, known: dict[str, tuple] | None = None,
+                   partial: bool = False) -> tuple[set[str], dict[str, int]]:
     """Rewrite, in place and in rounds, every node of `model`'s main graph that `chosen` picks:
     `lower(b)` fills Builder `b` (of class `builder`) with the nodes that replace it, or raises
     Later to wait for the next round. `infer` is a lenient shape inference; `weights` holds the
     values split_weights took out (None: large constants become initializers); `known` gives
     shapes and element types inference may not find ({name: (shape, elem)}). Returns the names
     of the nodes made (by builders that keep `track`) and how many nodes of each op type were
-    rewritten."""
+    rewritten. `partial`: where no node can be rewritten yet, return what was done instead of
+    raising (another rewrite may make the ranks known: frontend._lower_late)."""
     from .frontend import opset_of
 
     builder = builder or Builder
@@ -192,6 +194,8 @@ def rewrite_rounds(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray]
         g.node.extend(out)
         del g.value_info[:]
         if not progress:
+            if partial:
+                break
             if waiting is not None:
                 raise waiting
             left = sorted({n.op_type for n in g.node if chosen(n)})

@@ -44,7 +44,9 @@ class _Case:
     """One model of GroupQueryAttention nodes over shared inputs: a batch of B, S new tokens, a
     past of P (0: none), head size H, each node with its own heads, inputs and attributes."""
 
-    def __init__(self, B, S, P, H, seqlens=None, dtype=np.float32):
+    def __init__(self, B, S, P, H, seqlens=None, dtype=np.float32, total=None):
+        """`total`: total_sequence_length as a constant (so that it folds: a fixed-size cache
+        where it is at most P), else P + S fed at run time."""
         self.B, self.S, self.P, self.H, self.dtype = B, S, P, H, dtype
         self.feeds: dict[str, np.ndarray] = {}
         self.inits: dict[str, np.ndarray] = {}
@@ -52,7 +54,10 @@ class _Case:
         self.outputs: list[str] = []
         self.valid: dict[str, list[int]] = {}  # output -> valid rows per batch entry (a padded prompt)
         self.feeds["seqlens"] = np.array(seqlens if seqlens is not None else [P + S - 1] * B, np.int32)
-        self.feeds["total"] = np.array(P + S, np.int32)
+        if total is None:
+            self.feeds["total"] = np.array(P + S, np.int32)
+        else:
+            self.inits["total"] = np.array(total, np.int32)
         self.inits["cos"] = np.cos(rng.uniform(0, 6, (32, H // 2))).astype(dtype)
         self.inits["sin"] = np.sin(rng.uniform(0, 6, (32, H // 2))).astype(dtype)
 
@@ -165,6 +170,20 @@ def test_later_prompt_chunk(tmp_path):
 
 
 @needs_opencl
+@pytest.mark.parametrize("S, total, seqlens", [(1, 6, [5, 3]), (1, 8, [7, 2]), (4, 4, [3, 2])],
+                         ids=["decode", "decode-at-capacity", "first-prompt"])
+def test_fixed_size_cache(tmp_path, S, total, seqlens):
+    """onnxruntime's fixed-size cache (onnxruntime-genai's shared past/present buffer of
+    max_length rows): total_sequence_length at most P, present P rows long. A decode step with a
+    ragged batch, one whose total is the whole buffer (one plan for every step, the attention
+    mask as long as the buffer), and a first prompt (S = total: no past row read)."""
+    c = _Case(B=2, S=S, P=8, H=16, seqlens=seqlens, total=total)
+    c.node("plain", 4, 2, valid=[s + 1 for s in seqlens] if S > 1 else None)
+    c.node("rot_window", 4, 1, rotary=True, local_window_size=3, valid=[s + 1 for s in seqlens] if S > 1 else None)
+    c.check(tmp_path)
+
+
+@needs_opencl
 def test_float16(tmp_path):
     """A float16 model: the scores and softmax in float32 (as onnxruntime's kernel computes
     them), the presents exact copies."""
@@ -173,7 +192,8 @@ def test_float16(tmp_path):
     c.check(tmp_path, rtol=2e-3, atol=2e-3)
 
 
-def _gqa_model(path, **attrs) -> str:
+def _gqa_model(path, total=None, **attrs) -> str:
+    """One GroupQueryAttention over a past of 5 (`total`: total_sequence_length as a constant)."""
     extra = attrs.pop("extra", [])
     ins = ["q", "k", "v", "pk", "pv", "seqlens", "total"] + extra
     g = h.make_graph([h.make_node("GroupQueryAttention", ins, ["o", "prk", "prv"], domain=MS, name="gqa",
@@ -181,10 +201,12 @@ def _gqa_model(path, **attrs) -> str:
                      [h.make_tensor_value_info("q", TP.FLOAT, [1, 1, 64]), h.make_tensor_value_info("k", TP.FLOAT, [1, 1, 32]),
                       h.make_tensor_value_info("v", TP.FLOAT, [1, 1, 32]),
                       h.make_tensor_value_info("pk", TP.FLOAT, [1, 2, 5, 16]), h.make_tensor_value_info("pv", TP.FLOAT, [1, 2, 5, 16]),
-                      h.make_tensor_value_info("seqlens", TP.INT32, [1]), h.make_tensor_value_info("total", TP.INT32, [])]
+                      h.make_tensor_value_info("seqlens", TP.INT32, [1])]
+                     + ([h.make_tensor_value_info("total", TP.INT32, [])] if total is None else [])
                      + [h.make_tensor_value_info(n, TP.INT32, [1]) for n in extra if n],
                      [h.make_tensor_value_info(o, TP.FLOAT, shape) for o, shape in
-                      (("o", [1, 1, 64]), ("prk", [1, 2, 6, 16]), ("prv", [1, 2, 6, 16]))])
+                      (("o", [1, 1, 64]), ("prk", [1, 2, 6, 16]), ("prv", [1, 2, 6, 16]))],
+                     [] if total is None else [nh.from_array(np.array(total, np.int32), "total")])
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(MS, 1)], ir_version=8), path)
     return str(path)
 
@@ -204,16 +226,25 @@ def test_forms_dlcc_refuses_are_named(tmp_path, attrs, message):
         dlcc.compile(_gqa_model(tmp_path / "g.onnx", **attrs), target="opencl")
 
 
+def test_a_total_length_that_is_neither_form_of_cache_is_named(tmp_path):
+    with pytest.raises(DlccError, match=r"GroupQueryAttention 'gqa': total_sequence_length 9 must be the past's 5 rows "
+                                        r"plus the 1 new ones \(a growing cache\), or between 1 and 5 \(a fixed-size one\)"):
+        dlcc.compile(_gqa_model(tmp_path / "g.onnx", total=9), target="opencl")
+
+
 @needs_opencl
-def test_a_static_cache_is_an_error_at_run_time(tmp_path):
-    """onnxruntime's static (shared-buffer) cache, total_sequence_length <= P, is not what dlcc
-    computes (present is P + S long): the run says so instead of returning another cache."""
+def test_a_total_length_known_only_at_run_time_must_be_past_plus_new(tmp_path):
+    """Fed at run time, total_sequence_length cannot choose the present's length (dlcc compiles
+    static shapes): the cache grows (P + S rows), and any other total is an error after the run
+    instead of another cache. So is a seqlens_k past it, as in onnxruntime."""
     m = dlcc.compile(_gqa_model(tmp_path / "g.onnx"), target="opencl")
     feeds = {"q": _f(1, 1, 64), "k": _f(1, 1, 32), "v": _f(1, 1, 32), "pk": _f(1, 2, 5, 16), "pv": _f(1, 2, 5, 16),
              "seqlens": np.array([4], np.int32), "total": np.array(6, np.int32)}
     m(feeds)
     with pytest.raises(DlccError, match="total_sequence_length_must_be_past_plus_new"):
         m({**feeds, "total": np.array(5, np.int32)})
+    with pytest.raises(DlccError, match=r"Gather node 'gqa/seqlens_k_must_lie_in_0_to_total_sequence_length\d+'"):
+        m({**feeds, "seqlens": np.array([6], np.int32)})
 
 
 # -- a real model: onnxruntime-genai's builder -------------------------------------------------
@@ -275,3 +306,37 @@ def test_genai_llama_generates_as_onnxruntime_does(tmp_path, precision, pipeline
         ids = ref["logits"][:, -1].argmax(-1)[:, None].astype(np.int64)
         past = {f"past_key_values.{i}.{t}": ref[f"present.{i}.{t}"] for i in range(L) for t in ("key", "value")}
         P += s
+
+
+@needs_opencl
+def test_genai_llama_decodes_every_step_with_one_plan(tmp_path):
+    """onnxruntime-genai's way to keep shapes fixed (its CUDA graphs): a past of max_length rows
+    and an attention mask as long, its ones the tokens so far. Then one compiled plan serves every
+    decode step, each present fed back as the next past; logits, presents and tokens match
+    onnxruntime's at every step."""
+    import onnxruntime as ort
+
+    path = _genai_llama(tmp_path, "fp32")
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    B, S, L, kv, hd, M = 2, 4, 2, 2, 16, 12
+    keys = [f"past_key_values.{i}.{t}" for i in range(L) for t in ("key", "value")]
+    ids = rng.integers(0, 256, (B, S)).astype(np.int64)
+    prompt = {"input_ids": ids, "attention_mask": np.ones((B, S), np.int64),
+              **{k: np.zeros((B, kv, 0, hd), np.float32) for k in keys}}
+    out = dict(zip(names, sess.run(None, prompt)))
+    step = dlcc.compile(path, target="opencl", pipeline="full",
+                        shapes={"batch_size": (B,), "sequence_length": (1,), "past_sequence_length": (M,),
+                                "total_sequence_length": (M,), "kv_cache_dim": (hd,)})
+    past = {k: np.pad(out[k.replace("past_key_values", "present")], ((0, 0), (0, 0), (0, M - S), (0, 0))) for k in keys}
+    token = out["logits"][:, -1].argmax(-1)[:, None].astype(np.int64)
+    for n in range(S, S + 3):  # n tokens in the cache before this step
+        feeds = {"input_ids": token, "attention_mask": (np.arange(M) <= n).astype(np.int64)[None].repeat(B, 0), **past}
+        ref = dict(zip(names, sess.run(None, feeds)))
+        got = step(feeds)
+        for name in names:
+            assert got[name].shape == ref[name].shape, name
+            np.testing.assert_allclose(got[name], ref[name], rtol=1e-3, atol=1e-4, err_msg=f"{n} tokens: {name}")
+        token = ref["logits"][:, -1].argmax(-1)[:, None].astype(np.int64)
+        assert (got["logits"][:, -1].argmax(-1) == token[:, 0]).all()
+        past = {k: ref[k.replace("past_key_values", "present")] for k in keys}

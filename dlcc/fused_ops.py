@@ -705,10 +705,11 @@ def _group_query_attention(b: _Builder) -> None:
     rotary embedding applied inside (`do_rotary`), causal masking with an optional local window,
     softcap and a smooth softmax or per-head sinks.
 
-    The KV cache takes onnxruntime's two forms, told apart by total_sequence_length T:
-    - growing (T = P + S): present is [B, Nkv, P + S, h];
+    The KV cache takes onnxruntime's three forms:
+    - growing (total_sequence_length T = P + S): present is [B, Nkv, P + S, h];
     - fixed-size (T <= P, onnxruntime-genai's shared past/present buffer of max_length rows):
-      present is [B, Nkv, P, h], so one plan serves every decode step.
+      present is [B, Nkv, P, h], so one plan serves every decode step;
+    - window-sized (sliding_window_cache: Gemma 2 and 3's local layers): _window_cache.
     For batch entry b, present holds the past's first past_b = seqlens_k[b] + 1 - S rows (none on
     the first prompt, S = T), then its S new rows, then zeros. T is read at compile time where it
     folds (onnxruntime-genai computes it from the attention mask's shape); a T left to run time
@@ -722,8 +723,9 @@ def _group_query_attention(b: _Builder) -> None:
                     (14, "q_norm_weight"), (15, "k_norm_weight"), (16, "query_seqlens")):
         if b.input(i):
             raise b.unsupported(f"GroupQueryAttention with {what}")
-    if int(b.attr("sliding_window_cache", 0)):
-        raise b.unsupported("GroupQueryAttention with a window-sized cache (sliding_window_cache)")
+    sliding = int(b.attr("sliding_window_cache", 0))
+    if sliding not in (0, 1):
+        raise b.fail(f"sliding_window_cache must be 0 or 1, not {sliding}")
     if int(b.attr("qk_output", 0)) or b.wants(3):
         raise b.unsupported("GroupQueryAttention's output_qk")
     for name in ("k_quant_type", "v_quant_type"):
@@ -742,6 +744,10 @@ def _group_query_attention(b: _Builder) -> None:
         raise b.fail(f"causal must be 0 or 1 (not {causal}), and local_window_size -1 without it")
     if window == 0:  # (onnxruntime returns zeros: no key in the window)
         raise b.fail("local_window_size 0 leaves every query no key to attend to")
+    if sliding and (window < 0 or not past_k):
+        raise b.fail("a window-sized cache (sliding_window_cache) needs local_window_size and a past")
+    if sliding and attn_bias:
+        raise b.unsupported("an attention bias with a window-sized cache (sliding_window_cache)")
     elem = b.elem(q) or _F
     if elem not in (_F, *_HALF) or any(t and b.elem(t) not in (None, elem) for t in (past_k, past_v)):
         raise b.unsupported("a KV cache in another type than the query's (a quantized cache)")
@@ -767,7 +773,13 @@ def _group_query_attention(b: _Builder) -> None:
     ends = b.op("Cast", [seqlens], to=_I64)
     t_in = b.op("Reshape", [b.op("Cast", [total], to=_I64), b.ints(1)])
     # (onnxruntime's checks where they cannot be made now: zeros added where they are used, _check_in)
-    if t_val is not None and t_val.size == 1:
+    if sliding:  # the past's rows are the capacity C; T only bounds the entries' lengths
+        if isinstance(shape_p, int) and shape_p < window:
+            raise b.fail(f"a window-sized cache of {shape_p} rows is smaller than the window of {window}")
+        length = p_len
+        checks = _check_in(b, ends, b.ints(int(t_val.reshape(()))) if t_val is not None and t_val.size == 1 else
+                           b.op("Add", [p_len, s_len]), "seqlens_k_must_lie_in_0_to_total_sequence_length")
+    elif t_val is not None and t_val.size == 1:
         if not isinstance(shape_p, int) or not isinstance(shape_s, int):
             raise Later(b.fail("the lengths of the past and of the query are not known"))
         t_now = int(t_val.reshape(()))
@@ -785,7 +797,10 @@ def _group_query_attention(b: _Builder) -> None:
                               _check_in(b, ends, length, "seqlens_k_must_lie_in_0_to_total_sequence_length")])
     first = b.op("Equal", [s_len, t_in])  # onnxruntime's first prompt: S = T, no past read
     lengths = b.op("Add", [b.op("Add", [ends, b.ints(1)]), checks])  # [B]: each entry's total length
-    past_b = b.op("Where", [first, zero, b.op("Sub", [lengths, s_len])])
+    if sliding:  # the tokens before this step: T less the valid new rows, min(S, T)
+        past_b = b.op("Sub", [lengths, b.op("Min", [lengths, s_len])])
+    else:
+        past_b = b.op("Where", [first, zero, b.op("Sub", [lengths, s_len])])
     step = b.arange(zero, s_len)  # [S]
     query_at = b.op("Add", [b.unsqueeze(past_b, [1]), b.unsqueeze(step, [0])])  # [B, S]: each query's position
     if b.flag("do_rotary"):
@@ -805,13 +820,19 @@ def _group_query_attention(b: _Builder) -> None:
         interleaved = b.flag("rotary_interleaved")
         qh = _rotate(b, qh, pos, cos, sin, 2 * half, interleaved)
         kh = _rotate(b, kh, pos, cos, sin, 2 * half, interleaved)
-    present_k = _present(b, past_k, kh, past_b, length, elem)
-    present_v = _present(b, past_v, vh, past_b, length, elem)
+    if sliding:
+        present_k, present_v, key_k, key_v, key_pos, key_ok = _window_cache(b, past_k, past_v, kh, vh, past_b, lengths,
+                                                                           window, elem)
+    else:
+        present_k = _present(b, past_k, kh, past_b, length, elem)
+        present_v = _present(b, past_v, vh, past_b, length, elem)
+        key_k, key_v, key_ok = present_k, present_v, None
+        key_pos = b.unsqueeze(b.arange(zero, length), [0])  # [1, L]: the present's rows are positions
     for out, value in ((1, present_k), (2, present_v)):
         if b.wants(out):
             b.op("Identity", [value], b.node.output[out])
-    # which keys each query sees: [B, 1, S, T]
-    key_at = b.unsqueeze(b.arange(zero, length), [0, 1])  # [1, 1, L]: the present's rows
+    # which keys each query sees: [B, 1, S, K]
+    key_at = b.unsqueeze(key_pos, [1])  # [B or 1, 1, K]
     at = b.unsqueeze(query_at, [2])  # [B, S, 1]
     if causal:
         seen = b.op("Not", [b.op("Greater", [key_at, at])])
@@ -819,9 +840,11 @@ def _group_query_attention(b: _Builder) -> None:
             seen = b.op("And", [seen, b.op("Greater", [key_at, b.op("Sub", [at, b.ints(window)])])])
     else:  # every key of the entry (the query's position only gives the shape)
         seen = b.op("And", [b.op("Less", [key_at, b.unsqueeze(lengths, [1, 2])]), b.op("Equal", [at, at])])
+    if key_ok is not None:
+        seen = b.op("And", [seen, b.unsqueeze(key_ok, [1])])
     groups = n // nkv
     seen = b.op("Tile", [b.unsqueeze(seen, [1]), b.ints(1, 1, groups, 1)])  # [B, 1, G * S, T], rows (g, s)
-    qf, kf, vf = (b.op("Cast", [t], to=_F) if elem in _HALF else t for t in (qh, present_k, present_v))
+    qf, kf, vf = (b.op("Cast", [t], to=_F) if elem in _HALF else t for t in (qh, key_k, key_v))
     scale = float(b.attr("scale", 0.0)) or 1.0 / np.sqrt(head)
     qg = b.op("Reshape", [qf, b.ints(0, nkv, -1, head)])  # [B, Nkv, G * S, h]
     scores = b.op("Mul", [b.op("MatMul", [qg, b.op("Transpose", [kf], perm=[0, 1, 3, 2])]),
@@ -849,7 +872,7 @@ def _group_query_attention(b: _Builder) -> None:
         rows = b.op("Concat", [b.ints(nkv, groups), s_len], axis=0)
         col = b.op("Reshape", [b.op("Expand", [b.op("Reshape", [col, b.ints(nkv, groups, 1)]), rows]), b.ints(1, nkv, -1, 1)])
         col = b.op("Expand", [col, b.op("Concat", [b.dim(scores, 0), b.ints(nkv), b.dim(scores, 2), b.ints(1)], axis=0)])
-        probs = b.slice(b.op("Softmax", [b.op("Concat", [scores, col], axis=3)], axis=-1), 0, length, 3)
+        probs = b.slice(b.op("Softmax", [b.op("Concat", [scores, col], axis=3)], axis=-1), 0, -1, 3)
     else:
         probs = b.op("Softmax", [scores], axis=-1)
     out = b.op("Reshape", [b.op("MatMul", [probs, vf]), b.ints(0, n, -1, head)])  # [B, N, S, h]
@@ -880,6 +903,57 @@ def _present(b: _Builder, past: str, new: str, past_b: str, length: str, elem: i
     index = b.op("Expand", [b.unsqueeze(src, [1, 3]), b.op("Concat", [b.dim(new, 0), b.dim(new, 1), length, b.dim(new, 3)],
                                                             axis=0)])
     return b.op("GatherElements", [rows, index], axis=2)
+
+
+def _window_cache(b: _Builder, past_k: str, past_v: str, kh: str, vh: str, before: str, lengths: str, window: int,
+                  elem: int) -> tuple[str, str, str, str, str, str]:
+    """onnxruntime's window-sized cache (sliding_window_cache): the past's C rows hold, in
+    order, the most recent L(Tp) of the Tp tokens before this step, and the present the most
+    recent L(T) of the T after it, the rest zeros, where L(T) = T up to C, and past it
+    T - G * ceil((T - C) / G) with G = C - W + 1 (eviction frees G rows at once). `before` ([B])
+    is Tp, `lengths` ([B]) is T; the new rows are the first min(S, T). Returns the presents, the
+    keys and values attention reads (the past's rows, then the new ones: [B, Nkv, C + S, h]),
+    each key's absolute position ([B, C + S]) and whether it holds a token ([B, C + S])."""
+    zero = b.constant(np.int64(0), np.int64)
+    c_len, s_len = b.dim(past_k, 2), b.dim(kh, 2)
+    g = b.op("Add", [b.op("Sub", [c_len, b.ints(window)]), b.ints(1)])
+
+    def resident(t: str) -> str:  # L(t), for t >= 0
+        over = b.op("Sub", [t, c_len])
+        evicted = b.op("Mul", [g, b.op("Div", [b.op("Add", [over, b.op("Sub", [g, b.ints(1)])]), g])])
+        return b.op("Where", [b.op("Greater", [t, c_len]), b.op("Sub", [t, evicted]), t])
+
+    new_rows = b.op("Sub", [lengths, before])  # min(S, T)
+    kept_before, kept_after = resident(before), resident(lengths)
+    first_kept = b.op("Sub", [before, kept_before])  # the position of the past's row 0
+    rows_c, rows_s = b.arange(zero, c_len), b.arange(zero, s_len)
+    key_pos = b.op("Concat", [b.op("Add", [b.unsqueeze(first_kept, [1]), b.unsqueeze(rows_c, [0])]),
+                              b.op("Add", [b.unsqueeze(before, [1]), b.unsqueeze(rows_s, [0])])], axis=1)  # [B, C + S]
+    key_ok = b.op("Concat", [b.op("Less", [b.unsqueeze(rows_c, [0]), b.unsqueeze(kept_before, [1])]),
+                             b.op("Less", [b.unsqueeze(rows_s, [0]), b.unsqueeze(new_rows, [1])])], axis=1)
+    # present row i holds position a = T - L(T) + i: the past's row a - first_kept before Tp, the
+    # new row a - Tp from it, nothing from L(T) on (each clamped into its part: ops/ranges.py)
+    at = b.op("Add", [b.unsqueeze(b.op("Sub", [lengths, kept_after]), [1]), b.unsqueeze(rows_c, [0])])  # [B, C]
+    from_past = b.op("Min", [b.op("Max", [b.op("Sub", [at, b.unsqueeze(first_kept, [1])]), zero]),
+                             b.op("Sub", [c_len, b.ints(1)])])
+    last_new = b.op("Sub", [b.op("Add", [c_len, s_len]), b.ints(1)])
+    from_new = b.op("Min", [b.op("Max", [b.op("Add", [b.op("Sub", [at, b.unsqueeze(before, [1])]), c_len]), c_len]), last_new])
+    src = b.op("Where", [b.op("Less", [at, b.unsqueeze(before, [1])]), from_past, from_new])
+    src = b.op("Where", [b.op("Less", [b.unsqueeze(rows_c, [0]), b.unsqueeze(kept_after, [1])]), src,
+                         b.op("Add", [last_new, b.ints(1)])])  # the blank row
+
+    def gather(past: str, new: str) -> tuple[str, str]:
+        blank = b.op("Expand", [b.const_of(0, elem), b.op("Concat", [b.dim(new, 0), b.dim(new, 1), b.ints(1), b.dim(new, 3)],
+                                                                  axis=0)])
+        keys = b.op("Concat", [past, new], axis=2)  # [B, Nkv, C + S, h]
+        rows = b.op("Concat", [keys, blank], axis=2)
+        index = b.op("Expand", [b.unsqueeze(src, [1, 3]), b.op("Concat", [b.dim(new, 0), b.dim(new, 1), c_len, b.dim(new, 3)],
+                                                                axis=0)])
+        return b.op("GatherElements", [rows, index], axis=2), keys
+
+    present_k, key_k = gather(past_k, kh)
+    present_v, key_v = gather(past_v, vh)
+    return present_k, present_v, key_k, key_v, key_pos, key_ok
 
 
 def _check_in(b: _Builder, x: str, n: str, hint: str) -> str:

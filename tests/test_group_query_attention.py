@@ -53,6 +53,7 @@ class _Case:
         self.nodes: list = []
         self.outputs: list[str] = []
         self.valid: dict[str, list[int]] = {}  # output -> valid rows per batch entry (a padded prompt)
+        self.held: dict[str, list[int]] = {}  # present -> the rows a window-sized cache holds, per entry
         self.feeds["seqlens"] = np.array(seqlens if seqlens is not None else [P + S - 1] * B, np.int32)
         if total is None:
             self.feeds["total"] = np.array(P + S, np.int32)
@@ -61,7 +62,8 @@ class _Case:
         self.inits["cos"] = np.cos(rng.uniform(0, 6, (32, H // 2))).astype(dtype)
         self.inits["sin"] = np.sin(rng.uniform(0, 6, (32, H // 2))).astype(dtype)
 
-    def node(self, name, N, Nkv, packed=False, rotary=False, pos_ids=False, bias=None, sink=False, valid=None, **attrs):
+    def node(self, name, N, Nkv, packed=False, rotary=False, pos_ids=False, bias=None, sink=False, valid=None, held=None,
+             **attrs):
         B, S, P, H, dt = self.B, self.S, self.P, self.H, self.dtype
         if packed:
             self.feeds[f"{name}_qkv"] = _f(B, S, (N + 2 * Nkv) * H, dtype=dt)
@@ -98,6 +100,8 @@ class _Case:
         self.outputs += outs
         if valid is not None:
             self.valid[outs[0]] = valid
+        if held is not None:
+            self.held.update({outs[1]: held, outs[2]: held})
 
     def check(self, tmp_path, pipeline="astitch", rtol=1e-4, atol=2e-5):
         ins = [h.make_tensor_value_info(n, h.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in self.feeds.items()]
@@ -112,11 +116,14 @@ class _Case:
         got = dlcc.compile(path, target="opencl", pipeline=pipeline)(self.feeds)
         for name, r in zip(self.outputs, refs):
             assert got[name].shape == r.shape and got[name].dtype == r.dtype, (name, got[name].shape, r.shape)
-            rows = self.valid.get(name)
-            for b in range(self.B):  # (a padded prompt's rows past its length are unspecified in onnxruntime)
-                n = rows[b] if rows else r.shape[1]
-                np.testing.assert_allclose(got[name][b, :n].astype(np.float32), r[b, :n].astype(np.float32),
-                                           rtol=rtol, atol=atol, err_msg=f"{name}, batch entry {b}")
+            rows, held = self.valid.get(name), self.held.get(name)
+            for b in range(self.B):  # (a padded prompt's rows past its length are unspecified in onnxruntime,
+                n = rows[b] if rows else r.shape[1]  # and so are a window-sized cache's rows past what it holds)
+                g, want = got[name][b, :n].astype(np.float32), r[b, :n].astype(np.float32)
+                if held:
+                    assert not got[name][b, :, held[b]:].any(), (name, b)  # dlcc writes zeros there
+                    g, want = g[:, :held[b]], want[:, :held[b]]
+                np.testing.assert_allclose(g, want, rtol=rtol, atol=atol, err_msg=f"{name}, batch entry {b}")
 
 
 @needs_opencl
@@ -184,6 +191,24 @@ def test_fixed_size_cache(tmp_path, S, total, seqlens):
 
 
 @needs_opencl
+@pytest.mark.parametrize("S, C, seqlens", [(1, 6, [9, 4]), (1, 6, [6, 5]), (3, 8, [2, 2]), (2, 6, [11])],
+                         ids=["decode-evicting", "decode-at-capacity", "first-prompt", "chunk-evicting"])
+def test_window_sized_cache(tmp_path, S, C, seqlens):
+    """onnxruntime's window-sized cache (sliding_window_cache: Gemma 2 and 3's local layers):
+    C rows hold the most recent positions, evicted C - W + 1 at a time once full; attention
+    reads the past's rows and the new ones by their positions. A ragged batch decoding with and
+    without eviction, a first prompt, and a chunk of two tokens that evicts."""
+    def held(window: int) -> list[int]:  # onnxruntime's L(T), from its schema's text
+        g = C - window + 1
+        return [t if t <= C else t - g * -(-(t - C) // g) for t in (s + 1 for s in seqlens)]
+
+    c = _Case(B=len(seqlens), S=S, P=C, H=16, seqlens=seqlens, total=max(seqlens) + 1)
+    c.node("window", 4, 2, local_window_size=4, sliding_window_cache=1, held=held(4))
+    c.node("rot_cap", 4, 1, rotary=True, local_window_size=3, sliding_window_cache=1, softcap=5.0, held=held(3))
+    c.check(tmp_path)
+
+
+@needs_opencl
 def test_float16(tmp_path):
     """A float16 model: the scores and softmax in float32 (as onnxruntime's kernel computes
     them), the presents exact copies."""
@@ -215,7 +240,8 @@ def _gqa_model(path, total=None, **attrs) -> str:
     ({"num_heads": 3}, "num_heads 3 must be a positive multiple of kv_num_heads 2"),
     ({"local_window_size": 0}, "local_window_size 0 leaves every query no key"),
     ({"causal": 0, "local_window_size": 2}, "local_window_size -1 without it"),
-    ({"sliding_window_cache": 1}, r"window-sized cache \(sliding_window_cache\) is not supported"),
+    ({"sliding_window_cache": 1}, r"a window-sized cache \(sliding_window_cache\) needs local_window_size"),
+    ({"sliding_window_cache": 1, "local_window_size": 8}, r"a window-sized cache of 5 rows is smaller than the window of 8"),
     ({"k_quant_type": "PER_TENSOR"}, r"quantized KV cache\) is not supported"),
     ({"qk_output": 1}, "output_qk is not supported"),
     ({"do_rotary": 1}, "do_rotary needs cos_cache and sin_cache"),
@@ -249,19 +275,25 @@ def test_a_total_length_known_only_at_run_time_must_be_past_plus_new(tmp_path):
 
 # -- a real model: onnxruntime-genai's builder -------------------------------------------------
 
-def _genai_llama(tmp_path, precision: str) -> str:
-    """A random-weight Llama (2 layers, 4 query and 2 KV heads) written by onnxruntime-genai's
-    model builder for its CPU provider, as `python -m onnxruntime_genai.models.builder` writes it."""
+def _genai_llama(tmp_path, precision: str, family: str = "llama") -> str:
+    """A random-weight Llama (2 layers, 4 query and 2 KV heads; or a Gemma 2, whose first layer
+    attends through a window of 8) written by onnxruntime-genai's model builder for its CPU
+    provider, as `python -m onnxruntime_genai.models.builder` writes it."""
     pytest.importorskip("onnxruntime_genai")
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     src, out = tmp_path / "hf", tmp_path / f"onnx-{precision}"
-    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    common = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64)
     torch.manual_seed(0)
-    transformers.LlamaForCausalLM(cfg).save_pretrained(src)
+    if family == "gemma2":
+        cfg = transformers.Gemma2Config(**common, head_dim=16, sliding_window=8, attn_logit_softcapping=50.0,
+                                        final_logit_softcapping=30.0, query_pre_attn_scalar=16)
+        transformers.Gemma2ForCausalLM(cfg).save_pretrained(src)
+    else:
+        transformers.LlamaForCausalLM(transformers.LlamaConfig(**common)).save_pretrained(src)
     tok = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(256)}, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0").save_pretrained(src)
@@ -340,3 +372,19 @@ def test_genai_llama_decodes_every_step_with_one_plan(tmp_path):
         token = ref["logits"][:, -1].argmax(-1)[:, None].astype(np.int64)
         assert (got["logits"][:, -1].argmax(-1) == token[:, 0]).all()
         past = {k: ref[k.replace("past_key_values", "present")] for k in keys}
+
+
+@needs_opencl
+def test_genai_gemma2_window_cache_verifies(tmp_path):
+    """A Gemma 2 from the builder: its first layer's cache is window-sized (sliding_window_cache),
+    its second grows. `dlcc verify` passes on a prompt and on a decode step before the window
+    fills, where onnxruntime leaves the window cache's rows past the tokens unwritten: verify
+    says it does not compare those, and compares everything else."""
+    path = _genai_llama(tmp_path, "fp32", family="gemma2")
+    base = [sys.executable, "-m", "dlcc", "verify", path, "-t", "opencl", "-p", "astitch", "-s", "batch_size=2",
+            "-s", "kv_cache_dim=16", "-s", "past_sliding_length=8"]
+    for dims in (["sequence_length=5", "past_sequence_length=0", "total_sequence_length=5"],
+                 ["sequence_length=1", "past_sequence_length=5", "total_sequence_length=6"]):
+        run = subprocess.run(base + [x for d in dims for x in ("-s", d)], capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0 and "all outputs match" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
+        assert "values onnxruntime leaves unspecified" in run.stdout, run.stdout[-3000:]

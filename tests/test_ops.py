@@ -312,6 +312,10 @@ add(
     op("NaN-Clip-13", "Clip", [X(_NANV), W(np.array(-0.5, F32)), W(np.array(1.0, F32))], opset=13),
     op("NaN-Max-variadic", "Max", [X(_NANV), W(np.zeros(3, F32))]),
     op("NaN-Add-Mul-propagate", "Mul", [X(_NANV), W(np.array(2.0, F32))]),
+    # (these three returned a number for NaN: fmax/fmin and a comparison drop it)
+    op("NaN-HardSigmoid", "HardSigmoid", [X(_NANV)]),
+    op("NaN-Sign", "Sign", [X(_NANV)]),
+    op("NaN-Celu", "Celu", [X(_NANV)], opset=12),
 )
 
 # ----- layout ----------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ UNARY = {
     "Cos": ("F_COS(a)", 4),
     "Softplus": ("(a > 20.0f ? a : F_LOG(1.0f + F_EXP(a)))", 4),
     "Softsign": ("a / (1.0f + F_FABS(a))", 3),
-    "Sign": ("(float)((a > 0.0f) - (a < 0.0f))", 1),
+    "Sign": ("(a != a ? a : (float)((a > 0.0f) - (a < 0.0f)))", 1),  # (NaN stays NaN)
     "HardSwish": ("a * F_MIN(F_MAX(a * (1.0f / 6.0f) + 0.5f, 0.0f), 1.0f)", 4),
     "Mish": ("a * F_TANH(a > 20.0f ? a : F_LOG(1.0f + F_EXP(a)))", 6),
     "Not": ("!a", 1),
@@ -182,10 +182,10 @@ _attr_unary("LeakyRelu", lambda c: f"(a < 0.0f ? a * {literal(c.attr('alpha', 0.
 _attr_unary("Elu", lambda c: f"(a < 0.0f ? {literal(c.attr('alpha', 1.0))} * (F_EXP(a) - 1.0f) : a)", 6)
 _attr_unary("Selu", lambda c: f"{literal(c.attr('gamma', 1.0507009873554805))} * (a <= 0.0f ? "
             f"{literal(c.attr('alpha', 1.6732632423543772))} * (F_EXP(a) - 1.0f) : a)", 6)
-_attr_unary("HardSigmoid", lambda c: f"F_MAX(0.0f, F_MIN(1.0f, {literal(c.attr('alpha', 0.2))} * a + "
-            f"{literal(c.attr('beta', 0.5))}))", 6)
+_attr_unary("HardSigmoid", lambda c: f"F_NMAX(0.0f, F_NMIN(1.0f, {literal(c.attr('alpha', 0.2))} * a + "
+            f"{literal(c.attr('beta', 0.5))}))", 6)  # (F_N*: NaN stays NaN, as in onnxruntime)
 _attr_unary("ThresholdedRelu", lambda c: f"(a > {literal(c.attr('alpha', 1.0))} ? a : 0.0f)", 10)
-_attr_unary("Celu", lambda c: f"F_MAX(0.0f, a) + F_MIN(0.0f, {literal(c.attr('alpha', 1.0))} * "
+_attr_unary("Celu", lambda c: f"F_NMAX(0.0f, a) + F_NMIN(0.0f, {literal(c.attr('alpha', 1.0))} * "
             f"(F_EXP(a / {literal(c.attr('alpha', 1.0))}) - 1.0f))", 12)
 _attr_unary("Gelu", lambda c: "0.5f * a * (1.0f + F_TANH(0.7978845608028654f * (a + 0.044715f * a * a * a)))"
             if c.attr("approximate", "none") == "tanh" else "0.5f * a * (1.0f + F_ERF(a * 0.7071067811865476f))", 20, 6)

@@ -831,7 +831,15 @@ def _group_query_attention(b: _Builder) -> None:
     for out, value in ((1, present_k), (2, present_v)):
         if b.wants(out):
             b.op("Identity", [value], b.node.output[out])
-    # which keys each query sees: [B, 1, S, K]
+    seen = _keys_seen(b, key_pos, key_ok, query_at, lengths, causal, window)
+    b.output(_grouped_attention(b, qh, key_k, key_v, seen, n, nkv, head, elem, attn_bias, sink, s_len), 0, elem)
+
+
+def _keys_seen(b: _Builder, key_pos: str, key_ok: str | None, query_at: str, lengths: str, causal: int,
+               window: int) -> str:
+    """Which keys each query sees ([B, 1, S, K] booleans): keys at `key_pos` ([B or 1, K]
+    positions; `key_ok`, [B, K], whether each holds a token), queries at `query_at` ([B, S]);
+    causal with an optional window of `window` keys, or every key of the entry (`lengths`)."""
     key_at = b.unsqueeze(key_pos, [1])  # [B or 1, 1, K]
     at = b.unsqueeze(query_at, [2])  # [B, S, 1]
     if causal:
@@ -842,6 +850,15 @@ def _group_query_attention(b: _Builder) -> None:
         seen = b.op("And", [b.op("Less", [key_at, b.unsqueeze(lengths, [1, 2])]), b.op("Equal", [at, at])])
     if key_ok is not None:
         seen = b.op("And", [seen, b.unsqueeze(key_ok, [1])])
+    return seen
+
+
+def _grouped_attention(b: _Builder, qh: str, key_k: str, key_v: str, seen: str, n: int, nkv: int, head: int,
+                       elem: int, attn_bias: str, sink: str, s_len: str) -> str:
+    """GroupQueryAttention's scores to output ([B, S, n * head], float32): Q ([B, n, S, h]) as
+    [B, Nkv, G * S, h] against the keys and values ([B, Nkv, K, h]) as they are, the scale,
+    softcap, attention bias, the `seen` mask, a sink column (head_sink or smooth_softmax), the
+    softmax and the product with V."""
     groups = n // nkv
     seen = b.op("Tile", [b.unsqueeze(seen, [1]), b.ints(1, 1, groups, 1)])  # [B, 1, G * S, T], rows (g, s)
     qf, kf, vf = (b.op("Cast", [t], to=_F) if elem in _HALF else t for t in (qh, key_k, key_v))
@@ -877,7 +894,7 @@ def _group_query_attention(b: _Builder) -> None:
         probs = b.op("Softmax", [scores], axis=-1)
     out = b.op("Reshape", [b.op("MatMul", [probs, vf]), b.ints(0, n, -1, head)])  # [B, N, S, h]
     out = b.op("Reshape", [b.op("Transpose", [out], perm=[0, 2, 1, 3]), b.ints(0, 0, -1)])
-    b.output(out, 0, elem)
+    return out
 
 
 def _present(b: _Builder, past: str, new: str, past_b: str, length: str, elem: int) -> str:

@@ -698,6 +698,10 @@ def _rotate(b: _Builder, xh: str, pos: str, cos: str, sin: str, rd: int, interle
     return b.op("Concat", [y, rest], axis=3)
 
 
+#: The name of the Gather that checks GroupQueryAttention's seqlens_k (what its error names).
+_SEQLENS_CHECK = "seqlens_k_must_lie_in_0_to_total_sequence_length"
+
+
 def _group_query_attention(b: _Builder) -> None:
     """onnxruntime's GroupQueryAttention (what onnxruntime-genai's model builder emits for Llama,
     Mistral, Phi-3, Qwen, Gemma): Q with `num_heads` heads attending to K and V with fewer
@@ -778,7 +782,7 @@ def _group_query_attention(b: _Builder) -> None:
             raise b.fail(f"a window-sized cache of {shape_p} rows is smaller than the window of {window}")
         length = p_len
         checks = _check_in(b, ends, b.ints(int(t_val.reshape(()))) if t_val is not None and t_val.size == 1 else
-                           b.op("Add", [p_len, s_len]), "seqlens_k_must_lie_in_0_to_total_sequence_length")
+                           b.op("Add", [p_len, s_len]), _SEQLENS_CHECK)
     elif t_val is not None and t_val.size == 1:
         if not isinstance(shape_p, int) or not isinstance(shape_s, int):
             raise Later(b.fail("the lengths of the past and of the query are not known"))
@@ -790,11 +794,11 @@ def _group_query_attention(b: _Builder) -> None:
         else:
             raise b.fail(f"total_sequence_length {t_now} must be the past's {shape_p} rows plus the {shape_s} new ones "
                          f"(a growing cache), or between 1 and {shape_p} (a fixed-size one)")
-        checks = _check_in(b, ends, b.ints(t_now), "seqlens_k_must_lie_in_0_to_total_sequence_length")
+        checks = _check_in(b, ends, b.ints(t_now), _SEQLENS_CHECK)
     else:  # a growing cache, checked at run time (T = P + S, so P + S bounds seqlens_k)
         length = b.op("Add", [p_len, s_len])
         checks = b.op("Add", [_check_in(b, b.op("Sub", [t_in, length]), b.ints(1), "total_sequence_length_must_be_past_plus_new"),
-                              _check_in(b, ends, length, "seqlens_k_must_lie_in_0_to_total_sequence_length")])
+                              _check_in(b, ends, length, _SEQLENS_CHECK)])
     first = b.op("Equal", [s_len, t_in])  # onnxruntime's first prompt: S = T, no past read
     lengths = b.op("Add", [b.op("Add", [ends, b.ints(1)]), checks])  # [B]: each entry's total length
     if sliding:  # the tokens before this step: T less the valid new rows, min(S, T)
@@ -904,9 +908,6 @@ def _present(b: _Builder, past: str, new: str, past_b: str, length: str, elem: i
     if not past:
         return new
     s_len, p_len = b.dim(new, 2), b.dim(past, 2)
-    blank = b.op("Expand", [b.const_of(0, elem), b.op("Concat", [b.dim(new, 0), b.dim(new, 1), b.ints(1), b.dim(new, 3)],
-                                                              axis=0)])
-    rows = b.op("Concat", [past, new, blank], axis=2)  # [B, Nkv, P + S + 1, h]: the blank row last
     t = b.unsqueeze(b.arange(b.constant(np.int64(0), np.int64), length), [0])  # [1, L]
     start = b.unsqueeze(past_b, [1])  # [B, 1]
     # P + t - past_b, clamped into the new rows' [P, P + S): a no-op where it is read (past_b <= t
@@ -917,6 +918,15 @@ def _present(b: _Builder, past: str, new: str, past_b: str, length: str, elem: i
     blank_row = b.op("Add", [last_new, b.ints(1)])
     src = b.op("Where", [b.op("Less", [t, start]), t,
                          b.op("Where", [b.op("Less", [t, b.op("Add", [start, s_len])]), from_new, blank_row])])  # [B, L]
+    return _rows_at(b, past, new, src, length, elem)
+
+
+def _rows_at(b: _Builder, past: str, new: str, src: str, length: str, elem: int) -> str:
+    """[B, Nkv, L, h] (L = `length`): row i of entry b is row src[b, i] ([B, L]) of the past's
+    rows, then the new ones, then one blank (zero) row: a present, gathered."""
+    blank = b.op("Expand", [b.const_of(0, elem), b.op("Concat", [b.dim(new, 0), b.dim(new, 1), b.ints(1), b.dim(new, 3)],
+                                                              axis=0)])
+    rows = b.op("Concat", [past, new, blank], axis=2)
     index = b.op("Expand", [b.unsqueeze(src, [1, 3]), b.op("Concat", [b.dim(new, 0), b.dim(new, 1), length, b.dim(new, 3)],
                                                             axis=0)])
     return b.op("GatherElements", [rows, index], axis=2)
@@ -959,18 +969,18 @@ def _window_cache(b: _Builder, past_k: str, past_v: str, kh: str, vh: str, befor
     src = b.op("Where", [b.op("Less", [b.unsqueeze(rows_c, [0]), b.unsqueeze(kept_after, [1])]), src,
                          b.op("Add", [last_new, b.ints(1)])])  # the blank row
 
-    def gather(past: str, new: str) -> tuple[str, str]:
-        blank = b.op("Expand", [b.const_of(0, elem), b.op("Concat", [b.dim(new, 0), b.dim(new, 1), b.ints(1), b.dim(new, 3)],
-                                                                  axis=0)])
-        keys = b.op("Concat", [past, new], axis=2)  # [B, Nkv, C + S, h]
-        rows = b.op("Concat", [keys, blank], axis=2)
-        index = b.op("Expand", [b.unsqueeze(src, [1, 3]), b.op("Concat", [b.dim(new, 0), b.dim(new, 1), c_len, b.dim(new, 3)],
-                                                                axis=0)])
-        return b.op("GatherElements", [rows, index], axis=2), keys
-
-    present_k, key_k = gather(past_k, kh)
-    present_v, key_v = gather(past_v, vh)
+    present_k, present_v = _rows_at(b, past_k, kh, src, c_len, elem), _rows_at(b, past_v, vh, src, c_len, elem)
+    key_k, key_v = b.op("Concat", [past_k, kh], axis=2), b.op("Concat", [past_v, vh], axis=2)  # [B, Nkv, C + S, h]
     return present_k, present_v, key_k, key_v, key_pos, key_ok
+
+
+def window_rows(t: np.ndarray, capacity: int, window: int) -> np.ndarray:
+    """L(T): the rows a window-sized cache of `capacity` rows holds after T tokens (onnxruntime's
+    rule; _window_cache builds the same in the graph). verify reads it to know which rows
+    onnxruntime leaves unwritten."""
+    g = max(capacity - window + 1, 1)
+    t = np.asarray(t, np.int64)
+    return np.where(t > capacity, t - g * ((t - capacity + g - 1) // g), t)
 
 
 def _check_in(b: _Builder, x: str, n: str, hint: str) -> str:

@@ -262,17 +262,15 @@ def _unspecified(model_path, feeds: dict, refs: dict) -> dict[str, np.ndarray]:
                         .run(wanted, feeds)))
     except Exception:  # (the reference ran; where this cannot, every row is compared)
         return {}
+    from .fused_ops import window_rows
+
     out = {}
     for n in nodes:
         window = next(a.i for a in n.attribute if a.name == "local_window_size")
         for name in (o for o in n.output[1:3] if o in outputs and o in refs):
-            ref = refs[name]
-            c = ref.shape[2]
-            g = max(c - window + 1, 1)
-            t = np.asarray(ends[n.input[5]], np.int64).reshape(-1) + 1
-            held = np.where(t > c, t - g * ((t - c + g - 1) // g), t)  # L(T)
-            out[name] = np.arange(c)[None, None, :, None] >= held[:, None, None, None]
-            out[name] = np.broadcast_to(out[name], ref.shape)
+            c = refs[name].shape[2]
+            held = window_rows(np.asarray(ends[n.input[5]], np.int64).reshape(-1) + 1, c, window)
+            out[name] = np.broadcast_to(np.arange(c)[None, None, :, None] >= held[:, None, None, None], refs[name].shape)
     return out
 
 

@@ -351,15 +351,17 @@ class Planner:
             members[best].append(n.id)
             masks[best] |= 1 << n.id
             group_of[n.id] = best
+        before = ([list(m) for m in members], list(masks))
         if "independent" in self.opts.schemes:
-            before = ([list(m) for m in members], list(masks))
             self._pack_siblings(members, masks)
-            if self._launch_cycle(members):  # rare: pack again, checking every merge on the launches
-                members[:], masks[:] = before
-                self._pack_siblings(members, masks, checked=True)
+        cycle = self._launch_cycle(members)
+        if cycle and "independent" in self.opts.schemes:  # rare: pack again, each merge checked
+            members[:], masks[:] = before
+            self._pack_siblings(members, masks, checked=True)
+            cycle = self._launch_cycle(members)
         # (node-level convexity does not see paths through other groups: a group on a cycle of
         # launches is dissolved into single nodes, which always order)
-        for gi in self._launch_cycle(members):
+        for gi in cycle:
             members += [[nid] for nid in members[gi]]
             members[gi] = []
         self.groups = [sorted(m) for m in members if m]
@@ -390,7 +392,6 @@ class Planner:
                     out.add(q)
                     continue
                 if q not in inline_preds:
-                    inline_preds[q] = set()  # (a DAG: no recursion back into q)
                     inline_preds[q] = real_preds(self.nodes[q])
                 out |= inline_preds[q]
             return out
@@ -445,16 +446,14 @@ class Planner:
                 if (deps(a) & masks[b] == 0 and deps(b) & masks[a] == 0
                         and len(members[a]) + len(members[b]) <= self.opts.max_ops
                         and self._external_independent(members, masks, a, b)):
-                    members[a] += members[b]
-                    masks[a] |= masks[b]
-                    kept = members[b]
+                    kept, kept_mask = members[b], masks[b]
+                    members[a] += kept
+                    masks[a] |= kept_mask
                     members[b], masks[b] = [], 0
                     if checked and self._launch_cycle(members):  # a path through other groups: undo
                         members[a] = members[a][:-len(kept)]
-                        masks[a] &= ~sum(1 << nid for nid in kept)
-                        members[b], masks[b] = kept, sum(1 << nid for nid in kept)
-                        gis.pop(1)
-                        continue
+                        masks[a] &= ~kept_mask
+                        members[b], masks[b] = kept, kept_mask
                     gis.pop(1)
                 else:
                     gis.pop(0)

@@ -9,7 +9,7 @@ import numpy as np
 
 from .artifact import read_artifact, read_binaries, write_artifact
 from .backends.source import file_name, render
-from .errors import DlccError
+from .errors import DlccError, UnboundDimError
 from .executor import Executor, make_runtime, pick_target
 from .inputs import sample_inputs
 
@@ -120,8 +120,14 @@ class CompiledModel:
 def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shapes: dict | None = None,
             target: str = "auto", pipeline: str = "baseline", device: str | None = None, steps=None,
             profile_db: str | os.PathLike | None = None, cache=None, precision: str | None = None,
-            tune: bool = False, tune_top: int = 3, tune_repeat: int = 10) -> CompiledModel:
+            tune: bool = False, tune_top: int = 3, tune_repeat: int = 10, dynamic: bool = False,
+            max_plans: int = 8):
     """Compile an ONNX file; writes the artifact directory when `out` is given.
+
+    `dynamic=True` compiles nothing yet: it returns a dlcc.dynamic.DynamicModel, which compiles a
+    plan for each distinct set of input shapes it is called with (dims that `shapes` binds stay
+    bound) and keeps the `max_plans` most recently used. The other arguments apply to each plan;
+    `cache` then keeps the plans in the compile cache, and `out` is refused.
 
     `pipeline="auto"` compiles with the built-in pipeline that `dlcc estimate` predicts fastest on
     the target device; the plan's meta records the choice and the reason (``pipeline_choice``).
@@ -139,7 +145,30 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
     compiled, and the times are kept in the cache's tuning records, so the same compile does not
     measure again; `pipeline` must then be "auto" (or left at its default).
     """
+    from_python = out is None and not isinstance(shapes, (list, tuple))  # (the CLI passes NAME=DIMS strings)
     shapes = _merge_shapes(shapes)
+    if dynamic:
+        from .dynamic import DynamicModel
+
+        if out is not None:
+            raise DlccError("dynamic=True compiles a plan per input shape at call time, so there is no one artifact "
+                            "to write to out=; give cache= to keep the plans on disk, or bind the shapes and compile "
+                            "with out=")
+        return DynamicModel(model, shapes, dict(target=target, pipeline=pipeline, device=device, steps=steps,
+                                                profile_db=profile_db, cache=cache, precision=precision, tune=tune,
+                                                tune_top=tune_top, tune_repeat=tune_repeat), max_plans)
+    try:
+        return _compile_static(model, out, shapes, target, pipeline, device, steps, profile_db, cache, precision,
+                               tune, tune_top, tune_repeat)
+    except UnboundDimError as e:
+        if not from_python:
+            raise
+        raise UnboundDimError(f"{e}. In Python, dlcc.compile(..., dynamic=True) instead compiles a plan for each "
+                              "input shape at call time") from None
+
+
+def _compile_static(model, out, shapes, target, pipeline, device, steps, profile_db, cache, precision, tune, tune_top,
+                    tune_repeat) -> CompiledModel:
     tgt = pick_target(target)
     choice = None
     if tune:

@@ -27,6 +27,10 @@ class ShapeError(DlccError):
     """A dimension is unbound or a --shape binding does not fit the model."""
 
 
+class UnboundDimError(ShapeError):
+    """An input's dim is dynamic and nothing binds it (the API suggests dynamic=True)."""
+
+
 class DynamicShapeError(ShapeError):
     """A shape depends on tensor values, not only on input shapes (not compilable statically)."""
 

@@ -86,6 +86,15 @@ def producer_streams(arrays: list) -> list[int]:
     return out
 
 
+def check_input_names(inputs: dict, names: list[str]) -> None:
+    """A call feeds exactly the model's inputs: one error listing what is missing and unknown."""
+    if len(inputs) != len(names) or not all(n in inputs for n in names):
+        unknown = [k for k in inputs if k not in names]
+        missing = [n for n in names if n not in inputs]
+        raise InputError(f"inputs do not match the model: missing {missing or 'none'}, unknown {unknown or 'none'}; "
+                         f"expected {names}")
+
+
 def pick_target(target: str = "auto") -> str:
     """auto → CUDA when PyCUDA sees a GPU, else OpenCL (PoCL on the CPU here)."""
     if target not in ("auto", "cuda", "opencl"):
@@ -190,12 +199,7 @@ class Executor:
         array of exactly the signature's shape and dtype on this runtime's device (copied device
         to device into the plan's input buffer; never converted or silently misread)."""
         sig = self.plan["inputs"]
-        names = [t["name"] for t in sig]
-        if len(inputs) != len(names) or not all(n in inputs for n in names):
-            unknown = [k for k in inputs if k not in names]
-            missing = [n for n in names if n not in inputs]
-            raise InputError(f"inputs do not match the model: missing {missing or 'none'}, unknown {unknown or 'none'}; "
-                             f"expected {names}")
+        check_input_names(inputs, [t["name"] for t in sig])
         arrays = []
         try:
             self._convert_inputs(sig, inputs, arrays, describe)

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
 
-from .errors import DynamicShapeError, ModelError, ShapeError, UnsupportedDtypesError, first_line
+from .errors import DynamicShapeError, ModelError, ShapeError, UnboundDimError, UnsupportedDtypesError, first_line
 from .ir import HALF_FLOATS, INT32_MAX, SUPPORTED_DTYPES, Graph, Node, Tensor
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,9 @@ def parse_shape_binding(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
-def load_model(path: str | os.PathLike) -> onnx.ModelProto:
-    """Read an ONNX file; external data is accepted only from inside the model's own folder."""
+def load_model(path: str | os.PathLike, external_data: bool = True) -> onnx.ModelProto:
+    """Read an ONNX file; external data is accepted only from inside the model's own folder.
+    `external_data=False` checks where it lies but does not read it (the signature alone)."""
     path = Path(path)
     if not path.is_file():
         raise ModelError(f"{path}: no such file")
@@ -76,7 +77,8 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
             if not target.is_file():
                 raise ModelError(f"{path}: external data file {loc!r} for initializer {init.name!r} is missing")
     try:
-        onnx.load_external_data_for_model(model, str(base))
+        if external_data:
+            onnx.load_external_data_for_model(model, str(base))
     except Exception as e:
         raise ModelError(f"{path}: could not load external data: {e}") from None
     _check_acyclic(model, path)
@@ -262,7 +264,8 @@ def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: st
         tt = inp.type.tensor_type
         if not tt.HasField("shape"):
             if inp.name not in shapes:
-                raise ShapeError(f"input {inp.name!r} of {source} has no shape at all; bind it with --shape {inp.name}=...")
+                raise UnboundDimError(f"input {inp.name!r} of {source} has no shape at all; bind it with --shape "
+                                      f"{inp.name}=...")
             for _ in shapes[inp.name]:
                 tt.shape.dim.add()
         want = shapes.get(inp.name)
@@ -281,13 +284,13 @@ def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: st
                 d.Clear()
                 d.dim_value = value
             elif d.HasField("dim_value") and d.dim_value == 0:
-                raise ShapeError(
+                raise UnboundDimError(
                     f"input {inp.name!r} of {source} has dim {k} of size 0, which exporters also write for a "
                     f"dynamic dim; bind it (to 0 for an empty input) with --shape {inp.name}=" + "x".join(
                         str(x.dim_value) if x.HasField("dim_value") and x.dim_value > 0 else "N" for x in tt.shape.dim))
             else:
                 label = f"'{d.dim_param}'" if d.dim_param else "(unnamed)"
-                raise ShapeError(
+                raise UnboundDimError(
                     f"input {inp.name!r} of {source} has a dynamic dim {k} {label}; dlcc compiles static shapes, "
                     f"so bind it, e.g. --shape {inp.name}=" + "x".join(
                         str(x.dim_value) if x.HasField("dim_value") and x.dim_value > 0 else "N" for x in tt.shape.dim

@@ -309,7 +309,8 @@ def test_genai_llama_generates_as_onnxruntime_does(tmp_path, precision, pipeline
     """A prompt of 5 tokens for 2 sequences, then 2 decode steps, each feeding the presents back
     as the next past and the argmax of the logits as the next token, as onnxruntime-genai's loop
     does: every step's logits and presents match onnxruntime's, and so do the tokens chosen.
-    The prompt binds the past's length to 0 (an empty input)."""
+    One dynamic model compiles a plan for each step's shapes; the prompt's past has 0 rows (an
+    empty input)."""
     import onnxruntime as ort
 
     path = _genai_llama(tmp_path, precision)
@@ -324,14 +325,13 @@ def test_genai_llama_generates_as_onnxruntime_does(tmp_path, precision, pipeline
     ids = rng.integers(0, 256, (B, S)).astype(np.int64)
     past = {f"past_key_values.{i}.{t}": np.zeros((B, kv, 0, hd), np.float32) for i in range(L) for t in ("key", "value")}
     P = 0
+    m = dlcc.compile(path, target="opencl", pipeline=pipeline, dynamic=True)  # a plan for each step's shapes
     for step in range(3):
         s = ids.shape[1]
         feeds = {"input_ids": ids, "attention_mask": np.ones((B, P + s), np.int64), **past}
         ref = dict(zip(names, sess.run(None, feeds)))
-        m = dlcc.compile(path, target="opencl", pipeline=pipeline,
-                         shapes={"batch_size": (B,), "sequence_length": (s,), "past_sequence_length": (P,),
-                                 "total_sequence_length": (P + s,), "kv_cache_dim": (hd,)})
         got = m(feeds)
+        assert m.plans[-1]["attention_mask"] == (B, P + s)
         for n in names:
             np.testing.assert_allclose(got[n], ref[n], rtol=1e-3, atol=1e-4, err_msg=f"step {step}: {n}")
         assert (got["logits"][:, -1].argmax(-1) == ref["logits"][:, -1].argmax(-1)).all()

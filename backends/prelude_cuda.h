@@ -56,6 +56,15 @@ typedef signed char i8;
 #define F_MAX fmaxf
 #define F_SIN sinf
 #define F_COS cosf
+#define F_TAN tanf
+#define F_ASIN asinf
+#define F_ACOS acosf
+#define F_ATAN atanf
+#define F_SINH sinhf
+#define F_COSH coshf
+#define F_ASINH asinhf
+#define F_ACOSH acoshf
+#define F_ATANH atanhf
 #define F_FMOD fmodf
 #define F_ISNAN(x) isnan(x)
 #define F_ISINF(x) isinf(x)

@@ -45,6 +45,15 @@ typedef char i8;
 #define F_MAX fmax
 #define F_SIN sin
 #define F_COS cos
+#define F_TAN tan
+#define F_ASIN asin
+#define F_ACOS acos
+#define F_ATAN atan
+#define F_SINH sinh
+#define F_COSH cosh
+#define F_ASINH asinh
+#define F_ACOSH acosh
+#define F_ATANH atanh
 #define F_FMOD fmod
 #define F_ISNAN(x) isnan(x)
 #define F_ISINF(x) isinf(x)

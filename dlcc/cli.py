@@ -524,6 +524,7 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
     from .config import builtin_names, load_device, load_pipeline
     from .ops.registry import _REGISTRY
     from .passes import PASSES
+    from .composite import listed as composite_ops
     from .fused_ops import MICROSOFT as FUSED, ONNX_DOMAIN as FUSED_ONNX_DOMAIN
     from .quantized import MICROSOFT
 
@@ -534,6 +535,7 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
                          ("Scan", "control flow: unrolled at import (dlcc/loops.py)", "9"),
                          ("STFT", "a strided Conv against a Fourier basis, at import (dlcc/spectral.py)", "17"),
                          ("DFT", "a MatMul against a Fourier basis, at import (dlcc/spectral.py)", "17, 20")]
+                      + [(op, "standard ops at import (dlcc/composite.py)", since) for op, since in composite_ops()]
                       + [(op, "quantized: float32 arithmetic at import (dlcc/quantized.py)", since)
                          for op, since in (("QuantizeLinear", "10"), ("DequantizeLinear", "10"), ("DynamicQuantizeLinear", "11"),
                                            ("MatMulInteger", "10"), ("ConvInteger", "10"), ("QLinearMatMul", "10"),

@@ -716,10 +716,16 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
                 raise
             raise branches_do_not_type_check(path, selects, e) from None
     opset = opset_of(model)
+    from .composite import lower_composite
     from .expand import MAX_ROUNDS, expand_functions
     from .ops.registry import supported_ops
 
     lowered = set(supported_ops())
+    # Ops dlcc writes as other standard ops (composite.py), now that the shapes are static.
+    model, more = lower_composite(model, lenient, weights, path, lowered)
+    if more:
+        notes += more
+        model = infer_shapes(model, path)
     for _ in range(MAX_ROUNDS):  # ops onnx defines by a function body, when dlcc has no lowering
         if not expand_functions(model, lowered, opset):
             break

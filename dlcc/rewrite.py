@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .errors import DlccError, ModelError, first_line
+from .errors import DlccError, ModelError, ShapeError, first_line
 from .expand import _all_names, _prefix
 from .spectral import _constants, _shapes_and_types
 
@@ -73,6 +73,18 @@ class Builder:
         if shape is None:
             raise Later()
         return len(shape)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The static shape of `name` (a constant's, or what inference found); waits for the next
+        round (Later) while any dim is unknown."""
+        c = self.const(name)
+        if c is not None:
+            return tuple(c.shape)
+        shape = self.info.get(name, (None, None))[0]
+        if shape is None or any(d is None for d in shape):
+            raise Later(self.fail(f"the shape of input {name!r} is not static here; bind the model's dynamic dims "
+                                  "with --shape", ShapeError))
+        return tuple(int(d) for d in shape)
 
     def fail(self, why: str, kind=ModelError) -> Exception:
         return kind(f"{self.path}: {self.node.op_type} {self.label!r}: {why}")

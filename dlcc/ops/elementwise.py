@@ -22,6 +22,9 @@ UNARY = {
     "Erf": ("F_ERF(a)", 4),
     "Sin": ("F_SIN(a)", 4),
     "Cos": ("F_COS(a)", 4),
+    "Tan": ("F_TAN(a)", 4), "Asin": ("F_ASIN(a)", 4), "Acos": ("F_ACOS(a)", 4), "Atan": ("F_ATAN(a)", 4),
+    "Sinh": ("F_SINH(a)", 4), "Cosh": ("F_COSH(a)", 4), "Asinh": ("F_ASINH(a)", 4), "Acosh": ("F_ACOSH(a)", 4),
+    "Atanh": ("F_ATANH(a)", 4),
     "Softplus": ("(a > 20.0f ? a : F_LOG(1.0f + F_EXP(a)))", 4),
     "Softsign": ("a / (1.0f + F_FABS(a))", 3),
     "Sign": ("(a != a ? a : (float)((a > 0.0f) - (a < 0.0f)))", 1),  # (NaN stays NaN)
@@ -69,7 +72,9 @@ def _ct(dt):
 for _op, _since in [("Relu", 6), ("Sigmoid", 6), ("Tanh", 6), ("Exp", 6), ("Log", 6), ("Sqrt", 6),
                     ("Reciprocal", 6), ("Neg", 6), ("Abs", 6), ("Floor", 6), ("Ceil", 6), ("Round", 11),
                     ("Erf", 9), ("Sin", 7), ("Cos", 7), ("Softplus", 1), ("Softsign", 1), ("Sign", 9),
-                    ("HardSwish", 14), ("Mish", 18), ("Not", 1), ("IsNaN", 9), ("IsInf", 10)]:
+                    ("HardSwish", 14), ("Mish", 18), ("Not", 1), ("IsNaN", 9), ("IsInf", 10),
+                    ("Tan", 7), ("Asin", 7), ("Acos", 7), ("Atan", 7), ("Sinh", 9), ("Cosh", 9), ("Asinh", 9),
+                    ("Acosh", 9), ("Atanh", 9)]:
     register(_op, since=_since, category=ELEMENTWISE,
              float_only=_op not in INT_UNARY and _op not in ("Not", "IsNaN", "IsInf"), half_io=True)(_unary)
 

@@ -280,6 +280,7 @@ def _broadcastable(a: tuple, b: tuple) -> bool:
 def _unary_table(g: Gen, v: Val) -> list[str]:
     ops = ["Relu", "Sigmoid", "Tanh", "Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Erf", "Softplus",
            "Softsign", "LeakyRelu", "Elu", "Selu", "HardSigmoid", "Sin", "Cos", "Celu", "Clip"]
+    ops += ["Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh"]
     if g.opset >= 14:
         ops.append("HardSwish")
     if g.opset >= 18:
@@ -313,6 +314,24 @@ def p_unary(g: Gen) -> None:
             attrs = {"alpha": 0.3, "beta": 0.4}
     elif op in ("Tanh", "Erf", "Softsign", "Sin", "Cos"):
         lo, hi = -1.0, 1.0
+    elif op in ("Asin", "Acos", "Atanh"):  # defined inside (-1, 1): tanh(v) scaled into [-0.95, 0.95]
+        if v.mag > 0.95:
+            t = g.one("Tanh", [v], v.shape, -1.0, 1.0)
+            v = g.one("Mul", [t, g.scalar(0.95)], v.shape, -0.95, 0.95)
+        lo, hi = {"Asin": (-1.6, 1.6), "Acos": (0.0, 3.2), "Atanh": (-1.9, 1.9)}[op]
+    elif op == "Acosh":  # defined from 1 on
+        v = g.positive(v, 1.0)
+        lo, hi = 0.0, math.acosh(v.hi) + 0.1 if v.hi < INF else INF
+    elif op == "Tan":  # away from its poles at ±pi/2
+        if v.mag > 1.2:
+            v = g.one("Tanh", [v], v.shape, -1.0, 1.0)
+        lo, hi = -2.6, 2.6
+    elif op in ("Sinh", "Cosh"):
+        v = g.bounded(v, 5.0)
+        m = math.sinh(min(v.mag, 5.0)) + 1.0
+        lo, hi = (-m, m) if op == "Sinh" else (1.0, m)
+    elif op in ("Atan", "Asinh"):
+        lo, hi = (-1.6, 1.6) if op == "Atan" else (-math.asinh(v.mag) - 0.1, math.asinh(v.mag) + 0.1)
     elif op == "Relu":
         lo, hi = max(v.lo, 0.0), max(v.hi, 0.0)
     elif op == "Abs":
@@ -1515,16 +1534,16 @@ def generate_unsupported(seed: int) -> tuple[onnx.ModelProto, str]:
         nodes = [helper.make_node("Reshape", ["x", "s"], ["y"])]
         out_shape = ["a", "b"]
     elif kind == "unknown_op":
-        op = ch.pick(["Det", "Unique", "Einsum", "NonMaxSuppression", "Hardmax"])
+        op = ch.pick(["Det", "Unique", "Multinomial", "NonMaxSuppression", "RandomUniformLike"])
         if op == "Det":
             inputs = [helper.make_tensor_value_info("x", F, [3, shape[0], shape[0]])]
             nodes = [helper.make_node("Det", ["x"], ["y"])]
             out_shape = [3]
-        elif op == "Einsum":
-            nodes = [helper.make_node("Einsum", ["x", "x"], ["y"], equation="ij,ij->i")]
-            out_shape = [shape[0]]
-        elif op == "Hardmax":
-            nodes = [helper.make_node("Hardmax", ["x"], ["y"])]
+        elif op == "Multinomial":
+            nodes = [helper.make_node("Multinomial", ["x"], ["y"], sample_size=3)]
+            out_t, out_shape = TensorProto.INT32, [shape[0], 3]
+        elif op == "RandomUniformLike":
+            nodes = [helper.make_node("RandomUniformLike", ["x"], ["y"])]
         elif op == "Unique":
             nodes = [helper.make_node("Unique", ["x"], ["y"])]
             out_shape = ["n"]
@@ -1535,8 +1554,6 @@ def generate_unsupported(seed: int) -> tuple[onnx.ModelProto, str]:
             out_t, out_shape = TensorProto.INT64, ["n", 3]
         nodes = [helper.make_node("Relu", [nodes[0].input[0]], ["r"])] + nodes
         nodes[1].input[0] = "r"
-        if op == "Einsum":
-            nodes[1].input[1] = "r"
     else:  # a node from a domain dlcc does not know
         nodes = [helper.make_node("Relu", ["x"], ["r"]),
                  helper.make_node("FusedGelu", ["r"], ["y"], domain="com.example")]

@@ -1,0 +1,238 @@
+"""Standard ONNX ops that dlcc writes as other standard ops at import, once the shapes are static:
+OneHot, Hardmax, LpNormalization, LpPool, GlobalLpPool, EyeLike, ReverseSequence,
+Einsum (einsum.py) and GridSample (grid_sample.py).
+
+Why a rewrite and not a kernel of their own: each is a short composition of ops dlcc already
+lowers, checks and stitches (Equal against a Range, an ArgMax, a reduction, a pooling, a Gather),
+and AStitch fuses the pieces back into one kernel where that pays. onnx defines none of them by a
+function body (expand.py covers the ops it does), so the bodies are dlcc's, each written after
+onnxruntime's CPU kernel, which the tests compare against.
+
+They run after the dims are bound, the constants folded and the loops unrolled
+(frontend.import_model), because most need a static shape: Einsum's reshapes, OneHot's depth,
+Hardmax's row length. An op with a lowering of its own in the registry keeps it.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from .fused_ops import _Builder
+from .rewrite import rewrite_rounds
+
+_F = onnx.TensorProto.FLOAT
+
+
+def lower_composite(model: onnx.ModelProto, infer, weights, path, supported: set[str]) -> tuple[onnx.ModelProto, list[str]]:
+    """Rewrite (in place) every node of `model`'s main graph whose op is in REWRITES and has no
+    lowering in `supported`. Returns the model and a note for the pass log."""
+    def chosen(n: onnx.NodeProto) -> bool:
+        return n.domain in ("", "ai.onnx") and n.op_type in REWRITES and n.op_type not in supported
+
+    if not any(chosen(n) for n in model.graph.node):
+        return model, []
+    _, counts = rewrite_rounds(model, infer, weights, path, chosen, lambda b: REWRITES[b.node.op_type](b), _Builder)
+    return model, ["import: written as standard ops (dlcc/composite.py): "
+                   + ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))]
+
+
+def _axis(b: _Builder, axis: int, rank: int) -> int:
+    if not -rank <= axis < rank:
+        raise b.fail(f"axis {axis} is outside [{-rank}, {rank - 1}] for an input of rank {rank}")
+    return axis % rank
+
+
+def _along(b: _Builder, n: int, axis: int, rank: int) -> str:
+    """0, 1, ..., n-1 as an int64 tensor of rank `rank`, laid along `axis` (ones elsewhere), so it
+    broadcasts against a tensor of that rank."""
+    shape = [1] * rank
+    shape[axis] = n
+    return b.constant(np.arange(n, dtype=np.int64).reshape(shape), np.int64)
+
+
+# -- OneHot ---------------------------------------------------------------------------------------
+def _one_hot(b: _Builder) -> None:
+    """out[..., j, ...] = on where j == index (a negative index counts from depth), else off; an
+    index outside [-depth, depth) gives a row of off values, as onnxruntime's kernel does."""
+    if len(b.node.input) != 3 or not all(b.node.input):
+        raise b.fail("takes 3 inputs: indices, depth, values")
+    idx, depth_name, values = b.node.input
+    depth = b.const(depth_name)
+    if depth is None:
+        raise b.unsupported("a depth computed at run time (the output's shape would depend on it)")
+    if depth.size != 1:
+        raise b.fail(f"depth must hold one value, not {depth.size}")
+    n = int(np.asarray(depth).reshape(-1)[0])
+    if n < 1:
+        raise b.fail(f"depth must be at least 1, not {n}")
+    rank = len(b.shape(idx)) + 1
+    axis = _axis(b, int(b.attr("axis", -1)), rank)
+    i = idx if b.elem(idx) == onnx.TensorProto.INT64 else b.op("Cast", [idx], to=onnx.TensorProto.INT64)
+    zero, width = b.constant(np.int64(0), np.int64), b.constant(np.int64(n), np.int64)
+    i = b.op("Where", [b.op("Less", [i, zero]), b.op("Add", [i, width]), i])
+    hit = b.op("Equal", [b.unsqueeze(i, [axis]), _along(b, n, axis, rank)])
+    if b.shape(values) not in ((2,),):
+        raise b.fail(f"values must be [off, on], of shape [2], not {list(b.shape(values))}")
+    off = b.op("Gather", [values, b.constant(np.int64(0), np.int64)], axis=0)
+    on = b.op("Gather", [values, b.constant(np.int64(1), np.int64)], axis=0)
+    b.op("Where", [hit, on, off], b.node.output[0])
+
+
+# -- Hardmax --------------------------------------------------------------------------------------
+def _hardmax(b: _Builder) -> None:
+    """1 at the first maximum along `axis`, 0 elsewhere. Before opset 13 the input is seen as 2-D,
+    [prod(dims before axis), prod(dims from axis on)], and the maximum is taken over each row."""
+    x = b.node.input[0]
+    shape = b.shape(x)
+    rank = len(shape)
+    if b.opset >= 13:
+        axis = _axis(b, int(b.attr("axis", -1)), rank)
+        y, n, r, flat = x, shape[axis], rank, None
+    else:
+        axis = _axis(b, int(b.attr("axis", 1)), rank) if rank else 0
+        rows, n = int(np.prod(shape[:axis], dtype=np.int64)), int(np.prod(shape[axis:], dtype=np.int64))
+        flat = b.ints(*shape)
+        y, axis, r = b.op("Reshape", [x, b.ints(rows, n)]), 1, 2
+    if n == 0 or 0 in shape:
+        b.op("Identity", [x], b.node.output[0])
+        return
+    first = b.op("ArgMax", [y], axis=axis, keepdims=1)
+    one_hot = b.op("Cast", [b.op("Equal", [first, _along(b, n, axis, r)])], to=b.elem(x) or _F)
+    b.op("Reshape", [one_hot, flat], b.node.output[0]) if flat else b.op("Identity", [one_hot], b.node.output[0])
+
+
+# -- norms and pools ------------------------------------------------------------------------------
+def _lp_normalization(b: _Builder) -> None:
+    """x / ||x||_p along `axis` (p 1 or 2); a row whose norm is 0 gives 0s, as onnxruntime's
+    kernel does (also where x's squares underflow to a norm of 0 while x is not 0)."""
+    x = b.node.input[0]
+    rank = len(b.shape(x))
+    axis = _axis(b, int(b.attr("axis", -1)), rank)
+    p = int(b.attr("p", 2))
+    if p not in (1, 2):
+        raise b.fail(f"p must be 1 or 2, not {p}")
+    op = "ReduceL1" if p == 1 else "ReduceL2"
+    norm = (b.op(op, [x, b.ints(axis)], keepdims=1) if b.opset >= 18 else b.op(op, [x], axes=[axis], keepdims=1))
+    zero = b.const_of(0.0, x)
+    b.op("Where", [b.op("Equal", [norm, zero]), zero, b.op("Div", [x, norm])], b.node.output[0])
+
+
+def _abs_pow(b: _Builder, x: str, p: int) -> str:
+    a = b.op("Abs", [x])
+    return a if p == 1 else b.op("Mul", [a, a]) if p == 2 else b.op("Pow", [a, b.const_of(float(p), x)])
+
+
+def _root(b: _Builder, s: str, p: int, out: str) -> None:
+    if p == 1:
+        b.op("Identity", [s], out)
+    elif p == 2:
+        b.op("Sqrt", [s], out)
+    else:
+        b.op("Pow", [s, b.const_of(1.0 / p, s)], out)
+
+
+def _p(b: _Builder) -> int:
+    p = int(b.attr("p", 2))
+    if p < 1:
+        raise b.fail(f"p must be 1 or more, not {p}")
+    return p
+
+
+def _global_lp_pool(b: _Builder) -> None:
+    """(sum of |x|^p over the spatial dims)^(1/p), keeping them as 1s."""
+    x, p = b.node.input[0], _p(b)
+    rank = len(b.shape(x))
+    axes = list(range(2, rank))
+    s = _abs_pow(b, x, p)
+    if axes:
+        s = b.op("ReduceSum", [s, b.ints(*axes)], keepdims=1) if b.opset >= 13 else b.op("ReduceSum", [s], axes=axes,
+                                                                                           keepdims=1)
+    _root(b, s, p, b.node.output[0])
+
+
+def _lp_pool(b: _Builder) -> None:
+    """(sum of |x|^p over each window)^(1/p): an AveragePool of |x|^p that counts the padding (which
+    adds zeros, as LpPool's does) times the window's size. The window attributes pass through."""
+    x, p = b.node.input[0], _p(b)
+    kernel = b.attr("kernel_shape", [])
+    if not kernel:
+        raise b.fail("attribute 'kernel_shape' is required")
+    attrs = {k: v for k, v in b.attrs.items() if k in ("kernel_shape", "strides", "pads", "auto_pad", "ceil_mode",
+                                                        "dilations")}
+    if "dilations" in attrs and any(d != 1 for d in attrs["dilations"]) and b.opset < 19:
+        raise b.unsupported("a dilated LpPool before opset 19")
+    avg = b.op("AveragePool", [_abs_pow(b, x, p)], count_include_pad=1, **attrs)
+    s = b.op("Mul", [avg, b.const_of(float(np.prod(kernel)), x)])
+    _root(b, s, p, b.node.output[0])
+
+
+# -- shapes and sequences -------------------------------------------------------------------------
+def _eye_like(b: _Builder) -> None:
+    """A constant: ones on diagonal k of the input's 2-D shape, in `dtype` (else the input's)."""
+    shape = b.shape(b.node.input[0])
+    if len(shape) != 2:
+        raise b.fail(f"the input must be 2-D, not of rank {len(shape)}")
+    elem = int(b.attr("dtype", 0)) or b.elem(b.node.input[0]) or _F
+    try:
+        dt = onnx.helper.tensor_dtype_to_np_dtype(elem)
+    except KeyError:
+        raise b.fail(f"dtype {elem} is no ONNX type") from None
+    eye = np.eye(shape[0], shape[1], int(b.attr("k", 0)), dtype=dt)
+    b.op("Identity", [b.constant(eye, dt)], b.node.output[0])
+
+
+def _reverse_sequence(b: _Builder) -> None:
+    """Each batch entry's first sequence_lens[b] steps reversed, the rest kept: a GatherElements
+    along the time axis with index (t < n ? n - 1 - t : t)."""
+    x, lens = b.node.input[0], b.node.input[1]
+    shape = b.shape(x)
+    if len(shape) < 2:
+        raise b.fail(f"the input must have rank 2 or more, not {len(shape)}")
+    batch, time = int(b.attr("batch_axis", 1)), int(b.attr("time_axis", 0))
+    if sorted((batch, time)) != [0, 1]:
+        raise b.fail(f"batch_axis {batch} and time_axis {time} must be 0 and 1, one each")
+    B, T = shape[batch], shape[time]
+    if b.shape(lens) != (B,):
+        raise b.fail(f"sequence_lens must have shape [{B}], not {list(b.shape(lens))}")
+    n = lens if b.elem(lens) == onnx.TensorProto.INT64 else b.op("Cast", [lens], to=onnx.TensorProto.INT64)
+    # n along the batch axis, t along the time axis, both of x's rank
+    n = b.op("Reshape", [n, b.ints(*[B if a == batch else 1 for a in range(len(shape))])])
+    t = _along(b, T, time, len(shape))
+    rev = b.op("Sub", [b.op("Sub", [n, b.constant(np.int64(1), np.int64)]), t])
+    idx = b.op("Where", [b.op("Less", [t, n]), rev, t])
+    idx = b.op("Expand", [idx, b.ints(*shape)])
+    b.op("GatherElements", [x, idx], b.node.output[0], axis=time)
+
+
+def _einsum(b: _Builder) -> None:
+    from .einsum import lower_einsum
+
+    lower_einsum(b)
+
+
+def _grid_sample(b: _Builder) -> None:
+    from .grid_sample import lower_grid_sample
+
+    lower_grid_sample(b)
+
+
+def _affine_grid(b: _Builder) -> None:
+    from .grid_sample import lower_affine_grid
+
+    lower_affine_grid(b)
+
+
+REWRITES = {
+    "OneHot": _one_hot, "Hardmax": _hardmax, "LpNormalization": _lp_normalization, "LpPool": _lp_pool,
+    "GlobalLpPool": _global_lp_pool, "EyeLike": _eye_like, "ReverseSequence": _reverse_sequence, "Einsum": _einsum, "GridSample": _grid_sample, "AffineGrid": _affine_grid,
+}
+
+def listed() -> list[tuple[str, str]]:
+    """(op, the opsets onnx has versions of it from) for `dlcc list ops`."""
+    from onnx import defs
+
+    since: dict[str, set[int]] = {}
+    for sc in defs.get_all_schemas_with_history():
+        if sc.domain == "" and sc.name in REWRITES:
+            since.setdefault(sc.name, set()).add(sc.since_version)
+    return [(op, ", ".join(map(str, sorted(since.get(op, ()))))) for op in sorted(REWRITES)]

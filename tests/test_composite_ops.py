@@ -1,0 +1,157 @@
+"""Standard ops dlcc writes as other standard ops at import (dlcc/composite.py) and the inverse
+trigonometric and hyperbolic functions, each against onnxruntime's CPU kernel."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.helper as h
+import onnx.numpy_helper as nh
+import pytest
+
+import dlcc
+from dlcc.errors import DlccError
+
+from conftest import opencl_device_available
+
+needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
+F, I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+
+
+def _model(tmp_path, nodes, inputs: dict[str, np.ndarray], outputs: list[str], inits=None, opset=17, name="m"):
+    """A model of `nodes` over typed inputs; output types and shapes from onnx's inference."""
+    ins = [h.make_tensor_value_info(k, h.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in inputs.items()]
+    g = h.make_graph(nodes, name, ins, [], [nh.from_array(v, k) for k, v in (inits or {}).items()])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+    inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(m).graph.value_info}
+    m.graph.output.extend(inferred[o] for o in outputs)
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(m, path)
+    return path
+
+
+def _check(path, feeds, pipeline, rtol=1e-5, atol=1e-6):
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    refs = sess.run(None, feeds)
+    got = dlcc.compile(path, target="opencl", pipeline=pipeline)(feeds)
+    for o, ref in zip(sess.get_outputs(), refs):
+        assert got[o.name].shape == ref.shape and got[o.name].dtype == ref.dtype, o.name
+        np.testing.assert_allclose(got[o.name], ref, rtol=rtol, atol=atol, err_msg=o.name)
+    return got
+
+
+TRIG = {"Tan": (-1.4, 1.4), "Asin": (-1, 1), "Acos": (-1, 1), "Atan": (-30, 30), "Sinh": (-9, 9),
+        "Cosh": (-9, 9), "Asinh": (-1e3, 1e3), "Acosh": (1, 1e3), "Atanh": (-0.999, 0.999)}
+
+
+@needs_opencl
+@pytest.mark.parametrize("pipeline", ["baseline", "astitch"])
+def test_trigonometric_and_hyperbolic(tmp_path, pipeline):
+    """Each over its domain, its ends included; outside it (asin(2), acosh(0.5)) NaN as
+    onnxruntime gives, and NaN in stays NaN."""
+    rng = np.random.default_rng(0)
+    feeds, nodes = {}, []
+    for op, (lo, hi) in TRIG.items():
+        x = np.concatenate([rng.uniform(lo, hi, 61), [lo, hi, 0.0 if lo < 0 else lo, np.nan]]).astype(np.float32)
+        if op in ("Asin", "Acos", "Acosh", "Atanh"):
+            x[-2] = 2.0 if op != "Acosh" else 0.5  # outside the domain
+        feeds[f"x_{op}"] = x
+        nodes.append(h.make_node(op, [f"x_{op}"], [f"y_{op}"]))
+    path = _model(tmp_path, nodes, feeds, [f"y_{op}" for op in TRIG])
+    _check(path, feeds, pipeline, rtol=4e-6, atol=1e-6)
+
+
+@needs_opencl
+@pytest.mark.parametrize("pipeline", ["baseline", "astitch"])
+def test_one_hot(tmp_path, pipeline):
+    """Axis last, first and in the middle; negative indices counting from depth, indices outside
+    [-depth, depth) giving rows of off values; int32 and float indices; int64 values."""
+    idx = np.array([[0, 3, -1, 5], [-5, 2, 7, -6]], np.int64)  # depth 5: 5, 7 and -6 are outside
+    feeds = {"i64": idx, "i32": idx.astype(np.int32), "f": idx.astype(np.float32) + 0.25}
+    inits = {"depth": np.array(5, np.int64), "depthf": np.array([5.0], np.float32),
+             "depth3": np.array([3.0], np.float32),
+             "vals": np.array([-1.5, 2.0], np.float32), "ivals": np.array([0, 7], np.int64)}
+    # (the type combinations onnxruntime's CPU kernel has)
+    nodes = [h.make_node("OneHot", ["i64", "depth", "vals"], ["last"]),
+             h.make_node("OneHot", ["i64", "depth", "ivals"], ["first"], axis=0),
+             h.make_node("OneHot", ["i32", "depthf", "vals"], ["middle"], axis=1),
+             h.make_node("OneHot", ["f", "depth3", "vals"], ["floats"], axis=-2)]
+    path = _model(tmp_path, nodes, feeds, ["last", "first", "middle", "floats"], inits, opset=11)
+    _check(path, feeds, pipeline)
+
+
+@needs_opencl
+@pytest.mark.parametrize("pipeline", ["baseline", "astitch"])
+def test_hardmax_lp_norms_and_pools(tmp_path, pipeline):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 3, 5, 7)).astype(np.float32)
+    x[0, 0, 0, :3] = 4.0  # a tie: the first maximum wins
+    x[1, 2, 4, :] = 0.0  # a zero row for the norms
+    x[1, 1, 3, :] = 1e-30  # squares that underflow: a norm of 0 too
+    feeds = {"x": x}
+    nodes = [h.make_node("Hardmax", ["x"], ["hm_last"]),
+             h.make_node("Hardmax", ["x"], ["hm_1"], axis=1),
+             h.make_node("LpNormalization", ["x"], ["l2"]),
+             h.make_node("LpNormalization", ["x"], ["l1"], axis=1, p=1),
+             h.make_node("GlobalLpPool", ["x"], ["glp2"]),
+             h.make_node("GlobalLpPool", ["x"], ["glp3"], p=3),
+             h.make_node("LpPool", ["x"], ["lp"], kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1]),
+             h.make_node("LpPool", ["x"], ["lp1"], kernel_shape=[2, 2], p=1, auto_pad="SAME_UPPER")]
+    path = _model(tmp_path, nodes, feeds, ["hm_last", "hm_1", "l2", "l1", "glp2", "glp3", "lp", "lp1"])
+    got = _check(path, feeds, pipeline, rtol=1e-5, atol=1e-5)
+    assert not got["l2"][1, 2, 4].any() and not got["l2"][1, 1, 3].any()  # a norm of 0 gives 0s
+
+
+@needs_opencl
+def test_hardmax_before_opset_13_flattens_from_axis(tmp_path):
+    x = np.random.default_rng(2).standard_normal((2, 3, 4)).astype(np.float32)
+    nodes = [h.make_node("Hardmax", ["x"], ["a1"]), h.make_node("Hardmax", ["x"], ["a0"], axis=0),
+             h.make_node("Hardmax", ["x"], ["a2"], axis=2)]
+    _check(_model(tmp_path, nodes, {"x": x}, ["a1", "a0", "a2"], opset=11), {"x": x}, "astitch")
+
+
+@needs_opencl
+@pytest.mark.parametrize("pipeline", ["baseline", "astitch"])
+def test_reverse_sequence_and_eye_like(tmp_path, pipeline):
+    rng = np.random.default_rng(3)
+    feeds = {"tb": rng.standard_normal((6, 3, 2)).astype(np.float32),  # [time, batch, ...]
+             "bt": rng.standard_normal((3, 6)).astype(np.float32),  # [batch, time]
+             "lens": np.array([6, 1, 4], np.int64), "sq": rng.standard_normal((3, 5)).astype(np.float32)}
+    nodes = [h.make_node("ReverseSequence", ["tb", "lens"], ["r_tb"]),
+             h.make_node("ReverseSequence", ["bt", "lens"], ["r_bt"], batch_axis=0, time_axis=1),
+             h.make_node("EyeLike", ["sq"], ["eye"], k=1),
+             h.make_node("EyeLike", ["sq"], ["eye_i"], k=-2, dtype=onnx.TensorProto.INT64)]
+    _check(_model(tmp_path, nodes, feeds, ["r_tb", "r_bt", "eye", "eye_i"]), feeds, pipeline)
+
+
+def test_malformed_nodes_are_clear_errors(tmp_path):
+    idx = {"i": np.zeros((2,), np.int64), "d": np.zeros((), np.int64)}
+    cases = [
+        ([h.make_node("OneHot", ["i", "d", "v"], ["y"])], {"i": idx["i"], "d": idx["d"]}, {"v": np.zeros(2, np.float32)},
+         "depth computed at run time"),
+        ([h.make_node("OneHot", ["i", "d", "v"], ["y"])], {"i": idx["i"]},
+         {"d": np.array(0, np.int64), "v": np.zeros(2, np.float32)}, "depth must be at least 1"),
+        ([h.make_node("LpNormalization", ["x"], ["y"], p=3)], {"x": np.zeros((2, 2), np.float32)}, {},
+         "p must be 1 or 2"),
+    ]
+    for k, (nodes, inputs, inits, message) in enumerate(cases):
+        ins = [h.make_tensor_value_info(n, h.np_dtype_to_tensor_dtype(v.dtype), v.shape) for n, v in inputs.items()]
+        g = h.make_graph(nodes, "bad", ins, [h.make_tensor_value_info("y", F, [None, None])],
+                         [nh.from_array(v, n) for n, v in inits.items()])
+        path = tmp_path / f"bad{k}.onnx"
+        onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+        with pytest.raises(DlccError, match=message):
+            dlcc.compile(path, target="opencl")
+
+
+def test_listed():
+    from typer.testing import CliRunner
+
+    from dlcc.cli import app
+
+    res = CliRunner().invoke(app, ["list", "ops", "--json"])
+    rows = {r["op"]: r for r in __import__("json").loads(res.output)}
+    for op in ("OneHot", "Hardmax", "Einsum", "GridSample", "Atan", "Acosh"):
+        assert op in rows, op
+    assert rows["OneHot"]["since opsets"].startswith("9, 11")

@@ -121,13 +121,17 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
             target: str = "auto", pipeline: str = "baseline", device: str | None = None, steps=None,
             profile_db: str | os.PathLike | None = None, cache=None, precision: str | None = None,
             tune: bool = False, tune_top: int = 3, tune_repeat: int = 10, dynamic: bool = False,
-            max_plans: int = 8):
+            max_plans: int = 8, fallback: str | None = None):
     """Compile an ONNX file; writes the artifact directory when `out` is given.
 
     `dynamic=True` compiles nothing yet: it returns a dlcc.dynamic.DynamicModel, which compiles a
     plan for each distinct set of input shapes it is called with (dims that `shapes` binds stay
     bound) and keeps the `max_plans` most recently used. The other arguments apply to each plan;
     `cache` then keeps the plans in the compile cache, and `out` is refused.
+
+    `fallback="onnxruntime"` returns a dlcc.partition.PartitionedModel instead: the nodes dlcc
+    cannot compile (ops it has no lowering for, shapes that depend on values) run on onnxruntime,
+    the rest in dlcc segments compiled per shape as with `dynamic=True`; host arrays in and out.
 
     `pipeline="auto"` compiles with the built-in pipeline that `dlcc estimate` predicts fastest on
     the target device; the plan's meta records the choice and the reason (``pipeline_choice``).
@@ -147,6 +151,15 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
     """
     from_python = out is None and not isinstance(shapes, (list, tuple))  # (the CLI passes NAME=DIMS strings)
     shapes = _merge_shapes(shapes)
+    if fallback is not None:
+        from .partition import PartitionedModel
+
+        if out is not None:
+            raise DlccError("fallback= splits the model between dlcc and onnxruntime at call time, so there is no "
+                            "one artifact to write to out=")
+        return PartitionedModel(model, shapes, dict(pipeline=pipeline, device=device, profile_db=profile_db,
+                                                    cache=cache, precision=precision, target=target), max_plans,
+                                fallback)
     if dynamic:
         from .dynamic import DynamicModel
 

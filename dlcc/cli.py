@@ -193,6 +193,9 @@ def verify(model: Path = typer.Argument(..., help="ONNX model file"),
                                                 "see `dlcc verify --help`)"),
            atol: Optional[float] = typer.Option(None, help="absolute tolerance (default: the precision's)"),
            seed: int = typer.Option(0, help="seed for generated inputs"),
+           fallback: Optional[str] = typer.Option(None, "--fallback", help="onnxruntime: run the nodes dlcc cannot "
+                                                  "compile (ops it lacks, value-dependent shapes) on onnxruntime "
+                                                  "and the rest on dlcc, and list the segments"),
            profile_db: Optional[Path] = ProfileDbOpt, quiet: bool = QuietOpt, json_out: bool = JsonOpt):
     """Compile, run on the target, run onnxruntime on the same inputs, and compare every output of
     the model's graph (a missing or extra output fails). An output passes where |got - ref| <=
@@ -205,6 +208,9 @@ def verify(model: Path = typer.Argument(..., help="ONNX model file"),
 
     given = _load_inputs(inputs) if inputs else None
     shape = list(shape or []) + _shapes_of(given, shape, model)
+    if fallback is not None:
+        return _verify_fallback(model, shape, target, pipeline, device, precision, given, rtol, atol, seed, fallback,
+                                profile_db, quiet, json_out)
     cm = _compile(model, shape, target, pipeline, device, quiet, json_out, profile_db=profile_db, precision=precision)
     prec = cm.plan["meta"].get("precision", "fp32")
     tol_from = ("given" if rtol is not None and atol is not None else f"{prec} default" if rtol is None and atol is None
@@ -242,6 +248,46 @@ def verify(model: Path = typer.Argument(..., help="ONNX model file"),
             if "note" in r:
                 out.print(_escape(f"{r['name']}: {r['note']}"))
         out.print("[bold green]all outputs match[/]" if passed else "[bold red]mismatch[/]")
+    raise typer.Exit(0 if passed else 1)
+
+
+def _verify_fallback(model, shape, target, pipeline, device, precision, given, rtol, atol, seed, fallback, profile_db,
+                     quiet, json_out):
+    """verify --fallback: the model split between dlcc and onnxruntime (dlcc/partition.py), its
+    outputs compared as a plain verify compares them, and the segments listed."""
+    import dlcc
+
+    from .verify import verify_outputs
+
+    steps = _steps(quiet or json_out)
+    with steps.step("split the model between dlcc and onnxruntime"):
+        m = dlcc.compile(model, shapes=shape, target=target, pipeline=pipeline, device=device, precision=precision,
+                         profile_db=profile_db, fallback=fallback)
+    feeds = given if given is not None else m.sample_inputs(seed)
+    with steps.step(f"compile the dlcc segments and run ({m.target}, then {fallback})"):
+        got = m(feeds)
+    with steps.step("run onnxruntime"):
+        rows = verify_outputs(model, got, feeds, rtol, atol, precision=precision or "fp32")
+    passed = all(r["passed"] for r in rows)
+    if json_out:
+        print(json.dumps({"passed": passed, "target": m.target, "fallback": fallback, "segments": m.segments,
+                          "outputs": rows}))
+        raise typer.Exit(0 if passed else 1)
+    seg = Table(title=_escape(f"{model.name}: segments, in the order they run"))
+    for c in ("engine", "nodes", "ops", "why not dlcc"):
+        seg.add_column(c)
+    for s in m.segments:
+        seg.add_row(s["engine"], str(s["nodes"]), _escape(", ".join(f"{op} x{n}" for op, n in s["ops"].items())),
+                    _escape("; ".join(s.get("why", []))))
+    out.print(seg)
+    t = Table(title=_escape(f"{model.name} on {m.target} with {fallback} vs onnxruntime"))
+    for c in ("output", "shape", "max abs err", "max rel err", "result"):
+        t.add_column(c)
+    for r in rows:
+        t.add_row(_escape(r["name"]), "x".join(map(str, r["shape"])), f"{r['max_abs_err']:.3g}",
+                  f"{r['max_rel_err']:.3g}", "[green]PASS[/]" if r["passed"] else "[red]FAIL[/]")
+    out.print(t)
+    out.print("[bold green]all outputs match[/]" if passed else "[bold red]mismatch[/]")
     raise typer.Exit(0 if passed else 1)
 
 

@@ -215,6 +215,11 @@ class DynamicModel:
             raise (InputError if what == "input" else ShapeError)("; ".join(problems))
         return out
 
+    def bound_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every input's shape from the bindings given at compile time alone (an error naming the
+        inputs whose dims they leave open)."""
+        return self._resolve({}, {}, "shapes")
+
     # -- plans ------------------------------------------------------------------------------------
     def specialize(self, shapes: dict | None = None):
         """The CompiledModel for the given shapes (by input name or named dim, as `shapes=` of

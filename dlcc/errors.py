@@ -32,7 +32,12 @@ class UnboundDimError(ShapeError):
 
 
 class DynamicShapeError(ShapeError):
-    """A shape depends on tensor values, not only on input shapes (not compilable statically)."""
+    """A shape depends on tensor values, not only on input shapes (not compilable statically).
+    `tensor`: the first tensor whose shape is unknown, where one is known."""
+
+    def __init__(self, message: str, tensor: str | None = None):
+        super().__init__(message)
+        self.tensor = tensor
 
 
 class UnsupportedControlFlowError(DlccError):
@@ -51,6 +56,8 @@ class UnsupportedOpsError(DlccError):
         )
         if unsupported_dtypes:
             msg += "\n" + "\n".join(unsupported_dtypes)
+        msg += ("\nTo run them on onnxruntime and the rest on dlcc: dlcc.compile(..., fallback=\"onnxruntime\") in "
+                "Python, or `dlcc verify --fallback onnxruntime`")
         super().__init__(msg)
 
 

@@ -857,7 +857,7 @@ def check_static(graph: Graph, path) -> None:
                 raise DynamicShapeError(
                     f"{path}: the shape of {o!r} (output of {node.op_type} node {node.name!r}) is unknown at compile "
                     "time even with every input shape bound; it depends on tensor values computed at run time "
-                    "(data-dependent shapes are not supported: dlcc compiles static shapes)"
+                    "(data-dependent shapes are not supported: dlcc compiles static shapes)", tensor=o
                 )
             if o and any(d < 0 for d in graph.tensors[o].shape):
                 # onnx shape inference computes a pooling or convolution window larger than its

@@ -1,0 +1,465 @@
+"""Graph breaks: the nodes dlcc cannot compile run on onnxruntime, the rest on dlcc.
+
+`dlcc.compile(model, fallback="onnxruntime")` splits the model's graph into segments, as
+onnxruntime splits one between execution providers (GetCapability) and torch.compile splits a
+program at a graph break:
+
+- a **dlcc segment** is a sub-model of nodes dlcc compiles: a dlcc.dynamic.DynamicModel, so it is
+  compiled at the first call for the shapes it sees (a segment after a NonZero or a
+  NonMaxSuppression gets shapes only at run time);
+- an **onnxruntime segment** is a sub-model run by an onnxruntime CPU session: the ops dlcc has
+  no lowering for, the ops whose output shape depends on values (NonZero, NonMaxSuppression,
+  Unique, ...), and anything a dlcc segment refused when it compiled.
+
+The segments run one after another in a topological order of the nodes that keeps each kind
+together where the dependencies allow, so a detector whose NonMaxSuppression comes last is one
+dlcc segment and one onnxruntime segment. Tensors pass between segments as host arrays.
+
+Which nodes run where is found in two steps. At construction, nodes whose op dlcc does not know
+at all go to onnxruntime (`dlcc_knows`). At run time, a dlcc segment whose compile fails with an
+"unsupported" error (an op form, a data-dependent shape, a dtype) hands the nodes the error names
+to onnxruntime (the whole segment where it names none), and the segments are formed again; the
+segments that did not change keep their plans. Each refusal is logged, and `segments` says where
+every node runs.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+import weakref
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from .errors import (DlccError, DynamicShapeError, UnsupportedControlFlowError, UnsupportedDtypesError,
+                     UnsupportedOpsError)
+
+log = logging.getLogger(__name__)
+
+#: The engines a model's unsupported nodes may fall back to.
+FALLBACKS = ("onnxruntime",)
+
+#: Ops whose output shape depends on the values of their inputs: they never compile statically.
+DATA_DEPENDENT = {"NonZero", "NonMaxSuppression", "Unique", "Compress", "StringNormalizer", "TfIdfVectorizer",
+                  "RegexFullMatch", "StringConcat", "StringSplit", "Multinomial", "RandomNormal", "RandomUniform",
+                  "RandomNormalLike", "RandomUniformLike", "Bernoulli"}
+
+
+#: Ops of the arithmetic exporters write on shapes (_shape_math): index, slice, join and compute.
+_SHAPE_OPS = {"Constant", "Identity", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Cast", "Add", "Sub", "Mul",
+              "Div", "Neg", "Equal", "Less", "Greater", "Where", "Max", "Min", "Abs", "ReduceProd", "ReduceSum",
+              "ReduceMax", "ReduceMin", "Reshape", "ConstantOfShape", "Range", "Floor", "Ceil", "Mod", "Not", "And",
+              "Or", "Expand", "Tile", "Sqrt"}
+
+
+def _refusals() -> tuple:
+    """The errors that mean "dlcc cannot compile this part", as opposed to bad input or a bug."""
+    from .ops.context import LoweringError
+
+    return (UnsupportedOpsError, DynamicShapeError, UnsupportedControlFlowError, UnsupportedDtypesError,
+            LoweringError)
+
+
+def dlcc_knows(node: onnx.NodeProto, opset: int) -> bool:
+    """Whether dlcc has a way to compile `node`'s op at all: a lowering, a rewrite at import, or an
+    onnx function body. Forms it refuses (an attribute, a dtype) are found when a segment compiles."""
+    from . import ops  # noqa: F401  (registers the lowerings)
+    from .composite import REWRITES
+    from .fused_ops import is_fused_op
+    from .ops.registry import lookup
+    from .quantized import is_quantized_op
+
+    if node.op_type in DATA_DEPENDENT:
+        return False
+    if node.domain not in ("", "ai.onnx"):
+        return is_fused_op(node, opset) or is_quantized_op(node)
+    if lookup(node.op_type, opset) is not None or node.op_type in REWRITES or is_fused_op(node, opset):
+        return True
+    if node.op_type in ("If", "Loop", "Scan", "STFT", "DFT", "Constant", "Shape", "Size", "ConstantOfShape",
+                        "Range", "SequenceEmpty", "SequenceInsert",
+                        "SequenceConstruct", "SequenceAt", "SequenceLength", "ConcatFromSequence",
+                        "SplitToSequence") or is_quantized_op(node):
+        return True
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
+    except Exception:  # not an op onnx knows at this opset: onnxruntime may still (or may refuse it too)
+        return False
+    return bool(schema.has_function or schema.has_context_dependent_function)
+
+
+def _outer_reads(g: onnx.GraphProto) -> set[str]:
+    """Names a subgraph reads from the scopes around it (its own inputs, initializers and node
+    outputs excluded), its nested subgraphs included."""
+    defined = {i.name for i in g.input} | {i.name for i in g.initializer}
+    reads: set[str] = set()
+    for n in g.node:
+        reads.update(x for x in n.input if x)
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                reads |= _outer_reads(sub)
+        defined.update(o for o in n.output if o)
+    return reads - defined
+
+
+def _reads(node: onnx.NodeProto) -> list[str]:
+    """Every tensor `node` reads: its inputs, and what its subgraphs read from outside them."""
+    names = [x for x in node.input if x]
+    for a in node.attribute:
+        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            names += sorted(_outer_reads(sub) - set(names))
+    return names
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Consecutive nodes (indices into the graph) that run on one engine, the tensors they read
+    from before them and the ones they give to what follows (or to the graph's outputs)."""
+
+    engine: str  # "dlcc" or "onnxruntime"
+    nodes: tuple[int, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+class PartitionedModel:
+    """What `dlcc.compile(model, fallback="onnxruntime")` returns: called like a CompiledModel
+    with host arrays, it runs each segment on its engine (module docstring)."""
+
+    def __init__(self, model, shapes: dict, compile_kwargs: dict, max_plans: int, fallback: str = "onnxruntime"):
+        from .dynamic import DynamicModel
+        from .frontend import load_model, opset_of
+
+        if fallback not in FALLBACKS:
+            raise DlccError(f"fallback={fallback!r}: dlcc falls back to {' or '.join(FALLBACKS)}")
+        self.model_path = Path(model)
+        self._signature = DynamicModel(model, shapes, dict(compile_kwargs), max_plans)  # checks calls; never compiles
+        self.target = self._signature.target
+        self._kwargs = dict(compile_kwargs, target=self.target)
+        self._kwargs.pop("steps", None)
+        self.max_plans = max_plans
+        self._values = {k: v for k, v in shapes.items() if k in self._signature._values}
+        m = load_model(model)
+        self._model = m
+        self._opset = opset_of(m)
+        g = m.graph
+        self._inits = {t.name: t for t in g.initializer}
+        self.inputs = [i.name for i in g.input if i.name not in self._inits]
+        self.outputs = [o.name for o in g.output]
+        self._node_reads = [_reads(n) for n in g.node]
+        self._producer = {o: k for k, n in enumerate(g.node) for o in n.output if o}
+        try:
+            inferred = onnx.shape_inference.infer_shapes(m, check_type=False, strict_mode=False)
+            self._types = {v.name: v.type for v in list(inferred.graph.value_info) + list(inferred.graph.output)
+                           if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}
+        except Exception:  # a model onnx cannot infer: each sub-model is inferred on its own
+            self._types = {}
+        self._host = {k for k, n in enumerate(g.node) if not dlcc_knows(n, self._opset)}
+        self._lock = threading.Lock()
+        self._runners: dict[tuple, object] = {}
+        self._refused: dict[int, str] = {k: "dlcc has no lowering for the op" for k in self._host}
+        self.segments_formed = 0
+        self._segments = self._partition()
+        self._dir = Path(tempfile.mkdtemp(prefix="dlcc-partition-"))
+        weakref.finalize(self, shutil.rmtree, str(self._dir), True)
+
+    # -- where each node runs ---------------------------------------------------------------------
+    def _partition(self) -> list[Segment]:
+        """A topological order of the nodes that switches engine only when no node of the current
+        one is ready (Kahn's algorithm with a preference), cut where the engine changes."""
+        g = self._model.graph
+        n = len(g.node)
+        deps = [{self._producer[x] for x in self._node_reads[k] if x in self._producer} for k in range(n)]
+        users: list[list[int]] = [[] for _ in range(n)]
+        for k, d in enumerate(deps):
+            for p in d:
+                users[p].append(k)
+        left = [len(d) for d in deps]
+        ready = [k for k in range(n) if not left[k]]
+        order: list[int] = []
+        engine = "dlcc"
+        while ready:
+            pick = next((k for k in ready if self._engine(k) == engine), None)
+            if pick is None:
+                engine = "onnxruntime" if engine == "dlcc" else "dlcc"
+                continue
+            ready.remove(pick)
+            order.append(pick)
+            for u in users[pick]:
+                left[u] -= 1
+                if not left[u]:
+                    ready.append(u)
+            ready.sort()
+        if len(order) != n:
+            raise DlccError(f"{self.model_path}: the graph has a cycle; it cannot be split into segments")
+        runs: list[list[int]] = []
+        for k in order:
+            if runs and self._engine(runs[-1][0]) == self._engine(k):
+                runs[-1].append(k)
+            else:
+                runs.append([k])
+        later_reads: list[set[str]] = []
+        acc = set(self.outputs)
+        for run in reversed(runs):
+            later_reads.append(set(acc))
+            for k in run:
+                acc.update(self._node_reads[k])
+        later_reads.reverse()
+        segments = []
+        for run, later in zip(runs, later_reads):
+            outs = [o for k in run for o in g.node[k].output if o and o in later]
+            if self._engine(run[0]) == "dlcc":
+                run = self._with_shape_math(run)
+            made = {o for k in run for o in g.node[k].output if o}
+            ins = []
+            for k in run:
+                ins += [x for x in self._node_reads[k] if x not in made and x not in self._inits and x not in ins]
+            segments.append(Segment(self._engine(run[0]), tuple(run), tuple(ins), tuple(outs)))
+        self.segments_formed += 1
+        return segments
+
+    def _with_shape_math(self, run: list[int]) -> list[int]:
+        """`run` with the shape arithmetic it reads computed again inside it. A Reshape's target,
+        a Slice's ends or an Expand's shape computed from Shape nodes folds to a constant in a
+        whole-model compile; handed over from another segment as an array, it is a value known
+        only at run time, and dlcc would refuse the shape it decides. So the nodes that compute
+        such a value from shapes and constants alone (`_shape_math`) are copied into the segment,
+        reading the tensors whose shapes they take."""
+        g = self._model.graph
+        have = set(run)
+        made = {o for k in run for o in g.node[k].output if o}
+        extra: set[int] = set()
+        todo = [x for k in run for x in self._node_reads[k] if x not in made]
+        while todo:
+            x = todo.pop()
+            k = self._producer.get(x)
+            if k is None or k in have or k in extra or k not in self._shape_math:
+                continue
+            extra.add(k)
+            if g.node[k].op_type not in ("Shape", "Size"):
+                todo += self._node_reads[k]
+        return sorted(set(run) | extra) if extra else run  # (the graph's order is topological)
+
+    @property
+    def _shape_math(self) -> set[int]:
+        """Nodes whose value follows from tensor shapes and constants alone: Shape and Size, and
+        the arithmetic on their results that exporters write around them."""
+        if not hasattr(self, "_shape_math_nodes"):
+            g = self._model.graph
+            found: set[int] = set()
+            for k, n in enumerate(g.node):
+                if n.op_type in ("Shape", "Size"):
+                    found.add(k)
+                elif n.op_type in _SHAPE_OPS and n.domain in ("", "ai.onnx") and all(
+                        x in self._inits or self._producer.get(x) in found for x in self._node_reads[k]):
+                    found.add(k)
+            self._shape_math_nodes = found
+        return self._shape_math_nodes
+
+    def _engine(self, k: int) -> str:
+        return "onnxruntime" if k in self._host else "dlcc"
+
+    @property
+    def segments(self) -> list[dict]:
+        """Each segment in run order: its engine, its node count, the op types in it, and for
+        onnxruntime's, why dlcc does not run them."""
+        g = self._model.graph
+        with self._lock:
+            segs = list(self._segments)
+        rows = []
+        for s in segs:
+            row = {"engine": s.engine, "nodes": len(s.nodes),
+                   "ops": dict(Counter(g.node[k].op_type for k in s.nodes).most_common())}
+            if s.engine == "onnxruntime":
+                row["why"] = sorted({self._refused.get(k, "") for k in s.nodes} - {""})
+            rows.append(row)
+        return rows
+
+    # -- calls ------------------------------------------------------------------------------------
+    def __call__(self, inputs: dict | None = None, **kw) -> dict[str, np.ndarray]:
+        feeds = dict(inputs or {}, **kw)
+        self._signature.shapes_for(feeds)  # names, ranks and bound dims, before anything runs
+        values: dict[str, np.ndarray] = {k: np.asarray(v) for k, v in feeds.items()}
+        while True:
+            with self._lock:
+                segments = list(self._segments)
+            try:
+                for seg in segments:
+                    outs = self._runner(seg, values)(seg, values)
+                    values.update(outs)
+                break
+            except _Refused as r:
+                self._refuse(r.segment, r.error)
+        for name in self.outputs:
+            if name not in values and name in self._inits:
+                values[name] = onnx.numpy_helper.to_array(self._inits[name])
+        return {name: values[name] for name in self.outputs}
+
+    def run(self, inputs: dict, outputs: str = "host", stream=None, out: dict | None = None) -> dict:
+        """One inference; a model with onnxruntime segments passes host arrays between them, so
+        its inputs and outputs are host arrays."""
+        if outputs != "host" or stream is not None or out is not None:
+            raise DlccError("a model that falls back to onnxruntime takes and returns host arrays: outputs='host', "
+                            "no stream= and no out=")
+        return self(inputs)
+
+    def sample_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Seeded inputs for the shapes bound at compile time (every dynamic dim must be bound)."""
+        from .inputs import sample_inputs
+
+        try:
+            shapes = self._signature.bound_shapes()
+        except DlccError as e:
+            raise type(e)(f"{e}; sample inputs need every dynamic dim bound: --shape NAME=... (shapes= in "
+                          "Python), or give the inputs") from None
+        sig = [{"name": s.name, "dtype": s.dtype, "shape": list(shapes[s.name])} for s in self._signature.signature]
+        return sample_inputs(sig, seed, bound={k: int(v[0]) for k, v in self._values.items()})
+
+    # -- the engines ------------------------------------------------------------------------------
+    def _runner(self, seg: Segment, values: dict):
+        key = (seg.engine, seg.nodes)
+        with self._lock:
+            runner = self._runners.get(key)
+            if runner is None:
+                runner = self._runners[key] = (_DlccSegment if seg.engine == "dlcc" else _OrtSegment)(self, seg, values)
+        return runner
+
+    def _refuse(self, seg: Segment, error: DlccError) -> None:
+        """Hand the nodes of `seg` that `error` names (all of them where it names none) to
+        onnxruntime, and form the segments again."""
+        g = self._model.graph
+        text = str(error)
+        if isinstance(error, UnsupportedOpsError):
+            named = {k for k in seg.nodes if g.node[k].op_type in error.ops}
+        elif isinstance(error, DynamicShapeError) and getattr(error, "tensor", None) in self._producer:
+            named = {self._producer[error.tensor]} & set(seg.nodes)
+        else:
+            named = {k for k in seg.nodes if any(f"'{x}'" in text for x in (g.node[k].name, *g.node[k].output) if x)}
+        named = named or set(seg.nodes)
+        why = f"{type(error).__name__}: {text.splitlines()[0][:200]}"
+        log.warning("dlcc: %d node(s) of %s run on onnxruntime instead (%s)", len(named), self.model_path.name, why)
+        with self._lock:
+            for k in named:
+                self._refused[k] = why
+            self._host |= named
+            self._segments = self._partition()
+
+    def _submodel(self, seg: Segment, values: dict) -> onnx.ModelProto:
+        """The segment as a model of its own: its nodes, the initializers they read, inputs typed
+        from the arrays they get (every dim dynamic), outputs typed by shape inference."""
+        g = self._model.graph
+        nodes = [g.node[k] for k in seg.nodes]
+        reads = {x for k in seg.nodes for x in self._node_reads[k]}
+        inputs = []
+        for name in seg.inputs:
+            a = values[name]
+            inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype), ["?"] * a.ndim))
+        graph = helper.make_graph(nodes, f"{g.name or 'model'}_part", inputs, [],
+                                  [self._inits[x] for x in sorted(reads) if x in self._inits])
+        sub = helper.make_model(graph, opset_imports=list(self._model.opset_import), ir_version=self._model.ir_version)
+        sub.functions.extend(self._model.functions)
+        inferred = {}
+        for static in (True, False):  # this call's shapes give ranks where symbolic dims do not
+            probe = onnx.ModelProto()
+            probe.CopyFrom(sub)
+            if static:
+                for vi in probe.graph.input:
+                    for d, n in zip(vi.type.tensor_type.shape.dim, values[vi.name].shape):
+                        d.Clear()
+                        d.dim_value = int(n)
+            try:
+                found = onnx.shape_inference.infer_shapes(probe, check_type=False, strict_mode=False, data_prop=True)
+            except Exception:
+                continue
+            for v in found.graph.value_info:
+                if v.name not in inferred or not inferred[v.name].tensor_type.HasField("shape"):
+                    inferred[v.name] = v.type
+        for name in seg.outputs:
+            t = inferred.get(name)
+            if t is None or not t.tensor_type.HasField("shape"):
+                t = self._types.get(name, t)
+            vi = onnx.ValueInfoProto(name=name)
+            if t is not None:
+                vi.type.CopyFrom(t)
+                for d in vi.type.tensor_type.shape.dim:  # every dim left to the run
+                    d.Clear()
+                    d.dim_param = "?"
+            sub.graph.output.append(vi)
+        unranked = [vi for vi in sub.graph.output if not vi.type.tensor_type.HasField("shape")]
+        if unranked:  # the checker wants a rank for each graph output: onnxruntime's run of the part says it
+            ran = _ort_run(sub, {x: values[x] for x in seg.inputs}, [vi.name for vi in unranked])
+            for vi in unranked:
+                if ran is None:
+                    raise _Refused(seg, DynamicShapeError(f"onnx cannot infer the rank of {vi.name!r}", tensor=vi.name))
+                a = ran[vi.name]
+                vi.type.tensor_type.elem_type = helper.np_dtype_to_tensor_dtype(a.dtype)
+                for _ in range(a.ndim):
+                    vi.type.tensor_type.shape.dim.add().dim_param = "?"
+        return sub
+
+
+def _ort_run(model: onnx.ModelProto, feeds: dict, names: list[str]) -> dict | None:
+    """`names` computed by onnxruntime on `model` (None where it cannot run it)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return dict(zip(names, sess.run(names, feeds)))
+    except Exception:
+        return None
+
+
+class _Refused(Exception):
+    def __init__(self, segment: Segment, error: DlccError):
+        super().__init__(str(error))
+        self.segment, self.error = segment, error
+
+
+class _DlccSegment:
+    """A dlcc segment: its sub-model compiled per input shape (dlcc.dynamic.DynamicModel)."""
+
+    def __init__(self, owner: PartitionedModel, seg: Segment, values: dict):
+        from .dynamic import DynamicModel
+
+        path = Path(tempfile.mkdtemp(prefix="seg-", dir=owner._dir)) / "part.onnx"
+        onnx.save(owner._submodel(seg, values), str(path))
+        bound = {k: v for k, v in owner._values.items() if k in seg.inputs}
+        self.model = DynamicModel(path, bound, dict(owner._kwargs), owner.max_plans)
+
+    def __call__(self, seg: Segment, values: dict) -> dict:
+        try:
+            return self.model({x: values[x] for x in seg.inputs})
+        except _refusals() as e:
+            raise _Refused(seg, e) from None
+
+
+class _OrtSegment:
+    """An onnxruntime segment: a CPU session on its sub-model."""
+
+    def __init__(self, owner: PartitionedModel, seg: Segment, values: dict):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(owner._submodel(seg, values).SerializeToString(), so,
+                                                providers=["CPUExecutionProvider"])
+        except Exception as e:
+            raise DlccError(f"{owner.model_path}: onnxruntime cannot run the part of the model dlcc falls back on "
+                            f"({', '.join(sorted({owner._model.graph.node[k].op_type for k in seg.nodes}))}): "
+                            f"{str(e).splitlines()[0][:300]}") from None
+        self.names = [o.name for o in self.session.get_outputs()]
+
+    def __call__(self, seg: Segment, values: dict) -> dict:
+        try:
+            outs = self.session.run(self.names, {x: values[x] for x in seg.inputs})
+        except Exception as e:
+            raise DlccError(f"onnxruntime failed on its part of the model: {str(e).splitlines()[0][:300]}") from None
+        return dict(zip(self.names, outs))

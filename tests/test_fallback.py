@@ -1,0 +1,201 @@
+"""dlcc.compile(..., fallback="onnxruntime"): the nodes dlcc cannot compile run on onnxruntime, the
+rest on dlcc (dlcc/partition.py); every output against onnxruntime running the whole model."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.helper as h
+import onnx.numpy_helper as nh
+import pytest
+
+import dlcc
+from dlcc.errors import DlccError
+from dlcc.executor import InputError
+
+from conftest import opencl_device_available
+
+needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
+F, I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+rng = np.random.default_rng(5)
+
+
+def _save(tmp_path, nodes, inputs, outputs, inits, name="m", opset=17):
+    g = h.make_graph(nodes, name, inputs, outputs, [nh.from_array(v, k) for k, v in inits.items()])
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", opset)]), path)
+    return path
+
+
+def _check(path, m, feeds):
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = m(feeds)
+    for o, ref in zip(sess.get_outputs(), sess.run(None, feeds)):
+        assert got[o.name].shape == ref.shape and got[o.name].dtype == ref.dtype, o.name
+        np.testing.assert_allclose(got[o.name], ref, rtol=1e-5, atol=1e-5, err_msg=o.name)
+    return got
+
+
+def _detector(tmp_path):
+    """A convolution, box and score heads, NonMaxSuppression, then the kept boxes gathered and
+    scaled: what a detector exported with its NMS looks like. The number of boxes kept depends on
+    the values, so the part after the NMS gets its shapes only at run time."""
+    n = 24
+    nodes = [h.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c"], ["r"]),
+             h.make_node("Flatten", ["r"], ["f"]), h.make_node("MatMul", ["f", "wb"], ["b0"]),
+             h.make_node("Reshape", ["b0", "s_boxes"], ["boxes"]), h.make_node("MatMul", ["f", "ws"], ["s0"]),
+             h.make_node("Sigmoid", ["s0"], ["s1"]), h.make_node("Unsqueeze", ["s1", "ax1"], ["scores"]),
+             h.make_node("NonMaxSuppression", ["boxes", "scores", "maxk", "iou", "thr"], ["sel"]),
+             h.make_node("Gather", ["sel", "two"], ["idx"], axis=1),
+             h.make_node("Squeeze", ["boxes", "ax0"], ["b2"]), h.make_node("Gather", ["b2", "idx"], ["kept"], axis=0),
+             h.make_node("Mul", ["kept", "scale"], ["y"]), h.make_node("ReduceSum", ["kept"], ["total"], keepdims=0)]
+    inits = {"w": (rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32),
+             "wb": (rng.standard_normal((4 * 8 * 8, n * 4)) * 0.05).astype(np.float32),
+             "ws": (rng.standard_normal((4 * 8 * 8, n)) * 0.2).astype(np.float32),
+             "s_boxes": np.array([1, n, 4], np.int64), "ax1": np.array([1], np.int64), "ax0": np.array([0], np.int64),
+             "two": np.array(2, np.int64), "maxk": np.array([12], np.int64), "iou": np.array([0.3], np.float32),
+             "thr": np.array([0.5], np.float32), "scale": np.array(2.0, np.float32)}
+    return _save(tmp_path, nodes, [h.make_tensor_value_info("x", F, [1, 3, 8, 8])],
+                 [h.make_tensor_value_info("y", F, ["k", 4]), h.make_tensor_value_info("total", F, []),
+                  h.make_tensor_value_info("scores", F, [1, 1, n])], inits, "detector")
+
+
+@needs_opencl
+def test_a_detector_runs_its_nms_on_onnxruntime_and_the_rest_on_dlcc(tmp_path):
+    path = _detector(tmp_path)
+    m = dlcc.compile(path, target="opencl", pipeline="astitch", fallback="onnxruntime")
+    assert [(s["engine"], s["nodes"]) for s in m.segments] == [("dlcc", 9), ("onnxruntime", 1), ("dlcc", 4)]
+    assert m.segments[1]["ops"] == {"NonMaxSuppression": 1}
+    kept = set()
+    for seed in range(4):
+        x = np.random.default_rng(seed).standard_normal((1, 3, 8, 8)).astype(np.float32)
+        kept.add(_check(path, m, {"x": x})["y"].shape[0])
+    assert len(kept) > 1  # the NMS kept different numbers of boxes: the last segment compiled per shape
+    with pytest.raises(InputError, match="has shape"):  # checked before anything runs
+        m({"x": np.zeros((1, 3, 8, 9), np.float32)})
+
+
+@needs_opencl
+def test_what_dlcc_refuses_when_it_compiles_moves_to_onnxruntime(tmp_path):
+    """A Reshape to a shape the model computes from input values, and a Range up to a maximum of
+    values: dlcc knows both ops, but not these forms; its compile refuses them (a data-dependent
+    shape, an op it cannot lower there), so those nodes move to onnxruntime on the first call and
+    the nodes around them stay on dlcc, one refinement each."""
+    nodes = [h.make_node("Abs", ["s"], ["s2"]), h.make_node("Reshape", ["x6", "s2"], ["rs"]),
+             h.make_node("Relu", ["rs"], ["z"]),
+             h.make_node("ReduceMax", ["n"], ["top"], keepdims=0), h.make_node("Range", ["zero", "top", "one"], ["r"]),
+             h.make_node("Cast", ["r"], ["rf"], to=F), h.make_node("Mul", ["rf", "x"], ["y"]),
+             h.make_node("Tanh", ["x"], ["t"])]
+    inits = {"zero": np.array(0, np.int64), "one": np.array(1, np.int64)}
+    path = _save(tmp_path, nodes, [h.make_tensor_value_info("s", I64, [2]), h.make_tensor_value_info("x6", F, [6]),
+                                   h.make_tensor_value_info("n", I64, [3]), h.make_tensor_value_info("x", F, [1])],
+                 [h.make_tensor_value_info("z", F, ["a", "b"]), h.make_tensor_value_info("y", F, ["k"]),
+                  h.make_tensor_value_info("t", F, [1])], inits, "refused")
+    m = dlcc.compile(path, target="opencl", fallback="onnxruntime")
+    x6 = rng.standard_normal(6).astype(np.float32)
+    for shape, top in (((2, 3), 3), ((-3, 2), 7)):
+        _check(path, m, {"s": np.array(shape, np.int64), "x6": x6, "n": np.array([1, top, 2], np.int64),
+                         "x": np.array([0.5], np.float32)})
+    engines = {op: s["engine"] for s in m.segments for op in s["ops"]}
+    assert {op for op, e in engines.items() if e == "onnxruntime"} == {"Reshape", "Range"}
+    why = " ".join(w for s in m.segments for w in s.get("why", []))
+    assert "DynamicShapeError" in why and "UnsupportedOpsError" in why
+
+
+@needs_opencl
+def test_an_op_dlcc_lacks_in_the_middle_and_a_while_loop(tmp_path):
+    """Det between dlcc ops, and a while loop (its condition computed from the data) that dlcc
+    cannot unroll: each runs on onnxruntime, between dlcc segments."""
+    body = h.make_graph(
+        [h.make_node("Mul", ["v", "two"], ["v2"]), h.make_node("ReduceSum", ["v2"], ["s"], keepdims=0),
+         h.make_node("Less", ["s", "limit"], ["go"])], "body",
+        [h.make_tensor_value_info("i", I64, []), h.make_tensor_value_info("c", onnx.TensorProto.BOOL, []),
+         h.make_tensor_value_info("v", F, [2])],
+        [h.make_tensor_value_info("go", onnx.TensorProto.BOOL, []), h.make_tensor_value_info("v2", F, [2])],
+        [nh.from_array(np.array(2.0, np.float32), "two"), nh.from_array(np.array(50.0, np.float32), "limit")])
+    nodes = [h.make_node("Relu", ["a"], ["ra"]), h.make_node("Det", ["ra"], ["d"]),
+             h.make_node("Exp", ["d"], ["e"]),
+             h.make_node("Abs", ["v0"], ["av"]),
+             h.make_node("Loop", ["", "yes", "av"], ["vend"], body=body), h.make_node("Neg", ["vend"], ["out"])]
+    path = _save(tmp_path, nodes, [h.make_tensor_value_info("a", F, [2, 3, 3]), h.make_tensor_value_info("v0", F, [2])],
+                 [h.make_tensor_value_info("e", F, [2]), h.make_tensor_value_info("out", F, [2])],
+                 {"yes": np.array(True)}, "middle")
+    m = dlcc.compile(path, target="opencl", pipeline="astitch", fallback="onnxruntime")
+    feeds = {"a": rng.uniform(0, 1, (2, 3, 3)).astype(np.float32), "v0": np.array([0.5, -1.5], np.float32)}
+    _check(path, m, feeds)
+    engines = {op: s["engine"] for s in m.segments for op in s["ops"]}
+    assert engines == {"Relu": "dlcc", "Abs": "dlcc", "Det": "onnxruntime", "Loop": "onnxruntime", "Exp": "dlcc",
+                       "Neg": "dlcc"}
+
+
+def test_bad_fallback_arguments(tmp_path):
+    path = _save(tmp_path, [h.make_node("Relu", ["x"], ["y"])], [h.make_tensor_value_info("x", F, [2])],
+                 [h.make_tensor_value_info("y", F, [2])], {})
+    with pytest.raises(DlccError, match="falls back to onnxruntime"):
+        dlcc.compile(path, fallback="tvm")
+    with pytest.raises(DlccError, match="no one artifact"):
+        dlcc.compile(path, fallback="onnxruntime", out=tmp_path / "a")
+    m = dlcc.compile(path, target="opencl", fallback="onnxruntime")
+    with pytest.raises(InputError, match=r"missing \['x'\]"):
+        m({"z": np.zeros(2, np.float32)})
+    with pytest.raises(DlccError, match="host arrays"):
+        m.run({"x": np.zeros(2, np.float32)}, outputs="device")
+
+
+def test_an_op_neither_engine_has_is_one_clear_error(tmp_path):
+    g = h.make_graph([h.make_node("Relu", ["x"], ["r"]), h.make_node("Frobnicate", ["r"], ["y"], domain="com.example")],
+                     "g", [h.make_tensor_value_info("x", F, [2])], [h.make_tensor_value_info("y", F, [2])])
+    path = tmp_path / "custom.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.example", 1)]), path)
+    m = dlcc.compile(path, target="opencl", fallback="onnxruntime")
+    with pytest.raises(DlccError, match=r"onnxruntime cannot run the part of the model dlcc falls back on \(Frobnicate\)"):
+        m({"x": np.ones(2, np.float32)})
+
+
+@needs_opencl
+def test_a_torch_export_with_boolean_indexing(tmp_path):
+    """torch.onnx's export of `boxes[scores > t]` (NonZero, then a gather of what it found) after
+    a convolution head: NonZero runs on onnxruntime, and the rows it selects feed a dlcc segment
+    whose shapes change from call to call."""
+    torch = pytest.importorskip("torch")
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 5, 3, padding=1)
+
+        def forward(self, x):
+            y = self.conv(x).flatten(2).transpose(1, 2)[0]  # [HW, 5]: 4 box values and a score
+            keep = torch.sigmoid(y[:, 4]) > 0.5
+            boxes = y[keep][:, :4]
+            return boxes * 2.0 + 1.0, boxes.sum(0)
+
+    torch.manual_seed(0)
+    path = tmp_path / "head.onnx"
+    torch.onnx.export(Head().eval(), (torch.randn(1, 3, 6, 6),), str(path), input_names=["x"],
+                      output_names=["boxes", "sums"], opset_version=17, dynamo=False)
+    m = dlcc.compile(path, target="opencl", pipeline="astitch", fallback="onnxruntime")
+    counts = set()
+    for seed in range(3):
+        x = np.random.default_rng(seed).standard_normal((1, 3, 6, 6)).astype(np.float32)
+        counts.add(_check(path, m, {"x": x})["boxes"].shape[0])
+    assert len(counts) > 1
+    assert "NonZero" in next(s for s in m.segments if s["engine"] == "onnxruntime")["ops"]
+    assert m.segments[0]["engine"] == "dlcc" and m.segments[-1]["engine"] == "dlcc"
+
+
+def test_verify_fallback_from_the_cli(tmp_path):
+    from typer.testing import CliRunner
+
+    from dlcc.cli import app
+
+    if not opencl_device_available():
+        pytest.skip("no OpenCL device here")
+    path = _detector(tmp_path)
+    res = CliRunner().invoke(app, ["verify", str(path), "-t", "opencl", "--fallback", "onnxruntime", "--json", "-q"])
+    assert res.exit_code == 0, res.output
+    d = __import__("json").loads(res.output)
+    assert d["passed"] and [s["engine"] for s in d["segments"]] == ["dlcc", "onnxruntime", "dlcc"]
+    res = CliRunner().invoke(app, ["verify", str(path), "-t", "opencl", "--fallback", "tvm"])
+    assert res.exit_code != 0 and "falls back to onnxruntime" in str(res.exception)

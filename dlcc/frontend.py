@@ -876,4 +876,8 @@ def dtype_problems(graph: Graph) -> list[str]:
             t = graph.tensors.get(name) if name else None
             if t is not None and t.dtype not in SUPPORTED_DTYPES and t.dtype not in bad:
                 bad[t.dtype] = f"  dtype {t.dtype}: first seen on {name!r} at node {node.name!r}"
+    for name in graph.outputs:  # (an output folded to a constant has no node left)
+        t = graph.tensors.get(name)
+        if t is not None and t.dtype not in SUPPORTED_DTYPES and t.dtype not in bad:
+            bad[t.dtype] = f"  dtype {t.dtype}: graph output {name!r}"
     return list(bad.values())

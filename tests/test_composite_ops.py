@@ -155,3 +155,17 @@ def test_listed():
     for op in ("OneHot", "Hardmax", "Einsum", "GridSample", "Atan", "Acosh"):
         assert op in rows, op
     assert rows["OneHot"]["since opsets"].startswith("9, 11")
+
+
+def test_a_graph_output_folded_to_a_dtype_dlcc_lacks_is_named(tmp_path):
+    """EyeLike of dtype double folds to a float64 constant that is a graph output, with no node
+    left to carry it: the dtype check names the output (it once reached the emitter, a KeyError)."""
+    from dlcc.errors import UnsupportedDtypesError
+
+    g = h.make_graph([h.make_node("EyeLike", ["x"], ["y"], dtype=onnx.TensorProto.DOUBLE, k=1)], "g",
+                     [h.make_tensor_value_info("x", onnx.TensorProto.INT32, [4, 5])],
+                     [h.make_tensor_value_info("y", onnx.TensorProto.DOUBLE, [4, 5])])
+    path = tmp_path / "eye.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+    with pytest.raises(UnsupportedDtypesError, match="dtype float64: graph output 'y'"):
+        dlcc.compile(path, target="opencl")

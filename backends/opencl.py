@@ -313,8 +313,8 @@ class OpenCLRuntime:
         return self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE, size=max(int(nbytes), 4))
 
     def view(self, buf, offset: int, nbytes: int):
-        if offset == 0 and nbytes >= buf.size:
-            return buf
+        if nbytes <= 0 or offset == 0 and nbytes >= buf.size:
+            return buf  # (an empty tensor may sit at the storage's end, where no sub-buffer can start)
         key = (id(buf), offset, nbytes)
         if key not in self._views:
             self._views[key] = buf.get_sub_region(offset, max(nbytes, 1))

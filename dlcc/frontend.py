@@ -57,6 +57,7 @@ def load_model(path: str | os.PathLike, external_data: bool = True) -> onnx.Mode
     if not model.HasField("graph") or len(model.graph.node) == 0 and len(model.graph.output) == 0:
         raise ModelError(f"{path}: the file parsed but holds no ONNX graph (is it really an .onnx file?)")
     _check_text(model, path)
+    _check_einsum_equations(model, path)
     base = path.resolve().parent
     for init in _all_initializers(model):
         if init.data_location == onnx.TensorProto.EXTERNAL:
@@ -109,6 +110,32 @@ def _check_text(msg, path, where: str = "model") -> None:
             items = value if is_repeated_field(f) else [value]
             for k, v in enumerate(items):
                 _check_text(v, path, f"{where}.{f.name}[{k}]" if is_repeated_field(f) else f"{where}.{f.name}")
+
+
+def _check_einsum_equations(model: onnx.ModelProto, path) -> None:
+    """Every Einsum equation is letters, commas, spaces, one `->` at most and one `...` per term
+    at most. onnx 1.23's shape inference (which onnxruntime shares) loops for ever on a stray dot
+    (`i.j->i`), so such a model must be refused before anything infers it."""
+    def nodes(g: onnx.GraphProto):
+        for n in g.node:
+            yield n
+            for a in n.attribute:
+                for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                    yield from nodes(sub)
+
+    every = [n for n in nodes(model.graph)] + [n for f in model.functions for n in f.node]
+    for n in every:
+        if n.op_type != "Einsum":
+            continue
+        eq = next((a.s for a in n.attribute if a.name == "equation"), b"")
+        text = eq.decode("utf-8", "replace") if isinstance(eq, bytes) else str(eq)
+        terms = text.replace(" ", "").split("->")
+        bad = [t for part in terms for t in part.split(",") if not re.fullmatch(r"[A-Za-z]*(\.\.\.)?[A-Za-z]*", t)]
+        if len(terms) > 2 or bad:
+            what = ("more than one '->'" if len(terms) > 2 else
+                    f"term {bad[0]!r} holds {next(c for c in bad[0].replace('...', '', 1) + '.' if not c.isalpha())!r}")
+            raise ModelError(f"{path}: Einsum node {n.name or n.output[0]!r}: equation {text!r} is malformed ({what}): "
+                             "terms of letters separated by commas, one '->' at most, one '...' per term at most")
 
 
 def is_repeated_field(f) -> bool:

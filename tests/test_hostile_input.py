@@ -585,6 +585,34 @@ def test_an_input_bound_empty_runs_as_onnxruntime_runs_it(tmp_path, pipeline):
         np.testing.assert_allclose(got[name], r, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+def test_an_empty_constant_output_at_the_end_of_the_weights(tmp_path):
+    """Outputs that fold to constants are copied from the weights storage; an empty one laid out
+    last sits at the storage's end, where OpenCL refuses a sub-buffer to start
+    (clCreateSubBuffer INVALID_VALUE, found through Einsum's zero-length tests)."""
+    nodes = [h.make_node("Expand", ["c", "s1"], ["full"]), h.make_node("Expand", ["c", "s0"], ["empty"])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [2])],
+                     [h.make_tensor_value_info("full", T.FLOAT, [3, 4]), h.make_tensor_value_info("empty", T.FLOAT, [0, 4])],
+                     [nh.from_array(np.array([1.5], np.float32), "c"), nh.from_array(np.array([3, 4], np.int64), "s1"),
+                      nh.from_array(np.array([0, 4], np.int64), "s0")])
+    path = tmp_path / "e.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+    got = dlcc.compile(path, target="opencl")({"x": np.ones(2, np.float32)})
+    assert got["empty"].shape == (0, 4) and (got["full"] == 1.5).all()
+
+
+@pytest.mark.parametrize("equation", ["i.j->i", "....i->i", "ij->i->j"])
+def test_an_einsum_equation_with_stray_dots_is_refused_not_a_hang(tmp_path, equation):
+    """onnx's shape inference loops for ever on a stray dot in an Einsum equation; the equation is
+    checked when the model is read (in a subprocess here, so that a regression fails by timeout)."""
+    g = h.make_graph([h.make_node("Einsum", ["x"], ["y"], equation=equation)], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, [2, 3])], [h.make_tensor_value_info("y", T.FLOAT, [2])])
+    path = tmp_path / "dots.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+    p = subprocess.run([sys.executable, "-m", "dlcc.cli", "compile", str(path), "-o", str(tmp_path / "out"), "-q"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "is malformed" in p.stderr, p.stderr
+
+
 def test_an_opset_from_the_future_is_refused(tmp_path):
     """onnx's checker lets any opset stamp through; dlcc would have read the ops by the newest rules
     it knows (found by scripts/hostile_corpus.py: opset 256 compiled)."""

@@ -1,0 +1,190 @@
+"""dlcc as a torch.compile backend: `torch.compile(model, backend="dlcc")`.
+
+TorchDynamo hands a backend each graph it captures (an FX GraphModule) with example inputs, and
+runs whatever callable the backend returns in its place. This backend exports the graph to ONNX
+(torch.onnx's TorchScript exporter, which traces a GraphModule like any module), compiles it
+with dlcc, and returns a function that feeds it the call's tensors and hands back torch tensors,
+as torch's own "onnxrt" backend does with onnxruntime.
+
+- **Weights are constants.** Dynamo lifts a module's parameters and buffers into graph inputs;
+  they are baked into the ONNX model as initializers instead, so dlcc folds and lays them out
+  once. Each call checks their version counters: a weight changed in place since the compile
+  (an optimizer step) makes the next call compile again, so a call never runs stale weights.
+- **Inference.** The compiled function computes no gradients. A graph called with grad enabled
+  on tensors that require it runs eagerly instead (with a warning), as does a graph whose inputs
+  or outputs are not all tensors (symbolic sizes from `dynamic=True`, None, Python numbers).
+- **Shapes.** Dynamo guards on shapes and calls the backend again for a new one; `dynamic=False`
+  keeps every graph static. A graph dlcc refuses part of can run split with onnxruntime:
+  `options={"fallback": "onnxruntime"}`.
+- **Devices.** On CUDA, device tensors go in and come out through DLPack without host copies
+  (dlcc/interop.py); elsewhere CPU tensors go through numpy.
+
+Options (`torch.compile(m, backend="dlcc", options={...})`): pipeline, precision, target,
+device, fallback, cache, and eager_fallback (True: a graph dlcc cannot compile runs eagerly with
+a warning instead of raising).
+"""
+from __future__ import annotations
+
+import logging
+import re
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from .errors import DlccError
+
+log = logging.getLogger(__name__)
+
+#: Dynamo's names for the placeholders it lifts from a module's state (parameters and buffers).
+_STATE = re.compile(r"(^|_)(parameters|buffers)_")
+#: What `options` may hold, and what each goes to.
+OPTIONS = {"pipeline", "precision", "target", "device", "fallback", "cache", "eager_fallback"}
+
+
+def dlcc_backend(gm, example_inputs, options: dict | None = None):
+    """The torch.compile backend (registered as "dlcc" through the torch_dynamo_backends entry point)."""
+    import torch
+
+    opts = dict(options or {})
+    unknown = sorted(set(opts) - OPTIONS)
+    if unknown:
+        raise DlccError(f"torch.compile(backend='dlcc') options {unknown}: the options are {sorted(OPTIONS)}")
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    why = _eager_reason(example_inputs, placeholders)
+    if why:
+        warnings.warn(f"dlcc: this graph runs eagerly: {why}", stacklevel=2)
+        return gm.forward
+    try:
+        return _Compiled(gm, example_inputs, placeholders, opts)
+    except DlccError as e:
+        if not opts.get("eager_fallback"):
+            raise
+        warnings.warn(f"dlcc: this graph runs eagerly, dlcc cannot compile it: {str(e).splitlines()[0]}", stacklevel=2)
+        return gm.forward
+
+
+def _eager_reason(example_inputs, placeholders) -> str | None:
+    import torch
+
+    if len(example_inputs) != len(placeholders):
+        return f"{len(example_inputs)} inputs for {len(placeholders)} placeholders"
+    for x, p in zip(example_inputs, placeholders):
+        if not isinstance(x, torch.Tensor):
+            return f"input {p.target!r} is a {type(x).__name__}, not a tensor (compile with dynamic=False)"
+    return None
+
+
+class _Compiled:
+    """The callable dynamo runs in place of one graph: dlcc's model of it, and the constants it
+    was compiled with (module docstring)."""
+
+    def __init__(self, gm, example_inputs, placeholders, opts: dict):
+        import torch
+
+        self.gm, self.opts = gm, opts
+        self.state = [k for k, (x, p) in enumerate(zip(example_inputs, placeholders))
+                      if isinstance(x, torch.nn.Parameter) or _STATE.search(str(p.target))]
+        self.args = [k for k in range(len(placeholders)) if k not in self.state]
+        self.names = [f"input_{k}" for k in range(len(self.args))]
+        self._lock = threading.Lock()
+        self._build(example_inputs)
+
+    def _build(self, inputs) -> None:
+        import torch
+
+        consts = {k: inputs[k].detach() for k in self.state}
+        self.versions = {k: inputs[k]._version for k in self.state}
+        gm, n = self.gm, len(inputs)
+
+        class Bound(torch.nn.Module):
+            """The graph with its state bound as constants: the module torch.onnx traces."""
+
+            def forward(self, *xs):
+                it = iter(xs)
+                full = [consts[k] if k in consts else next(it) for k in range(n)]
+                out = gm(*full)
+                return tuple(torch.utils._pytree.tree_flatten(out)[0])
+
+        with torch.no_grad():
+            example = [inputs[k].detach() for k in self.args]
+            out = gm(*[inputs[k].detach() for k in range(n)])
+        flat, self.spec = torch.utils._pytree.tree_flatten(out)
+        if not all(isinstance(t, torch.Tensor) for t in flat):
+            raise DlccError("the graph returns values that are not tensors; dlcc compiles tensor programs")
+        self.out_devices = [t.device for t in flat]
+        self._dir = tempfile.TemporaryDirectory(prefix="dlcc-torch-")
+        path = Path(self._dir.name) / "graph.onnx"
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the TorchScript exporter's deprecation notice, every time)
+            try:
+                torch.onnx.export(Bound(), tuple(example), str(path), input_names=self.names,
+                                  output_names=[f"output_{k}" for k in range(len(flat))], opset_version=17,
+                                  dynamo=False)
+            except Exception as e:
+                raise DlccError(f"torch.onnx cannot export this graph for dlcc: {str(e).splitlines()[0][:300]}") \
+                    from None
+        import dlcc
+
+        kw = {k: self.opts[k] for k in ("pipeline", "precision", "device", "cache") if k in self.opts}
+        target = self.opts.get("target") or _target_for(example)
+        if self.opts.get("fallback"):
+            self.model = dlcc.compile(path, target=target, fallback=self.opts["fallback"], **kw)
+        else:
+            self.model = dlcc.compile(path, target=target, dynamic=True, **kw)
+            self.model.specialize({name: tuple(x.shape) for name, x in zip(self.names, example)})
+        self.outputs = [f"output_{k}" for k in range(len(flat))]
+        log.info("dlcc: compiled a graph of %d nodes for %s", len(self.gm.graph.nodes), target)
+
+    def __call__(self, *inputs):
+        import torch
+
+        if torch.is_grad_enabled() and any(x.requires_grad for x in inputs if isinstance(x, torch.Tensor)):
+            warnings.warn("dlcc: a call with gradients needed runs eagerly (dlcc compiles inference)", stacklevel=2)
+            return self.gm(*inputs)
+        with self._lock:
+            if any(inputs[k]._version != v for k, v in self.versions.items()):  # weights changed in place
+                log.info("dlcc: a parameter or buffer changed since the compile; compiling again")
+                self._build(inputs)
+            model, outputs = self.model, self.outputs
+        feeds = {name: _to_array(inputs[k]) for name, k in zip(self.names, self.args)}
+        cuda = not self.opts.get("fallback") and model.target == "cuda" and all(
+            isinstance(inputs[k], torch.Tensor) and inputs[k].is_cuda for k in self.args)
+        res = model.run(feeds, outputs="device") if cuda else model(feeds)
+        flat = [_to_tensor(res[o], dev) for o, dev in zip(outputs, self.out_devices)]
+        return torch.utils._pytree.tree_unflatten(flat, self.spec)
+
+
+def _target_for(example) -> str:
+    """CUDA where the graph's tensors are on a GPU and dlcc's CUDA runtime is there, else auto."""
+    return "cuda" if any(getattr(x, "is_cuda", False) for x in example) else "auto"
+
+
+def _to_array(x):
+    """A CPU tensor as numpy (bfloat16 as ml_dtypes' type, which numpy cannot take from torch);
+    a CUDA tensor as it is, for the CUDA runtime's DLPack path."""
+    import torch
+
+    if x.is_cuda:
+        return x.detach().contiguous()
+    x = x.detach().contiguous()
+    if x.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return x.numpy()
+
+
+def _to_tensor(a, device):
+    import torch
+
+    if hasattr(a, "__dlpack__") and not isinstance(a, np.ndarray):  # a dlcc DeviceArray
+        return torch.from_dlpack(a)
+    a = np.asarray(a)
+    if a.dtype.name == "bfloat16":
+        t = torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(np.ascontiguousarray(a))
+    return t.to(device) if device.type != "cpu" else t

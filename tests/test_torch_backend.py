@@ -1,0 +1,129 @@
+"""torch.compile(model, backend="dlcc") (dlcc/torch_backend.py): every result against the same
+module run eagerly, on PoCL with CPU tensors."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from conftest import opencl_device_available
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
+OPTS = {"target": "opencl", "pipeline": "astitch"}
+
+
+def _recording(options=None):
+    """The dlcc backend, keeping what it returned for each graph dynamo gave it."""
+    from dlcc.torch_backend import dlcc_backend
+
+    made = []
+
+    def backend(gm, example_inputs):
+        made.append(dlcc_backend(gm, example_inputs, options=dict(OPTS, **(options or {}))))
+        return made[-1]
+
+    return backend, made
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        return {"logits": self.fc(y.mean((2, 3))), "features": y}
+
+
+def _net():
+    torch.manual_seed(0)
+    m = Net().eval()
+    with torch.no_grad():
+        m.bn.running_mean.uniform_(-0.5, 0.5)
+        m.bn.running_var.uniform_(0.5, 2.0)
+    return m
+
+
+def _close(got, want):
+    for k in want:
+        np.testing.assert_allclose(got[k].numpy(), want[k].numpy(), rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+def test_a_module_compiled_with_the_dlcc_backend_matches_eager():
+    from dlcc.torch_backend import _Compiled
+
+    m = _net()
+    backend, made = _recording()
+    compiled = torch.compile(m, backend=backend, dynamic=False)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        got, want = compiled(x), m(x)
+    assert isinstance(got, dict) and got["logits"].dtype == torch.float32
+    _close(got, want)
+    assert len(made) == 1 and isinstance(made[0], _Compiled)
+    assert len(made[0].state) == 8 and len(made[0].args) == 1  # conv, bn and fc state baked in: one input left
+    with torch.no_grad():  # a new shape: dynamo calls the backend again
+        x2 = torch.randn(1, 3, 5, 6)
+        _close(compiled(x2), m(x2))
+    assert len(made) == 2
+
+
+def test_weights_changed_in_place_compile_again():
+    """An optimizer step between calls: the next call must see the new weights."""
+    m = _net()
+    backend, made = _recording()
+    compiled = torch.compile(m, backend=backend, dynamic=False)
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        compiled(x)
+        m.fc.weight.mul_(-2.0)
+        m.bn.running_mean.add_(0.25)
+        _close(compiled(x), m(x))
+
+
+def test_a_transformer_layer(monkeypatch):
+    """(Without torch's fused fast path, a single aten op that torch.onnx cannot export.)"""
+    monkeypatch.setattr(torch.backends.mha, "get_fastpath_enabled", lambda: False)
+    torch.manual_seed(1)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
+    backend, _ = _recording()
+    compiled = torch.compile(layer, backend=backend, dynamic=False)
+    x = torch.randn(2, 7, 32)
+    with torch.no_grad():
+        np.testing.assert_allclose(compiled(x).numpy(), layer(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_gradients_and_symbolic_sizes_run_eagerly():
+    m = torch.nn.Linear(4, 3)
+    backend, made = _recording()
+    x = torch.randn(2, 4, requires_grad=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = torch.compile(m, backend=backend, dynamic=False)(x)
+        y.sum().backward()  # the eager graph keeps autograd working
+    assert x.grad is not None and any("runs eagerly" in str(w.message) for w in caught)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        f = torch.compile(lambda a: a * 2 + 1, backend=backend, dynamic=True)
+        with torch.no_grad():
+            assert torch.equal(f(torch.ones(3)), torch.full((3,), 3.0))
+    assert any("not a tensor" in str(w.message) for w in caught)
+
+
+def test_options_are_checked_and_the_backend_is_found_by_name():
+    from dlcc.errors import DlccError
+    from dlcc.torch_backend import dlcc_backend
+
+    with pytest.raises(DlccError, match=r"options \['pipline'\]"):
+        dlcc_backend(torch.fx.symbolic_trace(torch.nn.ReLU()), [torch.ones(2)], options={"pipline": "full"})
+    from torch._dynamo import list_backends
+
+    assert "dlcc" in list_backends(exclude_tags=())
+    f = torch.compile(torch.nn.Tanh(), backend="dlcc", options={"target": "opencl"}, dynamic=False)
+    x = torch.linspace(-3, 3, 10)
+    with torch.no_grad():
+        np.testing.assert_allclose(f(x).numpy(), torch.tanh(x).numpy(), rtol=1e-5, atol=1e-6)

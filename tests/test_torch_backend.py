@@ -127,3 +127,21 @@ def test_options_are_checked_and_the_backend_is_found_by_name():
     x = torch.linspace(-3, 3, 10)
     with torch.no_grad():
         np.testing.assert_allclose(f(x).numpy(), torch.tanh(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_hugging_face_llama_through_torch_compile():
+    """A tiny Llama from transformers (rotary embeddings, RMSNorm, grouped KV heads, a causal mask
+    built inside the model), compiled as a user of torch.compile would compile it."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   use_cache=False)
+    m = transformers.LlamaForCausalLM(cfg).eval()
+    backend, made = _recording()
+    f = torch.compile(m, backend=backend, dynamic=False)
+    ids = torch.randint(0, 256, (2, 12))
+    with torch.no_grad():
+        np.testing.assert_allclose(f(input_ids=ids).logits.numpy(), m(input_ids=ids).logits.numpy(),
+                                   rtol=1e-4, atol=1e-4)
+    assert made

@@ -22,6 +22,7 @@
 #   . .gpu/setup.sh && scripts/gpu_session.sh 15    # GPT-2 with its LM head's weight stored transposed for cp.async, off and on (~3 min)
 #   . .gpu/setup.sh && scripts/gpu_session.sh 16    # GPT-2 and ViT with their LayerNorms folded into the GEMMs, off and on (~4 min)
 #   . .gpu/setup.sh && scripts/gpu_session.sh 17    # Hopper's wgmma GEMM tilings: on the hardware, against cuBLAS and mma.sync, then in models (~8 min)
+#   . .gpu/setup.sh && scripts/gpu_session.sh 18    # torch.compile(backend="dlcc") on CUDA tensors beside inductor, and dynamic=True (~4 min)
 #
 # What each number is for: issue 21 (stage 1: both import orders, device arrays, graphs, threads),
 # issue 18 (stages 2 and 3: GEMM and model floors against cuBLAS and torch.compile), issue 20
@@ -297,8 +298,21 @@ case "${1:-}" in
       --shapes 128x768x768,128x3072x768,128x768x3072,1024x1024x1024 --json "$OUT/gemm-bf16.json"
     off_and_on gemm_wgmma wgmma 70 bf16
     ;;
+  18)
+    # torch.compile(backend="dlcc") (dlcc/torch_backend.py), never run on a GPU before: the small
+    # models first (CUDA tensors in by DLPack, out as torch CUDA tensors, judged against
+    # onnxruntime), then BERT-base and GPT-2 at bf16 and fp32 beside inductor's reduce-overhead,
+    # in one process each.
+    SMALL="${SMALL_MODELS_DIR:-$MODELS}"
+    step small-backend 90 "$PY" scripts/vs_torch.py --size small --models bert,gpt2,vit,cnn --precisions fp32,bf16 \
+      --pipelines full --torch-modes eager,dlcc-backend --repeat 10 --models-dir "$SMALL" \
+      --json-out "$OUT/small-backend.json"
+    step full-backend 150 "$PY" scripts/vs_torch.py --size full --models bert,gpt2 --precisions bf16,fp32 \
+      --pipelines full --torch-modes reduce-overhead,dlcc-backend --models-dir "$MODELS" \
+      --json-out "$OUT/full-backend.json"
+    ;;
   *)
-    echo "usage: scripts/gpu_session.sh 0|1|...|17   (the stages are described at the top of this file)" >&2
+    echo "usage: scripts/gpu_session.sh 0|1|...|18   (the stages are described at the top of this file)" >&2
     exit 2
     ;;
 esac

@@ -2,7 +2,8 @@
 """dlcc beside PyTorch at every precision, in one process, on the same weights.
 
 For each model and precision it times:
-  - PyTorch eager, `torch.compile`, and `torch.compile(mode="reduce-overhead")` (CUDA graphs);
+  - PyTorch eager, `torch.compile`, and `torch.compile(mode="reduce-overhead")` (CUDA graphs),
+    and `torch.compile(backend="dlcc")` (`--torch-modes dlcc-backend`);
   - dlcc through each pipeline at that precision,
 and checks every engine's outputs against onnxruntime on the float32 model, at the tolerance
 `dlcc verify` documents for the precision, so a fast wrong answer shows as one.
@@ -43,7 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 PRECISIONS = ("fp32", "tf32x3", "tf32", "fp16", "bf16")
-TORCH_MODES = ("eager", "default", "reduce-overhead")
+#: "dlcc-backend" is torch.compile(backend="dlcc") (dlcc/torch_backend.py): dlcc's plans for the
+#: graphs dynamo captures, at the row's precision through the `full` pipeline.
+TORCH_MODES = ("eager", "default", "reduce-overhead", "dlcc-backend")
 
 
 def torch_precision(precision: str):
@@ -98,7 +101,11 @@ def torch_rows(name: str, size: str, precision: str, modes: list[str], path: Pat
         row = {"model": f"{name}-{size}", "precision": precision, "engine": f"torch {mode}"}
         try:
             torch._dynamo.reset()
-            fn = mod if mode == "eager" else torch.compile(mod, mode=None if mode == "default" else mode)
+            if mode == "dlcc-backend":
+                fn = torch.compile(mod, backend="dlcc", dynamic=False,
+                                   options={"pipeline": "full", "precision": precision})
+            else:
+                fn = mod if mode == "eager" else torch.compile(mod, mode=None if mode == "default" else mode)
             with torch.inference_mode():
                 t0 = time.perf_counter()
                 out = fn(*args)

@@ -12,9 +12,11 @@ as torch's own "onnxrt" backend does with onnxruntime.
   (an optimizer step) makes the next call compile again, so a call never runs stale weights.
 - **Inference.** The compiled function computes no gradients. A graph called with grad enabled
   on tensors that require it runs eagerly instead (with a warning), as does a graph whose inputs
-  or outputs are not all tensors (symbolic sizes from `dynamic=True`, None, Python numbers).
-- **Shapes.** Dynamo guards on shapes and calls the backend again for a new one; `dynamic=False`
-  keeps every graph static. A graph dlcc refuses part of can run split with onnxruntime:
+  are other than tensors and sizes, or whose outputs are not all tensors.
+- **Shapes.** Dynamo guards on shapes and calls the backend again for a new one. A graph with
+  symbolic sizes (`dynamic=True`, or dynamo's automatic dynamic shapes after a second shape) is
+  exported and compiled once per set of sizes it is called with (`_Specializing`), since dlcc
+  plans static shapes. A graph dlcc refuses part of can run split with onnxruntime:
   `options={"fallback": "onnxruntime"}`.
 - **Devices.** On CUDA, device tensors go in and come out through DLPack without host copies
   (dlcc/interop.py); elsewhere CPU tensors go through numpy.
@@ -57,6 +59,8 @@ def dlcc_backend(gm, example_inputs, options: dict | None = None):
     if why:
         warnings.warn(f"dlcc: this graph runs eagerly: {why}", stacklevel=2)
         return gm.forward
+    if any(not isinstance(x, torch.Tensor) for x in example_inputs):  # symbolic sizes: compiled per value
+        return _Specializing(gm, example_inputs, placeholders, opts)
     try:
         return _Compiled(gm, example_inputs, placeholders, opts)
     except DlccError as e:
@@ -72,9 +76,45 @@ def _eager_reason(example_inputs, placeholders) -> str | None:
     if len(example_inputs) != len(placeholders):
         return f"{len(example_inputs)} inputs for {len(placeholders)} placeholders"
     for x, p in zip(example_inputs, placeholders):
-        if not isinstance(x, torch.Tensor):
-            return f"input {p.target!r} is a {type(x).__name__}, not a tensor (compile with dynamic=False)"
+        if not isinstance(x, (torch.Tensor, int, torch.SymInt)) or isinstance(x, bool):
+            return f"input {p.target!r} is a {type(x).__name__}, neither a tensor nor a size"
     return None
+
+
+class _Specializing:
+    """A graph with symbolic sizes (dynamo's dynamic shapes): each call's sizes and tensor shapes
+    get a graph of their own, exported with the sizes as constants and compiled, as dynamo would
+    with dynamic=False; the `MAX_PLANS` most recent stay."""
+
+    MAX_PLANS = 8
+
+    def __init__(self, gm, example_inputs, placeholders, opts: dict):
+        import torch
+
+        self.gm, self.placeholders, self.opts = gm, placeholders, opts
+        self.sizes = [k for k, x in enumerate(example_inputs) if not isinstance(x, torch.Tensor)]
+        self.plans: dict[tuple, _Compiled] = {}
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def __call__(self, *inputs):
+        import torch
+
+        key = tuple(int(inputs[k]) for k in self.sizes) + tuple(
+            (tuple(x.shape), x.dtype) for x in inputs if isinstance(x, torch.Tensor))
+        with self._lock:
+            plan = self.plans.pop(key, None)
+            if plan is None:
+                plan = _Compiled(self.gm, list(inputs), self.placeholders, self.opts)
+                if len(self.plans) >= self.MAX_PLANS:
+                    self.plans.pop(next(iter(self.plans)))
+                    if not self._warned:
+                        self._warned = True
+                        warnings.warn(f"dlcc: a graph with dynamic sizes has seen more than {self.MAX_PLANS} of "
+                                      "them; the oldest plans are dropped and compiled again if they come back",
+                                      stacklevel=2)
+            self.plans[key] = plan  # (most recently used last)
+        return plan(*inputs)
 
 
 class _Compiled:
@@ -85,9 +125,10 @@ class _Compiled:
         import torch
 
         self.gm, self.opts = gm, opts
-        self.state = [k for k, (x, p) in enumerate(zip(example_inputs, placeholders))
-                      if isinstance(x, torch.nn.Parameter) or _STATE.search(str(p.target))]
-        self.args = [k for k in range(len(placeholders)) if k not in self.state]
+        self.state = [k for k, (x, p) in enumerate(zip(example_inputs, placeholders)) if isinstance(x, torch.Tensor)
+                      and (isinstance(x, torch.nn.Parameter) or _STATE.search(str(p.target)))]
+        self.sizes = {k: int(x) for k, x in enumerate(example_inputs) if not isinstance(x, torch.Tensor)}
+        self.args = [k for k in range(len(placeholders)) if k not in self.state and k not in self.sizes]
         self.names = [f"input_{k}" for k in range(len(self.args))]
         self._lock = threading.Lock()
         self._build(example_inputs)
@@ -95,7 +136,7 @@ class _Compiled:
     def _build(self, inputs) -> None:
         import torch
 
-        consts = {k: inputs[k].detach() for k in self.state}
+        consts = {k: inputs[k].detach() for k in self.state} | self.sizes  # (sizes: this plan's values)
         self.versions = {k: inputs[k]._version for k in self.state}
         gm, n = self.gm, len(inputs)
 
@@ -110,7 +151,7 @@ class _Compiled:
 
         with torch.no_grad():
             example = [inputs[k].detach() for k in self.args]
-            out = gm(*[inputs[k].detach() for k in range(n)])
+            out = gm(*[consts.get(k, inputs[k]) if k in consts else inputs[k].detach() for k in range(n)])
         flat, self.spec = torch.utils._pytree.tree_flatten(out)
         if not all(isinstance(t, torch.Tensor) for t in flat):
             raise DlccError("the graph returns values that are not tensors; dlcc compiles tensor programs")

@@ -24,6 +24,7 @@ every node runs.
 """
 from __future__ import annotations
 
+import heapq
 import logging
 import shutil
 import tempfile
@@ -180,21 +181,21 @@ class PartitionedModel:
             for p in d:
                 users[p].append(k)
         left = [len(d) for d in deps]
-        ready = [k for k in range(n) if not left[k]]
+        ready: dict[str, list[int]] = {"dlcc": [], "onnxruntime": []}  # a heap per engine, in graph order
+        for k in range(n):
+            if not left[k]:
+                heapq.heappush(ready[self._engine(k)], k)
         order: list[int] = []
         engine = "dlcc"
-        while ready:
-            pick = next((k for k in ready if self._engine(k) == engine), None)
-            if pick is None:
+        while ready["dlcc"] or ready["onnxruntime"]:
+            if not ready[engine]:
                 engine = "onnxruntime" if engine == "dlcc" else "dlcc"
-                continue
-            ready.remove(pick)
+            pick = heapq.heappop(ready[engine])
             order.append(pick)
             for u in users[pick]:
                 left[u] -= 1
                 if not left[u]:
-                    ready.append(u)
-            ready.sort()
+                    heapq.heappush(ready[self._engine(u)], u)
         if len(order) != n:
             raise DlccError(f"{self.model_path}: the graph has a cycle; it cannot be split into segments")
         runs: list[list[int]] = []

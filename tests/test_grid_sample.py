@@ -22,6 +22,9 @@ from conftest import opencl_device_available
 from dlcc.errors import DlccError
 
 needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
+#: baseline's runs of the other cases are under -m slow: astitch covers the same rewrite in the
+#: default suite, and the first case runs both there.
+SLOW_BASELINE = [pytest.param("baseline", marks=pytest.mark.slow), "astitch"]
 PIPELINES = ["baseline", "astitch"]
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -104,7 +107,7 @@ def test_grid_sample_16_every_mode(tmp_path, pipeline):
 
 
 @needs_opencl
-@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("pipeline", SLOW_BASELINE)
 def test_grid_sample_20_names_5d_and_thin_inputs(tmp_path, pipeline):
     """Opset 20's names (the default "linear", "cubic"), a one-channel tall input, an input one
     pixel high (every tap folds onto that row), and 5-D inputs (trilinear and nearest, every
@@ -131,7 +134,7 @@ def test_grid_sample_20_names_5d_and_thin_inputs(tmp_path, pipeline):
 
 
 @needs_opencl
-@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("pipeline", SLOW_BASELINE)
 def test_grid_sample_half(tmp_path, pipeline):
     """float16 input and grid at opset 22: computed in float32, rounded once at the end, as
     onnxruntime runs them (it has float kernels only and casts around them)."""
@@ -149,7 +152,7 @@ def test_grid_sample_half(tmp_path, pipeline):
 
 
 @needs_opencl
-@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("pipeline", SLOW_BASELINE)
 def test_affine_grid(tmp_path, pipeline):
     """AffineGrid 2-D and 3-D with both align_corners, a dim of length 1 (onnxruntime's base grid
     puts its one point at +1 with align_corners, at 0 without), and a GridSample reading one of
@@ -181,7 +184,7 @@ def _export(module, x, path, opset: int) -> str:
 
 
 @needs_opencl
-@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("pipeline", SLOW_BASELINE)
 def test_exported_spatial_transformer(tmp_path, pipeline):
     """A spatial transformer as torch writes one: a small localization net predicts theta,
     affine_grid and grid_sample resample the input. The TorchScript exporter writes affine_grid
@@ -210,7 +213,7 @@ def test_exported_spatial_transformer(tmp_path, pipeline):
 
 
 @needs_opencl
-@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("pipeline", SLOW_BASELINE)
 def test_exported_flow_warp(tmp_path, pipeline):
     """An image warped by a flow a conv predicts (optical-flow and deformable models): grid =
     base + flow, bicubic with zero padding, exported at opset 17 (GridSample-16)."""

@@ -107,6 +107,20 @@ def shape_of(x) -> tuple[int, ...]:
         raise InputError(f"an input of type {type(x).__name__} has no readable shape ({s!r})") from None
 
 
+def host_dtype(x, spec: InputSpec):
+    """For a host value (numpy, or what numpy converts: lists, numbers), the signature's dtype it
+    converts to as a compiled model converts it (numpy's same_kind rule), or an InputError before
+    anything compiles. Device arrays (torch, CuPy, pyopencl) are None: the plan checks them
+    exactly, dtype and all."""
+    if spec.dtype is None or not (isinstance(x, (np.ndarray, np.generic, list, tuple, int, float, bool))):
+        return None
+    dt = x.dtype if isinstance(x, (np.ndarray, np.generic)) else np.asarray(x).dtype
+    want = np.dtype(spec.dtype)
+    if dt != want and not (want.name == "bfloat16" and dt == np.dtype("V2")) and not np.can_cast(dt, want, "same_kind"):
+        raise InputError(f"input {spec.name!r} has dtype {dt}, expected {want}")
+    return want
+
+
 class DynamicModel:
     """What `dlcc.compile(model, dynamic=True)` returns: called like a CompiledModel, it compiles
     a plan for each distinct set of input shapes it is called with (module docstring)."""
@@ -165,6 +179,8 @@ class DynamicModel:
         signature: the names, each rank, the dims the model or `shapes=` fix, and one value for
         each named dim."""
         check_input_names(feeds, [s.name for s in self.signature])
+        for s in self.signature:
+            host_dtype(feeds[s.name], s)
         return self._resolve({s.name: shape_of(feeds[s.name]) for s in self.signature}, {}, "input")
 
     def _resolve(self, given: dict[str, tuple], symbols: dict[str, int], what: str) -> dict[str, tuple[int, ...]]:

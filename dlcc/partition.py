@@ -283,9 +283,17 @@ class PartitionedModel:
 
     # -- calls ------------------------------------------------------------------------------------
     def __call__(self, inputs: dict | None = None, **kw) -> dict[str, np.ndarray]:
+        from .dynamic import host_dtype
+
         feeds = dict(inputs or {}, **kw)
-        self._signature.shapes_for(feeds)  # names, ranks and bound dims, before anything runs
-        values: dict[str, np.ndarray] = {k: np.asarray(v) for k, v in feeds.items()}
+        self._signature.shapes_for(feeds)  # names, dtypes, ranks and bound dims, before anything runs
+        values: dict[str, np.ndarray] = {}
+        for spec in self._signature.signature:  # host arrays of the model's types: the segments are typed by them
+            want = host_dtype(feeds[spec.name], spec)
+            a = np.asarray(feeds[spec.name])
+            values[spec.name] = a.view(want) if want is not None and a.dtype == np.dtype("V2") else (
+                a.astype(want) if want is not None and a.dtype != want else a)
+        before = None  # the partition before this call moved nodes, to put back if the call fails
         while True:
             with self._lock:
                 segments = list(self._segments)
@@ -295,7 +303,17 @@ class PartitionedModel:
                     values.update(outs)
                 break
             except _Refused as r:
+                if before is None:
+                    with self._lock:
+                        before = (set(self._host), dict(self._refused), self._segments)
                 self._refuse(r.segment, r.error)
+            except BaseException:
+                # A call that fails on onnxruntime too was bad input (a shape the model cannot take),
+                # not a part dlcc cannot compile: the nodes it moved go back for the next call.
+                if before is not None:
+                    with self._lock:
+                        self._host, self._refused, self._segments = before
+                raise
         for name in self.outputs:
             if name not in values and name in self._inits:
                 values[name] = onnx.numpy_helper.to_array(self._inits[name])
@@ -448,7 +466,7 @@ class _OrtSegment:
         import onnxruntime as ort
 
         so = ort.SessionOptions()
-        so.log_severity_level = 3
+        so.log_severity_level = 4  # (its errors are raised as dlcc's, not printed too)
         try:
             self.session = ort.InferenceSession(owner._submodel(seg, values).SerializeToString(), so,
                                                 providers=["CPUExecutionProvider"])

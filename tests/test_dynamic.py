@@ -227,3 +227,12 @@ def test_a_torch_export_with_dynamic_batch_and_sequence(tmp_path):
         ref = _ort(path, feeds)[0]
         np.testing.assert_allclose(m(feeds)["hidden"], ref, rtol=1e-4, atol=1e-4)
     assert m.compiles == 3
+
+
+def test_a_dtype_numpy_cannot_convert_is_refused_before_compiling(masked):
+    m = dlcc.compile(masked, target="opencl", dynamic=True)
+    with pytest.raises(InputError, match="'x' has dtype complex64, expected float32"):
+        m({"x": np.zeros((1, 2, 8), np.complex64), "mask": np.ones((1, 2), np.int64)})
+    with pytest.raises(InputError, match="'mask' has dtype object, expected int64"):
+        m({"x": np.zeros((1, 2, 8), np.float32), "mask": np.array([[None, None]])})
+    assert m.compiles == 0

@@ -37,7 +37,7 @@ def _check(path, m, feeds):
     return got
 
 
-def _detector(tmp_path):
+def _detector(tmp_path, batch=1):
     """A convolution, box and score heads, NonMaxSuppression, then the kept boxes gathered and
     scaled: what a detector exported with its NMS looks like. The number of boxes kept depends on
     the values, so the part after the NMS gets its shapes only at run time."""
@@ -56,7 +56,7 @@ def _detector(tmp_path):
              "s_boxes": np.array([1, n, 4], np.int64), "ax1": np.array([1], np.int64), "ax0": np.array([0], np.int64),
              "two": np.array(2, np.int64), "maxk": np.array([12], np.int64), "iou": np.array([0.3], np.float32),
              "thr": np.array([0.5], np.float32), "scale": np.array(2.0, np.float32)}
-    return _save(tmp_path, nodes, [h.make_tensor_value_info("x", F, [1, 3, 8, 8])],
+    return _save(tmp_path, nodes, [h.make_tensor_value_info("x", F, [batch, 3, 8, 8])],
                  [h.make_tensor_value_info("y", F, ["k", 4]), h.make_tensor_value_info("total", F, []),
                   h.make_tensor_value_info("scores", F, [1, 1, n])], inits, "detector")
 
@@ -199,3 +199,21 @@ def test_verify_fallback_from_the_cli(tmp_path):
     assert d["passed"] and [s["engine"] for s in d["segments"]] == ["dlcc", "onnxruntime", "dlcc"]
     res = CliRunner().invoke(app, ["verify", str(path), "-t", "opencl", "--fallback", "tvm"])
     assert res.exit_code != 0 and "falls back to onnxruntime" in str(res.exception)
+
+
+@needs_opencl
+def test_a_call_that_fails_on_onnxruntime_too_moves_nothing(tmp_path):
+    """An input the model cannot take (a batch of 0 into a Reshape to [1, 24, 4]): dlcc's compile
+    refuses the segment, onnxruntime then fails on it too, and the call's error is onnxruntime's.
+    The nodes it moved go back: bad input must not leave the model running on onnxruntime."""
+    path = _detector(tmp_path, batch="batch")
+    m = dlcc.compile(path, target="opencl", pipeline="astitch", fallback="onnxruntime")
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    _check(path, m, {"x": x})
+    before = m.segments
+    with pytest.raises(DlccError, match="onnxruntime failed on its part of the model"):
+        m({"x": np.zeros((0, 3, 8, 8), np.float32)})
+    assert m.segments == before
+    with pytest.raises(InputError, match="has dtype complex64, expected float32"):
+        m({"x": x.astype(np.complex64)})
+    _check(path, m, {"x": x})

@@ -218,7 +218,7 @@ def test_a_torch_export_with_dynamic_batch_and_sequence(tmp_path):
     torch.onnx.export(Wrap().eval(), (ids, torch.ones_like(ids)), str(path), input_names=["ids", "mask"],
                       output_names=["hidden"], opset_version=17, dynamo=False,
                       dynamic_axes={"ids": {0: "batch", 1: "seq"}, "mask": {0: "batch", 1: "seq"}})
-    m = dlcc.compile(path, target="opencl", pipeline="full", dynamic=True)
+    m = dlcc.compile(path, target="opencl", pipeline="astitch", dynamic=True)
     for b, s in [(1, 8), (2, 5), (1, 17)]:
         r = np.random.default_rng(s)
         mask = np.ones((b, s), np.int64)

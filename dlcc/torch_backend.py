@@ -136,7 +136,12 @@ class _Compiled:
     def _build(self, inputs) -> None:
         import torch
 
-        consts = {k: inputs[k].detach() for k in self.state} | self.sizes  # (sizes: this plan's values)
+        # ONNX at opset 17 has no bfloat16 Conv, MatMul or LayerNormalization: a bfloat16 graph is
+        # exported in float32 and compiled at precision bf16 (weights and activations in bfloat16
+        # again inside dlcc), its inputs widened and its outputs narrowed at each call.
+        self.widen = any(isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 for x in inputs)
+        wide = (lambda t: t.float() if t.dtype == torch.bfloat16 else t) if self.widen else (lambda t: t)
+        consts = {k: wide(inputs[k].detach()) for k in self.state} | self.sizes  # (sizes: this plan's values)
         self.versions = {k: inputs[k]._version for k in self.state}
         gm, n = self.gm, len(inputs)
 
@@ -150,12 +155,13 @@ class _Compiled:
                 return tuple(torch.utils._pytree.tree_flatten(out)[0])
 
         with torch.no_grad():
-            example = [inputs[k].detach() for k in self.args]
-            out = gm(*[consts.get(k, inputs[k]) if k in consts else inputs[k].detach() for k in range(n)])
+            example = [wide(inputs[k].detach()) for k in self.args]
+            out = gm(*[inputs[k].detach() if isinstance(inputs[k], torch.Tensor) else inputs[k] for k in range(n)])
         flat, self.spec = torch.utils._pytree.tree_flatten(out)
         if not all(isinstance(t, torch.Tensor) for t in flat):
             raise DlccError("the graph returns values that are not tensors; dlcc compiles tensor programs")
         self.out_devices = [t.device for t in flat]
+        self.out_dtypes = [t.dtype for t in flat]
         self._dir = tempfile.TemporaryDirectory(prefix="dlcc-torch-")
         path = Path(self._dir.name) / "graph.onnx"
         with torch.no_grad(), warnings.catch_warnings():
@@ -170,6 +176,8 @@ class _Compiled:
         import dlcc
 
         kw = {k: self.opts[k] for k in ("pipeline", "precision", "device", "cache") if k in self.opts}
+        if self.widen:
+            kw.setdefault("precision", "bf16")
         target = self.opts.get("target") or _target_for(example)
         if self.opts.get("fallback"):
             self.model = dlcc.compile(path, target=target, fallback=self.opts["fallback"], **kw)
@@ -190,11 +198,14 @@ class _Compiled:
                 log.info("dlcc: a parameter or buffer changed since the compile; compiling again")
                 self._build(inputs)
             model, outputs = self.model, self.outputs
+        if self.widen:
+            inputs = [x.float() if isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 else x for x in inputs]
         feeds = {name: _to_array(inputs[k]) for name, k in zip(self.names, self.args)}
         cuda = not self.opts.get("fallback") and model.target == "cuda" and all(
             isinstance(inputs[k], torch.Tensor) and inputs[k].is_cuda for k in self.args)
         res = model.run(feeds, outputs="device") if cuda else model(feeds)
         flat = [_to_tensor(res[o], dev) for o, dev in zip(outputs, self.out_devices)]
+        flat = [t if t.dtype == d else t.to(d) for t, d in zip(flat, self.out_dtypes)]  # (a widened graph's)
         return torch.utils._pytree.tree_unflatten(flat, self.spec)
 
 

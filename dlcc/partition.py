@@ -43,6 +43,10 @@ from .errors import (DlccError, DynamicShapeError, UnsupportedControlFlowError, 
 
 log = logging.getLogger(__name__)
 
+#: A dlcc segment whose weights pass this many bytes is saved with its weights beside it (a
+#: protobuf message cannot hold 2 GB; dlcc reads external data from the model's own folder).
+EXTERNAL_DATA_BYTES = 1 << 30
+
 #: The engines a model's unsupported nodes may fall back to.
 FALLBACKS = ("onnxruntime",)
 
@@ -448,7 +452,9 @@ class _DlccSegment:
         from .dynamic import DynamicModel
 
         path = Path(tempfile.mkdtemp(prefix="seg-", dir=owner._dir)) / "part.onnx"
-        onnx.save(owner._submodel(seg, values), str(path))
+        sub = owner._submodel(seg, values)
+        big = sum(len(t.raw_data) for t in sub.graph.initializer) > EXTERNAL_DATA_BYTES
+        onnx.save(sub, str(path), save_as_external_data=big, location="part.data")  # (protobuf stops at 2 GB)
         bound = {k: v for k, v in owner._values.items() if k in seg.inputs}
         self.model = DynamicModel(path, bound, dict(owner._kwargs), owner.max_plans)
 

@@ -217,3 +217,16 @@ def test_a_call_that_fails_on_onnxruntime_too_moves_nothing(tmp_path):
     with pytest.raises(InputError, match="has dtype complex64, expected float32"):
         m({"x": x.astype(np.complex64)})
     _check(path, m, {"x": x})
+
+
+@needs_opencl
+def test_a_segment_with_large_weights_is_saved_with_external_data(tmp_path, monkeypatch):
+    """A segment past protobuf's 2 GB is written with its weights beside it (the threshold is
+    lowered here so that the detector's weights pass it)."""
+    import dlcc.partition as partition
+
+    monkeypatch.setattr(partition, "EXTERNAL_DATA_BYTES", 1000)
+    path = _detector(tmp_path)
+    m = dlcc.compile(path, target="opencl", pipeline="astitch", fallback="onnxruntime")
+    _check(path, m, {"x": np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)})
+    assert list(m._dir.glob("seg-*/part.data"))

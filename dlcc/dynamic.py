@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DlccError, ShapeError
-from .executor import InputError, check_input_names, pick_target
+from .executor import InputError, castable, check_input_names, pick_target
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def host_dtype(x, spec: InputSpec):
         return None
     dt = x.dtype if isinstance(x, (np.ndarray, np.generic)) else np.asarray(x).dtype
     want = np.dtype(spec.dtype)
-    if dt != want and not (want.name == "bfloat16" and dt == np.dtype("V2")) and not np.can_cast(dt, want, "same_kind"):
+    if not castable(dt, want):
         raise InputError(f"input {spec.name!r} has dtype {dt}, expected {want}")
     return want
 
@@ -162,6 +162,11 @@ class DynamicModel:
             weakref.finalize(self, shutil.rmtree, str(self._dir), True)
 
     # -- the signature ----------------------------------------------------------------------------
+    @property
+    def bound_values(self) -> dict[str, tuple[int]]:
+        """The scalar inputs whose value `shapes=` binds (`sr=16000`), as given there."""
+        return dict(self._values)
+
     @property
     def inputs(self) -> list[dict]:
         """The model's inputs, with '?' for dims the call decides."""

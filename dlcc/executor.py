@@ -95,6 +95,22 @@ def check_input_names(inputs: dict, names: list[str]) -> None:
                          f"expected {names}")
 
 
+def castable(have: np.dtype, want: np.dtype) -> bool:
+    """Whether a host array of dtype `have` is taken for an input of dtype `want`: numpy's
+    same_kind rule, and 2-byte voids for bfloat16 (.npz files keep ml_dtypes' bfloat16 so)."""
+    return have == want or (want.name == "bfloat16" and have == np.dtype("V2")) or np.can_cast(have, want, "same_kind")
+
+
+def as_input(a: np.ndarray, name: str, dtype) -> np.ndarray:
+    """Host array `a` in the input's dtype, converted as `castable` allows, or an InputError."""
+    want = np.dtype(dtype)
+    if a.dtype == want:
+        return a
+    if not castable(a.dtype, want):
+        raise InputError(f"input {name!r} has dtype {a.dtype}, expected {want}")
+    return a.view(want) if a.dtype == np.dtype("V2") else a.astype(want)
+
+
 def pick_target(target: str = "auto") -> str:
     """auto → CUDA when PyCUDA sees a GPU, else OpenCL (PoCL on the CPU here)."""
     if target not in ("auto", "cuda", "opencl"):
@@ -221,13 +237,7 @@ class Executor:
             if tuple(a.shape) != tuple(t["shape"]):
                 raise InputError(f"input {t['name']!r} has shape {list(a.shape)}, the model was compiled for "
                                  f"{t['shape']} (recompile with --shape {t['name']}=...)")
-            if t["dtype"] == "bfloat16" and a.dtype == np.dtype("V2"):
-                a = a.view(t["dtype"])  # .npz files keep ml_dtypes' bfloat16 as 2-byte voids
-            if a.dtype != np.dtype(t["dtype"]):
-                if not np.can_cast(a.dtype, t["dtype"], casting="same_kind"):
-                    raise InputError(f"input {t['name']!r} has dtype {a.dtype}, expected {t['dtype']}")
-                a = a.astype(t["dtype"])
-            arrays.append(np.ascontiguousarray(a))
+            arrays.append(np.ascontiguousarray(as_input(a, t["name"], t["dtype"])))
 
     def _check_device_input(self, t: dict, ref, role: str = "input") -> None:
         """A device array for input `t` (or for output `t`'s `out=` destination, role "out"): on

@@ -7,6 +7,7 @@ all known (with the few ops it gets wrong replaced: reference_ops.py). Shapes co
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -123,8 +124,7 @@ def _check_einsum_equations(model: onnx.ModelProto, path) -> None:
                 for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
                     yield from nodes(sub)
 
-    every = [n for n in nodes(model.graph)] + [n for f in model.functions for n in f.node]
-    for n in every:
+    for n in itertools.chain(nodes(model.graph), (n for f in model.functions for n in f.node)):
         if n.op_type != "Einsum":
             continue
         eq = next((a.s for a in n.attribute if a.name == "equation"), b"")

@@ -146,15 +146,12 @@ class PartitionedModel:
         self._signature = DynamicModel(model, shapes, dict(compile_kwargs), max_plans)  # checks calls; never compiles
         self.target = self._signature.target
         self._kwargs = dict(compile_kwargs, target=self.target)
-        self._kwargs.pop("steps", None)
         self.max_plans = max_plans
-        self._values = {k: v for k, v in shapes.items() if k in self._signature._values}
         m = load_model(model)
         self._model = m
         self._opset = opset_of(m)
         g = m.graph
         self._inits = {t.name: t for t in g.initializer}
-        self.inputs = [i.name for i in g.input if i.name not in self._inits]
         self.outputs = [o.name for o in g.output]
         self._node_reads = [_reads(n) for n in g.node]
         self._producer = {o: k for k, n in enumerate(g.node) for o in n.output if o}
@@ -168,7 +165,6 @@ class PartitionedModel:
         self._lock = threading.Lock()
         self._runners: dict[tuple, object] = {}
         self._refused: dict[int, str] = {k: "dlcc has no lowering for the op" for k in self._host}
-        self.segments_formed = 0
         self._segments = self._partition()
         self._dir = Path(tempfile.mkdtemp(prefix="dlcc-partition-"))
         weakref.finalize(self, shutil.rmtree, str(self._dir), True)
@@ -225,7 +221,6 @@ class PartitionedModel:
             for k in run:
                 ins += [x for x in self._node_reads[k] if x not in made and x not in self._inits and x not in ins]
             segments.append(Segment(self._engine(run[0]), tuple(run), tuple(ins), tuple(outs)))
-        self.segments_formed += 1
         return segments
 
     def _with_shape_math(self, run: list[int]) -> list[int]:
@@ -288,15 +283,14 @@ class PartitionedModel:
     # -- calls ------------------------------------------------------------------------------------
     def __call__(self, inputs: dict | None = None, **kw) -> dict[str, np.ndarray]:
         from .dynamic import host_dtype
+        from .executor import as_input
 
         feeds = dict(inputs or {}, **kw)
         self._signature.shapes_for(feeds)  # names, dtypes, ranks and bound dims, before anything runs
         values: dict[str, np.ndarray] = {}
         for spec in self._signature.signature:  # host arrays of the model's types: the segments are typed by them
-            want = host_dtype(feeds[spec.name], spec)
             a = np.asarray(feeds[spec.name])
-            values[spec.name] = a.view(want) if want is not None and a.dtype == np.dtype("V2") else (
-                a.astype(want) if want is not None and a.dtype != want else a)
+            values[spec.name] = a if host_dtype(feeds[spec.name], spec) is None else as_input(a, spec.name, spec.dtype)
         before = None  # the partition before this call moved nodes, to put back if the call fails
         while True:
             with self._lock:
@@ -341,7 +335,7 @@ class PartitionedModel:
             raise type(e)(f"{e}; sample inputs need every dynamic dim bound: --shape NAME=... (shapes= in "
                           "Python), or give the inputs") from None
         sig = [{"name": s.name, "dtype": s.dtype, "shape": list(shapes[s.name])} for s in self._signature.signature]
-        return sample_inputs(sig, seed, bound={k: int(v[0]) for k, v in self._values.items()})
+        return sample_inputs(sig, seed, bound={k: int(v[0]) for k, v in self._signature.bound_values.items()})
 
     # -- the engines ------------------------------------------------------------------------------
     def _runner(self, seg: Segment, values: dict):
@@ -387,7 +381,7 @@ class PartitionedModel:
         sub = helper.make_model(graph, opset_imports=list(self._model.opset_import), ir_version=self._model.ir_version)
         sub.functions.extend(self._model.functions)
         inferred = {}
-        for static in (True, False):  # this call's shapes give ranks where symbolic dims do not
+        for static in (True, False):  # this call's shapes give ranks where symbolic dims do not; those if it fails
             probe = onnx.ModelProto()
             probe.CopyFrom(sub)
             if static:
@@ -399,9 +393,8 @@ class PartitionedModel:
                 found = onnx.shape_inference.infer_shapes(probe, check_type=False, strict_mode=False, data_prop=True)
             except Exception:
                 continue
-            for v in found.graph.value_info:
-                if v.name not in inferred or not inferred[v.name].tensor_type.HasField("shape"):
-                    inferred[v.name] = v.type
+            inferred = {v.name: v.type for v in found.graph.value_info}
+            break
         for name in seg.outputs:
             t = inferred.get(name)
             if t is None or not t.tensor_type.HasField("shape"):
@@ -455,7 +448,7 @@ class _DlccSegment:
         sub = owner._submodel(seg, values)
         big = sum(len(t.raw_data) for t in sub.graph.initializer) > EXTERNAL_DATA_BYTES
         onnx.save(sub, str(path), save_as_external_data=big, location="part.data")  # (protobuf stops at 2 GB)
-        bound = {k: v for k, v in owner._values.items() if k in seg.inputs}
+        bound = {k: v for k, v in owner._signature.bound_values.items() if k in seg.inputs}
         self.model = DynamicModel(path, bound, dict(owner._kwargs), owner.max_plans)
 
     def __call__(self, seg: Segment, values: dict) -> dict:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .dynamic import MAX_PLANS
 from .errors import DlccError
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class _Specializing:
     get a graph of their own, exported with the sizes as constants and compiled, as dynamo would
     with dynamic=False; the `MAX_PLANS` most recent stay."""
 
-    MAX_PLANS = 8
+    MAX_PLANS = MAX_PLANS  # (as many as a dynamic model keeps)
 
     def __init__(self, gm, example_inputs, placeholders, opts: dict):
         import torch
@@ -140,7 +141,10 @@ class _Compiled:
         # exported in float32 and compiled at precision bf16 (weights and activations in bfloat16
         # again inside dlcc), its inputs widened and its outputs narrowed at each call.
         self.widen = any(isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 for x in inputs)
-        wide = (lambda t: t.float() if t.dtype == torch.bfloat16 else t) if self.widen else (lambda t: t)
+
+        def wide(t):
+            return t.float() if t.dtype == torch.bfloat16 else t
+
         consts = {k: wide(inputs[k].detach()) for k in self.state} | self.sizes  # (sizes: this plan's values)
         self.versions = {k: inputs[k]._version for k in self.state}
         gm, n = self.gm, len(inputs)

@@ -44,7 +44,7 @@ def expand_functions(model: onnx.ModelProto, supported: set[str], opset: int) ->
             done.append(node.op_type)
             continue
         if node.domain in ("", "ai.onnx") and node.op_type not in supported:
-            body = _body(node, opset, types)
+            body = _body(node, opset, types, supported)
         if body is None:
             nodes.append(node)
             continue
@@ -120,8 +120,9 @@ def _schema(op_type: str, opset: int):
         return None
 
 
-def _body(node: onnx.NodeProto, opset: int, types: dict) -> onnx.FunctionProto | None:
-    """The op's function body at `opset` (the newest version not above it), or None."""
+def _body(node: onnx.NodeProto, opset: int, types: dict, supported: set[str]) -> onnx.FunctionProto | None:
+    """The op's function body at `opset` (the newest version not above it), or None when there is
+    none or when it holds an op dlcc could not compile either."""
     s = _schema(node.op_type, opset)
     if s is None:
         return None
@@ -145,7 +146,32 @@ def _body(node: onnx.NodeProto, opset: int, types: dict) -> onnx.FunctionProto |
         return None
     if any(n.domain not in ("", "ai.onnx") or _has_subgraph(n) for n in fp.node):
         return None
+    if not all(compilable(n.op_type, opset, supported) for n in fp.node):
+        # (Bernoulli's body draws with RandomUniformLike: expanding it would make the error name
+        # an op the user never wrote. Left whole, the op is reported, or falls back, by its name.)
+        return None
     return fp
+
+
+def compilable(op_type: str, opset: int, supported: set[str], depth: int = 0) -> bool:
+    """Whether a body node of `op_type` can end up compiled: dlcc lowers it, it is a Constant, or
+    it is itself a function op whose (plain) body is compilable. A context-dependent body needs
+    the input types to be built, so it is given the benefit of the doubt."""
+    if op_type in supported or op_type in OWN_BODIES or op_type == "Constant":
+        return True
+    s = _schema(op_type, opset)
+    if s is None or depth >= MAX_ROUNDS:
+        return False
+    plain = [v for v in s.function_opset_versions if v <= opset]
+    if not plain:
+        return any(v <= opset for v in s.context_dependent_function_opset_versions)
+    try:
+        fp = onnx.FunctionProto()
+        raw = s.get_function_with_opset_version(max(plain))
+        fp.ParseFromString(raw if isinstance(raw, bytes) else raw.SerializeToString())
+    except Exception:  # onnx could not build the body
+        return False
+    return all(n.domain in ("", "ai.onnx") and compilable(n.op_type, opset, supported, depth + 1) for n in fp.node)
 
 
 def _inline(node: onnx.NodeProto, fp: onnx.FunctionProto, schema, prefix: str) -> list[onnx.NodeProto]:

@@ -404,7 +404,26 @@ def fold_with_onnxruntime(model: onnx.ModelProto, path="model") -> onnx.ModelPro
         n.domain not in ("", "ai.onnx") for n in model.graph.node
     ):
         return None  # ORT introduced contrib ops; keep the portable graph
+    if _introduced_unsupported(model, out):
+        return None
     return out
+
+
+def _introduced_unsupported(before: onnx.ModelProto, after: onnx.ModelProto) -> bool:
+    """Whether onnxruntime's folding brought in a standard op dlcc cannot compile. onnxruntime
+    inlines some function ops (Bernoulli becomes RandomUniformLike, Greater and Cast): dlcc would
+    then report an op the user never wrote, so the import keeps the graph as written, and the op
+    is reported, or handed to the fallback, by its own name."""
+    from .expand import compilable
+    from .ops.registry import supported_ops
+
+    had = {n.op_type for n in before.graph.node}
+    new = {n.op_type for n in after.graph.node if n.domain in ("", "ai.onnx")} - had
+    supported = set(supported_ops())
+    bad = sorted(t for t in new if not compilable(t, opset_of(after), supported))
+    if bad:
+        log.debug("onnxruntime's folding introduced %s, which dlcc cannot compile; folding skipped", ", ".join(bad))
+    return bool(bad)
 
 
 def _ort_optimize(src: str, dst: str, large: bool) -> bool:

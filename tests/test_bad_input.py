@@ -91,6 +91,25 @@ def test_unsupported_ops_listed_all_at_once(tmp_path):
     assert_clean_error(rc, out, err, "RandomUniformLike", "x2", "first_random", "Multinomial", "the_multinomial", "Det")
 
 
+def test_a_function_op_is_reported_by_its_own_name(tmp_path):
+    """Bernoulli is defined by a body that draws with RandomUniformLike. Neither dlcc's expansion
+    nor onnxruntime's folding (which inlines it) may make the error name an op the model does
+    not have; MeanVarianceNormalization, whose body dlcc compiles, still compiles."""
+    nodes = [helper.make_node("Bernoulli", ["x"], ["b"], name="coin"),
+             helper.make_node("MeanVarianceNormalization", ["x"], ["m"], name="mvn", axes=[1])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                          [helper.make_tensor_value_info("b", TensorProto.FLOAT, [2, 4]),
+                           helper.make_tensor_value_info("m", TensorProto.FLOAT, [2, 4])])
+    path = _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "coin.onnx")
+    with pytest.raises(UnsupportedOpsError) as e:
+        dlcc.compile(path, target="opencl")
+    assert set(e.value.ops) == {"Bernoulli"}
+    assert e.value.ops["Bernoulli"] == (1, "coin")
+    rc, out, err = cli("compile", path)
+    assert_clean_error(rc, out, err, "Bernoulli", "coin")
+    assert "RandomUniformLike" not in out + err
+
+
 def test_an_op_on_a_dtype_it_does_not_take_is_listed_with_it(tmp_path):
     """ReduceSum and ReduceMax take int32 and int64 (ops/reduce.py INT_REDUCE), ReduceMean and
     ReduceL2 do not: those are listed with their dtype, with the rest, before any compile."""

@@ -1,17 +1,22 @@
 """The Python API: `dlcc.compile(...)` returns a callable CompiledModel; `dlcc.load(dir)` reopens one."""
 from __future__ import annotations
 
+import logging
 import os
+import tempfile
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from .artifact import read_artifact, read_binaries, write_artifact
 from .backends.source import file_name, render
-from .errors import DlccError, UnboundDimError
+from .errors import DlccError, ShapeError, UnboundDimError, first_line
 from .executor import Executor, make_runtime, pick_target
 from .inputs import sample_inputs
+
+log = logging.getLogger(__name__)
 
 #: Guards building a model's executor on first use (one per model, however many threads call it).
 _BUILD_LOCK = threading.Lock()
@@ -132,6 +137,8 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
     `fallback="onnxruntime"` returns a dlcc.partition.PartitionedModel instead: the nodes dlcc
     cannot compile (ops it has no lowering for, shapes that depend on values) run on onnxruntime,
     the rest in dlcc segments compiled per shape as with `dynamic=True`; host arrays in and out.
+    With `out`, the model is run once on sample inputs (compiling its segments) and saved as an
+    artifact that `dlcc.load` reopens (docs/fallback.md).
 
     `pipeline="auto"` compiles with the built-in pipeline that `dlcc estimate` predicts fastest on
     the target device; the plan's meta records the choice and the reason (``pipeline_choice``).
@@ -154,12 +161,13 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
     if fallback is not None:
         from .partition import PartitionedModel
 
-        if out is not None:
-            raise DlccError("fallback= splits the model between dlcc and onnxruntime at call time, so there is no "
-                            "one artifact to write to out=")
-        return PartitionedModel(model, shapes, dict(pipeline=pipeline, device=device, profile_db=profile_db,
-                                                    cache=cache, precision=precision, target=target), max_plans,
-                                fallback)
+        if tune:
+            raise DlccError("tune=True measures whole-model plans; it does not combine with fallback=")
+        kwargs = dict(pipeline=pipeline, device=device, profile_db=profile_db, cache=cache, precision=precision,
+                      target=target)
+        if out is None:
+            return PartitionedModel(model, shapes, kwargs, max_plans, fallback)
+        return _save_partitioned(model, Path(out), shapes, kwargs, max_plans, fallback, steps)
     if dynamic:
         from .dynamic import DynamicModel
 
@@ -178,6 +186,41 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
             raise
         raise UnboundDimError(f"{e}. In Python, dlcc.compile(..., dynamic=True) instead compiles a plan for each "
                               "input shape at call time") from None
+
+
+def _save_partitioned(model, out: Path, shapes: dict, kwargs: dict, max_plans: int, fallback: str, steps):
+    """compile(..., fallback=, out=): the model split between dlcc and `fallback`, run once on
+    sample inputs so that every dlcc segment compiles and every refusal is found, then saved as
+    a partition artifact (PartitionedModel.save) and reopened from it. Outputs depend on values
+    here (the rows a NonMaxSuppression keeps), so a later call may still compile a segment for a
+    shape the sample inputs did not give. With a dynamic dim left
+    unbound there are no sample inputs: the artifact is saved without plans, and each segment
+    compiles at its first call."""
+    from .partition import PartitionedModel
+    from .progress import Steps
+
+    steps = steps or Steps()
+    with tempfile.TemporaryDirectory(prefix="dlcc-partition-compile-") as scratch:
+        # (Through the user's compile cache where there is one, so a second compile finds the plans.)
+        cache = kwargs.get("cache") or Path(scratch) / "cache"
+        pm = PartitionedModel(model, shapes, dict(kwargs, cache=cache), max_plans, fallback)
+        try:
+            feeds = pm.sample_inputs(0)
+        except ShapeError as e:
+            log.info("dlcc: %s; the artifact is saved without plans", e)
+            feeds = None
+        if feeds is not None:
+            try:
+                with steps.step(f"compile the dlcc segments and run once (dlcc on {pm.target}, the rest on "
+                                f"{fallback})"):
+                    pm(feeds)
+            except DlccError as e:  # random inputs a model cannot take (a Reshape to fed values)
+                warnings.warn(f"dlcc: running {Path(model).name} on the sample inputs failed ({first_line(e)}); the "
+                              "artifact keeps what compiled before that, and the rest compiles at its first call",
+                              stacklevel=3)
+        with steps.step("save the artifact"):
+            pm.save(out)
+    return PartitionedModel.load(out, target=pm.target)
 
 
 def _compile_static(model, out, shapes, target, pipeline, device, steps, profile_db, cache, precision, tune, tune_top,
@@ -302,7 +345,12 @@ def _merge_shapes(shapes) -> dict:
     return {k: tuple(int(d) for d in (v if isinstance(v, (list, tuple)) else (v,))) for k, v in (shapes or {}).items()}
 
 
-def load(path: str | os.PathLike, target: str = "auto") -> CompiledModel:
-    """Reopen an artifact directory written by `dlcc compile` or `CompiledModel.save`."""
+def load(path: str | os.PathLike, target: str = "auto"):
+    """Reopen an artifact directory written by `dlcc compile` or `CompiledModel.save` (a
+    CompiledModel), or by `dlcc compile --fallback` (a dlcc.partition.PartitionedModel)."""
+    from .partition import MANIFEST, PartitionedModel
+
+    if (Path(path) / MANIFEST).is_file():
+        return PartitionedModel.load(path, target=target)
     plan, weights, sources = read_artifact(path)
     return CompiledModel(plan, weights, None, sources, target=target, binaries=read_binaries(path, plan))

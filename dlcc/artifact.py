@@ -90,7 +90,7 @@ def replace_dir(tmp: Path, out: Path) -> None:
     at `out` is refused, never overwritten."""
     old = None
     if out.exists():
-        if not (out / "plan.json").is_file():
+        if not ((out / "plan.json").is_file() or (out / "partition.json").is_file()):
             raise DlccError(f"{out} exists and is not a dlcc artifact; refusing to replace it")
         old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
         os.replace(out, old / "a")

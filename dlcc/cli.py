@@ -58,6 +58,20 @@ ProfileDbOpt = typer.Option(None, "--profile-db", help="measured kernel times (a
                             "prices its rTasks and join decisions with them, and the plan records which were measured")
 
 
+FallbackOpt = typer.Option(None, "--fallback", help="onnxruntime: run the nodes dlcc cannot compile (ops it "
+                           "lacks, value-dependent shapes) on onnxruntime and the rest on dlcc, and list the segments")
+
+
+def _segments_table(name: str, segments: list[dict]) -> Table:
+    t = Table(title=_escape(f"{name}: segments, in the order they run"))
+    for c in ("engine", "nodes", "ops", "why not dlcc"):
+        t.add_column(c)
+    for s in segments:
+        t.add_row(s["engine"], str(s["nodes"]), _escape(", ".join(f"{op} x{n}" for op, n in s["ops"].items())),
+                  _escape("; ".join(s.get("why", []))))
+    return t
+
+
 def _steps(quiet: bool):
     from .progress import RichSteps, Steps
 
@@ -103,9 +117,17 @@ def compile(model: Path = typer.Argument(..., help="ONNX model file"),
                                       "again"),
             tune_top: int = typer.Option(3, "--tune-top", help="with --tune: how many candidates to measure"),
             tune_repeat: int = typer.Option(10, "--tune-repeat", help="with --tune: timed runs per candidate "
-                                            "(pipeline or tiling)")):
-    """Compile MODEL into an artifact directory (kernels.cu, kernels.cl, plan.json, weights.bin, launcher.py)."""
+                                            "(pipeline or tiling)"),
+            fallback: Optional[str] = typer.Option(None, "--fallback", help="onnxruntime: run the nodes dlcc cannot "
+                                                   "compile on onnxruntime and the rest on dlcc; the artifact holds "
+                                                   "the model, where each node runs and the plans of its dlcc "
+                                                   "segments (docs/fallback.md)")):
+    """Compile MODEL into an artifact directory (kernels.cu, kernels.cl, plan.json, weights.bin, launcher.py;
+    with --fallback: partition.json, model.onnx and the segments' plans)."""
     out_dir = output or model.with_suffix(".dlcc")
+    if fallback is not None:
+        return _compile_fallback(model, out_dir, shape, target, pipeline, device, precision, profile_db, quiet,
+                                 json_out, _cache_arg(cache_dir, no_cache), tune, fallback)
     cm = _compile(model, shape, target, pipeline, device, quiet, json_out, out_dir, profile_db=profile_db,
                   cache=_cache_arg(cache_dir, no_cache), precision=precision, tune=tune, tune_top=tune_top,
                   tune_repeat=tune_repeat)
@@ -129,6 +151,37 @@ def compile(model: Path = typer.Argument(..., help="ONNX model file"),
         if cm.plan["meta"].get("precision_note"):
             out.print(f"[yellow]note:[/] {_escape(cm.plan['meta']['precision_note'])}")
         _warn_spills(cm.plan)
+
+
+def _compile_fallback(model, out_dir, shape, target, pipeline, device, precision, profile_db, quiet, json_out, cache,
+                      tune, fallback):
+    """compile --fallback: the model split between dlcc and onnxruntime (dlcc/partition.py), run
+    once on sample inputs so its dlcc segments compile, and saved as a partition artifact."""
+    from collections import Counter
+
+    import dlcc
+
+    if tune:
+        raise DlccError("--tune measures whole-model plans; it does not combine with --fallback")
+    m = dlcc.compile(model, out=out_dir, shapes=shape or [], target=target, pipeline=pipeline, device=device,
+                     precision=precision, profile_db=profile_db, cache=cache, fallback=fallback,
+                     steps=_steps(quiet or json_out))
+    segs = m.segments
+    if json_out:
+        print(json.dumps({"artifact": str(out_dir), "target": m.target, "fallback": fallback, "segments": segs,
+                          "plans": m.saved_plans}))
+        return
+    if quiet:
+        return
+    out.print(_segments_table(model.name, segs))
+    n = Counter(s["engine"] for s in segs)
+    out.print("[bold green]compiled[/] " + _escape(
+        f"{model} → {out_dir}  ({len(segs)} segments: {n['dlcc']} on dlcc, {n[fallback]} on {fallback}; "
+        f"{m.saved_plans} plan(s) compiled for the sample inputs' shapes; target {m.target}, "
+        f"pipeline {pipeline}, precision {precision or 'fp32'})"))
+    if not m.saved_plans and n["dlcc"]:
+        out.print("[yellow]note:[/] a dynamic dim is unbound, so no segment was compiled yet: each compiles at "
+                  "its first call for the shapes it gets (bind dims with --shape to compile them now)")
 
 
 def _warn_spills(plan: dict) -> None:
@@ -157,16 +210,26 @@ def run(artifact: Path = typer.Argument(..., help="artifact directory from `dlcc
         target: str = TargetOpt, seed: int = typer.Option(0, help="seed for generated inputs"),
         quiet: bool = QuietOpt, json_out: bool = JsonOpt):
     """Run a compiled artifact on the target and print (or save) its outputs."""
+    import time
+
     import dlcc
+
+    from .partition import PartitionedModel
 
     cm = dlcc.load(artifact, target=target)
     feeds = _load_inputs(inputs) if inputs else cm.sample_inputs(seed)
     steps = _steps(quiet or json_out)
-    with steps.step(f"build kernels ({cm.target})"):
-        ex = cm.executor()
     timing = {}
-    with steps.step("run"):
-        res = ex.run(feeds, timing)
+    if isinstance(cm, PartitionedModel):  # (its segments build and run in turn)
+        with steps.step(f"run (dlcc segments on {cm.target}, the rest on {cm.fallback})"):
+            t0 = time.perf_counter()
+            res = cm(feeds)
+            timing["run_s"] = time.perf_counter() - t0
+    else:
+        with steps.step(f"build kernels ({cm.target})"):
+            ex = cm.executor()
+        with steps.step("run"):
+            res = ex.run(feeds, timing)
     if outputs:
         _atomic_npz(outputs, res)
     rows = [{"name": k, "shape": list(v.shape), "dtype": str(v.dtype),
@@ -193,10 +256,7 @@ def verify(model: Path = typer.Argument(..., help="ONNX model file"),
                                                 "see `dlcc verify --help`)"),
            atol: Optional[float] = typer.Option(None, help="absolute tolerance (default: the precision's)"),
            seed: int = typer.Option(0, help="seed for generated inputs"),
-           fallback: Optional[str] = typer.Option(None, "--fallback", help="onnxruntime: run the nodes dlcc cannot "
-                                                  "compile (ops it lacks, value-dependent shapes) on onnxruntime "
-                                                  "and the rest on dlcc, and list the segments"),
-           profile_db: Optional[Path] = ProfileDbOpt, quiet: bool = QuietOpt, json_out: bool = JsonOpt):
+           fallback: Optional[str] = FallbackOpt, profile_db: Optional[Path] = ProfileDbOpt, quiet: bool = QuietOpt, json_out: bool = JsonOpt):
     """Compile, run on the target, run onnxruntime on the same inputs, and compare every output of
     the model's graph (a missing or extra output fails). An output passes where |got - ref| <=
     atol + rtol·|ref| everywhere; the default tolerances depend on the precision: fp32 rtol 1e-3,
@@ -273,13 +333,7 @@ def _verify_fallback(model, shape, target, pipeline, device, precision, given, r
         print(json.dumps({"passed": passed, "target": m.target, "fallback": fallback, "segments": m.segments,
                           "outputs": rows}))
         raise typer.Exit(0 if passed else 1)
-    seg = Table(title=_escape(f"{model.name}: segments, in the order they run"))
-    for c in ("engine", "nodes", "ops", "why not dlcc"):
-        seg.add_column(c)
-    for s in m.segments:
-        seg.add_row(s["engine"], str(s["nodes"]), _escape(", ".join(f"{op} x{n}" for op, n in s["ops"].items())),
-                    _escape("; ".join(s.get("why", []))))
-    out.print(seg)
+    out.print(_segments_table(model.name, m.segments))
     t = Table(title=_escape(f"{model.name} on {m.target} with {fallback} vs onnxruntime"))
     for c in ("output", "shape", "max abs err", "max rel err", "result"):
         t.add_column(c)
@@ -313,6 +367,14 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
                                           "and how they were derived, its waves with their ops and rTasks, sync points"),
             profile_db: Optional[Path] = ProfileDbOpt, json_out: bool = JsonOpt, quiet: bool = QuietOpt):
     """Summarise the graph and plan: ops, kernels, launches, DRAM bytes, lower bound, arena vs naive."""
+    from .partition import MANIFEST
+
+    if path.is_dir() and (path / MANIFEST).is_file():
+        if launches or kernel is not None or stitch or rprogram:
+            raise DlccError(f"{path} is a --fallback artifact: its segments are compiled per input shape, so "
+                            "--launches, --kernel, --stitch and --rprogram have no one plan to show; inspect the "
+                            "ONNX model instead")
+        return _inspect_partition(path, json_out)
     if path.is_dir():
         from .artifact import read_artifact
 
@@ -435,6 +497,25 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
         _print_stitch(plan)
     if rprogram:
         _print_rprogram(plan)
+
+
+def _inspect_partition(path: Path, json_out: bool) -> None:
+    """inspect of a --fallback artifact: its compile options and its segments, from the manifest."""
+    import dlcc
+
+    m = dlcc.load(path)  # (checks the manifest and the model; compiles nothing)
+    manifest = json.loads((path / "partition.json").read_bytes())
+    info = {"artifact": str(path), "target": m.target, "fallback": m.fallback, "plans": m.saved_plans,
+            **{k: manifest["compile"].get(k) for k in ("pipeline", "precision", "device")},
+            "inputs": m._signature.inputs, "outputs": m.outputs, "segments": m.segments}
+    if json_out:
+        print(json.dumps(info))
+        return
+    out.print(_segments_table(path.name, info["segments"]))
+    out.print(_escape(f"target {info['target']}, pipeline {info['pipeline']}, precision {info['precision'] or 'fp32'}"
+                      f", fallback {info['fallback']}; {info['plans']} plan(s) saved"))
+    for i in info["inputs"]:
+        out.print(_escape(f"  input  {i['name']}: {i['dtype']} {i['shape']}"))
 
 
 def _print_index_checks(meta: dict) -> None:

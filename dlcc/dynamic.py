@@ -285,13 +285,23 @@ class DynamicModel:
                     self._warn_dropped()
         return cm
 
+    def held(self) -> list[tuple[dict[str, tuple[int, ...]], object]]:
+        """(the shape bindings it was compiled with, the CompiledModel) for each plan held now."""
+        with self._lock:
+            return [(self.bindings(dict(k)), cm) for k, cm in self._plans.items()]
+
+    def bindings(self, full: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        """The `shapes=` a plan for inputs of shapes `full` is compiled with: the dynamic inputs'
+        shapes and the bound values (what its cache key is made of)."""
+        spec = {s.name: s for s in self.signature}
+        bindings = {n: s for n, s in full.items() if n not in self._values and spec[n].dynamic}  # (static: none)
+        bindings.update(self._values)
+        return bindings
+
     def _compile(self, full: dict[str, tuple[int, ...]]):
         from .api import compile as compile_model
 
-        bindings = {n: s for n, s in full.items() if n not in self._values}
-        spec = {s.name: s for s in self.signature}
-        bindings = {n: s for n, s in bindings.items() if spec[n].dynamic}  # (static inputs need none)
-        bindings.update(self._values)
+        bindings = self.bindings(full)
         text = ", ".join(f"{n}={'x'.join(map(str, s))}" for n, s in bindings.items()) or "its static shapes"
         log.info("dlcc: compiling %s for %s", self.model.name, text)
         out = None

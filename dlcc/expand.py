@@ -109,6 +109,10 @@ def _log_sum_exp(node: onnx.NodeProto, opset: int, prefix: str) -> list[onnx.Nod
     return nodes
 
 
+#: Ops with no lowering that the import evaluates itself once shapes are static (a body's
+#: Shape/Size arithmetic, RMSNormalization's Range over the normalised axes).
+FOLDED = {"Constant", "Shape", "Size", "ConstantOfShape", "Range"}
+
 #: Ops whose onnx body dlcc cannot run, expanded into a body of dlcc's own instead.
 OWN_BODIES = {"ReduceLogSumExp": _log_sum_exp}
 
@@ -154,10 +158,10 @@ def _body(node: onnx.NodeProto, opset: int, types: dict, supported: set[str]) ->
 
 
 def compilable(op_type: str, opset: int, supported: set[str], depth: int = 0) -> bool:
-    """Whether a body node of `op_type` can end up compiled: dlcc lowers it, it is a Constant, or
-    it is itself a function op whose (plain) body is compilable. A context-dependent body needs
+    """Whether a body node of `op_type` can end up compiled: dlcc lowers it, the import folds it
+    (FOLDED: shapes are static by then), or it is itself a function op whose (plain) body is compilable. A context-dependent body needs
     the input types to be built, so it is given the benefit of the doubt."""
-    if op_type in supported or op_type in OWN_BODIES or op_type == "Constant":
+    if op_type in supported or op_type in OWN_BODIES or op_type in FOLDED:
         return True
     s = _schema(op_type, opset)
     if s is None or depth >= MAX_ROUNDS:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -49,6 +50,10 @@ EXTERNAL_DATA_BYTES = 1 << 30
 
 #: The engines a model's unsupported nodes may fall back to.
 FALLBACKS = ("onnxruntime",)
+
+#: An artifact of a partitioned model (PartitionedModel.save): its manifest, and the model file.
+MANIFEST, MODEL_FILE = "partition.json", "model.onnx"
+FORMAT, FORMAT_VERSION = "dlcc-partition", 1
 
 #: Ops whose output shape depends on the values of their inputs: they never compile statically.
 DATA_DEPENDENT = {"NonZero", "NonMaxSuppression", "Unique", "Compress", "StringNormalizer", "TfIdfVectorizer",
@@ -76,6 +81,7 @@ def dlcc_knows(node: onnx.NodeProto, opset: int) -> bool:
     onnx function body. Forms it refuses (an attribute, a dtype) are found when a segment compiles."""
     from . import ops  # noqa: F401  (registers the lowerings)
     from .composite import REWRITES
+    from .expand import FOLDED
     from .fused_ops import is_fused_op
     from .ops.registry import lookup
     from .quantized import is_quantized_op
@@ -86,10 +92,9 @@ def dlcc_knows(node: onnx.NodeProto, opset: int) -> bool:
         return is_fused_op(node, opset) or is_quantized_op(node)
     if lookup(node.op_type, opset) is not None or node.op_type in REWRITES or is_fused_op(node, opset):
         return True
-    if node.op_type in ("If", "Loop", "Scan", "STFT", "DFT", "Constant", "Shape", "Size", "ConstantOfShape",
-                        "Range", "SequenceEmpty", "SequenceInsert",
-                        "SequenceConstruct", "SequenceAt", "SequenceLength", "ConcatFromSequence",
-                        "SplitToSequence") or is_quantized_op(node):
+    if node.op_type in FOLDED or node.op_type in (
+            "If", "Loop", "Scan", "STFT", "DFT", "SequenceEmpty", "SequenceInsert", "SequenceConstruct", "SequenceAt",
+            "SequenceLength", "ConcatFromSequence", "SplitToSequence") or is_quantized_op(node):
         return True
     try:
         schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
@@ -143,6 +148,9 @@ class PartitionedModel:
         if fallback not in FALLBACKS:
             raise DlccError(f"fallback={fallback!r}: dlcc falls back to {' or '.join(FALLBACKS)}")
         self.model_path = Path(model)
+        self.fallback = fallback
+        self._shapes = dict(shapes)
+        self.saved_plans = 0  # plans read from the artifact it was loaded from (load)
         self._signature = DynamicModel(model, shapes, dict(compile_kwargs), max_plans)  # checks calls; never compiles
         self.target = self._signature.target
         self._kwargs = dict(compile_kwargs, target=self.target)
@@ -336,6 +344,129 @@ class PartitionedModel:
                           "Python), or give the inputs") from None
         sig = [{"name": s.name, "dtype": s.dtype, "shape": list(shapes[s.name])} for s in self._signature.signature]
         return sample_inputs(sig, seed, bound={k: int(v[0]) for k, v in self._signature.bound_values.items()})
+
+    # -- as an artifact ---------------------------------------------------------------------------
+    def save(self, out: str | Path) -> Path:
+        """Write the model as an artifact directory that `dlcc.load` and `dlcc run` reopen:
+
+        - ``partition.json``: the manifest, with the compile's options and where each node runs
+          (the nodes moved to onnxruntime, and why);
+        - ``model.onnx``: the model the segments are cut from (its weights beside it, as
+          ``model.data``, past EXTERNAL_DATA_BYTES);
+        - ``cache/``: a dlcc compile cache holding the plans the segments have compiled so far,
+          so a loaded artifact finds them instead of compiling again (`dlcc compile --fallback`
+          runs the model once on sample inputs first, which compiles every dlcc segment);
+        - ``profile_db.json``: the compile's profile database, where it was given one.
+
+        The directory is written beside `out` and moved into place whole, so an interrupted save
+        leaves the older artifact, or nothing."""
+        import json
+
+        from . import __version__
+        from .artifact import replace_dir
+
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        try:
+            big = sum(len(t.raw_data) for t in self._model.graph.initializer) > EXTERNAL_DATA_BYTES
+            onnx.save(self._model, str(tmp / MODEL_FILE), save_as_external_data=big, location="model.data")
+            plans = self._store_plans(tmp / "cache")
+            for scratch in ("memo", "locks"):  # (the cache's own bookkeeping, about paths in `tmp`)
+                shutil.rmtree(tmp / "cache" / scratch, ignore_errors=True)
+            db = self._kwargs.get("profile_db")
+            if db:
+                shutil.copyfile(db, tmp / "profile_db.json")
+            with self._lock:
+                refused = {str(k): why for k, why in sorted(self._refused.items())}
+            manifest = {"format": FORMAT, "version": FORMAT_VERSION, "dlcc": __version__, "fallback": self.fallback,
+                        "target": self.target, "max_plans": self.max_plans,
+                        "compile": {k: self._kwargs.get(k) for k in ("pipeline", "device", "precision")},
+                        "shapes": {k: list(v) for k, v in self._shapes.items()},
+                        "profile_db": "profile_db.json" if db else None, "plans": plans,
+                        "onnxruntime_nodes": refused, "segments": self.segments}
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            os.chmod(tmp, 0o755)  # (mkdtemp makes it private; an artifact is a plain directory)
+            replace_dir(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return out
+
+    def _store_plans(self, root: Path) -> int:
+        """Put the plans the dlcc segments hold into a compile cache at `root`, under the keys a
+        DynamicModel with cache=root looks up (the segment files are written the same way each
+        time, so their digests, and the keys, come out the same after `load`)."""
+        from .api import cache_key
+        from .cache import Cache, materialise
+
+        dest = Cache(root)
+        src = Cache.of(self._kwargs["cache"]) if self._kwargs.get("cache") else None
+        with self._lock:
+            runners = [r for r in self._runners.values() if isinstance(r, _DlccSegment)]
+        stored = 0
+        for r in runners:
+            dm = r.model
+            for bindings, cm in dm.held():
+                _, key, parts = cache_key(dm.model, bindings, self.target, self._kwargs.get("pipeline", "baseline"),
+                                          self._kwargs.get("device"), self._kwargs.get("profile_db"), dest,
+                                          self._kwargs.get("precision"))
+                if dest.lookup("artifacts", key) is not None:
+                    continue
+                # A plan read from a cache is an artifact there already (it cannot save itself).
+                entry = src.lookup("artifacts", key) if src is not None and getattr(cm, "cache_key", None) == key \
+                    else None
+                dest.store("artifacts", key, parts, cm.save if entry is None else lambda d, e=entry: materialise(e, d))
+                stored += 1
+        return stored
+
+    @classmethod
+    def load(cls, path: str | Path, target: str = "auto") -> "PartitionedModel":
+        """Reopen an artifact that `save` wrote. The plans in its cache are found again where the
+        target is the one they were compiled for (`auto` is CUDA where a GPU is present, as for
+        any artifact); a shape or target it has no plan for compiles at its first call, into that
+        cache where it is writable."""
+        import json
+
+        path = Path(path)
+        try:
+            manifest = json.loads((path / MANIFEST).read_bytes())
+        except (OSError, ValueError) as e:
+            raise DlccError(f"{path / MANIFEST} cannot be read ({e}); compile the model again") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise DlccError(f"{path / MANIFEST} is not a dlcc partition manifest; compile the model again")
+        if manifest.get("version") != FORMAT_VERSION:
+            raise DlccError(f"{path / MANIFEST} has format version {manifest.get('version')!r}; this dlcc reads "
+                            f"version {FORMAT_VERSION}: compile the model again")
+        try:
+            opts = dict(manifest["compile"])
+            shapes = {str(k): tuple(int(d) for d in v) for k, v in manifest["shapes"].items()}
+            moved = {int(k): str(why) for k, why in manifest["onnxruntime_nodes"].items()}
+            max_plans, fallback = int(manifest["max_plans"]), str(manifest["fallback"])
+            db = manifest.get("profile_db")
+            saved = int(manifest.get("plans", 0))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise DlccError(f"{path / MANIFEST} is damaged ({type(e).__name__}: {e}); compile the model again") from None
+        cache = path / "cache"
+        if not cache.is_dir():
+            cache = None
+        elif not os.access(cache, os.W_OK | os.X_OK):  # a read-only artifact: its plans are read from a copy
+            scratch = Path(tempfile.mkdtemp(prefix="dlcc-partition-cache-"))
+            shutil.copytree(cache, scratch / "cache")
+            cache = scratch / "cache"
+        kwargs = dict(opts, target=target, cache=cache, profile_db=str(path / db) if db else None)
+        m = cls(path / MODEL_FILE, shapes, kwargs, max_plans, fallback)
+        if cache is not None and cache.parent.name.startswith("dlcc-partition-cache-"):
+            weakref.finalize(m, shutil.rmtree, str(cache.parent), True)
+        n = len(m._model.graph.node)
+        if any(not 0 <= k < n for k in moved):
+            raise DlccError(f"{path / MANIFEST} names nodes model.onnx does not have; compile the model again")
+        m.saved_plans = saved
+        with m._lock:
+            m._refused.update(moved)
+            m._host |= set(moved)
+            m._segments = m._partition()
+        return m
 
     # -- the engines ------------------------------------------------------------------------------
     def _runner(self, seg: Segment, values: dict):

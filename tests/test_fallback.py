@@ -134,8 +134,8 @@ def test_bad_fallback_arguments(tmp_path):
                  [h.make_tensor_value_info("y", F, [2])], {})
     with pytest.raises(DlccError, match="falls back to onnxruntime"):
         dlcc.compile(path, fallback="tvm")
-    with pytest.raises(DlccError, match="no one artifact"):
-        dlcc.compile(path, fallback="onnxruntime", out=tmp_path / "a")
+    with pytest.raises(DlccError, match="does not combine with fallback"):
+        dlcc.compile(path, fallback="onnxruntime", out=tmp_path / "a", tune=True)
     m = dlcc.compile(path, target="opencl", fallback="onnxruntime")
     with pytest.raises(InputError, match=r"missing \['x'\]"):
         m({"z": np.zeros(2, np.float32)})
@@ -230,3 +230,109 @@ def test_a_segment_with_large_weights_is_saved_with_external_data(tmp_path, monk
     m = dlcc.compile(path, target="opencl", pipeline="astitch", fallback="onnxruntime")
     _check(path, m, {"x": np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)})
     assert list(m._dir.glob("seg-*/part.data"))
+
+
+@needs_opencl
+def test_a_fallback_artifact_runs_without_compiling_again(tmp_path):
+    """compile(..., fallback=, out=) runs the model once on sample inputs, so each dlcc segment
+    compiles, and saves the split: the model, where each node runs, and the plans. Reopened with
+    dlcc.load, it finds those plans (cache hits) and matches onnxruntime; a shape the sample
+    inputs did not give (another number of kept boxes) compiles at its first call."""
+    path = _detector(tmp_path)
+    out = tmp_path / "det.dlcc"
+    m = dlcc.compile(path, out=out, target="opencl", pipeline="astitch", fallback="onnxruntime")
+    assert {p.name for p in out.iterdir()} == {"partition.json", "model.onnx", "cache"}
+    assert m.saved_plans == 2 and [s["engine"] for s in m.segments] == ["dlcc", "onnxruntime", "dlcc"]
+    back = dlcc.load(out, target="opencl")
+    feeds = back.sample_inputs(0)
+    _check(path, back, feeds)
+    held = [cm for r in back._runners.values() if hasattr(r, "model") for _, cm in r.model.held()]
+    assert len(held) == 2 and all(cm.cache_hit for cm in held)
+    for seed in range(1, 4):
+        _check(path, back, {"x": np.random.default_rng(seed).standard_normal((1, 3, 8, 8)).astype(np.float32)})
+    # Compiled again over it: the older artifact is replaced whole.
+    again = dlcc.compile(path, out=out, target="opencl", pipeline="astitch", fallback="onnxruntime")
+    assert again.saved_plans == 2
+
+
+@needs_opencl
+def test_a_fallback_artifact_keeps_the_nodes_moved_at_run_time(tmp_path):
+    """A Range up to a maximum of input values is refused when its segment compiles, and moves
+    to onnxruntime during the compile's sample run: the artifact records that, so a loaded model
+    does not try the refused compile again. A Reshape to fed values fails on the random sample
+    inputs themselves: the artifact is still written, and its segments compile at the first call."""
+    nodes = [h.make_node("ReduceMax", ["n"], ["top"], keepdims=0), h.make_node("Range", ["zero", "top", "one"], ["r"]),
+             h.make_node("Cast", ["r"], ["rf"], to=F), h.make_node("Mul", ["rf", "x"], ["y"]),
+             h.make_node("Tanh", ["x"], ["t"])]
+    inits = {"zero": np.array(0, np.int64), "one": np.array(1, np.int64)}
+    path = _save(tmp_path, nodes, [h.make_tensor_value_info("n", I64, [3]), h.make_tensor_value_info("x", F, [1])],
+                 [h.make_tensor_value_info("y", F, ["k"]), h.make_tensor_value_info("t", F, [1])], inits, "ranged")
+    out = tmp_path / "ranged.dlcc"
+    m = dlcc.compile(path, out=out, target="opencl", fallback="onnxruntime")
+    assert any(s["engine"] == "onnxruntime" and "Range" in s["ops"] for s in m.segments), m.segments
+    back = dlcc.load(out)
+    assert back.segments == m.segments
+    _check(path, back, {"n": np.array([1, 5, 2], np.int64), "x": np.array([0.5], np.float32)})
+
+    nodes = [h.make_node("Relu", ["x6"], ["r"]), h.make_node("Reshape", ["r", "s"], ["z"])]
+    path = _save(tmp_path, nodes, [h.make_tensor_value_info("x6", F, [6]), h.make_tensor_value_info("s", I64, [2])],
+                 [h.make_tensor_value_info("z", F, ["a", "b"])], {}, "fed")
+    with pytest.warns(UserWarning, match="the sample inputs"):
+        m = dlcc.compile(path, out=tmp_path / "fed.dlcc", target="opencl", fallback="onnxruntime")
+    _check(path, dlcc.load(tmp_path / "fed.dlcc"), {"x6": rng.standard_normal(6).astype(np.float32),
+                                                    "s": np.array([3, 2], np.int64)})
+
+
+@needs_opencl
+def test_a_fallback_artifact_with_an_unbound_dim_compiles_at_its_first_call(tmp_path):
+    path = _detector(tmp_path, batch="batch")
+    out = tmp_path / "lazy.dlcc"
+    m = dlcc.compile(path, out=out, target="opencl", pipeline="astitch", fallback="onnxruntime")
+    assert m.saved_plans == 0
+    _check(path, dlcc.load(out), {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)})
+
+
+def test_fallback_artifacts_from_the_cli(tmp_path):
+    """`dlcc compile --fallback`, `dlcc run` and `dlcc inspect` on the artifact, and what each
+    refuses: a damaged manifest, a plan view of a split model, --tune."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from dlcc.cli import app
+
+    if not opencl_device_available():
+        pytest.skip("no OpenCL device here")
+    import onnxruntime as ort
+
+    path = _detector(tmp_path)
+    art = tmp_path / "det.dlcc"
+    run = CliRunner().invoke
+    res = run(app, ["compile", str(path), "-o", str(art), "-t", "opencl", "-p", "astitch", "--fallback", "onnxruntime",
+                    "--json", "-q", "--no-cache"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert d["plans"] == 2 and [s["engine"] for s in d["segments"]] == ["dlcc", "onnxruntime", "dlcc"]
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x)
+    res = run(app, ["run", str(art), "-i", str(tmp_path / "in.npz"), "-o", str(tmp_path / "out.npz"), "-q"])
+    assert res.exit_code == 0, res.output
+    got = np.load(tmp_path / "out.npz")
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for o, ref in zip(sess.get_outputs(), sess.run(None, {"x": x})):
+        np.testing.assert_allclose(got[o.name], ref, rtol=1e-5, atol=1e-5, err_msg=o.name)
+    res = run(app, ["inspect", str(art), "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert d["fallback"] == "onnxruntime" and d["pipeline"] == "astitch" and len(d["segments"]) == 3
+    res = run(app, ["inspect", str(art), "--launches"])
+    assert res.exit_code != 0 and "--fallback artifact" in str(res.exception)
+    res = run(app, ["compile", str(path), "-o", str(art), "--fallback", "onnxruntime", "--tune"])
+    assert res.exit_code != 0 and "does not combine with --fallback" in str(res.exception)
+    manifest = art / "partition.json"
+    manifest.write_text(manifest.read_text()[:40])
+    res = run(app, ["run", str(art)])
+    assert res.exit_code != 0 and "partition.json cannot be read" in str(res.exception)
+    manifest.write_text(json.dumps({"format": "dlcc-partition", "version": 1, "compile": {}}))
+    res = run(app, ["run", str(art)])
+    assert res.exit_code != 0 and "is damaged" in str(res.exception)

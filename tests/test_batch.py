@@ -160,6 +160,10 @@ jobs:
     verify: {rtol: 1e-3, atol: 1e-4}
   - model: gaps/det.onnx
     expect: unsupported
+  - model: gaps/det.onnx
+    name: det-split
+    fallback: onnxruntime
+    verify: true
   - model: models/relu.onnx
     name: wrongly-expected-gap
     expect: unsupported
@@ -170,11 +174,15 @@ jobs:
     assert e.value.code == 1  # one job missed its expectation
     res = json.loads(capsys.readouterr().out)
     rows = {r["name"]: r for r in res["rows"]}
-    assert len(rows) == 6 and res["not_met"] == 1
+    assert len(rows) == 7 and res["not_met"] == 1
     assert all(rows[f"{s}-{p}-default-opencl"]["outcome"] == "passed" and rows[f"{s}-{p}-default-opencl"]["met"]
                for s in ("relu", "sigmoid") for p in ("baseline", "astitch"))
     assert rows["relu-baseline-default-opencl"]["verify_max_abs_err"] < 1e-5
     assert rows["det-baseline-default-opencl"]["outcome"] == "unsupported" and rows["det-baseline-default-opencl"]["met"]
+    split = rows["det-split-baseline-default-opencl"]  # Det on onnxruntime, the Add after it on dlcc
+    assert split["outcome"] == "passed" and split["met"] and split["verify_max_abs_err"] < 1e-5, split
+    assert (split["segments"], split["fallback_segments"], split["plans"]) == (2, 1, 1)
+    assert (out / "det-split-baseline-default-opencl" / "partition.json").is_file()
     bad = rows["wrongly-expected-gap-baseline-default-opencl"]
     assert bad["outcome"] == "passed" and not bad["met"]
     for r in rows.values():  # artifacts and logs, one per job
@@ -186,7 +194,7 @@ jobs:
     xml = junitparser.JUnitXml.fromfile(str(junit))
     suites = list(xml) if isinstance(xml, junitparser.JUnitXml) else [xml]
     cases = [c for s in suites for c in s]
-    assert len(cases) == 6
+    assert len(cases) == 7
     failed = [c for c in cases if c.result and any(isinstance(r, junitparser.Failure) for r in c.result)]
     assert [c.name for c in failed] == ["wrongly-expected-gap-baseline-default-opencl"]
     assert "expected to be reported unsupported, but passed" in failed[0].result[0].message

@@ -123,7 +123,8 @@ def register(app: typer.Typer, out, err) -> None:
                 style = _OUTCOME_STYLE.get(r["outcome"], "")
                 t.add_row(escape(r["name"]), f"[{style}]{r['outcome']}[/]" + ("" if r["met"] else " [red](unmet)[/]"),
                           r["expect"], f"{r['seconds']:.1f} s",
-                          _cache_cell(r), str(r["launches"] if r["launches"] is not None else "-"),
+                          _cache_cell(r), str(r["launches"] if r["launches"] is not None else
+                                             f"{r['segments']} segments" if r.get("segments") else "-"),
                           ratio, f"{r['verify_max_abs_err']:.2g}" if r.get("verify_max_abs_err") is not None else "-")
             out.print(t)
             bad = [r for r in rows if not r["met"]]

@@ -13,6 +13,8 @@ pydantic, and its expansion into concrete jobs.
                                                         # tolerances: the precision's, as `dlcc verify`)
       - model: models/exotic.onnx
         expect: unsupported                             # a known gap stays green until it is fixed
+      - model: models/detector.onnx
+        fallback: onnxruntime                           # what dlcc cannot compile runs on onnxruntime
 
 Why expansion happens here, up front and deterministically: sharding (`--shard I/N`) must give every
 CI machine the same job list without talking to the others, so names, order and costs depend only
@@ -74,6 +76,8 @@ class Options(BaseModel):
     verify: bool | VerifySpec | None = None
     expect: Expect | None = None
     timeout: float | None = Field(None, gt=0, description="seconds a job may run (default: --timeout, else 1800)")
+    fallback: Literal["onnxruntime"] | None = Field(None, description="run the nodes dlcc cannot compile on this "
+                                                    "engine (docs/fallback.md)")
 
     @model_validator(mode="after")
     def _one_of_each(self):
@@ -116,13 +120,14 @@ class Job:
     where: str = ""  # manifest file and field, for messages
     timeout: float | None = None  # seconds; None: the batch's default (DEFAULT_TIMEOUT_S unless --timeout)
     precision: str | None = None  # None: the pipeline's own
+    fallback: str | None = None  # "onnxruntime": a split model (dlcc/partition.py)
 
     def as_dict(self) -> dict:
         return {"name": self.name, "model": self.model, "pipeline": self.pipeline, "precision": self.precision,
                 "device": self.device,
                 "target": self.target, "shapes": self.shapes, "expect": self.expect, "cost": self.cost,
                 "verify": self.verify.model_dump() if self.verify else None, "where": self.where,
-                "timeout": self.timeout, "cost_source": self.cost_source}
+                "timeout": self.timeout, "cost_source": self.cost_source, "fallback": self.fallback}
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -208,7 +213,8 @@ def load_manifest(path: str | Path, _seen: tuple = ()) -> list[Job]:
                         vspec = verify.for_precision(precision or _pipeline_precision(pipeline, base)) if verify else None
                         jobs.append(Job(name, str(model), pipeline, device, target, dict(shapes), vspec, expect,
                                         spec.cost or size / 1e6, "manifest" if spec.cost else "size", where,
-                                        _pick(spec, d, "timeout", None), precision))
+                                        _pick(spec, d, "timeout", None), precision,
+                                        _pick(spec, d, "fallback", None)))
     return with_costs(jobs, [_read_costs(base / c, f"{path}: costs.{k}") for k, c in enumerate(man.costs)])
 
 

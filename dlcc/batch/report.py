@@ -50,6 +50,8 @@ def summary_line(r: dict) -> str:
     parts = [f"{r['outcome']} (expected {r['expect']}) in {r['seconds']:.2f} s"]
     if r.get("launches") is not None:
         parts.append(f"{r['launches']} launches")
+    if r.get("segments"):
+        parts.append(f"{r['segments']} segments, {r['fallback_segments']} on the fallback")
     if r.get("dram_bytes") and r.get("lower_bound_bytes"):
         parts.append(f"DRAM {r['dram_bytes'] / r['lower_bound_bytes']:.2f}x the lower bound")
     if r.get("verify_max_abs_err") is not None:

@@ -52,7 +52,7 @@ def run_job(job: dict, out_dir: str, cache: str | bool = False) -> dict:
 
             cm = dlcc.compile(job["model"], out=art, shapes=job["shapes"] or None, target=job["target"],
                               pipeline=job["pipeline"], device=job["device"], cache=cache,
-                              precision=job.get("precision"))
+                              precision=job.get("precision"), fallback=job.get("fallback"))
             _compiled(row, cm, art, log)
             row["outcome"] = "passed"
             if job.get("verify"):
@@ -72,7 +72,7 @@ def try_hit(job: dict, out_dir: str, cache: str | bool) -> dict | None:
     when the job verifies), with the artifact materialised; else None, and a worker runs the job.
     Runs in the batch's own process: a warm batch then starts no worker at all (a worker's
     imports cost more than a hit). Never raises: anything unexpected is left to the worker."""
-    if not cache:
+    if not cache or job.get("fallback"):  # (a split model's artifact is made by a sample run: a worker's job)
         return None
     t0 = time.perf_counter()
     row = blank_row(job)
@@ -130,6 +130,12 @@ def _captured(redirect: bool):
 
 def _compiled(row: dict, cm, art: Path, log) -> None:
     row["artifact"] = str(art)
+    if getattr(cm, "fallback", None):  # a split model: its segments, no one plan
+        engines = [s["engine"] for s in cm.segments]
+        row.update(segments=len(engines), fallback_segments=sum(e != "dlcc" for e in engines), plans=cm.saved_plans)
+        print(f"compiled {row['model']} -> {art}: {len(engines)} segments ({row['fallback_segments']} on "
+              f"{cm.fallback}), {cm.saved_plans} plan(s)", file=log)
+        return
     row["cache_hit"] = cm.cache_hit
     s = cm.plan["stats"]
     row.update(launches=s["launches"], kernels=s["kernels"], dram_bytes=s["dram_bytes"],
@@ -147,6 +153,12 @@ def _verify(job: dict, cm, row: dict, cache, log) -> None:
 
     v = job["verify"]
     c = None
+    if getattr(cm, "fallback", None):  # a split model runs its segments in turn, host arrays in and out
+        feeds = cm.sample_inputs(v["seed"])
+        res = verify_outputs(job["model"], cm(feeds), feeds, v["rtol"], v["atol"],
+                             half_output_floor=v.get("half_output_floor", False))
+        _report_verify(job, row, [_result(r) for r in res], False, log)
+        return
     if cache and cm.cache_key:
         c = Cache.of(cache)
         vkey, vparts, passed = _cached_verification(c, cm.cache_key, v, cm.target)
@@ -158,8 +170,7 @@ def _verify(job: dict, cm, row: dict, cache, log) -> None:
     got = ex.run(feeds)
     res = verify_outputs(job["model"], got, feeds, v["rtol"], v["atol"],
                          half_output_floor=v.get("half_output_floor", False), compiled=cm)
-    res = [{"name": r["name"], "max_abs_err": float(r["max_abs_err"]), "max_rel_err": float(r["max_rel_err"]),
-            "passed": bool(r["passed"]), **({"note": r["note"]} if "note" in r else {})} for r in res]
+    res = [_result(r) for r in res]
     build_log = getattr(ex.rt, "build_log", "")
     if build_log:
         print(f"{cm.target} compiler output:\n{build_log}", file=log)
@@ -169,6 +180,12 @@ def _verify(job: dict, cm, row: dict, cache, log) -> None:
             d.mkdir()
             (d / "result.json").write_text(json.dumps({"results": res, "job": job["name"]}))
         c.store("verified", vkey, vparts, write)
+
+
+def _result(r: dict) -> dict:
+    """One output's verify row as the report and the verification cache keep it."""
+    return {"name": r["name"], "max_abs_err": float(r["max_abs_err"]), "max_rel_err": float(r["max_rel_err"]),
+            "passed": bool(r["passed"]), **({"note": r["note"]} if "note" in r else {})}
 
 
 def _cached_verification(c, artifact_key: str, verify: dict, target: str):

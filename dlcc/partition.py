@@ -34,10 +34,12 @@ import weakref
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import onnx
 from onnx import helper
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import (DlccError, DynamicShapeError, UnsupportedControlFlowError, UnsupportedDtypesError,
                      UnsupportedOpsError)
@@ -135,6 +137,26 @@ class Segment:
     nodes: tuple[int, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+
+
+class _CompileOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pipeline: str
+    device: str | None = None
+    precision: str | None = None
+
+
+class _Manifest(BaseModel):
+    """partition.json as PartitionedModel.save writes it; `load` trusts nothing it does not check."""
+    format: Literal["dlcc-partition"]
+    version: Literal[1]
+    fallback: Literal["onnxruntime"]
+    max_plans: int = Field(ge=1)
+    compile: _CompileOptions
+    shapes: dict[str, list[int]]
+    profile_db: Literal["profile_db.json"] | None = None
+    plans: int = Field(0, ge=0)
+    onnxruntime_nodes: dict[int, str]
 
 
 class PartitionedModel:
@@ -435,18 +457,18 @@ class PartitionedModel:
             raise DlccError(f"{path / MANIFEST} cannot be read ({e}); compile the model again") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             raise DlccError(f"{path / MANIFEST} is not a dlcc partition manifest; compile the model again")
-        if manifest.get("version") != FORMAT_VERSION:
+        if manifest.get("version") != FORMAT_VERSION:  # (before the schema: a newer dlcc's file is not "damaged")
             raise DlccError(f"{path / MANIFEST} has format version {manifest.get('version')!r}; this dlcc reads "
                             f"version {FORMAT_VERSION}: compile the model again")
         try:
-            opts = dict(manifest["compile"])
-            shapes = {str(k): tuple(int(d) for d in v) for k, v in manifest["shapes"].items()}
-            moved = {int(k): str(why) for k, why in manifest["onnxruntime_nodes"].items()}
-            max_plans, fallback = int(manifest["max_plans"]), str(manifest["fallback"])
-            db = manifest.get("profile_db")
-            saved = int(manifest.get("plans", 0))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise DlccError(f"{path / MANIFEST} is damaged ({type(e).__name__}: {e}); compile the model again") from None
+            man = _Manifest.model_validate(manifest)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(x) for x in first["loc"]) or "(top level)"
+            raise DlccError(f"{path / MANIFEST} is damaged: {where}: {first['msg']}; compile the model again") from None
+        opts, db, saved = man.compile.model_dump(), man.profile_db, man.plans
+        shapes = {k: tuple(v) for k, v in man.shapes.items()}
+        moved, max_plans, fallback = man.onnxruntime_nodes, man.max_plans, man.fallback
         cache = path / "cache"
         if not cache.is_dir():
             cache = None

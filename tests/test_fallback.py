@@ -289,7 +289,15 @@ def test_a_fallback_artifact_with_an_unbound_dim_compiles_at_its_first_call(tmp_
     out = tmp_path / "lazy.dlcc"
     m = dlcc.compile(path, out=out, target="opencl", pipeline="astitch", fallback="onnxruntime")
     assert m.saved_plans == 0
-    _check(path, dlcc.load(out), {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)})
+    x = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    _check(path, dlcc.load(out), x)
+    # In Python, a split model called on real inputs (no cache) saves the plans those calls made.
+    m = dlcc.compile(path, target="opencl", pipeline="astitch", fallback="onnxruntime")
+    _check(path, m, x)
+    back = dlcc.load(m.save(tmp_path / "warm.dlcc"))
+    assert back.saved_plans == 2
+    _check(path, back, x)
+    assert all(cm.cache_hit for r in back._runners.values() if hasattr(r, "model") for _, cm in r.model.held())
 
 
 def test_fallback_artifacts_from_the_cli(tmp_path):

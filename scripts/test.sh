@@ -4,4 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh "dev,models"
-exec .venv/bin/python -m pytest -n "${DLCC_TEST_WORKERS:-2}" -q "$@"
+# One worker more than the cores: a worker waiting on a subprocess (nvcc, a batch's workers, the
+# onnxruntime folder) leaves its core to the others. On CI's 2 cores, 3 workers took 954 s of
+# pytest where 2 took 1,027-1,075 s (docs/testing.md).
+exec .venv/bin/python -m pytest -n "${DLCC_TEST_WORKERS:-$(( $(nproc 2>/dev/null || echo 2) + 1 ))}" -q "$@"

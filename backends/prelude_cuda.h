@@ -151,6 +151,9 @@ DEVICE void dlcc_cp_async16(void* dst, const void* src, int valid) {
 #define MMA_UNROLL _Pragma("unroll")
 /* The SIMT GEMM's inner k loop unrolls in full (its a/b fragments stay registers); OpenCL: by 4. */
 #define K_UNROLL _Pragma("unroll")
+/* A tile copy through a stitched prologue unrolls in full here (its staging values stay
+ * registers); OpenCL keeps it a loop. */
+#define PROLOGUE_UNROLL _Pragma("unroll")
 /* Four floats from shared memory in one 16-byte read (the vector SIMT GEMM; p 16-byte aligned). */
 #define LOAD4_LOCAL(p) (*(const float4*)(p))
 /* Hopper's warpgroup MMA (kernels/gemm_wgmma.py; sm_90a: backends/nvcc.py builds a module holding it

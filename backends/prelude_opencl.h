@@ -118,6 +118,11 @@ EMULATED void dlcc_mma_tf32(float* d0, float* d1, float* d2, float* d3, float a0
  * cold first run of a small ConvNeXt: 20 s, of BERT-small: 14 s); by 4 it is 0.3 s, and the
  * kernels ran no slower on the CPU (faster, on bert/cnn/vit-small through astitch). */
 #define K_UNROLL _Pragma("unroll 4")
+/* A loop copying a tile whose elements come through a stitched prologue (AStitch's element
+ * functions) stays a loop here, unrolled on CUDA: PoCL 3's LLVM 15 crashed (SIGSEGV in the
+ * inliner, which no caller can catch) building timm's EVA-02, whose attention K tile copied 16
+ * elements a thread, each through a seven-deep rotary-embedding prologue. */
+#define PROLOGUE_UNROLL _Pragma("nounroll")
 /* Four floats from local memory in one read (the vector SIMT GEMM; CUDA's is a float4 load). */
 #define LOAD4_LOCAL(p) vload4(0, (p))
 #define MMA_TF32(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1) \

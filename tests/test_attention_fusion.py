@@ -158,3 +158,50 @@ def test_scores_past_the_trace_limit_still_fuse(tmp_path):
     feeds = m.sample_inputs(3)
     rows = verify_outputs(path, m(feeds), feeds)
     assert all(r["passed"] for r in rows), rows
+
+
+def test_a_rotary_prologue_on_the_key_tile_builds_on_pocl(tmp_path):
+    """EVA-02's attention as timm writes it (torch.onnx's dynamo export): rotary embedding on
+    every token but the class token, then scaled_dot_product_attention. AStitch fuses the
+    rotation into the attention's tile loads; copied 16 elements a thread through that prologue,
+    unrolled, the K tile crashed PoCL's LLVM with SIGSEGV (the process died, with no message).
+    The copy loops that go through a prologue stay loops on OpenCL (PROLOGUE_UNROLL)."""
+    torch = pytest.importorskip("torch")
+
+    class RopeAttention(torch.nn.Module):
+        def __init__(self, dim=128, heads=2, tokens=64):
+            super().__init__()
+            self.heads, self.hd = heads, dim // heads
+            self.qkv = torch.nn.Linear(dim, 3 * dim)
+            self.proj = torch.nn.Linear(dim, dim)
+            ang = torch.randn(tokens, self.hd)
+            self.register_buffer("sin", ang.sin())
+            self.register_buffer("cos", ang.cos())
+
+        def rope(self, x):
+            rot = torch.stack([-x[..., 1::2], x[..., ::2]], -1).reshape(x.shape)
+            return x * self.cos + rot * self.sin
+
+        def forward(self, x):
+            B, N, C = x.shape
+            q, k, v = self.qkv(x).reshape(B, N, 3, self.heads, self.hd).permute(2, 0, 3, 1, 4).unbind(0)
+            q = torch.cat([q[:, :, :1], self.rope(q[:, :, 1:])], 2)
+            k = torch.cat([k[:, :, :1], self.rope(k[:, :, 1:])], 2)
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            return self.proj(y.transpose(1, 2).reshape(B, N, C))
+
+    import warnings
+
+    torch.manual_seed(0)
+    path = tmp_path / "rope.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(RopeAttention().eval(), (torch.randn(1, 65, 128),), str(path), input_names=["x"],
+                          output_names=["y"])
+    m = dlcc.compile(path, target="opencl", pipeline="astitch")
+    assert _attention_count(m.plan) == 1
+    text = "\n".join(m.kernel_codes)
+    assert "PROLOGUE_UNROLL" in text, "the rotary prologue is fused into the tile loads"
+    feeds = m.sample_inputs(0)
+    rows = verify_outputs(str(path), m(feeds), feeds)
+    assert all(r["passed"] for r in rows), rows

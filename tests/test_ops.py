@@ -819,6 +819,13 @@ for _ctm in ("half_pixel", "align_corners", "pytorch_half_pixel", "asymmetric"):
         resize(f"Resize-linear-{_ctm}-downscale", _S_DOWN, x=R((1, 2, 8, 10)), mode="linear",
                coordinate_transformation_mode=_ctm),
     )
+for _ctm in ("half_pixel", "align_corners", "pytorch_half_pixel", "asymmetric"):  # (onnxruntime: upscales only)
+    add(resize(f"Resize-cubic-{_ctm}-scales", _S_UP, mode="cubic", coordinate_transformation_mode=_ctm))
+add(
+    resize("Resize-cubic-exclude-outside-a-0.5-sizes", sizes=_SIZES, mode="cubic", exclude_outside=1,
+           cubic_coeff_a=-0.5),
+    resize("Resize-cubic-2d", np.array([2, 1.5], F32), x=R((5, 6)), mode="cubic"),
+)
 add(
     resize("Resize-linear-half-pixel-x2-3d", np.array([1, 2, 2], F32), x=R((2, 3, 4)), mode="linear"),
     resize("Resize-linear-pytorch-half-pixel-to-size1", sizes=np.array([1, 2, 1, 3], I64), mode="linear",

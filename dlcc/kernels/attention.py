@@ -48,7 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-from .program import ctype, literal, load_float, store_float
+from .program import copy_unroll, ctype, literal, load_float, store_float
 
 #: Threads per rTask (block): Rammer's vEU size, as the GEMM tilings.
 ATTN_THREADS = 256
@@ -195,7 +195,7 @@ def _load_tile(rows: int, cols: int, smem_at: Callable[[str, str], str], guard: 
     ia, ib = index("at_row", "at_col")
     stmts, val = load(a, b)
     return [
-        "#pragma unroll" if unroll is None else f"#pragma unroll {unroll}",
+        copy_unroll(stmts, val) if unroll is None else f"#pragma unroll {unroll}",
         f"for (int at_r = 0; at_r < {per}; ++at_r) {{",
         f"    const int at_x = tid + at_r * {ATTN_THREADS};",
         *([f"    if (at_x < {n_el}) {{"] if n_el % ATTN_THREADS else ["    {"]),

@@ -15,6 +15,7 @@ from typing import Callable
 
 from . import row_norm
 from . import splitk as sk
+from .program import copy_unroll
 from .row_norm import RowNorm
 
 
@@ -395,7 +396,7 @@ def _per_thread(t: Tiling, which: str) -> tuple[int, int]:
     return n_el, _per_thread_count(n_el, t.threads)
 
 
-def _walk(t: Tiling, which: str, spec: GemmSpec) -> list[str]:
+def _walk(t: Tiling, which: str, spec: GemmSpec, pragma: str = "#pragma unroll") -> list[str]:
     """The loop over a thread's share of one k step's A (or B) tile, opened up to its index split:
     element l = tid + r*T, split along the operand's contiguous dimension so that consecutive
     threads touch consecutive addresses. The caller adds the body and closes the loop."""
@@ -407,7 +408,7 @@ def _walk(t: Tiling, which: str, spec: GemmSpec) -> list[str]:
         split = (f"const int kk = l / {t.bn}, nn = l % {t.bn};" if spec.b_n_contiguous
                  else f"const int nn = l / {t.bk}, kk = l % {t.bk};")
     guard = [] if n_el % t.threads == 0 else [f"    if (l >= {n_el}) continue;"]
-    return ["#pragma unroll", f"for (int r = 0; r < {per}; ++r) {{", f"    const int l = tid + r * {t.threads};",
+    return [pragma, f"for (int r = 0; r < {per}; ++r) {{", f"    const int l = tid + r * {t.threads};",
             *guard, f"    {split}"]
 
 
@@ -419,8 +420,8 @@ def _stage(t: Tiling, which: str, k0: str, spec: GemmSpec) -> list[str]:
     else:
         stmts, val = spec.load_b("k", "n")
         where = [f"const int k = {k0} + kk, n = n0 + nn;", f"if (k < {spec.K} && n < {spec.N}) {{"]
-    return [*_walk(t, which, spec), f"    {where[0]}", "    float val = 0.0f;", f"    {where[1]}",
-            *_indent(stmts, 8), f"        val = {val};", "    }", f"    r{which}[r] = val;", "}"]
+    return [*_walk(t, which, spec, copy_unroll(stmts, val)), f"    {where[0]}", "    float val = 0.0f;",
+            f"    {where[1]}", *_indent(stmts, 8), f"        val = {val};", "    }", f"    r{which}[r] = val;", "}"]
 
 
 def _commit(t: Tiling, which: str, spec: GemmSpec, stage: str = "") -> list[str]:

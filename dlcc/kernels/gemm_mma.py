@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from . import splitk as sk
 from .gemm import _indent, _k_loop, _per_thread_count, cheapest, tasks_for  # (gemm.py imports this module lazily)
+from .program import copy_unroll
 
 WARPS = 8
 #: The precisions this template computes at, each with its mma: (k of one mma, operand rounding,
@@ -436,7 +437,7 @@ def _addr(t: MmaTiling, which: str, k_contiguous: bool, x: str, k: str) -> str:
     return f"({x}) * {t.bk + 4} + ({k})" if k_contiguous else f"({k}) * {ext + 8} + ({x})"
 
 
-def _walk(t: MmaTiling, which: str, k_contiguous: bool) -> list[str]:
+def _walk(t: MmaTiling, which: str, k_contiguous: bool, pragma: str = "#pragma unroll") -> list[str]:
     """A thread's share of one k step's A (or B) tile, split along the contiguous dimension so that
     consecutive threads load consecutive addresses (`xx` the tile row, `kk` the k offset)."""
     ext = t.bm if which == "a" else t.bn
@@ -445,7 +446,7 @@ def _walk(t: MmaTiling, which: str, k_contiguous: bool) -> list[str]:
     split = (f"const int xx = l / {t.bk}, kk = l % {t.bk};" if k_contiguous
              else f"const int kk = l / {ext}, xx = l % {ext};")
     guard = [] if n_el % t.threads == 0 else [f"    if (l >= {n_el}) continue;"]
-    return ["#pragma unroll", f"for (int r = 0; r < {per}; ++r) {{", f"    const int l = tid + r * {t.threads};",
+    return [pragma, f"for (int r = 0; r < {per}; ++r) {{", f"    const int l = tid + r * {t.threads};",
             *guard, f"    {split}"]
 
 
@@ -456,8 +457,8 @@ def _stage(t: MmaTiling, which: str, k0: str, spec, kc: bool) -> list[str]:
     else:
         stmts, val = spec.load_b("k", "n")
         where = [f"const int k = {k0} + kk, n = n0 + xx;", f"if (k < {spec.K} && n < {spec.N}) {{"]
-    return [*_walk(t, which, kc), f"    {where[0]}", "    float val = 0.0f;", f"    {where[1]}",
-            *_indent(stmts, 8), f"        val = {val};", "    }", f"    r{which}[r] = val;", "}"]
+    return [*_walk(t, which, kc, copy_unroll(stmts, val)), f"    {where[0]}", "    float val = 0.0f;",
+            f"    {where[1]}", *_indent(stmts, 8), f"        val = {val};", "    }", f"    r{which}[r] = val;", "}"]
 
 
 def _commit(t: MmaTiling, which: str, kc: bool) -> list[str]:

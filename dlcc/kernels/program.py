@@ -7,6 +7,7 @@ Launch binds a kernel to tensors by internal tensor id; ONNX names never appear 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +41,18 @@ def value_ctype(dtype: str) -> str:
     """The C type a kernel computes a `dtype` value in: float for the 16-bit floats (storage only,
     converted by load_float / store_value), else the storage type."""
     return "float" if dtype in _FLOAT_LOADS else _CTYPE[dtype]
+
+
+#: A call of an element function, AStitch's stitched producer computed where its consumer reads
+#: it (passes/astitch/codegen.py names them KERNEL_efN).
+_ELEMENT_CALL = re.compile(r"_ef\d+\(")
+
+
+def copy_unroll(stmts: list[str], value: str) -> str:
+    """The pragma line of a loop copying a tile whose element is `value` after `stmts`: unrolled
+    in full, or PROLOGUE_UNROLL where the element comes through a stitched prologue (the OpenCL
+    prelude keeps that loop a loop: PoCL's LLVM crashed inlining 16 unrolled copies of one)."""
+    return "PROLOGUE_UNROLL" if _ELEMENT_CALL.search("\n".join([*stmts, value])) else "#pragma unroll"
 
 
 def load_float(dtype: str, ptr: str, idx: str) -> str:

@@ -1,4 +1,4 @@
-"""Resize (nearest and N-linear) and Upsample as index expressions with interpolation weights."""
+"""Resize (nearest, N-linear and cubic) and Upsample as index expressions with interpolation weights."""
 from __future__ import annotations
 
 import itertools
@@ -57,8 +57,8 @@ def _resize(ctx, node):
         # Upsample and Resize-10 are asymmetric; nearest floors when enlarging and rounds up when
         # shrinking (onnxruntime's "simple" mode).
         ctm, nmode = "asymmetric", "floor"
-    if mode not in ("nearest", "linear", "bilinear"):
-        raise ctx.fail(f"mode {mode!r} is not supported (nearest and linear are)")
+    if mode not in ("nearest", "linear", "bilinear", "cubic", "bicubic"):
+        raise ctx.fail(f"mode {mode!r} is not supported (nearest, linear and cubic are)")
     if ctm not in _COORD:
         raise ctx.fail(f"coordinate_transformation_mode {ctm!r} is not supported")
     if mode == "nearest" and nmode not in _NEAREST:
@@ -82,6 +82,9 @@ def _resize(ctx, node):
                 s.append(f"{c} = {c} < 0 ? 0 : ({c} > {ins_[a] - 1} ? {ins_[a] - 1} : {c});")
                 coords[a] = c
             return s, v.ld(0, coords)
+        if mode in ("cubic", "bicubic"):
+            return _cubic(v, s, axes, ins_, src, float(ctx.attr("cubic_coeff_a", -0.75)),
+                          bool(ctx.attr("exclude_outside", 0)))
         for a in axes:
             s += [f"const float f{a} = {src(v, a)};",
                   f"const int l{a} = (int)F_FLOOR(f{a});",
@@ -97,4 +100,42 @@ def _resize(ctx, node):
             terms.append(f"{' * '.join(ws) or '1.0f'} * {v.ld(0, cs)}")
         return s, " + ".join(terms) or v.ld(0, coords)
 
-    emit_map(ctx, out, [x], body, "Resize", flops_per_elem=3 * (2 ** len(axes)), inline_scalars=False)
+    taps = 4 if mode in ("cubic", "bicubic") else 2
+    emit_map(ctx, out, [x], body, "Resize", flops_per_elem=3 * (taps ** len(axes)), inline_scalars=False)
+
+
+def _cubic(v, s: list[str], axes: list[int], ins_, src, A: float, exclude_outside: bool) -> tuple[list[str], str]:
+    """Cubic convolution (Keys) over 4 taps per resized axis, as the ONNX reference and
+    onnxruntime compute it: tap k at floor(x) - 1 + k, weighted by the kernel at its distance
+    (coefficient A = cubic_coeff_a, -0.75 as PyTorch's bicubic). Taps outside the input take the
+    edge value, or with exclude_outside get weight 0, the others renormalised to sum to 1."""
+    a_ = literal(A)
+    for a in axes:
+        n = ins_[a]
+        s += [f"const float f{a} = {src(v, a)};",
+              f"const int l{a} = (int)F_FLOOR(f{a});",
+              f"const float t{a} = f{a} - (float)l{a};",
+              f"const float u{a} = 1.0f - t{a};",
+              # |d| in (1, 2) for taps 0 and 3, [0, 1] for taps 1 and 2
+              f"float w{a}_0 = (({a_} * (t{a} + 1.0f) - 5.0f * {a_}) * (t{a} + 1.0f) + 8.0f * {a_}) * (t{a} + 1.0f)"
+              f" - 4.0f * {a_};",
+              f"float w{a}_1 = (({a_} + 2.0f) * t{a} - ({a_} + 3.0f)) * t{a} * t{a} + 1.0f;",
+              f"float w{a}_2 = (({a_} + 2.0f) * u{a} - ({a_} + 3.0f)) * u{a} * u{a} + 1.0f;",
+              f"float w{a}_3 = (({a_} * (u{a} + 1.0f) - 5.0f * {a_}) * (u{a} + 1.0f) + 8.0f * {a_}) * (u{a} + 1.0f)"
+              f" - 4.0f * {a_};"]
+        for k in range(4):
+            i = f"l{a} + {k - 1}" if k != 1 else f"l{a}"
+            s.append(f"const int i{a}_{k} = {i} < 0 ? 0 : ({i} > {n - 1} ? {n - 1} : {i});")
+        if exclude_outside:
+            for k in range(4):
+                i = f"l{a} + {k - 1}" if k != 1 else f"l{a}"
+                s.append(f"if ({i} < 0 || {i} > {n - 1}) w{a}_{k} = 0.0f;")
+            s.append(f"{{ const float z = w{a}_0 + w{a}_1 + w{a}_2 + w{a}_3; "
+                     + " ".join(f"w{a}_{k} /= z;" for k in range(4)) + " }")
+    terms = []
+    for taps in itertools.product(range(4), repeat=len(axes)):
+        cs = list(v.o)
+        for a, k in zip(axes, taps):
+            cs[a] = f"i{a}_{k}"
+        terms.append(f"{' * '.join(f'w{a}_{k}' for a, k in zip(axes, taps)) or '1.0f'} * {v.ld(0, cs)}")
+    return s, " + ".join(terms) or v.ld(0, list(v.o))

@@ -191,11 +191,10 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
 def _save_partitioned(model, out: Path, shapes: dict, kwargs: dict, max_plans: int, fallback: str, steps):
     """compile(..., fallback=, out=): the model split between dlcc and `fallback`, run once on
     sample inputs so that every dlcc segment compiles and every refusal is found, then saved as
-    a partition artifact (PartitionedModel.save) and reopened from it. Outputs depend on values
-    here (the rows a NonMaxSuppression keeps), so a later call may still compile a segment for a
-    shape the sample inputs did not give. With a dynamic dim left
-    unbound there are no sample inputs: the artifact is saved without plans, and each segment
-    compiles at its first call."""
+    a partition artifact (PartitionedModel.save) and reopened from it. Shapes after a NonZero or
+    a NonMaxSuppression depend on values, so a later call may still compile a segment for a shape
+    the sample inputs did not give. With a dynamic dim left unbound there are no sample inputs:
+    the artifact is saved without plans, and each segment compiles at its first call."""
     from .partition import PartitionedModel
     from .progress import Steps
 

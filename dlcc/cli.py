@@ -256,7 +256,8 @@ def verify(model: Path = typer.Argument(..., help="ONNX model file"),
                                                 "see `dlcc verify --help`)"),
            atol: Optional[float] = typer.Option(None, help="absolute tolerance (default: the precision's)"),
            seed: int = typer.Option(0, help="seed for generated inputs"),
-           fallback: Optional[str] = FallbackOpt, profile_db: Optional[Path] = ProfileDbOpt, quiet: bool = QuietOpt, json_out: bool = JsonOpt):
+           fallback: Optional[str] = FallbackOpt, profile_db: Optional[Path] = ProfileDbOpt, quiet: bool = QuietOpt,
+           json_out: bool = JsonOpt):
     """Compile, run on the target, run onnxruntime on the same inputs, and compare every output of
     the model's graph (a missing or extra output fails). An output passes where |got - ref| <=
     atol + rtol·|ref| everywhere; the default tolerances depend on the precision: fp32 rtol 1e-3,
@@ -504,10 +505,8 @@ def _inspect_partition(path: Path, json_out: bool) -> None:
     import dlcc
 
     m = dlcc.load(path)  # (checks the manifest and the model; compiles nothing)
-    manifest = json.loads((path / "partition.json").read_bytes())
     info = {"artifact": str(path), "target": m.target, "fallback": m.fallback, "plans": m.saved_plans,
-            **{k: manifest["compile"].get(k) for k in ("pipeline", "precision", "device")},
-            "inputs": m._signature.inputs, "outputs": m.outputs, "segments": m.segments}
+            **m.options, "inputs": m.inputs, "outputs": m.outputs, "segments": m.segments}
     if json_out:
         print(json.dumps(info))
         return

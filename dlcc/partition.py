@@ -295,6 +295,16 @@ class PartitionedModel:
         return "onnxruntime" if k in self._host else "dlcc"
 
     @property
+    def inputs(self) -> list[dict]:
+        """The model's inputs, with '?' for dims each call decides."""
+        return self._signature.inputs
+
+    @property
+    def options(self) -> dict:
+        """The compile options each dlcc segment is compiled with (pipeline, precision, device)."""
+        return {k: self._kwargs.get(k) for k in ("pipeline", "precision", "device")}
+
+    @property
     def segments(self) -> list[dict]:
         """Each segment in run order: its engine, its node count, the op types in it, and for
         onnxruntime's, why dlcc does not run them."""
@@ -378,7 +388,8 @@ class PartitionedModel:
         - ``cache/``: a dlcc compile cache holding the plans the segments have compiled so far,
           so a loaded artifact finds them instead of compiling again (`dlcc compile --fallback`
           runs the model once on sample inputs first, which compiles every dlcc segment);
-        - ``profile_db.json``: the compile's profile database, where it was given one.
+        - ``profile_db.json``, ``pipeline.yaml``, ``device.yaml``: the compile's profile database,
+          pipeline and device spec, where they were given as files.
 
         The directory is written beside `out` and moved into place whole, so an interrupted save
         leaves the older artifact, or nothing."""
@@ -399,11 +410,18 @@ class PartitionedModel:
             db = self._kwargs.get("profile_db")
             if db:
                 shutil.copyfile(db, tmp / "profile_db.json")
+            options = self.options
+            for key in ("pipeline", "device"):  # a YAML file goes along: the artifact may be opened elsewhere
+                given = options[key]
+                if isinstance(given, (str, os.PathLike)) and str(given).endswith((".yaml", ".yml")) \
+                        and Path(given).is_file():
+                    shutil.copyfile(given, tmp / f"{key}.yaml")
+                    options[key] = f"{key}.yaml"
             with self._lock:
                 refused = {str(k): why for k, why in sorted(self._refused.items())}
             manifest = {"format": FORMAT, "version": FORMAT_VERSION, "dlcc": __version__, "fallback": self.fallback,
                         "target": self.target, "max_plans": self.max_plans,
-                        "compile": {k: self._kwargs.get(k) for k in ("pipeline", "device", "precision")},
+                        "compile": options,
                         "shapes": {k: list(v) for k, v in self._shapes.items()},
                         "profile_db": "profile_db.json" if db else None, "plans": plans,
                         "onnxruntime_nodes": refused, "segments": self.segments}
@@ -467,6 +485,9 @@ class PartitionedModel:
             where = ".".join(str(x) for x in first["loc"]) or "(top level)"
             raise DlccError(f"{path / MANIFEST} is damaged: {where}: {first['msg']}; compile the model again") from None
         opts, db, saved = man.compile.model_dump(), man.profile_db, man.plans
+        for key in ("pipeline", "device"):  # (a YAML file that `save` put beside the manifest)
+            if opts[key] == f"{key}.yaml":
+                opts[key] = str(path / opts[key])
         shapes = {k: tuple(v) for k, v in man.shapes.items()}
         moved, max_plans, fallback = man.onnxruntime_nodes, man.max_plans, man.fallback
         cache = path / "cache"

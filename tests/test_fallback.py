@@ -250,9 +250,18 @@ def test_a_fallback_artifact_runs_without_compiling_again(tmp_path):
     assert len(held) == 2 and all(cm.cache_hit for cm in held)
     for seed in range(1, 4):
         _check(path, back, {"x": np.random.default_rng(seed).standard_normal((1, 3, 8, 8)).astype(np.float32)})
-    # Compiled again over it: the older artifact is replaced whole.
-    again = dlcc.compile(path, out=out, target="opencl", pipeline="astitch", fallback="onnxruntime")
-    assert again.saved_plans == 2
+    # Compiled again over it, with a pipeline file: the older artifact is replaced whole, and the
+    # file goes along (the artifact is opened from anywhere).
+    from dlcc.config import load_pipeline
+
+    spec = tmp_path / "mine.yaml"
+    spec.write_text(__import__("yaml").safe_dump(load_pipeline("astitch").model_dump(mode="json")))
+    again = dlcc.compile(path, out=out, target="opencl", pipeline=str(spec), fallback="onnxruntime")
+    assert again.saved_plans == 2 and (out / "pipeline.yaml").is_file()
+    spec.unlink()
+    back = dlcc.load(out, target="opencl")
+    _check(path, back, feeds)
+    assert all(cm.cache_hit for r in back._runners.values() if hasattr(r, "model") for _, cm in r.model.held())
 
 
 @needs_opencl

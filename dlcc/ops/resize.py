@@ -65,6 +65,8 @@ def _resize(ctx, node):
         raise ctx.fail(f"nearest_mode {nmode!r} is not supported")
     if ctx.attr("antialias", 0) or ctx.attr("axes", None) is not None:
         raise ctx.fail("antialias and axes are not supported")
+    # (Attributes are read here, not in `body`: AStitch calls a body later, with another node current.)
+    cubic_a, exclude_outside = float(ctx.attr("cubic_coeff_a", -0.75)), bool(ctx.attr("exclude_outside", 0))
     scales = _scales(ctx, node, ins_, outs_)
     axes = [a for a in range(len(ins_)) if ins_[a] != outs_[a] or scales[a] != 1.0]
 
@@ -83,8 +85,7 @@ def _resize(ctx, node):
                 coords[a] = c
             return s, v.ld(0, coords)
         if mode in ("cubic", "bicubic"):
-            return _cubic(v, s, axes, ins_, src, float(ctx.attr("cubic_coeff_a", -0.75)),
-                          bool(ctx.attr("exclude_outside", 0)))
+            return _cubic(v, s, axes, ins_, src, cubic_a, exclude_outside)
         for a in axes:
             s += [f"const float f{a} = {src(v, a)};",
                   f"const int l{a} = (int)F_FLOOR(f{a});",

@@ -1244,8 +1244,8 @@ def p_norm(g: Gen) -> None:
 
 
 def p_resize(g: Gen) -> None:
-    """Resize of an NCHW (or NCW) tensor by whole or half factors: nearest or linear, with the
-    coordinate rules exporters use."""
+    """Resize of an NCHW (or NCW) tensor by whole or half factors: nearest, linear or cubic, with
+    the coordinate rules exporters use."""
     d = g.ch.pick([2, 1])
     x = _spatial_input(g, d)
     scales = [1.0, 1.0] + [g.ch.pick([2.0, 3.0, 0.5]) if s % 2 == 0 else g.ch.pick([2.0, 3.0])
@@ -1254,8 +1254,12 @@ def p_resize(g: Gen) -> None:
     if int(np.prod(out)) > 2 * MAX_NUMEL:
         return
     mode = g.ch.pick(["nearest", "linear"])
+    if mode == "linear" and d == 2 and min(scales) >= 1 and g.ch.chance(0.4):
+        mode = "cubic"  # (onnxruntime's cubic takes 4-D inputs that only grow)
     ctm = g.ch.pick(["asymmetric", "half_pixel", "align_corners", "pytorch_half_pixel"])
     attrs = {"mode": mode, "coordinate_transformation_mode": ctm}
+    if mode == "cubic" and g.ch.chance(0.5):
+        attrs.update(exclude_outside=1, cubic_coeff_a=-0.5)
     if mode == "nearest":
         attrs["nearest_mode"] = g.ch.pick(["round_prefer_floor", "floor", "round_prefer_ceil", "ceil"])
     if g.ch.chance(0.5):

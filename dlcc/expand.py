@@ -131,20 +131,17 @@ def _body(node: onnx.NodeProto, opset: int, types: dict, supported: set[str]) ->
     if s is None:
         return None
     try:
-        plain = [v for v in s.function_opset_versions if v <= opset]
-        if plain:
-            raw = s.get_function_with_opset_version(max(plain))
-        else:
+        fp = _plain_body(s, opset)
+        if fp is None:
             dep = [v for v in s.context_dependent_function_opset_versions if v <= opset]
             if not dep or any(i and i not in types for i in node.input):
                 return None
             arg_types = [types[i].SerializeToString() if i else onnx.TypeProto().SerializeToString()
                          for i in node.input]
-            raw = s.get_context_dependent_function_with_opset_version(max(dep), node.SerializeToString(), arg_types)
-        if not raw:
+            fp = _parsed(s.get_context_dependent_function_with_opset_version(max(dep), node.SerializeToString(),
+                                                                             arg_types))
+        if fp is None:
             return None
-        fp = onnx.FunctionProto()
-        fp.ParseFromString(raw if isinstance(raw, bytes) else raw.SerializeToString())
     except Exception as e:  # onnx could not build the body: the op stays, reported as unsupported
         log.debug("no function body for %s: %s", node.op_type, e)
         return None
@@ -159,23 +156,38 @@ def _body(node: onnx.NodeProto, opset: int, types: dict, supported: set[str]) ->
 
 def compilable(op_type: str, opset: int, supported: set[str], depth: int = 0) -> bool:
     """Whether a body node of `op_type` can end up compiled: dlcc lowers it, the import folds it
-    (FOLDED: shapes are static by then), or it is itself a function op whose (plain) body is compilable. A context-dependent body needs
-    the input types to be built, so it is given the benefit of the doubt."""
+    (FOLDED: shapes are static by then), or it is itself a function op whose (plain) body is
+    compilable. A context-dependent body needs the input types to be built, so it is given the
+    benefit of the doubt."""
     if op_type in supported or op_type in OWN_BODIES or op_type in FOLDED:
         return True
     s = _schema(op_type, opset)
     if s is None or depth >= MAX_ROUNDS:
         return False
-    plain = [v for v in s.function_opset_versions if v <= opset]
-    if not plain:
+    if not any(v <= opset for v in s.function_opset_versions):
         return any(v <= opset for v in s.context_dependent_function_opset_versions)
     try:
-        fp = onnx.FunctionProto()
-        raw = s.get_function_with_opset_version(max(plain))
-        fp.ParseFromString(raw if isinstance(raw, bytes) else raw.SerializeToString())
+        fp = _plain_body(s, opset)
     except Exception:  # onnx could not build the body
         return False
-    return all(n.domain in ("", "ai.onnx") and compilable(n.op_type, opset, supported, depth + 1) for n in fp.node)
+    return fp is not None and all(n.domain in ("", "ai.onnx") and compilable(n.op_type, opset, supported, depth + 1)
+                                  for n in fp.node)
+
+
+def _plain_body(s, opset: int) -> onnx.FunctionProto | None:
+    """Schema `s`'s function body that needs no input types, at the newest version not above
+    `opset` (None where it has none)."""
+    plain = [v for v in s.function_opset_versions if v <= opset]
+    return _parsed(s.get_function_with_opset_version(max(plain))) if plain else None
+
+
+def _parsed(raw) -> onnx.FunctionProto | None:
+    """A FunctionProto from what onnx's schema API returns (bytes or a proto; empty: none)."""
+    if not raw:
+        return None
+    fp = onnx.FunctionProto()
+    fp.ParseFromString(raw if isinstance(raw, bytes) else raw.SerializeToString())
+    return fp
 
 
 def _inline(node: onnx.NodeProto, fp: onnx.FunctionProto, schema, prefix: str) -> list[onnx.NodeProto]:

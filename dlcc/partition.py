@@ -148,8 +148,8 @@ class _CompileOptions(BaseModel):
 
 class _Manifest(BaseModel):
     """partition.json as PartitionedModel.save writes it; `load` trusts nothing it does not check."""
-    format: Literal["dlcc-partition"]
-    version: Literal[1]
+    format: Literal[FORMAT]
+    version: Literal[FORMAT_VERSION]
     fallback: Literal["onnxruntime"]
     max_plans: int = Field(ge=1)
     compile: _CompileOptions

@@ -81,7 +81,7 @@ def _resize(ctx, node):
                 c = f"c{a}"
                 nm = "ceil" if legacy and scales[a] < 1 else nmode
                 s.append(f"int {c} = (int){_NEAREST[nm].format(c=src(v, a))};")
-                s.append(f"{c} = {c} < 0 ? 0 : ({c} > {ins_[a] - 1} ? {ins_[a] - 1} : {c});")
+                s.append(f"{c} = {_clamp(c, ins_[a] - 1)};")
                 coords[a] = c
             return s, v.ld(0, coords)
         if mode in ("cubic", "bicubic"):
@@ -90,8 +90,8 @@ def _resize(ctx, node):
             s += [f"const float f{a} = {src(v, a)};",
                   f"const int l{a} = (int)F_FLOOR(f{a});",
                   f"const float w{a} = f{a} - (float)l{a};",
-                  f"const int a{a} = l{a} < 0 ? 0 : (l{a} > {ins_[a] - 1} ? {ins_[a] - 1} : l{a});",
-                  f"const int b{a} = l{a} + 1 < 0 ? 0 : (l{a} + 1 > {ins_[a] - 1} ? {ins_[a] - 1} : l{a} + 1);"]
+                  f"const int a{a} = {_clamp(f'l{a}', ins_[a] - 1)};",
+                  f"const int b{a} = {_clamp(f'l{a} + 1', ins_[a] - 1)};"]
         terms = []
         for corner in itertools.product((0, 1), repeat=len(axes)):
             cs, ws = list(v.o), []
@@ -103,6 +103,11 @@ def _resize(ctx, node):
 
     taps = 4 if mode in ("cubic", "bicubic") else 2
     emit_map(ctx, out, [x], body, "Resize", flops_per_elem=3 * (taps ** len(axes)), inline_scalars=False)
+
+
+def _clamp(e: str, hi: int) -> str:
+    """Index expression `e` clamped to [0, hi] (an edge tap reads the edge)."""
+    return f"{e} < 0 ? 0 : ({e} > {hi} ? {hi} : {e})"
 
 
 def _cubic(v, s: list[str], axes: list[int], ins_, src, A: float, exclude_outside: bool) -> tuple[list[str], str]:
@@ -124,13 +129,10 @@ def _cubic(v, s: list[str], axes: list[int], ins_, src, A: float, exclude_outsid
               f"float w{a}_2 = (({a_} + 2.0f) * u{a} - ({a_} + 3.0f)) * u{a} * u{a} + 1.0f;",
               f"float w{a}_3 = (({a_} * (u{a} + 1.0f) - 5.0f * {a_}) * (u{a} + 1.0f) + 8.0f * {a_}) * (u{a} + 1.0f)"
               f" - 4.0f * {a_};"]
-        for k in range(4):
-            i = f"l{a} + {k - 1}" if k != 1 else f"l{a}"
-            s.append(f"const int i{a}_{k} = {i} < 0 ? 0 : ({i} > {n - 1} ? {n - 1} : {i});")
+        tap_at = [f"l{a} + {k - 1}" if k != 1 else f"l{a}" for k in range(4)]
+        s += [f"const int i{a}_{k} = {_clamp(i, n - 1)};" for k, i in enumerate(tap_at)]
         if exclude_outside:
-            for k in range(4):
-                i = f"l{a} + {k - 1}" if k != 1 else f"l{a}"
-                s.append(f"if ({i} < 0 || {i} > {n - 1}) w{a}_{k} = 0.0f;")
+            s += [f"if ({i} < 0 || {i} > {n - 1}) w{a}_{k} = 0.0f;" for k, i in enumerate(tap_at)]
             s.append(f"{{ const float z = w{a}_0 + w{a}_1 + w{a}_2 + w{a}_3; "
                      + " ".join(f"w{a}_{k} /= z;" for k in range(4)) + " }")
     terms = []

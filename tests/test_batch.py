@@ -330,9 +330,10 @@ def _misbehave(job: dict, out_dir: str, cache) -> dict:
     return row
 
 
-def test_ctrl_c_stops_the_batch_and_its_workers(repo):
+@pytest.mark.parametrize("when", ["workers-importing", "jobs-running"])
+def test_ctrl_c_stops_the_batch_and_its_workers(repo, when):
     """SIGINT to the batch's process group (what Ctrl-C sends): exit 130 with a one-line message, no
-    traceback, and no worker left behind."""
+    traceback (not even from a worker still importing dlcc), and no worker left behind."""
     import os
     import signal
     import subprocess
@@ -345,13 +346,20 @@ def test_ctrl_c_stops_the_batch_and_its_workers(repo):
     p = subprocess.Popen([sys.executable, "-m", "dlcc.cli", "batch", str(m), "-j", "2", "--no-cache", "--out", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 300
-    while not list(out.glob("*.log")) and p.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)  # until the first job has finished: the workers are up and busy
+
+    def ready() -> bool:
+        if when == "jobs-running":  # the first job has finished: the workers are up and busy
+            return bool(list(out.glob("*.log")))
+        kids = subprocess.run(["pgrep", "-P", str(p.pid), "-f", "multiprocessing"], capture_output=True, text=True)
+        return len(kids.stdout.split()) >= 2  # both workers spawned (the resource tracker aside)
+
+    while not ready() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert p.poll() is None, "the batch finished before it could be interrupted"
     os.killpg(p.pid, signal.SIGINT)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130, err[-2000:]
-    assert "interrupted" in err and "Traceback" not in err
+    assert "interrupted" in err and "Traceback" not in err, err[-3000:]
     for _ in range(100):  # the workers die with the batch (SIGKILLed, not waited for)
         try:
             os.killpg(p.pid, 0)

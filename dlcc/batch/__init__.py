@@ -14,6 +14,7 @@ from pathlib import Path
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
+from .. import sigint
 from .manifest import DEFAULT_TIMEOUT_S, Job, check_unique, load_manifest, shard
 from .runner import blank_row, met, run_job, try_hit
 
@@ -91,8 +92,9 @@ def _drive(pool, starts, running: dict, pending: list[Job], workers: int, out_di
     while pending or running:
         while pending and len(running) < workers and not state["stop"]:
             j = pending.pop(0)
-            running[pool.submit(_run, worker, j.as_dict(), out_dir, cache)] = (j, time.time() + _limit(j)
-                                                                               + START_GRACE_S)
+            with sigint.blocked_while_spawning(_spawns(pool)):
+                f = pool.submit(_run, worker, j.as_dict(), out_dir, cache)
+            running[f] = (j, time.time() + _limit(j) + START_GRACE_S)
             if on_start:
                 on_start(j)
         if not running:
@@ -127,6 +129,14 @@ _STARTS = None  # in a worker: the queue it reports job starts on
 def _init_worker(starts) -> None:
     global _STARTS
     _STARTS = starts
+    sigint.ignore_in_worker()  # Ctrl-C is the parent's to handle: it kills the workers
+
+
+def _spawns(pool: ProcessPoolExecutor) -> bool:
+    """Whether the pool's next submit starts a worker: with the spawn start method it starts one
+    per submit until it has max_workers (concurrent.futures' _adjust_process_count)."""
+    spawned = len(getattr(pool, "_processes", None) or {})
+    return spawned < getattr(pool, "_max_workers", spawned + 1)
 
 
 def _run(worker, job: dict, out_dir: str, cache) -> dict:

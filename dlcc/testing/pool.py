@@ -19,6 +19,8 @@ import multiprocessing as mp
 import time
 from multiprocessing.connection import wait as conn_wait
 
+from .. import sigint
+
 
 def _worker(conn, fn_path: str) -> None:
     import importlib
@@ -28,7 +30,7 @@ def _worker(conn, fn_path: str) -> None:
     # Ctrl-C (and a SIGTERM sent to the process group) reaches every worker: the parent stops the
     # run and ends the workers, and a case cut short by it must not come back as a worker that
     # "died" (a crash verdict).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sigint.ignore_in_worker()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     # OpenCL compilers print their diagnostics straight to file descriptor 2 (clang's "N warnings
@@ -58,7 +60,8 @@ class _Slot:
     def __init__(self, ctx, fn_path: str):
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker, args=(child, fn_path), daemon=True)
-        self.proc.start()
+        with sigint.blocked_while_spawning():
+            self.proc.start()
         child.close()
         self.key = None
         self.task = None

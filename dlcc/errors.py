@@ -31,12 +31,17 @@ class UnboundDimError(ShapeError):
     """An input's dim is dynamic and nothing binds it (the API suggests dynamic=True)."""
 
 
+#: What to do about a model dlcc can compile only in part (UnsupportedOpsError, DynamicShapeError).
+FALLBACK_HINT = ("To run {what} on onnxruntime and the rest on dlcc: `dlcc compile` or `dlcc verify` with "
+                 "`--fallback onnxruntime`, or dlcc.compile(..., fallback=\"onnxruntime\") in Python")
+
+
 class DynamicShapeError(ShapeError):
     """A shape depends on tensor values, not only on input shapes (not compilable statically).
     `tensor`: the first tensor whose shape is unknown, where one is known."""
 
     def __init__(self, message: str, tensor: str | None = None):
-        super().__init__(message)
+        super().__init__(message + "\n" + FALLBACK_HINT.format(what="the nodes that depend on those values"))
         self.tensor = tensor
 
 
@@ -56,8 +61,7 @@ class UnsupportedOpsError(DlccError):
         )
         if unsupported_dtypes:
             msg += "\n" + "\n".join(unsupported_dtypes)
-        msg += ("\nTo run them on onnxruntime and the rest on dlcc: dlcc.compile(..., fallback=\"onnxruntime\") in "
-                "Python, or `dlcc verify --fallback onnxruntime`")
+        msg += "\n" + FALLBACK_HINT.format(what="them")
         super().__init__(msg)
 
 

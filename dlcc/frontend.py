@@ -900,6 +900,7 @@ def check_static(graph: Graph, path) -> None:
     for node in graph.nodes:
         for o in node.outputs:
             if o and graph.tensors[o].shape is None:
+                _check_shapes_fit(graph, node, path)
                 raise DynamicShapeError(
                     f"{path}: the shape of {o!r} (output of {node.op_type} node {node.name!r}) is unknown at compile "
                     "time even with every input shape bound; it depends on tensor values computed at run time "
@@ -912,6 +913,22 @@ def check_static(graph: Graph, path) -> None:
                     f"{path}: the shape of {o!r} (output of {node.op_type} node {node.name!r}) comes out as "
                     f"{list(graph.tensors[o].shape)}: a negative dim (is a kernel or window larger than its input?)"
                 )
+
+
+def _check_shapes_fit(graph: Graph, node: Node, path) -> None:
+    """A node whose input shapes are all known but whose output shape is not: where onnx's strict
+    shape inference rejects those inputs (a MatMul's batch dims that do not broadcast: a model
+    onnxruntime refuses to load too), that is the error, not a data-dependent shape."""
+    ins = [i for i in node.inputs if i]
+    if node.domain not in ("", "ai.onnx") or not all(graph.tensors[i].shape is not None for i in ins):
+        return
+    try:
+        m, _ = _mini_model(graph, node)
+        shape_inference.infer_shapes(m, strict_mode=True, data_prop=True)
+    except Exception as e:  # noqa: BLE001 (any rejection is the answer)
+        shapes = ", ".join(f"{i!r} {list(graph.tensors[i].shape)}" for i in ins)
+        raise ShapeError(f"{path}: {node.op_type} node {node.name!r} cannot take the shapes of its inputs ({shapes}): "
+                         f"{first_line(e, 300)}") from None
 
 
 def dtype_problems(graph: Graph) -> list[str]:

@@ -546,10 +546,14 @@ class PartitionedModel:
         g = self._model.graph
         nodes = [g.node[k] for k in seg.nodes]
         reads = {x for k in seg.nodes for x in self._node_reads[k]}
+        # Each input dim gets a name of its own: onnxruntime takes dims with one dim_param to be equal
+        # (and plans its buffer reuse on it), so "?" for every dim made Longformer's segment fail
+        # with "Shape mismatch attempting to re-use buffer".
         inputs = []
         for name in seg.inputs:
             a = values[name]
-            inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype), ["?"] * a.ndim))
+            dims = [f"dim{len(inputs)}_{i}" for i in range(a.ndim)]
+            inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype), dims))
         graph = helper.make_graph(nodes, f"{g.name or 'model'}_part", inputs, [],
                                   [self._inits[x] for x in sorted(reads) if x in self._inits])
         sub = helper.make_model(graph, opset_imports=list(self._model.opset_import), ir_version=self._model.ir_version)
@@ -576,9 +580,8 @@ class PartitionedModel:
             vi = onnx.ValueInfoProto(name=name)
             if t is not None:
                 vi.type.CopyFrom(t)
-                for d in vi.type.tensor_type.shape.dim:  # every dim left to the run
+                for d in vi.type.tensor_type.shape.dim:  # every dim left to the run (unknown, unnamed)
                     d.Clear()
-                    d.dim_param = "?"
             sub.graph.output.append(vi)
         unranked = [vi for vi in sub.graph.output if not vi.type.tensor_type.HasField("shape")]
         if unranked:  # the checker wants a rank for each graph output: onnxruntime's run of the part says it
@@ -589,7 +592,7 @@ class PartitionedModel:
                 a = ran[vi.name]
                 vi.type.tensor_type.elem_type = helper.np_dtype_to_tensor_dtype(a.dtype)
                 for _ in range(a.ndim):
-                    vi.type.tensor_type.shape.dim.add().dim_param = "?"
+                    vi.type.tensor_type.shape.dim.add()
         return sub
 
 

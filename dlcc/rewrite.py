@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .errors import DlccError, ModelError, ShapeError, first_line
+from .errors import DlccError, DynamicShapeError, ModelError, ShapeError, first_line
 from .expand import _all_names, _prefix
 from .spectral import _constants, _shapes_and_types
 
@@ -82,9 +82,23 @@ class Builder:
             return tuple(c.shape)
         shape = self.info.get(name, (None, None))[0]
         if shape is None or any(d is None for d in shape):
-            raise Later(self.fail(f"the shape of input {name!r} is not static here; bind the model's dynamic dims "
-                                  "with --shape", ShapeError))
+            raise Later(self._not_static(name))
         return tuple(int(d) for d in shape)
+
+    def _not_static(self, name: str) -> Exception:
+        """The error for an input whose shape stays unknown: with every graph input's shape bound,
+        it depends on values computed at run time (a NonZero upstream; `--fallback onnxruntime`
+        runs those nodes there); otherwise binding the dynamic dims may make it known."""
+        inits = {t.name for t in self.graph.initializer}
+        bound = all(vi.type.tensor_type.HasField("shape")
+                    and all(d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim)
+                    for vi in self.graph.input if vi.name not in inits)
+        if bound:
+            return DynamicShapeError(f"{self.path}: {self.node.op_type} {self.label!r}: the shape of input {name!r} "
+                                     "depends on tensor values computed at run time (data-dependent shapes are not "
+                                     "supported: dlcc compiles static shapes)", tensor=name)
+        return self.fail(f"the shape of input {name!r} is not static here; bind the model's dynamic dims with --shape",
+                         ShapeError)
 
     def fail(self, why: str, kind=ModelError) -> Exception:
         return kind(f"{self.path}: {self.node.op_type} {self.label!r}: {why}")

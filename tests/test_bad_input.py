@@ -324,6 +324,30 @@ def test_cyclic_graph(tmp_path):
     assert_clean_error(rc, out, err, "cyc.onnx")
 
 
+def test_shapes_that_do_not_fit_once_folded_are_named(tmp_path):
+    """A MatMul whose operand is reshaped to a shape only dlcc's folding finds (the target goes
+    through a Cast, which onnx's shape inference does not propagate), to batch dims that do not
+    broadcast with the other operand's. onnxruntime refuses such a model; dlcc names the node and
+    both shapes, not the Shape nodes left unfolded (as an unsupported op), nor a data-dependent
+    shape. (A tiny CANINE export from transformers looked like this.)"""
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    nodes = [helper.make_node("Shape", ["a"], ["s"]), helper.make_node("Cast", ["s"], ["sf"], to=f),
+             helper.make_node("Cast", ["sf"], ["si"], to=i64), helper.make_node("Concat", ["si", "si"], ["t"], axis=0),
+             helper.make_node("Reshape", ["x", "t"], ["r"]), helper.make_node("MatMul", ["r", "b"], ["y"], name="mm"),
+             helper.make_node("Shape", ["y"], ["ys"]), helper.make_node("Cast", ["ys"], ["z"], to=f)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", f, [2, 3]), helper.make_tensor_value_info("x", f, [36]),
+                                       helper.make_tensor_value_info("b", f, [4, 3, 3, 2])],
+                          [helper.make_tensor_value_info("z", f, [4])])
+    path = _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "mm.onnx")
+    with pytest.raises(ShapeError) as e:
+        dlcc.compile(path, target="opencl")
+    assert "MatMul node 'mm' cannot take the shapes of its inputs" in str(e.value), str(e.value)
+    assert "[2, 3, 2, 3]" in str(e.value) and "[4, 3, 3, 2]" in str(e.value)
+    rc, out, err = cli("compile", path, "-o", tmp_path / "out")
+    assert_clean_error(rc, out, err, "MatMul node 'mm' cannot take the shapes of its inputs")
+    assert "Shape" not in err.split("cannot take")[0] and not (tmp_path / "out").exists()
+
+
 def test_shape_bindings_from_yaml(tmp_path):
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],

@@ -236,6 +236,28 @@ def test_refused_forms_say_why(tmp_path):
 
 
 @needs_opencl
+def test_an_operand_shaped_by_values_is_a_data_dependent_shape(tmp_path):
+    """An operand whose shape a NonZero decides (Longformer's attention exports this), in a model
+    whose inputs are all static: the error says the shape depends on run-time values (not "bind
+    the dynamic dims", which would not help) and names the fallback, which then runs the model."""
+    from dlcc.errors import DynamicShapeError
+
+    f = onnx.TensorProto.FLOAT
+    nodes = [h.make_node("NonZero", ["x"], ["i"]), h.make_node("Cast", ["i"], ["c"], to=f),
+             h.make_node("Einsum", ["c", "c"], ["y"], equation="ij,ij->j")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", f, [6])], [h.make_tensor_value_info("y", f, ["n"])])
+    path = tmp_path / "nz.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+    with pytest.raises(DynamicShapeError) as e:
+        dlcc.compile(path, target="opencl")
+    assert e.value.tensor == "c" and "depends on tensor values computed at run time" in str(e.value), str(e.value)
+    assert "--fallback onnxruntime" in str(e.value) and "--shape" not in str(e.value)
+    x = np.array([0, 1.5, 0, 2, 3, 0], np.float32)
+    got = dlcc.compile(path, target="opencl", fallback="onnxruntime")({"x": x})["y"]
+    np.testing.assert_array_equal(got, np.einsum("ij,ij->j", *[np.stack(np.nonzero(x)).astype(np.float32)] * 2))
+
+
+@needs_opencl
 @pytest.mark.parametrize("pipeline", SLOW_BASELINE)
 def test_exported_torch_einsum(tmp_path, pipeline):
     """torch.einsum as torch.onnx's TorchScript exporter writes it (opset 17): multi-head

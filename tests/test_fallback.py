@@ -220,6 +220,24 @@ def test_a_call_that_fails_on_onnxruntime_too_moves_nothing(tmp_path):
 
 
 @needs_opencl
+def test_an_onnxruntime_segment_whose_inputs_differ_in_size(tmp_path):
+    """Two inputs of different sizes into one onnxruntime segment, each through an op dlcc lacks
+    (Det, then Unique). The segment's inputs must not share a symbolic dim name: onnxruntime takes
+    dims with one dim_param to be equal and reuses the first Det's buffer for the second ("Shape
+    mismatch attempting to re-use buffer"), which is how Longformer's split failed."""
+    nodes = [h.make_node("Relu", ["a"], ["ra"]), h.make_node("Relu", ["b"], ["rb"]),
+             h.make_node("Det", ["ra"], ["da"]), h.make_node("Unique", ["da"], ["ua"]),
+             h.make_node("Det", ["rb"], ["db"]), h.make_node("Unique", ["db"], ["ub"]),
+             h.make_node("Neg", ["ua"], ["ya"]), h.make_node("Neg", ["ub"], ["yb"])]
+    path = _save(tmp_path, nodes, [h.make_tensor_value_info("a", F, [4, 3, 3]), h.make_tensor_value_info("b", F, [1, 3, 3])],
+                 [h.make_tensor_value_info("ya", F, ["n"]), h.make_tensor_value_info("yb", F, ["k"])], {})
+    m = dlcc.compile(path, target="opencl", pipeline="astitch", fallback="onnxruntime")
+    r = np.random.default_rng(2)
+    _check(path, m, {"a": r.random((4, 3, 3)).astype(np.float32), "b": r.random((1, 3, 3)).astype(np.float32)})
+    assert [s["engine"] for s in m.segments] == ["dlcc", "onnxruntime", "dlcc"]
+
+
+@needs_opencl
 def test_a_segment_with_large_weights_is_saved_with_external_data(tmp_path, monkeypatch):
     """A segment past protobuf's 2 GB is written with its weights beside it (the threshold is
     lowered here so that the detector's weights pass it)."""

@@ -285,6 +285,42 @@ def test_gemm_prologue_and_epilogue(tmp_path):
     assert g["dram_bytes"] < g["baseline_dram_bytes"]
 
 
+def _expanded_calls(source: str) -> int:
+    """The most element-function evaluations one top-level call of the emitted code expands to (a
+    function called twice from a caller counts twice): what a compiler inlines."""
+    import functools
+    import re
+
+    bodies = dict(re.findall(r"DEVICE \w+ (\w+_ef\d+)\([^)]*\) \{(.*?)\n\}", source, re.S))
+    calls = {f: re.findall(r"(\w+_ef\d+)\(", b) for f, b in bodies.items()}
+
+    @functools.lru_cache(None)
+    def size(f):
+        return 1 + sum(size(g) for g in calls.get(f, ()))
+
+    return max((size(f) for f in bodies), default=0)
+
+
+def test_a_shared_chain_before_a_gemm_is_not_inlined_exponentially(tmp_path):
+    """t_i = Max(t_{i-1}, t_{i-1} + c_i), 14 times, then a MatMul: every step reads the last one
+    twice, so inlining the chain into the GEMM's loads recomputes it 2^14 times per element (RWKV's
+    exported recurrence has this shape; PoCL's compiler crashed on it). Inlining stops at
+    `inline_max_nodes` evaluations per element; the rest is computed once, and the result is
+    unchanged."""
+    rng = np.random.default_rng(3)
+    nodes, inits, t = [], {"w": rng.standard_normal((24, 8)).astype(np.float32)}, "x"
+    for i in range(14):
+        inits[f"c{i}"] = rng.standard_normal(24).astype(np.float32)
+        nodes += [h.make_node("Add", [t, f"c{i}"], [f"a{i}"]), h.make_node("Max", [t, f"a{i}"], [f"t{i}"])]
+        t = f"t{i}"
+    nodes.append(h.make_node("MatMul", [t, "w"], ["y"]))
+    p, feeds = _model(tmp_path, nodes, [("x", [16, 24])], ["y"], inits)
+    m = _compile_check(p, feeds)
+    assert 1 < _expanded_calls(render(m.kernel_codes, "opencl")) <= 32
+    (g,) = [r for r in m.plan["stitch"] if r["kind"] != "stitch"]
+    assert g["prologue"], "the tail of the chain that fits is still inlined"
+
+
 def _head_merge(tmp_path, perm, also_output=False):
     """A GEMM (+ bias) whose output, split into 3 heads of 16, is transposed by `perm` and read by
     a second GEMM as its A operand: an attention output's way back to [tokens, heads x d]."""

@@ -45,6 +45,9 @@ class AStitchOptions(BaseModel):
     task_splitting: bool = Field(True, description="split a long row across blocks when rows cannot fill a wave")
     inline_flops: int = Field(4, ge=-1, description="most FLOPs per element of a node recomputed in "
                               "rOperator loads instead of written once")
+    inline_max_nodes: int = Field(32, ge=1, description="most node evaluations one element of an rOperator "
+                                  "load may expand to (a value two inlined nodes read is computed twice); "
+                                  "past it, nodes are computed once in stitched kernels instead")
     attention: Literal["auto"] | bool = Field(
         "auto", description="fuse Q·Kᵀ, its scale/mask epilogue, Softmax and P·V into one flash-attention rOperator "
         "(passes/astitch/attention.py): auto where the cost model says it is faster than the three kernels on a "

@@ -7,7 +7,8 @@ The order of decisions follows the paper, extended at compute boundaries:
    flat index (bias, activation, residual add, scale, mask add), transitively.
 2. **Inlining into rOperators.** A cheap map node whose every consumer is an rOperator (or is
    itself inlined) is computed inside their loads (transposes, reshapes-with-copies, casts,
-   the attention mask) and never written.
+   the attention mask) and never written, as long as one loaded element expands to at most
+   `inline_max_nodes` evaluations (a value read twice is computed twice).
 3. **Groups.** The remaining memory-bound nodes join the group of a producer when that keeps the
    group convex (no path leaves the group and comes back); sibling groups that read a common
    input and do not depend on each other are packed into one kernel (Independent). The groups
@@ -294,6 +295,7 @@ class Planner:
                      for c in cons)
             if ok:
                 self.gemm_inline.add(n.id)
+        self._cap_inline_expansion()
         for gid in list(self.gemms) + [n.id for n in self.nodes if n.kind == "gemm"]:
             self.gemms.setdefault(gid, GemmFusion(gid))
         for gid, fus in list(self.gemms.items()):
@@ -309,6 +311,39 @@ class Planner:
             fus.stored = [t for t in made if self.is_output(t) or any(c not in fus.epilogue for c in self.consumers(t))]
             if not fus.stored:  # keep the last value at least (nothing reads it: simplify removed such nodes)
                 fus.stored = [made[-1]]
+
+    def _cap_inline_expansion(self) -> None:
+        """Bound how many node evaluations one element of an rOperator's load expands to.
+
+        An inlined node is recomputed at every read (codegen writes each as a function its
+        consumers call), so a value that two inlined nodes read is computed twice, and a chain
+        of such sharing doubles at every step. RWKV's exported time-mix recurrence, a chain of
+        Max, Exp, Mul and Add over the sequence where each step reads the last one's result
+        several times, expanded to 15,542 evaluations per element of a 38-deep chain: PoCL's
+        compiler crashed on the kernel (SIGSEGV) and a GPU would recompute it all per load.
+        Walking in graph order, the first inlined node past `inline_max_nodes` is taken out,
+        with every inlined node that fed only inlined nodes through it (their consumer is no
+        longer inlined); they become ordinary nodes that stitch groups compute once. Repeat
+        until every expansion fits."""
+        limit = self.opts.inline_max_nodes
+        while True:
+            size: dict[int, int] = {}
+            worst = None
+            for n in self.nodes:
+                if n.id not in self.gemm_inline:
+                    continue
+                size[n.id] = 1 + sum(size.get(self.ng.producer.get(t), 0) for t in n.inputs)
+                if size[n.id] > limit:
+                    worst = n.id
+                    break
+            if worst is None:
+                return
+            todo = [worst]
+            while todo:
+                k = todo.pop()
+                if k in self.gemm_inline:
+                    self.gemm_inline.discard(k)
+                    todo += [p for t in self.nodes[k].inputs if (p := self.ng.producer.get(t)) in self.gemm_inline]
 
     # -- 3. groups --------------------------------------------------------------------------------
     def plan_groups(self) -> None:

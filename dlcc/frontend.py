@@ -409,6 +409,46 @@ def fold_with_onnxruntime(model: onnx.ModelProto, path="model") -> onnx.ModelPro
     return out
 
 
+#: Ops whose output shape depends on their input's values. onnxruntime's constant folding leaves
+#: them alone even where every input is a constant.
+VALUE_SHAPED = ("NonZero", "Unique", "Compress")
+
+
+def fold_value_shaped(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """Evaluate (onnx.reference) the VALUE_SHAPED nodes whose inputs are all initializers, in place,
+    and return the model and how many were folded. Longformer and LED export their global-attention
+    indices as NonZero of a mask built from an all-ones attention mask: constants once the input
+    shapes are bound, but left unfolded, so the Einsums that read them had no static shape and
+    the model was refused as data-dependent."""
+    from .reference_ops import evaluator
+
+    g = model.graph
+    consts = {t.name: t for t in g.initializer}
+    keep, folded = [], 0
+    for n in g.node:
+        ins = [i for i in n.input if i]
+        if n.domain in ("", "ai.onnx") and n.op_type in VALUE_SHAPED and ins and all(i in consts for i in ins):
+            mini = onnx.helper.make_model(
+                onnx.helper.make_graph([n], "fold", [], [onnx.helper.make_tensor_value_info(o, 0, None) for o in n.output if o],
+                                       [consts[i] for i in dict.fromkeys(ins)]),
+                opset_imports=list(model.opset_import))
+            try:
+                values = evaluator(mini).run(None, {})
+            except Exception:  # noqa: BLE001 (left to the import's own checks)
+                keep.append(n)
+                continue
+            for o, v in zip([o for o in n.output if o], values):
+                consts[o] = numpy_helper.from_array(np.asarray(v), o)
+                g.initializer.append(consts[o])
+            folded += 1
+            continue
+        keep.append(n)
+    if folded:
+        del g.node[:]
+        g.node.extend(keep)
+    return model, folded
+
+
 def _introduced_unsupported(before: onnx.ModelProto, after: onnx.ModelProto) -> bool:
     """Whether onnxruntime's folding brought in a standard op dlcc cannot compile. onnxruntime
     inlines some function ops (Bernoulli becomes RandomUniformLike, Greater and Cast): dlcc would
@@ -725,6 +765,11 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         folded = fold_with_onnxruntime(model, path)
         if folded is not None:
             model = folded
+        for _ in range(4):  # what reads a folded NonZero is foldable now, and may feed another
+            model, more = fold_value_shaped(model)
+            if not more or folded is None:
+                break
+            model = fold_with_onnxruntime(model, path) or model
     # STFT and DFT become products with a Fourier basis (spectral.py), before strict inference,
     # which gets a rank-2 STFT wrong; after folding, which makes a computed window a constant.
     model, more, float32_nodes = lower_spectral(model, lenient, weights, path)

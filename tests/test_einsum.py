@@ -237,8 +237,8 @@ def test_refused_forms_say_why(tmp_path):
 
 @needs_opencl
 def test_an_operand_shaped_by_values_is_a_data_dependent_shape(tmp_path):
-    """An operand whose shape a NonZero decides (Longformer's attention exports this), in a model
-    whose inputs are all static: the error says the shape depends on run-time values (not "bind
+    """An operand whose shape a NonZero of the input decides, in a model whose inputs are all
+    static: the error says the shape depends on run-time values (not "bind
     the dynamic dims", which would not help) and names the fallback, which then runs the model."""
     from dlcc.errors import DynamicShapeError
 
@@ -255,6 +255,26 @@ def test_an_operand_shaped_by_values_is_a_data_dependent_shape(tmp_path):
     x = np.array([0, 1.5, 0, 2, 3, 0], np.float32)
     got = dlcc.compile(path, target="opencl", fallback="onnxruntime")({"x": x})["y"]
     np.testing.assert_array_equal(got, np.einsum("ij,ij->j", *[np.stack(np.nonzero(x)).astype(np.float32)] * 2))
+
+
+@needs_opencl
+def test_indices_of_a_mask_built_from_a_shape_are_folded(tmp_path):
+    """NonZero of a mask the model builds from its input's shape (Longformer's and LED's global
+    attention from an all-ones attention mask): onnxruntime's folding leaves NonZero alone, so
+    dlcc folds it, and the Einsum reading it gets a static shape and compiles, no fallback."""
+    f, i64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+    nodes = [h.make_node("Shape", ["x"], ["s"]),
+             h.make_node("ConstantOfShape", ["s"], ["ones"], value=onnx.helper.make_tensor("v", i64, [1], [1])),
+             h.make_node("Equal", ["ones", "one"], ["mask"]), h.make_node("NonZero", ["mask"], ["i"]),
+             h.make_node("Cast", ["i"], ["c"], to=f), h.make_node("Einsum", ["c", "x"], ["y"], equation="ij,ik->jk")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", f, [2, 6])], [h.make_tensor_value_info("y", f, [12, 6])],
+                     [onnx.numpy_helper.from_array(np.array(1, np.int64), "one")])
+    path = tmp_path / "mask.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+    x = np.random.default_rng(4).standard_normal((2, 6)).astype(np.float32)
+    got = dlcc.compile(path, target="opencl", pipeline="astitch")({"x": x})["y"]
+    c = np.stack(np.nonzero(np.ones((2, 6)))).astype(np.float32)
+    np.testing.assert_allclose(got, np.einsum("ij,ik->jk", c, x), rtol=RTOL, atol=ATOL)
 
 
 @needs_opencl

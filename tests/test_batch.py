@@ -343,8 +343,11 @@ def test_ctrl_c_stops_the_batch_and_its_workers(repo, when):
     m = _write(repo / "m.yaml", "defaults: {target: opencl}\njobs:\n  - model: models/*.onnx\n"
                                 "    pipelines: [baseline, astitch, rammer, full]\n    devices: [pocl-cpu, h100, a100]\n")
     out = repo / "out"
+    tmp = repo / "tmp"  # the batch's TMPDIR: what killed workers were writing there must go too
+    tmp.mkdir()
     p = subprocess.Popen([sys.executable, "-m", "dlcc.cli", "batch", str(m), "-j", "2", "--no-cache", "--out", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         env={**os.environ, "TMPDIR": str(tmp)})
     deadline = time.monotonic() + 300
 
     def ready() -> bool:
@@ -369,3 +372,4 @@ def test_ctrl_c_stops_the_batch_and_its_workers(repo, when):
     else:
         pytest.fail("worker processes outlived the interrupted batch")
     assert not list(out.glob(".*tmp*")), "a half-written artifact was left behind"
+    assert not list(tmp.iterdir()), f"temporary files were left behind: {sorted(tmp.iterdir())}"

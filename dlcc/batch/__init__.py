@@ -9,6 +9,7 @@ import multiprocessing as mp
 import os
 import queue
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -76,14 +77,18 @@ def _pool(pending: list[Job], workers: int, out_dir: str, cache, state: dict, on
     more (a worker too stuck to say so is still stopped)."""
     ctx = mp.get_context("spawn")
     starts = ctx.Queue()
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(starts,)) as pool:
-        running: dict = {}  # future -> (job, deadline)
-        try:
-            return _drive(pool, starts, running, pending, workers, out_dir, cache, state, on_start, done, worker)
-        except KeyboardInterrupt:  # Ctrl-C: stop the workers now rather than wait for their jobs
-            _kill_workers(pool, out_dir, [j.name for j, _ in running.values()])
-            raise
+    scratch = tempfile.mkdtemp(prefix="dlcc-batch-")  # the workers' temporary files (_init_worker)
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+                                 initargs=(starts, scratch)) as pool:
+            running: dict = {}  # future -> (job, deadline)
+            try:
+                return _drive(pool, starts, running, pending, workers, out_dir, cache, state, on_start, done, worker)
+            except KeyboardInterrupt:  # Ctrl-C: stop the workers now rather than wait for their jobs
+                _kill_workers(pool, out_dir, [j.name for j, _ in running.values()])
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _drive(pool, starts, running: dict, pending: list[Job], workers: int, out_dir: str, cache, state: dict,
@@ -126,10 +131,16 @@ START_GRACE_S = 120.0
 _STARTS = None  # in a worker: the queue it reports job starts on
 
 
-def _init_worker(starts) -> None:
+def _init_worker(starts, scratch: str) -> None:
+    """In a worker: where job starts are reported, Ctrl-C ignored (the parent handles it and kills
+    the workers), and temporary files (onnxruntime's folding copies the model; nvcc's files) made
+    under `scratch`, which the parent removes once the pool is done: a SIGKILLed worker cannot
+    clean up after itself, and a model's copy can be hundreds of MB."""
     global _STARTS
     _STARTS = starts
-    sigint.ignore_in_worker()  # Ctrl-C is the parent's to handle: it kills the workers
+    sigint.ignore_in_worker()
+    os.environ["TMPDIR"] = scratch  # (the subprocesses a job starts inherit it)
+    tempfile.tempdir = scratch
 
 
 def _spawns(pool: ProcessPoolExecutor) -> bool:

@@ -1,7 +1,8 @@
 """More Hugging Face architectures, tiny and randomly initialised from their configs, exported with
 torch.onnx (TorchScript, opset 17) and checked against onnxruntime on OpenCL. They bring patterns
 the core models do not: T5's relative position buckets, Swin's window partitions, ConvNeXt's
-channels-last LayerNorm, RoBERTa's CumSum position ids, Llama's RMSNorm, rotary embeddings and grouped-query attention."""
+channels-last LayerNorm, RoBERTa's CumSum position ids, Llama's RMSNorm, rotary embeddings and grouped-query attention,
+RWKV's unrolled recurrence and Longformer's sliding-window attention with its global-attention indices."""
 from __future__ import annotations
 
 import os
@@ -42,10 +43,20 @@ def _configs():
         "llama": (T.LlamaConfig, T.LlamaModel, "input_ids", IDS,
                   dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=1000, max_position_embeddings=64, use_cache=False)),
+        # The time-mix recurrence unrolled over the sequence, each step reading the last one's
+        # result several times: inlined into a GEMM's loads, it expanded exponentially.
+        "rwkv": (T.RwkvConfig, T.RwkvModel, "input_ids", IDS,
+                 dict(hidden_size=64, num_hidden_layers=2, attention_hidden_size=64, intermediate_size=128,
+                      vocab_size=1000, context_length=64, use_cache=False)),
+        # Global-attention indices from NonZero of the all-ones mask it builds: constants that
+        # onnxruntime's folding leaves for dlcc to fold.
+        "longformer": (T.LongformerConfig, T.LongformerModel, "input_ids", IDS,
+                       dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                            vocab_size=1000, max_position_embeddings=128, attention_window=[8, 8])),
     }
 
 
-NAMES = ["distilbert", "roberta", "t5-encoder", "convnext", "swin", "deit", "llama"]
+NAMES = ["distilbert", "roberta", "t5-encoder", "convnext", "swin", "deit", "llama", "rwkv", "longformer"]
 
 
 def _export(name: str):

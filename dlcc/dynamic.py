@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import scratch
 from .errors import DlccError, ShapeError
 from .executor import InputError, castable, check_input_names, pick_target
 
@@ -158,7 +159,7 @@ class DynamicModel:
         self.compiles = 0  # plans compiled (or read from the cache) so far, dropped ones included
         self._dir: Path | None = None
         if self._kwargs.get("cache"):
-            self._dir = Path(tempfile.mkdtemp(prefix="dlcc-dynamic-"))
+            self._dir = Path(scratch.mkdtemp("dynamic"))
             weakref.finalize(self, shutil.rmtree, str(self._dir), True)
 
     # -- the signature ----------------------------------------------------------------------------

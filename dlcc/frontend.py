@@ -11,7 +11,7 @@ import itertools
 import logging
 import os
 import re
-import tempfile
+import shutil
 import warnings
 from pathlib import Path
 
@@ -387,8 +387,10 @@ def fold_with_onnxruntime(model: onnx.ModelProto, path="model") -> onnx.ModelPro
     runs in a worker process (isolate.py): where it crashes or hangs, the import goes on without
     its folding, with a warning, instead of dying with it."""
     from . import isolate
+    from .scratch import mkdtemp
 
-    with tempfile.TemporaryDirectory(prefix="dlcc-fold-") as tmp:
+    tmp = mkdtemp("fold")
+    try:
         src = os.path.join(tmp, "in.onnx")
         dst = os.path.join(tmp, "out.onnx")
         large = _approx_bytes(model) > 1_800_000_000
@@ -400,6 +402,8 @@ def fold_with_onnxruntime(model: onnx.ModelProto, path="model") -> onnx.ModelPro
                               f"itself (the compile goes on)", stacklevel=2)
             return None
         out = onnx.load(dst)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     if any(n.domain not in ("", "ai.onnx") for n in out.graph.node) and not any(
         n.domain not in ("", "ai.onnx") for n in model.graph.node
     ):

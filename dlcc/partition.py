@@ -41,6 +41,7 @@ import onnx
 from onnx import helper
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from . import scratch as scratch_dirs
 from .errors import (DlccError, DynamicShapeError, UnsupportedControlFlowError, UnsupportedDtypesError,
                      UnsupportedOpsError)
 
@@ -196,7 +197,7 @@ class PartitionedModel:
         self._runners: dict[tuple, object] = {}
         self._refused: dict[int, str] = {k: "dlcc has no lowering for the op" for k in self._host}
         self._segments = self._partition()
-        self._dir = Path(tempfile.mkdtemp(prefix="dlcc-partition-"))
+        self._dir = Path(scratch_dirs.mkdtemp("partition"))
         weakref.finalize(self, shutil.rmtree, str(self._dir), True)
 
     # -- where each node runs ---------------------------------------------------------------------
@@ -494,7 +495,7 @@ class PartitionedModel:
         if not cache.is_dir():
             cache = None
         elif not os.access(cache, os.W_OK | os.X_OK):  # a read-only artifact: its plans are read from a copy
-            scratch = Path(tempfile.mkdtemp(prefix="dlcc-partition-cache-"))
+            scratch = Path(scratch_dirs.mkdtemp("partition-cache"))
             shutil.copytree(cache, scratch / "cache")
             cache = scratch / "cache"
         kwargs = dict(opts, target=target, cache=cache, profile_db=str(path / db) if db else None)

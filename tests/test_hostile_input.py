@@ -67,6 +67,15 @@ CASES = {
                                        "index tuples of 5 components for data of rank 4 with batch_dims 0"),
     "softmax-axis-far-out": (h.make_node("Softmax", ["x"], ["y"], axis=-(2 ** 63), name="c"), X, [("y", [1, 4, 8, 8])],
                              {}, f"axis {-(2 ** 63)} is outside [-4, 4)"),
+    # opset 18's axes: a repeated or out-of-range axis
+    "resize-axes-repeated": (h.make_node("Resize", ["x", "", "s"], ["y"], axes=[2, -2], name="c"), X,
+                             [("y", [1, 4, 16, 8])], {"s": np.array([2.0, 2.0], np.float32)},
+                             "axes [2, -2] must be distinct axes of a rank-4 input", 19),
+    "resize-axes-out-of-range": (h.make_node("Resize", ["x", "", "s"], ["y"], axes=[2, 4], name="c"), X,
+                                 [("y", [1, 4, 16, 8])], {"s": np.array([2.0, 2.0], np.float32)},
+                                 "axes [2, 4] must be distinct axes of a rank-4 input", 19),
+    "resize-scales-zero": (h.make_node("Resize", ["x", "", "s"], ["y"], name="c"), X, [("y", [1, 4, 8, 8])],
+                           {"s": np.array([1, 1, 0, 1], np.float32)}, "scales [1.0, 1.0, 0.0, 1.0] must be finite and positive"),
     "reshape-allowzero-five": (h.make_node("Reshape", ["x", "s"], ["y"], allowzero=5, name="c"), X, [("y", [4, 64])],
                                {"s": np.array([4, 64], np.int64)}, "allowzero 5 is not 0 or 1"),
 }
@@ -74,8 +83,8 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_attributes_outside_the_spec_are_one_clear_error(tmp_path, case):
-    node, inputs, outputs, inits, needle = CASES[case]
-    path = _model(tmp_path / f"{case}.onnx", node, inputs, outputs, inits)
+    node, inputs, outputs, inits, needle, *opset = CASES[case]
+    path = _model(tmp_path / f"{case}.onnx", node, inputs, outputs, inits, *opset)
     with pytest.raises(ModelError) as e:
         dlcc.compile(path, target="opencl")
     needle = f"attributes outside the ONNX spec: {node.op_type} node 'c': {needle}"

@@ -848,6 +848,84 @@ add(
            keep_aspect_ratio_policy="not_smaller"),
 )
 
+def resize18(cid, x, scales=None, sizes=None, roi=None, opset=19, **attrs):
+    """Resize-18/19 with its optional inputs by position: roi (tf_crop_and_resize), scales, sizes."""
+    ins = [X(x), W(np.array(roi, F32)) if roi is not None else None,
+           W(np.array(scales, F32)) if scales is not None else None]
+    if sizes is not None:
+        ins.append(W(np.array(sizes, I64)))
+    while ins[-1] is None:
+        ins.pop()
+    return op(cid, "Resize", ins, attrs, opset=opset)
+
+
+_RX2 = R((1, 2, 6, 7))
+for _m in ("nearest", "linear", "cubic"):
+    add(
+        # `axes` (opset 18): scales and sizes name only some axes, in any order, negative counted from the end
+        resize18(f"Resize-18-{_m}-axes-scales", _RX2, scales=[1.5, 2.0], axes=[2, 3], mode=_m),
+        resize18(f"Resize-18-{_m}-axes-negative", _RX2, scales=[2.0], axes=[-1], mode=_m),
+        resize18(f"Resize-18-{_m}-axes-sizes-reordered", _RX2, sizes=[4, 11], axes=[3, 2], mode=_m),
+        # one scale for both axes: min(9/6, 9/7), so the coordinates use 9/7 along both
+        resize18(f"Resize-18-{_m}-keep-aspect-not-larger", _RX2, sizes=[9, 9], axes=[2, 3], mode=_m,
+                 keep_aspect_ratio_policy="not_larger"),
+        resize18(f"Resize-19-{_m}-half-pixel-symmetric", _RX2, scales=[1, 1, 1.5, 0.7], mode=_m,
+                 coordinate_transformation_mode="half_pixel_symmetric"),
+        resize18(f"Resize-{_m}-tf-crop-and-resize", _RX2, sizes=[1, 2, 5, 8], roi=[0, 0, 0.1, 0.2, 1, 1, 0.8, 0.9],
+                 mode=_m, coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=3.0),
+        # a region past the input's edges: those outputs are extrapolation_value
+        resize18(f"Resize-{_m}-tf-crop-and-resize-extrapolated", _RX2, sizes=[1, 2, 5, 8],
+                 roi=[0, 0, -0.2, 0.2, 1, 1, 1.3, 0.9], mode=_m,
+                 coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=3.0),
+        resize18(f"Resize-{_m}-tf-crop-and-resize-axes", _RX2, sizes=[4, 10], axes=[2, 3], roi=[0.3, -0.2, 0.9, 0.7],
+                 mode=_m, coordinate_transformation_mode="tf_crop_and_resize"),
+        # one output pixel samples the region's middle: inside the input along H, outside along W
+        resize18(f"Resize-{_m}-tf-crop-and-resize-one-pixel", _RX2, sizes=[1, 2, 1, 3],
+                 roi=[0, 0, 0.1, 0.2, 1, 1, 0.8, 1.9], mode=_m,
+                 coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=-2.0),
+        resize18(f"Resize-{_m}-tf-crop-and-resize-one-pixel-outside", _RX2, sizes=[1, 2, 1, 3],
+                 roi=[0, 0, 1.1, 0.2, 1, 1, 1.8, 0.9], mode=_m,
+                 coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=-2.0),
+    )
+add(
+    resize18("Resize-nearest-keep-aspect-not-smaller", _RX2, sizes=[1, 2, 9, 9], mode="nearest",
+             keep_aspect_ratio_policy="not_smaller"),
+    resize18("Resize-11-nearest-tf-half-pixel-for-nn", _RX2, scales=[1, 1, 1.5, 0.7], roi=[], opset=11,
+             mode="nearest", coordinate_transformation_mode="tf_half_pixel_for_nn"),
+    resize18("Resize-13-nearest-tf-half-pixel-for-nn", R((1, 2, 9, 11)), scales=[1, 1, 1.7, 0.55], opset=13,
+             mode="nearest", coordinate_transformation_mode="tf_half_pixel_for_nn"),
+    resize18("Resize-19-nearest-half-pixel-symmetric-round-prefer-ceil", R((1, 2, 9, 11)), scales=[1, 1, 1.7, 0.55],
+             mode="nearest", nearest_mode="round_prefer_ceil", coordinate_transformation_mode="half_pixel_symmetric"),
+)
+# antialias (opset 18): onnxruntime's Pillow-style filters, borders included
+for _m in ("linear", "cubic"):
+    for _ctm in ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"):
+        add(resize18(f"Resize-18-{_m}-antialias-down-{_ctm}", R((1, 2, 12, 13)), sizes=[1, 2, 5, 4], antialias=1,
+                     mode=_m, coordinate_transformation_mode=_ctm))
+    for _ex in (0, 1):
+        add(
+            resize18(f"Resize-18-{_m}-antialias-down-7x-exclude-{_ex}", R((1, 1, 50, 50)), scales=[1, 1, 0.137, 0.21],
+                     antialias=1, mode=_m, exclude_outside=_ex),
+            resize18(f"Resize-18-{_m}-antialias-up-exclude-{_ex}", R((1, 2, 4, 5)), scales=[1, 1, 3.3, 2.7],
+                     antialias=1, mode=_m, exclude_outside=_ex, coordinate_transformation_mode="align_corners"),
+            resize18(f"Resize-18-{_m}-antialias-to-one-pixel-exclude-{_ex}", R((1, 1, 9, 7)), sizes=[1, 1, 1, 1],
+                     antialias=1, mode=_m, exclude_outside=_ex),
+            resize18(f"Resize-18-{_m}-antialias-from-one-pixel-exclude-{_ex}", R((1, 1, 1, 2)), sizes=[1, 1, 5, 7],
+                     antialias=1, mode=_m, exclude_outside=_ex),
+        )
+    add(
+        resize18(f"Resize-18-{_m}-antialias-down-and-up", R((1, 2, 12, 6)), scales=[1, 1, 0.4, 1.5], antialias=1,
+                 mode=_m),
+        resize18(f"Resize-18-{_m}-antialias-nhwc", R((1, 12, 13, 3)), sizes=[1, 5, 4, 3], antialias=1, mode=_m),
+        resize18(f"Resize-18-{_m}-antialias-2d", R((12, 13)), sizes=[5, 4], antialias=1, mode=_m),
+        resize18(f"Resize-18-{_m}-antialias-a-0.5-keep-aspect", R((1, 2, 20, 15)), sizes=[7, 9], axes=[2, 3],
+                 antialias=1, mode=_m, cubic_coeff_a=-0.5, keep_aspect_ratio_policy="not_larger"),
+        resize18(f"Resize-19-{_m}-antialias-half-pixel-symmetric", R((1, 2, 20, 15)), scales=[1, 1, 0.33, 0.45],
+                 antialias=1, mode=_m, coordinate_transformation_mode="half_pixel_symmetric"),
+    )
+add(resize18("Resize-18-linear-antialias-5d", R((1, 2, 6, 12, 13)), sizes=[1, 2, 3, 5, 4], antialias=1, mode="linear"))
+
+
 # ----- LSTM ----------------------------------------------------------------------------------------
 SEQ, BATCH, INP, HID = 5, 3, 4, 8
 

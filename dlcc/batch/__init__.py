@@ -15,6 +15,7 @@ from pathlib import Path
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
+from .. import scratch as scratch_dirs
 from .. import sigint
 from .manifest import DEFAULT_TIMEOUT_S, Job, check_unique, load_manifest, shard
 from .runner import blank_row, met, run_job, try_hit
@@ -77,7 +78,7 @@ def _pool(pending: list[Job], workers: int, out_dir: str, cache, state: dict, on
     more (a worker too stuck to say so is still stopped)."""
     ctx = mp.get_context("spawn")
     starts = ctx.Queue()
-    scratch = tempfile.mkdtemp(prefix="dlcc-batch-")  # the workers' temporary files (_init_worker)
+    scratch = scratch_dirs.mkdtemp("batch")  # the workers' temporary files (_init_worker)
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                                  initargs=(starts, scratch)) as pool:

@@ -203,13 +203,21 @@ def _topk(graph, n):
 
 @check("Resize", "Upsample")
 def _resize(graph, n):
-    for k in (1, 2):  # Upsample's scales, Resize's scales
-        v = _values(graph, n.inputs[k] if len(n.inputs) > k else "", "f")
-        if v is not None and v.size:
-            v = v.astype(np.float64)
-            if not np.all(np.isfinite(v) & (v > 0)):
-                return [f"scales {v.tolist()} must be finite and positive"]
-    return []
+    problems = []
+    # scales are input 1 of Upsample and Resize-10, input 2 from Resize-11 on (input 1 is roi)
+    k = 2 if n.op_type == "Resize" and graph.opset >= 11 else 1
+    v = _values(graph, n.inputs[k] if len(n.inputs) > k else "", "f")
+    if v is not None and v.size:
+        v = v.astype(np.float64)
+        if not np.all(np.isfinite(v) & (v > 0)):
+            problems.append(f"scales {v.tolist()} must be finite and positive")
+    axes, x = _ints(n, "axes"), _shape(graph, n.inputs[0])
+    if axes is not None and x is not None:
+        r = len(x)
+        norm = [a + r if a < 0 else a for a in axes]
+        if any(not 0 <= a < r for a in norm) or len(set(norm)) != len(norm):
+            problems.append(f"axes {axes} must be distinct axes of a rank-{r} input")
+    return problems
 
 
 @check("Reshape")

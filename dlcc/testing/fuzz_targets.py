@@ -25,10 +25,10 @@ from __future__ import annotations
 import json
 import math
 import random
-import tempfile
 from pathlib import Path
 from typing import Callable
 
+from .. import scratch
 from ..errors import DlccError
 from ..frontend import is_repeated_field
 
@@ -42,7 +42,7 @@ def _scratch(name: str, data: bytes) -> Path:
     the target hundreds of thousands of times; a folder per run would be most of its time)."""
     global _DIR
     if _DIR is None:
-        _DIR = Path(tempfile.mkdtemp(prefix="dlcc-fuzz-"))
+        _DIR = Path(scratch.mkdtemp("fuzz"))
     p = _DIR / name
     p.write_bytes(data)
     return p

@@ -1245,7 +1245,10 @@ def p_norm(g: Gen) -> None:
 
 def p_resize(g: Gen) -> None:
     """Resize of an NCHW (or NCW) tensor by whole or half factors: nearest, linear or cubic, with
-    the coordinate rules exporters use."""
+    the coordinate rules exporters use; from opset 18 also `axes`, the antialias filters and
+    keep_aspect_ratio_policy, and tf2onnx's tf_crop_and_resize with its roi and extrapolation
+    value. (Within what onnxruntime runs: cubic only on 4-D inputs, and without antialias only
+    growing; antialias on linear and cubic only.)"""
     d = g.ch.pick([2, 1])
     x = _spatial_input(g, d)
     scales = [1.0, 1.0] + [g.ch.pick([2.0, 3.0, 0.5]) if s % 2 == 0 else g.ch.pick([2.0, 3.0])
@@ -1253,20 +1256,46 @@ def p_resize(g: Gen) -> None:
     out = x.shape[:2] + tuple(int(math.floor(s * f)) for s, f in zip(x.shape[2:], scales[2:]))
     if int(np.prod(out)) > 2 * MAX_NUMEL:
         return
-    mode = g.ch.pick(["nearest", "linear"])
-    if mode == "linear" and d == 2 and min(scales) >= 1 and g.ch.chance(0.4):
-        mode = "cubic"  # (onnxruntime's cubic takes 4-D inputs that only grow)
-    ctm = g.ch.pick(["asymmetric", "half_pixel", "align_corners", "pytorch_half_pixel"])
+    antialias = g.opset >= 18 and g.ch.chance(0.25)
+    mode = g.ch.pick(["linear", "cubic"] if antialias and d == 2 else ["linear"] if antialias else ["nearest", "linear"])
+    if mode == "linear" and not antialias and d == 2 and min(scales) >= 1 and g.ch.chance(0.4):
+        mode = "cubic"
+    ctms = ["asymmetric", "half_pixel", "align_corners", "pytorch_half_pixel", "tf_crop_and_resize"]
+    ctm = g.ch.pick(ctms[:4] if antialias else ctms + (["half_pixel_symmetric"] if g.opset >= 19 else []))
     attrs = {"mode": mode, "coordinate_transformation_mode": ctm}
+    if antialias:
+        attrs["antialias"] = 1
     if mode == "cubic" and g.ch.chance(0.5):
         attrs.update(exclude_outside=1, cubic_coeff_a=-0.5)
+    elif antialias and g.ch.chance(0.3):
+        attrs["exclude_outside"] = 1
     if mode == "nearest":
         attrs["nearest_mode"] = g.ch.pick(["round_prefer_floor", "floor", "round_prefer_ceil", "ceil"])
+    spatial = list(range(2, 2 + d))
+    axes = spatial if g.opset >= 18 and g.ch.chance(0.3) else list(range(2 + d))
+    if axes == spatial:
+        attrs["axes"] = [a - 2 - d if g.ch.chance(0.5) else a for a in axes]  # negative now and then
+    roi = None
+    if ctm == "tf_crop_and_resize":
+        starts = [0.0 if a < 2 else g.ch.pick([0.0, 0.1, 0.25, -0.2]) for a in axes]
+        ends = [1.0 if a < 2 else g.ch.pick([1.0, 0.9, 0.6, 1.3]) for a in axes]
+        roi = g.const(np.array(starts + ends, np.float32), "roi")
+        attrs["extrapolation_value"] = g.ch.pick([0.0, -1.5])
     if g.ch.chance(0.5):
-        ins = [x, None, g.const(np.array(scales, np.float32), "scales")]
+        ins = [x, roi, g.const(np.array([scales[a] for a in axes], np.float32), "scales")]
     else:
-        ins = [x, None, None, g.ints(list(out))]
-    g.one("Resize", ins, out, x.lo, x.hi, **attrs)
+        ins = [x, roi, None, g.ints([out[a] for a in axes])]
+        if len(axes) == d and d == 2 and g.ch.chance(0.3):
+            # one scale for both spatial axes: sizes that ask for more along one get the smaller
+            # (in float32 and rounding halves up, as onnxruntime sizes the output). onnxruntime 1.32
+            # applies the policy to the axes as written, so a negative one escapes it: positive here.
+            attrs.update(keep_aspect_ratio_policy="not_larger", axes=spatial)
+            sc = min(np.float32(out[a]) / np.float32(x.shape[a]) for a in axes)
+            out = x.shape[:2] + tuple(int(math.floor(sc * np.float32(x.shape[a]) + 0.5)) for a in axes)
+    lo, hi = x.lo, x.hi
+    if "extrapolation_value" in attrs:
+        lo, hi = min(lo, attrs["extrapolation_value"]), max(hi, attrs["extrapolation_value"])
+    g.one("Resize", ins, out, lo, hi, **attrs)
 
 
 def p_alias(g: Gen) -> None:

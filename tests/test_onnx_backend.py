@@ -66,6 +66,10 @@ class DlccBackend(onnx.backend.base.Backend):
 backend_test = onnx.backend.test.BackendTest(DlccBackend, __name__)
 backend_test.include(r"^test_.*_cpu$")
 backend_test.exclude(r"(_cuda$|test_.*_expanded_ver18|FLOAT16|float16|bfloat16|float8|_e4m3|_e5m2|int4|uint4|string)")
+# The expected output of the inverse DFT cases is numpy's complex64 FFT, whose imaginary part at
+# the Nyquist bin is 1.9e-7 where the exact value is 0 (numpy's complex128 FFT gives 7e-16): its own
+# rounding, above the case's atol of 1e-7. dlcc's 3e-15 is nearer the exact answer and fails the check.
+backend_test.xfail(r"^test_dft_inverse(_opset19)?_cpu$")
 globals().update(backend_test.enable_report().test_cases)
 
 __all__ = ["np"]

@@ -991,6 +991,29 @@ add(
         W(R((1, 6 * HID), "uniform", -1, 1))], {"hidden_size": HID, "clip": 0.5, "linear_before_reset": 1}, outs=2),
 )
 
+def rnn(cid, direction="forward", bias=True, init_state=True, outs=(True, True), **attrs):
+    D = 2 if direction == "bidirectional" else 1
+    w = lambda *s: W(R(s, "uniform", -0.6, 0.6))  # noqa: E731
+    ins = [X(R((SEQ, BATCH, INP))), w(D, HID, INP), w(D, HID, HID)]
+    if bias or init_state:
+        ins.append(w(D, 2 * HID) if bias else None)
+    if init_state:
+        ins += [None, W(R((D, BATCH, HID)))]
+    return op(cid, "RNN", ins, {"hidden_size": HID, "direction": direction, **attrs}, outs=list(outs))
+
+
+add(
+    rnn("RNN-forward-tanh"),
+    rnn("RNN-reverse", direction="reverse"),
+    rnn("RNN-bidirectional-no-initial-state", direction="bidirectional", init_state=False),
+    rnn("RNN-forward-no-bias", bias=False, init_state=False),
+    rnn("RNN-forward-only-Y_h", outs=(False, True)),
+    rnn("RNN-forward-relu", activations=["Relu"]),  # torch.nn.RNN(nonlinearity="relu")
+    rnn("RNN-bidirectional-relu-then-sigmoid", direction="bidirectional", activations=["Relu", "Sigmoid"]),
+    rnn("RNN-forward-clip", clip=0.4),
+)
+
+
 # ----- graph outputs that are inputs or views ------------------------------------------------------
 def _output_is_input(rng):
     return [], {"x": R((2, 3)).make(rng)}, {}, ["x"]

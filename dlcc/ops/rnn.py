@@ -1,4 +1,4 @@
-"""The ONNX LSTM and GRU ops, unrolled: one GEMM for every step's input projection, then per step
+"""The ONNX LSTM, GRU and RNN ops, unrolled: one GEMM for every step's input projection, then per step
 a GEMM for the recurrent projection and an elementwise kernel for the gates and states.
 
 The per-step kernels take the step index as an argument, so each text is emitted once and
@@ -50,17 +50,17 @@ class Rnn:
         return f"F_MIN(F_MAX({v}, {literal(-self.clip)}), {literal(self.clip)})"
 
 
-def _rnn_attrs(ctx, node, default_acts: list[str]) -> Rnn:
+def _rnn_attrs(ctx, node, default_acts: list[str] | None) -> Rnn:
+    """The attributes every recurrent op shares; `default_acts`: the only activations taken (None:
+    the caller reads them itself)."""
     X, R = node.inputs[0], node.inputs[2]
     if ctx.attr("layout", 0) != 0:
         raise ctx.fail("layout=1 (batch-major) is not supported")
     direction = ctx.attr("direction", "forward")
     D = 2 if direction == "bidirectional" else 1
-    acts = ctx.attr("activations", None)
-    if acts is not None:
-        acts = [a.decode() if isinstance(a, bytes) else a for a in acts]
-        if acts != default_acts * D:
-            raise ctx.fail(f"activations {acts} are not supported (only the default {'/'.join(default_acts)})")
+    acts = _activations(ctx)
+    if acts is not None and default_acts is not None and acts != default_acts * D:
+        raise ctx.fail(f"activations {acts} are not supported (only the default {'/'.join(default_acts)})")
     seq, batch, I = ctx.shape(X)
     seq_lens = node.inputs[4] if len(node.inputs) > 4 else ""
     if seq_lens:
@@ -70,6 +70,11 @@ def _rnn_attrs(ctx, node, default_acts: list[str]) -> Rnn:
     H = ctx.attr("hidden_size", ctx.shape(R)[-1])
     clip = ctx.attr("clip", None)
     return Rnn(D, seq, batch, I, H, direction, float(clip) if clip else None)
+
+
+def _activations(ctx) -> list[str] | None:
+    acts = ctx.attr("activations", None)
+    return None if acts is None else [a.decode() if isinstance(a, bytes) else a for a in acts]
 
 
 def _input_projection(ctx, r: Rnn, X: str, W: str, B: str, gates: int, rb_cols: int, hint: str) -> str:
@@ -299,6 +304,49 @@ def _gru(ctx, node):
         emit_gemm(ctx, "GRURecurrentH", spec_h, [rh, R, hh], reads=[rh, R], writes=[hh])
         ctx.launch(update, grid, [xw, hh, zbuf, hs, y, t], reads=[xw, hh, zbuf, hs], writes=[hs, y],
                    flops=8 * r.n_state, category="elementwise")
+
+
+#: The simple RNN's activations: Tanh (PyTorch's default nonlinearity), Relu (nonlinearity="relu")
+#: and Sigmoid; those with alpha or beta parameters are refused by name.
+_RNN_ACTS = {"Tanh": "F_TANH({})", "Relu": "F_MAX({}, 0.0f)", "Sigmoid": "1.0f / (1.0f + F_EXP(-({})))"}
+
+
+@register("RNN", since=7, category=COMPUTE, float_only=True)
+def _rnn(ctx, node):
+    """The simple (Elman) RNN, as torch.nn.RNN exports it: h = f(X·W^T + Wb + H·R^T + Rb) per step,
+    f one activation per direction. One recurrent GEMM and one elementwise kernel a step, like
+    LSTM and GRU."""
+    ins = list(node.inputs) + [""] * (6 - len(node.inputs))
+    X, W, R, Bn, _, h0 = ins[:6]
+    outs = list(node.outputs) + [""] * (2 - len(node.outputs))
+    Y, Yh = outs[:2]
+    r = _rnn_attrs(ctx, node, None)
+    acts = _activations(ctx) or ["Tanh"] * r.D
+    bad = sorted({a for a in acts if a not in _RNN_ACTS})
+    if bad or len(acts) != r.D:
+        raise ctx.fail(f"activations {acts} are not supported (one per direction, of {', '.join(_RNN_ACTS)})")
+    H = r.H
+    xw = _input_projection(ctx, r, X, W, Bn, 1, H, "RNNInput")  # both biases folded in
+    hs = Yh or ctx.temp((r.D, r.batch, H))
+    y = Y or ctx.temp((r.seq, r.D, r.batch, H))
+    _init_state(ctx, hs, h0, r.n_state)
+    pre = r.clipped("XW[xr] + HR[hr]")
+    value = _RNN_ACTS[acts[0]].format(pre)
+    if acts[-1] != acts[0]:
+        value = f"(d == 0 ? {value} : {_RNN_ACTS[acts[-1]].format(pre)})"
+    hr = ctx.temp((r.D, r.batch, H))
+    rspec = _recurrent_spec(r, 1, 0, H)
+    step = _step_kernel(ctx, "RNNCell", "GPTR const float* XW, GPTR const float* HR, GPTR float* Hs, GPTR float* Y", [
+        f"const int hr = (d * {r.batch} + b) * {H} + j;",
+        f"const float h = {value};",
+        "Hs[i] = h;",
+        "Y[yi] = h;",
+    ], r, 1)
+    for t in range(r.seq):
+        emit_gemm(ctx, "RNNRecurrent", rspec, [hs, R, hr], reads=[hs, R], writes=[hr])
+        ctx.launch(step, -(-r.n_state // BLOCK), [xw, hr, hs, y, t], reads=[xw, hr, hs], writes=[hs, y],
+                   flops=4 * r.n_state, dram_bytes=4 * r.n_state * 5, category="elementwise")
+        ctx.program.launches[-1].regions.update(_step_regions(r, t, {y: r.D * r.batch * H, xw: r.batch * H}))
 
 
 def _init_state(ctx, state: str, init: str, n: int) -> None:

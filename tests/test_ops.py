@@ -462,6 +462,18 @@ add(
     op("Pad-edge", "Pad", [X(R((1, 2, 4, 5))), W(np.array([0, 0, 3, 1, 0, 0, 2, 4], I64))], {"mode": "edge"}),
     op("Pad-reflect-3-axes", "Pad", [X(R((3, 4, 5))), W(np.array([1, 2, 0, 2, 3, 4], I64))], {"mode": "reflect"}),
     op("Pad-negative-crop", "Pad", [X(R((4, 6))), W(np.array([-1, 2, 1, -2], I64))]),
+    # wrap (opset 19) was once padded as constant zeros; pads past the length wrap again, and a
+    # negative pad crops before the rest wraps around what is left (onnxruntime's order)
+    op("Pad-19-wrap", "Pad", [X(R((1, 2, 4, 5))), W(np.array([0, 0, 2, 1, 0, 0, 1, 3], I64))], {"mode": "wrap"},
+       opset=19),
+    op("Pad-19-wrap-past-the-length", "Pad", [X(R((1, 2, 4, 5))), W(np.array([0, 0, 5, 7, 0, 0, 6, 9], I64))],
+       {"mode": "wrap"}, opset=19),
+    op("Pad-19-wrap-with-crops", "Pad", [X(R((1, 2, 4, 5))), W(np.array([0, 0, -1, 1, 0, 0, 1, -2], I64))],
+       {"mode": "wrap"}, opset=19),
+    op("Pad-reflect-with-crops", "Pad", [X(R((1, 2, 4, 5))), W(np.array([0, 0, -1, 1, 0, 0, 1, -2], I64))],
+       {"mode": "reflect"}),
+    op("Pad-edge-with-crops", "Pad", [X(R((1, 2, 4, 5))), W(np.array([0, 0, -2, -1, 0, 0, 4, 6], I64))],
+       {"mode": "edge"}),
     op("Pad-int64-constant", "Pad", [X(R((2, 3), "int", -9, 9)), W(np.array([1, 0, 0, 2], I64)), W(np.array(-7, I64))]),
     op("Pad-18-axes-input", "Pad", [X(R((2, 3, 4))), W(np.array([1, 2, 0, 1], I64)), W(np.array(-1.0, F32)),
                                     W(np.array([2, 0], I64))], opset=18),
@@ -1014,6 +1026,23 @@ add(
 )
 
 
+# ----- bitwise ops ---------------------------------------------------------------------------------
+_ir = np.random.default_rng(7)
+_U8 = [_ir.integers(0, 256, (3, 5)).astype(np.uint8), _ir.integers(0, 256, (5,)).astype(np.uint8)]
+for _dt in (np.int64, np.int32, np.int8, np.uint8):
+    _lo, _hi = (0, 256) if _dt is np.uint8 else (-100, 100)
+    _a, _b = _ir.integers(_lo, _hi, (3, 5)).astype(_dt), _ir.integers(_lo, _hi, (1, 5)).astype(_dt)
+    add(*[op(f"{_op}-{np.dtype(_dt).name}", _op, [X(_a), X(_b)], opset=18)
+          for _op in ("BitwiseAnd", "BitwiseOr", "BitwiseXor")],
+        op(f"BitwiseNot-{np.dtype(_dt).name}", "BitwiseNot", [X(_a)], opset=18))
+add(
+    # shifts of 0..9: past the width of uint8 the bits are gone
+    op("BitShift-left-uint8", "BitShift", [X(_U8[0]), X(np.arange(5, dtype=np.uint8) * 2)], {"direction": "LEFT"},
+       opset=11),
+    op("BitShift-right-uint8", "BitShift", [X(_U8[0]), X(np.arange(5, dtype=np.uint8) * 2)], {"direction": "RIGHT"},
+       opset=11),
+)
+
 # ----- graph outputs that are inputs or views ------------------------------------------------------
 def _output_is_input(rng):
     return [], {"x": R((2, 3)).make(rng)}, {}, ["x"]
@@ -1194,6 +1223,18 @@ def test_every_op_kernel_compiles_for_cuda(tmp_path):
         usage = compile_cubin(source, arch)
         assert set(codes) <= set(usage)
         assert not {k: u for k, u in usage.items() if u.spills}
+
+
+def test_reflect_pads_longer_than_the_axis_reflect_again(tmp_path):
+    """onnxruntime refuses a reflect pad of more than length - 1; the ONNX reference (numpy's pad)
+    reflects back and forth. dlcc does so too: its index once ran past the input's ends."""
+    x = np.arange(20, dtype=F32).reshape(1, 1, 4, 5)
+    pads = np.array([0, 0, 5, 7, 0, 0, 9, 13], I64)
+    nodes = [helper.make_node("Pad", ["x", "p"], ["y"], mode="reflect")]
+    path = tmp_path / "m.onnx"
+    onnx.save(build_model(nodes, {"x": x}, {"p": pads}, ["y"], 17), str(path))
+    got = dlcc.compile(str(path), target="opencl", pipeline="baseline")({"x": x})["y"]
+    np.testing.assert_array_equal(got, np.pad(x, [(0, 0), (0, 0), (5, 9), (7, 13)], mode="reflect"))
 
 
 def test_batchnorm_spatial_0_is_refused(tmp_path):

@@ -110,6 +110,33 @@ def _pow(ctx, node):
              "Pow", flops_per_elem=4)
 
 
+#: Integer-only ops on the bits (opset 18's Bitwise*, BitShift on unsigned types). The operands
+#: are promoted to int in C, and the store casts back, so a shift past the type's width gives 0.
+BITWISE = {"BitwiseAnd": "a & b", "BitwiseOr": "a | b", "BitwiseXor": "a ^ b"}
+
+
+@register("BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", since=18, category=ELEMENTWISE,
+          dtypes=("int64", "int32", "int8", "uint8"))
+@register("BitShift", since=11, category=ELEMENTWISE, dtypes=("uint8",))
+def _bitwise(ctx, node):
+    dt = ctx.value_dtype(node.inputs[0])
+    if dt not in ("int64", "int32", "int8", "uint8"):
+        raise ctx.fail(f"{node.op_type} on {dt} is not supported (integer types are)")
+    if node.op_type == "BitwiseNot":
+        return emit_map(ctx, node.outputs[0], node.inputs[:1],
+                        lambda v: ([f"const {_ct(dt)} a = {v.x(0)};"], f"({_ct(dt)})(~a)"), node.op_type)
+    if node.op_type == "BitShift":
+        direction = ctx.attr("direction", "")
+        if direction not in ("LEFT", "RIGHT"):
+            raise ctx.fail(f"direction {direction!r} is not LEFT or RIGHT")
+        expr = "b >= 8 ? 0 : " + ("a << b" if direction == "LEFT" else "a >> b")  # (a shift past 31 is undefined in C)
+    else:
+        expr = BITWISE[node.op_type]
+    emit_map(ctx, node.outputs[0], node.inputs[:2],
+             lambda v: ([f"const {_ct(dt)} a = {v.x(0)};", f"const {_ct(dt)} b = {v.x(1)};"], f"({_ct(dt)})({expr})"),
+             node.op_type)
+
+
 @register("Mod", since=10, category=ELEMENTWISE, half_io=True)
 def _mod(ctx, node):
     fmod = ctx.attr("fmod", 0)

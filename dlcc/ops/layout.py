@@ -377,26 +377,39 @@ def _pad(ctx, node):
     axes = list(range(rank))
     if len(node.inputs) > 3 and node.inputs[3]:
         axes = [_axis(int(a), rank) for a in ctx.const(node.inputs[3]).reshape(-1)]
-    begin = [0] * rank
+    begin, end = [0] * rank, [0] * rank
     for k, a in enumerate(axes):
-        begin[a] = pads[k]
+        begin[a], end[a] = pads[k], pads[len(axes) + k]
     mode = ctx.attr("mode", "constant")
+    if mode not in ("constant", "edge", "reflect", "wrap"):
+        raise ctx.fail(f"mode {mode!r} is not constant, edge, reflect or wrap")
     cval = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else ""
 
     def body(v):
+        """Negative pads crop first, and the modes then pad what is left (as onnxruntime does):
+        along axis j the kept input is [lo, lo + n), and output coordinate o reads q = o - pad
+        of it, q mapped into [0, n) by the mode. Pads of any size stay inside the input."""
         s, coords, conds = [], [], []
         for j in range(rank):
-            c = f"p{j}"
-            s.append(f"int {c} = {v.o[j]} - {begin[j]};")
-            d = shape[j]
+            c, lo = f"p{j}", max(0, -begin[j])
+            n = shape[j] - lo - max(0, -end[j])
+            s.append(f"int {c} = {v.o[j]} - {max(begin[j], 0)};")
             if mode == "edge":
-                s.append(f"{c} = {c} < 0 ? 0 : ({c} >= {d} ? {d - 1} : {c});")
-            elif mode == "reflect":
-                s.append(f"{c} = {c} < 0 ? -{c} : ({c} >= {d} ? {2 * d - 2} - {c} : {c});")
+                s.append(f"{c} = {c} < 0 ? 0 : ({c} >= {n} ? {n - 1} : {c});")
+            elif mode == "reflect":  # mirrored about the first and last element, period 2(n - 1)
+                if n == 1:
+                    s.append(f"{c} = 0;")
+                else:
+                    s.append(f"{c} = (({c} % {2 * n - 2}) + {2 * n - 2}) % {2 * n - 2};")
+                    s.append(f"{c} = {c} < {n} ? {c} : {2 * n - 2} - {c};")
+            elif mode == "wrap":
+                s.append(f"{c} = (({c} % {n}) + {n}) % {n};")
             else:
-                conds.append(f"{c} >= 0 && {c} < {d}")
+                conds.append(f"{c} >= {lo} && {c} < {lo + n}")  # (tested after the shift below)
+            if lo:
+                s.append(f"{c} += {lo};")
             coords.append(c)
-        if mode in ("edge", "reflect"):
+        if mode != "constant":
             return s, v.ld(0, coords)
         fill = v.x(1) if cval else "0"
         return s, f"({' && '.join(conds) or '1'}) ? {v.ld(0, coords)} : {fill}"
@@ -408,7 +421,7 @@ def _pad(ctx, node):
         if any(b < 0 for b in begin) or any(o < d + b for o, d, b in zip(oshape, shape, begin)):
             return np.full(int(np.prod(oshape)), -1, np.int64)  # cropping pads: left to the generic rule
         widths = [(b, o - d - b) for b, o, d in zip(begin, oshape, shape)]
-        if mode in ("edge", "reflect"):
+        if mode != "constant":
             return np.pad(_grid(shape), widths, mode=mode).reshape(-1)
         return np.pad(_grid(shape), widths, constant_values=-2).reshape(-1)
 

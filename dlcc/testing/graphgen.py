@@ -1036,7 +1036,9 @@ def _pool(g: Gen, x: Val) -> None:
 
 
 def p_rnn(g: Gen) -> None:
-    op = g.ch.pick(["LSTM", "GRU"])
+    """LSTM, GRU and the simple RNN (with each of its activations; a Relu one only where its
+    states stay within a bound worked out from the weights' scale)."""
+    op = g.ch.pick(["LSTM", "GRU", "RNN"])
     seq, batch, inp = g.ch.pick([3, 1, 5, 8]), g.ch.pick([1, 2, 3]), g.ch.pick([4, 3, 8, 16])
     x = g.pick(lambda u: u.rank == 3 and u.shape[0] <= 8 and u.shape[1] <= 3 and u.shape[2] <= 32)
     if x is None:
@@ -1046,7 +1048,7 @@ def p_rnn(g: Gen) -> None:
     hid = g.ch.pick([4, 3, 8, 16, 1, 17])
     direction = g.ch.pick(["forward", "reverse", "bidirectional"])
     nd = 2 if direction == "bidirectional" else 1
-    gates = 4 if op == "LSTM" else 3
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
     s = 0.5
     ins = [x, g.weight((nd, gates * hid, inp), s), g.weight((nd, gates * hid, hid), s)]
     if g.ch.chance(0.7):
@@ -1060,9 +1062,20 @@ def p_rnn(g: Gen) -> None:
     attrs = {"hidden_size": hid, "direction": direction}
     if op == "GRU":
         attrs["linear_before_reset"] = int(g.ch.chance(0.5))
+    lo, hi = -1.0, 1.0
+    if op == "RNN":
+        acts = [g.ch.pick(["Tanh", "Sigmoid", "Relu"]) for _ in range(nd)]
+        bound = 1.0  # |h| after each step: |x|·inp·s + 2s (the biases) + hid·s·|h|, from |h0| <= 1
+        for _ in range(seq):
+            bound = 5.0 * inp * s + 2 * s + hid * s * bound
+        if "Relu" in acts and bound > 1e3:
+            acts = ["Tanh" if a == "Relu" else a for a in acts]
+        if g.ch.chance(0.5) or acts != ["Tanh"] * nd:
+            attrs["activations"] = acts
+        lo, hi = (0.0 if "Tanh" not in acts else -1.0), (bound if "Relu" in acts else 1.0)
     want_y = g.ch.chance(0.7)
-    outs = [((seq, nd, batch, hid), "float32", -1.0, 1.0) if want_y else None,
-            ((nd, batch, hid), "float32", -1.0, 1.0)]
+    outs = [((seq, nd, batch, hid), "float32", lo, hi) if want_y else None,
+            ((nd, batch, hid), "float32", lo, hi)]
     if op == "LSTM" and g.ch.chance(0.3):
         outs.append(((nd, batch, hid), "float32", -seq - 1.0, seq + 1.0))
     g.node(op, ins, outs, **attrs)

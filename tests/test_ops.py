@@ -1023,6 +1023,8 @@ add(
     rnn("RNN-forward-relu", activations=["Relu"]),  # torch.nn.RNN(nonlinearity="relu")
     rnn("RNN-bidirectional-relu-then-sigmoid", direction="bidirectional", activations=["Relu", "Sigmoid"]),
     rnn("RNN-forward-clip", clip=0.4),
+    # the schema's default written out, as onnxruntime's optimizer writes it: two for one direction
+    rnn("RNN-reverse-two-default-activations", direction="reverse", activations=["Tanh", "Tanh"]),
 )
 
 

@@ -322,6 +322,8 @@ def _rnn(ctx, node):
     Y, Yh = outs[:2]
     r = _rnn_attrs(ctx, node, None)
     acts = _activations(ctx) or ["Tanh"] * r.D
+    if len(acts) == 2 and r.D == 1:  # the schema's default lists two; one direction takes the first
+        acts = acts[:1]
     bad = sorted({a for a in acts if a not in _RNN_ACTS})
     if bad or len(acts) != r.D:
         raise ctx.fail(f"activations {acts} are not supported (one per direction, of {', '.join(_RNN_ACTS)})")

@@ -94,8 +94,10 @@ class Case:
         return [o.name for o in self.model.graph.output]
 
 
-_NP = {"float32": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_, "float64": np.float64}
+_NP = {"float32": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_, "float64": np.float64,
+       "int8": np.int8, "uint8": np.uint8}
 _TP = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64, "int32": TensorProto.INT32,
+       "int8": TensorProto.INT8, "uint8": TensorProto.UINT8,
        "bool": TensorProto.BOOL, "float64": TensorProto.DOUBLE, "float16": TensorProto.FLOAT16,
        "bfloat16": TensorProto.BFLOAT16}
 
@@ -748,10 +750,12 @@ def p_expand(g: Gen) -> None:
 
 
 def p_pad(g: Gen) -> None:
+    """Pad in each mode (wrap from opset 19), now and then cropping one element off an axis
+    first (a negative pad; not with reflect, whose pads onnxruntime bounds by the kept length)."""
     v = g.pick_or_input(lambda u: u.rank >= 1)
     if v.rank == 0:
         v = g.input(g.shape(2))
-    mode = g.ch.pick(["constant", "reflect", "edge"])
+    mode = g.ch.pick(["constant", "reflect", "edge"] + (["wrap"] if g.opset >= 19 else []))
     pads = []
     for d in v.shape:
         lim = d - 1 if mode == "reflect" else 3
@@ -759,6 +763,10 @@ def p_pad(g: Gen) -> None:
     for d in v.shape:
         lim = d - 1 if mode == "reflect" else 3
         pads.append(g.ch.between(0, max(0, min(lim, 3))))
+    if mode != "reflect" and g.ch.chance(0.2):
+        a = g.ch.between(0, v.rank - 1)
+        if v.shape[a] >= 3:
+            pads[a] = -1
     out = tuple(d + pads[k] + pads[k + v.rank] for k, d in enumerate(v.shape))
     ins = [v, g.ints(pads)]
     lo, hi = v.lo, v.hi
@@ -1178,6 +1186,31 @@ def p_mod(g: Gen) -> None:
     _to_float(g, m, -7.0, 7.0)
 
 
+def p_bitwise(g: Gen) -> None:
+    """BitwiseAnd / Or / Xor / Not (opset 18) on int8, int32 or int64 made from exact values
+    (cast to int32, times 37), or BitShift of their uint8 magnitudes by 0 to 9 bits; read back as
+    float."""
+    x = _exact(g, lambda u: u.rank >= 1 and u.mag <= 3.0)
+    xi = g.one("Cast", [x], x.shape, dtype="int32", to=TensorProto.INT32)
+    xm = g.one("Mul", [xi, g.const(np.array(37, np.int32), "k")], x.shape, dtype="int32")
+    if g.opset < 18 or g.ch.chance(0.15):
+        u = g.one("Abs", [xm], x.shape, dtype="int32")
+        u8 = g.one("Cast", [u], x.shape, dtype="uint8", to=TensorProto.UINT8)
+        sh = g.const(g.rs.integers(0, 10, g.bshape(x.shape)).astype(np.uint8), "sh")
+        y = g.one("BitShift", [u8, sh], x.shape, dtype="uint8", direction=g.ch.pick(["LEFT", "RIGHT"]))
+        _to_float(g, y, 0.0, 255.0)
+        return
+    dt, tp = g.ch.pick([("int8", TensorProto.INT8), ("int32", TensorProto.INT32), ("int64", TensorProto.INT64)])
+    a = g.one("Cast", [xm], x.shape, dtype=dt, to=tp)
+    op = g.ch.pick(["BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"])
+    if op == "BitwiseNot":
+        y = g.one(op, [a], x.shape, dtype=dt)
+    else:
+        b = g.const(g.rs.integers(-128, 128, g.bshape(x.shape)).astype(_NP[dt]), "m")
+        y = g.one(op, [a, b] if g.ch.chance(0.5) else [b, a], x.shape, dtype=dt)
+    _to_float(g, y, -128.0, 127.0)
+
+
 def p_topk(g: Gen) -> None:
     """TopK (sorted, on exact values: no ties among uniform draws) and ArgMin."""
     x = _exact(g, lambda u: u.rank >= 1 and max(u.shape) >= 2 and u.numel <= 4096)
@@ -1439,7 +1472,7 @@ PATTERNS = [
     (p_where, 2), (p_cast, 1), (p_cumsum, 1), (p_matmul, 6), (p_gemm, 3), (p_conv, 4), (p_rnn, 2),
     (p_misc, 2), (p_logic, 1), (p_mod, 1), (p_topk, 1), (p_gathernd, 1), (p_convtranspose, 1), (p_norm, 1),
     (p_resize, 1), (p_alias, 1), (p_head_merge, 4), (p_prenorm, 3), (p_if, 1), (p_scatter, 1), (p_scan, 1),
-    (p_dft, 1),
+    (p_dft, 1), (p_bitwise, 2),
 ]
 
 

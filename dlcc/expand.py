@@ -1,5 +1,5 @@
 """Expand standard ONNX ops that onnx defines by a function body (MeanVarianceNormalization,
-GroupNormalization, RMSNormalization, Attention, Shrink, Swish, ...) into that body, when dlcc has
+GroupNormalization, RMSNormalization, Attention, Swish, ...) into that body, when dlcc has
 no lowering of its own for them. ReduceLogSumExp, whose body computes in float64, gets a body of
 dlcc's own instead (OWN_BODIES).
 

@@ -67,16 +67,19 @@ def test_ops_dlcc_lowers_stay_and_ops_without_a_usable_body_are_reported(tmp_pat
     ln = _one("LayerNormalization", {"x": [2, 8], "s": [8]}, 17)
     onnx.save(ln, str(tmp_path / "ln.onnx"))
     assert [n.op_type for n in import_model(tmp_path / "ln.onnx").nodes] == ["LayerNormalization"]
-    # Shrink's body is defined from opset 18: an opset-9 model keeps Shrink, reported unsupported.
-    onnx.save(_one("Shrink", {"x": [4, 7]}, 9, lambd=0.3), str(tmp_path / "shrink.onnx"))
-    with pytest.raises(UnsupportedOpsError, match="Shrink"):
-        dlcc.compile(tmp_path / "shrink.onnx", target="opencl")
-    # From opset 18 it expands.
-    onnx.save(_one("Shrink", {"x": [4, 7]}, 18, lambd=0.3, bias=0.1), str(tmp_path / "shrink18.onnx"))
-    m = dlcc.compile(tmp_path / "shrink18.onnx", target="opencl")
+    # Bernoulli's body draws with RandomUniformLike, which dlcc cannot compile: reported by its own name.
+    onnx.save(_one("Bernoulli", {"x": [4, 7]}, 15), str(tmp_path / "bernoulli.onnx"))
+    with pytest.raises(UnsupportedOpsError, match="Bernoulli"):
+        dlcc.compile(tmp_path / "bernoulli.onnx", target="opencl")
+    # Shrink has a body from opset 18, and a lowering of dlcc's own for every opset: kept.
     x = np.linspace(-1, 1, 28, dtype=np.float32).reshape(4, 7)
-    np.testing.assert_allclose(m({"x": x})["y"], run_onnxruntime(str(tmp_path / "shrink18.onnx"), {"x": x}, ["y"])[0],
-                               rtol=1e-6, atol=1e-6)
+    for opset in (9, 18):
+        path = tmp_path / f"shrink{opset}.onnx"
+        onnx.save(_one("Shrink", {"x": [4, 7]}, opset, lambd=0.3, bias=0.1), str(path))
+        assert [n.op_type for n in import_model(path).nodes] == ["Shrink"]
+        m = dlcc.compile(path, target="opencl")
+        np.testing.assert_allclose(m({"x": x})["y"], run_onnxruntime(str(path), {"x": x}, ["y"])[0],
+                                   rtol=1e-6, atol=1e-6)
 
 
 def test_body_names_never_collide_with_the_models(tmp_path):

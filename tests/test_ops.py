@@ -223,6 +223,8 @@ add(
     op("LpPool-p2", "LpPool", [X(R((1, 2, 6, 5), "normal"))], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
     op("Celu-alpha2", "Celu", [N234], {"alpha": 2.0}),
     op("ThresholdedRelu-alpha0.5", "ThresholdedRelu", [N234], {"alpha": 0.5}),
+    op("Shrink-9-hard", "Shrink", [N234], {"lambd": 0.6}, opset=9),
+    op("Shrink-soft", "Shrink", [N234], {"lambd": 0.4, "bias": 0.4}),
     op("Mish-opset18", "Mish", [X(R((3, 17), "uniform", -5, 5))], opset=18),
     op("IsNaN", "IsNaN", [X(np.array([1.0, np.nan, -np.inf, np.inf, 0.0], F32))]),
     op("IsInf-default", "IsInf", [X(np.array([1.0, np.nan, -np.inf, np.inf, 0.0], F32))]),

@@ -216,6 +216,8 @@ _attr_unary("Selu", lambda c: f"{literal(c.attr('gamma', 1.0507009873554805))} *
             f"{literal(c.attr('alpha', 1.6732632423543772))} * (F_EXP(a) - 1.0f) : a)", 6)
 _attr_unary("HardSigmoid", lambda c: f"F_NMAX(0.0f, F_NMIN(1.0f, {literal(c.attr('alpha', 0.2))} * a + "
             f"{literal(c.attr('beta', 0.5))}))", 6)  # (F_N*: NaN stays NaN, as in onnxruntime)
+_attr_unary("Shrink", lambda c: f"(a < {literal(-c.attr('lambd', 0.5))} ? a + {literal(c.attr('bias', 0.0))} : "
+            f"(a > {literal(c.attr('lambd', 0.5))} ? a - {literal(c.attr('bias', 0.0))} : 0.0f))", 9)
 _attr_unary("ThresholdedRelu", lambda c: f"(a > {literal(c.attr('alpha', 1.0))} ? a : 0.0f)", 10)
 _attr_unary("Celu", lambda c: f"F_NMAX(0.0f, a) + F_NMIN(0.0f, {literal(c.attr('alpha', 1.0))} * "
             f"(F_EXP(a / {literal(c.attr('alpha', 1.0))}) - 1.0f))", 12)

@@ -596,8 +596,44 @@ _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Rando
 
 def _gathernd_shape(graph: Graph, node: Node) -> tuple:
     data, idx = (graph.tensors[i].shape for i in node.inputs[:2])
-    b = int(node.attrs.get("batch_dims", 0))
-    return tuple(idx[:-1]) + tuple(data[b + idx[-1]:])
+    return _gathernd_out(data, idx, int(node.attrs.get("batch_dims", 0)))
+
+
+def _gathernd_out(data: tuple, idx: tuple, batch_dims: int) -> tuple:
+    return tuple(idx[:-1]) + tuple(data[batch_dims + idx[-1]:])
+
+
+def complete_open_shapes(model: onnx.ModelProto, infer) -> onnx.ModelProto:
+    """`model` inferred by `infer`, with the outputs onnx leaves shapeless where `_SHAPE_RULES` know
+    them (a GatherND with a rank-0 result) given their shape, and inferred again so that what
+    reads them is shaped too. The rewrites before the graph is built (spectral.py's DFT, which
+    sizes its basis by its input) see the shapes the built graph will have."""
+    out = infer(model)
+    for _ in range(8):
+        g = out.graph
+        typed = {vi.name: vi.type.tensor_type for vi in [*g.input, *g.value_info, *g.output]}
+        dims = {n: tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
+                for n, tt in typed.items() if tt.HasField("shape")}
+        dims.update({t.name: tuple(t.dims) for t in g.initializer})
+        elem = {n: tt.elem_type for n, tt in typed.items()}
+        elem.update({t.name: t.data_type for t in g.initializer})
+        added = []
+        for n in g.node:
+            if n.domain in ("", "ai.onnx") and n.op_type == "GatherND" and len(n.input) >= 2 \
+                    and n.output[0] not in dims and all(i in dims and None not in dims[i] for i in n.input[:2]):
+                b = next((int(onnx.helper.get_attribute_value(a)) for a in n.attribute if a.name == "batch_dims"), 0)
+                shape = _gathernd_out(dims[n.input[0]], dims[n.input[1]], b)
+                added.append(onnx.helper.make_tensor_value_info(n.output[0], elem.get(n.input[0], 0), list(shape)))
+        if not added:
+            return out
+        names = {vi.name for vi in added}
+        model = onnx.ModelProto()
+        model.CopyFrom(out)
+        keep = [vi for vi in model.graph.value_info if vi.name not in names]
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(keep + added)
+        out = infer(model)
+    return out
 
 
 #: Output shapes from input shapes alone, for ops whose onnx shape inference leaves them open:
@@ -735,7 +771,8 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
 
     def lenient(m: onnx.ModelProto) -> onnx.ModelProto:
         # A branch not taken may not type-check at these shapes until it is dropped.
-        return shape_inference.infer_shapes(m, check_type=False, strict_mode=False, data_prop=True)
+        return complete_open_shapes(
+            m, lambda x: shape_inference.infer_shapes(x, check_type=False, strict_mode=False, data_prop=True))
 
     # onnxruntime's fused ops become standard ops first (fused_ops.py): two of them sit in the
     # ONNX domain, where the checker rejects them.

@@ -162,6 +162,22 @@ def test_dft(tmp_path, case):
 
 
 @needs_opencl
+def test_a_signal_shaped_only_past_onnxs_inference(tmp_path):
+    """onnx leaves a GatherND with a rank-0 result shapeless, and so everything after it; the DFT
+    of a signal computed from one was refused as dynamic (fuzz seed 940354). The import gives
+    such outputs their shape before the transform is sized."""
+    nodes = [h.make_node("GatherND", ["t", "i"], ["s"]),  # one element of t: a scalar
+             h.make_node("Add", ["x", "s"], ["sig"]),
+             h.make_node("DFT", ["sig"], ["y"], axis=1)]
+    t, i = rng.standard_normal((4, 6)).astype(np.float32), np.array([2, 3], np.int64)
+    path = _save(tmp_path / "m.onnx", nodes, [_f("x", [2, 12, 1])], [_f("y", [2, 12, 2])],
+                 [nh.from_array(t, "t"), nh.from_array(i, "i")])
+    x = rng.standard_normal((2, 12, 1)).astype(np.float32)
+    got = dlcc.compile(path, target="opencl", pipeline="baseline")({"x": x})["y"]
+    _close(got, _as_pairs(np.fft.fft(_complex(x.astype(np.float64) + float(t[2, 3])), axis=1)))
+
+
+@needs_opencl
 def test_torch_stft_and_rfft_through_torchs_exporter(tmp_path):
     """What torch 2.13's exporter (dynamo, opset 20) writes for torch.stft (centred, reflect-padded,
     Hann window) and torch.fft.rfft: STFT and DFT nodes, which dlcc compiles and runs as torch does."""

@@ -177,19 +177,22 @@ def _where(ctx, node):
     emit_map(ctx, node.outputs[0], node.inputs[:3], lambda v: ([], f"({v.x(0)}) ? {v.x(1)} : {v.x(2)}"), "Where")
 
 
-@register("Clip", since=11, category=ELEMENTWISE, float_only=True, half_io=True)
+@register("Clip", since=11, category=ELEMENTWISE, half_io=True, dtypes=("float32", "int64", "int32", "int8", "uint8"))
 def _clip(ctx, node):
     ins = [node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else "", node.inputs[2] if len(node.inputs) > 2 else ""]
     dt = ctx.value_dtype(node.inputs[0])
-    if dt != "float32":
-        raise ctx.fail("Clip on integers is not supported")
+    if dt not in ("float32", "int64", "int32", "int8", "uint8"):
+        raise ctx.fail(f"Clip on {dt} is not supported")
+    T = _ct(dt)
 
     def body(v):
-        s = [f"float a = {v.x(0)};"]
-        if ins[1]:
-            s.append(f"a = F_NMAX(a, (float)({v.x(1)}));")
-        if ins[2]:
-            s.append(f"a = F_NMIN(a, (float)({v.x(2)}));")
+        s = [f"{T} a = {v.x(0)};"]
+        if dt == "float32":  # (F_N*: NaN stays NaN, as in onnxruntime)
+            s += [f"a = F_NMAX(a, (float)({v.x(1)}));"] if ins[1] else []
+            s += [f"a = F_NMIN(a, (float)({v.x(2)}));"] if ins[2] else []
+        else:
+            s += [f"{{ const {T} lo = {v.x(1)}; a = a < lo ? lo : a; }}"] if ins[1] else []
+            s += [f"{{ const {T} hi = {v.x(2)}; a = a > hi ? hi : a; }}"] if ins[2] else []
         return s, "a"
 
     emit_map(ctx, node.outputs[0], ins, body, "Clip", flops_per_elem=2)

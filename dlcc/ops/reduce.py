@@ -253,12 +253,15 @@ def _cumsum(ctx, node):
     emit_map(ctx, node.outputs[0], [x], body, "CumSum", flops_per_elem=L, inline_scalars=False)
 
 
-@register("TopK", since=10, category=REDUCTION, float_only=True)
+@register("TopK", since=10, category=REDUCTION, dtypes=("float32", "int64", "int32"))
 def _topk(ctx, node):
     """A thread per row picks the k best by repeated selection: the j-th result is the best element
     ranked after the (j-1)-th under (value, then lower index first) — O(k·L), no scratch memory.
     The results are always sorted, which also satisfies sorted=0."""
     x = node.inputs[0]
+    from ..kernels.program import ctype
+
+    T = ctype(ctx.dtype(x))
     kv = ctx.const(node.inputs[1])
     if kv is None:
         raise ctx.fail("K must be a constant after folding")
@@ -275,11 +278,11 @@ def _topk(ctx, node):
         f"if (r < {rows}) {{",
         f"    const int xb = (r / {inner}) * {L * inner} + (r % {inner});",
         f"    const int yb = (r / {inner}) * {k * inner} + (r % {inner});",
-        "    float pv = 0.0f; int pi = -1;",
+        f"    {T} pv = 0; int pi = -1;",
         f"    for (int j = 0; j < {k}; ++j) {{",
-        "        float bv = 0.0f; int bi = -1;",
+        f"        {T} bv = 0; int bi = -1;",
         f"        for (int q = 0; q < {L}; ++q) {{",
-        f"            const float v = x[xb + q * {inner}];",
+        f"            const {T} v = x[xb + q * {inner}];",
         f"            const int after = pi < 0 || (pv {better} v) || (v == pv && q > pi);",
         f"            if (after && (bi < 0 || v {better} bv || (v == bv && q < bi))) {{ bv = v; bi = q; }}",
         "        }",
@@ -289,7 +292,7 @@ def _topk(ctx, node):
         "    }",
         "}",
     ]
-    params = "GPTR const float* x, GPTR float* vals" + (", GPTR i64* idxs" if idxs else "")
+    params = f"GPTR const {T}* x, GPTR {T}* vals" + (", GPTR i64* idxs" if idxs else "")
 
     def make(name):
         return f"KERNEL void {name}({params}) {{\n    " + "\n    ".join(lines) + "\n}\n"

@@ -432,7 +432,10 @@ def _pad(ctx, node):
 def _depth_to_space(ctx, node):
     n, c, h, w = ctx.shape(node.inputs[0])
     b = ctx.attr("blocksize")
-    crd = ctx.attr("mode", "DCR") == "CRD"
+    mode = ctx.attr("mode", "DCR")
+    if mode not in ("DCR", "CRD"):
+        raise ctx.fail(f"mode {mode!r} is not DCR or CRD")
+    crd = mode == "CRD"
     oc = c // (b * b)
 
     def body(v):
@@ -441,6 +444,45 @@ def _depth_to_space(ctx, node):
         return s, v.ld(0, [v.o[0], ch, f"{v.o[2]} / {b}", f"{v.o[3]} / {b}"])
 
     emit_map(ctx, node.outputs[0], [node.inputs[0]], body, "DepthToSpace", flops_per_elem=0)
+
+
+@register("Col2Im", since=18, category=LAYOUT, half_io=True)
+def _col2im(ctx, node):
+    """The columns of sliding blocks summed back into an image (torch.nn.Fold, the inverse of an
+    im2col): output pixel y of channel c adds, for each kernel offset k, the column entry of the
+    block that covers y at k, where one does (y + pad - k * dilation a multiple of the stride, and
+    the block inside the grid of blocks)."""
+    x = node.inputs[0]
+    image, block = (ctx.const(node.inputs[k]) for k in (1, 2))
+    if image is None or block is None:
+        raise ctx.fail("image_shape and block_shape must be constants after folding")
+    image, block = [int(d) for d in image.reshape(-1)], [int(d) for d in block.reshape(-1)]
+    nd = len(image)
+    dil = [int(d) for d in ctx.attr("dilations", [1] * nd)]
+    strides = [int(d) for d in ctx.attr("strides", [1] * nd)]
+    pads = [int(d) for d in ctx.attr("pads", [0] * (2 * nd))]
+    grid = [(image[j] + pads[j] + pads[nd + j] - dil[j] * (block[j] - 1) - 1) // strides[j] + 1 for j in range(nd)]
+    n, ckk, L = ctx.shape(x)
+    K = int(np.prod(block))
+    if min(grid) < 1 or int(np.prod(grid)) != L or ckk % K:
+        raise ctx.fail(f"an input of shape {[n, ckk, L]} does not hold {K}-element columns of a "
+                       f"{'x'.join(map(str, grid))} grid of blocks")
+
+    def body(v):
+        s = ["float acc = 0.0f;", f"for (int kk = 0; kk < {K}; ++kk) {{", "    int ok = 1, l = 0, r = kk;"]
+        for j in reversed(range(nd)):  # kernel offset k_j, then the block whose offset k_j covers y_j
+            s += [f"    const int k{j} = r % {block[j]}; r /= {block[j]};",
+                  f"    const int q{j} = {v.o[2 + j]} + {pads[j]} - k{j} * {dil[j]};",
+                  f"    ok = ok && q{j} >= 0 && q{j} % {strides[j]} == 0 && q{j} / {strides[j]} < {grid[j]};"]
+        s.append("    if (ok) {")
+        stride = 1
+        for j in reversed(range(nd)):
+            s.append(f"        l += (q{j} / {strides[j]}) * {stride};")
+            stride *= grid[j]
+        s += [f"        acc += {v.ld(0, [v.o[0], f'{v.o[1]} * {K} + kk', 'l'])};", "    }", "}"]
+        return s, "acc"
+
+    emit_map(ctx, node.outputs[0], [x], body, "Col2Im", flops_per_elem=K)
 
 
 @register("SpaceToDepth", since=1, category=LAYOUT, half_io=True)

@@ -290,7 +290,7 @@ def _unary_table(g: Gen, v: Val) -> list[str]:
     if g.opset >= 20:
         ops.append("Gelu")
     if v.exact:
-        ops += ["Floor", "Ceil", "Round", "Sign", "ThresholdedRelu"]
+        ops += ["Floor", "Ceil", "Round", "Sign", "ThresholdedRelu", "Shrink"]
     return ops
 
 
@@ -355,6 +355,9 @@ def p_unary(g: Gen) -> None:
     elif op == "ThresholdedRelu":
         attrs = {"alpha": g.ch.pick([1.0, 0.5, 0.0])}
         lo, hi = min(v.lo, 0.0), max(v.hi, 0.0)
+    elif op == "Shrink":
+        attrs = {"lambd": g.ch.pick([0.5, 0.0, 1.2]), "bias": g.ch.pick([0.0, 0.5, 1.5])}
+        lo, hi = min(v.lo, 0.0) - attrs["bias"], max(v.hi, 0.0) + attrs["bias"]
     elif op == "Gelu":
         if g.ch.chance(0.5):
             attrs = {"approximate": "tanh"}
@@ -1211,6 +1214,28 @@ def p_bitwise(g: Gen) -> None:
     _to_float(g, y, -128.0, 127.0)
 
 
+def p_col2im(g: Gen) -> None:
+    """Col2Im (opset 18, torch.nn.Fold) of the columns a MatMul makes: blocks of 2 or 3 with
+    strides, dilations and pads, overlapping or not."""
+    if g.opset < 18:
+        return
+    kh, kw = g.ch.pick([2, 3]), g.ch.pick([1, 2, 3])
+    sh, sw, dh = g.ch.pick([1, 2]), g.ch.pick([1, 2, 3]), g.ch.pick([1, 2])
+    pads = [g.ch.pick([0, 1]) for _ in range(4)]
+    h, w = g.ch.pick([5, 8, 9]), g.ch.pick([4, 7, 12])
+    gh = (h + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1
+    gw = (w + pads[1] + pads[3] - (kw - 1) - 1) // sw + 1
+    if gh < 1 or gw < 1:
+        return
+    n, c, f = g.ch.pick([1, 2]), g.ch.pick([1, 3]), g.ch.pick([4, 8])
+    x = g.input((n, gh * gw, f))
+    cols = g.one("MatMul", [x, g.weight((f, c * kh * kw), 0.5)], (n, gh * gw, c * kh * kw), -f, f)
+    cols = g.one("Transpose", [cols], (n, c * kh * kw, gh * gw), cols.lo, cols.hi, perm=[0, 2, 1])
+    k = kh * kw
+    g.one("Col2Im", [cols, g.ints([h, w]), g.ints([kh, kw])], (n, c, h, w), k * cols.lo, k * cols.hi,
+          strides=[sh, sw], dilations=[dh, 1], pads=pads)
+
+
 def p_topk(g: Gen) -> None:
     """TopK (sorted, on exact values: no ties among uniform draws) and ArgMin."""
     x = _exact(g, lambda u: u.rank >= 1 and max(u.shape) >= 2 and u.numel <= 4096)
@@ -1472,7 +1497,7 @@ PATTERNS = [
     (p_where, 2), (p_cast, 1), (p_cumsum, 1), (p_matmul, 6), (p_gemm, 3), (p_conv, 4), (p_rnn, 2),
     (p_misc, 2), (p_logic, 1), (p_mod, 1), (p_topk, 1), (p_gathernd, 1), (p_convtranspose, 1), (p_norm, 1),
     (p_resize, 1), (p_alias, 1), (p_head_merge, 4), (p_prenorm, 3), (p_if, 1), (p_scatter, 1), (p_scan, 1),
-    (p_dft, 1), (p_bitwise, 2),
+    (p_dft, 1), (p_bitwise, 2), (p_col2im, 1),
 ]
 
 

@@ -158,6 +158,9 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
     """
     from_python = out is None and not isinstance(shapes, (list, tuple))  # (the CLI passes NAME=DIMS strings)
     shapes = _merge_shapes(shapes)
+    from .scratch import sweep_once
+
+    sweep_once()  # temporary folders that killed dlcc processes left behind
     if fallback is not None:
         from .partition import PartitionedModel
 

@@ -31,6 +31,9 @@ def _global_options(device_index: Optional[int] = typer.Option(
         "(default: $DLCC_CUDA_DEVICE, else 0)")):
     """dlcc — compile ONNX models to CUDA/OpenCL kernels, run them, check them against onnxruntime,
     and estimate what optimizations buy."""
+    from .scratch import sweep_once
+
+    sweep_once()  # temporary folders that killed dlcc processes left behind
     if device_index is not None:
         import os
 

@@ -6,8 +6,9 @@ the model, hundreds of MB for a large one, and a machine that kills compiles now
 its /tmp. Nothing in the killed process can prevent that, so the next dlcc process cleans up:
 
 - every folder is named for the process that made it: `dlcc-<kind>-<pid>-<random>`;
-- the first time a process makes one, it removes the folders of that form whose process is gone,
-  that belong to the same user, and that nobody has written to for `STALE_AFTER_S`.
+- once per process (every `dlcc` command, `dlcc.compile`, and the first folder a process makes),
+  dlcc removes the folders of that form whose process is gone, that belong to the same user, and
+  that nobody has written to for `STALE_AFTER_S`.
 
 The age is a guard against a process ID from another PID namespace (a container sharing /tmp)
 looking dead from here: its folder is left alone while it is in use.
@@ -27,14 +28,20 @@ _swept: set[str] = set()
 
 
 def mkdtemp(kind: str) -> str:
-    """A new private temporary folder for `kind` (one of KINDS), named for this process; the first
-    call in a process (per temporary directory) also sweeps up the folders of dead processes."""
+    """A new private temporary folder for `kind` (one of KINDS), named for this process."""
     assert kind in KINDS, kind
+    root = sweep_once()
+    return tempfile.mkdtemp(prefix=f"dlcc-{kind}-{os.getpid()}-", dir=root)
+
+
+def sweep_once() -> str:
+    """Sweep the temporary directory the first time a process asks (every `dlcc` command and
+    `dlcc.compile` does, so a compile answered from the cache cleans up too); returns it."""
     root = tempfile.gettempdir()
     if root not in _swept:
         _swept.add(root)
         sweep(root)
-    return tempfile.mkdtemp(prefix=f"dlcc-{kind}-{os.getpid()}-", dir=root)
+    return root
 
 
 def sweep(root: str | None = None, now: float | None = None) -> list[str]:

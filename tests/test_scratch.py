@@ -54,7 +54,7 @@ def test_a_compile_killed_while_folding_is_swept_up_by_the_next_one(tmp_path):
     model = Path(__file__).parent.parent / "examples" / "resnet-tiny.onnx"
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    env = dict(os.environ, TMPDIR=str(tmp))
+    env = dict(os.environ, TMPDIR=str(tmp), DLCC_CACHE_DIR=str(tmp_path / "cache"))  # the first compile misses
     # Stop the compile right after the folding folder is made: the ORT worker is told to sleep first.
     code = ("import sys, time, dlcc.isolate as iso\n"
             "def slow(*a, **k):\n"
@@ -77,6 +77,14 @@ def test_a_compile_killed_while_folding_is_swept_up_by_the_next_one(tmp_path):
     assert done.returncode == 0, done.stderr
     assert not left[0].exists()
     assert not [d for d in tmp.iterdir() if d.name.startswith("dlcc-")], list(tmp.iterdir())
+    # A compile answered from the cache makes no temporary folder, and sweeps all the same.
+    again = tmp / f"dlcc-fold-{p.pid}-again"
+    again.mkdir()
+    os.utime(again, (t, t))
+    done = subprocess.run([sys.executable, "-m", "dlcc.cli", "compile", str(model), "-o", str(tmp_path / "out2"), "-q"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert not again.exists()
 
 
 if __name__ == "__main__":

@@ -921,6 +921,9 @@ for _m in ("nearest", "linear", "cubic"):
 add(
     resize18("Resize-nearest-keep-aspect-not-smaller", _RX2, sizes=[1, 2, 9, 9], mode="nearest",
              keep_aspect_ratio_policy="not_smaller"),
+    # the scale is min(5/7, 9/10) along both axes; W's own 7/10 once took element 14 where 13 is right
+    resize18("Resize-18-nearest-ceil-keep-aspect-not-larger", R((1, 1, 7, 10)), sizes=[1, 1, 5, 9], opset=18,
+             mode="nearest", nearest_mode="ceil", keep_aspect_ratio_policy="not_larger"),
     resize18("Resize-11-nearest-tf-half-pixel-for-nn", _RX2, scales=[1, 1, 1.5, 0.7], roi=[], opset=11,
              mode="nearest", coordinate_transformation_mode="tf_half_pixel_for_nn"),
     resize18("Resize-13-nearest-tf-half-pixel-for-nn", R((1, 2, 9, 11)), scales=[1, 1, 1.7, 0.55], opset=13,

@@ -1477,8 +1477,8 @@ def p_dft(g: Gen) -> None:
     if g.opset < 17:
         return
     v = g.bounded(g.pick_or_input(lambda u: 1 <= u.rank <= 3 and 2 <= u.shape[-1] <= 64))
-    if v.rank == 0 or not 2 <= v.shape[-1] <= 64:
-        v = g.input(g.shape(2))
+    if v.rank == 0 or not 2 <= v.shape[-1] <= 64:  # (a long row's basis is past spectral.py's limit)
+        v = g.input((g.ch.pick([1, 2, 3]), g.ch.pick([8, 17, 32, 64])))
     n = v.shape[-1]
     col = g.one("Unsqueeze", [v, g.ints([-1])], v.shape + (1,), v.lo, v.hi)
     onesided = int(g.ch.chance(0.5))

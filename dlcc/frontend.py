@@ -604,9 +604,9 @@ def _gathernd_out(data: tuple, idx: tuple, batch_dims: int) -> tuple:
 
 
 def complete_open_shapes(model: onnx.ModelProto, infer) -> onnx.ModelProto:
-    """`model` inferred by `infer`, with the outputs onnx leaves shapeless where `_SHAPE_RULES` know
-    them (a GatherND with a rank-0 result) given their shape, and inferred again so that what
-    reads them is shaped too. The rewrites before the graph is built (spectral.py's DFT, which
+    """`model` inferred by `infer`, with the outputs onnx leaves shapeless that `_SHAPE_RULES` covers
+    on the built graph (a GatherND with a rank-0 result: the one op it holds) given their shape
+    here too, and inferred again so that what reads them is shaped too. The rewrites before the graph is built (spectral.py's DFT, which
     sizes its basis by its input) see the shapes the built graph will have."""
     out = infer(model)
     for _ in range(8):

@@ -111,16 +111,16 @@ def _pow(ctx, node):
 
 
 #: Integer-only ops on the bits (opset 18's Bitwise*, BitShift on unsigned types). The operands
-#: are promoted to int in C, and the store casts back, so a shift past the type's width gives 0.
+#: are promoted to int in C and the store casts back; a shift by 8 or more gives 0 explicitly.
 BITWISE = {"BitwiseAnd": "a & b", "BitwiseOr": "a | b", "BitwiseXor": "a ^ b"}
+_INTS = ("int64", "int32", "int8", "uint8")
 
 
-@register("BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", since=18, category=ELEMENTWISE,
-          dtypes=("int64", "int32", "int8", "uint8"))
+@register("BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", since=18, category=ELEMENTWISE, dtypes=_INTS)
 @register("BitShift", since=11, category=ELEMENTWISE, dtypes=("uint8",))
 def _bitwise(ctx, node):
     dt = ctx.value_dtype(node.inputs[0])
-    if dt not in ("int64", "int32", "int8", "uint8"):
+    if dt not in _INTS:
         raise ctx.fail(f"{node.op_type} on {dt} is not supported (integer types are)")
     if node.op_type == "BitwiseNot":
         return emit_map(ctx, node.outputs[0], node.inputs[:1],
@@ -177,11 +177,11 @@ def _where(ctx, node):
     emit_map(ctx, node.outputs[0], node.inputs[:3], lambda v: ([], f"({v.x(0)}) ? {v.x(1)} : {v.x(2)}"), "Where")
 
 
-@register("Clip", since=11, category=ELEMENTWISE, half_io=True, dtypes=("float32", "int64", "int32", "int8", "uint8"))
+@register("Clip", since=11, category=ELEMENTWISE, half_io=True, dtypes=("float32",) + _INTS)
 def _clip(ctx, node):
     ins = [node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else "", node.inputs[2] if len(node.inputs) > 2 else ""]
     dt = ctx.value_dtype(node.inputs[0])
-    if dt not in ("float32", "int64", "int32", "int8", "uint8"):
+    if dt not in ("float32",) + _INTS:
         raise ctx.fail(f"Clip on {dt} is not supported")
     T = _ct(dt)
 

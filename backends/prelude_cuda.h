@@ -33,6 +33,7 @@
 #define ATOMIC_STORE_I32(p, v) (*(volatile int*)(p) = (v))
 #define ATOMIC_ADD_I32(p, v) atomicAdd((int*)(p), (v))
 #define ATOMIC_CAS_I32(p, cmp, v) atomicCAS((int*)(p), (cmp), (v))
+#define ATOMIC_MAX_I32(p, v) atomicMax((int*)(p), (v))
 /* A float another block wrote (split-K's partial sums, kernels/splitk.py): read from L2, past this
  * SM's L1, which may still hold the bytes an earlier GEMM left at the same workspace address. */
 #define LOAD_CG(p) __ldcg(p)

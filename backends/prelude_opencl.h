@@ -24,6 +24,7 @@
 #define ATOMIC_STORE_I32(p, v) (*(volatile __global int*)(p) = (v))
 #define ATOMIC_ADD_I32(p, v) atomic_add((volatile __global int*)(p), (v))
 #define ATOMIC_CAS_I32(p, cmp, v) atomic_cmpxchg((volatile __global int*)(p), (cmp), (v))
+#define ATOMIC_MAX_I32(p, v) atomic_max((volatile __global int*)(p), (v))
 #define LOAD_CG(p) (*(volatile __global const float*)(p))
 typedef long i64;
 typedef uchar u8;

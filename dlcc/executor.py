@@ -16,6 +16,7 @@ import numpy as np
 
 from .errors import DlccError
 from .interop import DeviceArray, InteropError, describe
+from .kernels.index_check import range_text
 
 
 class InputError(DlccError):
@@ -312,12 +313,13 @@ class Executor:
                 continue
             comps = ([(a[..., j], b, [j]) for j, b in enumerate(c["bounds"])] if c.get("per_last_axis")
                      else [(a, c["bounds"][0], [])])
+            lo = 0 if c.get("from_zero") else None
             for comp, b, extra in comps:
-                bad = (comp < -b) | (comp >= b)
+                bad = (comp < (-b if lo is None else lo)) | (comp >= b)
                 if bad.any():
                     pos = [int(x) for x in np.argwhere(bad)[0]]
                     raise InputError(f"input {c['name']!r}: index {int(comp[tuple(pos)])} at {pos + extra} is outside "
-                                     f"[-{b}, {b}) for {c['op']} node {c['node']!r} ({int(bad.sum())} such)")
+                                     f"{range_text(b, lo == 0)} for {c['op']} node {c['node']!r} ({int(bad.sum())} such)")
 
     def launch_all(self) -> None:
         """Queue every launch of one inference, inputs already on the device (no synchronize): on

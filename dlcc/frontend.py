@@ -636,9 +636,19 @@ def complete_open_shapes(model: onnx.ModelProto, infer) -> onnx.ModelProto:
     return out
 
 
-#: Output shapes from input shapes alone, for ops whose onnx shape inference leaves them open:
-#: onnx 1.23 gives a GatherND with a rank-0 result (indices of shape [rank of data]) no shape.
-_SHAPE_RULES = {"GatherND": _gathernd_shape}
+def _maxunpool_shape(graph: Graph, node: Node) -> tuple | None:
+    """MaxUnpool's `output_shape` input, when it is a constant (onnx's inference reads only its
+    shape, not its values)."""
+    if len(node.inputs) < 3 or not node.inputs[2]:
+        return None
+    v = graph.tensors[node.inputs[2]].value
+    return tuple(int(d) for d in np.asarray(v).reshape(-1)) if v is not None else None
+
+
+#: Output shapes that onnx 1.23's shape inference leaves open, from the input shapes (and constant
+#: values): a GatherND with a rank-0 result (indices of shape [rank of data]), and a MaxUnpool
+#: given `output_shape`. A rule returns None where it cannot tell either.
+_SHAPE_RULES = {"GatherND": _gathernd_shape, "MaxUnpool": _maxunpool_shape}
 
 
 def _fold_and_infer(graph: Graph) -> None:

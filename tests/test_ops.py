@@ -361,6 +361,10 @@ add(
     op("CumSum-axis1", "CumSum", [X(R((3, 7, 4))), W(np.array(1, np.int64))]),
     op("CumSum-last-exclusive", "CumSum", [X(R((3, 7))), W(np.array(-1, np.int64))], {"exclusive": 1}),
     op("CumSum-reverse", "CumSum", [X(R((5, 6))), W(np.array(0, np.int64))], {"reverse": 1}),
+    op("CumProd-axis1", "CumProd", [X(R((3, 7, 4), "uniform", 0.5, 1.5)), W(np.array(1, np.int64))], opset=26),
+    op("CumProd-reverse-exclusive", "CumProd", [X(R((5, 6), "uniform", -2, 2)), W(np.array(-1, np.int64))],
+       {"reverse": 1, "exclusive": 1}, opset=26),
+    op("CumProd-int64", "CumProd", [X(R((4, 9), "int", -3, 4)), W(np.array(0, np.int64))], opset=26),
     op("CumSum-reverse-exclusive-int64", "CumSum", [X(R((4, 9), "int", -50, 50)), W(np.array(1, np.int64))],
        {"reverse": 1, "exclusive": 1}),
     op("GatherND-k2", "GatherND", [X(R((3, 4, 5))), W(np.array([[0, 1], [2, -1], [1, 3]], np.int64))]),
@@ -446,6 +450,14 @@ add(
        [X(R((1, 2, 6, 4))), X(np.array([[[0, 0, 5], [0, 1, 5]]], I64)), X(R((1, 2, 4)))]),
     op("ScatterND-add-duplicates", "ScatterND",
        [X(R((4, 3))), W(np.array([[1], [1], [3]], I64)), X(R((3, 3)))], {"reduction": "add"}, opset=16),
+    # Past 64 updates ScatterND claims slots with an atomic max (kernels/scatter.py): the last
+    # update on a slot must still win, as in onnxruntime's loop.
+    op("ScatterND-many-duplicate-elements", "ScatterND",
+       [X(R((300,))), W(R((200, 1), "int", 0, 300)), X(R((200,)))]),
+    op("ScatterND-many-rows-negative", "ScatterND",
+       [X(R((6, 5, 3))), X(R((100, 2), "int", -5, 5)), X(R((100, 3)))]),
+    op("ScatterND-many-int64", "ScatterND",
+       [X(R((4, 30), "int", -9, 9)), W(R((90, 2), "int", 0, 4)), X(R((90,), "int", -9, 9))]),
     op("ScatterND-max", "ScatterND",
        [X(R((4, 3))), W(np.array([[1], [1], [3]], I64)), X(R((3, 3)))], {"reduction": "max"}, opset=18),
     # ReduceLogSumExp: dlcc's own body (max + log(sum(exp(x - max))), expand.py), also where a
@@ -807,7 +819,44 @@ add(
        {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
     op("MaxPool-same-lower", "MaxPool", [X(R((1, 2, 6, 6), "unique"))],
        {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_LOWER"}),
+    # The Indices output, on small integer values: ties everywhere, and the first position of the
+    # maximum must win (onnxruntime's and PyTorch's rule).
+    op("MaxPool-indices-2x2-ties", "MaxPool", [X(R((2, 3, 6, 6), "smallf"))],
+       {"kernel_shape": [2, 2], "strides": [2, 2]}, opset=12, outs=2),
+    op("MaxPool-indices-overlap-pads-ties", "MaxPool", [X(R((1, 2, 7, 8), "smallf"))],
+       {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, opset=12, outs=2),
+    op("MaxPool-indices-column-major", "MaxPool", [X(R((1, 2, 7, 8), "smallf"))],
+       {"kernel_shape": [3, 2], "strides": [2, 1], "storage_order": 1}, opset=12, outs=2),
+    op("MaxPool-indices-3d-dilations-ceil", "MaxPool", [X(R((2, 2, 5, 6, 7), "unique"))],
+       {"kernel_shape": [2, 2, 3], "dilations": [2, 1, 1], "strides": [1, 2, 2], "ceil_mode": 1}, opset=12,
+       outs=2),
+    # MaxUnpool: constant indices naming some positions twice (the later element wins) and some
+    # never (zeros), and the MaxPool -> MaxUnpool pair of a SegNet decoder.
+    op("MaxUnpool-duplicate-indices", "MaxUnpool",
+       [X(R((1, 2, 2, 3))), W(np.array([[[[0, 5, 5], [9, 1, 0]], [[30, 16, 18], [16, 35, 12]]]], I64))],
+       {"kernel_shape": [2, 2], "strides": [2, 2]}, opset=11),
+    graph_case("MaxPool-MaxUnpool-overlapping-windows", lambda rng: _pool_unpool(rng, [3, 3], [2, 2], (1, 3, 9, 9)),
+               opset=11),
+    graph_case("MaxPool-MaxUnpool-output-shape", lambda rng: _pool_unpool(rng, [2, 2], [2, 2], (2, 2, 9, 7), True),
+               opset=11),
+    graph_case("MaxPool-MaxUnpool-1d", lambda rng: _pool_unpool(rng, [2], [2], (2, 3, 10)), opset=11),
 )
+
+def _pool_unpool(rng, kernel, strides, shape, output_shape=False):
+    """MaxPool with indices, a Neg of its values (so the unpooled values are not the pooled input's),
+    MaxUnpool back to the input's shape (given as `output_shape` where the pooling drops a row).
+    onnx infers no shape from `output_shape` (and onnx.reference's MaxUnpool ignores it), so
+    there a Reshape to that same shape types the graph's output; dlcc must still size the
+    MaxUnpool itself (frontend._SHAPE_RULES)."""
+    x = rng.integers(-2, 3, shape).astype(F32)
+    inits = {"os": np.array(shape, I64)} if output_shape else {}
+    nodes = [helper.make_node("MaxPool", ["x"], ["p", "i"], kernel_shape=kernel, strides=strides),
+             helper.make_node("Neg", ["p"], ["q"]),
+             helper.make_node("MaxUnpool", ["q", "i"] + (["os"] if output_shape else []), ["u"], kernel_shape=kernel,
+                              strides=strides),
+             helper.make_node("Reshape", ["u", "os"], ["y"]) if output_shape else helper.make_node("Identity", ["u"], ["y"])]
+    return nodes, {"x": x}, inits, ["y"]
+
 
 # ----- Resize / Upsample ---------------------------------------------------------------------------
 _S2 = np.array([1, 1, 2, 2], F32)

@@ -63,9 +63,16 @@ def _ensure_error_tensors(ctx) -> None:
             ctx.graph.tensors[name] = Tensor(name, (words,), "int32")
 
 
-def _check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool, pinned: bool = False) -> tuple[str, int]:
+def range_text(bound: int, from_zero: bool = False) -> str:
+    """The range an index must lie in, as the error messages print it."""
+    return f"[0, {bound})" if from_zero else f"[-{bound}, {bound})"
+
+
+def _check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool, pinned: bool = False,
+                  from_zero: bool = False) -> tuple[str, int]:
     """The check kernel of indices `idx` (name, element count): arguments (indices, claim word,
-    report, site), one thread per index."""
+    report, site), one thread per index. An index lies in [-bound, bound) (counted from the end
+    when negative), or with `from_zero` in [0, bound) (MaxUnpool, as onnxruntime checks it)."""
     shape = ctx.shape(idx)
     n = int(np.prod(shape)) if shape else 1
     t = ctype(ctx.dtype(idx))
@@ -78,7 +85,7 @@ def _check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool, pinned:
             f"    if (i < {n}) {{\n"
             f"        const i64 v = (i64)x0[i];\n"
             f"        const i64 b = {bound};\n"
-            f"        if ((v < -b || v >= b) && ATOMIC_CAS_I32(err, 0, 1) == 0) {{\n"
+            f"        if ((v < {'0' if from_zero else '-b'} || v >= b) && ATOMIC_CAS_I32(err, 0, 1) == 0) {{\n"
             f"            rep[1] = (int)v;\n"
             f"            rep[2] = (int)(v >> 32);\n"
             f"            rep[3] = i;\n"
@@ -91,31 +98,31 @@ def _check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool, pinned:
     return ctx.program.add_kernel("check_index", make, BLOCK, kind="check", pass_name=ctx.pass_name, pinned=pinned), n
 
 
-def emit_index_check(ctx, node, idx: str, bounds: list[int], per_last_axis: bool) -> None:
+def emit_index_check(ctx, node, idx: str, bounds: list[int], per_last_axis: bool, from_zero: bool = False) -> None:
     """Launch the check of computed indices `idx` of `node` against `bounds` and record the site
     in ctx.device_index_checks (the plan's meta), whose position + 1 the kernel reports."""
     shape = ctx.shape(idx)
     if shape and int(np.prod(shape)) == 0:
         return
-    key = (ctx.resolve(idx), tuple(int(b) for b in bounds), per_last_axis)
+    key = (ctx.resolve(idx), tuple(int(b) for b in bounds), per_last_axis, from_zero)
     if key in ctx.checked_indices:  # the same indices against the same bounds (a present's K and V): once
         return
     ctx.checked_indices.add(key)
     site = len(ctx.device_index_checks) + 1
-    kname, n = _check_kernel(ctx, idx, bounds, per_last_axis)
+    kname, n = _check_kernel(ctx, idx, bounds, per_last_axis, from_zero=from_zero)
     ctx.launch(kname, (n + BLOCK - 1) // BLOCK, [idx, ERRORS, REPORT, site], reads=[idx], writes=[ERRORS, REPORT],
                dram_bytes=ctx.tensor(idx).nbytes)
     ctx.device_index_checks.append({"node": node.name, "op": node.op_type, "bounds": [int(b) for b in bounds],
                                     "per_last_axis": per_last_axis, "shape": [int(d) for d in shape],
-                                    "kernel": kname})
+                                    "kernel": kname, "from_zero": from_zero})
 
 
-def input_check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool) -> dict:
+def input_check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool, from_zero: bool = False) -> dict:
     """The check kernel for a graph input's indices, registered but not launched: the executor
     launches it when that input comes as a device array (Executor._launch_input_checks), with
     the input buffer, the error storages and site -(position in meta.index_checks + 1). Its
     fields for the plan's index check: the kernel and its element count."""
-    kname, n = _check_kernel(ctx, idx, bounds, per_last_axis, pinned=True)
+    kname, n = _check_kernel(ctx, idx, bounds, per_last_axis, pinned=True, from_zero=from_zero)
     return {"kernel": kname, "elements": n}
 
 
@@ -137,8 +144,8 @@ def decode_error(words, checks: list[dict], inputs: list[dict] | None = None) ->
     bounds = c["bounds"]
     b = bounds[pos[-1] % len(bounds)] if c.get("per_last_axis") and len(bounds) > 1 else bounds[0]
     if site < 0:
-        return (f"input {c['name']!r}: index {value} at {pos} is outside [-{b}, {b}) for {c['op']} node "
-                f"{c['node']!r} (a device array, checked on the device; its read was clamped, and the outputs "
+        return (f"input {c['name']!r}: index {value} at {pos} is outside {range_text(b, c.get('from_zero'))} for {c['op']} node "
+                f"{c['node']!r} (a device array, checked on the device; nothing was read or written outside a tensor, and the outputs "
                 "are not returned)")
-    return (f"{c['op']} node {c['node']!r}: a computed index {value} at {pos} is outside [-{b}, {b}) "
-            f"(found on the device; its read was clamped, and the outputs are not returned)")
+    return (f"{c['op']} node {c['node']!r}: a computed index {value} at {pos} is outside {range_text(b, c.get('from_zero'))} "
+            f"(found on the device; nothing was read or written outside a tensor, and the outputs are not returned)")

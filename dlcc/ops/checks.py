@@ -181,6 +181,18 @@ def _axis_attr(graph, n):
     return _axis(graph, n, "axis", defaults.get(n.op_type), extra=1 if n.op_type == "Flatten" else 0)
 
 
+@check("CumSum", "CumProd")
+def _cumulative_axis(graph, n):
+    """The axis is an input here, not an attribute: one value within [-rank, rank)."""
+    v, s = _values(graph, n.inputs[1] if len(n.inputs) > 1 else "", "iu"), _shape(graph, n.inputs[0])
+    if v is None or s is None:
+        return []
+    if v.size != 1:
+        return [f"axis holds {v.size} values; it must be one"]
+    a, r = int(v.reshape(-1)[0]), len(s)
+    return [f"axis {a} is outside [-{r}, {r}) for a rank-{r} input"] if not -r <= a < r else []
+
+
 @check("Split")
 def _split(graph, n):
     out = []

@@ -7,7 +7,9 @@ import numpy as np
 from ..kernels.gemm import GemmSpec, RawOperand, emit_gemm
 from ..kernels.map import emit_map, linear_index, unravel
 from ..kernels.program import ctype, load_float, store_float
+from ..kernels.scatter import emit_last_write_scatter
 from .matmul import operand_param, output_param, transposed_weight
+from .layout import index_check
 from .registry import COMPUTE, LAYOUT, register
 
 
@@ -176,8 +178,6 @@ def _conv_transpose(ctx, node):
 @register("MaxPool", "AveragePool", since=1, category=LAYOUT, float_only=True, half_io=True)
 def _pool(ctx, node):
     x, out = node.inputs[0], node.outputs[0]
-    if len(node.outputs) > 1 and node.outputs[1]:
-        raise ctx.fail("the Indices output of MaxPool is not supported")
     xs, ys = ctx.shape(x), ctx.shape(out)
     nd = len(xs) - 2
     k_sp = list(ctx.attr("kernel_shape"))
@@ -209,3 +209,55 @@ def _pool(ctx, node):
         return s, "acc / (float)(cnt > 0 ? cnt : 1)"
 
     emit_map(ctx, out, [x], body, node.op_type, flops_per_elem=KS, inline_scalars=False)
+    if is_max and len(node.outputs) > 1 and node.outputs[1]:
+        _pool_indices(ctx, node, k_sp, in_sp, strides, dil, begin)
+
+
+@register("MaxUnpool", since=9, category=LAYOUT, half_io=True)
+def _max_unpool(ctx, node):
+    """MaxPool's inverse for its Indices: zeros, with X's elements written back where the indices
+    say (flat indices into the whole output, as MaxPool makes them, in [0, size) as onnxruntime
+    checks them). On a position named twice, the later element of X wins, as in onnxruntime's loop.
+    The output's shape (given by `output_shape` or the pooling attributes) comes from onnx shape
+    inference. A scatter in O(inputs + outputs) (kernels/scatter.py)."""
+    x, idx, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    if ctx.shape(idx) != ctx.shape(x):
+        raise ctx.fail(f"the indices {list(ctx.shape(idx))} must have X's shape {list(ctx.shape(x))}")
+    total = int(np.prod(ctx.shape(out)))
+    count = int(np.prod(ctx.shape(x)))
+
+    emit_last_write_scatter(ctx, "MaxUnpool", out, "", idx, x, count, 1, lambda u: ([], f"(i64)ix[{u}]"))
+    index_check(ctx, node, idx, [total], from_zero=True)
+
+
+def _pool_indices(ctx, node, k_sp, in_sp, strides, dil, begin):
+    """MaxPool's Indices output: where each maximum came from, as a flat index into the whole input
+    (batch and channel included; padding never counts), its spatial part row-major, or
+    column-major with storage_order=1. A second map kernel repeats the window scan of the values
+    kernel and keeps the first position holding the maximum (a strictly greater value replaces
+    it), which is onnxruntime's and PyTorch's tie rule; a window with nothing above -inf gives -1.
+    Recomputing costs a second read of the window, but keeps the values kernel a plain map that
+    AStitch can stitch, and the indices are needed only where a MaxUnpool follows."""
+    x, idx_out = node.inputs[0], node.outputs[1]
+    order = ctx.attr("storage_order", 0)
+    if order not in (0, 1):
+        raise ctx.fail(f"storage_order {order} is not 0 (row major) or 1 (column major)")
+    if ctx.dtype(idx_out) != "int64":
+        raise ctx.fail(f"the Indices output is {ctx.dtype(idx_out)}, not int64")
+    nd, xs = len(k_sp), ctx.shape(x)
+    KS, IS = int(np.prod(k_sp)), int(np.prod(in_sp))
+    ids = [f"id{j}" for j in range(nd)]
+    # Column-major spatial index: the first spatial axis varies fastest.
+    spatial = linear_index(ids, in_sp) if order == 0 else linear_index(ids[::-1], in_sp[::-1])
+
+    def body(v):
+        od = v.o[2:]
+        s2, cond, idx = _window(od, k_sp, in_sp, strides, dil, begin)
+        s = [f"GPTR const {ctype(ctx.dtype(x))}* xp = x0 + ({v.o[0]} * {xs[1]} + {v.o[1]}) * {IS};",
+             "float acc = (-DLCC_INF); i64 best = -1;",
+             f"for (int kr = 0; kr < {KS}; ++kr) {{", *["    " + t for t in s2],
+             f"    if ({cond}) {{ const float t = {load_float(ctx.dtype(x), 'xp', idx)}; "
+             f"if (t > acc) {{ acc = t; best = (i64)({spatial}); }} }}", "}"]
+        return s, f"(best < 0 ? (i64)-1 : (i64)({v.o[0]} * {xs[1]} + {v.o[1]}) * {IS} + best)"
+
+    emit_map(ctx, idx_out, [x], body, "MaxPoolIndices", flops_per_elem=KS, inline_scalars=False)

@@ -6,7 +6,8 @@ import numpy as np
 from ..kernels.map import MapExpr, emit_map, linear_index
 from ..kernels.program import value_ctype
 from ..kernels.transpose import emit_tiled_transpose, wants_tiled
-from ..kernels.index_check import emit_index_check, input_check_kernel
+from ..kernels.index_check import emit_index_check, input_check_kernel, range_text
+from ..kernels.scatter import emit_last_write_scatter
 from .registry import ALIAS, LAYOUT, register
 
 
@@ -164,39 +165,40 @@ def _index(var: str, value: str, dim: int) -> list[str]:
             f"{var} = {var} < 0 ? 0 : ({var} >= {dim} ? {dim - 1} : {var});"]
 
 
-def index_check(ctx, node, idx: str, bounds: list[int], last_axis: bool = False) -> None:
+def index_check(ctx, node, idx: str, bounds: list[int], last_axis: bool = False, from_zero: bool = False) -> None:
     """Check node's indices `idx` against `bounds` (one bound for every element; with `last_axis`,
     `bounds[j]` for component j of the last axis, GatherND's index tuples) where they are first
     known (kernels/index_check.py): a constant now, a graph input (through views) on the host
     before every run (Executor.check_indices) or, given as a device array, by a check kernel the
-    executor launches first; a computed index on the device after the Gather."""
+    executor launches first; a computed index on the device after the Gather. An index lies in
+    [-bound, bound), or in [0, bound) with `from_zero`."""
     value = ctx.const(idx)
     if value is not None:
-        _check_constant(ctx, np.asarray(value), bounds, last_axis)
+        _check_constant(ctx, np.asarray(value), bounds, last_axis, from_zero)
         return
     src = ctx.resolve(idx)
     if src in ctx.graph.inputs:
         ctx.index_checks.append({"input": src, "node": node.name, "op": node.op_type, "bounds": [int(b) for b in bounds],
                                  "per_last_axis": last_axis, "shape": [int(d) for d in ctx.shape(src)],
-                                 **input_check_kernel(ctx, src, bounds, last_axis)})
+                                 "from_zero": from_zero, **input_check_kernel(ctx, src, bounds, last_axis, from_zero)})
         return
     from .ranges import value_range
 
     lo, hi = value_range(ctx, idx) or (None, None)
-    if lo is not None and -min(bounds) <= lo and hi < min(bounds):
+    if lo is not None and (0 if from_zero else -min(bounds)) <= lo and hi < min(bounds):
         return  # in range by construction (ops/ranges.py): the check could never fire
-    emit_index_check(ctx, node, idx, bounds, last_axis)
+    emit_index_check(ctx, node, idx, bounds, last_axis, from_zero)
 
 
-def _check_constant(ctx, value: np.ndarray, bounds: list[int], last_axis: bool) -> None:
+def _check_constant(ctx, value: np.ndarray, bounds: list[int], last_axis: bool, from_zero: bool = False) -> None:
     if value.size == 0:
         return
     b = np.asarray(bounds, np.int64) if last_axis else np.int64(bounds[0])
-    bad = (value < -b) | (value >= b)
+    bad = (value < (0 if from_zero else -b)) | (value >= b)
     if bad.any():
         pos = [int(x) for x in np.argwhere(bad)[0]]
         bound = int(bounds[pos[-1]]) if last_axis else int(bounds[0])
-        raise ctx.fail(f"constant index {int(value[tuple(pos)])} at {pos} is outside [-{bound}, {bound})")
+        raise ctx.fail(f"constant index {int(value[tuple(pos)])} at {pos} is outside {range_text(bound, from_zero)}")
 
 
 @register("Gather", since=1, category=LAYOUT, half_io=True)
@@ -335,6 +337,9 @@ def _scatter_nd(ctx, node):
     acc_t = value_ctype(ctx.dtype(data))
     count = int(np.prod(ishape[:-1])) if len(ishape) > 1 else 1
     inner = int(np.prod(dshape[k:])) if k < len(dshape) else 1
+    if ctx.attr("reduction", "none") == "none" and count > SCATTER_SCAN_MAX:
+        _scatter_nd_claimed(ctx, node, k, count, inner)
+        return
 
     def body(v):
         rest = linear_index(v.o[k:], dshape[k:]) if k < len(dshape) else "0"
@@ -347,6 +352,29 @@ def _scatter_nd(ctx, node):
 
     emit_map(ctx, node.outputs[0], [data, idx, upd], body, "ScatterND", flops_per_elem=max(1, count),
              inline_scalars=False)
+    index_check(ctx, node, idx, [dshape[j] for j in range(k)], last_axis=True)
+
+
+#: Up to this many updates, ScatterND is one map kernel scanning them all per output element;
+#: beyond it, three launches in O(outputs + updates) (kernels/scatter.py).
+SCATTER_SCAN_MAX = 64
+
+
+def _scatter_nd_claimed(ctx, node, k: int, count: int, inner: int) -> None:
+    """ScatterND without a reduction, by many updates (kernels/scatter.py): each index tuple's
+    slot is its row-major offset among data's first k axes, a negative coordinate counted from
+    the end."""
+    data, idx, upd = node.inputs[:3]
+    dshape = ctx.shape(data)
+
+    def slot_of(u):
+        s = ["i64 slot = 0; int bad = 0;"]
+        for j in range(k):
+            s.append(f"{{ i64 g = (i64)ix[(i64){u} * {k} + {j}]; if (g < 0) g += {dshape[j]}; "
+                     f"bad |= g < 0 || g >= {dshape[j]}; slot = slot * {dshape[j]} + g; }}")
+        return s, "(bad ? (i64)-1 : slot)"
+
+    emit_last_write_scatter(ctx, "ScatterND", node.outputs[0], data, idx, upd, count, inner, slot_of)
     index_check(ctx, node, idx, [dshape[j] for j in range(k)], last_axis=True)
 
 

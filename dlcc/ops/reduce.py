@@ -227,8 +227,11 @@ def _lrn(ctx, node):
 
 
 @register("CumSum", since=11, category=REDUCTION)
+@register("CumProd", since=26, category=REDUCTION)
 def _cumsum(ctx, node):
-    """Prefix sums along one axis (exclusive/reverse per the attributes): each output sums its prefix."""
+    """Prefix sums (CumSum) or products (CumProd) along one axis, exclusive/reverse per the
+    attributes: each output combines its own prefix (a thread per output, no scan between
+    threads); an empty prefix gives 0 or 1."""
     x = node.inputs[0]
     shape = ctx.shape(x)
     axv = ctx.const(node.inputs[1])
@@ -238,19 +241,20 @@ def _cumsum(ctx, node):
     ax = ax + len(shape) if ax < 0 else ax
     L, inner = shape[ax], int(np.prod(shape[ax + 1:]))
     excl, rev = ctx.attr("exclusive", 0), ctx.attr("reverse", 0)
+    prod = node.op_type == "CumProd"
     T = {"float32": "float", "int64": "i64", "int32": "int"}.get(ctx.dtype(x))
     if T is None:
-        raise ctx.fail(f"CumSum on {ctx.dtype(x)} is not supported")
+        raise ctx.fail(f"{node.op_type} on {ctx.dtype(x)} is not supported")
     lo, hi = ("p + 1" if excl else "p", L) if rev else (0, "p" if excl else "p + 1")
 
     def body(v):
         s = [f"const int p = {v.o[ax]};",
              f"const int base = {v.i} - p * {inner};",
-             f"{T} acc = 0;",
-             f"for (int q = {lo}; q < {hi}; ++q) acc += {v.ld_flat(0, f'base + q * {inner}')};"]
+             f"{T} acc = {'1' if prod else '0'};",
+             f"for (int q = {lo}; q < {hi}; ++q) acc {'*' if prod else '+'}= {v.ld_flat(0, f'base + q * {inner}')};"]
         return s, "acc"
 
-    emit_map(ctx, node.outputs[0], [x], body, "CumSum", flops_per_elem=L, inline_scalars=False)
+    emit_map(ctx, node.outputs[0], [x], body, node.op_type, flops_per_elem=L, inline_scalars=False)
 
 
 @register("TopK", since=10, category=REDUCTION, dtypes=("float32", "int64", "int32"))

@@ -442,6 +442,13 @@ add(
        opset=18),
     op("ScatterElements-int64", "ScatterElements",
        [X(R((3, 4), "int", -9, 9)), W(np.array([[2, 0, 1, 0]], I64)), X(R((1, 4), "int", -9, 9))], {"axis": 0}),
+    # Indices longer than data along the axis (onnxruntime allows it): several updates per element.
+    op("ScatterElements-longer-than-axis-add", "ScatterElements",
+       [X(R((3, 10, 4))), W(R((2, 40, 3), "int", 0, 10)), X(R((2, 40, 3)))], {"axis": 1, "reduction": "add"},
+       opset=16),
+    # Past 64 along the axis, the updates claim their targets (kernels/scatter.py); the last wins.
+    op("ScatterElements-many-duplicates", "ScatterElements",
+       [X(R((3, 100, 4))), X(R((2, 150, 3), "int", -100, 100)), X(R((2, 150, 3)))], {"axis": 1}),
     op("Scatter-opset9", "Scatter", [X(R((3, 3))), W(np.array([[1, 0, 2]], I64)), X(R((1, 3)))], {"axis": 1}, opset=9),
     op("ScatterND-rows", "ScatterND", [X(R((5, 3))), X(np.array([[4], [0]], I64)), X(R((2, 3)))]),
     op("ScatterND-elements-negative", "ScatterND",

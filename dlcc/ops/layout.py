@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.map import MapExpr, emit_map, linear_index
+from ..kernels.map import MapExpr, emit_map, linear_index, unravel
 from ..kernels.program import value_ctype
 from ..kernels.transpose import emit_tiled_transpose, wants_tiled
 from ..kernels.index_check import emit_index_check, input_check_kernel, range_text
@@ -281,6 +281,12 @@ def _scatter_combine(ctx):
     return _SCATTER_COMBINE[reduction]
 
 
+#: Up to this many updates per output element (ScatterElements: indices.shape[axis]; ScatterND:
+#: all of them), a scatter is one map kernel that scans them; beyond it, without a reduction,
+#: three launches in O(outputs + updates) (kernels/scatter.py).
+SCATTER_SCAN_MAX = 64
+
+
 @register("Scatter", since=9, category=LAYOUT, half_io=True)
 @register("ScatterElements", since=11, category=LAYOUT, half_io=True)
 def _scatter_elements(ctx, node):
@@ -292,15 +298,30 @@ def _scatter_elements(ctx, node):
     index order. That is the order onnxruntime applies them in, so duplicates and reductions
     give its answer, with no atomics and no second kernel writing the same buffer. The cost is
     indices.shape[axis] compares per output element: small for the scatters real models make
-    (a padded edge, a KV-cache row), and priced as such."""
+    (a padded edge, a KV-cache row), and priced as such. Past SCATTER_SCAN_MAX of them, without a
+    reduction, the updates claim their targets instead (kernels/scatter.py)."""
     data, idx, upd = node.inputs[:3]
     dshape, ishape = ctx.shape(data), ctx.shape(idx)
     r = len(dshape)
     ax = _axis(ctx.attr("axis", 0), r)
-    if len(ishape) != r or ctx.shape(upd) != ishape or any(i > d for d, i in zip(dshape, ishape)):
+    # Along the axis the indices may be longer than data (several updates per element, as
+    # onnxruntime allows); across it they must fit inside.
+    if len(ishape) != r or ctx.shape(upd) != ishape or any(i > d for j, (d, i) in enumerate(zip(dshape, ishape))
+                                                          if j != ax):
         raise ctx.fail(f"indices {list(ishape)} and updates {list(ctx.shape(upd))} must have the same rank and "
-                       f"shape as each other, within data {list(dshape)}")
+                       f"shape as each other, within data {list(dshape)} but along axis {ax}")
     combine = _scatter_combine(ctx)
+    if ctx.attr("reduction", "none") == "none" and ishape[ax] > SCATTER_SCAN_MAX:
+        def slot_of(u):
+            coords, stmts = unravel(u, ishape, "c")
+            coords[ax] = "g"
+            return (stmts + [f"i64 g = (i64)ix[{u}]; if (g < 0) g += {dshape[ax]};"],
+                    f"(g < 0 || g >= {dshape[ax]} ? (i64)-1 : (i64)({linear_index(coords, dshape)}))")
+
+        count = int(np.prod(ishape))
+        emit_last_write_scatter(ctx, node.op_type, node.outputs[0], data, idx, upd, count, 1, slot_of)
+        index_check(ctx, node, idx, [dshape[ax]])
+        return
     acc_t = value_ctype(ctx.dtype(data))
 
     def body(v):
@@ -353,11 +374,6 @@ def _scatter_nd(ctx, node):
     emit_map(ctx, node.outputs[0], [data, idx, upd], body, "ScatterND", flops_per_elem=max(1, count),
              inline_scalars=False)
     index_check(ctx, node, idx, [dshape[j] for j in range(k)], last_axis=True)
-
-
-#: Up to this many updates, ScatterND is one map kernel scanning them all per output element;
-#: beyond it, three launches in O(outputs + updates) (kernels/scatter.py).
-SCATTER_SCAN_MAX = 64
 
 
 def _scatter_nd_claimed(ctx, node, k: int, count: int, inner: int) -> None:

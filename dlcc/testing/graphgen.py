@@ -1046,6 +1046,30 @@ def _pool(g: Gen, x: Val) -> None:
     g.one(kind, [x], x.shape[:2] + tuple(out), lo, hi, **attrs)
 
 
+def p_unpool(g: Gen) -> None:
+    """A SegNet decoder's step: MaxPool with its Indices, then MaxUnpool of the pooled values (or of
+    a function of them) back to the input's shape. The pooled input is exact, since where a
+    maximum sits jumps with the values. Windows may overlap, so a position may be named twice
+    (the later element wins); `output_shape` is given where the pooling dropped a row."""
+    x = _exact(g, lambda u: 3 <= u.rank <= 4 and all(d >= 2 for d in u.shape[2:]),
+               lambda: (g.ch.pick([1, 2]), g.ch.pick([1, 3, 4])) + tuple(g.ch.between(2, 9) for _ in range(2)))
+    if not 3 <= x.rank <= 4 or any(d < 2 for d in x.shape[2:]):
+        return
+    d = x.rank - 2
+    k = [g.ch.pick([2, 3]) if s >= 3 else 2 for s in x.shape[2:]]
+    stride = [g.ch.pick([kk, 2, 1]) for kk in k]
+    pads = [g.ch.between(0, kk // 2) if g.ch.chance(0.3) else 0 for kk in k] * 2
+    out = [(x.shape[2 + i] + pads[i] + pads[i + d] - k[i]) // stride[i] + 1 for i in range(d)]
+    attrs = {"kernel_shape": k, "strides": stride, "pads": pads}
+    v, idx = g.node("MaxPool", [x], [(x.shape[:2] + tuple(out), "float32", x.lo, x.hi),
+                                     (x.shape[:2] + tuple(out), "int64", 0, x.numel - 1)], **attrs)
+    if g.ch.chance(0.5):
+        v = _chain(g, v)
+    default = [(o - 1) * s + kk - pads[i] - pads[i + d] for i, (o, s, kk) in enumerate(zip(out, stride, k))]
+    ins = [v, idx] + ([] if default == list(x.shape[2:]) else [g.const(np.array(x.shape, np.int64), "oshape")])
+    g.one("MaxUnpool", ins, x.shape, min(v.lo, 0.0), max(v.hi, 0.0), **attrs)
+
+
 def p_rnn(g: Gen) -> None:
     """LSTM, GRU and the simple RNN (with each of its activations; a Relu one only where its
     states stay within a bound worked out from the weights' scale)."""
@@ -1497,7 +1521,7 @@ PATTERNS = [
     (p_where, 2), (p_cast, 1), (p_cumsum, 1), (p_matmul, 6), (p_gemm, 3), (p_conv, 4), (p_rnn, 2),
     (p_misc, 2), (p_logic, 1), (p_mod, 1), (p_topk, 1), (p_gathernd, 1), (p_convtranspose, 1), (p_norm, 1),
     (p_resize, 1), (p_alias, 1), (p_head_merge, 4), (p_prenorm, 3), (p_if, 1), (p_scatter, 1), (p_scan, 1),
-    (p_dft, 1), (p_bitwise, 2), (p_col2im, 1),
+    (p_dft, 1), (p_bitwise, 2), (p_col2im, 1), (p_unpool, 1),
 ]
 
 

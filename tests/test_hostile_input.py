@@ -62,6 +62,14 @@ CASES = {
     "gatherelements-indices-of-another-rank": (h.make_node("GatherElements", ["x", "i"], ["y"], name="c"), X,
                                                [("y", [2, 2])], {"i": np.zeros((2, 2), np.int64)},
                                                "indices of rank 2 for data of rank 4: they must have the same rank"),
+    # indices longer than data across the axis: GatherElements read past data's rows
+    "gatherelements-indices-wider-than-data": (h.make_node("GatherElements", ["x", "i"], ["y"], axis=3, name="c"), X,
+                                               [("y", [2, 4, 8, 3])], {"i": np.zeros((2, 4, 8, 3), np.int64)},
+                                               "indices [2, 4, 8, 3] are longer than data [1, 4, 8, 8] along axis 0, "
+                                               "which is not the GatherElements's axis 3"),
+    # the axis is an input here: -3 of a rank-2 input read before the tensor
+    "cumsum-axis-out-of-range": (h.make_node("CumSum", ["x2", "a"], ["y"], name="c"), [("x2", [3, 7])],
+                                 [("y", [3, 7])], {"a": np.array(-3, np.int64)}, "axis -3 is outside [-2, 2)"),
     "gathernd-index-tuples-too-long": (h.make_node("GatherND", ["x", "i"], ["y"], name="c"), X, [("y", [2])],
                                        {"i": np.zeros((2, 5), np.int64)},
                                        "index tuples of 5 components for data of rank 4 with batch_dims 0"),

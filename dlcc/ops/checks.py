@@ -271,9 +271,19 @@ def _same_rank(graph, n):
     """data and indices have the same rank (the spec's rule; the kernel indexes one with the other's
     coordinates)."""
     x, i = (_shape(graph, n.inputs[k]) if len(n.inputs) > k else None for k in (0, 1))
-    if x is None or i is None or len(x) == len(i):
+    if x is None or i is None:
         return []
-    return [f"indices of rank {len(i)} for data of rank {len(x)}: they must have the same rank"]
+    if len(x) != len(i):
+        return [f"indices of rank {len(i)} for data of rank {len(x)}: they must have the same rank"]
+    # Along the axis the indices may have any length; across it they must fit inside data (the
+    # kernels index one with the other's coordinates there), as onnxruntime checks.
+    a = int(n.attrs.get("axis", 0))
+    a = a + len(x) if a < 0 else a
+    over = [j for j, (d, k) in enumerate(zip(x, i)) if j != a and None not in (d, k) and k > d]
+    if over:
+        return [f"indices {list(i)} are longer than data {list(x)} along axis {over[0]}, which is not the "
+                f"{n.op_type}'s axis {a}"]
+    return []
 
 
 @check("GatherND")

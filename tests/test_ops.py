@@ -1264,7 +1264,15 @@ def _params():
     return [pytest.param(c, id=c.id, marks=c.marks) for c in CASES]
 
 
-@pytest.mark.parametrize("pipeline", ["baseline", "astitch", "rammer", "full"])
+#: On PoCL's own device spec Rammer has nothing to co-schedule, so `rammer` and `full` build the
+#: same plans as `baseline` and `astitch` (the same kernels, byte for byte): they run under
+#: `-m slow` only. Persistent kernels are tested on GPU plans run on PoCL (test_rammer.py, the
+#: fuzzer's `full-for-h100`).
+PIPELINES = ["baseline", "astitch", pytest.param("rammer", marks=pytest.mark.slow),
+             pytest.param("full", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
 @pytest.mark.parametrize("case", _params())
 def test_op(case: Case, pipeline: str, tmp_path):
     rng = np.random.default_rng(0)
@@ -1284,6 +1292,21 @@ def test_op(case: Case, pipeline: str, tmp_path):
         res = compare(name, g, ref, case.rtol, case.atol)
         assert res["passed"], f"{case.id}: output {name!r} differs from onnxruntime: {res}\n" \
                               f"got={g.ravel()[:16]}\nref={ref.ravel()[:16]}"
+
+
+def test_rammer_and_full_plans_on_pocl_are_baseline_and_astitch(tmp_path):
+    """What lets test_op run `rammer` and `full` only under -m slow: on PoCL's device spec they build
+    exactly the plans of `baseline` and `astitch`. If Rammer ever plans something there, this fails
+    and those runs belong in the default suite again."""
+    for cid in ("MLP-chain-MatMul-Add-Relu-Gemm-Softmax", "Diamond-inplace-reuse", "MaxPool-MaxUnpool-1d"):
+        case = next(c for c in CASES if c.id == cid)
+        nodes, feeds, inits, outputs = case.make(np.random.default_rng(0))
+        path = tmp_path / f"{cid}.onnx"
+        onnx.save(build_model(nodes, feeds, inits, outputs, case.opset), str(path))
+        plans = {p: dlcc.compile(str(path), target="opencl", pipeline=p) for p in ("baseline", "astitch", "rammer", "full")}
+        for a, b in (("rammer", "baseline"), ("full", "astitch")):
+            assert plans[a].kernel_codes == plans[b].kernel_codes, (cid, a, b)
+            assert plans[a].plan["launches"] == plans[b].plan["launches"], (cid, a, b)
 
 
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed on this machine")

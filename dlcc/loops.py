@@ -33,7 +33,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .control_flow import _all_names_deep, _constant_values, _static_shapes, copy_nodes
-from .errors import ShapeError, UnsupportedControlFlowError
+from .errors import ModelError, ShapeError, UnsupportedControlFlowError
 from .expand import _prefix
 from .frontend import opset_of
 
@@ -158,6 +158,30 @@ def _ints(node: onnx.NodeProto, name: str, n: int, default: int) -> list[int]:
     return [default] * n if got is None else [int(v) for v in got]
 
 
+def _one_value(value, kinds: str, what: str):
+    """The single value of a Loop's M (an int64) or cond (a bool), which the spec makes a scalar
+    or a one-element tensor; anything else is one clear error, not a numpy ValueError."""
+    v = np.asarray(value)
+    if v.size != 1 or v.dtype.kind not in kinds:
+        raise ModelError(f"{what} must be one {'integer' if kinds == 'iu' else 'bool'}; it is {v.dtype} of shape "
+                         f"{list(v.shape)}")
+    return v.reshape(())
+
+
+def _scan_attrs(node, label, path, m: int, n_out: int):
+    """Scan's per-input and per-output axes and directions: one entry each, directions 0 or 1."""
+    got = {}
+    for name, count in (("scan_input_axes", m), ("scan_input_directions", m), ("scan_output_axes", n_out),
+                        ("scan_output_directions", n_out)):
+        got[name] = v = _ints(node, name, count, 0)
+        if len(v) != count:
+            raise ModelError(f"{path}: Scan {label!r}: {name} has {len(v)} entries for its {count} "
+                             f"{'scan inputs' if 'input' in name else 'scan outputs'}")
+        if name.endswith("directions") and any(d not in (0, 1) for d in v):
+            raise ModelError(f"{path}: Scan {label!r}: {name} {v} must each be 0 (forward) or 1 (reverse)")
+    return got.values()
+
+
 def _scan(node, label, prefix, g, consts, shapes, opset, path):
     if opset < 9:
         raise UnsupportedControlFlowError(f"{path}: Scan {label!r} is opset 8's (a batch axis and sequence_lens); dlcc "
@@ -172,8 +196,7 @@ def _scan(node, label, prefix, g, consts, shapes, opset, path):
     if len(body.input) != n_state + m or n_out < 0:
         raise UnsupportedControlFlowError(f"{path}: Scan {label!r}: its body takes {len(body.input)} inputs and gives "
                                           f"{len(body.output)} outputs, for {n_state} states and {m} scan inputs")
-    in_axes, in_dirs = _ints(node, "scan_input_axes", m, 0), _ints(node, "scan_input_directions", m, 0)
-    out_axes, out_dirs = _ints(node, "scan_output_axes", n_out, 0), _ints(node, "scan_output_directions", n_out, 0)
+    in_axes, in_dirs, out_axes, out_dirs = _scan_attrs(node, label, path, m, n_out)
     lengths = set()
     xs = node.input[n_state:]
     for j, x in enumerate(xs):
@@ -222,12 +245,12 @@ def _loop(node, label, prefix, g, consts, shapes, opset, path):
         why = "has no trip count" if not trip else f"has a trip count {trip!r} computed at run time"
         raise UnsupportedControlFlowError(f"{path}: Loop {label!r} {why}; dlcc unrolls loops, so it needs the number of "
                                           f"iterations at compile time (a constant, or one computed from --shape)")
-    iterations = int(np.asarray(consts[trip]).reshape(()))
+    iterations = int(_one_value(consts[trip], "iu", f"{path}: Loop {label!r}: the trip count M"))
     if cond:
         if cond not in consts:
             raise UnsupportedControlFlowError(f"{path}: Loop {label!r}: its initial condition {cond!r} is computed at run "
                                               f"time; dlcc unrolls loops whose condition is known")
-        if not bool(np.asarray(consts[cond]).reshape(())):
+        if not bool(_one_value(consts[cond], "b", f"{path}: Loop {label!r}: the condition")):
             iterations = 0
     if not _stays_true(body, consts):
         raise UnsupportedControlFlowError(

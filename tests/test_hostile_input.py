@@ -84,6 +84,56 @@ CASES = {
                                  "axes [2, 4] must be distinct axes of a rank-4 input", 19),
     "resize-scales-zero": (h.make_node("Resize", ["x", "", "s"], ["y"], name="c"), X, [("y", [1, 4, 8, 8])],
                            {"s": np.array([1, 1, 0, 1], np.float32)}, "scales [1.0, 1.0, 0.0, 1.0] must be finite and positive"),
+    # ops/operand_checks.py: operands the kernels read past (garbage out), flags and strings outside
+    # their values (read as something else), and combinations the spec rules out
+    "clip-min-empty": (h.make_node("Clip", ["x", "lo"], ["y"], name="c"), X, [("y", [1, 4, 8, 8])],
+                       {"lo": np.zeros(0, np.float32)}, "min has shape [0]; it must hold one value (a scalar)", 13),
+    "pad-constant-value-two": (h.make_node("Pad", ["x", "p", "v"], ["y"], name="c"), X, [("y", [1, 4, 10, 8])],
+                               {"p": np.array([0, 0, 1, 0, 0, 0, 1, 0], np.int64), "v": np.array([1, 2], np.float32)},
+                               "constant_value has shape [2]; it must hold one value (a scalar)"),
+    "prelu-slope-not-broadcasting": (h.make_node("PRelu", ["x", "s"], ["y"], name="c"), X, [("y", [1, 4, 8, 8])],
+                                     {"s": np.ones(3, np.float32)},
+                                     "the slope [3] does not broadcast to the input [1, 4, 8, 8]"),
+    "gemm-c-not-broadcasting": (h.make_node("Gemm", ["a", "b", "cc"], ["y"], name="c"), [("a", [3, 4])], [("y", [3, 5])],
+                                {"b": np.ones((4, 5), np.float32), "cc": np.ones(3, np.float32)},
+                                "C [3] does not broadcast to the output [3, 5]"),
+    "conv-bias-short": (h.make_node("Conv", ["x", "w", "b"], ["y"], group=4, name="c"), X, [("y", [1, 4, 6, 6])],
+                        {"w": W, "b": np.ones(3, np.float32)}, "the bias [3] must hold one value per output channel (4)"),
+    "instancenorm-scale-short": (h.make_node("InstanceNormalization", ["x", "s", "b"], ["y"], name="c"), X,
+                                 [("y", [1, 4, 8, 8])], {"s": np.ones(2, np.float32), "b": np.ones(4, np.float32)},
+                                 "scale [2] must hold one value per channel (4)"),
+    "reducesum-noop-flag-two": (h.make_node("ReduceSum", ["x"], ["y"], noop_with_empty_axes=2, name="c"), X,
+                                [("y", [1, 1, 1, 1])], {}, "noop_with_empty_axes 2 is not 0 or 1"),
+    "conv-auto-pad-foo": (h.make_node("Conv", ["x", "w"], ["y"], group=4, auto_pad="FOO", name="c"), X,
+                          [("y", [1, 4, 6, 6])], {"w": W},
+                          "auto_pad 'FOO' is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID"),
+    "conv-valid-with-pads": (h.make_node("Conv", ["x", "w"], ["y"], group=4, auto_pad="VALID", pads=[1, 1, 1, 1],
+                                         name="c"), X, [("y", [1, 4, 6, 6])], {"w": W},
+                             "pads [1, 1, 1, 1] are given with auto_pad 'VALID'; the spec allows one or the other"),
+    "gelu-approximate-foo": (h.make_node("Gelu", ["x"], ["y"], approximate="foo", name="c"), X, [("y", [1, 4, 8, 8])],
+                             {}, "approximate 'foo' is not one of none, tanh", 20),
+    "mod-float-fmod-0": (h.make_node("Mod", ["x", "x"], ["y"], name="c"), X, [("y", [1, 4, 8, 8])], {},
+                         "fmod 0 on floating-point inputs: the spec requires fmod 1 for them"),
+    "maxpool-pads-as-long-as-the-kernel": (h.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], pads=[2, 0, 0, 0],
+                                                       name="c"), X, [("y", [1, 4, 9, 7])], {},
+                                           "pads [2, 0, 0, 0] must each be smaller than the kernel_shape [2, 2]"),
+    "convtranspose-output-padding-past-the-stride": (
+        h.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2], output_padding=[2, 0], name="c"), X,
+        [("y", [1, 1, 19, 17])], {"w": np.ones((4, 1, 3, 3), np.float32)},
+        "output_padding [2, 0] must be smaller than max(stride, dilation) along axis 0"),
+    "split-num-outputs-not-the-outputs": (h.make_node("Split", ["x"], ["y"], axis=1, num_outputs=3, name="c"), X,
+                                          [("y", [1, 2, 8, 8])], {}, "num_outputs 3 differs from the node's 1 outputs", 18),
+    "squeeze-axis-attribute-out-of-range": (h.make_node("Squeeze", ["x"], ["y"], axes=[5], name="c"), X,
+                                            [("y", [1, 4, 8, 8])], {}, "axes [5]: 5 is outside [-4, 4)", 11),
+    "slice-starts-and-ends-of-two-lengths": (h.make_node("Slice", ["x", "s", "e"], ["y"], name="c"), X,
+                                             [("y", [1, 4, 8, 8])],
+                                             {"s": np.array([0, 0], np.int64), "e": np.array([1], np.int64)},
+                                             "starts, ends, axes and steps differ in length: starts 2, ends 1"),
+    "trilu-k-of-two-values": (h.make_node("Trilu", ["x", "k"], ["y"], name="c"), X, [("y", [1, 4, 8, 8])],
+                              {"k": np.array([1, 2], np.int64)}, "k has shape [2]; it must hold one value (a scalar)", 14),
+    "reshape-allowzero-loses-elements": (h.make_node("Reshape", ["x", "s"], ["y"], allowzero=1, name="c"), X,
+                                         [("y", [0, 256])], {"s": np.array([0, 256], np.int64)},
+                                         "the shape [0, 256] holds 0 elements, the input [1, 4, 8, 8] 256"),
     "reshape-allowzero-five": (h.make_node("Reshape", ["x", "s"], ["y"], allowzero=5, name="c"), X, [("y", [4, 64])],
                                {"s": np.array([4, 64], np.int64)}, "allowzero 5 is not 0 or 1"),
 }
@@ -101,6 +151,16 @@ def test_attributes_outside_the_spec_are_one_clear_error(tmp_path, case):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "Traceback" not in p.stdout + p.stderr and needle in " ".join(p.stderr.split())
     assert not (tmp_path / "out").exists()
+
+
+def test_an_integer_division_by_a_constant_zero_is_refused(tmp_path):
+    """onnxruntime refuses the model; C leaves the quotient undefined (dlcc's kernel gave 7 / 0 = 7)."""
+    for op in ("Div", "Mod"):
+        g = h.make_graph([h.make_node(op, ["a", "d"], ["y"], name="c")], "g", [h.make_tensor_value_info("a", T.INT64, [3])],
+                         [h.make_tensor_value_info("y", T.INT64, [3])], [nh.from_array(np.array([2, 0, 1], np.int64), "d")])
+        onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), tmp_path / "div.onnx")
+        with pytest.raises(ModelError, match=rf"{op} node 'c': the integer divisor holds 0 \(at flat position 1\)"):
+            dlcc.compile(tmp_path / "div.onnx", target="opencl")
 
 
 def test_every_problem_is_listed_at_once(tmp_path):

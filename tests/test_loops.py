@@ -14,7 +14,7 @@ from onnx import numpy_helper as nh
 
 import dlcc
 from conftest import opencl_device_available, run_ort
-from dlcc.errors import UnsupportedControlFlowError
+from dlcc.errors import ModelError, UnsupportedControlFlowError
 from dlcc.frontend import import_model
 
 try:
@@ -176,6 +176,42 @@ def test_a_scan_axis_outside_the_input_is_one_clear_error(tmp_path):
             a.ints[1] = 5
     onnx.save(m, path)
     with pytest.raises(UnsupportedControlFlowError, match=r"Scan 's': scan axis 5 of 'b' is outside its 2 dimensions"):
+        dlcc.compile(path, target="opencl")
+
+
+def _with(path, edit):
+    m = onnx.load(path)
+    edit(m)
+    onnx.save(m, path)
+    return path
+
+
+def test_a_scan_direction_outside_0_and_1_is_one_clear_error(tmp_path):
+    """A direction of 2 read as reverse, and an axes list of another length as the first ones."""
+    path = scan_model(tmp_path / "s.onnx", directions=(0, 2))
+    with pytest.raises(ModelError, match=r"Scan 's': scan_input_directions \[0, 2\] must each be 0 \(forward\) or 1"):
+        dlcc.compile(path, target="opencl")
+
+    def drop_an_axis(m):
+        a = next(a for a in m.graph.node[0].attribute if a.name == "scan_output_axes")
+        del a.ints[1]
+    path = _with(scan_model(tmp_path / "s2.onnx"), drop_an_axis)
+    with pytest.raises(ModelError, match=r"scan_output_axes has 1 entries for its 2 scan outputs"):
+        dlcc.compile(path, target="opencl")
+
+
+@pytest.mark.parametrize("what, value, needle", [
+    ("M", np.zeros(0, np.int64), r"the trip count M must be one integer; it is int64 of shape \[0\]"),
+    ("M", np.array(2.0, np.float32), r"the trip count M must be one integer; it is float32 of shape \[\]"),
+    ("c", np.zeros(0, bool), r"the condition must be one bool; it is bool of shape \[0\]"),
+])
+def test_a_loop_count_or_condition_that_is_not_one_value(tmp_path, what, value, needle):
+    """An empty M or cond was a numpy ValueError (`cannot reshape array of size 0`)."""
+    def swap(m):
+        k = next(k for k, t in enumerate(m.graph.initializer) if t.name == what)
+        m.graph.initializer[k].CopyFrom(nh.from_array(value, what))
+    path = _with(loop_model(tmp_path / "l.onnx"), swap)
+    with pytest.raises(ModelError, match=needle):
         dlcc.compile(path, target="opencl")
 
 

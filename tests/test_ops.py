@@ -166,6 +166,8 @@ def add(*cases):
     CASES.extend(cases)
 
 
+_CLIP_X = np.array([np.inf, -np.inf, np.nan, 2.0, -3.0, 0.5], F32)
+
 # ----- unary elementwise -------------------------------------------------------------------------
 N234 = X(R((2, 3, 4)))
 add(
@@ -323,6 +325,11 @@ add(
     op("Clip-13-uint8-graph-input-bounds", "Clip", [X(np.arange(0, 250, 9, dtype=np.uint8)),
                                                      X(np.array(20, np.uint8)), X(np.array(200, np.uint8))], opset=13),
     op("Clip-13-no-bounds", "Clip", [N234], opset=13),
+    # An absent bound is the type's largest finite value (inf comes out finite), and a NaN bound
+    # is ignored, as the spec and onnxruntime have it (dlcc once let inf through and made NaN).
+    op("Clip-13-inf-inputs-min-only", "Clip", [X(_CLIP_X), W(np.array(0.0, F32))], opset=13),
+    op("Clip-13-inf-inputs-no-bounds", "Clip", [X(_CLIP_X)], opset=13),
+    op("Clip-13-nan-min-bound", "Clip", [X(_CLIP_X), W(np.array(np.nan, F32)), W(np.array(1.0, F32))], opset=13),
     op("Clip-6-attrs", "Clip", [N234], {"min": -0.2, "max": 0.7}, opset=6),
     op("Clip-6-min-attr-only", "Clip", [N234], {"min": 0.1}, opset=6),
 )

@@ -185,10 +185,8 @@ def _axis_attr(graph, n):
 def _cumulative_axis(graph, n):
     """The axis is an input here, not an attribute: one value within [-rank, rank)."""
     v, s = _values(graph, n.inputs[1] if len(n.inputs) > 1 else "", "iu"), _shape(graph, n.inputs[0])
-    if v is None or s is None:
+    if v is None or s is None or v.size != 1:  # (more values than one: operand_checks.ONE_VALUE says so)
         return []
-    if v.size != 1:
-        return [f"axis holds {v.size} values; it must be one"]
     a, r = int(v.reshape(-1)[0]), len(s)
     return [f"axis {a} is outside [-{r}, {r}) for a rank-{r} input"] if not -r <= a < r else []
 
@@ -297,3 +295,6 @@ def _gather_nd(graph, n):
     if not i or not 1 <= i[-1] <= len(x) - b:
         return [f"index tuples of {i[-1] if i else 0} components for data of rank {len(x)} with batch_dims {b}"]
     return []
+
+
+from . import operand_checks  # noqa: E402,F401  (registers more checks with @check)

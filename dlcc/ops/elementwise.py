@@ -184,24 +184,33 @@ def _clip(ctx, node):
     if dt not in ("float32",) + _INTS:
         raise ctx.fail(f"Clip on {dt} is not supported")
     T = _ct(dt)
+    # An absent float bound is float32's largest finite value (the spec's and onnxruntime's
+    # reading), so an infinite input comes out finite. A 16-bit float model computes as its
+    # float32 widening does (frontend.promote_half), which is also the reference verify uses.
+    big = literal(3.4028234663852886e38)
 
     def body(v):
         s = [f"{T} a = {v.x(0)};"]
-        if dt == "float32":  # (F_N*: NaN stays NaN, as in onnxruntime)
-            s += [f"a = F_NMAX(a, (float)({v.x(1)}));"] if ins[1] else []
-            s += [f"a = F_NMIN(a, (float)({v.x(2)}));"] if ins[2] else []
-        else:
-            s += [f"{{ const {T} lo = {v.x(1)}; a = a < lo ? lo : a; }}"] if ins[1] else []
-            s += [f"{{ const {T} hi = {v.x(2)}; a = a > hi ? hi : a; }}"] if ins[2] else []
+        if dt == "float32":
+            lo, hi = (f"(float)({v.x(1)})" if ins[1] else f"-{big}"), (f"(float)({v.x(2)})" if ins[2] else big)
+            return s + [_clamp(lo, hi)], "a"
+        s += [f"{{ const {T} lo = {v.x(1)}; a = a < lo ? lo : a; }}"] if ins[1] else []
+        s += [f"{{ const {T} hi = {v.x(2)}; a = a > hi ? hi : a; }}"] if ins[2] else []
         return s, "a"
 
     emit_map(ctx, node.outputs[0], ins, body, "Clip", flops_per_elem=2)
 
 
+def _clamp(lo: str, hi: str) -> str:
+    """a clamped to [lo, hi] as onnxruntime clamps: a NaN input stays NaN (the comparisons are
+    false), and a NaN bound is ignored (for the same reason)."""
+    return f"{{ const float lo = {lo}, hi = {hi}; a = a < lo ? lo : a; a = a > hi ? hi : a; }}"
+
+
 @register("Clip", since=6, category=ELEMENTWISE, float_only=True, half_io=True)
 def _clip6(ctx, node):
     lo, hi = literal(ctx.attr("min", -3.4028234663852886e38)), literal(ctx.attr("max", 3.4028234663852886e38))
-    emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([], f"F_NMIN(F_NMAX({v.x(0)}, {lo}), {hi})"), "Clip")
+    emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([f"float a = {v.x(0)};", _clamp(lo, hi)], "a"), "Clip")
 
 
 def _attr_unary(name, make_expr, since, fl=2):

@@ -530,12 +530,14 @@ def _print_index_checks(meta: dict) -> None:
     t = Table(title="index checks (out-of-range indices are errors, as in onnxruntime)")
     for c in ("node", "op", "indices", "checked", "bound"):
         t.add_column(c, overflow="fold")
+    def bound(c):
+        return "not 0 (a divisor)" if c.get("kind") == "divisor" else " x ".join(map(str, c["bounds"]))
+
     for c in host:
         where = "on the host, before the run" + (f"; device arrays: {c['kernel']}" if c.get("kernel") else "")
-        t.add_row(*map(_escape, [c["node"], c["op"], f"input {c['name']}", where, " x ".join(map(str, c["bounds"]))]))
+        t.add_row(*map(_escape, [c["node"], c["op"], f"input {c['name']}", where, bound(c)]))
     for c in dev:
-        t.add_row(*map(_escape, [c["node"], c["op"], f"computed {c['shape']}", f"on the device: {c['kernel']}",
-                                 " x ".join(map(str, c["bounds"]))]))
+        t.add_row(*map(_escape, [c["node"], c["op"], f"computed {c['shape']}", f"on the device: {c['kernel']}", bound(c)]))
     out.print(t)
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from .errors import DlccError
 from .interop import DeviceArray, InteropError, describe
-from .kernels.index_check import range_text
+from .kernels.index_check import DIVISOR, range_text
 
 
 class InputError(DlccError):
@@ -315,6 +315,13 @@ class Executor:
                      else [(a, c["bounds"][0], [])])
             lo = 0 if c.get("from_zero") else None
             for comp, b, extra in comps:
+                if c.get("kind") == DIVISOR:
+                    bad = comp == 0
+                    if bad.any():
+                        pos = [int(x) for x in np.argwhere(bad)[0]]
+                        raise InputError(f"input {c['name']!r}: divisor 0 at {pos} for {c['op']} node {c['node']!r} "
+                                         f"(integer division by zero; {int(bad.sum())} such)")
+                    continue
                 bad = (comp < (-b if lo is None else lo)) | (comp >= b)
                 if bad.any():
                     pos = [int(x) for x in np.argwhere(bad)[0]]

@@ -425,6 +425,36 @@ def test_computed_indices_out_of_range_are_an_error_from_the_device(tmp_path, op
         np.testing.assert_array_equal(m({"x": x})["y"], ref)
 
 
+@pytest.mark.parametrize("pipeline", ["baseline", "astitch"])
+@pytest.mark.parametrize("op", ["Div", "Mod"])
+def test_an_integer_division_by_zero_at_run_time_is_an_error(tmp_path, op, pipeline):
+    """A divisor given as an input is checked on the host, a computed one (b - c) on the device,
+    as computed indices are; onnxruntime refuses both. The kernel itself never divides by 0 or
+    takes the most negative value / -1 (x86 traps on those). Good divisors match onnxruntime,
+    also right after an error."""
+    import onnxruntime as ort
+
+    from dlcc.executor import DeviceIndexError, InputError
+
+    g = h.make_graph([h.make_node("Sub", ["b", "c"], ["d"], name="s"), h.make_node(op, ["a", "d"], ["y"], name="q"),
+                      h.make_node(op, ["a", "b"], ["z"], name="r")], "g",
+                     [h.make_tensor_value_info(n, T.INT64, [4]) for n in "abc"],
+                     [h.make_tensor_value_info(n, T.INT64, [4]) for n in "yz"])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), tmp_path / "m.onnx")
+    m = dlcc.compile(tmp_path / "m.onnx", target="opencl", pipeline=pipeline)
+    a, good, zero = np.array([7, -7, 5, -9]), np.array([3, 2, -4, -1]), np.zeros(4, np.int64)
+    ref = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"a": a, "b": good, "c": zero})
+    got = m({"a": a, "b": good, "c": zero})
+    np.testing.assert_array_equal(got["y"], ref[0]), np.testing.assert_array_equal(got["z"], ref[1])
+    with pytest.raises(InputError, match=rf"input 'b': divisor 0 at \[2\] for {op} node 'r'"):
+        m({"a": a, "b": np.array([3, 2, 0, -1]), "c": zero})
+    with pytest.raises(DeviceIndexError, match=rf"{op} node 'q': integer division by zero: a computed divisor holds 0 "
+                                               r"at \[1\]"):
+        m({"a": a, "b": good, "c": np.array([0, 2, 0, 0])})
+    got = m({"a": a, "b": good, "c": zero})
+    np.testing.assert_array_equal(got["y"], ref[0])
+
+
 def _clamped_index_model(path, clamp_hi: int, wide: bool = False) -> str:
     """Gathers from a 10-row table at i = Min(Max(Cast(x), 0), clamp_hi) (and, `wide`, at i + 2^62
     + 2^62, which wraps in int64), twice at each index, as a KV cache's K and V are gathered."""

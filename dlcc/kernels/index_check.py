@@ -68,15 +68,21 @@ def range_text(bound: int, from_zero: bool = False) -> str:
     return f"[0, {bound})" if from_zero else f"[-{bound}, {bound})"
 
 
+#: The kind of a check whose values must not be 0 (an integer divisor) rather than lie in a range.
+DIVISOR = "divisor"
+
+
 def _check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool, pinned: bool = False,
-                  from_zero: bool = False) -> tuple[str, int]:
+                  from_zero: bool = False, divisor: bool = False) -> tuple[str, int]:
     """The check kernel of indices `idx` (name, element count): arguments (indices, claim word,
     report, site), one thread per index. An index lies in [-bound, bound) (counted from the end
-    when negative), or with `from_zero` in [0, bound) (MaxUnpool, as onnxruntime checks it)."""
+    when negative), or with `from_zero` in [0, bound) (MaxUnpool, as onnxruntime checks it). With
+    `divisor` the values are an integer Div's or Mod's divisors instead, and 0 is the error."""
     shape = ctx.shape(idx)
     n = int(np.prod(shape)) if shape else 1
     t = ctype(ctx.dtype(idx))
     bound = _bound_expr(bounds, per_last_axis)
+    bad = "(v == 0)" if divisor else f"(v < {'0' if from_zero else '-b'} || v >= b)"
 
     def make(kname: str) -> str:
         return (
@@ -85,7 +91,7 @@ def _check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool, pinned:
             f"    if (i < {n}) {{\n"
             f"        const i64 v = (i64)x0[i];\n"
             f"        const i64 b = {bound};\n"
-            f"        if ((v < {'0' if from_zero else '-b'} || v >= b) && ATOMIC_CAS_I32(err, 0, 1) == 0) {{\n"
+            f"        if ({bad} && ATOMIC_CAS_I32(err, 0, 1) == 0) {{\n"
             f"            rep[1] = (int)v;\n"
             f"            rep[2] = (int)(v >> 32);\n"
             f"            rep[3] = i;\n"
@@ -95,34 +101,37 @@ def _check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool, pinned:
         )
 
     _ensure_error_tensors(ctx)
-    return ctx.program.add_kernel("check_index", make, BLOCK, kind="check", pass_name=ctx.pass_name, pinned=pinned), n
+    return ctx.program.add_kernel("check_divisor" if divisor else "check_index", make, BLOCK, kind="check",
+                                  pass_name=ctx.pass_name, pinned=pinned), n
 
 
-def emit_index_check(ctx, node, idx: str, bounds: list[int], per_last_axis: bool, from_zero: bool = False) -> None:
+def emit_index_check(ctx, node, idx: str, bounds: list[int], per_last_axis: bool, from_zero: bool = False,
+                     divisor: bool = False) -> None:
     """Launch the check of computed indices `idx` of `node` against `bounds` and record the site
     in ctx.device_index_checks (the plan's meta), whose position + 1 the kernel reports."""
     shape = ctx.shape(idx)
     if shape and int(np.prod(shape)) == 0:
         return
-    key = (ctx.resolve(idx), tuple(int(b) for b in bounds), per_last_axis, from_zero)
+    key = (ctx.resolve(idx), tuple(int(b) for b in bounds), per_last_axis, from_zero, divisor)
     if key in ctx.checked_indices:  # the same indices against the same bounds (a present's K and V): once
         return
     ctx.checked_indices.add(key)
     site = len(ctx.device_index_checks) + 1
-    kname, n = _check_kernel(ctx, idx, bounds, per_last_axis, from_zero=from_zero)
+    kname, n = _check_kernel(ctx, idx, bounds, per_last_axis, from_zero=from_zero, divisor=divisor)
     ctx.launch(kname, (n + BLOCK - 1) // BLOCK, [idx, ERRORS, REPORT, site], reads=[idx], writes=[ERRORS, REPORT],
                dram_bytes=ctx.tensor(idx).nbytes)
     ctx.device_index_checks.append({"node": node.name, "op": node.op_type, "bounds": [int(b) for b in bounds],
                                     "per_last_axis": per_last_axis, "shape": [int(d) for d in shape],
-                                    "kernel": kname, "from_zero": from_zero})
+                                    "kernel": kname, "from_zero": from_zero, **({"kind": DIVISOR} if divisor else {})})
 
 
-def input_check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool, from_zero: bool = False) -> dict:
+def input_check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool, from_zero: bool = False,
+                       divisor: bool = False) -> dict:
     """The check kernel for a graph input's indices, registered but not launched: the executor
     launches it when that input comes as a device array (Executor._launch_input_checks), with
     the input buffer, the error storages and site -(position in meta.index_checks + 1). Its
     fields for the plan's index check: the kernel and its element count."""
-    kname, n = _check_kernel(ctx, idx, bounds, per_last_axis, pinned=True, from_zero=from_zero)
+    kname, n = _check_kernel(ctx, idx, bounds, per_last_axis, pinned=True, from_zero=from_zero, divisor=divisor)
     return {"kernel": kname, "elements": n}
 
 
@@ -143,6 +152,10 @@ def decode_error(words, checks: list[dict], inputs: list[dict] | None = None) ->
     pos = [int(x) for x in np.unravel_index(flat, shape)] if shape and 0 <= flat < int(np.prod(shape)) else [flat]
     bounds = c["bounds"]
     b = bounds[pos[-1] % len(bounds)] if c.get("per_last_axis") and len(bounds) > 1 else bounds[0]
+    if c.get("kind") == DIVISOR:
+        source = f"input {c['name']!r} (a device array)" if site < 0 else "a computed divisor"
+        return (f"{c['op']} node {c['node']!r}: integer division by zero: {source} holds 0 at {pos} (found on the "
+                "device; the outputs are not returned)")
     if site < 0:
         return (f"input {c['name']!r}: index {value} at {pos} is outside {range_text(b, c.get('from_zero'))} for {c['op']} node "
                 f"{c['node']!r} (a device array, checked on the device; nothing was read or written outside a tensor, and the outputs "

@@ -84,14 +84,33 @@ for _op, _since in [("Relu", 6), ("Sigmoid", 6), ("Tanh", 6), ("Exp", 6), ("Log"
 def _binary(ctx, node):
     a_dt, b_dt = ctx.value_dtype(node.inputs[0]), ctx.value_dtype(node.inputs[1])
     expr = BINARY[node.op_type]
-    if node.op_type == "Div" and a_dt in ("int64", "int32"):
-        # ONNX integer Div truncates toward zero, which is what C does.
-        expr = "a / b"
+    integer_div = node.op_type == "Div" and a_dt in _INTS
+    if integer_div:
+        # ONNX integer Div truncates toward zero, which is what C does (guarded: _integer_divisor).
+        expr = _guarded("a / b", "-a")
     if node.op_type == "Pow":
         return _pow(ctx, node)
     emit_map(ctx, node.outputs[0], node.inputs[:2],
              lambda v: ([f"const {_ct(a_dt)} a = {v.x(0)};", f"const {_ct(b_dt)} b = {v.x(1)};"], expr),
              node.op_type)
+    if integer_div:
+        _integer_divisor(ctx, node)
+
+
+def _guarded(expr: str, by_minus_one: str) -> str:
+    """An integer quotient or remainder with C's undefined cases taken out: b == 0 gives 0 (the
+    check _integer_divisor launches then reports it), and b == -1 is computed without dividing
+    (the most negative value / -1 overflows: x86 traps on it), wrapping as numpy does."""
+    return f"(b == 0 ? 0 : (b == -1 ? {by_minus_one} : {expr}))"
+
+
+def _integer_divisor(ctx, node) -> None:
+    """An integer division by zero is an error, as in onnxruntime: a constant divisor at compile time
+    (ops/operand_checks.py), a graph input on the host before the run, a computed one by a check
+    kernel after it (the index checks' machinery, kernels/index_check.py)."""
+    from .layout import index_check
+
+    index_check(ctx, node, node.inputs[1], [1], divisor=True)
 
 
 @register("Pow", since=7, category=ELEMENTWISE, float_only=True, half_io=True)
@@ -144,9 +163,11 @@ def _mod(ctx, node):
     if dt == "float32":
         expr = "F_FMOD(a, b)" if fmod else "(F_FMOD(a, b) != 0.0f && ((F_FMOD(a, b) < 0.0f) != (b < 0.0f)) ? F_FMOD(a, b) + b : F_FMOD(a, b))"
     else:
-        expr = "a % b" if fmod else "((a % b != 0 && ((a % b < 0) != (b < 0))) ? a % b + b : a % b)"
+        expr = _guarded("a % b" if fmod else "((a % b != 0 && ((a % b < 0) != (b < 0))) ? a % b + b : a % b)", "0")
     emit_map(ctx, node.outputs[0], node.inputs[:2],
              lambda v: ([f"const {_ct(dt)} a = {v.x(0)};", f"const {_ct(dt)} b = {v.x(1)};"], expr), "Mod")
+    if dt != "float32":
+        _integer_divisor(ctx, node)
 
 
 @register("Max", "Min", "Sum", "Mean", since=8, category=ELEMENTWISE, half_io=True)

@@ -42,7 +42,7 @@ def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "
     for node in graph.nodes:
         entry = registry.lookup(node.op_type, graph.opset, node.domain)
         assert entry is not None, node.op_type  # unsupported ops are rejected before passes run
-        if _writes_nothing(graph, node):
+        if _writes_nothing(graph, node) and entry.category != registry.ALIAS:
             ctx.skipped_empty.append(node.name)
             continue
         ctx.node = node

@@ -249,15 +249,3 @@ def _squeeze_axes_attr(graph, n):
     r = len(x) + (len(axes) if n.op_type == "Unsqueeze" else 0)
     bad = [int(a) for a in axes if not -r <= int(a) < r]
     return [f"axes {list(axes)}: {bad[0]} is outside [-{r}, {r})"] if bad else []
-
-
-@check("Reshape")
-def _reshape_count(graph, n):
-    """The output holds the input's elements (with allowzero, a 0 in the shape is a 0-sized dim, and
-    onnx's inference then does not compare the counts)."""
-    x, y = _operand(graph, n, 0), _shape(graph, n.outputs[0] if n.outputs else "")
-    if x is None or y is None or None in x or None in y:
-        return []
-    if int(np.prod(x)) != int(np.prod(y)):
-        return [f"the shape {list(y)} holds {int(np.prod(y))} elements, the input {list(x)} {int(np.prod(x))}"]
-    return []

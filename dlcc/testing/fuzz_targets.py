@@ -403,6 +403,21 @@ def _onnx_seeds(root: Path) -> list[bytes]:
         [("st", np.array([0], np.int64)), ("en", np.array([4], np.int64)), ("ax", np.array([2], np.int64)),
          ("sp", np.array([2, 2], np.int64)), ("W", rng.randn(1, 12, 2).astype(f)), ("R", rng.randn(1, 12, 3).astype(f)),
          ("k", np.array([2], np.int64)), ("rs", np.array([5, 3], np.int64))]))
+    # constant operands the spec sizes (bounds, pads, slopes, an axis, k, C) and a pool's indices
+    out.append(model([
+        h.make_node("Clip", ["x", "lo", "hi"], ["c"]),
+        h.make_node("Pad", ["c", "pads", "cval"], ["p"], mode="constant"),
+        h.make_node("PRelu", ["p", "slope"], ["pr"]),
+        h.make_node("MaxPool", ["pr"], ["mp", "idx"], kernel_shape=[2, 2], strides=[2, 2]),
+        h.make_node("MaxUnpool", ["mp", "idx"], ["un"], kernel_shape=[2, 2], strides=[2, 2]),
+        h.make_node("CumSum", ["un", "axis"], ["cs"], exclusive=0),
+        h.make_node("Trilu", ["cs", "tk"], ["tr"], upper=1),
+        h.make_node("Flatten", ["tr"], ["fl"], axis=1),
+        h.make_node("Gemm", ["fl", "gw", "gc"], ["y"], transB=0),
+    ], [("x", T.FLOAT, [1, 2, 6, 6])], [("y", T.FLOAT, [1, 3])],
+        [("lo", np.array(-1, f)), ("hi", np.array(2, f)), ("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)),
+         ("cval", np.array(0.5, f)), ("slope", rng.randn(2, 1, 1).astype(f)), ("axis", np.array(3, np.int64)),
+         ("tk", np.array(1, np.int64)), ("gw", rng.randn(128, 3).astype(f)), ("gc", np.zeros(3, f))]))
     return out
 
 

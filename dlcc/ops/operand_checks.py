@@ -77,22 +77,14 @@ def _attr(n, name, default=None):
 
 @check(*FLAGS)
 def _flags(graph, n):
-    out = []
-    for name in FLAGS[n.op_type]:
-        v = _attr(n, name)
-        if v is not None and not isinstance(v, (list, tuple, str)) and int(v) not in (0, 1):
-            out.append(f"{name} {v} is not 0 or 1")
-    return out
+    return [f"{name} {v} is not 0 or 1" for name in FLAGS[n.op_type]
+            if isinstance(v := _attr(n, name), (int, np.integer)) and int(v) not in (0, 1)]
 
 
 @check(*CHOICES)
 def _choices(graph, n):
-    out = []
-    for name, allowed in CHOICES[n.op_type].items():
-        v = _attr(n, name)
-        if v is not None and v not in allowed:
-            out.append(f"{name} {v!r} is not one of {', '.join(allowed)}")
-    return out
+    return [f"{name} {v!r} is not one of {', '.join(allowed)}" for name, allowed in CHOICES[n.op_type].items()
+            if (v := _attr(n, name)) is not None and v not in allowed]
 
 
 def _operand(graph, n, k):
@@ -101,22 +93,14 @@ def _operand(graph, n, k):
 
 @check(*ONE_VALUE)
 def _one_value(graph, n):
-    out = []
-    for k, name in ONE_VALUE[n.op_type].items():
-        s = _operand(graph, n, k)
-        if s is not None and (len(s) > 1 or int(np.prod(s)) != 1):
-            out.append(f"{name} has shape {list(s)}; it must hold one value (a scalar)")
-    return out
+    return [f"{name} has shape {list(s)}; it must hold one value (a scalar)" for k, name in ONE_VALUE[n.op_type].items()
+            if (s := _operand(graph, n, k)) is not None and (len(s) > 1 or int(np.prod(s)) != 1)]
 
 
 @check(*VECTOR)
 def _vector(graph, n):
-    out = []
-    for k, name in VECTOR[n.op_type].items():
-        s = _operand(graph, n, k)
-        if s is not None and len(s) != 1:
-            out.append(f"{name} has shape {list(s)}; it must be a 1-D vector")
-    return out
+    return [f"{name} has shape {list(s)}; it must be a 1-D vector" for k, name in VECTOR[n.op_type].items()
+            if (s := _operand(graph, n, k)) is not None and len(s) != 1]
 
 
 @check("Slice")

@@ -14,6 +14,9 @@ each replaced by the spec's meaning:
 - **GlobalMaxPool** of other than 4-D input: it reduced axes (d-2, d-1) counted from the wrong
   end (the channels of a 3-D input, where the spec pools every axis after the second). (Magika's
   1-D convolutional head.)
+- **LRN**: its loop over the channels runs over the batch instead, so every channel past the
+  batch size came out unnormalised (x itself); and it takes 4-D input only, where the spec takes
+  N x C x D1 ... Dk.
 - **Mean**: it adds in place into its first input, so it fails where that input is the one
   broadcast.
 - **DequantizeLinear, opsets 10 to 18**: onnx 1.23 has implementations for 19 on only, so a
@@ -53,6 +56,20 @@ class GlobalMaxPool(OpRun):
         return (np.max(x, axis=tuple(range(2, x.ndim)), keepdims=True),)
 
 
+class LRN(OpRun):
+    op_domain = ""
+
+    def _run(self, x, alpha=None, beta=None, bias=None, size=None):
+        alpha = 1e-4 if alpha is None else alpha
+        beta = 0.75 if beta is None else beta
+        bias = 1.0 if bias is None else bias
+        lo, hi = (size - 1) // 2, -(-(size - 1) // 2)  # the window: channels c - lo to c + hi
+        sq = np.zeros_like(x)
+        for c in range(x.shape[1]):
+            sq[:, c] = np.sum(x[:, max(0, c - lo):min(x.shape[1], c + hi + 1)] ** 2, axis=1)
+        return ((x / (bias + (alpha / size) * sq) ** beta).astype(x.dtype),)
+
+
 class Mean(OpRun):
     op_domain = ""
 
@@ -81,7 +98,7 @@ class DequantizeLinear(DequantizeLinear_25):
     op_domain = ""
 
 
-FIXED_OPS = [BatchNormalization, DequantizeLinear, GlobalMaxPool, Mean, STFT]
+FIXED_OPS = [BatchNormalization, DequantizeLinear, GlobalMaxPool, LRN, Mean, STFT]
 
 
 def evaluator(model):

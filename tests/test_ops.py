@@ -168,6 +168,7 @@ def add(*cases):
 
 _CLIP_X = np.array([np.inf, -np.inf, np.nan, 2.0, -3.0, 0.5], F32)
 
+
 # ----- unary elementwise -------------------------------------------------------------------------
 N234 = X(R((2, 3, 4)))
 add(
@@ -1333,6 +1334,26 @@ def test_every_op_kernel_compiles_for_cuda(tmp_path):
         usage = compile_cubin(source, arch)
         assert set(codes) <= set(usage)
         assert not {k: u for k, u in usage.items() if u.spills}
+
+
+@pytest.mark.parametrize("pipeline", ["baseline", "astitch"])
+@pytest.mark.parametrize("op, shape, at, axis", [("ReduceMax", (3, 5), (1, 2), 1), ("ReduceMin", (40, 3), (17, 1), 0),
+                                                 ("ReduceMax", (2, 600), (1, 300), 1)])
+def test_a_nan_in_a_max_or_min_reduction_stays_nan(tmp_path, pipeline, op, shape, at, axis):
+    """numpy's answer (and onnx.reference's, and torch's): fmax dropped the NaN, so the row reduced to
+    its largest number. onnxruntime keeps a NaN only where it comes first in its row (its loop
+    compares later elements against it), so this is judged against numpy, along a row, down a
+    column and across a block's shared-memory tree; verify passes it by its float64 judge."""
+    from dlcc.verify import verify_outputs
+
+    x = np.random.default_rng(7).standard_normal(shape).astype(F32)
+    x[at] = np.nan
+    path = tmp_path / "m.onnx"
+    onnx.save(build_model([helper.make_node(op, ["x"], ["y"], axes=[axis])], {"x": x}, {}, ["y"], 17), str(path))
+    got = dlcc.compile(str(path), target="opencl", pipeline=pipeline)({"x": x})["y"]
+    want = (np.max if op == "ReduceMax" else np.min)(x, axis=axis, keepdims=True)
+    np.testing.assert_array_equal(got, want)
+    assert all(r["passed"] for r in verify_outputs(str(path), {"y": got}, {"x": x}))
 
 
 def test_reflect_pads_longer_than_the_axis_reflect_again(tmp_path):

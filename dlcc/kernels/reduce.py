@@ -58,7 +58,9 @@ class LayerNormExpr:
 ROW_CACHE = 4096
 
 INIT = {"sum": "0.0f", "max": "(-DLCC_INF)", "min": "DLCC_INF", "prod": "1.0f"}
-COMBINE = {"sum": "({a} + {b})", "max": "F_MAX({a}, {b})", "min": "F_MIN({a}, {b})", "prod": "({a} * {b})"}
+#: max and min keep a NaN (F_NMAX, F_NMIN), as numpy and onnxruntime's ReduceMax do: fmax drops it,
+#: so a row holding a NaN reduced to its largest number instead.
+COMBINE = {"sum": "({a} + {b})", "max": "F_NMAX({a}, {b})", "min": "F_NMIN({a}, {b})", "prod": "({a} * {b})"}
 
 
 def accumulate_init(op: str, acc: str = "acc") -> list[str]:

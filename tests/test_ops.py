@@ -1356,6 +1356,23 @@ def test_a_nan_in_a_max_or_min_reduction_stays_nan(tmp_path, pipeline, op, shape
     assert all(r["passed"] for r in verify_outputs(str(path), {"y": got}, {"x": x}))
 
 
+@pytest.mark.parametrize("largest", [1, 0])
+def test_topk_ranks_nan_above_every_number(tmp_path, largest):
+    """NaN is the largest value, as in torch.topk and numpy's sort (dlcc's selection never picked it:
+    every compare with NaN is false); ties keep the lower index first."""
+    x = np.array([[1, np.nan, 3, 2, 0, 1, np.nan], [np.nan, -1, -1, 5, np.nan, np.nan, 2]], F32)
+    nodes = [helper.make_node("TopK", ["x", "k"], ["v", "i"], largest=largest)]
+    path = tmp_path / "m.onnx"
+    onnx.save(build_model(nodes, {"x": x}, {"k": np.array([4], I64)}, ["v", "i"], 13), str(path))
+    got = dlcc.compile(str(path), target="opencl")({"x": x})
+    order = np.argsort(x, axis=-1, kind="stable")  # ascending, NaN last, ties by index
+    if largest:  # descending with ties by index: sort the negated values' order the same way
+        order = np.argsort(np.where(np.isnan(x), -np.inf, -x), axis=-1, kind="stable")
+    want = order[:, :4]
+    np.testing.assert_array_equal(got["i"], want)
+    np.testing.assert_array_equal(got["v"], np.take_along_axis(x, want, -1))
+
+
 def test_reflect_pads_longer_than_the_axis_reflect_again(tmp_path):
     """onnxruntime refuses a reflect pad of more than length - 1; the ONNX reference (numpy's pad)
     reflects back and forth. dlcc does so too: its index once ran past the input's ends."""

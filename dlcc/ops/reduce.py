@@ -276,7 +276,25 @@ def _topk(ctx, node):
     L, inner = shape[ax], int(np.prod(shape[ax + 1:]))
     rows = int(np.prod(shape[:ax])) * inner
     vals, idxs = node.outputs[0], node.outputs[1] if len(node.outputs) > 1 else ""
-    better = ">" if ctx.attr("largest", 1) else "<"
+    largest = bool(ctx.attr("largest", 1))
+    if T == "float":
+        # NaN ranks above every number (torch.topk's and numpy's sort order; fmax-style compares
+        # would never pick it), and two NaNs tie.
+        def gt(a, b):
+            return f"({a} > {b} || ({a} != {a} && {b} == {b}))"
+
+        def eq(a, b):
+            return f"({a} == {b} || ({a} != {a} && {b} != {b}))"
+    else:
+        def gt(a, b):
+            return f"({a} > {b})"
+
+        def eq(a, b):
+            return f"({a} == {b})"
+
+    def better(a, b):
+        return gt(a, b) if largest else gt(b, a)
+
     lines = [
         "const int r = BLOCK_ID * BLOCK_DIM + THREAD_ID;",
         f"if (r < {rows}) {{",
@@ -287,8 +305,8 @@ def _topk(ctx, node):
         f"        {T} bv = 0; int bi = -1;",
         f"        for (int q = 0; q < {L}; ++q) {{",
         f"            const {T} v = x[xb + q * {inner}];",
-        f"            const int after = pi < 0 || (pv {better} v) || (v == pv && q > pi);",
-        f"            if (after && (bi < 0 || v {better} bv || (v == bv && q < bi))) {{ bv = v; bi = q; }}",
+        f"            const int after = pi < 0 || {better('pv', 'v')} || ({eq('v', 'pv')} && q > pi);",
+        f"            if (after && (bi < 0 || {better('v', 'bv')} || ({eq('v', 'bv')} && q < bi))) {{ bv = v; bi = q; }}",
         "        }",
         f"        vals[yb + j * {inner}] = bv;",
         *([f"        idxs[yb + j * {inner}] = (i64)bi;"] if idxs else []),

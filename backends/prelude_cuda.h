@@ -70,6 +70,10 @@ typedef signed char i8;
 #define F_ISNAN(x) isnan(x)
 #define F_ISINF(x) isinf(x)
 #define F_ISFINITE(x) isfinite(x)
+/* A product never fused into an FMA with the sum it feeds (nvcc contracts a * b + c by default):
+ * where a coordinate decides a branch (RoiAlign's samples inside or outside the map), it must be
+ * the one onnxruntime's unfused C++ computes. */
+#define F_MUL_RN(a, b) __fmul_rn((a), (b))
 typedef __half f16;  /* float16 is storage only: loads and stores convert to and from float */
 #define LOAD_F16(p, i) __half2float((p)[i])
 #define STORE_F16(p, i, v) ((p)[i] = __float2half_rn(v))

@@ -59,6 +59,10 @@ typedef char i8;
 #define F_ISNAN(x) isnan(x)
 #define F_ISINF(x) isinf(x)
 #define F_ISFINITE(x) isfinite(x)
+/* A product never fused into an FMA (prelude_cuda.h says why): OpenCL C contracts a * b + c within
+ * one expression only, so a product returned by a function stays a rounded product. */
+DEVICE float dlcc_mul_rn(float a, float b) { return a * b; }
+#define F_MUL_RN(a, b) dlcc_mul_rn((a), (b))
 typedef half f16;  /* pointers to half need no cl_khr_fp16; vload/vstore_half convert */
 #define LOAD_F16(p, i) vload_half((i), (p))
 #define STORE_F16(p, i, v) vstore_half_rte((v), (i), (p))

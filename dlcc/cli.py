@@ -531,7 +531,7 @@ def _print_index_checks(meta: dict) -> None:
     for c in ("node", "op", "indices", "checked", "bound"):
         t.add_column(c, overflow="fold")
     def bound(c):
-        return "not 0 (a divisor)" if c.get("kind") == "divisor" else " x ".join(map(str, c["bounds"]))
+        return {"divisor": "not 0 (a divisor)", "finite": "finite"}.get(c.get("kind"), " x ".join(map(str, c["bounds"])))
 
     for c in host:
         where = "on the host, before the run" + (f"; device arrays: {c['kernel']}" if c.get("kernel") else "")

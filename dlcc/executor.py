@@ -16,7 +16,7 @@ import numpy as np
 
 from .errors import DlccError
 from .interop import DeviceArray, InteropError, describe
-from .kernels.index_check import DIVISOR, range_text
+from .kernels.index_check import DIVISOR, FINITE, range_text
 
 
 class InputError(DlccError):
@@ -309,6 +309,13 @@ class Executor:
                 host = np.empty(a.shape, a.dtype)  # (a plan without the check kernel: read back)
                 self.rt.read_ref(a, host)
                 a = host
+            if c.get("kind") == FINITE:
+                bad = ~np.isfinite(a)
+                if bad.any():
+                    pos = [int(x) for x in np.argwhere(bad)[0]]
+                    raise InputError(f"input {c['name']!r}: {a[tuple(pos)].item()} at {pos} for {c['op']} node {c['node']!r}, "
+                                     f"whose values must be finite ({int(bad.sum())} such)")
+                continue
             if a.dtype.kind not in "iu":
                 continue
             comps = ([(a[..., j], b, [j]) for j, b in enumerate(c["bounds"])] if c.get("per_last_axis")

@@ -873,6 +873,31 @@ def _pool_unpool(rng, kernel, strides, shape, output_shape=False):
     return nodes, {"x": x}, inits, ["y"]
 
 
+# ----- RoiAlign (tests/test_roi_align.py has its errors and edges) ----------------------------------
+#: ROIs (x1, y1, x2, y2) inside the map, past its borders, of negative size, on half-pixel points,
+#: and one far larger than it, with the batch entry each reads.
+_ROIS = np.array([[0, 0, 10, 8], [1.3, 2.1, 5.7, 6.2], [-3, -2, 4, 12], [6, 5, 4.5, 3],
+                  [-1.5, 7.5, 2.5, 9.5], [-40, -30, 60, 50]], F32)
+_ROI_BATCH = np.array([0, 1, 1, 0, 1, 0], I64)
+
+
+def _roi_align(mode, ctm, ratio, oh, ow, scale):
+    attrs = {"mode": mode, "output_height": oh, "output_width": ow, "sampling_ratio": ratio, "spatial_scale": scale}
+    if ctm:
+        attrs["coordinate_transformation_mode"] = ctm
+    return op(f"RoiAlign-{mode}-{ctm or 'opset10'}-ratio{ratio}-{oh}x{ow}-scale{scale}", "RoiAlign",
+              [X(R((2, 3, 9, 11))), X(_ROIS), X(_ROI_BATCH)], attrs, opset=16 if ctm else 10)
+
+
+add(
+    _roi_align("avg", "half_pixel", 2, 3, 4, 1.0),
+    _roi_align("max", "half_pixel", 0, 2, 2, 0.5),
+    _roi_align("avg", "output_half_pixel", 0, 3, 3, 1.0),
+    _roi_align("max", "output_half_pixel", 1, 4, 3, 2.0),
+    _roi_align("avg", None, 0, 2, 3, 0.25),
+)
+
+
 # ----- Resize / Upsample ---------------------------------------------------------------------------
 _S2 = np.array([1, 1, 2, 2], F32)
 _S_UP = np.array([1, 1, 1.5, 2.5], F32)

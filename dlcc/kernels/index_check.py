@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Tensor
-from .program import ctype
+from .program import ctype, load_float
 
 ERRORS = "%errors"
 REPORT = "%report"
@@ -68,32 +68,47 @@ def range_text(bound: int, from_zero: bool = False) -> str:
     return f"[0, {bound})" if from_zero else f"[-{bound}, {bound})"
 
 
-#: The kind of a check whose values must not be 0 (an integer divisor) rather than lie in a range.
-DIVISOR = "divisor"
+#: The kinds of check: an index in a range; an integer divisor, which must not be 0; a float
+#: operand that must be finite (RoiAlign's rois, as onnxruntime checks them).
+INDEX, DIVISOR, FINITE = "index", "divisor", "finite"
+_KERNEL_NAMES = {INDEX: "check_index", DIVISOR: "check_divisor", FINITE: "check_finite"}
+
+
+def _kind_meta(kind: str) -> dict:
+    """The plan's record of a check's kind: nothing for an index check (plans from before the
+    other kinds say nothing either)."""
+    return {} if kind == INDEX else {"kind": kind}
 
 
 def _check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool, pinned: bool = False,
-                  from_zero: bool = False, divisor: bool = False) -> tuple[str, int]:
+                  from_zero: bool = False, kind: str = INDEX) -> tuple[str, int]:
     """The check kernel of indices `idx` (name, element count): arguments (indices, claim word,
     report, site), one thread per index. An index lies in [-bound, bound) (counted from the end
-    when negative), or with `from_zero` in [0, bound) (MaxUnpool, as onnxruntime checks it). With
-    `divisor` the values are an integer Div's or Mod's divisors instead, and 0 is the error."""
+    when negative), or with `from_zero` in [0, bound) (MaxUnpool, as onnxruntime checks it). A
+    DIVISOR check's values are an integer Div's or Mod's divisors instead, and 0 is the error; a
+    FINITE check's are floats, and inf or NaN is (the report holds the float's bits)."""
     shape = ctx.shape(idx)
     n = int(np.prod(shape)) if shape else 1
     t = ctype(ctx.dtype(idx))
-    bound = _bound_expr(bounds, per_last_axis)
-    bad = "(v == 0)" if divisor else f"(v < {'0' if from_zero else '-b'} || v >= b)"
+    if kind == FINITE:
+        value = (f"        const float v = {load_float(ctx.dtype(idx), 'x0', 'i')};\n"
+                 "        const i64 bits = (i64)AS_UINT(v);\n")
+        bad, low, high = "!F_ISFINITE(v)", "(int)bits", "0"
+    else:
+        value = (f"        const i64 v = (i64)x0[i];\n"
+                 f"        const i64 b = {_bound_expr(bounds, per_last_axis)};\n")
+        bad = "(v == 0)" if kind == DIVISOR else f"(v < {'0' if from_zero else '-b'} || v >= b)"
+        low, high = "(int)v", "(int)(v >> 32)"
 
     def make(kname: str) -> str:
         return (
             f"KERNEL void {kname}(GPTR const {t}* x0, GPTR int* err, GPTR int* rep, const int site) {{\n"
             f"    const int i = BLOCK_ID * BLOCK_DIM + THREAD_ID;\n"
             f"    if (i < {n}) {{\n"
-            f"        const i64 v = (i64)x0[i];\n"
-            f"        const i64 b = {bound};\n"
+            f"{value}"
             f"        if ({bad} && ATOMIC_CAS_I32(err, 0, 1) == 0) {{\n"
-            f"            rep[1] = (int)v;\n"
-            f"            rep[2] = (int)(v >> 32);\n"
+            f"            rep[1] = {low};\n"
+            f"            rep[2] = {high};\n"
             f"            rep[3] = i;\n"
             f"            rep[0] = site;\n"
             f"        }}\n"
@@ -101,37 +116,37 @@ def _check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool, pinned:
         )
 
     _ensure_error_tensors(ctx)
-    return ctx.program.add_kernel("check_divisor" if divisor else "check_index", make, BLOCK, kind="check",
+    return ctx.program.add_kernel(_KERNEL_NAMES[kind], make, BLOCK, kind="check",
                                   pass_name=ctx.pass_name, pinned=pinned), n
 
 
 def emit_index_check(ctx, node, idx: str, bounds: list[int], per_last_axis: bool, from_zero: bool = False,
-                     divisor: bool = False) -> None:
+                     kind: str = INDEX) -> None:
     """Launch the check of computed indices `idx` of `node` against `bounds` and record the site
     in ctx.device_index_checks (the plan's meta), whose position + 1 the kernel reports."""
     shape = ctx.shape(idx)
     if shape and int(np.prod(shape)) == 0:
         return
-    key = (ctx.resolve(idx), tuple(int(b) for b in bounds), per_last_axis, from_zero, divisor)
+    key = (ctx.resolve(idx), tuple(int(b) for b in bounds), per_last_axis, from_zero, kind)
     if key in ctx.checked_indices:  # the same indices against the same bounds (a present's K and V): once
         return
     ctx.checked_indices.add(key)
     site = len(ctx.device_index_checks) + 1
-    kname, n = _check_kernel(ctx, idx, bounds, per_last_axis, from_zero=from_zero, divisor=divisor)
+    kname, n = _check_kernel(ctx, idx, bounds, per_last_axis, from_zero=from_zero, kind=kind)
     ctx.launch(kname, (n + BLOCK - 1) // BLOCK, [idx, ERRORS, REPORT, site], reads=[idx], writes=[ERRORS, REPORT],
                dram_bytes=ctx.tensor(idx).nbytes)
     ctx.device_index_checks.append({"node": node.name, "op": node.op_type, "bounds": [int(b) for b in bounds],
                                     "per_last_axis": per_last_axis, "shape": [int(d) for d in shape],
-                                    "kernel": kname, "from_zero": from_zero, **({"kind": DIVISOR} if divisor else {})})
+                                    "kernel": kname, "from_zero": from_zero, **_kind_meta(kind)})
 
 
 def input_check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool, from_zero: bool = False,
-                       divisor: bool = False) -> dict:
+                       kind: str = INDEX) -> dict:
     """The check kernel for a graph input's indices, registered but not launched: the executor
     launches it when that input comes as a device array (Executor._launch_input_checks), with
     the input buffer, the error storages and site -(position in meta.index_checks + 1). Its
     fields for the plan's index check: the kernel and its element count."""
-    kname, n = _check_kernel(ctx, idx, bounds, per_last_axis, pinned=True, from_zero=from_zero, divisor=divisor)
+    kname, n = _check_kernel(ctx, idx, bounds, per_last_axis, pinned=True, from_zero=from_zero, kind=kind)
     return {"kernel": kname, "elements": n}
 
 
@@ -156,6 +171,11 @@ def decode_error(words, checks: list[dict], inputs: list[dict] | None = None) ->
         source = f"input {c['name']!r} (a device array)" if site < 0 else "a computed divisor"
         return (f"{c['op']} node {c['node']!r}: integer division by zero: {source} holds 0 at {pos} (found on the "
                 "device; the outputs are not returned)")
+    if c.get("kind") == FINITE:
+        source = f"input {c['name']!r} (a device array)" if site < 0 else "a computed operand"
+        number = float(np.array([value & 0xFFFFFFFF], np.uint32).view(np.float32)[0])
+        return (f"{c['op']} node {c['node']!r}: {source} holds {number} at {pos}, and its values "
+                "must be finite (found on the device; the outputs are not returned)")
     if site < 0:
         return (f"input {c['name']!r}: index {value} at {pos} is outside {range_text(b, c.get('from_zero'))} for {c['op']} node "
                 f"{c['node']!r} (a device array, checked on the device; nothing was read or written outside a tensor, and the outputs "

@@ -108,9 +108,10 @@ def _integer_divisor(ctx, node) -> None:
     """An integer division by zero is an error, as in onnxruntime: a constant divisor at compile time
     (ops/operand_checks.py), a graph input on the host before the run, a computed one by a check
     kernel after it (the index checks' machinery, kernels/index_check.py)."""
+    from ..kernels.index_check import DIVISOR
     from .layout import index_check
 
-    index_check(ctx, node, node.inputs[1], [1], divisor=True)
+    index_check(ctx, node, node.inputs[1], [1], kind=DIVISOR)
 
 
 @register("Pow", since=7, category=ELEMENTWISE, float_only=True, half_io=True)

@@ -6,7 +6,7 @@ import numpy as np
 from ..kernels.map import MapExpr, emit_map, linear_index, unravel
 from ..kernels.program import value_ctype
 from ..kernels.transpose import emit_tiled_transpose, wants_tiled
-from ..kernels.index_check import DIVISOR, emit_index_check, input_check_kernel, range_text
+from ..kernels.index_check import DIVISOR, FINITE, INDEX, emit_index_check, input_check_kernel, range_text
 from ..kernels.scatter import emit_last_write_scatter
 from .registry import ALIAS, LAYOUT, register
 
@@ -166,34 +166,39 @@ def _index(var: str, value: str, dim: int) -> list[str]:
 
 
 def index_check(ctx, node, idx: str, bounds: list[int], last_axis: bool = False, from_zero: bool = False,
-                divisor: bool = False) -> None:
+                kind: str = INDEX) -> None:
     """Check node's indices `idx` against `bounds` (one bound for every element; with `last_axis`,
     `bounds[j]` for component j of the last axis, GatherND's index tuples) where they are first
     known (kernels/index_check.py): a constant now, a graph input (through views) on the host
     before every run (Executor.check_indices) or, given as a device array, by a check kernel the
     executor launches first; a computed index on the device after the Gather. An index lies in
-    [-bound, bound), or in [0, bound) with `from_zero`. With `divisor`, `idx` is an integer Div's
-    or Mod's divisor instead (bounds unused), checked the same ways for a 0."""
+    [-bound, bound), or in [0, bound) with `from_zero`. Other kinds check other values the same
+    ways (bounds unused): DIVISOR, an integer Div's or Mod's divisor, for a 0; FINITE, a float
+    operand, for an inf or a NaN."""
     value = ctx.const(idx)
     if value is not None:
-        if divisor and not np.asarray(value).all():
+        if kind == DIVISOR and not np.asarray(value).all():
             raise ctx.fail("the integer divisor holds 0")
-        if not divisor:
+        if kind == FINITE and not np.isfinite(np.asarray(value, np.float64)).all():
+            raise ctx.fail(f"the constant {idx!r} holds an inf or a NaN, and its values must be finite")
+        if kind == INDEX:
             _check_constant(ctx, np.asarray(value), bounds, last_axis, from_zero)
         return
     src = ctx.resolve(idx)
     if src in ctx.graph.inputs:
         ctx.index_checks.append({"input": src, "node": node.name, "op": node.op_type, "bounds": [int(b) for b in bounds],
                                  "per_last_axis": last_axis, "shape": [int(d) for d in ctx.shape(src)],
-                                 "from_zero": from_zero, **({"kind": DIVISOR} if divisor else {}),
-                                 **input_check_kernel(ctx, src, bounds, last_axis, from_zero, divisor)})
+                                 "from_zero": from_zero, **({} if kind == INDEX else {"kind": kind}),
+                                 **input_check_kernel(ctx, src, bounds, last_axis, from_zero, kind)})
         return
-    from .ranges import value_range
+    if kind != FINITE:
+        from .ranges import value_range
 
-    lo, hi = value_range(ctx, idx) or (None, None)
-    if lo is not None and ((lo > 0 or hi < 0) if divisor else (0 if from_zero else -min(bounds)) <= lo and hi < min(bounds)):
-        return  # in range (or never 0) by construction (ops/ranges.py): the check could never fire
-    emit_index_check(ctx, node, idx, bounds, last_axis, from_zero, divisor)
+        lo, hi = value_range(ctx, idx) or (None, None)
+        if lo is not None and ((lo > 0 or hi < 0) if kind == DIVISOR
+                               else (0 if from_zero else -min(bounds)) <= lo and hi < min(bounds)):
+            return  # in range (or never 0) by construction (ops/ranges.py): the check could never fire
+    emit_index_check(ctx, node, idx, bounds, last_axis, from_zero, kind)
 
 
 def _check_constant(ctx, value: np.ndarray, bounds: list[int], last_axis: bool, from_zero: bool = False) -> None:

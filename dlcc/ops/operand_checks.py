@@ -55,6 +55,7 @@ CHOICES = {
     "GridSample": {"mode": ("bilinear", "nearest", "bicubic", "linear", "cubic"),
                    "padding_mode": ("zeros", "border", "reflection")},
     "BitShift": {"direction": ("LEFT", "RIGHT")},
+    "RoiAlign": {"mode": ("avg", "max"), "coordinate_transformation_mode": ("half_pixel", "output_half_pixel")},
 }
 
 #: Inputs that hold one value (a scalar, or a vector of one element): {op: {input index: name}}.

@@ -1070,6 +1070,31 @@ def p_unpool(g: Gen) -> None:
     g.one("MaxUnpool", ins, x.shape, min(v.lo, 0.0), max(v.hi, 0.0), **attrs)
 
 
+def p_roi_align(g: Gen) -> None:
+    """RoiAlign over a feature map (any computed value: the output is continuous in X), with
+    constant ROIs inside, across and beyond the map, some on half-pixel corners, and constant
+    batch indices. Where the sampling grid is adaptive and the half-pixel offset applies, every ROI
+    is at least a pixel wide and high (onnxruntime refuses a grid of negative size)."""
+    x = g.pick_or_input(lambda u: u.rank == 4 and u.shape[0] <= 3 and all(d >= 2 for d in u.shape[2:]),
+                        lambda: (g.ch.pick([1, 2]), g.ch.pick([1, 3, 4]), g.ch.between(2, 10), g.ch.between(2, 10)))
+    n, _, hh, ww = x.shape
+    if x.rank != 4 or min(hh, ww) < 2:
+        return
+    count, ratio = g.ch.between(1, 5), g.ch.pick([0, 1, 2, 3])
+    ctm = g.ch.pick(["half_pixel", "output_half_pixel"]) if g.opset >= 16 else "output_half_pixel"  # (RoiAlign-10)
+    scale = g.ch.pick([1.0, 0.5, 2.0, 0.25])
+    corner = g.rs.uniform(-2, max(hh, ww) / scale, (count, 2))
+    size = g.rs.uniform(1.0 if ratio == 0 and ctm == "half_pixel" else -1.0, 1.5 * max(hh, ww) / scale, (count, 2))
+    rois = np.concatenate([corner, corner + size], 1).astype(np.float32)
+    if g.ch.chance(0.5):
+        rois = (np.round(rois * 2) / 2).astype(np.float32)
+    batch = g.rs.integers(0, n, count).astype(np.int64)
+    oh, ow = g.ch.between(1, 4), g.ch.between(1, 4)
+    g.one("RoiAlign", [x, g.const(rois, "rois"), g.const(batch, "batch")], (count, x.shape[1], oh, ow),
+          min(x.lo, 0.0), max(x.hi, 0.0), mode=g.ch.pick(["avg", "max"]), output_height=oh, output_width=ow,
+          sampling_ratio=ratio, spatial_scale=scale, **({"coordinate_transformation_mode": ctm} if g.opset >= 16 else {}))
+
+
 def p_rnn(g: Gen) -> None:
     """LSTM, GRU and the simple RNN (with each of its activations; a Relu one only where its
     states stay within a bound worked out from the weights' scale)."""
@@ -1521,7 +1546,7 @@ PATTERNS = [
     (p_where, 2), (p_cast, 1), (p_cumsum, 1), (p_matmul, 6), (p_gemm, 3), (p_conv, 4), (p_rnn, 2),
     (p_misc, 2), (p_logic, 1), (p_mod, 1), (p_topk, 1), (p_gathernd, 1), (p_convtranspose, 1), (p_norm, 1),
     (p_resize, 1), (p_alias, 1), (p_head_merge, 4), (p_prenorm, 3), (p_if, 1), (p_scatter, 1), (p_scan, 1),
-    (p_dft, 1), (p_bitwise, 2), (p_col2im, 1), (p_unpool, 1),
+    (p_dft, 1), (p_bitwise, 2), (p_col2im, 1), (p_unpool, 1), (p_roi_align, 1),
 ]
 
 

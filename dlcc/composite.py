@@ -1,6 +1,6 @@
 """Standard ONNX ops that dlcc writes as other standard ops at import, once the shapes are static:
 OneHot, Hardmax, LpNormalization, LpPool, GlobalLpPool, EyeLike, ReverseSequence,
-Einsum (einsum.py) and GridSample (grid_sample.py).
+Einsum (einsum.py), GridSample (grid_sample.py) and DeformConv (deform_conv.py).
 
 Why a rewrite and not a kernel of their own: each is a short composition of ops dlcc already
 lowers, checks and stitches (Equal against a Range, an ArgMax, a reduction, a pooling, a Gather),
@@ -222,9 +222,16 @@ def _affine_grid(b: _Builder) -> None:
     lower_affine_grid(b)
 
 
+def _deform_conv(b: _Builder) -> None:
+    from .deform_conv import lower_deform_conv
+
+    lower_deform_conv(b)
+
+
 REWRITES = {
     "OneHot": _one_hot, "Hardmax": _hardmax, "LpNormalization": _lp_normalization, "LpPool": _lp_pool,
     "GlobalLpPool": _global_lp_pool, "EyeLike": _eye_like, "ReverseSequence": _reverse_sequence, "Einsum": _einsum, "GridSample": _grid_sample, "AffineGrid": _affine_grid,
+    "DeformConv": _deform_conv,
 }
 
 def listed() -> list[tuple[str, str]]:

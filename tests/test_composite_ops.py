@@ -152,7 +152,7 @@ def test_listed():
 
     res = CliRunner().invoke(app, ["list", "ops", "--json"])
     rows = {r["op"]: r for r in __import__("json").loads(res.output)}
-    for op in ("OneHot", "Hardmax", "Einsum", "GridSample", "Atan", "Acosh"):
+    for op in ("OneHot", "Hardmax", "Einsum", "GridSample", "DeformConv", "RoiAlign", "Atan", "Acosh"):
         assert op in rows, op
     assert rows["OneHot"]["since opsets"].startswith("9, 11")
 

@@ -349,12 +349,90 @@ def test_integer_products_stay_float32_at_bf16(tmp_path):
     np.testing.assert_array_equal(fp32, acc.astype(np.float32) * (sc * np.float32(0.01)))
 
 
+@needs_opencl
+@pytest.mark.parametrize("qtype", [np.int16, np.uint16])
+def test_16_bit_quantize_dequantize_pairs(tmp_path, qtype):
+    """A 16-bit Q -> DQ pair (held in int32 between them): ties round to even, both ends of the
+    range saturate, per-tensor and per-axis, each equal to onnxruntime's."""
+    info = np.iinfo(qtype)
+    scale = np.float32(0.5)
+    zp = qtype(3 if qtype == np.uint16 else -7)
+    ties = (np.arange(-40, 40) + 0.5).astype(np.float32) * scale
+    x = np.concatenate([ties, np.float32([info.min, info.max, 2.0 * info.max, -2.0 * info.max - 10, 0]),
+                        rng.standard_normal(35).astype(np.float32) * 1000]).reshape(4, 30)
+    nodes = [h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]), h.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]
+    path = _save(tmp_path / "qdq.onnx", nodes, {"x": x}, {"s": scale, "z": zp}, ["y"], opset=21)
+    y = _same_as_ort(path, {"x": x})[0]
+    assert y.min() == (info.min - float(zp)) * scale and y.max() == (info.max - float(zp)) * scale  # saturated
+    # verify's quantization judge reads the 16-bit values back (through a Cast to int32), typed
+    # as the model types them: onnxruntime's own quantized values
+    from dlcc.quant_judge import _instrumented_run
+
+    cm = dlcc.compile(path, target="opencl", pipeline="astitch")
+    mine = _instrumented_run(onnx.load(path), [0], ["q"], {"x": x}, cm)
+    only_q = _save(tmp_path / "q.onnx", nodes[:1], {"x": x}, {"s": scale, "z": zp}, ["q"], opset=21)
+    want = _ort(only_q, {"x": x})[0]
+    assert mine["q"].dtype == want.dtype == qtype
+    np.testing.assert_array_equal(mine["q"], want)
+    nodes = [h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], axis=0),
+             h.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=0)]
+    path = _save(tmp_path / "axis.onnx", nodes, {"x": x}, {"s": np.float32([0.5, 0.01, 2.0, 7.0]),
+                                                           "z": np.array([0, 1, 2, 3], qtype)}, ["y"], opset=21)
+    _same_as_ort(path, {"x": x})
+
+
+@needs_opencl
+@pytest.mark.parametrize("act, weight", [("QInt16", "QInt8"), ("QUInt16", "QUInt8"), ("QInt16", "QInt16"),
+                                         ("QUInt16", "QUInt16")])
+def test_16_bit_activation_qdq_models_verify(model_path, tmp_path, act, weight):
+    """What onnxruntime.quantization writes for 16-bit activations (A16W8, A16W16: its choice for
+    accuracy on NPUs), from the cnn test model, through astitch, verified as `dlcc verify` does. At
+    65536 levels a step is small enough that a convolution's last-bit difference from onnxruntime's
+    summation lands some values one step apart at a tie. At a tolerance of 1e-6 such a step fails
+    the plain comparison, so the quantization judge must prove it (it reads the 16-bit values back
+    through a Cast to int32: they are held in int32 inside the plan)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    from dlcc.verify import verify_outputs
+
+    src = str(model_path("cnn"))
+    first = onnx.load(src).graph.input[0]
+    shape = [dim.dim_value or 1 for dim in first.type.tensor_type.shape.dim]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.left = [{first.name: np.random.default_rng(k).standard_normal(shape).astype(np.float32)} for k in range(3)]
+
+        def get_next(self):
+            return self.left.pop() if self.left else None
+
+    path = str(tmp_path / "a16.onnx")
+    quantize_static(src, path, Reader(), quant_format=QuantFormat.QDQ, activation_type=getattr(QuantType, act),
+                    weight_type=getattr(QuantType, weight))
+    cm = dlcc.compile(path, target="opencl", pipeline="astitch")
+    feeds = cm.sample_inputs(0)
+    got = cm(feeds)
+    rows = verify_outputs(path, got, feeds, rtol=1e-6, atol=1e-6, compiled=cm)
+    assert all(r["passed"] for r in rows), rows
+
+
 def test_unsupported_quantized_forms_are_clear_errors(tmp_path):
     x = {"x": np.zeros((2, 4), np.float32)}
     path = _save(tmp_path / "i16.onnx", [h.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])], x,
                  {"s": np.float32(0.1), "z": np.int16(0)}, ["y"], opset=21)
-    with pytest.raises(DlccError, match="quantized type INT16 is not supported"):
+    with pytest.raises(DlccError, match="its int16 output 'y' is a graph output"):
         dlcc.compile(path, target="opencl")
+    nodes = [h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]), h.make_node("Abs", ["q"], ["a"], name="abs"),
+             h.make_node("Cast", ["a"], ["y"], to=TP.FLOAT)]
+    path = _save(tmp_path / "abs.onnx", nodes, x, {"s": np.float32(0.1), "z": np.int16(0)}, ["y"], opset=21)
+    with pytest.raises(DlccError, match="its int16 output 'q' is read by Abs node 'abs'"):
+        dlcc.compile(path, target="opencl")
+    g = h.make_graph([h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]), h.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])],
+                     "i4", [h.make_tensor_value_info("x", TP.FLOAT, [2, 4])], [h.make_tensor_value_info("y", TP.FLOAT, [2, 4])],
+                     [nh.from_array(np.float32(0.1), "s"), h.make_tensor("z", TP.INT4, [], [0])])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 21)], ir_version=10), str(tmp_path / "i4.onnx"))
+    with pytest.raises(DlccError, match="quantized type INT4 is not supported"):
+        dlcc.compile(str(tmp_path / "i4.onnx"), target="opencl")
     q = {"q": np.zeros((2, 4), I8)}
     path = _save(tmp_path / "blk.onnx", [h.make_node("DequantizeLinear", ["q", "s"], ["y"], axis=1, block_size=2)], q,
                  {"s": np.ones((2, 2), np.float32)}, ["y"], opset=21)

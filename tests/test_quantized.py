@@ -382,8 +382,8 @@ def test_16_bit_quantize_dequantize_pairs(tmp_path, qtype):
 
 
 @needs_opencl
-@pytest.mark.parametrize("act, weight", [("QInt16", "QInt8"), ("QUInt16", "QUInt8"), ("QInt16", "QInt16"),
-                                         ("QUInt16", "QUInt16")])
+@pytest.mark.parametrize("act, weight", [("QInt16", "QInt8"), pytest.param("QUInt16", "QUInt8", marks=pytest.mark.slow),
+                                         pytest.param("QInt16", "QInt16", marks=pytest.mark.slow), ("QUInt16", "QUInt16")])
 def test_16_bit_activation_qdq_models_verify(model_path, tmp_path, act, weight):
     """What onnxruntime.quantization writes for 16-bit activations (A16W8, A16W16: its choice for
     accuracy on NPUs), from the cnn test model, through astitch, verified as `dlcc verify` does. At

@@ -66,11 +66,13 @@ def _feeds(rng, n=2, c=3, hw=(9, 11), rois=None, batch=None):
     return {"x": x, "rois": np.asarray(rois, F32), "bidx": np.asarray(batch, I64)}
 
 
-@pytest.mark.parametrize("pipeline", ["baseline", "astitch"])
+@pytest.mark.parametrize("pipeline", ["baseline", pytest.param("astitch", marks=pytest.mark.slow)])
 def test_every_mode_ratio_and_scale_matches_onnxruntime(tmp_path, pipeline):
     """avg and max x both coordinate modes x sampling ratios 0 (adaptive) to 3 x four scales, on
     random ROIs inside, across and outside a non-square map, some of negative size: one model of 32
-    nodes, equal to onnxruntime to rounding (the same float operations in the same order)."""
+    nodes, equal to onnxruntime to rounding (the same float operations in the same order). The
+    kernel reads X through its own pointers, so AStitch leaves it alone: astitch's run is under
+    -m slow."""
     rng = np.random.default_rng(3)
     feeds = _feeds(rng)
     nodes = []

@@ -898,6 +898,38 @@ add(
 )
 
 
+# ----- TensorScatter (opset 24: a KV cache's update in its fixed-size buffer) -----------------------
+add(
+    op("TensorScatter-linear", "TensorScatter", [X(R((2, 3, 6, 4))), X(R((2, 3, 2, 4))), X(np.array([0, 4], I64))],
+       opset=24),
+    op("TensorScatter-circular-wraps", "TensorScatter",
+       [X(R((3, 2, 5, 3))), X(R((3, 2, 3, 3))), X(np.array([4, 9, 2], I64))], {"mode": "circular"}, opset=24),
+    op("TensorScatter-axis1-whole-buffer", "TensorScatter", [X(R((2, 5, 3))), X(R((2, 5, 3))), X(np.array([0, 0], I64))],
+       {"axis": 1}, opset=24),
+    op("TensorScatter-no-write-indices", "TensorScatter", [X(R((2, 7, 4))), X(R((2, 3, 4)))], {"axis": -2}, opset=24),
+)
+
+
+def test_tensor_scatter_write_indices_outside_the_buffer_are_errors(tmp_path):
+    """onnxruntime's checks: a linear write past the buffer's end, or a negative index in either
+    mode, is an error naming the node and the index, for a graph input (on the host) and a
+    computed index (on the device)."""
+    from dlcc.errors import DlccError
+
+    past, upd = R((2, 3, 6, 4)).make(np.random.default_rng(0)), R((2, 3, 2, 4)).make(np.random.default_rng(1))
+    for mode, bad, text in (("linear", [1, 5], r"index 5 at \[1\] is outside \[0, 5\)"),
+                            ("circular", [-1, 0], r"index -1 at \[0\] is outside \[0, inf\)")):
+        for computed in (False, True):
+            nodes = [helper.make_node("Identity", ["w"], ["wi"]) if not computed else
+                     helper.make_node("Add", ["w", "zero"], ["wi"]),
+                     helper.make_node("TensorScatter", ["past", "upd", "wi"], ["y"], mode=mode, name="ts")]
+            feeds = {"past": past, "upd": upd, "w": np.array(bad, I64)}
+            path = tmp_path / f"{mode}{computed}.onnx"
+            onnx.save(build_model(nodes, feeds, {"zero": np.zeros(2, I64)} if computed else {}, ["y"], 24), str(path))
+            with pytest.raises(DlccError, match=text):
+                dlcc.compile(str(path), target="opencl", pipeline="baseline")(feeds)
+
+
 # ----- Resize / Upsample ---------------------------------------------------------------------------
 _S2 = np.array([1, 1, 2, 2], F32)
 _S_UP = np.array([1, 1, 1.5, 2.5], F32)

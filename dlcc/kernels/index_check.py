@@ -64,7 +64,10 @@ def _ensure_error_tensors(ctx) -> None:
 
 
 def range_text(bound: int, from_zero: bool = False) -> str:
-    """The range an index must lie in, as the error messages print it."""
+    """The range an index must lie in, as the error messages print it (a bound of 2^62 or more
+    stands for none: an index that must only not be negative)."""
+    if from_zero and bound >= 2 ** 62:
+        return "[0, inf)"
     return f"[0, {bound})" if from_zero else f"[-{bound}, {bound})"
 
 

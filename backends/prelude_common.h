@@ -6,6 +6,12 @@ DEVICE float dlcc_nmin(float a, float b) { return (a != a || a < b) ? a : b; }
 #define F_NMAX dlcc_nmax
 #define F_NMIN dlcc_nmin
 
+/* tanh, exactly +-1 past |x| = 10 (where the correctly rounded float32 tanh is +-1: 1 - tanh(10) is
+ * 4e-9, under half an ulp of 1). PoCL's tanh stops at +-0.99999994 (within OpenCL's 5 ulp), and
+ * 1 + tanh(u), Gelu's tanh form, then gives 6e-8 instead of 0: gelu(-1e10) came out -298, and
+ * gelu(-inf) -inf where onnxruntime gives NaN (-inf times 0). NaN stays NaN. */
+DEVICE float dlcc_tanh(float x) { return F_FABS(x) > 10.0f ? (x > 0.0f ? 1.0f : -1.0f) : F_TANH_RAW(x); }
+
 /* bfloat16 storage (typedef bf16: the upper 16 bits of a float). Rounding is to nearest, ties to
  * even, as numpy's ml_dtypes and the hardware's cvt.rn.bf16 do; NaN stays NaN. TO_BF16 rounds a
  * float to the nearest bfloat16 value and keeps it a float (tensor-core operands, precision bf16). */

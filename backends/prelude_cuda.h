@@ -47,7 +47,8 @@ typedef signed char i8;
 #define F_SQRT sqrtf
 #define F_RSQRT rsqrtf
 #define F_POW powf
-#define F_TANH tanhf
+#define F_TANH_RAW tanhf
+#define F_TANH dlcc_tanh  /* prelude_common.h: exactly +-1 where tanh rounds to it */
 #define F_ERF erff
 #define F_FABS fabsf
 #define F_FLOOR floorf

@@ -36,7 +36,8 @@ typedef char i8;
 #define F_SQRT sqrt
 #define F_RSQRT rsqrt
 #define F_POW pow
-#define F_TANH tanh
+#define F_TANH_RAW tanh
+#define F_TANH dlcc_tanh  /* prelude_common.h: exactly +-1 where tanh rounds to it */
 #define F_ERF erf
 #define F_FABS fabs
 #define F_FLOOR floor

@@ -170,6 +170,7 @@ _CLIP_X = np.array([np.inf, -np.inf, np.nan, 2.0, -3.0, 0.5], F32)
 
 
 # ----- unary elementwise -------------------------------------------------------------------------
+_TANH_X = np.array([-np.inf, -3.4e38, -1e10, -20, -10.5, 10.5, 20, 1e10, 3.4e38, np.inf, np.nan, 0.5], F32)
 N234 = X(R((2, 3, 4)))
 add(
     op("Relu", "Relu", [N234]),
@@ -205,6 +206,10 @@ add(
     op("Selu-alpha-gamma", "Selu", [N234], {"alpha": 1.2, "gamma": 0.9}),
     op("Gelu-none-opset20", "Gelu", [X(R((3, 17), "uniform", -4, 4))], opset=20),
     op("Gelu-tanh-opset20", "Gelu", [X(R((3, 17), "uniform", -4, 4))], {"approximate": "tanh"}, opset=20),
+    # tanh is exactly +-1 past |x| = 10 (PoCL's stopped at +-0.99999994, so gelu(-1e10) was -298 and
+    # gelu(-inf) -inf, where onnxruntime gives -0 and NaN)
+    op("Gelu-tanh-extremes", "Gelu", [X(_TANH_X)], {"approximate": "tanh"}, opset=20),
+    op("Tanh-extremes", "Tanh", [X(_TANH_X)]),
     op("Not-bool", "Not", [X(R((3, 5), "bool"))]),
     op("Sin", "Sin", [N234]),
     op("Cos", "Cos", [N234]),

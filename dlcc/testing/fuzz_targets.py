@@ -359,11 +359,11 @@ def _onnx_seeds(root: Path) -> list[bytes]:
     if ex.is_file():
         out.append(ex.read_bytes())
 
-    def model(nodes, inputs, outputs, inits=()):
+    def model(nodes, inputs, outputs, inits=(), opset=17):
         g = h.make_graph(nodes, "seed", [h.make_tensor_value_info(n, t, s) for n, t, s in inputs],
                          [h.make_tensor_value_info(n, t, s) for n, t, s in outputs],
                          [nh.from_array(v, k) for k, v in inits])
-        return h.make_model(g, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
+        return h.make_model(g, opset_imports=[h.make_opsetid("", opset)]).SerializeToString()
 
     rng = np.random.RandomState(0)
     f = np.float32
@@ -418,6 +418,16 @@ def _onnx_seeds(root: Path) -> list[bytes]:
         [("lo", np.array(-1, f)), ("hi", np.array(2, f)), ("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)),
          ("cval", np.array(0.5, f)), ("slope", rng.randn(2, 1, 1).astype(f)), ("axis", np.array(3, np.int64)),
          ("tk", np.array(1, np.int64)), ("gw", rng.randn(128, 3).astype(f)), ("gc", np.zeros(3, f))]))
+    # sampling ops whose operands the spec sizes and whose indices are checked: a deformable
+    # convolution, ROIs pooled from its output, and the result written into a cache
+    out.append(model([
+        h.make_node("DeformConv", ["x", "dw", "off"], ["dc"], kernel_shape=[3, 3]),
+        h.make_node("RoiAlign", ["dc", "rois", "bi"], ["ra"], output_height=2, output_width=2, sampling_ratio=0),
+        h.make_node("TensorScatter", ["past", "ra", "wi"], ["y"], axis=-2, mode="circular"),
+    ], [("x", T.FLOAT, [1, 2, 6, 6])], [("y", T.FLOAT, [2, 2, 5, 2])],
+        [("dw", rng.randn(2, 2, 3, 3).astype(f)), ("off", rng.randn(1, 18, 4, 4).astype(f)),
+         ("rois", np.array([[0, 0, 3, 3], [1, 0.5, 2.5, 3]], f)), ("bi", np.zeros(2, np.int64)),
+         ("past", np.zeros((2, 2, 5, 2), f)), ("wi", np.array([1, 4], np.int64))], opset=24))
     return out
 
 

@@ -108,6 +108,10 @@ backend_test.xfail(r"^test_dft_inverse(_opset19)?_cpu$")
 # (in * scale - 1), with the fractional length 4 * 0.6 = 2.4; onnxruntime, verify's reference, uses
 # the output's length, 2. dlcc follows onnxruntime (1 4 where the expected data says 1 3.142857).
 backend_test.xfail(r"^test_resize_downsample_scales_(linear|cubic)_align_corners_cpu$")
+# MaxUnpool with an output_shape larger than the default one: the ONNX reference places each
+# index as if into the default shape (4 x 4 here) and pads; onnxruntime, verify's reference, takes
+# the indices as flat positions in the given 5 x 5 output. dlcc follows onnxruntime.
+backend_test.xfail(r"^test_maxunpool_export_with_output_shape_cpu$")
 globals().update(backend_test.enable_report().test_cases)
 
 __all__ = ["np"]

@@ -588,6 +588,8 @@ add(
                opset=11),
     graph_case("Squeeze-13-no-axes-then-Relu", _view_then("Squeeze", (1, 3, 1, 2), [])),
     graph_case("Unsqueeze-13-axes-then-Neg", _view_then("Unsqueeze", (3, 4), [np.array([0, -1], I64)], then="Neg")),
+    # a scalar axis: onnx's AffineGrid body unsqueezes so, and onnxruntime takes it
+    graph_case("Unsqueeze-13-scalar-axis-then-Neg", _view_then("Unsqueeze", (3, 4), [np.array(1, I64)], then="Neg")),
     graph_case("Unsqueeze-11-attr-then-Neg", _view_then("Unsqueeze", (3, 4), [], {"axes": [1]}, then="Neg"),
                opset=11),
     graph_case("Identity-node-then-Relu", _view_then("Identity", (2, 3), [])),

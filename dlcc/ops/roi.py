@@ -114,8 +114,6 @@ def _roi_align(ctx, node):
         raise ctx.fail(f"batch_indices must have shape [{rs[0]}] (one per ROI), not {list(bs)}")
     if ctx.dtype(bidx) != "int64":
         raise ctx.fail(f"batch_indices must be int64, not {ctx.dtype(bidx)}")
-    if ctx.dtype(rois) != ctx.dtype(x):
-        raise ctx.fail(f"rois ({ctx.dtype(rois)}) must have X's type ({ctx.dtype(x)})")
     mode = ctx.attr("mode", "avg")
     ratio = int(ctx.attr("sampling_ratio", 0))
     if ratio < 0:

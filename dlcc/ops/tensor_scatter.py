@@ -40,7 +40,9 @@ def _tensor_scatter(ctx, node):
         raise ctx.fail(f"mode must be linear or circular, not {mode!r}")
     if len(us) != rank or any(u != p for k, (u, p) in enumerate(zip(us, ps)) if k != axis):
         raise ctx.fail(f"update {us} must have past_cache's shape {ps} except along axis {axis}")
-    if ctx.dtype(update) != ctx.dtype(past):
+    floats = {"float32", "float16", "bfloat16"}
+    if ctx.dtype(update) != ctx.dtype(past) and not {ctx.dtype(update), ctx.dtype(past)} <= floats:
+        # (float types may differ here: at precision fp16 or bf16 the update may be stored narrowed)
         raise ctx.fail(f"update ({ctx.dtype(update)}) must have past_cache's type ({ctx.dtype(past)})")
     m, n = ps[axis], us[axis]
     if n > m:

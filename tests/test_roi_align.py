@@ -186,7 +186,7 @@ def _computed(path, feeds, make_bad):
              _roi("y", sampling_ratio=2, output_height=2, output_width=2)]
     ins = {"x": feeds["x"], "rois_in": feeds["rois"], "b_in": feeds["bidx"].astype(F32)}
     make_bad(ins)
-    return _save(path, nodes, {k: v for k, v in ins.items()}, ["y"], inits={"one": np.float32(1)}), ins
+    return _save(path, nodes, ins, ["y"], inits={"one": np.float32(1)}), ins
 
 
 @pytest.mark.parametrize("where", ["input", "computed", "constant"])

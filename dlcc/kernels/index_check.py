@@ -77,7 +77,7 @@ INDEX, DIVISOR, FINITE = "index", "divisor", "finite"
 _KERNEL_NAMES = {INDEX: "check_index", DIVISOR: "check_divisor", FINITE: "check_finite"}
 
 
-def _kind_meta(kind: str) -> dict:
+def kind_meta(kind: str) -> dict:
     """The plan's record of a check's kind: nothing for an index check (plans from before the
     other kinds say nothing either)."""
     return {} if kind == INDEX else {"kind": kind}
@@ -140,7 +140,7 @@ def emit_index_check(ctx, node, idx: str, bounds: list[int], per_last_axis: bool
                dram_bytes=ctx.tensor(idx).nbytes)
     ctx.device_index_checks.append({"node": node.name, "op": node.op_type, "bounds": [int(b) for b in bounds],
                                     "per_last_axis": per_last_axis, "shape": [int(d) for d in shape],
-                                    "kernel": kname, "from_zero": from_zero, **_kind_meta(kind)})
+                                    "kernel": kname, "from_zero": from_zero, **kind_meta(kind)})
 
 
 def input_check_kernel(ctx, idx: str, bounds: list[int], per_last_axis: bool, from_zero: bool = False,

@@ -6,7 +6,7 @@ import numpy as np
 from ..kernels.map import MapExpr, emit_map, linear_index, unravel
 from ..kernels.program import value_ctype
 from ..kernels.transpose import emit_tiled_transpose, wants_tiled
-from ..kernels.index_check import DIVISOR, FINITE, INDEX, emit_index_check, input_check_kernel, range_text
+from ..kernels.index_check import DIVISOR, FINITE, INDEX, emit_index_check, input_check_kernel, kind_meta, range_text
 from ..kernels.scatter import emit_last_write_scatter
 from .registry import ALIAS, LAYOUT, register
 
@@ -188,7 +188,7 @@ def index_check(ctx, node, idx: str, bounds: list[int], last_axis: bool = False,
     if src in ctx.graph.inputs:
         ctx.index_checks.append({"input": src, "node": node.name, "op": node.op_type, "bounds": [int(b) for b in bounds],
                                  "per_last_axis": last_axis, "shape": [int(d) for d in ctx.shape(src)],
-                                 "from_zero": from_zero, **({} if kind == INDEX else {"kind": kind}),
+                                 "from_zero": from_zero, **kind_meta(kind),
                                  **input_check_kernel(ctx, src, bounds, last_axis, from_zero, kind)})
         return
     if kind != FINITE:

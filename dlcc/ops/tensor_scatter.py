@@ -68,4 +68,3 @@ def _tensor_scatter(ctx, node):
 
     ins = [past, update] + ([idx] if idx else [])
     emit_map(ctx, out, ins, body, "TensorScatter", inline_scalars=False)
-

@@ -248,9 +248,10 @@ class PartitionedModel:
             if self._engine(run[0]) == "dlcc":
                 run = self._with_shape_math(run)
             made = {o for k in run for o in g.node[k].output if o}
-            ins = []
-            for k in run:
-                ins += [x for x in self._node_reads[k] if x not in made and x not in self._inits and x not in ins]
+            ins: list[str] = []
+            for k in run:  # (one node may read a tensor twice: Mul(d, d))
+                ins += [x for x in dict.fromkeys(self._node_reads[k]) if x not in made and x not in self._inits
+                        and x not in ins]
             segments.append(Segment(self._engine(run[0]), tuple(run), tuple(ins), tuple(outs)))
         return segments
 
@@ -533,7 +534,9 @@ class PartitionedModel:
         else:
             named = {k for k in seg.nodes if any(f"'{x}'" in text for x in (g.node[k].name, *g.node[k].output) if x)}
         named = named or set(seg.nodes)
-        why = f"{type(error).__name__}: {text.splitlines()[0][:200]}"
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()] or [""]
+        head = " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]  # (a list's first item)
+        why = f"{type(error).__name__}: {head[:200]}"
         log.warning("dlcc: %d node(s) of %s run on onnxruntime instead (%s)", len(named), self.model_path.name, why)
         with self._lock:
             for k in named:

@@ -110,12 +110,12 @@ def _instrumented_run(model: onnx.ModelProto, points: list[int], quantized: list
     m = onnx.ModelProto()
     m.CopyFrom(model)
     have = {o.name for o in m.graph.output}
-    from .quantized import _HELD, tensor_types
+    from .quantized import HELD_IN_INT32, tensor_types
 
     types = tensor_types(model, quantized, feeds)
-    # A 16-bit quantized tensor is held in int32 inside the plan (quantized._HELD) and cannot be a
+    # A 16-bit quantized tensor is held in int32 inside the plan (quantized.HELD_IN_INT32) and cannot be a
     # graph output: it is read back through a Cast to int32 and given its own type again here.
-    held = {q: f"{q}#int32" for q in quantized if q not in have and types[q][0] in _HELD}
+    held = {q: f"{q}#int32" for q in quantized if q not in have and types[q][0] in HELD_IN_INT32}
     for q, out in held.items():
         m.graph.node.append(helper.make_node("Cast", [q], [out], name=f"{out}/cast", to=onnx.TensorProto.INT32))
         m.graph.output.append(helper.make_tensor_value_info(out, onnx.TensorProto.INT32, types[q][1]))

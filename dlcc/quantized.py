@@ -68,7 +68,7 @@ _NAMES = {onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT8: "int8", onnx.T
 #: uint16 (the 16-bit activations of onnxruntime.quantization's A16W8 and A16W16 QDQ models) in
 #: int32, which holds every value exactly. Their Q -> DQ pairs never leave the plan, so only a
 #: 16-bit graph input or output would show the difference, and those are refused.
-_HELD = {onnx.TensorProto.INT16: onnx.TensorProto.INT32, onnx.TensorProto.UINT16: onnx.TensorProto.INT32}
+HELD_IN_INT32 = {onnx.TensorProto.INT16: onnx.TensorProto.INT32, onnx.TensorProto.UINT16: onnx.TensorProto.INT32}
 
 
 def is_quantized_op(node: onnx.NodeProto) -> bool:
@@ -262,7 +262,7 @@ class _Builder(Builder):
         if zp:
             r = self.op("Add", [r, zp])
         r = self.op("Min", [self.op("Max", [r, self.constant(np.float32(lo))]), self.constant(np.float32(hi))])
-        return self.op("Cast", [r], out, to=_HELD.get(qtype, qtype))
+        return self.op("Cast", [r], out, to=HELD_IN_INT32.get(qtype, qtype))
 
     def dequantize(self, q: str, scale: str, zp: str, axis: int = 1) -> str:
         """(float(q) - float(zp)) * scale, as a float32 tensor; a constant q is computed here."""
@@ -413,14 +413,14 @@ def _quantize_linear(b: _Builder) -> None:
     axis = int(b.attrs.get("axis", 1))
     _no_blocks(b)
     qtype = b.int_type(zp, default=int(b.attrs.get("output_dtype", 0)) or onnx.TensorProto.UINT8)
-    if qtype in _HELD:
+    if qtype in HELD_IN_INT32:
         _only_dequantized(b, b.node.output[0], qtype)
     v = b.op("Div", [b.as_float(x), b.per_axis(scale, axis, x)])
     b.quantize(v, b.per_axis(zp, axis, x), qtype, b.node.output[0])
 
 
 def _only_dequantized(b: _Builder, q: str, qtype: int) -> None:
-    """A 16-bit quantized value is held in int32 (_HELD): fine where only DequantizeLinear and Cast
+    """A 16-bit quantized value is held in int32 (HELD_IN_INT32): fine where only DequantizeLinear and Cast
     nodes read it (a QDQ model's pairs; verify's judge casts it to int32 to read it back), since
     both see the same integers in either type. Anywhere else (a graph output, or another op reading
     the integers) its type would show, so that is refused, naming the reader."""

@@ -104,6 +104,24 @@ def test_what_dlcc_refuses_when_it_compiles_moves_to_onnxruntime(tmp_path):
 
 
 @needs_opencl
+def test_a_float64_stretch_whose_node_reads_one_tensor_twice(tmp_path):
+    """dlcc holds no float64, so the stretch moves to onnxruntime at the first call. Its Mul reads
+    `d` twice, and the segment's inputs name `d` once (they named it twice, and every call failed
+    with "inputs do not match the model"). The reason names the dtype."""
+    D = onnx.TensorProto.DOUBLE
+    nodes = [h.make_node("Relu", ["x"], ["r"]), h.make_node("Cast", ["r"], ["d"], to=D),
+             h.make_node("Mul", ["d", "d"], ["e"]), h.make_node("Cast", ["e"], ["f"], to=F),
+             h.make_node("Neg", ["f"], ["y"])]
+    path = _save(tmp_path, nodes, [h.make_tensor_value_info("x", F, [5])], [h.make_tensor_value_info("y", F, [5])],
+                 {}, "float64")
+    m = dlcc.compile(path, target="opencl", fallback="onnxruntime")
+    _check(path, m, {"x": rng.standard_normal(5).astype(np.float32)})
+    host = [s for s in m.segments if s["engine"] == "onnxruntime"]
+    assert host and {"Cast", "Mul"} <= set().union(*(s["ops"] for s in host))
+    assert any("float64" in w for s in host for w in s["why"])
+
+
+@needs_opencl
 def test_an_op_dlcc_lacks_in_the_middle_and_a_while_loop(tmp_path):
     """Det between dlcc ops, and a while loop (its condition computed from the data) that dlcc
     cannot unroll: each runs on onnxruntime, between dlcc segments."""

@@ -235,9 +235,7 @@ def run(artifact: Path = typer.Argument(..., help="artifact directory from `dlcc
             res = ex.run(feeds, timing)
     if outputs:
         _atomic_npz(outputs, res)
-    rows = [{"name": k, "shape": list(v.shape), "dtype": str(v.dtype),
-             "mean": float(np.mean(v)) if v.size else 0.0, "std": float(np.std(v)) if v.size else 0.0}
-            for k, v in res.items()]
+    rows = [_summary(k, v) for k, v in res.items()]
     if json_out:
         print(json.dumps({"target": cm.target, "run_s": timing.get("run_s"), "outputs": rows}))
         return
@@ -914,12 +912,44 @@ def _load_inputs(path: Path) -> dict:
         raise DlccError(f"{path}: cannot read inputs (.npz with one array per model input): {e}") from None
 
 
+def _summary(name: str, v) -> dict:
+    """An output's row for `dlcc run`: shape, dtype, and the mean and spread of its numbers. A
+    sequence or map (a fallback model's ZipMap, from onnxruntime) shows its length and kind, and
+    the numbers inside it."""
+    from .verify import _kind, _leaves
+
+    if isinstance(v, (list, tuple, dict)):
+        leaves: dict = {}
+        _leaves(v, "", leaves)
+        nums = [np.asarray(a, np.float64).ravel() for a in leaves.values() if isinstance(a, np.ndarray)
+                and a.dtype.kind in "biuf"]
+        flat = np.concatenate(nums) if nums else np.zeros(0)
+        shape, dtype = [len(v)], _kind(v)
+    else:
+        flat, shape, dtype = np.asarray(v), list(np.shape(v)), str(np.asarray(v).dtype)
+    return {"name": name, "shape": shape, "dtype": dtype,
+            "mean": float(np.mean(flat)) if flat.size else 0.0, "std": float(np.std(flat)) if flat.size else 0.0}
+
+
+def _jsonable(v):
+    """A sequence or map as JSON: lists, objects with string keys, numbers."""
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return np.asarray(v).tolist()
+
+
 def _atomic_npz(path: Path, arrays: dict) -> None:
+    """Outputs as an .npz, written whole or not at all. A sequence or map (a fallback model's
+    ZipMap) is stored as its JSON text, a string array numpy reads without pickle."""
     from .artifact import atomic_file
 
     path = Path(path)
     if not path.resolve().parent.is_dir():
         raise DlccError(f"{path}: the directory {path.resolve().parent} does not exist")
+    arrays = {k: (np.array(json.dumps(_jsonable(v))) if isinstance(v, (list, tuple, dict)) else v)
+              for k, v in arrays.items()}
     with atomic_file(path, "wb") as f:
         np.savez(f, **arrays)
 

@@ -261,7 +261,9 @@ def bind_shapes(model: onnx.ModelProto, shapes: ShapeBindings | None, source: st
         if not vi.type.HasField("tensor_type"):
             raise UnsupportedDtypesError(
                 f"{'input' if vi in inputs else 'output'} {vi.name!r} of {source} is a {vi.type.WhichOneof('value')} "
-                "value; dlcc compiles models whose inputs and outputs are tensors")
+                "value; dlcc compiles models whose inputs and outputs are tensors"
+                + ("" if vi in inputs else " (with --fallback onnxruntime, the nodes that make it run on onnxruntime, "
+                   "and it is returned as onnxruntime returns it: a list or a dict)"))
     symbols: dict[str, int] = {}
     for key, val in list(shapes.items()):
         if key not in input_names:

@@ -587,7 +587,10 @@ class PartitionedModel:
                 for d in vi.type.tensor_type.shape.dim:  # every dim left to the run (unknown, unnamed)
                     d.Clear()
             sub.graph.output.append(vi)
-        unranked = [vi for vi in sub.graph.output if not vi.type.tensor_type.HasField("shape")]
+        # (A sequence or map, which only an onnxruntime segment makes, keeps its inferred type: a
+        # ZipMap's list of {label: probability} dicts goes to the caller as onnxruntime gives it.)
+        unranked = [vi for vi in sub.graph.output if vi.type.WhichOneof("value") in (None, "tensor_type")
+                    and not vi.type.tensor_type.HasField("shape")]
         if unranked:  # the checker wants a rank for each graph output: onnxruntime's run of the part says it
             ran = _ort_run(sub, {x: values[x] for x in seg.inputs}, [vi.name for vi in unranked])
             for vi in unranked:

@@ -72,6 +72,55 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, rtol: float, atol: floa
 NAN_NOTE = "NaN where onnxruntime has none, or the reverse"
 
 
+def _kind(v) -> str:
+    """The ONNX kind of a non-tensor value as onnxruntime returns it: a sequence is a list, a map
+    a dict (a ZipMap's output is a sequence of maps)."""
+    if isinstance(v, dict):
+        inner = {_kind(x) for x in v.values()} or {"?"}
+        return f"map({type(next(iter(v), '')).__name__}, {'|'.join(sorted(inner))})"
+    if isinstance(v, (list, tuple)):
+        inner = {_kind(x) for x in v} or {"?"}
+        return f"sequence({'|'.join(sorted(inner))})"
+    if isinstance(v, (bool, int, float, str)):  # (onnxruntime gives a map's values as Python numbers)
+        return type(v).__name__
+    return str(np.asarray(v).dtype)
+
+
+def _leaves(v, path: str, out: dict) -> None:
+    """The arrays inside a sequence or map, by path ([0], ['label']), and its structure's marks."""
+    if isinstance(v, dict):
+        out[f"{path}:keys"] = sorted(v, key=repr)
+        for k in v:
+            _leaves(v[k], f"{path}[{k!r}]", out)
+    elif isinstance(v, (list, tuple)):
+        out[f"{path}:len"] = len(v)
+        for i, x in enumerate(v):
+            _leaves(x, f"{path}[{i}]", out)
+    else:
+        out[path] = np.asarray(v)
+
+
+def compare_value(name: str, got, ref, rtol: float, atol: float) -> dict:
+    """`compare` for any output: a tensor as it is; a sequence or a map (what an onnxruntime
+    segment of a fallback model returns, such as scikit-learn's ZipMap) element by element, with
+    the same lengths and keys, each leaf judged as a tensor and the worst one reported."""
+    if not isinstance(ref, (list, tuple, dict)):
+        return compare(name, np.asarray(got), ref, rtol, atol)
+    row = {"name": name, "shape": [len(ref)], "dtype": _kind(ref)}
+    gl, rl = {}, {}
+    _leaves(got, "", gl)
+    _leaves(ref, "", rl)
+    if gl.keys() != rl.keys() or any(isinstance(rl[k], (int, list)) and gl[k] != rl[k] for k in rl):
+        return {**row, "max_abs_err": float("inf"), "max_rel_err": float("inf"), "passed": False,
+                "note": f"not the structure onnxruntime returns ({_kind(got)})"}
+    rows = [compare(name, gl[k], rl[k], rtol, atol) for k in rl if isinstance(rl[k], np.ndarray)]
+    worst = {"max_abs_err": max((r["max_abs_err"] for r in rows), default=0.0),
+             "max_rel_err": max((r["max_rel_err"] for r in rows), default=0.0),
+             "passed": all(r["passed"] for r in rows)}
+    notes = sorted({r["note"] for r in rows if "note" in r})
+    return {**row, **worst, **({"note": "; ".join(notes)} if notes else {})}
+
+
 _HALF = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
 
 
@@ -216,16 +265,18 @@ def verify_outputs(model_path, got: dict[str, np.ndarray], feeds: dict, rtol: fl
     rows = []
     for n, ref in zip(names, refs):
         if n in got:
-            d = default_tolerance(precision, ref.dtype.name)
+            dtype = ref.dtype.name if isinstance(ref, np.ndarray) else "float32"  # (a sequence or map: its floats)
+            d = default_tolerance(precision, dtype)
             rt, at = d[0] if rtol is None else rtol, d[1] if atol is None else atol
             if half_output_floor:
-                rt, at = _at_least_the_type((rt, at), ref.dtype.name)
-            rows.append({**compare(n, np.asarray(got[n]), ref, rt, at), "rtol": rt, "atol": at})
+                rt, at = _at_least_the_type((rt, at), dtype)
+            rows.append({**compare_value(n, got[n], ref, rt, at), "rtol": rt, "atol": at})
             if n in unspecified:
                 rows[-1]["note"] = (f"{int(unspecified[n].sum())} values onnxruntime leaves unspecified (a window-sized "
                                     "cache's rows past each entry's tokens) not compared")
         else:
-            rows.append({"name": n, "shape": list(ref.shape), "dtype": str(ref.dtype), "max_abs_err": float("inf"),
+            rows.append({"name": n, "shape": list(np.shape(ref)) if isinstance(ref, np.ndarray) else [len(ref)],
+                         "dtype": _kind(ref), "max_abs_err": float("inf"),
                          "max_rel_err": float("inf"), "passed": False, "note": "missing from dlcc's outputs"})
     for n in got:
         if n not in names:
@@ -298,7 +349,8 @@ def arbitrate(model_path, rows: list[dict], got: dict, feeds: dict, refs: dict) 
     which the float64 answer (and dlcc) have finite. Rows that fail for other reasons (shape,
     dtype, a missing output) are not judged again."""
     failing = [r for r in rows if not r["passed"] and r.get("note", NAN_NOTE) == NAN_NOTE
-               and np.dtype(r["dtype"]).kind == "f" and r["name"] in got and r["name"] in refs]
+               and isinstance(refs.get(r["name"]), np.ndarray) and np.dtype(r["dtype"]).kind == "f"
+               and r["name"] in got]
     if not failing or _half_outputs(model_path)[0]:
         return
     try:

@@ -219,6 +219,67 @@ def test_verify_fallback_from_the_cli(tmp_path):
     assert res.exit_code != 0 and "falls back to onnxruntime" in str(res.exception)
 
 
+def _classifier(tmp_path):
+    """What skl2onnx writes for a classifier with its default options: a label, and the class
+    probabilities as ZipMap's sequence of {label: probability} maps (ai.onnx.ml)."""
+    ml = onnx.helper.make_opsetid("ai.onnx.ml", 1)
+    nodes = [h.make_node("MatMul", ["x", "w"], ["z"]), h.make_node("Softmax", ["z"], ["p"], axis=1),
+             h.make_node("ArgMax", ["p"], ["label"], axis=1, keepdims=0),
+             h.make_node("ZipMap", ["p"], ["probs"], domain="ai.onnx.ml", classlabels_int64s=[3, 5, 7])]
+    seq = h.make_value_info("probs", h.make_sequence_type_proto(h.make_map_type_proto(I64, h.make_tensor_type_proto(F, None))))
+    g = h.make_graph(nodes, "clf", [h.make_tensor_value_info("x", F, ["n", 4])],
+                     [h.make_tensor_value_info("label", I64, ["n"]), seq],
+                     [nh.from_array(rng.standard_normal((4, 3)).astype(np.float32), "w")])
+    path = tmp_path / "clf.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17), ml]), path)
+    return path
+
+
+@needs_opencl
+def test_a_zipmap_output_comes_back_as_onnxruntime_gives_it(tmp_path):
+    """dlcc compiles the tensors and onnxruntime makes the sequence of maps, which the call returns
+    as onnxruntime does (a list of dicts); `verify` compares it element by element, and `run -o`
+    stores it as JSON text in the .npz. Without the fallback, the error says the fallback helps."""
+    import json
+
+    import onnxruntime as ort
+    from typer.testing import CliRunner
+
+    from dlcc.cli import app
+    from dlcc.errors import UnsupportedDtypesError
+    from dlcc.verify import compare_value, verify_outputs
+
+    path = _classifier(tmp_path)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    with pytest.raises(UnsupportedDtypesError, match="--fallback onnxruntime"):
+        dlcc.compile(path, target="opencl", shapes={"n": 5})
+    m = dlcc.compile(path, target="opencl", fallback="onnxruntime")
+    got = m({"x": x})
+    label, probs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_array_equal(got["label"], label)
+    assert isinstance(got["probs"], list) and len(got["probs"]) == 5
+    assert all(g.keys() == r.keys() == {3, 5, 7} for g, r in zip(got["probs"], probs))
+    np.testing.assert_allclose([list(g.values()) for g in got["probs"]], [list(r.values()) for r in probs], rtol=1e-6)
+    rows = verify_outputs(path, got, {"x": x})
+    assert [(r["name"], r["passed"]) for r in rows] == [("label", True), ("probs", True)]
+    assert rows[1]["dtype"] == "sequence(map(int, float))" and rows[1]["shape"] == [5]
+    wrong = [dict(g) for g in got["probs"]]
+    wrong[2][5] += 0.01
+    assert not compare_value("probs", wrong, probs, 1e-3, 1e-4)["passed"]
+    assert not compare_value("probs", got["probs"][:4], probs, 1e-3, 1e-4)["passed"]
+    assert not compare_value("probs", [{3: 0.0}] * 5, probs, 1e-3, 1e-4)["passed"]
+    art, npz = tmp_path / "art", tmp_path / "out.npz"
+    runner = CliRunner()
+    res = runner.invoke(app, ["compile", str(path), "-s", "n=5", "--fallback", "onnxruntime", "-o", str(art), "-q"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["run", str(art), "-o", str(npz), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["outputs"][1]["dtype"] == "sequence(map(int, float))"
+    with np.load(npz) as z:
+        stored = json.loads(str(z["probs"]))
+    assert len(stored) == 5 and set(stored[0]) == {"3", "5", "7"}
+
+
 @needs_opencl
 def test_a_call_that_fails_on_onnxruntime_too_moves_nothing(tmp_path):
     """An input the model cannot take (a batch of 0 into a Reshape to [1, 24, 4]): dlcc's compile

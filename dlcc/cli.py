@@ -235,7 +235,7 @@ def run(artifact: Path = typer.Argument(..., help="artifact directory from `dlcc
             res = ex.run(feeds, timing)
     if outputs:
         _atomic_npz(outputs, res)
-    rows = [_summary(k, v) for k, v in res.items()]
+    rows = [_output_row(k, v) for k, v in res.items()]
     if json_out:
         print(json.dumps({"target": cm.target, "run_s": timing.get("run_s"), "outputs": rows}))
         return
@@ -912,7 +912,7 @@ def _load_inputs(path: Path) -> dict:
         raise DlccError(f"{path}: cannot read inputs (.npz with one array per model input): {e}") from None
 
 
-def _summary(name: str, v) -> dict:
+def _output_row(name: str, v) -> dict:
     """An output's row for `dlcc run`: shape, dtype, and the mean and spread of its numbers. A
     sequence or map (a fallback model's ZipMap, from onnxruntime) shows its length and kind, and
     the numbers inside it."""

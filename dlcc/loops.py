@@ -15,9 +15,14 @@ loops torch's tracer unrolls itself.
   through, or a constant true. The iteration number is a constant per copy. Loop-carried values
   may change shape from one iteration to the next, since each copy is inferred on its own.
   Scan outputs stack along a new first axis.
+- **Loop** (a `while` loop that counts): a body whose condition follows from the iteration
+  number, constants and loop-carried counters that start from constants, as tf2onnx writes
+  every Keras RNN (`t < steps`, `t += 1`). That part of the body is run at compile time to count
+  the iterations (`_counted_iterations`), and the loop is unrolled like a `for` loop; M, where
+  given, still bounds it.
 
 What stays an error, and says why: a Loop whose condition the body computes from data (a
-`while` loop: its trip count is known only at run time), a Loop without a trip count, a loop
+`while` loop: its trip count is known only at run time), a `for` Loop without a trip count, a loop
 of zero iterations with scan outputs (a zero-length tensor), opset 8's Scan (a batch axis and
 `sequence_lens`), and a loop whose unrolled copies would exceed MAX_UNROLLED_NODES nodes.
 
@@ -241,21 +246,29 @@ def _loop(node, label, prefix, g, consts, shapes, opset, path):
     if len(body.input) != n_state + 2 or n_out < 0:
         raise UnsupportedControlFlowError(f"{path}: Loop {label!r}: its body takes {len(body.input)} inputs and gives "
                                           f"{len(body.output)} outputs, for {n_state} loop-carried values")
-    if not trip or trip not in consts:
+    stays_true = _stays_true(body, consts)
+    if trip and trip in consts:
+        iterations = int(_one_value(consts[trip], "iu", f"{path}: Loop {label!r}: the trip count M"))
+    elif trip or stays_true:
         why = "has no trip count" if not trip else f"has a trip count {trip!r} computed at run time"
         raise UnsupportedControlFlowError(f"{path}: Loop {label!r} {why}; dlcc unrolls loops, so it needs the number of "
                                           f"iterations at compile time (a constant, or one computed from --shape)")
-    iterations = int(_one_value(consts[trip], "iu", f"{path}: Loop {label!r}: the trip count M"))
+    else:
+        iterations = None  # (a while loop without M: its condition alone ends it)
     if cond:
         if cond not in consts:
             raise UnsupportedControlFlowError(f"{path}: Loop {label!r}: its initial condition {cond!r} is computed at run "
                                               f"time; dlcc unrolls loops whose condition is known")
         if not bool(_one_value(consts[cond], "b", f"{path}: Loop {label!r}: the condition")):
             iterations = 0
-    if not _stays_true(body, consts):
-        raise UnsupportedControlFlowError(
-            f"{path}: Loop {label!r} is a while loop: its body computes whether to go on ({body.output[0].name!r}); "
-            f"dlcc unrolls loops with a trip count known at compile time, and this one's is known only at run time")
+    if not stays_true and iterations != 0:
+        limit = MAX_UNROLLED_NODES // max(len(body.node), 1) + 1
+        counted = _counted_iterations(node, body, consts, limit if iterations is None else min(iterations, limit), opset)
+        if counted is None:
+            raise UnsupportedControlFlowError(
+                f"{path}: Loop {label!r} is a while loop: its body computes whether to go on ({body.output[0].name!r}) "
+                f"from values known only at run time; dlcc unrolls loops whose iterations it can count at compile time")
+        iterations = counted
     iterations = max(iterations, 0)
     if iterations == 0 and any(node.output[n_state:]):
         raise UnsupportedControlFlowError(f"{path}: Loop {label!r} runs zero iterations, so its scan outputs are empty; "
@@ -285,6 +298,86 @@ def _finish(u: _Unroller, node, states, per_iter, axes, dirs) -> None:
         o = len(states) + k
         if o < len(node.output) and node.output[o]:
             u.stack(values[::-1] if dirs[k] else values, axes[k], node.output[o], k)
+
+
+def _counted_iterations(node: onnx.NodeProto, body: onnx.GraphProto, outer: dict, cap: int, opset: int) -> int | None:
+    """How many times a `while` Loop runs (at most `cap`), where its condition follows from the
+    iteration number, constants and loop-carried counters alone; None where it depends on data.
+
+    tf2onnx writes every Keras RNN (LSTM, GRU, SimpleRNN) this way: TensorFlow's while loop
+    carries a time step `t`, adds 1 to it each iteration, and goes on while `t < steps` and the
+    iteration number is below the maximum. The part of the body that computes the condition and
+    those counters (its "control slice") is run here with onnx.reference, iteration by iteration,
+    from the counters' constant initial values, until the condition turns false. The loop is then
+    unrolled as a `for` loop of that many iterations; the slice's copies compute values nothing
+    reads, and are dropped with the other dead nodes."""
+    produced = {o: n for n in body.node for o in n.output if o}
+    local = {t.name for t in body.initializer}
+    carried = {body.input[2 + i].name: i for i in range(len(body.input) - 2)}
+    need: set[str] = set()  # body node outputs in the slice
+    used_outer: set[str] = set()
+    states: set[int] = set()
+
+    def walk(name: str) -> bool:
+        todo = [name]
+        while todo:
+            x = todo.pop()
+            if not x or x in need or x in local or x in used_outer:
+                continue
+            if x in carried:
+                states.add(carried[x])
+            elif x in (body.input[0].name, body.input[1].name):
+                continue
+            elif x in produced:
+                n = produced[x]
+                if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute) \
+                        or n.op_type.startswith("Random") or n.op_type in ("Bernoulli", "Multinomial"):
+                    return False  # (an If or a Loop in the slice, or a random draw: not a plain counter)
+                need.update(o for o in n.output if o)
+                todo += list(n.input)
+            elif x in outer:
+                used_outer.add(x)
+            else:
+                return False  # a value of the enclosing graph known only at run time
+        return True
+
+    if not walk(body.output[0].name):
+        return None
+    done: set[int] = set()
+    while states - done:
+        i = min(states - done)
+        done.add(i)
+        if not walk(body.output[1 + i].name):
+            return None
+    order = sorted(states)
+    if any(node.input[2 + i] not in outer for i in order):
+        return None
+    slice_nodes = [n for n in body.node if any(o in need for o in n.output)]
+    ins = [body.input[0], body.input[1]] + [body.input[2 + i] for i in order]
+    outs = [onnx.ValueInfoProto(name=body.output[0].name)] + [onnx.ValueInfoProto(name=body.output[1 + i].name)
+                                                              for i in order]
+    inits = [t for t in body.initializer] + [numpy_helper.from_array(np.asarray(outer[x]), x) for x in sorted(used_outer)]
+    g = helper.make_graph(slice_nodes, "control", [onnx.ValueInfoProto(name=v.name, type=v.type) for v in ins], outs,
+                          inits)
+    from .reference_ops import evaluator
+
+    try:
+        run = evaluator(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]))
+    except Exception:
+        return None
+    values = [np.asarray(outer[node.input[2 + i]]) for i in order]
+    t = 0
+    try:
+        while t < cap:
+            got = run.run(None, {ins[0].name: np.array(t, np.int64), ins[1].name: np.array(True),
+                                 **{v.name: a for v, a in zip(ins[2:], values)}})
+            t += 1
+            if np.asarray(got[0]).size != 1 or not bool(np.asarray(got[0]).reshape(())):
+                return t
+            values = [np.asarray(a) for a in got[1:]]
+    except Exception:  # onnx.reference cannot evaluate the slice: the loop stays unsupported
+        return None
+    return t  # (the trip count M ended it, or `cap` is past what _check_size lets dlcc unroll)
 
 
 def _stays_true(body: onnx.GraphProto, outer: dict) -> bool:

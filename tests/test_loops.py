@@ -147,7 +147,7 @@ def test_loop_variants(tmp_path, variant):
 
 @pytest.mark.parametrize("case, needle", [
     ("while", r"Loop 'y' is a while loop: its body computes whether to go on \('c_out'\)"),
-    ("no-trip", r"Loop 'y' has no trip count; dlcc unrolls loops"),
+    ("no-trip", r"Loop 'y' is a while loop: .* from values known only at run time"),
     ("too-long", r"runs 5000 iterations of a 9-node body; dlcc unrolls loops, and that is more than its limit"),
 ])
 def test_loops_that_cannot_be_unrolled_are_one_clear_error(tmp_path, case, needle):
@@ -155,6 +155,54 @@ def test_loops_that_cannot_be_unrolled_are_one_clear_error(tmp_path, case, needl
                       cond_mode="computed" if case in ("while", "no-trip") else "passthrough")
     with pytest.raises(UnsupportedControlFlowError, match=needle):
         dlcc.compile(path, target="opencl")
+
+
+def counted_while_model(path, steps=6, trip=2**31 - 1, start="constant"):
+    """A recurrence as tf2onnx writes a Keras SimpleRNN: a while loop carrying an int32 time step
+    t, which it adds 1 to, and a state h; it goes on while t < steps and the iteration number is
+    below its maximum. Each iteration reads x[t] and stacks h."""
+    body = h.make_graph(
+        [h.make_node("Gather", ["x", "t_in"], ["xt"], axis=0), h.make_node("MatMul", ["xt", "w"], ["a"]),
+         h.make_node("MatMul", ["h_in", "u"], ["b"]), h.make_node("Add", ["a", "b"], ["ab"]),
+         h.make_node("Tanh", ["ab"], ["h_out"]), h.make_node("Identity", ["h_out"], ["h_seq"]),
+         h.make_node("Add", ["t_in", "one32"], ["t_out"]), h.make_node("Cast", ["t_out"], ["t64"], to=TP.INT64),
+         h.make_node("Less", ["t64", "steps"], ["more"]), h.make_node("Less", ["i", "maxit"], ["below"]),
+         h.make_node("And", ["more", "below"], ["c_out"])],
+        "body", [_vi("i", [], TP.INT64), _vi("c_in", [], TP.BOOL), _vi("t_in", [], TP.INT32), _vi("h_in", [1, 4])],
+        [_vi("c_out", [], TP.BOOL), _vi("t_out", [], TP.INT32), _vi("h_out", [1, 4]), _vi("h_seq", [1, 4])],
+        [nh.from_array(np.array(1, np.int32), "one32"), nh.from_array(np.array(steps, np.int64), "steps")])
+    inits = [nh.from_array((rng.standard_normal((3, 4)) * 0.5).astype(np.float32), "w"),
+             nh.from_array((rng.standard_normal((4, 4)) * 0.5).astype(np.float32), "u"),
+             nh.from_array(np.zeros((1, 4), np.float32), "h0"), nh.from_array(np.array(True), "c"),
+             nh.from_array(np.array(1000, np.int64), "maxit")]
+    inputs = [_vi("x", [steps, 1, 3])]
+    if start == "constant":
+        inits.append(nh.from_array(np.array(0, np.int32), "t0"))
+    else:  # the time step starts from a graph input: its count is known only at run time
+        inputs.append(_vi("t0", [], TP.INT32))
+    if trip is not None:
+        inits.append(nh.from_array(np.array(trip, np.int64), "M"))
+    n = min(steps, trip or steps)
+    loop = h.make_node("Loop", ["M" if trip is not None else "", "c", "t0", "h0"], ["t", "hN", "hs"], body=body)
+    return _save(path, [loop], inputs, [_vi("hN", [1, 4]), _vi("hs", [n, 1, 4])], inits)
+
+
+@needs_opencl
+@pytest.mark.parametrize("trip", [2**31 - 1, None, 4])
+def test_a_while_loop_that_counts_is_unrolled(tmp_path, trip):
+    """tf2onnx writes every Keras RNN as such a while loop. Its condition follows from the time
+    step and constants alone, so dlcc runs that part of the body at compile time to count the
+    iterations (6, or the trip count M where it is smaller) and unrolls it."""
+    path = counted_while_model(tmp_path / "w.onnx", trip=trip)
+    m = _run_both(path, {"x": rng.standard_normal((6, 1, 3)).astype(np.float32)}, "astitch")
+    n = 4 if trip == 4 else 6
+    assert any("Loop" in line and f"unrolled: {n} iterations" in line for line in m.plan["meta"]["pass_log"])
+    assert "Less" not in {n.op_type for n in import_model(path).nodes}  # (the counting copies are dead)
+
+
+def test_a_while_loop_whose_counter_starts_at_run_time_is_one_clear_error(tmp_path):
+    with pytest.raises(UnsupportedControlFlowError, match="is a while loop: .* from values known only at run time"):
+        dlcc.compile(counted_while_model(tmp_path / "w.onnx", start="input"), target="opencl")
 
 
 def test_the_cli_names_the_loop(tmp_path):

@@ -530,6 +530,20 @@ def infer_shapes(model: onnx.ModelProto, path) -> onnx.ModelProto:
             log.debug("%s: strict shape inference failed on a model with sequences (%s); lenient retry", path,
                       msg[0] if msg else e)
             return shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        if "Inferred shape and existing shape differ" in str(e):
+            # The model declares a shape its producer does not make (a graph output or a
+            # value_info an exporter guessed: tf2onnx's resizes, declared at TensorFlow's size).
+            # onnxruntime merges leniently and keeps what the op computes; so does dlcc, by
+            # inferring without the declarations (the graph outputs keep their names and types).
+            bare = onnx.ModelProto()
+            bare.CopyFrom(model)
+            del bare.graph.value_info[:]
+            for vi in bare.graph.output:
+                if vi.type.HasField("tensor_type"):
+                    vi.type.tensor_type.ClearField("shape")
+            log.debug("%s: a declared shape differs from the inferred one (%s); inferred without the declarations",
+                      path, msg[0] if msg else e)
+            return infer_shapes(bare, path)
         if _in_function_body(str(e), opset_of(model)):
             # onnx's inference of an op defined by a function body can fail inside that body
             # (MeanVarianceNormalization's Constant, onnx 1.23): the op's own fault, not the
@@ -647,6 +661,42 @@ def _maxunpool_shape(graph: Graph, node: Node) -> tuple | None:
     return tuple(int(d) for d in np.asarray(v).reshape(-1)) if v is not None else None
 
 
+def _resize_shape(graph: Graph, node: Node, opset: int) -> tuple | None:
+    """onnxruntime's output shape for a Resize (or Upsample) by constant scales: each dim is
+    `int(scale * dim)` multiplied in float32 (UpsampleBase::ComputeOutputShape). onnx's inference
+    floors the float64 product instead, so where the float32 product rounds up to a whole number
+    (13 / 7 stored as 1.8571428f, times 7: 12.9999996 in float64, 13.0 in float32) it says one
+    less than onnxruntime makes. tf2onnx writes such scales for every Keras resize to a size that
+    is not a multiple of the input's. None where the sizes input decides, or a value is unknown."""
+    x = graph.tensors.get(node.inputs[0]) if node.inputs else None
+    if x is None or x.shape is None or any(d is None for d in x.shape):
+        return None
+    if node.op_type == "Upsample" and "scales" in node.attrs:
+        scales = np.asarray(node.attrs["scales"], np.float32)
+    else:
+        k = 2 if node.op_type == "Resize" and opset >= 11 else 1
+        if node.op_type == "Resize" and opset >= 11 and len(node.inputs) > 3 and node.inputs[3]:
+            sizes = graph.tensors.get(node.inputs[3])
+            if sizes is None or sizes.value is None or np.asarray(sizes.value).size:
+                return None
+        t = graph.tensors.get(node.inputs[k]) if len(node.inputs) > k and node.inputs[k] else None
+        if t is None or t.value is None or not np.asarray(t.value).size:
+            return None
+        scales = np.asarray(t.value, np.float32).reshape(-1)
+    r = len(x.shape)
+    axes = node.attrs.get("axes")
+    axes = list(range(r)) if axes is None else [int(a) % r for a in axes]
+    if len(axes) != scales.size or not np.all(np.isfinite(scales)) or np.any(scales <= 0):
+        return None  # (the op's own checks say what is wrong)
+    full = np.ones(r, np.float32)
+    full[axes] = scales
+    with np.errstate(over="ignore"):
+        dims = full * np.asarray(x.shape, np.float32)
+    if not np.all(dims < 2.0 ** 62):
+        return None
+    return tuple(int(d) for d in dims)
+
+
 #: Output shapes that onnx 1.23's shape inference leaves open, from the input shapes (and constant
 #: values): a GatherND with a rank-0 result (indices of shape [rank of data]), and a MaxUnpool
 #: given `output_shape`. A rule returns None where it cannot tell either.
@@ -661,7 +711,13 @@ def _fold_and_infer(graph: Graph) -> None:
 
     keep: list[Node] = []
     declared = set(graph.outputs)
+    stale: set[str] = set()  # tensors shaped from a Resize whose shape was corrected, to infer again
     for node in graph.nodes:
+        if stale & set(node.inputs):
+            for o in node.outputs:
+                if o and graph.tensors[o].value is None:
+                    graph.tensors[o].shape = None
+                    stale.add(o)
         ins = [i for i in node.inputs if i]
         known = all(graph.tensors.get(i) is not None and graph.tensors[i].shape is not None for i in ins)
         if node.domain == "" and node.op_type in ("Shape", "Size") and known:
@@ -701,6 +757,12 @@ def _fold_and_infer(graph: Graph) -> None:
         rule = _SHAPE_RULES.get(node.op_type) if node.domain == "" else None
         if known and rule and node.outputs[0] and graph.tensors[node.outputs[0]].shape is None:
             graph.tensors[node.outputs[0]].shape = rule(graph, node)
+        if known and node.domain == "" and node.op_type in ("Resize", "Upsample") and node.outputs[0]:
+            t = graph.tensors[node.outputs[0]]
+            ort_shape = _resize_shape(graph, node, graph.opset)
+            if ort_shape is not None and t.shape is not None and tuple(t.shape) != ort_shape:
+                t.shape = ort_shape
+                stale.add(node.outputs[0])
         keep.append(node)
     graph.nodes = keep
 

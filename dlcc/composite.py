@@ -1,6 +1,6 @@
 """Standard ONNX ops that dlcc writes as other standard ops at import, once the shapes are static:
-OneHot, Hardmax, LpNormalization, LpPool, GlobalLpPool, EyeLike, ReverseSequence,
-Einsum (einsum.py), GridSample (grid_sample.py) and DeformConv (deform_conv.py).
+OneHot, Hardmax, LpNormalization, LpPool, GlobalLpPool, EyeLike, ReverseSequence, Compress (by a
+constant condition), Einsum (einsum.py), GridSample (grid_sample.py) and DeformConv (deform_conv.py).
 
 Why a rewrite and not a kernel of their own: each is a short composition of ops dlcc already
 lowers, checks and stitches (Equal against a Range, an ArgMax, a reduction, a pooling, a Gather),
@@ -204,6 +204,42 @@ def _reverse_sequence(b: _Builder) -> None:
     b.op("GatherElements", [x, idx], b.node.output[0], axis=time)
 
 
+def _compress(b: _Builder) -> None:
+    """Compress by a constant condition: a Gather of the positions where it is true (along
+    `axis`, or of the flattened input without one). Its output shape is then known; tf2onnx
+    writes TensorFlow's SYMMETRIC MirrorPad as a reflect Pad followed by such Compresses, with a
+    mask the shapes alone decide. A condition shorter than the axis drops the rest, as the spec
+    and onnxruntime do; a longer one is an error. A condition computed from data keeps the
+    output's shape unknown until run time, and is refused as data-dependent."""
+    from .errors import DynamicShapeError
+
+    if len(b.node.input) != 2 or not all(b.node.input):
+        raise b.fail("takes 2 inputs: input, condition")
+    x, cond_name = b.node.input
+    cond = b.const(cond_name)
+    if cond is None:
+        raise DynamicShapeError(f"{b.path}: Compress {b.label!r}: its condition is computed at run time, so its output's "
+                                "shape depends on tensor values (data-dependent shapes are not supported: dlcc compiles "
+                                "static shapes; --fallback onnxruntime runs such nodes there)", tensor=b.node.output[0])
+    cond = np.asarray(cond)
+    if cond.ndim != 1:
+        raise b.fail(f"the condition must be 1-D, not of shape {list(cond.shape)}")
+    shape = b.shape(x)
+    axis = b.attrs.get("axis")
+    if axis is None:
+        x = b.op("Reshape", [x, b.ints(-1)])
+        length, axis = int(np.prod(shape, dtype=np.int64)), 0
+    else:
+        axis = _axis(b, int(axis), len(shape))
+        length = shape[axis]
+    if cond.size > length:
+        raise b.fail(f"the condition has {cond.size} values, more than the {length} along the axis it selects from")
+    keep = np.flatnonzero(cond.astype(bool)).astype(np.int64)
+    if not keep.size:
+        raise b.unsupported("a Compress that keeps nothing (a zero-size output)")
+    b.op("Gather", [x, b.constant(keep, np.int64)], b.node.output[0], axis=axis)
+
+
 def _einsum(b: _Builder) -> None:
     from .einsum import lower_einsum
 
@@ -231,7 +267,7 @@ def _deform_conv(b: _Builder) -> None:
 REWRITES = {
     "OneHot": _one_hot, "Hardmax": _hardmax, "LpNormalization": _lp_normalization, "LpPool": _lp_pool,
     "GlobalLpPool": _global_lp_pool, "EyeLike": _eye_like, "ReverseSequence": _reverse_sequence, "Einsum": _einsum, "GridSample": _grid_sample, "AffineGrid": _affine_grid,
-    "DeformConv": _deform_conv,
+    "DeformConv": _deform_conv, "Compress": _compress,
 }
 
 def listed() -> list[tuple[str, str]]:

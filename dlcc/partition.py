@@ -59,7 +59,7 @@ MANIFEST, MODEL_FILE = "partition.json", "model.onnx"
 FORMAT, FORMAT_VERSION = "dlcc-partition", 1
 
 #: Ops whose output shape depends on the values of their inputs: they never compile statically.
-DATA_DEPENDENT = {"NonZero", "NonMaxSuppression", "Unique", "Compress", "StringNormalizer", "TfIdfVectorizer",
+DATA_DEPENDENT = {"NonZero", "NonMaxSuppression", "Unique", "StringNormalizer", "TfIdfVectorizer",
                   "RegexFullMatch", "StringConcat", "StringSplit", "Multinomial", "RandomNormal", "RandomUniform",
                   "RandomNormalLike", "RandomUniformLike", "Bernoulli"}
 

@@ -125,6 +125,48 @@ def test_reverse_sequence_and_eye_like(tmp_path, pipeline):
     _check(_model(tmp_path, nodes, feeds, ["r_tb", "r_bt", "eye", "eye_i"]), feeds, pipeline)
 
 
+@needs_opencl
+def test_compress_by_a_constant_condition(tmp_path):
+    """A Gather of the kept positions: along an axis, with a condition shorter than the axis (the
+    rest dropped), without an axis (the flattened input), and tf2onnx's SYMMETRIC MirrorPad, a
+    reflect Pad then a Compress by a mask built from the padded shape."""
+    rng = np.random.default_rng(4)
+    feeds = {"x": rng.standard_normal((2, 5, 4)).astype(np.float32)}
+    pad_mask_len = 5 + 3
+    inits = {"c1": np.array([1, 0, 1, 1, 0], bool), "c2": np.array([0, 1, 1], bool),
+             "cf": np.array([1, 0, 0, 1] * 3, bool), "pads": np.array([0, 2, 0, 0, 1, 0], np.int64),
+             "len": np.array([pad_mask_len], np.int64), "drop": np.array([2, -2], np.int64),
+             "no": np.zeros(2, bool)}
+    nodes = [h.make_node("Compress", ["x", "c1"], ["y1"], axis=1),
+             h.make_node("Compress", ["x", "c2"], ["y2"], axis=-1),
+             h.make_node("Compress", ["x", "cf"], ["y3"]),
+             h.make_node("Pad", ["x", "pads"], ["p"], mode="reflect"),
+             h.make_node("ConstantOfShape", ["len"], ["ones"], value=nh.from_array(np.ones(1, bool))),
+             h.make_node("ScatterElements", ["ones", "drop", "no"], ["mask"]),
+             h.make_node("Compress", ["p", "mask"], ["sym"], axis=1)]
+    ins = [h.make_tensor_value_info("x", F, [2, 5, 4])]
+    outs = [h.make_tensor_value_info(o, F, [f"{o}_{k}" for k in range(r)])
+            for o, r in (("y1", 3), ("y2", 3), ("y3", 1), ("sym", 3))]
+    g = h.make_graph(nodes, "compress", ins, outs, [nh.from_array(v, k) for k, v in inits.items()])
+    path = tmp_path / "compress.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+    got = _check(path, feeds, "astitch")
+    assert got["sym"].shape == (2, 6, 4)
+
+
+def test_compress_by_a_condition_computed_at_run_time_is_data_dependent(tmp_path):
+    from dlcc.errors import DynamicShapeError
+
+    feeds = {"x": np.zeros((3, 4), np.float32), "c": np.zeros(3, bool)}
+    path = _model(tmp_path, [h.make_node("Compress", ["x", "c"], ["y"], axis=0)], feeds, ["y"])
+    with pytest.raises(DynamicShapeError, match="Compress .*condition is computed at run time"):
+        dlcc.compile(path, target="opencl")
+    if opencl_device_available():  # (the fallback runs it on onnxruntime)
+        m = dlcc.compile(path, target="opencl", fallback="onnxruntime")
+        x = np.arange(12, dtype=np.float32).reshape(3, 4)
+        np.testing.assert_array_equal(m({"x": x, "c": np.array([1, 0, 1], bool)})["y"], x[[0, 2]])
+
+
 def test_malformed_nodes_are_clear_errors(tmp_path):
     idx = {"i": np.zeros((2,), np.int64), "d": np.zeros((), np.int64)}
     cases = [

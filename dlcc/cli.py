@@ -655,6 +655,7 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
     from .passes import PASSES
     from .composite import listed as composite_ops
     from .fused_ops import MICROSOFT as FUSED, ONNX_DOMAIN as FUSED_ONNX_DOMAIN
+    from .ml_ops import ML, ML_REWRITES
     from .quantized import MICROSOFT
 
     if what == "ops":
@@ -674,7 +675,9 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
                       + [(f"com.microsoft::{op}", "onnxruntime's fused op: standard ops at import (dlcc/fused_ops.py)", "1")
                          for op in FUSED]
                       + [(f"{op} (onnxruntime's)", "onnxruntime's ONNX-domain op: standard ops at import (dlcc/fused_ops.py)",
-                          "1" if op == "SimplifiedLayerNormalization" else "1 to 16") for op in FUSED_ONNX_DOMAIN])
+                          "1" if op == "SimplifiedLayerNormalization" else "1 to 16") for op in FUSED_ONNX_DOMAIN]
+                      + [(f"{ML}::{op}", "classic ML (skl2onnx): standard ops at import (dlcc/ml_ops.py)", "1")
+                         for op in sorted(ML_REWRITES)])
         cols = ("op", "category", "since opsets")
     elif what == "devices":
         rows = []

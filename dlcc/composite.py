@@ -1,6 +1,7 @@
 """Standard ONNX ops that dlcc writes as other standard ops at import, once the shapes are static:
 OneHot, Hardmax, LpNormalization, LpPool, GlobalLpPool, EyeLike, ReverseSequence, Compress (by a
-constant condition), Einsum (einsum.py), GridSample (grid_sample.py) and DeformConv (deform_conv.py).
+constant condition), Einsum (einsum.py), GridSample (grid_sample.py) and DeformConv (deform_conv.py);
+and the simple ops of the ai.onnx.ml domain (ml_ops.py).
 
 Why a rewrite and not a kernel of their own: each is a short composition of ops dlcc already
 lowers, checks and stitches (Equal against a Range, an ArgMax, a reduction, a pooling, a Gather),
@@ -26,12 +27,18 @@ _F = onnx.TensorProto.FLOAT
 def lower_composite(model: onnx.ModelProto, infer, weights, path, supported: set[str]) -> tuple[onnx.ModelProto, list[str]]:
     """Rewrite (in place) every node of `model`'s main graph whose op is in REWRITES and has no
     lowering in `supported`. Returns the model and a note for the pass log."""
+    from .ml_ops import ML, ML_REWRITES
+
     def chosen(n: onnx.NodeProto) -> bool:
-        return n.domain in ("", "ai.onnx") and n.op_type in REWRITES and n.op_type not in supported
+        return (n.domain in ("", "ai.onnx") and n.op_type in REWRITES and n.op_type not in supported) or (
+            n.domain == ML and n.op_type in ML_REWRITES)
+
+    def rewrite(b: _Builder) -> None:
+        (ML_REWRITES if b.node.domain == ML else REWRITES)[b.node.op_type](b)
 
     if not any(chosen(n) for n in model.graph.node):
         return model, []
-    _, counts = rewrite_rounds(model, infer, weights, path, chosen, lambda b: REWRITES[b.node.op_type](b), _Builder)
+    _, counts = rewrite_rounds(model, infer, weights, path, chosen, rewrite, _Builder)
     return model, ["import: written as standard ops (dlcc/composite.py): "
                    + ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))]
 

@@ -92,7 +92,9 @@ def dlcc_knows(node: onnx.NodeProto, opset: int) -> bool:
     if node.op_type in DATA_DEPENDENT:
         return False
     if node.domain not in ("", "ai.onnx"):
-        return is_fused_op(node, opset) or is_quantized_op(node)
+        from .ml_ops import ML, ML_REWRITES
+
+        return is_fused_op(node, opset) or is_quantized_op(node) or (node.domain == ML and node.op_type in ML_REWRITES)
     if lookup(node.op_type, opset) is not None or node.op_type in REWRITES or is_fused_op(node, opset):
         return True
     if node.op_type in FOLDED or node.op_type in (

@@ -1,0 +1,171 @@
+"""The simple ops of the `ai.onnx.ml` domain, written as standard ops at import (composite.py runs
+them with its own rewrites): Scaler, Normalizer, Binarizer, ArrayFeatureExtractor and
+LinearRegressor.
+
+Why: skl2onnx writes scikit-learn pipelines with them around the part that is a neural network
+or a linear model: a StandardScaler before an MLPClassifier is a Scaler, the class label after
+its argmax an ArrayFeatureExtractor of the classes. Each is a line or two of standard ops, which
+AStitch fuses with the MatMuls around them, so the whole pipeline compiles to one plan instead of
+running those nodes on onnxruntime (--fallback). Each body follows onnxruntime's CPU kernel:
+inputs of any of its numeric types are converted to float32 first, and the arithmetic is its
+float32 arithmetic.
+
+The other ML ops (tree ensembles, SVMs, the string encoders, LinearClassifier's score
+transforms, ZipMap's sequence of maps) stay unsupported, listed by name; `--fallback onnxruntime`
+runs them there.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from .fused_ops import _Builder
+
+_F, _I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+ML = "ai.onnx.ml"
+
+
+def _as_float(b: _Builder, x: str) -> str:
+    """X as float32, as onnxruntime's ML kernels read their float, double, int64 or int32 inputs."""
+    elem = b.elem(x)
+    if elem not in (_F, onnx.TensorProto.DOUBLE, _I64, onnx.TensorProto.INT32):
+        raise b.fail(f"input type {onnx.TensorProto.DataType.Name(elem) if elem else 'unknown'} is not float, "
+                     "double, int64 or int32")
+    return x if elem == _F else b.op("Cast", [x], to=_F)
+
+
+def _rank_1_or_2(b: _Builder, x: str) -> tuple[int, ...]:
+    shape = b.shape(x)
+    if len(shape) not in (1, 2):
+        raise b.fail(f"the input must be [C] or [N, C], not of shape {list(shape)}")
+    return shape
+
+
+def _text(b: _Builder, name: str, default: str) -> str:
+    v = b.attrs.get(name, default)
+    if not isinstance(v, (bytes, str)):
+        raise b.fail(f"attribute {name!r} must be a string, not {v!r}"[:300])
+    return v.decode(errors="replace") if isinstance(v, bytes) else v
+
+
+def _floats(b: _Builder, name: str) -> np.ndarray:
+    v = b.attrs.get(name)
+    if v is None or not len(v):
+        raise b.fail(f"attribute {name!r} is required and must not be empty")
+    return np.asarray(v, np.float32)
+
+
+def _scaler(b: _Builder) -> None:
+    """Y = (X - offset) * scale, one offset and scale for every value or one per column."""
+    x = b.node.input[0]
+    shape = _rank_1_or_2(b, x)
+    offset, scale = _floats(b, "offset"), _floats(b, "scale")
+    c = shape[-1]
+    if not (offset.size == scale.size == 1 or offset.size == scale.size == c):
+        raise b.fail(f"offset ({offset.size} values) and scale ({scale.size}) must both hold 1 value or one per "
+                     f"column ({c})")
+    shifted = b.op("Sub", [_as_float(b, x), b.constant(offset.reshape(-1) if offset.size > 1 else offset[0])])
+    b.op("Mul", [shifted, b.constant(scale.reshape(-1) if scale.size > 1 else scale[0])], b.node.output[0])
+
+
+def _normalizer(b: _Builder) -> None:
+    """Each row divided by its maximum (MAX, the largest value, not the largest magnitude), by the
+    sum of its magnitudes (L1), or by its Euclidean norm (L2, as sign(x)·sqrt(x² / Σx²)); a row
+    whose divisor is 0 is kept as it is."""
+    x = b.node.input[0]
+    _rank_1_or_2(b, x)
+    norm = _text(b, "norm", "MAX")
+    xf = _as_float(b, x)
+    axes = [-1]
+    zero = b.constant(np.float32(0))
+    if norm == "MAX":
+        d = b.op("ReduceMax", [xf, b.ints(*axes)] if b.opset >= 18 else [xf], keepdims=1,
+                 **({} if b.opset >= 18 else {"axes": axes}))
+        y = b.op("Div", [xf, d])
+    elif norm == "L1":
+        d = b.op("ReduceSum", [b.op("Abs", [xf]), b.ints(*axes)] if b.opset >= 13 else [b.op("Abs", [xf])],
+                 keepdims=1, **({} if b.opset >= 13 else {"axes": axes}))
+        y = b.op("Div", [xf, d])
+    elif norm == "L2":
+        sq = b.op("Mul", [xf, xf])
+        d = b.op("ReduceSum", [sq, b.ints(*axes)] if b.opset >= 13 else [sq], keepdims=1,
+                 **({} if b.opset >= 13 else {"axes": axes}))
+        mag = b.op("Sqrt", [b.op("Div", [sq, d])])
+        y = b.op("Where", [b.op("Less", [xf, zero]), b.op("Neg", [mag]), mag])
+    else:
+        raise b.fail(f"norm {norm!r} is not MAX, L1 or L2")
+    b.op("Where", [b.op("Equal", [d, zero]), xf, y], b.node.output[0])
+
+
+def _binarizer(b: _Builder) -> None:
+    """Y = 1 where X > threshold, else 0, in X's type. A NaN is not above the threshold, so gives 0,
+    as the spec reads; onnxruntime refuses an input holding NaN instead."""
+    x = b.node.input[0]
+    elem = b.elem(x)
+    if elem not in (_F, onnx.TensorProto.DOUBLE, _I64, onnx.TensorProto.INT32):
+        raise b.fail("the input must be float, double, int64 or int32")
+    np_type = onnx.helper.tensor_dtype_to_np_dtype(elem)
+    t = b.constant(np.asarray(float(b.attr("threshold", 0.0))).astype(np_type), np_type)
+    hit = b.op("Greater", [x, t])
+    b.op("Where", [hit, b.constant(np.ones((), np_type), np_type), b.constant(np.zeros((), np_type), np_type)],
+         b.node.output[0])
+
+
+def _array_feature_extractor(b: _Builder) -> None:
+    """The columns Y of X along its last axis: X's shape with the last dim replaced by the number
+    of indices ([1, n] for a 1-D X). An index outside [0, C) is an error, as in onnxruntime: a
+    negative one is moved out of range, so the Gather's index check reports it instead of
+    counting it from the end."""
+    x, y = b.node.input[0], b.node.input[1]
+    shape = b.shape(x)
+    if not shape:
+        raise b.fail("X must have at least one dimension")
+    if b.elem(y) != _I64:
+        raise b.fail("Y (the indices) must be int64")
+    c = shape[-1]
+    idx = b.op("Reshape", [y, b.ints(-1)])
+    given = b.const(y)
+    if given is not None:
+        bad = np.asarray(given).reshape(-1)
+        bad = bad[(bad < 0) | (bad >= c)]
+        if bad.size:
+            raise b.fail(f"index {int(bad[0])} is outside [0, {c - 1}] for the {c} columns of X")
+    else:
+        idx = b.op("Where", [b.op("Less", [idx, b.constant(np.int64(0), np.int64)]),
+                             b.constant(np.int64(c), np.int64), idx])
+    out = b.node.output[0]
+    if len(shape) == 1:
+        b.op("Unsqueeze", [b.op("Gather", [x, idx], axis=0), b.ints(0)] if b.opset >= 13 else
+             [b.op("Gather", [x, idx], axis=0)], out, **({} if b.opset >= 13 else {"axes": [0]}))
+    else:
+        b.op("Gather", [x, idx], out, axis=len(shape) - 1)
+
+
+def _linear_regressor(b: _Builder) -> None:
+    """Y = X · coefficientsᵀ + intercepts, [N, targets] in float32 ([1, targets] for a 1-D X)."""
+    x = b.node.input[0]
+    shape = _rank_1_or_2(b, x)
+    post = _text(b, "post_transform", "NONE")
+    if post != "NONE":
+        raise b.unsupported(f"post_transform {post!r}")
+    targets = int(b.attr("targets", 1))
+    coef = _floats(b, "coefficients")
+    c = shape[-1]
+    if targets < 1 or coef.size != targets * c:
+        raise b.fail(f"coefficients hold {coef.size} values, not targets ({targets}) x columns ({c})")
+    xf = _as_float(b, x)
+    if len(shape) == 1:
+        xf = b.op("Reshape", [xf, b.ints(1, c)])
+    w = b.constant(coef.reshape(targets, c).T.copy())
+    inter = b.attrs.get("intercepts")
+    if inter is not None and len(inter):
+        inter = np.asarray(inter, np.float32)
+        if inter.size != targets:
+            raise b.fail(f"intercepts hold {inter.size} values, not one per target ({targets})")
+        b.op("Add", [b.op("MatMul", [xf, w]), b.constant(inter)], b.node.output[0])
+    else:
+        b.op("MatMul", [xf, w], b.node.output[0])
+
+
+ML_REWRITES = {"Scaler": _scaler, "Normalizer": _normalizer, "Binarizer": _binarizer,
+               "ArrayFeatureExtractor": _array_feature_extractor, "LinearRegressor": _linear_regressor}

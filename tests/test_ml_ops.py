@@ -1,0 +1,124 @@
+"""The simple ai.onnx.ml ops skl2onnx writes around a network (dlcc/ml_ops.py), each against
+onnxruntime's CPU kernel on PoCL; and what stays unsupported is named."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.helper as h
+import onnx.numpy_helper as nh
+import pytest
+
+import dlcc
+from dlcc.errors import DlccError, UnsupportedOpsError
+
+from conftest import opencl_device_available
+
+needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
+F, I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+ML = "ai.onnx.ml"
+
+
+def _model(tmp_path, nodes, inputs, outputs, inits=None, name="m"):
+    """`inputs` and `outputs`: {name: (elem type, shape)}."""
+    g = h.make_graph(nodes, name, [h.make_tensor_value_info(k, t, s) for k, (t, s) in inputs.items()],
+                     [h.make_tensor_value_info(k, t, s) for k, (t, s) in outputs.items()],
+                     [nh.from_array(v, k) for k, v in (inits or {}).items()])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(ML, 1)])
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(m, path)
+    return path
+
+
+def _check(path, feeds, pipeline="astitch"):
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    m = dlcc.compile(path, target="opencl", pipeline=pipeline)
+    got = m(feeds)
+    for o, ref in zip(sess.get_outputs(), sess.run(None, feeds)):
+        assert got[o.name].shape == ref.shape and got[o.name].dtype == ref.dtype, o.name
+        np.testing.assert_allclose(got[o.name], ref, rtol=1e-6, atol=1e-7, err_msg=o.name)
+    return m
+
+
+@needs_opencl
+def test_scaler_normalizer_binarizer(tmp_path):
+    """Scaler with one offset and scale and with one per column, on float and int64 input;
+    Normalizer's three norms, with a row of zeros (kept as it is), negative values and an
+    all-negative row (MAX divides by its largest value, a negative one); Binarizer at its
+    threshold and, where onnxruntime refuses, NaN."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    x[1] = 0
+    x[3] = -np.abs(x[3])
+    xi = rng.integers(-9, 9, (5, 4)).astype(np.int64)
+    xb = x.copy()
+    xb[2, 1] = 0.25  # on the threshold: not above it
+    nodes = [h.make_node("Scaler", ["x"], ["s1"], domain=ML, offset=[0.5], scale=[2.0]),
+             h.make_node("Scaler", ["xi"], ["s2"], domain=ML, offset=[0.1, -1, 2, 0], scale=[1, 0.5, -3, 4]),
+             h.make_node("Normalizer", ["x"], ["nmax"], domain=ML, norm="MAX"),
+             h.make_node("Normalizer", ["x"], ["nl1"], domain=ML, norm="L1"),
+             h.make_node("Normalizer", ["xi"], ["nl2"], domain=ML, norm="L2"),
+             h.make_node("Binarizer", ["xb"], ["b"], domain=ML, threshold=0.25)]
+    shape = (F, [5, 4])
+    path = _model(tmp_path, nodes, {"x": shape, "xi": (I64, [5, 4]), "xb": shape},
+                  {o: shape for o in ("s1", "s2", "nmax", "nl1", "nl2", "b")})
+    m = _check(path, {"x": x, "xi": xi, "xb": xb})
+    xb[0, 0] = np.nan  # onnxruntime refuses NaN here; dlcc gives the spec's answer, not above: 0
+    assert m({"x": x, "xi": xi, "xb": xb})["b"][0, 0] == 0
+
+
+@needs_opencl
+def test_array_feature_extractor_and_linear_regressor(tmp_path):
+    """skl2onnx's classifier tail: the class label is ArrayFeatureExtractor(classes, argmax), with
+    indices computed at run time; constant columns of a 2-D and a 1-D X; LinearRegressor with
+    two targets and intercepts, and with one target and none on a 1-D X."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((6, 3)).astype(np.float32)
+    inits = {"w": rng.standard_normal((3, 4)).astype(np.float32), "classes": np.array([3, 8, 1, 5], np.int64),
+             "cols": np.array([[2, 0], [2, 1]], np.int64), "one": np.array([1], np.int64)}
+    nodes = [h.make_node("MatMul", ["x", "w"], ["z"]), h.make_node("ArgMax", ["z"], ["am"], axis=1),
+             h.make_node("ArrayFeatureExtractor", ["classes", "am"], ["label2"], domain=ML),
+             h.make_node("Reshape", ["label2", "minus1"], ["label"]),
+             h.make_node("ArrayFeatureExtractor", ["x", "cols"], ["picked"], domain=ML),
+             h.make_node("ArrayFeatureExtractor", ["v", "one"], ["picked1"], domain=ML),
+             h.make_node("LinearRegressor", ["x"], ["r2"], domain=ML, targets=2,
+                         coefficients=rng.standard_normal(6).tolist(), intercepts=[0.5, -1.0]),
+             h.make_node("LinearRegressor", ["v"], ["r1"], domain=ML, coefficients=[0.3, -2.0, 1.5])]
+    inits["minus1"] = np.array([-1], np.int64)
+    path = _model(tmp_path, nodes, {"x": (F, [6, 3]), "v": (F, [3])},
+                  {"label": (I64, [6]), "picked": (F, [6, 4]), "picked1": (F, [1, 1]), "r2": (F, [6, 2]),
+                   "r1": (F, [1, 1])}, inits)
+    _check(path, {"x": x, "v": rng.standard_normal(3).astype(np.float32)})
+
+
+@needs_opencl
+def test_a_feature_index_outside_the_columns_is_an_error(tmp_path):
+    """A constant index outside [0, C) at compile time; a computed one, negative too (onnxruntime
+    refuses it rather than counting from the end), when the model runs."""
+    path = _model(tmp_path, [h.make_node("ArrayFeatureExtractor", ["x", "i"], ["y"], domain=ML)],
+                  {"x": (F, [2, 4])}, {"y": (F, [2, 1])}, {"i": np.array([4], np.int64)}, "const")
+    with pytest.raises(DlccError, match=r"index 4 is outside \[0, 3\]"):
+        dlcc.compile(path, target="opencl")
+    path = _model(tmp_path, [h.make_node("ArrayFeatureExtractor", ["x", "i"], ["y"], domain=ML)],
+                  {"x": (F, [2, 4]), "i": (I64, [1])}, {"y": (F, [2, 1])}, name="computed")
+    m = dlcc.compile(path, target="opencl")
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_array_equal(m({"x": x, "i": np.array([3], np.int64)})["y"], x[:, 3:])
+    for bad in (4, -1):
+        with pytest.raises(DlccError, match="out of range|outside"):
+            m({"x": x, "i": np.array([bad], np.int64)})
+
+
+def test_the_ml_ops_dlcc_lacks_are_named(tmp_path):
+    nodes = [h.make_node("Scaler", ["x"], ["s"], domain=ML, offset=[0.0], scale=[1.0]),
+             h.make_node("LinearClassifier", ["s"], ["label", "scores"], domain=ML, coefficients=[1.0] * 8,
+                         intercepts=[0.0, 0.0], classlabels_ints=[0, 1])]
+    path = _model(tmp_path, nodes, {"x": (F, [3, 4])}, {"label": (I64, [3]), "scores": (F, [3, 2])})
+    with pytest.raises(UnsupportedOpsError, match="ai.onnx.ml::LinearClassifier") as e:
+        dlcc.compile(path, target="opencl")
+    assert "Scaler" not in str(e.value)
+    bad = _model(tmp_path, [h.make_node("Scaler", ["x"], ["s"], domain=ML, offset=[0.0, 1.0], scale=[1.0])],
+                 {"x": (F, [3, 4])}, {"s": (F, [3, 4])}, name="bad")
+    with pytest.raises(DlccError, match="must both hold 1 value or one per column"):
+        dlcc.compile(bad, target="opencl")

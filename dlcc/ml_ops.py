@@ -1,6 +1,6 @@
 """The simple ops of the `ai.onnx.ml` domain, written as standard ops at import (composite.py runs
-them with its own rewrites): Scaler, Normalizer, Binarizer, ArrayFeatureExtractor and
-LinearRegressor.
+them with its own rewrites): Scaler, Normalizer, Binarizer, ArrayFeatureExtractor,
+LinearRegressor and LinearClassifier.
 
 Why: skl2onnx writes scikit-learn pipelines with them around the part that is a neural network
 or a linear model: a StandardScaler before an MLPClassifier is a Scaler, the class label after
@@ -10,8 +10,8 @@ running those nodes on onnxruntime (--fallback). Each body follows onnxruntime's
 inputs of any of its numeric types are converted to float32 first, and the arithmetic is its
 float32 arithmetic.
 
-The other ML ops (tree ensembles, SVMs, the string encoders, LinearClassifier's score
-transforms, ZipMap's sequence of maps) stay unsupported, listed by name; `--fallback onnxruntime`
+The other ML ops (tree ensembles, SVMs, the string encoders, ZipMap's sequence of maps) and
+LinearClassifier's string labels and rarer score transforms stay unsupported, listed by name; `--fallback onnxruntime`
 runs them there.
 """
 from __future__ import annotations
@@ -167,5 +167,54 @@ def _linear_regressor(b: _Builder) -> None:
         b.op("MatMul", [xf, w], b.node.output[0])
 
 
+def _linear_classifier(b: _Builder) -> None:
+    """Scores X · coefficientsᵀ + intercepts, one per class, then a label and the transformed
+    scores as onnxruntime gives them:
+
+    - several classes: the label of the first largest score (before the transform); scores as
+      they are (NONE), or through SOFTMAX or LOGISTIC;
+    - one class with two labels (a binary model): the second label where the score is above 0,
+      else the first; scores [1 - s, s], with s the score through LOGISTIC where that is the
+      transform and the raw score otherwise (onnxruntime applies no SOFTMAX to one score).
+
+    String labels (a string output), SOFTMAX_ZERO and PROBIT are refused as unsupported."""
+    x = b.node.input[0]
+    shape = _rank_1_or_2(b, x)
+    if b.attrs.get("classlabels_strings"):
+        raise b.unsupported("string class labels (a string output)")
+    post = _text(b, "post_transform", "NONE")
+    if post not in ("NONE", "SOFTMAX", "LOGISTIC"):
+        raise b.unsupported(f"post_transform {post!r}")
+    inter = _floats(b, "intercepts")
+    coef = _floats(b, "coefficients")
+    classes, c = inter.size, shape[-1]
+    if coef.size != classes * c:
+        raise b.fail(f"coefficients hold {coef.size} values, not classes ({classes}, one per intercept) x "
+                     f"columns ({c})")
+    labels = np.asarray(b.attrs.get("classlabels_ints") or [], np.int64)
+    if labels.size != (2 if classes == 1 else classes):
+        raise b.fail(f"classlabels_ints must hold {2 if classes == 1 else classes} labels for {classes} "
+                     f"class{'es' if classes > 1 else ''}, not {labels.size}")
+    xf = _as_float(b, x)
+    if len(shape) == 1:
+        xf = b.op("Reshape", [xf, b.ints(1, c)])
+    score = b.op("Add", [b.op("MatMul", [xf, b.constant(coef.reshape(classes, c).T.copy())]), b.constant(inter)])
+    label_out, scores_out = b.node.output[0], (b.node.output[1] if len(b.node.output) > 1 else "")
+    if classes == 1:
+        flat = b.op("Reshape", [score, b.ints(-1)])
+        above = b.op("Greater", [flat, b.constant(np.float32(0))])
+        b.op("Where", [above, b.constant(labels[1], np.int64), b.constant(labels[0], np.int64)], label_out)
+        if scores_out:
+            p = b.op("Sigmoid", [score]) if post == "LOGISTIC" else score
+            b.op("Concat", [b.op("Sub", [b.constant(np.float32(1)), p]), p], scores_out, axis=1)
+        return
+    best = b.op("ArgMax", [score], axis=1, keepdims=0)
+    b.op("Gather", [b.constant(labels, np.int64), best], label_out, axis=0)
+    if scores_out:
+        kinds = {"NONE": "Identity", "SOFTMAX": "Softmax", "LOGISTIC": "Sigmoid"}
+        b.op(kinds[post], [score], scores_out, **({"axis": 1} if post == "SOFTMAX" else {}))
+
+
 ML_REWRITES = {"Scaler": _scaler, "Normalizer": _normalizer, "Binarizer": _binarizer,
-               "ArrayFeatureExtractor": _array_feature_extractor, "LinearRegressor": _linear_regressor}
+               "ArrayFeatureExtractor": _array_feature_extractor, "LinearRegressor": _linear_regressor,
+               "LinearClassifier": _linear_classifier}

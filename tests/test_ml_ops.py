@@ -110,14 +110,47 @@ def test_a_feature_index_outside_the_columns_is_an_error(tmp_path):
             m({"x": x, "i": np.array([bad], np.int64)})
 
 
+@needs_opencl
+def test_linear_classifier(tmp_path):
+    """Three classes through NONE, SOFTMAX and LOGISTIC (the label from the raw scores, the first
+    largest on a tie); a binary model (one score, two labels: [1 - s, s], s through LOGISTIC
+    where asked, and the second label above 0) on int64 and 1-D input; rows scoring exactly 0."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((7, 4)).astype(np.float32)
+    x[5] = 0  # every score is its intercept: a tie between the first two classes
+    coef3 = rng.standard_normal(12).tolist()
+    nodes = [h.make_node("LinearClassifier", ["x"], [f"l_{p}", f"z_{p}"], domain=ML, coefficients=coef3,
+                         intercepts=[0.2, 0.2, -0.1], classlabels_ints=[7, 3, 9], post_transform=p)
+             for p in ("NONE", "SOFTMAX", "LOGISTIC")]
+    coef1 = rng.standard_normal(4).tolist()
+    nodes += [h.make_node("LinearClassifier", ["x"], [f"lb_{p}", f"zb_{p}"], domain=ML, coefficients=coef1,
+                          intercepts=[0.0], classlabels_ints=[4, 6], post_transform=p) for p in ("NONE", "LOGISTIC")]
+    nodes += [h.make_node("LinearClassifier", ["xi"], ["lbi", "zbi"], domain=ML, coefficients=coef1, intercepts=[0.5],
+                          classlabels_ints=[0, 1], post_transform="SOFTMAX"),
+              h.make_node("LinearClassifier", ["v"], ["lv", "zv"], domain=ML, coefficients=coef3, intercepts=[0.0, 1.0, 0.0],
+                          classlabels_ints=[0, 1, 2])]
+    outs = {f"l_{p}": (I64, [7]) for p in ("NONE", "SOFTMAX", "LOGISTIC")}
+    outs.update({f"z_{p}": (F, [7, 3]) for p in ("NONE", "SOFTMAX", "LOGISTIC")})
+    outs.update({f"lb_{p}": (I64, [7]) for p in ("NONE", "LOGISTIC")})
+    outs.update({f"zb_{p}": (F, [7, 2]) for p in ("NONE", "LOGISTIC")})
+    outs.update({"lbi": (I64, [7]), "zbi": (F, [7, 2]), "lv": (I64, [1]), "zv": (F, [1, 3])})
+    path = _model(tmp_path, nodes, {"x": (F, [7, 4]), "xi": (I64, [7, 4]), "v": (F, [4])}, outs)
+    _check(path, {"x": x, "xi": rng.integers(-3, 3, (7, 4)).astype(np.int64), "v": x[0]})
+
+
 def test_the_ml_ops_dlcc_lacks_are_named(tmp_path):
     nodes = [h.make_node("Scaler", ["x"], ["s"], domain=ML, offset=[0.0], scale=[1.0]),
              h.make_node("LinearClassifier", ["s"], ["label", "scores"], domain=ML, coefficients=[1.0] * 8,
-                         intercepts=[0.0, 0.0], classlabels_ints=[0, 1])]
-    path = _model(tmp_path, nodes, {"x": (F, [3, 4])}, {"label": (I64, [3]), "scores": (F, [3, 2])})
-    with pytest.raises(UnsupportedOpsError, match="ai.onnx.ml::LinearClassifier") as e:
+                         intercepts=[0.0, 0.0], classlabels_ints=[0, 1], post_transform="PROBIT"),
+             h.make_node("SVMRegressor", ["x"], ["r"], domain=ML, coefficients=[1.0], support_vectors=[0.0] * 4,
+                         n_supports=1, rho=[0.0], kernel_type="LINEAR")]
+    path = _model(tmp_path, [nodes[0], nodes[2]], {"x": (F, [3, 4])}, {"s": (F, [3, 4]), "r": (F, [3, 1])})
+    with pytest.raises(UnsupportedOpsError, match="ai.onnx.ml::SVMRegressor") as e:
         dlcc.compile(path, target="opencl")
     assert "Scaler" not in str(e.value)
+    path = _model(tmp_path, nodes[:2], {"x": (F, [3, 4])}, {"label": (I64, [3]), "scores": (F, [3, 2])}, name="probit")
+    with pytest.raises(DlccError, match="post_transform 'PROBIT' is not supported"):
+        dlcc.compile(path, target="opencl")
     bad = _model(tmp_path, [h.make_node("Scaler", ["x"], ["s"], domain=ML, offset=[0.0, 1.0], scale=[1.0])],
                  {"x": (F, [3, 4])}, {"s": (F, [3, 4])}, name="bad")
     with pytest.raises(DlccError, match="must both hold 1 value or one per column"):

@@ -841,6 +841,8 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     # models also list as graph inputs, and those must not turn into required inputs.
     orig_init = {i.name for i in model.graph.initializer}
     signature = [i.name for i in model.graph.input if i.name not in orig_init]
+    declared = {o.name: tuple(d.dim_value if d.HasField("dim_value") else None for d in o.type.tensor_type.shape.dim)
+                for o in model.graph.output if o.type.tensor_type.HasField("shape")}
     weights = split_weights(model, path)
 
     def lenient(m: onnx.ModelProto) -> onnx.ModelProto:
@@ -981,6 +983,7 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         full_masks=full_masks,
     )
     _fold_and_infer(graph)
+    _warn_declared_outputs(graph, declared, path)
     check_selects(graph, selects, path)
     for t in graph.tensors.values():
         if t.value is not None:
@@ -989,6 +992,22 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     promote_half(graph)
     _eliminate_dead(graph)
     return graph
+
+
+def _warn_declared_outputs(graph: Graph, declared: dict, path) -> None:
+    """A graph output whose declared dims differ from what its producer makes is run at the shape
+    computed, as onnxruntime runs it (it warns and merges leniently); say so, since a program
+    sized by the declaration would read a different shape. An exporter's wrong guess (a reshaped
+    output) or a model edited by hand: outputs are never sized by the declaration, which once let
+    a kernel write past its buffer."""
+    for name in graph.outputs:
+        want, t = declared.get(name), graph.tensors.get(name)
+        if want is None or t is None or t.shape is None or len(want) != len(t.shape):
+            continue
+        if any(w not in (None, 0) and w != d for w, d in zip(want, t.shape)):
+            shown = "x".join("?" if w in (None, 0) else str(w) for w in want)
+            warnings.warn(f"dlcc: {Path(path).name}: output {name!r} is declared {shown} but its producer makes "
+                          f"{'x'.join(map(str, t.shape))}; it is returned at the shape computed, as onnxruntime does")
 
 
 def _attribute_view(model: onnx.ModelProto, path="model") -> Graph:

@@ -755,11 +755,11 @@ def test_verify_where_onnxruntime_cannot_run_the_model(tmp_path):
 
 
 def test_a_graph_output_declared_with_the_wrong_shape(tmp_path):
-    """The declaration says [1, 10], the MatMul computes [4, 10]. Where onnx's whole-model shape
-    inference sees it, the model is refused naming the op; where it cannot (an upstream node it
-    fails on, folded by dlcc), the computed shape wins, as in onnxruntime: a kernel sized by its
-    inputs once wrote 160 bytes into the 40-byte output buffer (heap corruption, SIGABRT on PoCL;
-    found by scripts/hostile_corpus.py)."""
+    """The declaration says [1, 10], the MatMul computes [4, 10]. The computed shape wins, as in
+    onnxruntime (which warns and merges leniently), and dlcc warns too: a kernel sized by the
+    declaration but fed by its inputs once wrote 160 bytes into the 40-byte output buffer (heap
+    corruption, SIGABRT on PoCL; found by scripts/hostile_corpus.py). tf2onnx declares its
+    resizes at TensorFlow's size, which onnx's inference disagrees with (test_resize_shapes)."""
     from dlcc.frontend import _fold_and_infer
     from dlcc.ir import Graph, Node, Tensor
 
@@ -767,8 +767,9 @@ def test_a_graph_output_declared_with_the_wrong_shape(tmp_path):
     g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "g", [h.make_tensor_value_info("x", T.FLOAT, [4, 8])],
                      [h.make_tensor_value_info("y", T.FLOAT, [1, 10])], [nh.from_array(w, "w")])
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "o.onnx")
-    with pytest.raises(ModelError, match=r"Inferred shape and existing shape differ in dimension 0: \(4\) vs \(1\)"):
-        dlcc.compile(tmp_path / "o.onnx", target="opencl")
+    with pytest.warns(UserWarning, match=r"output 'y' is declared 1x10 but its producer makes 4x10"):
+        m = dlcc.compile(tmp_path / "o.onnx", target="opencl")
+    assert [o["shape"] for o in m.outputs] == [[4, 10]]
     graph = Graph(name="g", nodes=[Node("MatMul", "mm", ["x", "w"], ["y"], {}, "")],
                   tensors={"x": Tensor("x", (4, 8), "float32"), "w": Tensor("w", (8, 10), "float32", w),
                            "y": Tensor("y", (1, 10), "float32")},

@@ -169,8 +169,18 @@ def check_model(model: onnx.ModelProto, path) -> None:
         # IR 3 wanted every initializer listed as a graph input; old exporters (onnxruntime's own
         # datasets/mul_1.onnx) did not, and onnxruntime runs them as IR 4 reads them: constants.
         model.ir_version = 4
+    checked = model
+    if any(o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape") for o in model.graph.output):
+        # The checker wants every graph output to carry a shape field; tf2onnx at opset 13 leaves
+        # it off an Einsum's output, and onnxruntime runs such a model. The checker sees a copy
+        # with an empty field there; the model keeps its output's shape unknown, for inference.
+        checked = onnx.ModelProto()
+        checked.CopyFrom(model)
+        for o in checked.graph.output:
+            if o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape"):
+                o.type.tensor_type.shape.SetInParent()
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(checked)
     except Exception as e:
         raise ModelError(f"{path}: the ONNX checker rejects this model: {first_line(e, 10**6)}") from None
     opset, known = opset_of(model), onnx.defs.onnx_opset_version()

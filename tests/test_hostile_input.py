@@ -778,6 +778,23 @@ def test_a_graph_output_declared_with_the_wrong_shape(tmp_path):
     assert graph.tensors["y"].shape == (4, 10)
 
 
+def test_a_graph_output_without_a_shape_field(tmp_path):
+    """tf2onnx at opset 13 writes an Einsum's graph output with its element type and no shape
+    field, which onnx's checker rejects and onnxruntime runs; so does dlcc, at the shape it
+    computes."""
+    w = np.random.RandomState(1).randn(8, 3).astype(np.float32)
+    out = onnx.ValueInfoProto(name="y")
+    out.type.tensor_type.elem_type = T.FLOAT
+    g = h.make_graph([h.make_node("Einsum", ["x", "w"], ["y"], equation="ij,jk->ik")], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, [4, 8])], [out], [nh.from_array(w, "w")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 7
+    onnx.save(m, tmp_path / "s.onnx")
+    c = dlcc.compile(tmp_path / "s.onnx", target="opencl")
+    x = np.random.RandomState(2).randn(4, 8).astype(np.float32)
+    np.testing.assert_allclose(c({"x": x})["y"], x @ w, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("scale_shape,bias_shape", [([1, 6, 8], [8]), ([8], [6, 8]), ([6, 1], [1])])
 def test_layernorm_scale_that_varies_across_rows(tmp_path, scale_shape, bias_shape):
     """A LayerNormalization scale or bias broadcasting over more than the normalised axis: the row

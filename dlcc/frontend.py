@@ -515,7 +515,10 @@ def _tensor_bytes(t: onnx.TensorProto) -> int:
     return len(t.raw_data) or 4 * (len(t.float_data) + len(t.int32_data)) + 8 * (len(t.int64_data) + len(t.double_data))
 
 
-def infer_shapes(model: onnx.ModelProto, path) -> onnx.ModelProto:
+def infer_shapes(model: onnx.ModelProto, path, declared: bool = True) -> onnx.ModelProto:
+    """onnx's strict shape inference of `model`, with the lenient retries below for what
+    onnxruntime runs; anything else is one ModelError. `declared`: whether the model still has
+    its declared shapes (the retry without them is made once)."""
     try:
         return shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
     except Exception as e:
@@ -540,7 +543,8 @@ def infer_shapes(model: onnx.ModelProto, path) -> onnx.ModelProto:
             log.debug("%s: strict shape inference failed on a model with sequences (%s); lenient retry", path,
                       msg[0] if msg else e)
             return shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
-        if "Inferred shape and existing shape differ" in str(e):
+        if "Inferred shape and existing shape differ" in str(e) and declared and (
+                len(model.graph.value_info) or any(o.type.tensor_type.HasField("shape") for o in model.graph.output)):
             # The model declares a shape its producer does not make (a graph output or a
             # value_info an exporter guessed: tf2onnx's resizes, declared at TensorFlow's size).
             # onnxruntime merges leniently and keeps what the op computes; so does dlcc, by
@@ -553,7 +557,10 @@ def infer_shapes(model: onnx.ModelProto, path) -> onnx.ModelProto:
                     vi.type.tensor_type.ClearField("shape")
             log.debug("%s: a declared shape differs from the inferred one (%s); inferred without the declarations",
                       path, msg[0] if msg else e)
-            return infer_shapes(bare, path)
+            try:
+                return infer_shapes(bare, path, declared=False)
+            except ModelError:
+                pass  # (the conflict is not the declarations': the first error is the one to report)
         if _in_function_body(str(e), opset_of(model)):
             # onnx's inference of an op defined by a function body can fail inside that body
             # (MeanVarianceNormalization's Constant, onnx 1.23): the op's own fault, not the

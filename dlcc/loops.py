@@ -300,6 +300,15 @@ def _finish(u: _Unroller, node, states, per_iter, axes, dirs) -> None:
             u.stack(values[::-1] if dirs[k] else values, axes[k], node.output[o], k)
 
 
+#: What a counting condition is computed with: scalar arithmetic, comparisons and logic, and the
+#: ops exporters put around them. Nothing that makes large tensors (ConstantOfShape, Range, Expand)
+#: runs at compile time on a model's say-so; every value stays within _COUNTER_SIZE elements.
+_COUNTER_OPS = {"Add", "Sub", "Mul", "Div", "Mod", "Neg", "Abs", "Min", "Max", "Less", "LessOrEqual", "Greater",
+                "GreaterOrEqual", "Equal", "And", "Or", "Not", "Xor", "Cast", "Identity", "Constant", "Squeeze",
+                "Unsqueeze", "Reshape", "Where", "Gather", "Slice", "Floor", "Ceil"}
+_COUNTER_SIZE = 64
+
+
 def _counted_iterations(node: onnx.NodeProto, body: onnx.GraphProto, outer: dict, cap: int, opset: int) -> int | None:
     """How many times a `while` Loop runs (at most `cap`), where its condition follows from the
     iteration number, constants and loop-carried counters alone; None where it depends on data.
@@ -330,9 +339,8 @@ def _counted_iterations(node: onnx.NodeProto, body: onnx.GraphProto, outer: dict
                 continue
             elif x in produced:
                 n = produced[x]
-                if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute) \
-                        or n.op_type.startswith("Random") or n.op_type in ("Bernoulli", "Multinomial"):
-                    return False  # (an If or a Loop in the slice, or a random draw: not a plain counter)
+                if n.domain not in ("", "ai.onnx") or n.op_type not in _COUNTER_OPS:
+                    return False  # (a loop, a random draw, a tensor op: not a plain counter)
                 need.update(o for o in n.output if o)
                 todo += list(n.input)
             elif x in outer:
@@ -352,6 +360,9 @@ def _counted_iterations(node: onnx.NodeProto, body: onnx.GraphProto, outer: dict
     order = sorted(states)
     if any(node.input[2 + i] not in outer for i in order):
         return None
+    if any(t.name in need or np.prod(t.dims) > _COUNTER_SIZE for t in body.initializer
+           if any(t.name in n.input for n in body.node if any(o in need for o in n.output))):
+        return None  # (a counter compared with a large constant is no counter)
     slice_nodes = [n for n in body.node if any(o in need for o in n.output)]
     ins = [body.input[0], body.input[1]] + [body.input[2 + i] for i in order]
     outs = [onnx.ValueInfoProto(name=body.output[0].name)] + [onnx.ValueInfoProto(name=body.output[1 + i].name)
@@ -372,6 +383,8 @@ def _counted_iterations(node: onnx.NodeProto, body: onnx.GraphProto, outer: dict
             got = run.run(None, {ins[0].name: np.array(t, np.int64), ins[1].name: np.array(True),
                                  **{v.name: a for v, a in zip(ins[2:], values)}})
             t += 1
+            if any(np.asarray(a).size > _COUNTER_SIZE for a in got):
+                return None
             if np.asarray(got[0]).size != 1 or not bool(np.asarray(got[0]).reshape(())):
                 return t
             values = [np.asarray(a) for a in got[1:]]

@@ -18,8 +18,8 @@ def _view(ctx, node):
     target against its input; onnxruntime refuses the model when it runs)."""
     x, y = ctx.tensor(node.inputs[0]), ctx.tensor(node.outputs[0])
     if x.size != y.size:
-        raise ctx.fail(f"the output shape {list(y.shape)} holds {y.size} elements, the input "
-                       f"{list(x.shape)} {x.size}")
+        raise ctx.fail(f"the output shape {list(y.shape)} holds {y.size} elements, but the input "
+                       f"{list(x.shape)} holds {x.size}")
     ctx.alias(node.outputs[0], node.inputs[0])
 
 

@@ -205,6 +205,27 @@ def test_a_while_loop_whose_counter_starts_at_run_time_is_one_clear_error(tmp_pa
         dlcc.compile(counted_while_model(tmp_path / "w.onnx", start="input"), target="opencl")
 
 
+def test_a_condition_that_builds_tensors_is_not_run_at_compile_time(tmp_path):
+    """Only scalar counter arithmetic runs at compile time: a condition that sums a tensor of
+    `t * 10**6` ones (which a hostile model could grow without bound) leaves the loop a while
+    loop, refused, instead of allocating it."""
+    path = counted_while_model(tmp_path / "w.onnx")
+    m = onnx.load(path)
+    body = m.graph.node[0].attribute[0].g
+    for name in ("more", "c_out"):  # (the And that reads `more` goes after its new producer)
+        body.node.remove(next(n for n in body.node if n.output[0] == name))
+    body.initializer.append(nh.from_array(np.array([10**6], np.int64), "big"))
+    body.node.extend([h.make_node("Mul", ["t64", "big"], ["n"]),
+                      h.make_node("ConstantOfShape", ["n"], ["ones"], value=nh.from_array(np.ones(1, np.float32))),
+                      h.make_node("ReduceSum", ["ones"], ["total"], keepdims=0),
+                      h.make_node("Cast", ["steps"], ["steps_f"], to=TP.FLOAT),
+                      h.make_node("Less", ["total", "steps_f"], ["more"]),
+                      h.make_node("And", ["more", "below"], ["c_out"])])
+    onnx.save(m, path)
+    with pytest.raises(UnsupportedControlFlowError, match="is a while loop"):
+        dlcc.compile(path, target="opencl")
+
+
 def test_the_cli_names_the_loop(tmp_path):
     import subprocess
     import sys

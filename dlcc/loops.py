@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper, numpy_helper, shape_inference
 
 from .control_flow import _all_names_deep, _constant_values, _static_shapes, copy_nodes
 from .errors import ModelError, ShapeError, UnsupportedControlFlowError
@@ -360,31 +360,55 @@ def _counted_iterations(node: onnx.NodeProto, body: onnx.GraphProto, outer: dict
     order = sorted(states)
     if any(node.input[2 + i] not in outer for i in order):
         return None
-    if any(t.name in need or np.prod(t.dims) > _COUNTER_SIZE for t in body.initializer
-           if any(t.name in n.input for n in body.node if any(o in need for o in n.output))):
-        return None  # (a counter compared with a large constant is no counter)
     slice_nodes = [n for n in body.node if any(o in need for o in n.output)]
+    read = {x for n in slice_nodes for x in n.input}
+    inits = [t for t in body.initializer if t.name in read]
+    if any(int(np.prod(t.dims)) > _COUNTER_SIZE for t in inits):
+        return None  # (a counter compared with a large constant is no counter)
+    inits += [numpy_helper.from_array(np.asarray(outer[x]), x) for x in sorted(used_outer)]
     ins = [body.input[0], body.input[1]] + [body.input[2 + i] for i in order]
-    outs = [onnx.ValueInfoProto(name=body.output[0].name)] + [onnx.ValueInfoProto(name=body.output[1 + i].name)
-                                                              for i in order]
-    inits = [t for t in body.initializer] + [numpy_helper.from_array(np.asarray(outer[x]), x) for x in sorted(used_outer)]
-    g = helper.make_graph(slice_nodes, "control", [onnx.ValueInfoProto(name=v.name, type=v.type) for v in ins], outs,
-                          inits)
+    outs = [body.output[0].name] + [body.output[1 + i].name for i in order]
     from .reference_ops import evaluator
 
-    try:
-        run = evaluator(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]))
-    except Exception:
-        return None
+    def control(shapes: list[tuple]) -> onnx.ModelProto:
+        typed = [helper.make_tensor_value_info(v.name, v.type.tensor_type.elem_type, list(sh))
+                 for v, sh in zip(ins, shapes)]
+        g = helper.make_graph(slice_nodes, "control", typed, [onnx.ValueInfoProto(name=o) for o in outs], inits)
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+    def small(model: onnx.ModelProto) -> bool:
+        """Whether every value of the slice has a known shape of at most _COUNTER_SIZE elements
+        (onnx's inference says so before anything runs: a broadcast could otherwise grow a
+        counter's product past memory)."""
+        try:
+            found = shape_inference.infer_shapes(model, strict_mode=True, data_prop=True).graph
+        except Exception:
+            return False
+        seen = {vi.name: vi for vi in list(found.value_info) + list(found.output)}
+        for name in need:  # (every value a slice node makes; the inputs' shapes are given)
+            vi = seen.get(name)
+            if vi is None:
+                return False
+            dims = vi.type.tensor_type.shape.dim
+            if not vi.type.tensor_type.HasField("shape") or any(not d.HasField("dim_value") for d in dims) \
+                    or int(np.prod([d.dim_value for d in dims])) > _COUNTER_SIZE:
+                return False
+        return True
+
     values = [np.asarray(outer[node.input[2 + i]]) for i in order]
+    runners: dict[tuple, object] = {}  # by the counters' shapes, each checked once
     t = 0
     try:
         while t < cap:
-            got = run.run(None, {ins[0].name: np.array(t, np.int64), ins[1].name: np.array(True),
-                                 **{v.name: a for v, a in zip(ins[2:], values)}})
-            t += 1
-            if any(np.asarray(a).size > _COUNTER_SIZE for a in got):
+            key = ((), ()) + tuple(a.shape for a in values)
+            if key not in runners:
+                m = control(list(key))
+                runners[key] = evaluator(m) if small(m) else None
+            if runners[key] is None:
                 return None
+            got = runners[key].run(None, {ins[0].name: np.array(t, np.int64), ins[1].name: np.array(True),
+                                          **{v.name: a for v, a in zip(ins[2:], values)}})
+            t += 1
             if np.asarray(got[0]).size != 1 or not bool(np.asarray(got[0]).reshape(())):
                 return t
             values = [np.asarray(a) for a in got[1:]]

@@ -919,15 +919,15 @@ def _output_row(name: str, v) -> dict:
     """An output's row for `dlcc run`: shape, dtype, and the mean and spread of its numbers. A
     sequence or map (a fallback model's ZipMap, from onnxruntime) shows its length and kind, and
     the numbers inside it."""
-    from .verify import _kind, _leaves
+    from .verify import value_kind, value_leaves
 
     if isinstance(v, (list, tuple, dict)):
         leaves: dict = {}
-        _leaves(v, "", leaves)
+        value_leaves(v, "", leaves)
         nums = [np.asarray(a, np.float64).ravel() for a in leaves.values() if isinstance(a, np.ndarray)
                 and a.dtype.kind in "biuf"]
         flat = np.concatenate(nums) if nums else np.zeros(0)
-        shape, dtype = [len(v)], _kind(v)
+        shape, dtype = [len(v)], value_kind(v)
     else:
         flat, shape, dtype = np.asarray(v), list(np.shape(v)), str(np.asarray(v).dtype)
     return {"name": name, "shape": shape, "dtype": dtype,

@@ -72,30 +72,30 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, rtol: float, atol: floa
 NAN_NOTE = "NaN where onnxruntime has none, or the reverse"
 
 
-def _kind(v) -> str:
+def value_kind(v) -> str:
     """The ONNX kind of a non-tensor value as onnxruntime returns it: a sequence is a list, a map
     a dict (a ZipMap's output is a sequence of maps)."""
     if isinstance(v, dict):
-        inner = {_kind(x) for x in v.values()} or {"?"}
+        inner = {value_kind(x) for x in v.values()} or {"?"}
         return f"map({type(next(iter(v), '')).__name__}, {'|'.join(sorted(inner))})"
     if isinstance(v, (list, tuple)):
-        inner = {_kind(x) for x in v} or {"?"}
+        inner = {value_kind(x) for x in v} or {"?"}
         return f"sequence({'|'.join(sorted(inner))})"
     if isinstance(v, (bool, int, float, str)):  # (onnxruntime gives a map's values as Python numbers)
         return type(v).__name__
     return str(np.asarray(v).dtype)
 
 
-def _leaves(v, path: str, out: dict) -> None:
+def value_leaves(v, path: str, out: dict) -> None:
     """The arrays inside a sequence or map, by path ([0], ['label']), and its structure's marks."""
     if isinstance(v, dict):
         out[f"{path}:keys"] = sorted(v, key=repr)
         for k in v:
-            _leaves(v[k], f"{path}[{k!r}]", out)
+            value_leaves(v[k], f"{path}[{k!r}]", out)
     elif isinstance(v, (list, tuple)):
         out[f"{path}:len"] = len(v)
         for i, x in enumerate(v):
-            _leaves(x, f"{path}[{i}]", out)
+            value_leaves(x, f"{path}[{i}]", out)
     else:
         out[path] = np.asarray(v)
 
@@ -106,13 +106,13 @@ def compare_value(name: str, got, ref, rtol: float, atol: float) -> dict:
     the same lengths and keys, each leaf judged as a tensor and the worst one reported."""
     if not isinstance(ref, (list, tuple, dict)):
         return compare(name, np.asarray(got), ref, rtol, atol)
-    row = {"name": name, "shape": [len(ref)], "dtype": _kind(ref)}
+    row = {"name": name, "shape": [len(ref)], "dtype": value_kind(ref)}
     gl, rl = {}, {}
-    _leaves(got, "", gl)
-    _leaves(ref, "", rl)
+    value_leaves(got, "", gl)
+    value_leaves(ref, "", rl)
     if gl.keys() != rl.keys() or any(isinstance(rl[k], (int, list)) and gl[k] != rl[k] for k in rl):
         return {**row, "max_abs_err": float("inf"), "max_rel_err": float("inf"), "passed": False,
-                "note": f"not the structure onnxruntime returns ({_kind(got)})"}
+                "note": f"not the structure onnxruntime returns ({value_kind(got)})"}
     rows = [compare(name, gl[k], rl[k], rtol, atol) for k in rl if isinstance(rl[k], np.ndarray)]
     worst = {"max_abs_err": max((r["max_abs_err"] for r in rows), default=0.0),
              "max_rel_err": max((r["max_rel_err"] for r in rows), default=0.0),
@@ -276,7 +276,7 @@ def verify_outputs(model_path, got: dict[str, np.ndarray], feeds: dict, rtol: fl
                                     "cache's rows past each entry's tokens) not compared")
         else:
             rows.append({"name": n, "shape": list(np.shape(ref)) if isinstance(ref, np.ndarray) else [len(ref)],
-                         "dtype": _kind(ref), "max_abs_err": float("inf"),
+                         "dtype": value_kind(ref), "max_abs_err": float("inf"),
                          "max_rel_err": float("inf"), "passed": False, "note": "missing from dlcc's outputs"})
     for n in got:
         if n not in names:

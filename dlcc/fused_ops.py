@@ -100,10 +100,15 @@ class _Builder(Builder):
     def ints(self, *values: int) -> str:
         return self.constant(np.array(values, np.int64), np.int64)
 
+    def reduce(self, op: str, x: str, axes: list[int]) -> str:
+        """A Reduce* over `axes`, kept: the axes an input from opset 13 for ReduceSum and from 18
+        for the others, an attribute before."""
+        if self.opset >= (13 if op == "ReduceSum" else 18):
+            return self.op(op, [x, self.ints(*axes)], keepdims=1)
+        return self.op(op, [x], axes=axes, keepdims=1)
+
     def reduce_mean(self, x: str, axes: list[int]) -> str:
-        if self.opset >= 18:
-            return self.op("ReduceMean", [x, self.ints(*axes)], keepdims=1)
-        return self.op("ReduceMean", [x], axes=axes, keepdims=1)
+        return self.reduce("ReduceMean", x, axes)
 
     def unsqueeze(self, x: str, axes: list[int], out: str | None = None) -> str:
         if self.opset >= 13:

@@ -25,13 +25,28 @@ _F, _I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
 ML = "ai.onnx.ml"
 
 
-def _as_float(b: _Builder, x: str) -> str:
-    """X as float32, as onnxruntime's ML kernels read their float, double, int64 or int32 inputs."""
+def _numeric(b: _Builder, x: str) -> int:
+    """X's element type, one of the float, double, int64 and int32 the ML kernels take."""
     elem = b.elem(x)
     if elem not in (_F, onnx.TensorProto.DOUBLE, _I64, onnx.TensorProto.INT32):
         raise b.fail(f"input type {onnx.TensorProto.DataType.Name(elem) if elem else 'unknown'} is not float, "
                      "double, int64 or int32")
-    return x if elem == _F else b.op("Cast", [x], to=_F)
+    return elem
+
+
+def _as_float(b: _Builder, x: str) -> str:
+    """X as float32, as onnxruntime's ML kernels read their float, double, int64 or int32 inputs."""
+    return x if _numeric(b, x) == _F else b.op("Cast", [x], to=_F)
+
+
+def _scores(b: _Builder, x: str, shape: tuple, coef: np.ndarray, rows: int, inter: np.ndarray | None) -> str:
+    """X (float32, [N, C] or [C] as [1, C]) · coef [rows, C]ᵀ + inter: the linear models' scores."""
+    c = shape[-1]
+    xf = _as_float(b, x)
+    if len(shape) == 1:
+        xf = b.op("Reshape", [xf, b.ints(1, c)])
+    y = b.op("MatMul", [xf, b.constant(coef.reshape(rows, c).T.copy())])
+    return y if inter is None else b.op("Add", [y, b.constant(inter)])
 
 
 def _rank_1_or_2(b: _Builder, x: str) -> tuple[int, ...]:
@@ -76,20 +91,16 @@ def _normalizer(b: _Builder) -> None:
     _rank_1_or_2(b, x)
     norm = _text(b, "norm", "MAX")
     xf = _as_float(b, x)
-    axes = [-1]
     zero = b.constant(np.float32(0))
     if norm == "MAX":
-        d = b.op("ReduceMax", [xf, b.ints(*axes)] if b.opset >= 18 else [xf], keepdims=1,
-                 **({} if b.opset >= 18 else {"axes": axes}))
+        d = b.reduce("ReduceMax", xf, [-1])
         y = b.op("Div", [xf, d])
     elif norm == "L1":
-        d = b.op("ReduceSum", [b.op("Abs", [xf]), b.ints(*axes)] if b.opset >= 13 else [b.op("Abs", [xf])],
-                 keepdims=1, **({} if b.opset >= 13 else {"axes": axes}))
+        d = b.reduce("ReduceSum", b.op("Abs", [xf]), [-1])
         y = b.op("Div", [xf, d])
     elif norm == "L2":
         sq = b.op("Mul", [xf, xf])
-        d = b.op("ReduceSum", [sq, b.ints(*axes)] if b.opset >= 13 else [sq], keepdims=1,
-                 **({} if b.opset >= 13 else {"axes": axes}))
+        d = b.reduce("ReduceSum", sq, [-1])
         mag = b.op("Sqrt", [b.op("Div", [sq, d])])
         y = b.op("Where", [b.op("Less", [xf, zero]), b.op("Neg", [mag]), mag])
     else:
@@ -101,10 +112,7 @@ def _binarizer(b: _Builder) -> None:
     """Y = 1 where X > threshold, else 0, in X's type. A NaN is not above the threshold, so gives 0,
     as the spec reads; onnxruntime refuses an input holding NaN instead."""
     x = b.node.input[0]
-    elem = b.elem(x)
-    if elem not in (_F, onnx.TensorProto.DOUBLE, _I64, onnx.TensorProto.INT32):
-        raise b.fail("the input must be float, double, int64 or int32")
-    np_type = onnx.helper.tensor_dtype_to_np_dtype(elem)
+    np_type = onnx.helper.tensor_dtype_to_np_dtype(_numeric(b, x))
     t = b.constant(np.asarray(float(b.attr("threshold", 0.0))).astype(np_type), np_type)
     hit = b.op("Greater", [x, t])
     b.op("Where", [hit, b.constant(np.ones((), np_type), np_type), b.constant(np.zeros((), np_type), np_type)],
@@ -135,8 +143,7 @@ def _array_feature_extractor(b: _Builder) -> None:
                              b.constant(np.int64(c), np.int64), idx])
     out = b.node.output[0]
     if len(shape) == 1:
-        b.op("Unsqueeze", [b.op("Gather", [x, idx], axis=0), b.ints(0)] if b.opset >= 13 else
-             [b.op("Gather", [x, idx], axis=0)], out, **({} if b.opset >= 13 else {"axes": [0]}))
+        b.unsqueeze(b.op("Gather", [x, idx], axis=0), [0], out)
     else:
         b.op("Gather", [x, idx], out, axis=len(shape) - 1)
 
@@ -153,18 +160,11 @@ def _linear_regressor(b: _Builder) -> None:
     c = shape[-1]
     if targets < 1 or coef.size != targets * c:
         raise b.fail(f"coefficients hold {coef.size} values, not targets ({targets}) x columns ({c})")
-    xf = _as_float(b, x)
-    if len(shape) == 1:
-        xf = b.op("Reshape", [xf, b.ints(1, c)])
-    w = b.constant(coef.reshape(targets, c).T.copy())
     inter = b.attrs.get("intercepts")
-    if inter is not None and len(inter):
-        inter = np.asarray(inter, np.float32)
-        if inter.size != targets:
-            raise b.fail(f"intercepts hold {inter.size} values, not one per target ({targets})")
-        b.op("Add", [b.op("MatMul", [xf, w]), b.constant(inter)], b.node.output[0])
-    else:
-        b.op("MatMul", [xf, w], b.node.output[0])
+    inter = np.asarray(inter, np.float32) if inter is not None and len(inter) else None
+    if inter is not None and inter.size != targets:
+        raise b.fail(f"intercepts hold {inter.size} values, not one per target ({targets})")
+    b.op("Identity", [_scores(b, x, shape, coef, targets, inter)], b.node.output[0])
 
 
 def _linear_classifier(b: _Builder) -> None:
@@ -195,10 +195,7 @@ def _linear_classifier(b: _Builder) -> None:
     if labels.size != (2 if classes == 1 else classes):
         raise b.fail(f"classlabels_ints must hold {2 if classes == 1 else classes} labels for {classes} "
                      f"class{'es' if classes > 1 else ''}, not {labels.size}")
-    xf = _as_float(b, x)
-    if len(shape) == 1:
-        xf = b.op("Reshape", [xf, b.ints(1, c)])
-    score = b.op("Add", [b.op("MatMul", [xf, b.constant(coef.reshape(classes, c).T.copy())]), b.constant(inter)])
+    score = _scores(b, x, shape, coef, classes, inter)
     label_out, scores_out = b.node.output[0], (b.node.output[1] if len(b.node.output) > 1 else "")
     if classes == 1:
         flat = b.op("Reshape", [score, b.ints(-1)])

@@ -243,7 +243,8 @@ def run(artifact: Path = typer.Argument(..., help="artifact directory from `dlcc
     for c in ("output", "shape", "dtype", "mean", "std"):
         t.add_column(c)
     for r in rows:
-        t.add_row(_escape(r["name"]), "x".join(map(str, r["shape"])), r["dtype"], f"{r['mean']:.6g}", f"{r['std']:.6g}")
+        stats = ("-", "-") if r["dtype"] == "string" else (f"{r['mean']:.6g}", f"{r['std']:.6g}")
+        t.add_row(_escape(r["name"]), "x".join(map(str, r["shape"])), r["dtype"], *stats)
     if not quiet:
         out.print(t)
 
@@ -676,7 +677,8 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
                          for op in FUSED]
                       + [(f"{op} (onnxruntime's)", "onnxruntime's ONNX-domain op: standard ops at import (dlcc/fused_ops.py)",
                           "1" if op == "SimplifiedLayerNormalization" else "1 to 16") for op in FUSED_ONNX_DOMAIN]
-                      + [(f"{ML}::{op}", "classic ML (skl2onnx): standard ops at import (dlcc/ml_ops.py)", "1")
+                      + [(f"{ML}::{op}", "classic ML (skl2onnx, onnxmltools): standard ops at import (dlcc/"
+                          + ("ml_trees.py" if op.startswith("TreeEnsemble") else "ml_ops.py") + ")", "1, 3" if op.startswith("TreeEnsemble") else "1")
                          for op in sorted(ML_REWRITES)])
         cols = ("op", "category", "since opsets")
     elif what == "devices":
@@ -929,7 +931,10 @@ def _output_row(name: str, v) -> dict:
         flat = np.concatenate(nums) if nums else np.zeros(0)
         shape, dtype = [len(v)], value_kind(v)
     else:
-        flat, shape, dtype = np.asarray(v), list(np.shape(v)), str(np.asarray(v).dtype)
+        a = np.asarray(v)
+        flat, shape, dtype = a, list(a.shape), str(a.dtype)
+        if a.dtype.kind in "OSU":  # strings (a fallback segment's labels): no mean to show
+            flat, dtype = np.zeros(0), "string"
     return {"name": name, "shape": shape, "dtype": dtype,
             "mean": float(np.mean(flat)) if flat.size else 0.0, "std": float(np.std(flat)) if flat.size else 0.0}
 
@@ -945,13 +950,15 @@ def _jsonable(v):
 
 def _atomic_npz(path: Path, arrays: dict) -> None:
     """Outputs as an .npz, written whole or not at all. A sequence or map (a fallback model's
-    ZipMap) is stored as its JSON text, a string array numpy reads without pickle."""
+    ZipMap) is stored as its JSON text, and a string tensor (its labels) as a unicode array:
+    both are arrays numpy reads without pickle."""
     from .artifact import atomic_file
 
     path = Path(path)
     if not path.resolve().parent.is_dir():
         raise DlccError(f"{path}: the directory {path.resolve().parent} does not exist")
-    arrays = {k: (np.array(json.dumps(_jsonable(v))) if isinstance(v, (list, tuple, dict)) else v)
+    arrays = {k: (np.array(json.dumps(_jsonable(v))) if isinstance(v, (list, tuple, dict))
+                  else np.asarray(v).astype(str) if np.asarray(v).dtype.kind == "O" else v)
               for k, v in arrays.items()}
     with atomic_file(path, "wb") as f:
         np.savez(f, **arrays)

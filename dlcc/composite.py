@@ -38,9 +38,21 @@ def lower_composite(model: onnx.ModelProto, infer, weights, path, supported: set
 
     if not any(chosen(n) for n in model.graph.node):
         return model, []
+    notes = []
+    from .frontend import opset_of
+
+    ml = {n.op_type for n in model.graph.node if n.domain == ML and chosen(n)}
+    need = 13 if any(op.startswith("TreeEnsemble") for op in ml) else 11
+    if ml and opset_of(model) < need:
+        from .rewrite import raise_opset  # (LightGBM's converter writes opsets 8 and 9)
+
+        model, note = raise_opset(model, need, path, "the ai.onnx.ml ops are written with "
+                                  + ("opset 13's CumSum, GatherElements and LessOrEqual" if need == 13
+                                     else "opset 11's integer constants"))
+        notes.append(note)
     _, counts = rewrite_rounds(model, infer, weights, path, chosen, rewrite, _Builder)
-    return model, ["import: written as standard ops (dlcc/composite.py): "
-                   + ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))]
+    return model, notes + ["import: written as standard ops (dlcc/composite.py): "
+                           + ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))]
 
 
 def _axis(b: _Builder, axis: int, rank: int) -> int:

@@ -951,6 +951,7 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     if more:
         notes += more
         model = infer_shapes(model, path)
+        opset = opset_of(model)  # (raised for the ai.onnx.ml ops of an old model)
     for _ in range(MAX_ROUNDS):  # ops onnx defines by a function body, when dlcc has no lowering
         if not expand_functions(model, lowered, opset):
             break

@@ -161,9 +161,11 @@ class _Builder(Builder):
         return int(self.attr(name, 0)) == 1
 
     def unsupported(self, what: str) -> Exception:
+        """A node dlcc cannot rewrite: the fallback runs it on onnxruntime (the second line says so)."""
+        from .errors import FALLBACK_HINT
         from .ops.context import LoweringError
 
-        return self.fail(f"{what} is not supported", LoweringError)
+        return self.fail(f"{what} is not supported\n" + FALLBACK_HINT.format(what="this node"), LoweringError)
 
     def scalar(self, x: str) -> str:
         """A 1-element tensor as a scalar (Range's bounds are scalars)."""

@@ -10,9 +10,9 @@ running those nodes on onnxruntime (--fallback). Each body follows onnxruntime's
 inputs of any of its numeric types are converted to float32 first, and the arithmetic is its
 float32 arithmetic.
 
-The other ML ops (tree ensembles, SVMs, the string encoders, ZipMap's sequence of maps) and
-LinearClassifier's string labels and rarer score transforms stay unsupported, listed by name; `--fallback onnxruntime`
-runs them there.
+The tree ensembles are in ml_trees.py. The other ML ops (SVMs, the string encoders, ZipMap's
+sequence of maps) and LinearClassifier's string labels and rarer score transforms stay
+unsupported, listed by name; `--fallback onnxruntime` runs them there.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from .fused_ops import _Builder
+from .ml_trees import TREE_REWRITES, text_attr
 
 _F, _I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
 ML = "ai.onnx.ml"
@@ -56,13 +57,6 @@ def _rank_1_or_2(b: _Builder, x: str) -> tuple[int, ...]:
     return shape
 
 
-def _text(b: _Builder, name: str, default: str) -> str:
-    v = b.attrs.get(name, default)
-    if not isinstance(v, (bytes, str)):
-        raise b.fail(f"attribute {name!r} must be a string, not {v!r}"[:300])
-    return v.decode(errors="replace") if isinstance(v, bytes) else v
-
-
 def _floats(b: _Builder, name: str) -> np.ndarray:
     v = b.attrs.get(name)
     if v is None or not len(v):
@@ -89,7 +83,7 @@ def _normalizer(b: _Builder) -> None:
     whose divisor is 0 is kept as it is."""
     x = b.node.input[0]
     _rank_1_or_2(b, x)
-    norm = _text(b, "norm", "MAX")
+    norm = text_attr(b, "norm", "MAX")
     xf = _as_float(b, x)
     zero = b.constant(np.float32(0))
     if norm == "MAX":
@@ -152,7 +146,7 @@ def _linear_regressor(b: _Builder) -> None:
     """Y = X · coefficientsᵀ + intercepts, [N, targets] in float32 ([1, targets] for a 1-D X)."""
     x = b.node.input[0]
     shape = _rank_1_or_2(b, x)
-    post = _text(b, "post_transform", "NONE")
+    post = text_attr(b, "post_transform", "NONE")
     if post != "NONE":
         raise b.unsupported(f"post_transform {post!r}")
     targets = int(b.attr("targets", 1))
@@ -182,7 +176,7 @@ def _linear_classifier(b: _Builder) -> None:
     shape = _rank_1_or_2(b, x)
     if b.attrs.get("classlabels_strings"):
         raise b.unsupported("string class labels (a string output)")
-    post = _text(b, "post_transform", "NONE")
+    post = text_attr(b, "post_transform", "NONE")
     if post not in ("NONE", "SOFTMAX", "LOGISTIC"):
         raise b.unsupported(f"post_transform {post!r}")
     inter = _floats(b, "intercepts")
@@ -212,6 +206,98 @@ def _linear_classifier(b: _Builder) -> None:
         b.op(kinds[post], [score], scores_out, **({"axis": 1} if post == "SOFTMAX" else {}))
 
 
+def _imputer(b: _Builder) -> None:
+    """Y = X with the values equal to replaced_value_float (NaN: every NaN) or
+    replaced_value_int64 replaced by the imputed value of their column, or by the first imputed
+    value where there are not one per column (onnxruntime's reading). float32 and int64 X, the
+    types onnxruntime has kernels for; [C] or [N, C]."""
+    x = b.node.input[0]
+    shape = _rank_1_or_2(b, x)
+    elem = b.elem(x)
+    floats, ints = b.attrs.get("imputed_value_floats") or [], b.attrs.get("imputed_value_int64s") or []
+    if bool(floats) == bool(ints):
+        raise b.fail("exactly one of imputed_value_floats and imputed_value_int64s must be given")
+    if elem not in (_F, _I64):
+        name = onnx.TensorProto.DataType.Name(elem) if elem else "unknown"
+        raise b.unsupported(f"input type {name} (onnxruntime's Imputer takes float and int64)")
+    values = np.asarray(floats if elem == _F else ints, np.float32 if elem == _F else np.int64)
+    if not values.size:
+        raise b.fail(f"the imputed values for {'a float' if elem == _F else 'an int64'} input "
+                     f"(imputed_value_{'floats' if elem == _F else 'int64s'}) are not given")
+    if values.size != shape[-1]:
+        values = values[:1]
+    dtype = values.dtype
+    if elem == _F:
+        replaced = np.float32(b.attr("replaced_value_float", 0.0))
+        hit = b.op("IsNaN", [x]) if np.isnan(replaced) else b.op("Equal", [x, b.constant(replaced)])
+    else:
+        hit = b.op("Equal", [x, b.constant(np.int64(b.attr("replaced_value_int64", 0)), np.int64)])
+    fill = b.constant(values if values.size > 1 else values[0], dtype)
+    b.op("Where", [hit, fill, x], b.node.output[0])
+
+
+def _feature_vectorizer(b: _Builder) -> None:
+    """Y [N, sum(inputdimensions)] float32: each input's first inputdimensions[i] values per row
+    (fewer: the rest 0), converted to float, side by side. Every input has the same N rows."""
+    dims = [int(d) for d in b.attr("inputdimensions", [])]
+    ins = list(b.node.input)
+    if len(dims) != len(ins) or not ins or any(d < 0 for d in dims):
+        raise b.fail(f"inputdimensions ({dims}) must give one size, 0 or more, per input ({len(ins)})")
+    shapes = [b.shape(i) for i in ins]
+    if len({_numeric(b, i) for i in ins}) > 1:
+        raise b.fail("the inputs must all have one element type (the schema's T1)")
+    rows = {1 if len(s) <= 1 else s[0] for s in shapes}
+    if len(rows) != 1:
+        raise b.fail(f"the inputs have different numbers of rows ({sorted(rows)})")
+    n = rows.pop()
+    parts = []
+    for i, shape, d in zip(ins, shapes, dims):
+        size = int(np.prod(shape[1:] if len(shape) > 1 else shape))
+        flat = b.op("Reshape", [_as_float(b, i), b.ints(n, size)])
+        keep = min(size, d)
+        if keep:
+            parts.append(flat if keep == size else b.slice(flat, 0, keep, 1))
+        if d > keep:
+            parts.append(b.constant(np.zeros((n, d - keep), np.float32)))
+    if not parts:
+        raise b.fail("the output would have no columns")
+    if len(parts) > 1:
+        b.op("Concat", parts, b.node.output[0], axis=1)
+    else:
+        b.op("Identity", parts, b.node.output[0])
+
+
+def _one_hot_encoder(b: _Builder) -> None:
+    """Y = X.shape + [categories] float32: 1 where a value (converted to int64, as onnxruntime's
+    kernel converts a float) equals the category (the last of equal categories), else 0. A value
+    outside the categories is a row of zeros with `zeros` 1, and an error at run time with
+    `zeros` 0: its index is moved out of range, so a Gather's index check reports it. Integer
+    categories; [C] or [N, C] X of float, int64 or double (onnxruntime has no int32 kernel)."""
+    x = b.node.input[0]
+    _rank_1_or_2(b, x)
+    if b.attrs.get("cats_strings"):
+        raise b.unsupported("string categories (a string input)")
+    cats = np.asarray(b.attrs.get("cats_int64s") or [], np.int64)
+    if not cats.size:
+        raise b.fail("cats_int64s (or cats_strings) is required and must not be empty")
+    if b.elem(x) not in (_F, _I64):
+        name = onnx.TensorProto.DataType.Name(b.elem(x)) if b.elem(x) else "unknown"
+        raise b.unsupported(f"input type {name} (onnxruntime's OneHotEncoder takes float, double, int64 and strings)")
+    last = {int(c): k for k, c in enumerate(cats)}  # (a repeated category: the last one counts)
+    column = np.array([last[int(c)] == k for k, c in enumerate(cats)])
+    xi = x if b.elem(x) == _I64 else b.op("Cast", [x], to=_I64)
+    hit = b.op("And", [b.op("Equal", [b.unsqueeze(xi, [-1]), b.constant(cats, np.int64)]),
+                       b.constant(column, np.bool_)])
+    y = b.op("Cast", [hit], to=_F)
+    if int(b.attr("zeros", 1)) == 0:  # an unknown category is an error: an index past the table
+        known = b.op("Cast", [b.reduce("ReduceMax", b.op("Cast", [hit], to=_I64), [-1])], to=onnx.TensorProto.BOOL)
+        idx = b.op("Where", [known, b.constant(np.int64(0), np.int64), b.constant(np.int64(1), np.int64)])
+        checked = b.op("Gather", [b.constant(np.zeros(1, np.float32)), idx], axis=0)  # [..., 1] of 0
+        y = b.op("Add", [y, checked])
+    b.op("Identity", [y], b.node.output[0])
+
+
 ML_REWRITES = {"Scaler": _scaler, "Normalizer": _normalizer, "Binarizer": _binarizer,
                "ArrayFeatureExtractor": _array_feature_extractor, "LinearRegressor": _linear_regressor,
-               "LinearClassifier": _linear_classifier}
+               "LinearClassifier": _linear_classifier, "Imputer": _imputer, "FeatureVectorizer": _feature_vectorizer,
+               "OneHotEncoder": _one_hot_encoder, **TREE_REWRITES}

@@ -155,3 +155,42 @@ def test_the_ml_ops_dlcc_lacks_are_named(tmp_path):
                  {"x": (F, [3, 4])}, {"s": (F, [3, 4])}, name="bad")
     with pytest.raises(DlccError, match="must both hold 1 value or one per column"):
         dlcc.compile(bad, target="opencl")
+
+
+@needs_opencl
+def test_imputer_feature_vectorizer_one_hot_encoder(tmp_path):
+    """The preprocessing of a scikit-learn ColumnTransformer: Imputer replacing NaN (one value per
+    column, and one for all) and an int64 value; FeatureVectorizer joining float and 3-D inputs,
+    and int64 ones, cut short and padded with zeros; OneHotEncoder of int64 and float values (converted
+    to int64 as onnxruntime does: 2.7 is category 2), a repeated category (the last counts) and
+    unknown values (a row of zeros)."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((6, 3)).astype(np.float32)
+    x[[0, 2, 5], [1, 0, 2]] = np.nan
+    xi = rng.integers(-1, 4, (6, 2)).astype(np.int64)
+    x3 = rng.standard_normal((6, 2, 2)).astype(np.float32)
+    cats = rng.choice([0.0, 1.0, 2.7, -1.2, 3.5, 9.0], (6,)).astype(np.float32)
+    nodes = [h.make_node("Imputer", ["x"], ["imp"], domain=ML, imputed_value_floats=[0.5, -1.0, 2.0],
+                         replaced_value_float=float("nan")),
+             h.make_node("Imputer", ["x"], ["imp1"], domain=ML, imputed_value_floats=[7.0], replaced_value_float=float("nan")),
+             h.make_node("Imputer", ["xi"], ["impi"], domain=ML, imputed_value_int64s=[5, 6], replaced_value_int64=0),
+             h.make_node("FeatureVectorizer", ["imp", "x", "x3"], ["fv"], domain=ML, inputdimensions=[2, 3, 4]),
+             h.make_node("FeatureVectorizer", ["xi", "impi"], ["fvi"], domain=ML, inputdimensions=[1, 3]),
+             h.make_node("OneHotEncoder", ["xi"], ["ohe"], domain=ML, cats_int64s=[0, 1, 2, 1], zeros=1),
+             h.make_node("OneHotEncoder", ["c"], ["ohef"], domain=ML, cats_int64s=[2, 0, -1, 3], zeros=1)]
+    outs = {"imp": (F, [6, 3]), "imp1": (F, [6, 3]), "impi": (I64, [6, 2]), "fv": (F, [6, 9]),
+            "fvi": (F, [6, 4]), "ohe": (F, [6, 2, 4]), "ohef": (F, [6, 4])}
+    path = _model(tmp_path, nodes, {"x": (F, [6, 3]), "xi": (I64, [6, 2]), "x3": (F, [6, 2, 2]), "c": (F, [6])}, outs)
+    _check(path, {"x": x, "xi": xi, "x3": x3, "c": cats})
+
+
+@needs_opencl
+def test_one_hot_encoder_without_zeros_refuses_an_unknown_category(tmp_path):
+    """zeros=0 (scikit-learn's handle_unknown='error'): known values encode, and an unknown one
+    is an error at run time, as onnxruntime's."""
+    path = _model(tmp_path, [h.make_node("OneHotEncoder", ["x"], ["y"], domain=ML, cats_int64s=[3, 5], zeros=0)],
+                  {"x": (I64, [4])}, {"y": (F, [4, 2])})
+    m = dlcc.compile(path, target="opencl")
+    np.testing.assert_array_equal(m({"x": np.array([3, 5, 5, 3], np.int64)})["y"], [[1, 0], [0, 1], [0, 1], [1, 0]])
+    with pytest.raises(DlccError, match="out of range|outside"):
+        m({"x": np.array([3, 4, 5, 3], np.int64)})

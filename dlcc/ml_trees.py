@@ -1,0 +1,546 @@
+"""TreeEnsembleRegressor and TreeEnsembleClassifier (ai.onnx.ml 1 and 3) written as standard ops
+at import: the decision trees of scikit-learn, XGBoost and LightGBM models (skl2onnx, onnxmltools).
+
+Why standard ops: a forest is a table walk. Every tree of every row descends one level per step,
+all at once, as a [rows, trees] tensor of node indices (the "tree traversal" form Hummingbird
+compiles to): per level, Gather the node's feature, threshold and children, GatherElements the
+row's feature value, compare, and Where picks the child. A leaf's children are itself, so after
+as many steps as the deepest tree every walk sits on its leaf. AStitch stitches each level's ops
+into one kernel (a walk of 27 levels is about 30 launches), and nothing here needs a kernel of
+its own.
+
+The arithmetic is onnxruntime's CPU kernel's (onnxruntime/core/providers/cpu/ml/
+tree_ensemble_common.h, tree_ensemble_aggregator.h and ml_common.h), down to the rounding:
+  - the trees' leaf values are summed in the trees' order, from 0, a leaf's weights one at a
+    time, as onnxruntime does on one thread: a CumSum along the trees whose last element AStitch
+    computes alone. The order matters where a sum lands on a decision boundary (a random
+    forest's 0.5 vote). (`dlcc verify` runs its reference on one thread: past 50 rows
+    onnxruntime splits the trees between its threads, verify.has_tree_ensembles says why);
+  - a tree starts at the first node of each run of nodes with one tree id, as onnxruntime reads
+    the attribute lists; a leaf's first weight is its value for a single output;
+  - a single-output regressor applies PROBIT and ignores the other score transforms; a
+    classifier's label, and its scores in the two-class case, follow onnxruntime's rules for
+    which classes got a score (see _binary), and a class or target no tree scored is written
+    as 0;
+  - LOGISTIC is onnxruntime's 1 / (1 + exp(-|x|)) mirrored, PROBIT its ErfInv approximation;
+  - an integer input is compared as float, as onnxruntime's int-to-float conversion does.
+
+A model onnxruntime refuses is refused with its reason (a leaf without a weight, a child in
+another tree, a feature past the input's columns); one it would loop forever on (a cycle) too.
+String class labels (a string output), a float64 input (compared in double), a node no walk
+from its tree's first listed node reaches (onnxruntime gives its weights to another leaf), the
+opset-5 TreeEnsemble op and the two-class cases where onnxruntime writes one score of the two
+stay unsupported, and `--fallback onnxruntime` runs them there. docs/classic-ml.md has the
+whole story.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .fused_ops import _Builder
+
+_F, _I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+
+#: The comparison of each branch mode (the value on the left, the threshold on the right); NEQ
+#: is Not(Equal), true for a NaN as C's != is.
+MODES = {"BRANCH_LEQ": "LessOrEqual", "BRANCH_LT": "Less", "BRANCH_GTE": "GreaterOrEqual",
+         "BRANCH_GT": "Greater", "BRANCH_EQ": "Equal", "BRANCH_NEQ": "Not"}
+TRANSFORMS = ("NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO", "PROBIT")
+AGGREGATES = ("SUM", "AVERAGE", "MIN", "MAX")
+
+#: The deepest tree walked: each level is a handful of ops, so a degenerate tree thousands of
+#: levels deep would make a graph of tens of thousands of nodes.
+MAX_DEPTH = 512
+#: The most values in a leaf table ([nodes, weights per leaf and output, outputs]): 512 MiB of
+#: float32, so a hostile n_targets cannot make the compiler allocate without bound.
+MAX_TABLE = 1 << 27
+
+
+@dataclass
+class Forest:
+    """The node tables of every tree, indexed by a node's position in the attribute lists."""
+
+    feature: np.ndarray     # int64: the column a branch reads (0 at leaves)
+    threshold: np.ndarray   # float32
+    mode: np.ndarray        # int64: index into MODES' keys, -1 at leaves
+    on_true: np.ndarray     # int64: the next node where the comparison holds (a leaf: itself)
+    on_false: np.ndarray    # int64
+    nan_true: np.ndarray    # bool: a NaN value takes the true branch
+    roots: np.ndarray       # int64, one per tree, in onnxruntime's order
+    depth: int              # the most branches on any walk
+    weights: list           # per node: [(class or target, weight)] in the attribute order
+    classes_named: frozenset  # the class (or target) ids the weights name, leaves or not
+    all_positive: bool      # no weight is negative (onnxruntime's weights_are_all_positive_)
+
+    @property
+    def size(self) -> int:
+        return len(self.feature)
+
+    def modes_used(self) -> list[int]:
+        return sorted(set(int(m) for m in self.mode if m >= 0))
+
+
+def text_attr(b: _Builder, name: str, default: str) -> str:
+    """A string attribute (the ML ops' modes and transforms), decoded."""
+    v = b.attrs.get(name, default)
+    if not isinstance(v, (bytes, str)):
+        raise b.fail(f"attribute {name!r} must be a string, not {v!r}"[:300])
+    return v.decode(errors="replace") if isinstance(v, bytes) else v
+
+
+def _values(b: _Builder, name: str, dtype, required: bool = True) -> np.ndarray:
+    """A list attribute, or its `_as_tensor` twin (a float32 tensor: onnxruntime cannot read a
+    double one for a float model)."""
+    plain, tensor = b.attrs.get(name), b.attrs.get(f"{name}_as_tensor")
+    if plain is not None and len(plain) and tensor is not None:
+        raise b.fail(f"only one of the attributes {name!r} and '{name}_as_tensor' may be given")
+    if tensor is not None:
+        if not isinstance(tensor, onnx.TensorProto) or tensor.data_type != _F:
+            raise b.fail(f"attribute '{name}_as_tensor' must be a float32 tensor for a float model")
+        return numpy_helper.to_array(tensor).reshape(-1).astype(dtype)
+    if plain is None or not len(plain):
+        if required:
+            raise b.fail(f"attribute {name!r} is required and must not be empty")
+        return np.zeros(0, dtype)
+    if any(isinstance(v, (bytes, str)) for v in plain):
+        raise b.fail(f"attribute {name!r} must hold numbers")
+    return np.asarray(plain, dtype)
+
+
+def _strings(b: _Builder, name: str) -> list[str]:
+    v = b.attrs.get(name) or []
+    return [s.decode(errors="replace") if isinstance(s, bytes) else str(s) for s in v]
+
+
+def read_forest(b: _Builder, prefix: str, outputs: int, columns: int) -> Forest:
+    """The trees of the node's attributes (`prefix`: "class" or "target", naming the weights),
+    checked as onnxruntime checks them at load, and for cycles."""
+    tree = _values(b, "nodes_treeids", np.int64)
+    n = tree.size
+    node_id = _values(b, "nodes_nodeids", np.int64)
+    feature = _values(b, "nodes_featureids", np.int64)
+    threshold = _values(b, "nodes_values", np.float32)
+    t_id, f_id = _values(b, "nodes_truenodeids", np.int64), _values(b, "nodes_falsenodeids", np.int64)
+    modes = _strings(b, "nodes_modes")
+    for name, arr in (("nodes_nodeids", node_id), ("nodes_featureids", feature), ("nodes_values", threshold),
+                      ("nodes_truenodeids", t_id), ("nodes_falsenodeids", f_id), ("nodes_modes", modes)):
+        if len(arr) != n:
+            raise b.fail(f"{name} holds {len(arr)} values, not one per node ({n}, as nodes_treeids)")
+    unknown = sorted({m for m in modes if m != "LEAF" and m not in MODES})
+    if unknown:
+        raise b.fail(f"node mode {unknown[0]!r} is not LEAF or one of {', '.join(MODES)}")
+    missing = _values(b, "nodes_missing_value_tracks_true", np.int64, required=False)[:n]
+    nan_true = np.zeros(n, bool)
+    nan_true[:missing.size] = missing == 1
+
+    where: dict[tuple[int, int], int] = {}
+    for i, key in enumerate(zip(tree.tolist(), node_id.tolist())):
+        if key in where:
+            raise b.fail(f"node {key[1]} of tree {key[0]} is given twice")
+        where[key] = i
+    leaf = np.array([m == "LEAF" for m in modes], bool)
+    branch = ~leaf
+    mode = np.array([list(MODES).index(m) if m in MODES else -1 for m in modes], np.int64)
+    on_true, on_false = np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)
+    for i in np.flatnonzero(branch):
+        for side, ids, table in (("true", t_id, on_true), ("false", f_id, on_false)):
+            j = where.get((int(tree[i]), int(ids[i])))
+            if j is None:
+                raise b.fail(f"the {side} branch of node {node_id[i]} in tree {tree[i]} is node {ids[i]}, "
+                             "which that tree does not have")
+            if j == i:
+                raise b.fail(f"node {node_id[i]} in tree {tree[i]} is its own {side} branch")
+            table[i] = j
+    if n and feature.max() >= columns:  # (onnxruntime's check reads every node's, leaves included)
+        raise b.fail(f"a node reads feature {int(feature.max())}, but the input has {columns} column(s)")
+    if branch.any() and feature[branch].min() < 0:
+        raise b.fail(f"a branch reads feature {int(feature[branch].min())}")
+    feature = np.where(branch, feature, 0)
+
+    outside = [int(v) for v in np.r_[t_id[branch], f_id[branch]] if not 0 <= v < n]
+    if outside:  # (onnxruntime's check, though a node id is only a name)
+        raise b.fail(f"a branch leads to node id {outside[0]}, outside [0, {n - 1}] (onnxruntime requires "
+                     "node ids below the number of nodes)")
+    starts = np.flatnonzero(np.r_[True, tree[1:] != tree[:-1]]) if n else np.zeros(0, np.int64)
+    if not starts.size:
+        raise b.fail("the ensemble has no trees")
+    depth, reached = _depth(b, starts, on_true, on_false, branch)
+    if not reached.all():
+        i = int(np.flatnonzero(~reached)[0])
+        raise b.unsupported(f"node {node_id[i]} of tree {tree[i]}, which no walk from the tree's first listed node "
+                            "reaches (onnxruntime walks from the first node listed, and gives such nodes' weights "
+                            "to another leaf)")
+
+    ids = _values(b, f"{prefix}_ids", np.int64, required=False)
+    nodes, trees = _values(b, f"{prefix}_nodeids", np.int64, False), _values(b, f"{prefix}_treeids", np.int64, False)
+    w = _values(b, f"{prefix}_weights", np.float32, required=False)
+    if not (ids.size == nodes.size == trees.size == w.size):
+        raise b.fail(f"{prefix}_ids, {prefix}_nodeids, {prefix}_treeids and {prefix}_weights must hold one "
+                     f"value each per weight, not {ids.size}, {nodes.size}, {trees.size} and {w.size}")
+    bad = ids[(ids < 0) | (ids >= outputs)]
+    if bad.size:
+        raise b.fail(f"a weight is for {prefix} {int(bad[0])}, outside [0, {outputs - 1}]")
+    weights: list = [[] for _ in range(n)]
+    for k in sorted(range(ids.size), key=lambda k: (int(trees[k]), int(nodes[k]), k)):  # onnxruntime's order
+        j = where.get((int(trees[k]), int(nodes[k])))
+        if j is None:
+            raise b.fail(f"a weight is for node {nodes[k]} of tree {trees[k]}, which is not there")
+        if leaf[j]:  # (onnxruntime ignores weights on branches, which old onnxmltools wrote)
+            weights[j].append((int(ids[k]), float(w[k])))
+    bare = [i for i in np.flatnonzero(leaf) if not weights[i]]
+    if bare:
+        raise b.fail(f"leaf {node_id[bare[0]]} of tree {tree[bare[0]]} has no weight")
+    return Forest(feature, threshold, mode, on_true, on_false, nan_true, starts.astype(np.int64), depth, weights,
+                  frozenset(ids.tolist()), not bool((w < 0).any()))
+
+
+def _depth(b: _Builder, roots: np.ndarray, on_true: np.ndarray, on_false: np.ndarray,
+           branch: np.ndarray) -> tuple[int, np.ndarray]:
+    """The most branches on a walk from any root, and which nodes a walk reaches: level by level
+    over the set of nodes reached (a tree's levels hold each node once, so this is linear in
+    the nodes). A walk still on a branch after as many levels as there are nodes has met a
+    cycle."""
+    level, depth = np.unique(roots), 0
+    reached = np.zeros(branch.size, bool)
+    while True:
+        reached[level] = True
+        level = level[branch[level]]
+        if not level.size:
+            return depth, reached
+        depth += 1
+        if depth > MAX_DEPTH:
+            if depth > branch.size:
+                raise b.fail("a tree's branches form a cycle (onnxruntime would walk it forever)")
+            raise b.unsupported(f"a tree deeper than {MAX_DEPTH} levels")
+        level = np.unique(np.concatenate([on_true[level], on_false[level]]))
+
+
+# -- the walk -------------------------------------------------------------------------------------
+def _compare(b: _Builder, mode: int, value: str, limit: str) -> str:
+    op = list(MODES.values())[mode]
+    if op == "Not":
+        return b.op("Not", [b.op("Equal", [value, limit])])
+    return b.op(op, [value, limit])
+
+
+def _leaves(b: _Builder, x: str, rows: int, f: Forest) -> str:
+    """[rows, trees] int32: the leaf each tree reaches for each row of x ([rows, C] float32).
+    (int32 indices: half the bytes of int64 per level, and a forest's nodes number far fewer
+    than 2^31.)"""
+    tables = {}
+
+    def table(name: str, arr: np.ndarray, dtype) -> str:
+        if name not in tables:
+            tables[name] = b.constant(arr, dtype)
+        return tables[name]
+
+    cur = b.op("Expand", [b.constant(f.roots.reshape(1, -1), np.int32), b.ints(rows, f.roots.size)])
+    used = f.modes_used()
+    nan_true = bool(f.nan_true[f.mode >= 0].any())
+    for _ in range(f.depth):
+        column = b.op("Gather", [table("feature", f.feature, np.int32), cur], axis=0)
+        value = b.op("GatherElements", [x, column], axis=1)
+        limit = b.op("Gather", [table("threshold", f.threshold, np.float32), cur], axis=0)
+        if len(used) == 1:
+            cond = _compare(b, used[0], value, limit)
+        else:
+            mode = b.op("Gather", [table("mode", f.mode, np.int32), cur], axis=0)
+            cond = None
+            for m in used:
+                hit = b.op("And", [b.op("Equal", [mode, b.constant(np.int32(m), np.int32)]),
+                                   _compare(b, m, value, limit)])
+                cond = hit if cond is None else b.op("Or", [cond, hit])
+        if nan_true:
+            track = b.op("Gather", [table("nan_true", f.nan_true, np.bool_), cur], axis=0)
+            cond = b.op("Or", [cond, b.op("And", [b.op("IsNaN", [value]), track])])
+        cur = b.op("Where", [cond, b.op("Gather", [table("on_true", f.on_true, np.int32), cur], axis=0),
+                             b.op("Gather", [table("on_false", f.on_false, np.int32), cur], axis=0)])
+    return cur
+
+
+def _per_leaf(b: _Builder, f: Forest, outputs: int, how: str) -> tuple[np.ndarray, np.ndarray]:
+    """[nodes, slots, outputs] tables of each leaf's values per output, and [nodes, outputs] of
+    whether it gives that output a weight. `how`: "sum": a leaf's weights for an output one per
+    slot, in their order (onnxruntime adds them to the running sum one at a time; 0 in the slots
+    left over); "min" or "max" of them (one slot; ±inf where it gives none); "first": its first
+    weight (a single output, which onnxruntime reads so)."""
+    per = [[k for k, _ in ws] for ws in f.weights]
+    slots = max((max(p.count(k) for k in set(p)) for p in per if p), default=1) if how == "sum" else 1
+    if f.size * slots * outputs > MAX_TABLE:
+        raise b.unsupported(f"a leaf table of {f.size} nodes x {slots} weight(s) x {outputs} outputs "
+                          f"(more than {MAX_TABLE} values)")
+    value = np.full((f.size, slots, outputs), {"min": np.inf, "max": -np.inf}.get(how, 0.0), np.float32)
+    has = np.zeros((f.size, outputs), bool)
+    for i, ws in enumerate(f.weights):
+        used = np.zeros(outputs, int)
+        for k, w in ws[:1] if how == "first" else ws:
+            w, k = np.float32(w), 0 if how == "first" else k
+            old = value[i, 0, k]
+            if how == "sum":
+                value[i, used[k], k] = w
+                used[k] += 1
+            else:
+                value[i, 0, k] = {"first": lambda: w, "min": lambda: w if not has[i, k] or w < old else old,
+                                  "max": lambda: w if not has[i, k] or w > old else old}[how]()
+            has[i, k] = True
+    return value, has
+
+
+@dataclass
+class Scores:
+    """The aggregated scores [rows, outputs], and whether each output got a weight from some
+    tree: a [outputs] numpy bool array where the trees decide it for every row, else a
+    [rows, outputs] bool tensor."""
+
+    value: str
+    has: object
+
+
+def _aggregate(b: _Builder, x: str, rows: int, f: Forest, outputs: int, agg: str, single: bool) -> Scores:
+    """The trees' leaf values combined per row: summed in the trees' order from 0, a leaf's
+    weights in theirs (the last element of a CumSum, which AStitch computes alone: one
+    sequential sum per output, as onnxruntime's loop adds), averaged, or their min or max.
+    `single`: a single output, for which onnxruntime reads each leaf's first weight."""
+    leaves = _leaves(b, x, rows, f)
+    how = "first" if single else ("sum" if agg in ("SUM", "AVERAGE") else agg.lower())
+    value, has = _per_leaf(b, f, outputs, how)
+    slots = value.shape[1]
+    per_tree = b.op("Gather", [b.constant(value.reshape(f.size, -1)), leaves], axis=0)  # [rows, trees, slots*outputs]
+    per_tree = b.op("Reshape", [per_tree, b.ints(rows, f.roots.size * slots, outputs)])
+    if agg in ("SUM", "AVERAGE"):
+        total = b.op("CumSum", [per_tree, b.constant(np.int64(1), np.int64)])
+        total = b.slice(total, -1, np.iinfo(np.int64).max, 1)
+    else:
+        total = b.reduce("ReduceMin" if agg == "MIN" else "ReduceMax", per_tree, [1])
+    total = b.op("Reshape", [total, b.ints(rows, outputs)])
+    if agg == "AVERAGE":
+        total = b.op("Div", [total, b.constant(np.float32(f.roots.size))])
+    # An output some tree weighs at every leaf it can reach is scored on every row; one no leaf
+    # weighs, on none. (Every node is reached: read_forest checks. A branch's "every leaf"
+    # is both children's, settled bottom up in as many rounds as the deepest tree.)
+    every = has.copy()
+    branch = f.mode >= 0
+    for _ in range(f.depth):
+        every[branch] = every[f.on_true[branch]] & every[f.on_false[branch]]
+    always, never = every[f.roots].any(axis=0), ~has.any(axis=0)
+    if (always | never).all():
+        return Scores(total, always)
+    some = b.reduce("ReduceMax", b.op("Gather", [b.constant(has.astype(np.float32)), leaves], axis=0), [1])
+    return Scores(total, b.op("Greater", [b.op("Reshape", [some, b.ints(rows, outputs)]), b.constant(np.float32(0))]))
+
+
+# -- score transforms (ml_common.h) ---------------------------------------------------------------
+def _logistic(b: _Builder, x: str) -> str:
+    """onnxruntime's ComputeLogistic: v = 1 / (1 + exp(-|x|)), and 1 - v for a negative x."""
+    one = b.constant(np.float32(1))
+    v = b.op("Div", [one, b.op("Add", [one, b.op("Exp", [b.op("Neg", [b.op("Abs", [x])])])])])
+    return b.op("Where", [b.op("Less", [x, b.constant(np.float32(0))]), b.op("Sub", [one, v]), v])
+
+
+def _probit(b: _Builder, x: str) -> str:
+    """onnxruntime's ComputeProbit: sqrt(2) * ErfInv(2x - 1), with its float ErfInv
+    approximation (constant 0.147) step for step."""
+    f32 = np.float32
+    c = lambda v: b.constant(f32(v))  # noqa: E731
+    t = b.op("Sub", [b.op("Mul", [c(2), x]), c(1)])
+    sign = b.op("Where", [b.op("Less", [t, c(0)]), c(-1), c(1)])
+    lg = b.op("Log", [b.op("Mul", [b.op("Sub", [c(1), t]), b.op("Add", [c(1), t])])])
+    v = b.op("Add", [c(f32(2) / (f32(np.pi) * f32(0.147))), b.op("Mul", [c(0.5), lg])])
+    v2 = b.op("Mul", [c(f32(1) / f32(0.147)), lg])
+    v3 = b.op("Add", [b.op("Neg", [v]), b.op("Sqrt", [b.op("Sub", [b.op("Mul", [v, v]), v2])])])
+    return b.op("Mul", [c(np.sqrt(f32(2))), b.op("Mul", [sign, b.op("Sqrt", [v3])])])
+
+
+def _softmax_zero(b: _Builder, x: str) -> str:
+    """onnxruntime's ComputeSoftmaxZero: values within 1e-7 of 0 are scaled by exp(-max) and
+    left out of the sum."""
+    f32 = np.float32
+    top = b.op("Max", [b.reduce("ReduceMax", x, [-1]), b.constant(-np.finfo(f32).max)])
+    eps = f32(0.0000001)
+    live = b.op("Or", [b.op("Greater", [x, b.constant(eps)]), b.op("Less", [x, b.constant(-eps)])])
+    e = b.op("Where", [live, b.op("Exp", [b.op("Sub", [x, top])]), b.op("Mul", [x, b.op("Exp", [b.op("Neg", [top])])])])
+    total = b.reduce("ReduceSum", b.op("Where", [live, e, b.constant(f32(0))]), [-1])
+    return b.op("Div", [e, total])
+
+
+def _transform(b: _Builder, x: str, post: str) -> str:
+    """A [rows, k] score tensor through onnxruntime's write_scores transform for k >= 2."""
+    if post == "LOGISTIC":
+        return _logistic(b, x)
+    if post == "SOFTMAX":
+        return b.op("Softmax", [x], axis=-1)
+    if post == "SOFTMAX_ZERO":
+        return _softmax_zero(b, x)
+    if post == "PROBIT":
+        return _probit(b, x)
+    return x
+
+
+# -- the ops --------------------------------------------------------------------------------------
+def _input(b: _Builder) -> tuple[str, int, int]:
+    """X [rows, columns] as float32: integers are converted, as onnxruntime compares them with
+    the float thresholds. (A 1-D X is refused, as onnxruntime's shape inference refuses it.)"""
+    x = b.node.input[0]
+    shape = b.shape(x)
+    if len(shape) != 2:
+        raise b.fail(f"the input must be 2-D [N, C], not of shape {list(shape)}")
+    elem = b.elem(x)
+    if elem == onnx.TensorProto.DOUBLE:
+        raise b.unsupported("a float64 input (onnxruntime compares it with the thresholds in double)")
+    if elem not in (_F, _I64, onnx.TensorProto.INT32):
+        raise b.fail(f"input type {onnx.TensorProto.DataType.Name(elem) if elem else 'unknown'} is not float, "
+                     "double, int64 or int32")
+    return (x if elem == _F else b.op("Cast", [x], to=_F)), shape[0], shape[1]
+
+
+def _choice(b: _Builder, name: str, default: str, allowed: tuple) -> str:
+    v = text_attr(b, name, default)
+    if v not in allowed:
+        raise b.fail(f"{name} {v!r} is not one of {', '.join(allowed)}")
+    return v
+
+
+def _tree_regressor(b: _Builder) -> None:
+    """Y [rows, n_targets]: the trees' values aggregated (SUM by default, AVERAGE, MIN or MAX),
+    plus the base values, through the score transform."""
+    x, rows, cols = _input(b)
+    targets = int(b.attr("n_targets", 0))
+    if targets < 1:
+        raise b.fail(f"n_targets must be at least 1, not {targets}")
+    post = _choice(b, "post_transform", "NONE", TRANSFORMS)
+    agg = _choice(b, "aggregate_function", "SUM", AGGREGATES)
+    base = _values(b, "base_values", np.float32, required=False)
+    if base.size not in (0, targets):
+        raise b.fail(f"base_values holds {base.size} values, not 0 or one per target ({targets})")
+    forest = read_forest(b, "target", targets, cols)
+    sc = _aggregate(b, x, rows, forest, targets, agg, single=targets == 1)
+    if targets == 1:  # (onnxruntime's single-output path: one base value, and PROBIT alone)
+        y = b.op("Add", [sc.value, b.constant(base[0] if base.size == 1 else np.float32(0))])
+        y = _probit(b, y) if post == "PROBIT" else y
+    else:
+        y = sc.value
+        if base.size == targets:
+            y = b.op("Add", [b.constant(base), y])
+        if not (isinstance(sc.has, np.ndarray) and sc.has.all()):  # an unscored target is written as 0
+            has = b.constant(sc.has, np.bool_) if isinstance(sc.has, np.ndarray) else sc.has
+            y = b.op("Where", [has, y, b.constant(np.float32(0))])
+        y = _transform(b, y, post)
+    b.op("Identity", [y], b.node.output[0])
+
+
+def _select(b: _Builder, cond, yes: str, no: str) -> str:
+    """yes where cond holds: cond a Python bool, or a bool tensor."""
+    if isinstance(cond, (bool, np.bool_)):
+        return yes if cond else no
+    return b.op("Where", [cond, yes, no])
+
+
+def _tree_classifier(b: _Builder) -> None:
+    """Label [rows] (int64) and scores [rows, classes]: the trees' class weights summed, plus the
+    base values, through onnxruntime's rules for the label and the score transform."""
+    x, rows, cols = _input(b)
+    if b.attrs.get("classlabels_strings"):
+        raise b.unsupported("string class labels (a string output)")
+    labels = np.asarray(b.attrs.get("classlabels_int64s") or [], np.int64)
+    if labels.size < 2:
+        if not labels.size:
+            raise b.fail("classlabels_int64s or classlabels_strings is required")
+        raise b.unsupported("a classifier with a single class")
+    post = _choice(b, "post_transform", "NONE", TRANSFORMS)
+    base = _values(b, "base_values", np.float32, required=False)
+    k = labels.size
+    if base.size not in (0, k) and not (k == 2 and base.size == 1):
+        raise b.fail(f"base_values holds {base.size} values, not 0 or one per class ({k})")
+    forest = read_forest(b, "class", k, cols)
+    sc = _aggregate(b, x, rows, forest, k, "SUM", single=False)
+    label, scores = (_binary if k == 2 else _multiclass)(b, sc, base, labels, post, forest, rows)
+    b.op("Identity", [label], b.node.output[0])
+    if len(b.node.output) > 1 and b.node.output[1]:
+        b.op("Identity", [scores], b.node.output[1])
+
+
+def _multiclass(b: _Builder, sc: Scores, base: np.ndarray, labels: np.ndarray, post: str, forest: Forest,
+                rows: int) -> tuple[str, str]:
+    """Three classes or more: the base values are added, and the label is that of the first
+    largest score among the scored classes."""
+    s, has = sc.value, sc.has
+    if base.size:  # (one per class: every class counts as scored)
+        s, has = b.op("Add", [s, b.constant(base)]), np.ones(labels.size, bool)
+    pick = s
+    if not (isinstance(has, np.ndarray) and has.all()):
+        mask = b.constant(has, np.bool_) if isinstance(has, np.ndarray) else has
+        pick = b.op("Where", [mask, s, b.constant(np.float32(-np.inf))])
+    best = b.op("ArgMax", [pick], axis=1, keepdims=0)
+    return b.op("Gather", [b.constant(labels, np.int64), best], axis=0), _transform(b, s, post)
+
+
+def _binary(b: _Builder, sc: Scores, base: np.ndarray, labels: np.ndarray, post: str, forest: Forest,
+            rows: int) -> tuple[str, str]:
+    """Two classes, after onnxruntime's TreeAggregatorClassifier::FinalizeScores and write_scores.
+    Which case a row takes depends on whether class 1 got a weight there (h1; h0 likewise):
+      - with h1, or with two base values, two scores go through the transform: [-(s0 + b1),
+        s0 + b1] with h1 and two base values, [s0 + b0, s1 + b1] without h1, else [s0 (+ b0), s1];
+      - otherwise one score p = s0 (+ b0) is written as two: through LOGISTIC [L(-p), L(p)];
+        else [1 - p, p] where the model is binary (its weights name one class) and no weight is
+        negative, else [-p, p] (onnxruntime 1.32's results: its older sources apply LOGISTIC
+        to mixed weights only);
+      - a score whose class got no weight is read as 0 when written (onnxruntime's ScoreValue),
+        base value or not;
+      - the label compares the positive score (s1 with h1, else p where h0, else 0) with 0.5
+        (binary, no negative weight) or 0; a model whose weights name both classes gets the
+        label 1 or 0 itself, not its class labels, as onnxruntime gives."""
+    f32 = np.float32
+    s0, s1 = (b.slice(sc.value, i, i + 1, 1) for i in (0, 1))
+    flag = lambda i: (bool(sc.has[i]) if isinstance(sc.has, np.ndarray)  # noqa: E731
+                      else b.slice(sc.has, i, i + 1, 1))
+    h0, h1 = flag(0), flag(1)
+    binary, positive = len(forest.classes_named) == 1, forest.all_positive
+    zero = b.constant(f32(0))
+    plus = lambda s, i: b.op("Add", [s, b.constant(base[i])])  # noqa: E731
+
+    def written(p0, has0, p1, has1) -> str:  # two scores as write_scores reads them, transformed
+        zeros = b.constant(np.zeros((rows, 1), f32))
+        pair = b.op("Concat", [_select(b, has0, p0, zeros), _select(b, has1, p1, zeros)], axis=1)
+        return _transform(b, pair, post)
+
+    z_yes = pos_yes = z_no = pos_no = None
+    if h1 is not False:  # class 1 scored
+        if base.size == 2:
+            p1 = plus(s0, 1)
+            z_yes, pos_yes = written(b.op("Neg", [p1]), h0, p1, True), p1
+        else:
+            z_yes, pos_yes = written(plus(s0, 0) if base.size == 1 else s0, h0, s1, True), s1
+    if h1 is not True:  # class 1 not scored
+        if base.size == 2:
+            p0 = plus(s0, 0)
+            z_no, pos_no = written(p0, h0, p0, False), _select(b, h0, p0, zero)
+        else:
+            if post == "PROBIT" or not (binary or base.size == 0):
+                raise b.unsupported("a two-class model whose leaves may give class 1 no weight, with "
+                                    + ("PROBIT" if post == "PROBIT" else "one base value and weights for both classes")
+                                    + " (onnxruntime writes one score of the two)")
+            p = pos_no = _select(b, h0, plus(s0, 0) if base.size == 1 else s0, zero)
+            if post == "LOGISTIC":
+                z_no = b.op("Concat", [_logistic(b, b.op("Neg", [p])), _logistic(b, p)], axis=1)
+            elif binary and positive:
+                z_no = b.op("Concat", [b.op("Sub", [b.constant(f32(1)), p]), p], axis=1)
+            else:
+                z_no = b.op("Concat", [b.op("Neg", [p]), p], axis=1)
+    z = z_yes if z_no is None else (z_no if z_yes is None else _select(b, h1, z_yes, z_no))
+    pos = pos_yes if pos_no is None else (pos_no if pos_yes is None else _select(b, h1, pos_yes, pos_no))
+    pos = b.op("Reshape", [pos, b.ints(rows)])
+    if binary:
+        hit = b.op("Greater", [pos, b.constant(f32(0.5) if positive else f32(0))])
+        pair_labels = (labels[1], labels[0])
+    else:
+        hit, pair_labels = b.op("Greater", [pos, zero]), (1, 0)
+    label = b.op("Where", [hit, b.constant(np.int64(pair_labels[0]), np.int64),
+                           b.constant(np.int64(pair_labels[1]), np.int64)])
+    return label, z
+
+
+TREE_REWRITES = {"TreeEnsembleRegressor": _tree_regressor, "TreeEnsembleClassifier": _tree_classifier}

@@ -1,0 +1,277 @@
+"""Tree ensembles (dlcc/ml_trees.py) against onnxruntime's CPU kernel on PoCL: random forests of
+every shape the attributes allow (mixed branch modes, NaN tracking, nodes listed out of order,
+leaves with several weights or none for an output), every aggregate and score transform, and
+onnxruntime's two-class rules; and the models onnxruntime refuses, refused with their reason."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.helper as h
+import pytest
+
+import dlcc
+from dlcc.errors import DlccError
+
+from conftest import opencl_device_available
+
+needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
+F, I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+ML = "ai.onnx.ml"
+MODES = ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ"]
+#: Thresholds are drawn from these, and so are a third of the inputs, so equal values happen.
+GRID = np.float32([-1.5, -0.5, 0.0, 0.25, 1.0])
+
+
+def forest(rng, trees: int, columns: int, outputs: int, depth: int, kind: str, modes=("BRANCH_LEQ",),
+           nan_tracks: bool = False, weights: str = "all", scale: float = 1.0, shuffle: bool = True) -> dict:
+    """The attributes of a random forest. `kind`: "class" or "target" (the weights' prefix).
+    `weights`: "all" (each leaf weighs every output), "one" (one output per leaf), "sparse" (a
+    random set, repeats included) or "vote" (binary: class 0 weighs 0 or scale, a random forest's
+    vote). `shuffle`: a tree's nodes after its root listed in random order."""
+    a = {k: [] for k in ("nodes_treeids", "nodes_nodeids", "nodes_featureids", "nodes_values", "nodes_modes",
+                         "nodes_truenodeids", "nodes_falsenodeids", "nodes_missing_value_tracks_true")}
+    w = {k: [] for k in ("ids", "nodeids", "treeids", "weights")}
+    base_id = 0
+    for t in range(trees):
+        nodes: list = []
+
+        def grow(d: int) -> int:
+            i = len(nodes)
+            nodes.append(None)
+            if d == depth or (d and rng.random() < 0.3):
+                nodes[i] = ("LEAF", 0, 0.0, 0, 0)
+            else:
+                mode = str(rng.choice(modes))
+                thr = float(rng.choice(GRID)) if rng.random() < 0.7 else float(rng.standard_normal())
+                nodes[i] = (mode, int(rng.integers(columns)), thr, grow(d + 1), grow(d + 1))
+            return i
+
+        grow(0)
+        order = np.r_[0, 1 + rng.permutation(len(nodes) - 1)] if shuffle else np.arange(len(nodes))
+        for i in order:
+            mode, feat, thr, yes, no = nodes[i]
+            a["nodes_treeids"].append(t)
+            a["nodes_nodeids"].append(base_id + int(i))
+            a["nodes_featureids"].append(feat)
+            a["nodes_values"].append(thr)
+            a["nodes_modes"].append(mode)
+            a["nodes_truenodeids"].append(base_id + yes if mode != "LEAF" else 0)
+            a["nodes_falsenodeids"].append(base_id + no if mode != "LEAF" else 0)
+            a["nodes_missing_value_tracks_true"].append(int(nan_tracks and rng.random() < 0.5))
+            if mode != "LEAF":
+                continue
+            if weights == "all":
+                given = list(range(outputs))
+            elif weights == "one":
+                given = [int(rng.integers(outputs))]
+            elif weights == "vote":
+                given = [0]
+            else:
+                given = list(rng.integers(outputs, size=int(rng.integers(1, 4))))
+            for k in given:
+                w["ids"].append(int(k))
+                w["nodeids"].append(base_id + int(i))
+                w["treeids"].append(t)
+                w["weights"].append(float(scale * rng.integers(0, 2)) if weights == "vote"
+                                    else float(np.float32(scale * rng.standard_normal())))
+        base_id += len(nodes)
+    a.update({f"{kind}_{k}": v for k, v in w.items()})
+    return a
+
+
+def inputs(rng, rows: int, columns: int, nans: bool = False) -> np.ndarray:
+    x = rng.standard_normal((rows, columns)).astype(np.float32)
+    on_grid = rng.random((rows, columns)) < 0.35
+    x[on_grid] = rng.choice(GRID, size=int(on_grid.sum()))
+    if nans:
+        x[rng.random((rows, columns)) < 0.1] = np.nan
+    return x
+
+
+def _save(tmp_path, nodes, ins, outs, name, opset=17):
+    g = h.make_graph(nodes, name, [h.make_tensor_value_info(k, t, s) for k, (t, s) in ins.items()],
+                     [h.make_tensor_value_info(k, t, s) for k, (t, s) in outs.items()])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset), h.make_opsetid(ML, 3)])
+    onnx.checker.check_model(m)
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(m, path)
+    return path
+
+
+def _check(path, feeds, pipeline="astitch"):
+    """Every output equal to onnxruntime's on one thread (the trees summed in their order; see
+    verify.has_tree_ensembles): labels exactly, scores to float32 rounding."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    got = dlcc.compile(path, target="opencl", pipeline=pipeline)(feeds)
+    for o, ref in zip(sess.get_outputs(), sess.run(None, feeds)):
+        assert got[o.name].shape == ref.shape and got[o.name].dtype == ref.dtype, o.name
+        if ref.dtype == np.int64:
+            np.testing.assert_array_equal(got[o.name], ref, err_msg=o.name)
+        else:
+            np.testing.assert_allclose(got[o.name], ref, rtol=2e-6, atol=1e-7, err_msg=o.name)
+
+
+@needs_opencl
+def test_regressors(tmp_path):
+    """One model, eight regressors: a single target summed (mixed modes, NaN tracked, a base
+    value), averaged through PROBIT, its MIN and MAX (several weights per leaf: the first counts);
+    three targets summed with base values through LOGISTIC, their MAX with outputs some leaves
+    leave out (0 where no tree weighs them) through SOFTMAX_ZERO, averaged through SOFTMAX; and a
+    single row."""
+    rng = np.random.default_rng(0)
+    c, rows = 5, 60
+    specs = [("sum1", dict(trees=7, outputs=1, depth=5, modes=MODES, nan_tracks=True), dict(base_values=[0.5])),
+             ("avg1", dict(trees=4, outputs=1, depth=3, scale=0.2), dict(aggregate_function="AVERAGE",
+                                                                        post_transform="PROBIT")),
+             ("min1", dict(trees=5, outputs=1, depth=4, weights="sparse"), dict(aggregate_function="MIN")),
+             ("max1", dict(trees=5, outputs=1, depth=4, modes=("BRANCH_GT", "BRANCH_EQ")),
+              dict(aggregate_function="MAX", base_values=[-1.0])),
+             ("sum3", dict(trees=6, outputs=3, depth=4, modes=("BRANCH_LT",), nan_tracks=True),
+              dict(base_values=[0.1, -0.2, 0.3], post_transform="LOGISTIC")),
+             ("max3", dict(trees=4, outputs=3, depth=3, weights="sparse"),
+              dict(aggregate_function="MAX", post_transform="SOFTMAX_ZERO")),
+             ("avg3", dict(trees=3, outputs=3, depth=4, weights="one", shuffle=False),
+              dict(aggregate_function="AVERAGE", post_transform="SOFTMAX"))]
+    nodes, outs = [], {}
+    for name, spec, extra in specs:
+        attrs = forest(rng, columns=c, kind="target", **spec)
+        nodes.append(h.make_node("TreeEnsembleRegressor", ["x"], [name], domain=ML, n_targets=spec["outputs"],
+                                 **attrs, **extra))
+        outs[name] = (F, [rows, spec["outputs"]])
+    nodes.append(h.make_node("TreeEnsembleRegressor", ["v"], ["row"], domain=ML, n_targets=1,
+                             **forest(rng, 3, c, 1, 4, "target", modes=MODES)))
+    outs["row"] = (F, [1, 1])
+    path = _save(tmp_path, nodes, {"x": (F, [rows, c]), "v": (F, [1, c])}, outs, "regressors")
+    x = inputs(rng, rows, c, nans=True)
+    _check(path, {"x": x, "v": x[3:4]})
+
+
+@needs_opencl
+def test_classifiers(tmp_path):
+    """One model at opset 9 (raised to 13 at import, as LightGBM's are), eight classifiers:
+    several classes with base values through SOFTMAX; with sparse weights (a class no tree
+    scores is passed over for the label); a random forest's binary vote summed to exact ties at
+    0.5 (the second label above it); boosted binary models through LOGISTIC with one base value
+    and with two; a two-class model whose leaves name both classes (its label 1 or 0, as
+    onnxruntime gives), and one whose weights name class 1 alone, through PROBIT; an int64
+    input."""
+    rng = np.random.default_rng(1)
+    c, rows = 4, 70
+    specs = [("soft", [2, 5, 7, 9], dict(trees=6, depth=4, weights="one"),
+              dict(base_values=[0.1, 0.2, -0.3, 0.0], post_transform="SOFTMAX")),
+             ("sparse", [0, 1, 2], dict(trees=3, depth=3, weights="sparse", modes=MODES), {}),
+             ("vote", [3, 7], dict(trees=20, depth=3, weights="vote", scale=0.05), {}),
+             ("boost1", [0, 1], dict(trees=8, depth=3, weights="vote", nan_tracks=True),
+              dict(base_values=[-0.2], post_transform="LOGISTIC")),
+             ("boost2", [4, 6], dict(trees=8, depth=3, weights="vote"), dict(base_values=[0.3, -0.1])),
+             ("both", [5, 9], dict(trees=3, depth=2, weights="one"), dict(post_transform="LOGISTIC")),
+             ("bothall", [5, 9], dict(trees=3, depth=3), dict(post_transform="SOFTMAX"))]
+    nodes, outs = [], {}
+    for name, labels, spec, extra in specs:
+        attrs = forest(rng, columns=c, outputs=len(labels), kind="class", **spec)
+        if name == "boost1":  # boosted trees' weights are of either sign
+            attrs["class_weights"] = [float(np.float32(v)) for v in rng.standard_normal(len(attrs["class_weights"]))]
+        nodes.append(h.make_node("TreeEnsembleClassifier", ["x"], [f"{name}_label", f"{name}_scores"], domain=ML,
+                                 classlabels_int64s=labels, **attrs, **extra))
+        outs.update({f"{name}_label": (I64, [rows]), f"{name}_scores": (F, [rows, len(labels)])})
+    one = forest(rng, 4, c, 2, 3, "class", scale=0.3)
+    one["class_ids"] = [1] * len(one["class_ids"])
+    nodes.append(h.make_node("TreeEnsembleClassifier", ["x"], ["one_label", "one_scores"], domain=ML,
+                             classlabels_int64s=[0, 1], post_transform="PROBIT", **one))
+    outs.update({"one_label": (I64, [rows]), "one_scores": (F, [rows, 2])})
+    nodes.append(h.make_node("TreeEnsembleClassifier", ["xi"], ["int_label", "int_scores"], domain=ML,
+                             classlabels_int64s=[0, 1, 2], **forest(rng, 3, c, 3, 4, "class", modes=MODES)))
+    outs.update({"int_label": (I64, [rows]), "int_scores": (F, [rows, 3])})
+    path = _save(tmp_path, nodes, {"x": (F, [rows, c]), "xi": (I64, [rows, c])}, outs, "classifiers", opset=9)
+    xi = rng.integers(-2, 3, (rows, c)).astype(np.int64)
+    _check(path, {"x": inputs(rng, rows, c, nans=True), "xi": xi})
+
+
+def _tree(**over) -> dict:
+    """A stump: node 0 splits feature 0 at 0; leaves 1 and 2 weigh class (target) 0."""
+    a = dict(nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2], nodes_featureids=[0, 0, 0], nodes_values=[0.0] * 3,
+             nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0],
+             class_ids=[0, 0], class_nodeids=[1, 2], class_treeids=[0, 0], class_weights=[0.2, 0.7],
+             classlabels_int64s=[0, 1])
+    a.update(over)
+    return {k: v for k, v in a.items() if v is not None}
+
+
+@pytest.mark.parametrize("over, match", [
+    (dict(nodes_truenodeids=[0, 0, 0]), "node 0 in tree 0 is its own true branch"),
+    (dict(nodes_falsenodeids=[5, 0, 0]), "node 5, which that tree does not have"),
+    (dict(nodes_modes=["BRANCH_LEQ", "BRANCH_LEQ", "LEAF"], nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 2, 0]),
+     "form a cycle"),
+    (dict(class_nodeids=[1, 1]), "leaf 2 of tree 0 has no weight"),
+    (dict(nodes_featureids=[4, 0, 0]), "reads feature 4, but the input has 3 column"),
+    (dict(class_ids=[0, 2]), r"outside \[0, 1\]"),
+    (dict(nodes_modes=["BRANCH_LE", "LEAF", "LEAF"]), "node mode 'BRANCH_LE' is not"),
+    (dict(nodes_nodeids=[0, 1, 1]), "node 1 of tree 0 is given twice"),
+    (dict(post_transform="SIGMOID"), "post_transform 'SIGMOID' is not one of"),
+    (dict(nodes_values=[0.0]), "nodes_values holds 1 values"),
+])
+def test_malformed_forests_are_refused_with_the_reason(tmp_path, over, match):
+    node = h.make_node("TreeEnsembleClassifier", ["x"], ["y", "z"], domain=ML, **_tree(**over))
+    path = _save(tmp_path, [node], {"x": (F, [2, 3])}, {"y": (I64, [2]), "z": (F, [2, 2])}, "bad")
+    with pytest.raises(DlccError, match=match):
+        dlcc.compile(path, target="opencl")
+
+
+@pytest.mark.parametrize("over, x_type, match", [
+    (dict(classlabels_int64s=None, classlabels_strings=["a", "b"]), F, "string class labels"),
+    ({}, onnx.TensorProto.DOUBLE, "a float64 input"),
+    (dict(post_transform="PROBIT"), F, "two-class model whose leaves may give class 1 no weight, with PROBIT"),
+])
+def test_what_stays_unsupported_is_named(tmp_path, over, x_type, match):
+    """Each refusal names what is missing; `--fallback onnxruntime` runs these nodes there."""
+    node = h.make_node("TreeEnsembleClassifier", ["x"], ["y", "z"], domain=ML, **_tree(**over))
+    label = onnx.TensorProto.STRING if "classlabels_strings" in over else I64
+    path = _save(tmp_path, [node], {"x": (x_type, [2, 3])}, {"y": (label, [2]), "z": (F, [2, 2])}, "unsupported")
+    with pytest.raises(DlccError, match=match):
+        dlcc.compile(path, target="opencl")
+
+
+@needs_opencl
+def test_string_labels_run_on_onnxruntime_through_the_fallback(tmp_path):
+    """A classifier with string labels: refused, with --fallback onnxruntime made there. `verify`
+    compares the strings (equal, or not), and `run -o` stores them as a unicode array, which
+    numpy reads without pickle."""
+    import json
+
+    import onnxruntime as ort
+    from typer.testing import CliRunner
+
+    from dlcc.cli import app
+    from dlcc.verify import compare, verify_outputs
+
+    rng = np.random.default_rng(4)
+    attrs = forest(rng, 4, 3, 3, 3, "class")
+    node = h.make_node("TreeEnsembleClassifier", ["x"], ["label", "scores"], domain=ML,
+                       classlabels_strings=["cat", "dog", "eel"], **attrs)
+    path = _save(tmp_path, [node], {"x": (F, [6, 3])},
+                 {"label": (onnx.TensorProto.STRING, [6]), "scores": (F, [6, 3])}, "strings")
+    with pytest.raises(DlccError, match="string class labels"):
+        dlcc.compile(path, target="opencl")
+    x = inputs(rng, 6, 3)
+    got = dlcc.compile(path, target="opencl", fallback="onnxruntime")({"x": x})
+    label, _ = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_array_equal(got["label"], label)
+    rows = verify_outputs(path, got, {"x": x})
+    assert [(r["name"], r["passed"]) for r in rows] == [("label", True), ("scores", True)]
+    wrong = label.copy()
+    wrong[1] = "owl"
+    assert compare("label", wrong, label, 1e-3, 1e-4)["note"] == "1 string(s) differ"
+    art, npz = tmp_path / "art", tmp_path / "out.npz"
+    runner = CliRunner()
+    res = runner.invoke(app, ["compile", str(path), "--fallback", "onnxruntime", "-o", str(art), "-q"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["run", str(art), "-o", str(npz), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["outputs"][0]["dtype"] == "string"
+    with np.load(npz) as z:
+        assert z["label"].dtype.kind == "U" and z["label"].shape == (6,)
+        assert set(z["label"].tolist()) <= {"cat", "dog", "eel"}  # (run's own sample inputs)

@@ -677,9 +677,9 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
                          for op in FUSED]
                       + [(f"{op} (onnxruntime's)", "onnxruntime's ONNX-domain op: standard ops at import (dlcc/fused_ops.py)",
                           "1" if op == "SimplifiedLayerNormalization" else "1 to 16") for op in FUSED_ONNX_DOMAIN]
-                      + [(f"{ML}::{op}", "classic ML (skl2onnx, onnxmltools): standard ops at import (dlcc/"
-                          + ("ml_trees.py" if op.startswith("TreeEnsemble") else "ml_ops.py") + ")", "1, 3" if op.startswith("TreeEnsemble") else "1")
-                         for op in sorted(ML_REWRITES)])
+                      + [(f"{ML}::{op}", "classic ML (skl2onnx, onnxmltools): standard ops at import ("
+                          + ("dlcc/ml_trees.py)" if op.startswith("TreeEnsemble") else "dlcc/ml_ops.py)"),
+                          "1, 3" if op.startswith("TreeEnsemble") else "1") for op in sorted(ML_REWRITES)])
         cols = ("op", "category", "since opsets")
     elif what == "devices":
         rows = []

@@ -1,18 +1,19 @@
 """The simple ops of the `ai.onnx.ml` domain, written as standard ops at import (composite.py runs
 them with its own rewrites): Scaler, Normalizer, Binarizer, ArrayFeatureExtractor,
-LinearRegressor and LinearClassifier.
+LinearRegressor, LinearClassifier, Imputer, FeatureVectorizer, OneHotEncoder and SVMRegressor.
 
-Why: skl2onnx writes scikit-learn pipelines with them around the part that is a neural network
-or a linear model: a StandardScaler before an MLPClassifier is a Scaler, the class label after
-its argmax an ArrayFeatureExtractor of the classes. Each is a line or two of standard ops, which
+Why: skl2onnx writes scikit-learn pipelines with them around the part that is a neural network,
+a linear model or a forest: a StandardScaler before an MLPClassifier is a Scaler, the class
+label after its argmax an ArrayFeatureExtractor of the classes, and a ColumnTransformer's
+SimpleImputer and OneHotEncoder an Imputer, OneHotEncoders and a Concat. Each is a line or two of standard ops, which
 AStitch fuses with the MatMuls around them, so the whole pipeline compiles to one plan instead of
 running those nodes on onnxruntime (--fallback). Each body follows onnxruntime's CPU kernel:
 inputs of any of its numeric types are converted to float32 first, and the arithmetic is its
 float32 arithmetic.
 
-The tree ensembles are in ml_trees.py. The other ML ops (SVMs, the string encoders, ZipMap's
-sequence of maps) and LinearClassifier's string labels and rarer score transforms stay
-unsupported, listed by name; `--fallback onnxruntime` runs them there.
+The tree ensembles are in ml_trees.py. The other ML ops (SVMClassifier, LabelEncoder, the string
+encoders, ZipMap's sequence of maps) and LinearClassifier's string labels and rarer score
+transforms stay unsupported, listed by name; `--fallback onnxruntime` runs them there.
 """
 from __future__ import annotations
 
@@ -297,7 +298,65 @@ def _one_hot_encoder(b: _Builder) -> None:
     b.op("Identity", [y], b.node.output[0])
 
 
+def _svm_regressor(b: _Builder) -> None:
+    """Y [N, 1] = Σ_s coefficients[s] · K(x, support vector s) + rho[0] (n_supports > 0: SVR,
+    NuSVR, OneClassSVM), or X · coefficientsᵀ + rho[0] (no support vectors: a linear SVR), as
+    onnxruntime's kernel computes them:
+      - RBF: exp(-gamma · Σ (x - sv)²); LINEAR: x · sv; POLY: (gamma · x · sv + coef0)^degree;
+        SIGMOID: tanh(gamma · x · sv + coef0), with kernel_params = [gamma, coef0, degree];
+      - one_class: 1 where the value is above 0, else -1;
+      - post_transform is read and not applied (onnxruntime's kernel ignores it).
+    float32 X only (onnxruntime has no other kernel); [C] or [N, C]."""
+    x = b.node.input[0]
+    shape = _rank_1_or_2(b, x)
+    if b.elem(x) != _F:
+        name = onnx.TensorProto.DataType.Name(b.elem(x)) if b.elem(x) else "unknown"
+        raise b.unsupported(f"input type {name} (onnxruntime's SVMRegressor takes float)")
+    kernel = text_attr(b, "kernel_type", "LINEAR")
+    if kernel not in ("LINEAR", "POLY", "RBF", "SIGMOID"):
+        raise b.fail(f"kernel_type {kernel!r} is not LINEAR, POLY, RBF or SIGMOID")
+    params = np.asarray(b.attrs.get("kernel_params") or [], np.float32)
+    if params.size < 3:  # (onnxruntime requires the attribute too)
+        raise b.fail(f"kernel_params must hold gamma, coef0 and degree, not {params.size} value(s)")
+    gamma, coef0, degree = (np.float32(v) for v in params[:3])
+    coef, rho = _floats(b, "coefficients"), _floats(b, "rho")
+    count = int(b.attr("n_supports", 0))
+    c = shape[-1]
+    xf = x if len(shape) == 2 else b.op("Reshape", [x, b.ints(1, c)])
+    if count > 0:
+        sv = np.asarray(b.attrs.get("support_vectors") or [], np.float32)
+        if sv.size != count * c or coef.size != count:
+            raise b.fail(f"support_vectors ({sv.size} values) and coefficients ({coef.size}) must hold "
+                         f"n_supports ({count}) vectors of the input's {c} features and one coefficient each")
+        sv = sv.reshape(count, c)
+        if kernel == "RBF":
+            diff = b.op("Sub", [b.unsqueeze(xf, [1]), b.constant(sv.reshape(1, count, c))])
+            dist = b.reduce("ReduceSum", b.op("Mul", [diff, diff]), [2])
+            k = b.op("Exp", [b.op("Mul", [b.op("Reshape", [dist, b.ints(-1, count)]), b.constant(-gamma)])])
+        else:
+            k = b.op("MatMul", [xf, b.constant(sv.T.copy())])
+            if kernel != "LINEAR":
+                k = b.op("Add", [b.op("Mul", [k, b.constant(gamma)]), b.constant(coef0)])
+                if kernel == "SIGMOID":
+                    k = b.op("Tanh", [k])
+                elif degree == 2:
+                    k = b.op("Mul", [k, k])
+                elif degree == 3:
+                    k = b.op("Mul", [b.op("Mul", [k, k]), k])
+                else:
+                    k = b.op("Pow", [k, b.constant(degree)])
+        y = b.op("Add", [b.op("MatMul", [k, b.constant(coef.reshape(count, 1))]), b.constant(rho[:1])])
+    else:
+        if coef.size != c:
+            raise b.fail(f"coefficients hold {coef.size} values, not one per feature ({c})")
+        y = b.op("Add", [b.op("MatMul", [xf, b.constant(coef.reshape(c, 1))]), b.constant(rho[:1])])
+    if int(b.attr("one_class", 0)):
+        y = b.op("Where", [b.op("Greater", [y, b.constant(np.float32(0))]), b.constant(np.float32(1)),
+                           b.constant(np.float32(-1))])
+    b.op("Identity", [y], b.node.output[0])
+
+
 ML_REWRITES = {"Scaler": _scaler, "Normalizer": _normalizer, "Binarizer": _binarizer,
                "ArrayFeatureExtractor": _array_feature_extractor, "LinearRegressor": _linear_regressor,
                "LinearClassifier": _linear_classifier, "Imputer": _imputer, "FeatureVectorizer": _feature_vectorizer,
-               "OneHotEncoder": _one_hot_encoder, **TREE_REWRITES}
+               "OneHotEncoder": _one_hot_encoder, "SVMRegressor": _svm_regressor, **TREE_REWRITES}

@@ -1,6 +1,7 @@
 """The simple ops of the `ai.onnx.ml` domain, written as standard ops at import (composite.py runs
 them with its own rewrites): Scaler, Normalizer, Binarizer, ArrayFeatureExtractor,
-LinearRegressor, LinearClassifier, Imputer, FeatureVectorizer, OneHotEncoder and SVMRegressor.
+LinearRegressor, LinearClassifier, Imputer, FeatureVectorizer, OneHotEncoder, SVMRegressor and
+SVMClassifier.
 
 Why: skl2onnx writes scikit-learn pipelines with them around the part that is a neural network,
 a linear model or a forest: a StandardScaler before an MLPClassifier is a Scaler, the class
@@ -11,7 +12,7 @@ running those nodes on onnxruntime (--fallback). Each body follows onnxruntime's
 inputs of any of its numeric types are converted to float32 first, and the arithmetic is its
 float32 arithmetic.
 
-The tree ensembles are in ml_trees.py. The other ML ops (SVMClassifier, LabelEncoder, the string
+The tree ensembles are in ml_trees.py. The other ML ops (LabelEncoder, the string
 encoders, ZipMap's sequence of maps) and LinearClassifier's string labels and rarer score
 transforms stay unsupported, listed by name; `--fallback onnxruntime` runs them there.
 """
@@ -19,9 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from .fused_ops import _Builder
-from .ml_trees import TREE_REWRITES, text_attr
+from .ml_trees import TREE_REWRITES, logistic, score_transform, text_attr
 
 _F, _I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
 ML = "ai.onnx.ml"
@@ -251,6 +253,8 @@ def _feature_vectorizer(b: _Builder) -> None:
     if len(rows) != 1:
         raise b.fail(f"the inputs have different numbers of rows ({sorted(rows)})")
     n = rows.pop()
+    if n * sum(dims) >= 2**31:
+        raise b.unsupported(f"an output of {n} x {sum(dims)} values (2^31 or more)")
     parts = []
     for i, shape, d in zip(ins, shapes, dims):
         size = int(np.prod(shape[1:] if len(shape) > 1 else shape))
@@ -259,7 +263,8 @@ def _feature_vectorizer(b: _Builder) -> None:
         if keep:
             parts.append(flat if keep == size else b.slice(flat, 0, keep, 1))
         if d > keep:
-            parts.append(b.constant(np.zeros((n, d - keep), np.float32)))
+            parts.append(b.op("ConstantOfShape", [b.ints(n, d - keep)],
+                              value=numpy_helper.from_array(np.zeros(1, np.float32))))
     if not parts:
         raise b.fail("the output would have no columns")
     if len(parts) > 1:
@@ -298,20 +303,11 @@ def _one_hot_encoder(b: _Builder) -> None:
     b.op("Identity", [y], b.node.output[0])
 
 
-def _svm_regressor(b: _Builder) -> None:
-    """Y [N, 1] = Σ_s coefficients[s] · K(x, support vector s) + rho[0] (n_supports > 0: SVR,
-    NuSVR, OneClassSVM), or X · coefficientsᵀ + rho[0] (no support vectors: a linear SVR), as
-    onnxruntime's kernel computes them:
-      - RBF: exp(-gamma · Σ (x - sv)²); LINEAR: x · sv; POLY: (gamma · x · sv + coef0)^degree;
-        SIGMOID: tanh(gamma · x · sv + coef0), with kernel_params = [gamma, coef0, degree];
-      - one_class: 1 where the value is above 0, else -1;
-      - post_transform is read and not applied (onnxruntime's kernel ignores it).
-    float32 X only (onnxruntime has no other kernel); [C] or [N, C]."""
-    x = b.node.input[0]
-    shape = _rank_1_or_2(b, x)
-    if b.elem(x) != _F:
-        name = onnx.TensorProto.DataType.Name(b.elem(x)) if b.elem(x) else "unknown"
-        raise b.unsupported(f"input type {name} (onnxruntime's SVMRegressor takes float)")
+def _svm_kernel(b: _Builder, xf: str, c: int) -> tuple[str, np.ndarray]:
+    """K [N, vectors]: the SVM kernel of each row of xf ([N, C] float32) with each support vector,
+    as onnxruntime's SVMCommon computes it: RBF exp(-gamma · Σ (x - sv)²), LINEAR x · sv,
+    POLY (gamma · x · sv + coef0)^degree, SIGMOID tanh(gamma · x · sv + coef0), with
+    kernel_params = [gamma, coef0, degree]. Also returns the support vectors [vectors, C]."""
     kernel = text_attr(b, "kernel_type", "LINEAR")
     if kernel not in ("LINEAR", "POLY", "RBF", "SIGMOID"):
         raise b.fail(f"kernel_type {kernel!r} is not LINEAR, POLY, RBF or SIGMOID")
@@ -319,32 +315,47 @@ def _svm_regressor(b: _Builder) -> None:
     if params.size < 3:  # (onnxruntime requires the attribute too)
         raise b.fail(f"kernel_params must hold gamma, coef0 and degree, not {params.size} value(s)")
     gamma, coef0, degree = (np.float32(v) for v in params[:3])
+    sv = np.asarray(b.attrs.get("support_vectors") or [], np.float32)
+    count = sv.size // c if c else 0
+    if not count or sv.size != count * c:
+        raise b.fail(f"support_vectors hold {sv.size} values, not whole vectors of the input's {c} features")
+    sv = sv.reshape(count, c)
+    if kernel == "RBF":
+        diff = b.op("Sub", [b.unsqueeze(xf, [1]), b.constant(sv.reshape(1, count, c))])
+        dist = b.reduce("ReduceSum", b.op("Mul", [diff, diff]), [2])
+        return b.op("Exp", [b.op("Mul", [b.op("Reshape", [dist, b.ints(-1, count)]), b.constant(-gamma)])]), sv
+    k = b.op("MatMul", [xf, b.constant(sv.T.copy())])
+    if kernel == "LINEAR":
+        return k, sv
+    k = b.op("Add", [b.op("Mul", [k, b.constant(gamma)]), b.constant(coef0)])
+    if kernel == "SIGMOID":
+        return b.op("Tanh", [k]), sv
+    if degree == 2:
+        return b.op("Mul", [k, k]), sv
+    if degree == 3:
+        return b.op("Mul", [b.op("Mul", [k, k]), k]), sv
+    return b.op("Pow", [k, b.constant(degree)]), sv
+
+
+def _svm_regressor(b: _Builder) -> None:
+    """Y [N, 1] = Σ_s coefficients[s] · K(x, support vector s) + rho[0] (n_supports > 0: SVR,
+    NuSVR, OneClassSVM), or X · coefficientsᵀ + rho[0] (no support vectors: a linear SVR), as
+    onnxruntime's kernel computes them (_svm_kernel); one_class: 1 where the value is above 0,
+    else -1. post_transform is read and not applied (onnxruntime's kernel ignores it). float32 X
+    only (onnxruntime has no other kernel); [C] or [N, C]."""
+    x = b.node.input[0]
+    shape = _rank_1_or_2(b, x)
+    if b.elem(x) != _F:
+        name = onnx.TensorProto.DataType.Name(b.elem(x)) if b.elem(x) else "unknown"
+        raise b.unsupported(f"input type {name} (onnxruntime's SVMRegressor takes float)")
     coef, rho = _floats(b, "coefficients"), _floats(b, "rho")
-    count = int(b.attr("n_supports", 0))
-    c = shape[-1]
+    count, c = int(b.attr("n_supports", 0)), shape[-1]
     xf = x if len(shape) == 2 else b.op("Reshape", [x, b.ints(1, c)])
     if count > 0:
-        sv = np.asarray(b.attrs.get("support_vectors") or [], np.float32)
-        if sv.size != count * c or coef.size != count:
-            raise b.fail(f"support_vectors ({sv.size} values) and coefficients ({coef.size}) must hold "
-                         f"n_supports ({count}) vectors of the input's {c} features and one coefficient each")
-        sv = sv.reshape(count, c)
-        if kernel == "RBF":
-            diff = b.op("Sub", [b.unsqueeze(xf, [1]), b.constant(sv.reshape(1, count, c))])
-            dist = b.reduce("ReduceSum", b.op("Mul", [diff, diff]), [2])
-            k = b.op("Exp", [b.op("Mul", [b.op("Reshape", [dist, b.ints(-1, count)]), b.constant(-gamma)])])
-        else:
-            k = b.op("MatMul", [xf, b.constant(sv.T.copy())])
-            if kernel != "LINEAR":
-                k = b.op("Add", [b.op("Mul", [k, b.constant(gamma)]), b.constant(coef0)])
-                if kernel == "SIGMOID":
-                    k = b.op("Tanh", [k])
-                elif degree == 2:
-                    k = b.op("Mul", [k, k])
-                elif degree == 3:
-                    k = b.op("Mul", [b.op("Mul", [k, k]), k])
-                else:
-                    k = b.op("Pow", [k, b.constant(degree)])
+        k, sv = _svm_kernel(b, xf, c)
+        if sv.shape[0] != count or coef.size != count:
+            raise b.fail(f"support_vectors ({sv.shape[0]} of {c} features) and coefficients ({coef.size}) must "
+                         f"hold n_supports ({count}) vectors and one coefficient each")
         y = b.op("Add", [b.op("MatMul", [k, b.constant(coef.reshape(count, 1))]), b.constant(rho[:1])])
     else:
         if coef.size != c:
@@ -356,7 +367,81 @@ def _svm_regressor(b: _Builder) -> None:
     b.op("Identity", [y], b.node.output[0])
 
 
+def _svm_classifier(b: _Builder) -> None:
+    """An SVC without probability estimates, as onnxruntime's SVMClassifier computes it: each
+    pair of classes (i < j) scores Σ coef · K over both classes' support vectors + rho, a vote
+    goes to i where that is above 0 and to j otherwise, and the label is the first class with
+    the most votes. The scores are the pairs' (through the transform over the pairs), or for two
+    classes [-s, s] (NONE), [L(-s), L(s)] (LOGISTIC) or [1 - s, s]. onnxruntime sums each pair in
+    double, dlcc in float32: the scores agree to about 1e-5 where the terms cancel, and a row
+    within that of a decision boundary could vote otherwise. Probability estimates (prob_a,
+    prob_b: an iterative solve), string labels, PROBIT for two classes and the liblinear form
+    without support vectors are unsupported."""
+    x = b.node.input[0]
+    shape = _rank_1_or_2(b, x)
+    if b.attrs.get("classlabels_strings"):
+        raise b.unsupported("string class labels (a string output)")
+    if b.attrs.get("prob_a") or b.attrs.get("prob_b"):
+        raise b.unsupported("probability estimates (prob_a, prob_b: onnxruntime's iterative pairwise coupling)")
+    labels = np.asarray(b.attrs.get("classlabels_ints") or [], np.int64)
+    per_class = [int(v) for v in b.attrs.get("vectors_per_class") or []]
+    if labels.size < 2:
+        raise b.fail("classlabels_ints must name two classes or more")
+    if not sum(per_class):
+        raise b.unsupported("the liblinear form (no support vectors)")
+    k_classes = labels.size
+    if len(per_class) != k_classes or min(per_class) < 0:
+        raise b.fail(f"vectors_per_class ({per_class}) must give a count, 0 or more, per class ({k_classes})")
+    post = text_attr(b, "post_transform", "NONE")
+    if post not in ("NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO", "PROBIT"):
+        raise b.fail(f"post_transform {post!r} is not NONE, LOGISTIC, SOFTMAX, SOFTMAX_ZERO or PROBIT")
+    if post == "PROBIT" and k_classes == 2:
+        raise b.unsupported("PROBIT for two classes (onnxruntime writes one score of the two)")
+    c = shape[-1]
+    xf = _as_float(b, x)
+    if len(shape) == 1:
+        xf = b.op("Reshape", [xf, b.ints(1, c)])
+    kern, sv = _svm_kernel(b, xf, c)
+    v = sv.shape[0]
+    coef, rho = _floats(b, "coefficients"), _floats(b, "rho")
+    n_pairs = k_classes * (k_classes - 1) // 2
+    if v != sum(per_class) or coef.size != (k_classes - 1) * v or rho.size < n_pairs:
+        raise b.fail(f"support_vectors ({v}), coefficients ({coef.size}) and rho ({rho.size}) must hold "
+                     f"sum(vectors_per_class) = {sum(per_class)} vectors, (classes - 1) x vectors coefficients "
+                     f"and one rho per pair of classes ({n_pairs})")
+    if v * n_pairs > 1 << 27:  # (the pairs' coefficient table: 512 MiB of float32)
+        raise b.unsupported(f"{v} support vectors for {n_pairs} pairs of classes (a table of more than 2^27 values)")
+    pairs = [(i, j) for i in range(k_classes - 1) for j in range(i + 1, k_classes)]
+    start = np.r_[0, np.cumsum(per_class)[:-1]]
+    w = np.zeros((v, len(pairs)), np.float32)
+    win, lose = np.zeros((len(pairs), k_classes), np.float32), np.zeros((len(pairs), k_classes), np.float32)
+    for p, (i, j) in enumerate(pairs):
+        for cls, row in ((i, j - 1), (j, i)):
+            lo, hi = start[cls], start[cls] + per_class[cls]
+            w[lo:hi, p] = coef[row * v + lo: row * v + hi]
+        win[p, i], lose[p, j] = 1, 1
+    scores = b.op("Add", [b.op("MatMul", [kern, b.constant(w)]), b.constant(rho[:len(pairs)])])
+    above = b.op("Cast", [b.op("Greater", [scores, b.constant(np.float32(0))])], to=_F)
+    votes = b.op("Add", [b.op("MatMul", [above, b.constant(win)]),
+                         b.op("MatMul", [b.op("Sub", [b.constant(np.float32(1)), above]), b.constant(lose)])])
+    best = b.op("ArgMax", [votes], axis=1, keepdims=0)
+    b.op("Gather", [b.constant(labels, np.int64), best], b.node.output[0], axis=0)
+    if len(b.node.output) < 2 or not b.node.output[1]:
+        return
+    if len(pairs) == 1:  # two classes: one score s, written as two (onnxruntime 1.32's results)
+        if post == "NONE":
+            pair = [b.op("Neg", [scores]), scores]
+        elif post == "LOGISTIC":
+            pair = [logistic(b, b.op("Neg", [scores])), logistic(b, scores)]
+        else:
+            pair = [b.op("Sub", [b.constant(np.float32(1)), scores]), scores]
+        b.op("Concat", pair, b.node.output[1], axis=1)
+        return
+    b.op("Identity", [score_transform(b, scores, post)], b.node.output[1])
+
+
 ML_REWRITES = {"Scaler": _scaler, "Normalizer": _normalizer, "Binarizer": _binarizer,
                "ArrayFeatureExtractor": _array_feature_extractor, "LinearRegressor": _linear_regressor,
                "LinearClassifier": _linear_classifier, "Imputer": _imputer, "FeatureVectorizer": _feature_vectorizer,
-               "OneHotEncoder": _one_hot_encoder, "SVMRegressor": _svm_regressor, **TREE_REWRITES}
+               "OneHotEncoder": _one_hot_encoder, "SVMRegressor": _svm_regressor,
+               "SVMClassifier": _svm_classifier, **TREE_REWRITES}

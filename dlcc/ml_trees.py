@@ -334,7 +334,7 @@ def _aggregate(b: _Builder, x: str, rows: int, f: Forest, outputs: int, agg: str
 
 
 # -- score transforms (ml_common.h) ---------------------------------------------------------------
-def _logistic(b: _Builder, x: str) -> str:
+def logistic(b: _Builder, x: str) -> str:
     """onnxruntime's ComputeLogistic: v = 1 / (1 + exp(-|x|)), and 1 - v for a negative x."""
     one = b.constant(np.float32(1))
     v = b.op("Div", [one, b.op("Add", [one, b.op("Exp", [b.op("Neg", [b.op("Abs", [x])])])])])
@@ -367,10 +367,11 @@ def _softmax_zero(b: _Builder, x: str) -> str:
     return b.op("Div", [e, total])
 
 
-def _transform(b: _Builder, x: str, post: str) -> str:
-    """A [rows, k] score tensor through onnxruntime's write_scores transform for k >= 2."""
+def score_transform(b: _Builder, x: str, post: str) -> str:
+    """A [rows, k] score tensor through onnxruntime's write_scores transform for k >= 2 (the ML
+    classifiers share it: ml_ops' SVMClassifier too)."""
     if post == "LOGISTIC":
-        return _logistic(b, x)
+        return logistic(b, x)
     if post == "SOFTMAX":
         return b.op("Softmax", [x], axis=-1)
     if post == "SOFTMAX_ZERO":
@@ -428,7 +429,7 @@ def _tree_regressor(b: _Builder) -> None:
         if not (isinstance(sc.has, np.ndarray) and sc.has.all()):  # an unscored target is written as 0
             has = b.constant(sc.has, np.bool_) if isinstance(sc.has, np.ndarray) else sc.has
             y = b.op("Where", [has, y, b.constant(np.float32(0))])
-        y = _transform(b, y, post)
+        y = score_transform(b, y, post)
     b.op("Identity", [y], b.node.output[0])
 
 
@@ -475,7 +476,7 @@ def _multiclass(b: _Builder, sc: Scores, base: np.ndarray, labels: np.ndarray, p
         mask = b.constant(has, np.bool_) if isinstance(has, np.ndarray) else has
         pick = b.op("Where", [mask, s, b.constant(np.float32(-np.inf))])
     best = b.op("ArgMax", [pick], axis=1, keepdims=0)
-    return b.op("Gather", [b.constant(labels, np.int64), best], axis=0), _transform(b, s, post)
+    return b.op("Gather", [b.constant(labels, np.int64), best], axis=0), score_transform(b, s, post)
 
 
 def _binary(b: _Builder, sc: Scores, base: np.ndarray, labels: np.ndarray, post: str, forest: Forest,
@@ -505,7 +506,7 @@ def _binary(b: _Builder, sc: Scores, base: np.ndarray, labels: np.ndarray, post:
     def written(p0, has0, p1, has1) -> str:  # two scores as write_scores reads them, transformed
         zeros = b.constant(np.zeros((rows, 1), f32))
         pair = b.op("Concat", [_select(b, has0, p0, zeros), _select(b, has1, p1, zeros)], axis=1)
-        return _transform(b, pair, post)
+        return score_transform(b, pair, post)
 
     z_yes = pos_yes = z_no = pos_no = None
     if h1 is not False:  # class 1 scored
@@ -525,7 +526,7 @@ def _binary(b: _Builder, sc: Scores, base: np.ndarray, labels: np.ndarray, post:
                                     + " (onnxruntime writes one score of the two)")
             p = pos_no = _select(b, h0, plus(s0, 0) if base.size == 1 else s0, zero)
             if post == "LOGISTIC":
-                z_no = b.op("Concat", [_logistic(b, b.op("Neg", [p])), _logistic(b, p)], axis=1)
+                z_no = b.op("Concat", [logistic(b, b.op("Neg", [p])), logistic(b, p)], axis=1)
             elif binary and positive:
                 z_no = b.op("Concat", [b.op("Sub", [b.constant(f32(1)), p]), p], axis=1)
             else:

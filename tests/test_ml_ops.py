@@ -142,12 +142,10 @@ def test_the_ml_ops_dlcc_lacks_are_named(tmp_path):
     nodes = [h.make_node("Scaler", ["x"], ["s"], domain=ML, offset=[0.0], scale=[1.0]),
              h.make_node("LinearClassifier", ["s"], ["label", "scores"], domain=ML, coefficients=[1.0] * 8,
                          intercepts=[0.0, 0.0], classlabels_ints=[0, 1], post_transform="PROBIT"),
-             h.make_node("SVMClassifier", ["x"], ["r", "rs"], domain=ML, coefficients=[1.0, -1.0],
-                         support_vectors=[0.0] * 8, vectors_per_class=[1, 1], rho=[0.0], kernel_type="LINEAR",
-                         kernel_params=[0.1, 0.0, 3.0], classlabels_ints=[0, 1])]
-    path = _model(tmp_path, [nodes[0], nodes[2]], {"x": (F, [3, 4])},
-                  {"s": (F, [3, 4]), "r": (I64, [3]), "rs": (F, [3, 2])})
-    with pytest.raises(UnsupportedOpsError, match="ai.onnx.ml::SVMClassifier") as e:
+             h.make_node("LabelEncoder", ["i"], ["r"], domain=ML, classes_strings=["a", "b"], default_string="?")]
+    path = _model(tmp_path, [nodes[0], nodes[2]], {"x": (F, [3, 4]), "i": (I64, [3])},
+                  {"s": (F, [3, 4]), "r": (onnx.TensorProto.STRING, [3])})
+    with pytest.raises(UnsupportedOpsError, match="ai.onnx.ml::LabelEncoder") as e:
         dlcc.compile(path, target="opencl")
     assert "Scaler" not in str(e.value)
     path = _model(tmp_path, nodes[:2], {"x": (F, [3, 4])}, {"label": (I64, [3]), "scores": (F, [3, 2])}, name="probit")
@@ -222,3 +220,36 @@ def test_svm_regressor(tmp_path):
              svr("one", "RBF", [0.4, 0.0, 3.0], coefficients=coef, support_vectors=sv, n_supports=5, one_class=1)]
     path = _model(tmp_path, nodes, {"x": (F, [7, 4])}, {n.output[0]: (F, [7, 1]) for n in nodes})
     _check(path, {"x": x}, rtol=1e-5, atol=1e-6)
+
+
+@needs_opencl
+def test_svm_classifier(tmp_path):
+    """SVC one-vs-one: three classes (RBF, and SIGMOID through SOFTMAX over the pairs' scores) and
+    two (LINEAR: [-s, s]; POLY through LOGISTIC: [L(-s), L(s)]; RBF through SOFTMAX:
+    [1 - s, s]), labels by votes, against
+    onnxruntime: labels exactly, scores to 1e-4 (onnxruntime sums each pair in double, dlcc in
+    float32). Probability estimates are refused as unsupported."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((9, 3)).astype(np.float32)
+
+    def svc(out, kernel, per_class, labels, **kw):
+        v = sum(per_class)
+        return h.make_node("SVMClassifier", ["x"], [out, out + "_s"], domain=ML, kernel_type=kernel,
+                           kernel_params=[0.5, 0.2, 3.0], vectors_per_class=per_class, classlabels_ints=labels,
+                           support_vectors=rng.standard_normal(v * 3).tolist(),
+                           coefficients=rng.standard_normal((len(labels) - 1) * v).tolist(),
+                           rho=rng.standard_normal(len(labels) * (len(labels) - 1) // 2).tolist(), **kw)
+
+    nodes = [svc("rbf", "RBF", [2, 3, 2], [0, 1, 2]), svc("sig", "SIGMOID", [1, 2, 2], [5, 6, 7], post_transform="SOFTMAX"),
+             svc("lin", "LINEAR", [3, 2], [4, 9]), svc("poly", "POLY", [2, 2], [0, 1], post_transform="LOGISTIC"),
+             svc("soft2", "RBF", [1, 2], [3, 2], post_transform="SOFTMAX")]
+    outs = {}
+    for n in nodes:
+        k = len(h.get_attribute_value(n.attribute[[a.name for a in n.attribute].index("classlabels_ints")]))
+        outs.update({n.output[0]: (I64, [9]), n.output[1]: (F, [9, k * (k - 1) // 2 if k > 2 else 2])})
+    path = _model(tmp_path, nodes, {"x": (F, [9, 3])}, outs)
+    _check(path, {"x": x}, rtol=1e-4, atol=1e-5)
+    prob = _model(tmp_path, [svc("p", "RBF", [2, 2], [0, 1], prob_a=[1.0], prob_b=[0.0])], {"x": (F, [9, 3])},
+                  {"p": (I64, [9]), "p_s": (F, [9, 2])}, name="prob")
+    with pytest.raises(DlccError, match="probability estimates"):
+        dlcc.compile(prob, target="opencl")

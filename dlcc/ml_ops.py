@@ -1,7 +1,7 @@
 """The simple ops of the `ai.onnx.ml` domain, written as standard ops at import (composite.py runs
 them with its own rewrites): Scaler, Normalizer, Binarizer, ArrayFeatureExtractor,
-LinearRegressor, LinearClassifier, Imputer, FeatureVectorizer, OneHotEncoder, SVMRegressor and
-SVMClassifier.
+LinearRegressor, LinearClassifier, Imputer, FeatureVectorizer, OneHotEncoder, LabelEncoder,
+SVMRegressor and SVMClassifier.
 
 Why: skl2onnx writes scikit-learn pipelines with them around the part that is a neural network,
 a linear model or a forest: a StandardScaler before an MLPClassifier is a Scaler, the class
@@ -12,8 +12,8 @@ running those nodes on onnxruntime (--fallback). Each body follows onnxruntime's
 inputs of any of its numeric types are converted to float32 first, and the arithmetic is its
 float32 arithmetic.
 
-The tree ensembles are in ml_trees.py. The other ML ops (LabelEncoder, the string
-encoders, ZipMap's sequence of maps) and LinearClassifier's string labels and rarer score
+The tree ensembles are in ml_trees.py. The other ML ops (the string encoders, CategoryMapper,
+ZipMap's sequence of maps, DictVectorizer) and LinearClassifier's string labels and rarer score
 transforms stay unsupported, listed by name; `--fallback onnxruntime` runs them there.
 """
 from __future__ import annotations
@@ -440,8 +440,53 @@ def _svm_classifier(b: _Builder) -> None:
     b.op("Identity", [score_transform(b, scores, post)], b.node.output[1])
 
 
+def _label_encoder(b: _Builder) -> None:
+    """Y = the value of X's key (the first of equal keys, as onnxruntime's map keeps the first),
+    else the default (default_float, -0.0, or default_int64, -1), for numeric keys and values
+    (int64 or float; opset 2's lists, opset 4's tensors). String keys or values (opset 1's
+    classes_strings too) and NaN keys (matched from opset 4 on) are unsupported."""
+    x = b.node.input[0]
+    if b.attrs.get("classes_strings") or b.attrs.get("keys_strings") or b.attrs.get("values_strings"):
+        raise b.unsupported("string keys or values (a string tensor)")
+
+    def listed(kind: str) -> np.ndarray | None:
+        t = b.attrs.get(f"{kind}_tensor")
+        if isinstance(t, onnx.TensorProto):
+            if t.data_type not in (_F, _I64):
+                raise b.unsupported(f"{kind}_tensor of type {onnx.TensorProto.DataType.Name(t.data_type)}")
+            return numpy_helper.to_array(t).reshape(-1)
+        for suffix, dtype in (("floats", np.float32), ("int64s", np.int64)):
+            v = b.attrs.get(f"{kind}_{suffix}")
+            if v:
+                return np.asarray(v, dtype)
+        return None
+
+    keys, values = listed("keys"), listed("values")
+    if keys is None or values is None or keys.size != values.size:
+        raise b.fail("keys and values must be given, as many of each (keys_*/values_* or keys_tensor/values_tensor)")
+    if keys.dtype == np.float32 and np.isnan(keys).any():
+        raise b.unsupported("a NaN key (matched only from opset 4 on)")
+    want = _F if keys.dtype == np.float32 else _I64
+    if b.elem(x) != want:
+        raise b.fail(f"the input must be {'float' if want == _F else 'int64'}, as the keys are")
+    dt = b.attrs.get("default_tensor")
+    if isinstance(dt, onnx.TensorProto):
+        default = numpy_helper.to_array(dt).reshape(-1)[:1].astype(values.dtype)
+    elif values.dtype == np.float32:
+        default = np.asarray([b.attr("default_float", -0.0)], np.float32)
+    else:
+        default = np.asarray([b.attr("default_int64", -1)], np.int64)
+    shape = b.shape(x)
+    hit = b.op("Cast", [b.op("Equal", [b.unsqueeze(x, [-1]), b.constant(keys, keys.dtype)])], to=_F)
+    first = b.op("ArgMax", [hit], axis=-1, keepdims=1)  # (the first of equal keys)
+    found = b.op("Greater", [b.reduce("ReduceMax", hit, [-1]), b.constant(np.float32(0))])
+    picked = b.op("Gather", [b.constant(values, values.dtype), first], axis=0)
+    y = b.op("Where", [found, picked, b.constant(default[0], values.dtype)])
+    b.op("Reshape", [y, b.ints(*shape)], b.node.output[0])
+
+
 ML_REWRITES = {"Scaler": _scaler, "Normalizer": _normalizer, "Binarizer": _binarizer,
                "ArrayFeatureExtractor": _array_feature_extractor, "LinearRegressor": _linear_regressor,
                "LinearClassifier": _linear_classifier, "Imputer": _imputer, "FeatureVectorizer": _feature_vectorizer,
                "OneHotEncoder": _one_hot_encoder, "SVMRegressor": _svm_regressor,
-               "SVMClassifier": _svm_classifier, **TREE_REWRITES}
+               "SVMClassifier": _svm_classifier, "LabelEncoder": _label_encoder, **TREE_REWRITES}

@@ -142,10 +142,10 @@ def test_the_ml_ops_dlcc_lacks_are_named(tmp_path):
     nodes = [h.make_node("Scaler", ["x"], ["s"], domain=ML, offset=[0.0], scale=[1.0]),
              h.make_node("LinearClassifier", ["s"], ["label", "scores"], domain=ML, coefficients=[1.0] * 8,
                          intercepts=[0.0, 0.0], classlabels_ints=[0, 1], post_transform="PROBIT"),
-             h.make_node("LabelEncoder", ["i"], ["r"], domain=ML, classes_strings=["a", "b"], default_string="?")]
+             h.make_node("CategoryMapper", ["i"], ["r"], domain=ML, cats_int64s=[1, 2], cats_strings=["a", "b"])]
     path = _model(tmp_path, [nodes[0], nodes[2]], {"x": (F, [3, 4]), "i": (I64, [3])},
                   {"s": (F, [3, 4]), "r": (onnx.TensorProto.STRING, [3])})
-    with pytest.raises(UnsupportedOpsError, match="ai.onnx.ml::LabelEncoder") as e:
+    with pytest.raises(UnsupportedOpsError, match="ai.onnx.ml::CategoryMapper") as e:
         dlcc.compile(path, target="opencl")
     assert "Scaler" not in str(e.value)
     path = _model(tmp_path, nodes[:2], {"x": (F, [3, 4])}, {"label": (I64, [3]), "scores": (F, [3, 2])}, name="probit")
@@ -253,3 +253,39 @@ def test_svm_classifier(tmp_path):
                   {"p": (I64, [9]), "p_s": (F, [9, 2])}, name="prob")
     with pytest.raises(DlccError, match="probability estimates"):
         dlcc.compile(prob, target="opencl")
+
+
+@needs_opencl
+def test_label_encoder(tmp_path):
+    """Numeric LabelEncoders against onnxruntime: int64 keys to float values (a repeated key: the
+    first counts; unknown keys: default_float, and -0.0 by default) and float keys to int64
+    values (-0.0 finds the key 0.0; the default -1), at opset 2; opset 4's tensor attributes.
+    String keys are refused as unsupported."""
+    import onnx.numpy_helper as nh2
+
+    xi = np.array([[1, 5, 3], [7, 1, 0]], np.int64)
+    xf = np.array([0.5, -0.0, 2.0, np.nan, 1.5], np.float32)
+    nodes = [h.make_node("LabelEncoder", ["xi"], ["a"], domain=ML, keys_int64s=[1, 3, 1, 7], values_floats=[0.5, 1.5, 9.0, -2.0],
+                         default_float=4.0),
+             h.make_node("LabelEncoder", ["xi"], ["b"], domain=ML, keys_int64s=[3], values_floats=[1.0]),
+             h.make_node("LabelEncoder", ["xf"], ["c"], domain=ML, keys_floats=[0.5, 0.0, 1.5], values_int64s=[10, 20, 30])]
+    outs = {"a": (F, [2, 3]), "b": (F, [2, 3]), "c": (I64, [5])}
+    g = h.make_graph(nodes, "le", [h.make_tensor_value_info("xi", I64, [2, 3]), h.make_tensor_value_info("xf", F, [5])],
+                     [h.make_tensor_value_info(k, t, s) for k, (t, s) in outs.items()])
+    path = tmp_path / "le.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(ML, 2)]), path)
+    _check(path, {"xi": xi, "xf": xf})
+    t4 = h.make_node("LabelEncoder", ["xi"], ["d"], domain=ML, keys_tensor=nh2.from_array(np.array([5, 0], np.int64)),
+                     values_tensor=nh2.from_array(np.array([2, 4], np.int64)),
+                     default_tensor=nh2.from_array(np.array([8], np.int64)))
+    g = h.make_graph([t4], "le4", [h.make_tensor_value_info("xi", I64, [2, 3])], [h.make_tensor_value_info("d", I64, [2, 3])])
+    path4 = tmp_path / "le4.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(ML, 4)]), path4)
+    _check(path4, {"xi": xi})
+    s = h.make_node("LabelEncoder", ["xi"], ["e"], domain=ML, keys_int64s=[1], values_strings=["one"])
+    g = h.make_graph([s], "les", [h.make_tensor_value_info("xi", I64, [2, 3])],
+                     [h.make_tensor_value_info("e", onnx.TensorProto.STRING, [2, 3])])
+    paths = tmp_path / "les.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(ML, 2)]), paths)
+    with pytest.raises(DlccError, match="string keys or values"):
+        dlcc.compile(paths, target="opencl")

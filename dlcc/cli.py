@@ -657,6 +657,7 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
     from .composite import listed as composite_ops
     from .fused_ops import MICROSOFT as FUSED, ONNX_DOMAIN as FUSED_ONNX_DOMAIN
     from .ml_ops import ML, ML_REWRITES
+    from .ml_trees import TREE_OPS
     from .quantized import MICROSOFT
 
     if what == "ops":
@@ -678,8 +679,8 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
                       + [(f"{op} (onnxruntime's)", "onnxruntime's ONNX-domain op: standard ops at import (dlcc/fused_ops.py)",
                           "1" if op == "SimplifiedLayerNormalization" else "1 to 16") for op in FUSED_ONNX_DOMAIN]
                       + [(f"{ML}::{op}", "classic ML (skl2onnx, onnxmltools): standard ops at import ("
-                          + ("dlcc/ml_trees.py)" if op.startswith("TreeEnsemble") else "dlcc/ml_ops.py)"),
-                          "1, 3" if op.startswith("TreeEnsemble") else "1") for op in sorted(ML_REWRITES)])
+                          + ("dlcc/ml_trees.py)" if op in TREE_OPS else "dlcc/ml_ops.py)"),
+                          "1, 3" if op in TREE_OPS else "1") for op in sorted(ML_REWRITES)])
         cols = ("op", "category", "since opsets")
     elif what == "devices":
         rows = []

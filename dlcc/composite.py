@@ -28,6 +28,7 @@ def lower_composite(model: onnx.ModelProto, infer, weights, path, supported: set
     """Rewrite (in place) every node of `model`'s main graph whose op is in REWRITES and has no
     lowering in `supported`. Returns the model and a note for the pass log."""
     from .ml_ops import ML, ML_REWRITES
+    from .ml_trees import TREE_OPS
 
     def chosen(n: onnx.NodeProto) -> bool:
         return (n.domain in ("", "ai.onnx") and n.op_type in REWRITES and n.op_type not in supported) or (
@@ -42,7 +43,7 @@ def lower_composite(model: onnx.ModelProto, infer, weights, path, supported: set
     from .frontend import opset_of
 
     ml = {n.op_type for n in model.graph.node if n.domain == ML and chosen(n)}
-    need = 13 if any(op.startswith("TreeEnsemble") for op in ml) else 11
+    need = 13 if ml & TREE_OPS else 11
     if ml and opset_of(model) < need:
         from .rewrite import raise_opset  # (LightGBM's converter writes opsets 8 and 9)
 

@@ -23,7 +23,7 @@ import onnx
 from onnx import numpy_helper
 
 from .fused_ops import _Builder
-from .ml_trees import TREE_REWRITES, logistic, score_transform, text_attr
+from .ml_trees import TREE_REWRITES, elem_name, logistic, score_transform, text_attr
 
 _F, _I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
 ML = "ai.onnx.ml"
@@ -33,8 +33,7 @@ def _numeric(b: _Builder, x: str) -> int:
     """X's element type, one of the float, double, int64 and int32 the ML kernels take."""
     elem = b.elem(x)
     if elem not in (_F, onnx.TensorProto.DOUBLE, _I64, onnx.TensorProto.INT32):
-        raise b.fail(f"input type {onnx.TensorProto.DataType.Name(elem) if elem else 'unknown'} is not float, "
-                     "double, int64 or int32")
+        raise b.fail(f"input type {elem_name(elem)} is not float, double, int64 or int32")
     return elem
 
 
@@ -43,13 +42,16 @@ def _as_float(b: _Builder, x: str) -> str:
     return x if _numeric(b, x) == _F else b.op("Cast", [x], to=_F)
 
 
+def _as_rows(b: _Builder, x: str, shape: tuple) -> str:
+    """X as float32 rows: [N, C] as it is, [C] as [1, C] (the ML kernels read a 1-D X as one row)."""
+    xf = _as_float(b, x)
+    return xf if len(shape) == 2 else b.op("Reshape", [xf, b.ints(1, shape[-1])])
+
+
 def _scores(b: _Builder, x: str, shape: tuple, coef: np.ndarray, rows: int, inter: np.ndarray | None) -> str:
     """X (float32, [N, C] or [C] as [1, C]) · coef [rows, C]ᵀ + inter: the linear models' scores."""
     c = shape[-1]
-    xf = _as_float(b, x)
-    if len(shape) == 1:
-        xf = b.op("Reshape", [xf, b.ints(1, c)])
-    y = b.op("MatMul", [xf, b.constant(coef.reshape(rows, c).T.copy())])
+    y = b.op("MatMul", [_as_rows(b, x, shape), b.constant(coef.reshape(rows, c).T.copy())])
     return y if inter is None else b.op("Add", [y, b.constant(inter)])
 
 
@@ -221,8 +223,7 @@ def _imputer(b: _Builder) -> None:
     if bool(floats) == bool(ints):
         raise b.fail("exactly one of imputed_value_floats and imputed_value_int64s must be given")
     if elem not in (_F, _I64):
-        name = onnx.TensorProto.DataType.Name(elem) if elem else "unknown"
-        raise b.unsupported(f"input type {name} (onnxruntime's Imputer takes float and int64)")
+        raise b.unsupported(f"input type {elem_name(elem)} (onnxruntime's Imputer takes float and int64)")
     values = np.asarray(floats if elem == _F else ints, np.float32 if elem == _F else np.int64)
     if not values.size:
         raise b.fail(f"the imputed values for {'a float' if elem == _F else 'an int64'} input "
@@ -278,7 +279,8 @@ def _one_hot_encoder(b: _Builder) -> None:
     kernel converts a float) equals the category (the last of equal categories), else 0. A value
     outside the categories is a row of zeros with `zeros` 1, and an error at run time with
     `zeros` 0: its index is moved out of range, so a Gather's index check reports it. Integer
-    categories; [C] or [N, C] X of float, int64 or double (onnxruntime has no int32 kernel)."""
+    categories; [C] or [N, C] X of float or int64 (double, which onnxruntime also takes, is not
+    held by dlcc; onnxruntime has no int32 kernel)."""
     x = b.node.input[0]
     _rank_1_or_2(b, x)
     if b.attrs.get("cats_strings"):
@@ -287,8 +289,8 @@ def _one_hot_encoder(b: _Builder) -> None:
     if not cats.size:
         raise b.fail("cats_int64s (or cats_strings) is required and must not be empty")
     if b.elem(x) not in (_F, _I64):
-        name = onnx.TensorProto.DataType.Name(b.elem(x)) if b.elem(x) else "unknown"
-        raise b.unsupported(f"input type {name} (onnxruntime's OneHotEncoder takes float, double, int64 and strings)")
+        raise b.unsupported(f"input type {elem_name(b.elem(x))} (onnxruntime's OneHotEncoder takes float, double, "
+                            "int64 and strings)")
     last = {int(c): k for k, c in enumerate(cats)}  # (a repeated category: the last one counts)
     column = np.array([last[int(c)] == k for k, c in enumerate(cats)])
     xi = x if b.elem(x) == _I64 else b.op("Cast", [x], to=_I64)
@@ -346,11 +348,10 @@ def _svm_regressor(b: _Builder) -> None:
     x = b.node.input[0]
     shape = _rank_1_or_2(b, x)
     if b.elem(x) != _F:
-        name = onnx.TensorProto.DataType.Name(b.elem(x)) if b.elem(x) else "unknown"
-        raise b.unsupported(f"input type {name} (onnxruntime's SVMRegressor takes float)")
+        raise b.unsupported(f"input type {elem_name(b.elem(x))} (onnxruntime's SVMRegressor takes float)")
     coef, rho = _floats(b, "coefficients"), _floats(b, "rho")
     count, c = int(b.attr("n_supports", 0)), shape[-1]
-    xf = x if len(shape) == 2 else b.op("Reshape", [x, b.ints(1, c)])
+    xf = _as_rows(b, x, shape)
     if count > 0:
         k, sv = _svm_kernel(b, xf, c)
         if sv.shape[0] != count or coef.size != count:
@@ -397,11 +398,7 @@ def _svm_classifier(b: _Builder) -> None:
         raise b.fail(f"post_transform {post!r} is not NONE, LOGISTIC, SOFTMAX, SOFTMAX_ZERO or PROBIT")
     if post == "PROBIT" and k_classes == 2:
         raise b.unsupported("PROBIT for two classes (onnxruntime writes one score of the two)")
-    c = shape[-1]
-    xf = _as_float(b, x)
-    if len(shape) == 1:
-        xf = b.op("Reshape", [xf, b.ints(1, c)])
-    kern, sv = _svm_kernel(b, xf, c)
+    kern, sv = _svm_kernel(b, _as_rows(b, x, shape), shape[-1])
     v = sv.shape[0]
     coef, rho = _floats(b, "coefficients"), _floats(b, "rho")
     n_pairs = k_classes * (k_classes - 1) // 2
@@ -453,7 +450,7 @@ def _label_encoder(b: _Builder) -> None:
         t = b.attrs.get(f"{kind}_tensor")
         if isinstance(t, onnx.TensorProto):
             if t.data_type not in (_F, _I64):
-                raise b.unsupported(f"{kind}_tensor of type {onnx.TensorProto.DataType.Name(t.data_type)}")
+                raise b.unsupported(f"{kind}_tensor of type {elem_name(t.data_type)}")
             return numpy_helper.to_array(t).reshape(-1)
         for suffix, dtype in (("floats", np.float32), ("int64s", np.int64)):
             v = b.attrs.get(f"{kind}_{suffix}")

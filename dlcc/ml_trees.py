@@ -84,6 +84,11 @@ class Forest:
         return sorted(set(int(m) for m in self.mode if m >= 0))
 
 
+def elem_name(elem: int | None) -> str:
+    """An ONNX element type's name for a message ("unknown" where inference found none)."""
+    return onnx.TensorProto.DataType.Name(elem) if elem else "unknown"
+
+
 def text_attr(b: _Builder, name: str, default: str) -> str:
     """A string attribute (the ML ops' modes and transforms), decoded."""
     v = b.attrs.get(name, default)
@@ -272,20 +277,18 @@ def _per_leaf(b: _Builder, f: Forest, outputs: int, how: str) -> tuple[np.ndarra
     slots = max((max(p.count(k) for k in set(p)) for p in per if p), default=1) if how == "sum" else 1
     if f.size * slots * outputs > MAX_TABLE:
         raise b.unsupported(f"a leaf table of {f.size} nodes x {slots} weight(s) x {outputs} outputs "
-                          f"(more than {MAX_TABLE} values)")
+                            f"(more than {MAX_TABLE} values)")
     value = np.full((f.size, slots, outputs), {"min": np.inf, "max": -np.inf}.get(how, 0.0), np.float32)
     has = np.zeros((f.size, outputs), bool)
     for i, ws in enumerate(f.weights):
         used = np.zeros(outputs, int)
         for k, w in ws[:1] if how == "first" else ws:
             w, k = np.float32(w), 0 if how == "first" else k
-            old = value[i, 0, k]
             if how == "sum":
                 value[i, used[k], k] = w
                 used[k] += 1
-            else:
-                value[i, 0, k] = {"first": lambda: w, "min": lambda: w if not has[i, k] or w < old else old,
-                                  "max": lambda: w if not has[i, k] or w > old else old}[how]()
+            elif how == "first" or not has[i, k] or (w < value[i, 0, k] if how == "min" else w > value[i, 0, k]):
+                value[i, 0, k] = w
             has[i, k] = True
     return value, has
 
@@ -393,8 +396,7 @@ def _input(b: _Builder) -> tuple[str, int, int]:
     if elem == onnx.TensorProto.DOUBLE:
         raise b.unsupported("a float64 input (onnxruntime compares it with the thresholds in double)")
     if elem not in (_F, _I64, onnx.TensorProto.INT32):
-        raise b.fail(f"input type {onnx.TensorProto.DataType.Name(elem) if elem else 'unknown'} is not float, "
-                     "double, int64 or int32")
+        raise b.fail(f"input type {elem_name(elem)} is not float, double, int64 or int32")
     return (x if elem == _F else b.op("Cast", [x], to=_F)), shape[0], shape[1]
 
 
@@ -545,3 +547,5 @@ def _binary(b: _Builder, sc: Scores, base: np.ndarray, labels: np.ndarray, post:
 
 
 TREE_REWRITES = {"TreeEnsembleRegressor": _tree_regressor, "TreeEnsembleClassifier": _tree_classifier}
+#: The ensemble ops ml_trees writes (composite.py raises old models to the opset they need).
+TREE_OPS = frozenset(TREE_REWRITES)

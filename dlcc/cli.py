@@ -626,11 +626,12 @@ def _print_stitch(plan: dict) -> None:
                         + (f", split segment {mp['split_segment']}" if mp["split_segment"] is not None else ""),
                   title_justify="left")
         for c in ("phase", "units", "threads/unit", "units/block (horizontal)", "vertical", "split", "barrier before",
-                  "smem", "stages"):
+                  "block barriers", "smem", "stages"):
             m.add_column(c)
         for k, ph in enumerate(mp["phases"]):
             m.add_row(str(k), str(ph["units"]), str(ph["threads_per_unit"]), str(ph["units_per_block"]),
                       str(ph["vertical_packing"]), str(ph["split"]), "grid" if ph["grid_barrier_before"] else "",
+                      f"{ph.get('block_barriers', len(ph['stages']))} of {len(ph['stages'])}",
                       _human(ph["smem_bytes"]), ", ".join(ph["stages"]))
         out.print(m)
 

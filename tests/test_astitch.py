@@ -202,6 +202,118 @@ def test_grid_that_cannot_be_resident_is_split(tmp_path):
     assert all(r["mapping"]["split_segment"] is not None for r in _stitches(m))
 
 
+def _int_model(tmp_path, nodes, inputs, inits, name="ints"):
+    """A graph over int64 inputs [(name, shape)] with the given constants; outputs: y."""
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info(n, T.INT64, s) for n, s in inputs],
+                     [h.make_tensor_value_info("y", T.INT64, None)], [nh.from_array(v, k) for k, v in inits.items()])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    p = tmp_path / f"{name}.onnx"
+    onnx.save(onnx.shape_inference.infer_shapes(m), p)
+    return p
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_a_value_read_back_by_its_own_thread_needs_no_block_barrier(tmp_path, reverse):
+    """a = x + 1 (int64, too wide for shared memory's float slots, so it lives in global memory)
+    is read twice by y in the same phase. Read
+    at the same element (y = 2a + (a - 3)), each thread reads back what it wrote and the barrier
+    after a is dropped; read reversed along the row (y = 2a + a[:, ::-1]), other threads wrote
+    it and the barrier stays. Without it PoCL, which runs each work-item's region to the next
+    barrier in turn, reads elements not yet written (this test fails then). Planned for an H100:
+    a CPU device keeps every barrier (Planner._plan_barriers says why)."""
+    second = (h.make_node("Slice", ["a", "st", "en", "ax", "stp"], ["c"]) if reverse
+              else h.make_node("Sub", ["a", "three"], ["c"]))
+    i64 = (lambda v: np.array(v, np.int64))
+    p = _int_model(tmp_path, [h.make_node("Add", ["x", "one"], ["a"]), h.make_node("Mul", ["a", "two"], ["b"]), second,
+                              h.make_node("Add", ["b", "c"], ["y"])], [("x", [2, 256])],
+                   {"one": i64(1), "two": i64(2), "three": i64(3), "st": i64([-1]), "en": i64([-(2 ** 62)]),
+                    "ax": i64([1]), "stp": i64([-1])})
+    x = np.random.default_rng(0).integers(-2 ** 40, 2 ** 40, (2, 256))
+    m = dlcc.compile(p, target="opencl", pipeline="astitch", device="h100")
+    assert m.stats["launches"] == 1
+    (r,) = _stitches(m)
+    (ph,) = r["mapping"]["phases"]
+    assert ph["stages"] == ["Add", "Add"] and ph["block_barriers"] == (2 if reverse else 1)
+    assert _where(r, "Add")[0].startswith("global")
+    cpu = dlcc.compile(p, target="opencl", pipeline="astitch")
+    assert _stitches(cpu)[0]["mapping"]["phases"][0]["block_barriers"] == 2
+    a = x + 1
+    np.testing.assert_array_equal(m({"x": x})["y"], 2 * a + (a[:, ::-1] if reverse else a - 3))
+
+
+@pytest.mark.parametrize("dtype", [T.INT32, T.INT8, T.BOOL])
+def test_integers_in_shared_memory_keep_every_bit(tmp_path, dtype):
+    """A value read reversed along its row in its own phase stays in shared memory (Regional),
+    which is a float array: an int32 goes in as its bits, so the patterns that are NaNs and
+    infinities as floats (0x7f800001, 0x7fc00000, -1) must come back unchanged; an int8 or a
+    bool goes in converted."""
+    np_t = {T.INT32: np.int32, T.INT8: np.int8, T.BOOL: np.bool_}[dtype]
+    n = 256
+    rng = np.random.default_rng(0)
+    if dtype == T.INT32:
+        x = rng.integers(-2 ** 31, 2 ** 31, (2, n), dtype=np.int64).astype(np.int32)
+        x[0, :6] = np.array([0x7F800000, 0x7F800001, 0x7FC00000, 0x7FFFFFFF, -1, -2 ** 31], np.int64).astype(np.int32)
+    else:
+        x = rng.integers(-128, 128, (2, n)).astype(np_t)
+    first = h.make_node("Not", ["x"], ["a"]) if dtype == T.BOOL else h.make_node("BitwiseNot", ["x"], ["a"])
+    both = h.make_node("Xor" if dtype == T.BOOL else "BitwiseXor", ["a", "c"], ["y"])
+    g = h.make_graph([first, h.make_node("Slice", ["a", "st", "en", "ax", "stp"], ["c"]), both], "g",
+                     [h.make_tensor_value_info("x", dtype, [2, n])], [h.make_tensor_value_info("y", dtype, None)],
+                     [nh.from_array(np.array(v, np.int64), k)
+                      for k, v in (("st", [-1]), ("en", [-(2 ** 62)]), ("ax", [1]), ("stp", [-1]))])
+    mp = h.make_model(g, opset_imports=[h.make_opsetid("", 18)])
+    mp.ir_version = 8
+    p = tmp_path / "bits.onnx"
+    onnx.save(onnx.shape_inference.infer_shapes(mp), p)
+    m = dlcc.compile(p, target="opencl", pipeline="astitch")
+    (r,) = _stitches(m)
+    assert _where(r, "Not" if dtype == T.BOOL else "BitwiseNot")[0].startswith("shared")
+    a = ~x
+    np.testing.assert_array_equal(m({"x": x})["y"], a ^ a[:, ::-1])
+
+
+def test_a_walk_through_gathered_tables_is_one_kernel(tmp_path):
+    """A decision-tree walk (ml_trees.py): each level gathers the node's threshold and children
+    at the current node and picks one. Gather's index map says that element i reads index i, so
+    all levels stitch into one phase (before it, each level was a phase of its own behind a grid
+    barrier); the int32 node indices, read twice, live in shared memory as their bits."""
+    rng = np.random.default_rng(0)
+    nodes, cur = [], "n0"
+    for lv in range(4):
+        nxt = f"n{lv + 1}"
+        nodes += [h.make_node("Gather", ["thr", cur], [f"t{lv}"], axis=0),
+                  h.make_node("Less", ["x", f"t{lv}"], [f"c{lv}"]),
+                  h.make_node("Gather", ["left", cur], [f"l{lv}"], axis=0),
+                  h.make_node("Gather", ["right", cur], [f"r{lv}"], axis=0),
+                  h.make_node("Where", [f"c{lv}", f"l{lv}", f"r{lv}"], [nxt])]
+        cur = nxt
+    nodes.append(h.make_node("Identity", [cur], ["y"]))
+    k = 31  # a full tree of depth 4 over nodes 0..30, leaves pointing at themselves
+    left = np.array([2 * i + 1 if i < 15 else i for i in range(k)], np.int32)
+    right = np.array([2 * i + 2 if i < 15 else i for i in range(k)], np.int32)
+    thr = rng.standard_normal(k).astype(np.float32)
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [8, 64]),
+                                  h.make_tensor_value_info("n0", T.INT32, [8, 64])],
+                     [h.make_tensor_value_info("y", T.INT32, None)],
+                     [nh.from_array(v, n) for n, v in (("thr", thr), ("left", left), ("right", right))])
+    mp = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    mp.ir_version = 8
+    p = tmp_path / "walk.onnx"
+    onnx.save(onnx.shape_inference.infer_shapes(mp), p)
+    feeds = {"x": rng.standard_normal((8, 64)).astype(np.float32), "n0": np.zeros((8, 64), np.int32)}
+    m = dlcc.compile(p, target="opencl", pipeline="astitch", device="h100")
+    assert m.stats["launches"] == 1
+    (r,) = _stitches(m)
+    (ph,) = r["mapping"]["phases"]
+    assert ph["stages"] == ["Where"] * 4 and not r["mapping"]["grid_sync"]
+    assert [w.startswith("shared") for w in _where(r, "Where")] == [True, True, True, False]
+    want = feeds["n0"].copy()
+    for _ in range(4):
+        want = np.where(feeds["x"] < thr[want], left[want], right[want])
+    np.testing.assert_array_equal(m(feeds)["y"], want)
+
+
 class _Recorder:
     """Wraps a runtime: records launches, claims `resident` co-resident blocks."""
 

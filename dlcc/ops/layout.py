@@ -234,8 +234,12 @@ def _gather(ctx, node):
         ii = np.where(const_idx < 0, const_idx + dim, const_idx)
         return np.take(_grid(dshape), ii, axis=ax).reshape(-1)
 
+    def imap_indices():  # output element (outer, i, inner) reads indices[i]
+        grid = _grid(ishape).reshape((1,) * ax + tuple(ishape) + (1,) * (len(dshape) - ax - 1))
+        return np.broadcast_to(grid, ctx.shape(node.outputs[0])).reshape(-1)
+
     emit_map(ctx, node.outputs[0], [data, idx], body, "Gather", flops_per_elem=0, inline_scalars=False, sparse_reads=True,
-             index_maps={0: imap})
+             index_maps={0: imap, 1: imap_indices})
     index_check(ctx, node, idx, [dim])  # after the Gather: a stitch may compute idx inside it
 
 
@@ -251,7 +255,9 @@ def _gather_elements(ctx, node):
         coords[ax] = "(int)g"
         return s, v.ld(0, coords)
 
-    emit_map(ctx, node.outputs[0], [data, idx], body, "GatherElements", flops_per_elem=0, inline_scalars=False, sparse_reads=True)
+    size = int(np.prod(ctx.shape(node.outputs[0])))  # output element i reads indices[i]
+    emit_map(ctx, node.outputs[0], [data, idx], body, "GatherElements", flops_per_elem=0, inline_scalars=False,
+             sparse_reads=True, index_maps={1: lambda: np.arange(size, dtype=np.int64)})
     index_check(ctx, node, idx, [dshape[ax]])
 
 

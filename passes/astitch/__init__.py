@@ -321,7 +321,8 @@ def _stitch_report(ng, pl, st, kernel, L, old, members, smem) -> dict:
         phases.append({"units": ph.U, "threads_per_unit": ph.tpr, "units_per_block": ph.per_block,
                        "horizontal_packing": ph.per_block, "vertical_packing": -(-blocks // max(1, L.grid)),
                        "split": ph.split, "grid_barrier_before": ph.grid_barrier,
-                       "smem_bytes": 4 * ph.smem_floats, "stages": [ng.nodes[s.node].op_type for s in ph.stages]})
+                       "smem_bytes": 4 * ph.smem_floats, "stages": [ng.nodes[s.node].op_type for s in ph.stages],
+                       "block_barriers": sum(s.barrier for s in ph.stages)})
     base = sum(old[o].dram_bytes for o in {ng.nodes[i].order for i in members})
     waves = -(-L.grid // pl.blocks_per_wave())
     return {"kind": "stitch", "kernel": kernel, "ops": [ng.nodes[i].op_type for i in sorted(members)],

@@ -13,10 +13,27 @@ from ...kernels.gemm import GemmSpec, gemm_source
 from ...kernels.map import MapView, prune_defs, unravel
 from ...kernels.program import FLOAT_LOAD_MACROS, ctype, literal, load_float, store_float, value_ctype
 from ...kernels.reduce import COMBINE, ReduceLayout, accumulate_init, accumulate_step
+from .nodes import FLOATS
 from .planner import BLOCK, Phase, Stitch
 
 PD, PA = "@PD@", "@PA@"  # parameter declarations / arguments, filled in once all are known
 PL = "@PL@"  # the same declarations as a kernel's own parameter list (no trailing comma)
+
+
+def smem_value(dtype: str, val: str) -> str:
+    """A value of `dtype` as the float that shared memory holds (nodes.SMEM_DTYPES): an int32
+    as its bits (a reduction's float result made an int first, as its global store does), a
+    bool or 8-bit integer converted (exact)."""
+    if dtype in FLOATS:
+        return val
+    return f"AS_FLOAT((unsigned int)(int)({val}))" if dtype == "int32" else f"(float)({val})"
+
+
+def smem_load(dtype: str, slot: str) -> str:
+    """The value of `dtype` that shared memory's float `slot` holds (smem_value's inverse)."""
+    if dtype in FLOATS:
+        return slot
+    return f"((int)AS_UINT({slot}))" if dtype == "int32" else f"(({ctype(dtype)})({slot}))"
 
 
 class _View(MapView):
@@ -59,7 +76,7 @@ class Builder:
             return f"{self.value_fn(p)}({PA}{self.ctx_args}{idx})"
         if t in self.smem:
             off, per = self.smem[t]
-            return f"sm[{off} + slot * {per} + (({idx}) - u * {per})]"
+            return smem_load(self.ng.tensor(t).dtype, f"sm[{off} + slot * {per} + (({idx}) - u * {per})]")
         return load_float(self.ng.tensor(t).dtype, self.param(t), idx)
 
     def body_value(self, node, index_var: str = "i") -> tuple[list[str], str]:
@@ -152,7 +169,8 @@ def _phase_code(ng, b: Builder, ph: Phase, once: bool) -> list[str]:
         n = ng.nodes[s.node]
         lines = _map_stage(ng, b, ph, s, n) if n.kind == "map" else _reduce_stage(ng, b, ph, s, n)
         out += ["        " + x for x in lines]
-        out.append("        BARRIER();")
+        if s.barrier:
+            out.append("        BARRIER();")
         if s.smem:
             b.smem[n.output] = (s.smem_off, s.per_unit)
     out += ["    }", "}"]
@@ -162,7 +180,7 @@ def _phase_code(ng, b: Builder, ph: Phase, once: bool) -> list[str]:
 def _store(ng, b: Builder, s, n, idx: str, local: str, val: str) -> list[str]:
     lines = []
     if s.smem:
-        lines.append(f"sm[{s.smem_off} + slot * {s.per_unit} + {local}] = {val};")
+        lines.append(f"sm[{s.smem_off} + slot * {s.per_unit} + {local}] = {smem_value(ng.tensor(n.output).dtype, val)};")
     if s.glob:
         lines.append(store_float(ng.tensor(n.output).dtype, b.param(n.output, write=True), idx, val))
     return lines

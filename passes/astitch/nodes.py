@@ -31,6 +31,10 @@ from ...kernels.reduce import LayerNormExpr, ReduceExpr, SoftmaxExpr
 #: as values (ops/narrow.py stores weights and activations so at precision fp16/bf16).
 STITCHABLE_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool", "uint8", "int8")
 FLOATS = ("float32", "float16", "bfloat16")
+#: Dtypes a stitched kernel keeps in its shared memory, a float array: floats as they are (a 16-bit
+#: float keeps its unrounded value), an int32 as its bits (AS_FLOAT / AS_UINT), and bool, uint8
+#: and int8, whose values a float holds exactly, converted. An int64 does not fit a slot.
+SMEM_DTYPES = FLOATS + ("int32", "bool", "uint8", "int8")
 
 
 @dataclass

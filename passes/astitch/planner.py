@@ -38,7 +38,7 @@ import numpy as np
 from ...kernels.program import literal
 from ...kernels.reduce import ReduceExpr, ReduceLayout
 from .indexmap import access_kinds, input_index, is_identity, reads_identity, reduce_index, same_shape_broadcast
-from .nodes import FLOATS, NodeGraph
+from .nodes import FLOATS, SMEM_DTYPES, NodeGraph
 
 BLOCK = 256
 STATIC_SMEM_LIMIT = 48 * 1024  # bytes of static shared memory a CUDA block may declare
@@ -62,6 +62,7 @@ class Stage:
     glob: bool = False  # written to global memory (stitch output, later phase, or demoted)
     smem_off: int = 0  # floats from the start of the phase's shared buffer, per block
     demoted: bool = False
+    barrier: bool = True  # a block barrier follows this stage (Planner._plan_barriers)
 
 
 @dataclass
@@ -534,6 +535,7 @@ class Planner:
         st = Stitch(mem, inlined, phases)
         self._place(st)
         self._map_threads(st)
+        self._plan_barriers(st)
         self._residency(st)
         st.edges = self._edges(st)
         st.independent = self._components(mem)
@@ -727,10 +729,9 @@ class Planner:
                 outside = self.is_output(t) or any(c not in gset for c in self.consumers(t))
                 rs = readers.get(t, set())
                 s.glob = outside or any(r != pi for r in rs)
-                # shared memory holds floats (`sm` is a float array; a 16-bit float keeps its
-                # unrounded value there): a bool or integer value read in its own phase goes
-                # through global memory, where it keeps its type
-                s.smem = pi in rs and "regional" in self.opts.schemes and self.ng.tensor(t).dtype in FLOATS
+                # shared memory is a float array (nodes.SMEM_DTYPES): an int64 value read in its
+                # own phase goes through global memory, where it keeps its type
+                s.smem = pi in rs and "regional" in self.opts.schemes and self.ng.tensor(t).dtype in SMEM_DTYPES
                 if pi in rs and not s.smem:
                     s.glob = s.demoted = True
         budget = self.smem_budget() // 4
@@ -830,6 +831,57 @@ class Planner:
         """On a CPU device (PoCL) a spinning work-group holds a core the others need: no vertical
         packing there, a grid barrier only when every unit already has its own resident group."""
         return 1 if self.dev.kind == "cpu" else MAX_VERTICAL
+
+    def _plan_barriers(self, st: Stitch) -> None:
+        """Which stages can go without the block barrier that follows them. A barrier makes a
+        stage's writes visible to the other threads of the block; a stage whose value only the
+        thread that wrote it reads back in this phase needs none (one thread sees its own writes
+        in program order). So a map stage that writes global memory only (an int64 value, or one
+        demoted over the shared-memory budget) defers its barrier, and the barrier is put back
+        before the first later stage that:
+          - reads a deferred value at an element another thread wrote (traced on index maps,
+            through the inlined nodes; unknown counts as another thread);
+          - writes shared memory (its offset may reuse one that another thread still reads) or
+            is a reduction (its tree of partial sums is block-wide).
+        The last stage of a phase always keeps its barrier (the next turn, the next phase).
+
+        A CPU device keeps every barrier. PoCL runs a block as one loop over its work-items per
+        region between barriers, so a barrier costs it a loop, not a wait, and dropping them made
+        no difference beyond PoCL's run-to-run spread (a 100-tree forest's walk); kept, each
+        region stays the shape its loop vectorizer was measured on."""
+        if self.dev.kind == "cpu":
+            return
+        for ph in st.phases:
+            pending: dict[str, int] = {}  # deferred value -> its stage's elements per unit
+            for k, s in enumerate(ph.stages):
+                n = self.nodes[s.node]
+                if pending and (n.kind != "map" or s.smem
+                                or not self._same_thread_reads(n, s.per_unit, ph.tpr, pending, st.inlined)):
+                    ph.stages[k - 1].barrier = True
+                    pending = {}
+                s.barrier = not (n.kind == "map" and not s.smem and k < len(ph.stages) - 1)
+                if s.barrier:
+                    pending = {}
+                else:
+                    pending[n.output] = s.per_unit
+
+    def _same_thread_reads(self, n, per: int, tpr: int, pending: dict[str, int], inlined: set[int]) -> bool:
+        """Whether map stage `n` (`per` elements per unit, `tpr` threads per unit) reads each
+        `pending` value only at elements its own thread wrote: the writer's element e sits in
+        unit e // pw at lane (e % pw) % tpr, the reader's element o in unit o // per at lane
+        (o % per) % tpr. Traced with one unit per element, so each read keeps the element that
+        made it."""
+        reads = self.reads_of_stage(n.id, node_size(self.ng, n), 1, inlined)
+        for t, pw in pending.items():
+            for origin, idx in reads.get(t, []):
+                if idx is None:
+                    return False
+                sel = idx != -2
+                e, o = idx[sel], origin[sel]
+                if np.any(e < 0) or not (np.array_equal(e // pw, o // per)
+                                         and np.array_equal((e % pw) % tpr, (o % per) % tpr)):
+                    return False
+        return True
 
     def _residency(self, st: Stitch) -> None:
         """Blocks needed, and for a kernel with grid barriers the resident blocks proven possible.

@@ -23,7 +23,7 @@ import onnx
 from onnx import numpy_helper
 
 from .fused_ops import _Builder
-from .ml_trees import TREE_REWRITES, elem_name, logistic, score_transform, text_attr
+from .ml_trees import TRANSFORMS, TREE_REWRITES, elem_name, logistic, score_transform, text_attr
 
 _F, _I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
 ML = "ai.onnx.ml"
@@ -148,12 +148,14 @@ def _array_feature_extractor(b: _Builder) -> None:
 
 
 def _linear_regressor(b: _Builder) -> None:
-    """Y = X · coefficientsᵀ + intercepts, [N, targets] in float32 ([1, targets] for a 1-D X)."""
+    """Y = X · coefficientsᵀ + intercepts, [N, targets] in float32 ([1, targets] for a 1-D X),
+    through the post_transform as onnxruntime applies it: to several targets with its formulas
+    (ml_trees.score_transform), to one target PROBIT only (the others leave one score as it is)."""
     x = b.node.input[0]
     shape = _rank_1_or_2(b, x)
     post = text_attr(b, "post_transform", "NONE")
-    if post != "NONE":
-        raise b.unsupported(f"post_transform {post!r}")
+    if post not in TRANSFORMS:
+        raise b.fail(f"post_transform {post!r} is not one of {', '.join(TRANSFORMS)}")
     targets = int(b.attr("targets", 1))
     coef = _floats(b, "coefficients")
     c = shape[-1]
@@ -163,33 +165,40 @@ def _linear_regressor(b: _Builder) -> None:
     inter = np.asarray(inter, np.float32) if inter is not None and len(inter) else None
     if inter is not None and inter.size != targets:
         raise b.fail(f"intercepts hold {inter.size} values, not one per target ({targets})")
-    b.op("Identity", [_scores(b, x, shape, coef, targets, inter)], b.node.output[0])
+    y = _scores(b, x, shape, coef, targets, inter)
+    b.op("Identity", [score_transform(b, y, post) if targets > 1 or post == "PROBIT" else y], b.node.output[0])
 
 
 def _linear_classifier(b: _Builder) -> None:
     """Scores X · coefficientsᵀ + intercepts, one per class, then a label and the transformed
     scores as onnxruntime gives them:
 
-    - several classes: the label of the first largest score (before the transform); scores as
-      they are (NONE), or through SOFTMAX or LOGISTIC;
+    - several classes: the label of the first largest score (before the transform); scores
+      through the transform, onnxruntime's formulas (ml_trees.score_transform: LOGISTIC
+      mirrored for negative scores, SOFTMAX_ZERO, PROBIT's ErfInv approximation);
     - one class with two labels (a binary model): the second label where the score is above 0,
       else the first; scores [1 - s, s], with s the score through LOGISTIC where that is the
-      transform and the raw score otherwise (onnxruntime applies no SOFTMAX to one score).
+      transform and the raw score otherwise (onnxruntime applies neither SOFTMAX nor
+      SOFTMAX_ZERO to one score).
 
-    String labels (a string output), SOFTMAX_ZERO and PROBIT are refused as unsupported."""
+    String labels (a string output), and PROBIT on one score (onnxruntime 1.32 packs one score
+    per row into the first rows of its two-column output) are refused as unsupported."""
     x = b.node.input[0]
     shape = _rank_1_or_2(b, x)
     if b.attrs.get("classlabels_strings"):
         raise b.unsupported("string class labels (a string output)")
     post = text_attr(b, "post_transform", "NONE")
-    if post not in ("NONE", "SOFTMAX", "LOGISTIC"):
-        raise b.unsupported(f"post_transform {post!r}")
+    if post not in TRANSFORMS:
+        raise b.fail(f"post_transform {post!r} is not one of {', '.join(TRANSFORMS)}")
     inter = _floats(b, "intercepts")
     coef = _floats(b, "coefficients")
     classes, c = inter.size, shape[-1]
     if coef.size != classes * c:
         raise b.fail(f"coefficients hold {coef.size} values, not classes ({classes}, one per intercept) x "
                      f"columns ({c})")
+    if post == "PROBIT" and classes == 1:
+        raise b.unsupported("PROBIT for one score (onnxruntime packs one score per row into the first rows "
+                            "of its two-column output)")
     labels = np.asarray(b.attrs.get("classlabels_ints") or [], np.int64)
     if labels.size != (2 if classes == 1 else classes):
         raise b.fail(f"classlabels_ints must hold {2 if classes == 1 else classes} labels for {classes} "
@@ -201,14 +210,13 @@ def _linear_classifier(b: _Builder) -> None:
         above = b.op("Greater", [flat, b.constant(np.float32(0))])
         b.op("Where", [above, b.constant(labels[1], np.int64), b.constant(labels[0], np.int64)], label_out)
         if scores_out:
-            p = b.op("Sigmoid", [score]) if post == "LOGISTIC" else score
+            p = logistic(b, score) if post == "LOGISTIC" else score
             b.op("Concat", [b.op("Sub", [b.constant(np.float32(1)), p]), p], scores_out, axis=1)
         return
     best = b.op("ArgMax", [score], axis=1, keepdims=0)
     b.op("Gather", [b.constant(labels, np.int64), best], label_out, axis=0)
     if scores_out:
-        kinds = {"NONE": "Identity", "SOFTMAX": "Softmax", "LOGISTIC": "Sigmoid"}
-        b.op(kinds[post], [score], scores_out, **({"axis": 1} if post == "SOFTMAX" else {}))
+        b.op("Identity", [score_transform(b, score, post)], scores_out)
 
 
 def _imputer(b: _Builder) -> None:

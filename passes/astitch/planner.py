@@ -663,12 +663,14 @@ class Planner:
         """Whether stage `n` loads at an address computed from a value of the current phase
         (through its inlined nodes): a lookup (a node with sparse reads) reading one input at
         data-dependent elements while another comes from the phase, such as a Gather whose
-        indices the phase made, a tree walk's next level. On a CPU device such a stage starts a new phase. PoCL runs a block as a loop over
-        its work-items per region, so with each level in its own region (its own kernel, once
-        split) the work-items' independent loads overlap their cache misses, where one region
-        holding every level makes each work-item chase its own chain of dependent loads: a
-        100-tree forest's 26-level walk at 256 rows took 1.6x as long as one phase. A GPU hides
-        that latency with other warps, and keeps the walk in one phase."""
+        indices the phase made, a tree walk's next level.
+
+        On a CPU device such a stage starts a new phase. PoCL runs a block as a loop over its
+        work-items per region, so with each level in its own region (its own kernel, once split)
+        the work-items' independent loads overlap their cache misses, where one region holding
+        every level makes each work-item chase its own chain of dependent loads: a 100-tree
+        forest's 26-level walk at 256 rows took 1.6x as long as one phase. A GPU hides that
+        latency with other warps, and keeps the walk in one phase."""
         seen: set[int] = set()
 
         def from_phase(t: str) -> bool:
@@ -681,8 +683,9 @@ class Planner:
             if m.id in seen or m.kind != "map":
                 return False
             seen.add(m.id)
-            for k, t in enumerate(m.inputs if m.sparse else ()):  # a lookup (gather family): its -1
-                idx = input_index(m, k) if t else None  # reads depend on data, not on a missing map
+            # only a lookup's -1 reads depend on data; elsewhere -1 can mean an op gave no map
+            for k, t in enumerate(m.inputs if m.sparse else ()):
+                idx = input_index(m, k) if t else None  # (None: past MAX_TRACE)
                 if idx is not None and bool((idx == -1).any()) and any(
                         from_phase(u) for j, u in enumerate(m.inputs) if u and j != k):
                     return True
@@ -716,8 +719,8 @@ class Planner:
                     per = 0
                 if per and not (n.kind == "reduce" and ph.chunked):
                     reads = self.reads_of_stage(nid, ph.U, per, inlined)
-                    current = {t for t, q in phase_of.items() if q == len(phases) - 1}
-                    ok = not (self.dev.kind == "cpu" and self._chases(n, inlined, current))
+                    ok = self.dev.kind != "cpu" or not self._chases(
+                        n, inlined, {t for t, q in phase_of.items() if q == len(phases) - 1})
                     for t, pairs in reads.items():
                         q = phase_of.get(t)
                         if q is None:

@@ -123,7 +123,7 @@ def _one_round(model, path, notes: list[str], selects: list, computed: bool) -> 
         known = {t.name for t in g.initializer} | set(consts)
         for name, b in branches.items():
             local = _local_constants(b)
-            bad = sorted({n.op_type for n in _nodes_deep(b) if n.op_type in CHECKED_INDEX_OPS
+            bad = sorted({n.op_type for n in nodes_deep(b) if n.op_type in CHECKED_INDEX_OPS
                           and n.input[1] not in known | local})
             if bad:
                 raise UnsupportedControlFlowError(
@@ -362,7 +362,7 @@ def _local_constants(b: onnx.GraphProto) -> set[str]:
     branches nested in it): indices read from these are checked when the plan is compiled, not
     at run time."""
     names = {t.name for t in b.initializer}
-    for n in _nodes_deep(b):
+    for n in nodes_deep(b):
         if n.op_type == "Constant":
             names.add(n.output[0])
         for a in n.attribute:
@@ -376,17 +376,17 @@ def _graphs_of(a: onnx.AttributeProto) -> list[onnx.GraphProto]:
     return [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
 
 
-def _nodes_deep(g: onnx.GraphProto):
+def nodes_deep(g: onnx.GraphProto):
     for n in g.node:
         yield n
         for a in n.attribute:
             for sub in _graphs_of(a):
-                yield from _nodes_deep(sub)
+                yield from nodes_deep(sub)
 
 
 def _all_names_deep(g: onnx.GraphProto) -> set[str]:
     names = _all_names(g)
-    for n in _nodes_deep(g):
+    for n in nodes_deep(g):
         names.update(n.input)
         names.update(n.output)
     return names

@@ -191,6 +191,76 @@ def check_model(model: onnx.ModelProto, path) -> None:
                          f"knows opsets 1 to {known} (onnx {onnx.__version__})")
 
 
+def upgrade_legacy_opset(model: onnx.ModelProto, path, at_least: int = 1) -> tuple[onnx.ModelProto, list[str]]:
+    """`model` converted by onnx's version converter to the lowest opset at which dlcc lowers
+    every ONNX op it uses, where it uses an op only in a form older than dlcc's lowering (the
+    registry's `since`): Pad before 11 (its pads an attribute), Add's and Gemm's `broadcast`
+    attribute before 7, TopK's `k` attribute before 10, Relu's `consumed_inputs` before 6. The
+    converter rewrites what changed between the versions, so a model zoo file from opset 3 reads
+    as the opset dlcc knows; the note goes to the pass log. `at_least` raises an older model to
+    that opset whatever it uses (verify's reference: onnxruntime runs opsets from 7)."""
+    from .control_flow import nodes_deep
+    from .ops.registry import lookup, supported_ops
+
+    opset, since = opset_of(model), supported_ops()
+    need = max((min(since[n.op_type]) for n in nodes_deep(model.graph)
+                if n.domain in ("", "ai.onnx") and n.op_type in since and lookup(n.op_type, opset) is None),
+               default=None)
+    if opset < at_least:
+        need = max(need or at_least, at_least)
+    if need is None:
+        return model, []
+    from .rewrite import raise_opset
+
+    if opset < 7:
+        model = _align_legacy_broadcasts(model)
+
+    old = sorted({n.op_type for n in nodes_deep(model.graph) if n.domain in ("", "ai.onnx")
+                  and n.op_type in since and lookup(n.op_type, opset) is None})
+    model, note = raise_opset(model, need, path, f"dlcc lowers {', '.join(old)} as written from opset {need}"
+                              if old else f"onnxruntime runs opsets from {at_least}")
+    return model, [note]
+
+
+#: The ops whose second input broadcast before opset 7 by `broadcast=1` and `axis`.
+_LEGACY_BROADCAST = ("Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equal", "Greater", "Less")
+
+
+def _align_legacy_broadcasts(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Before opset 7, B lined up with A's dims from `axis` (B [3] against A [2, 3, 4, 5] at axis
+    1), and PRelu's slope of C values ran along the channel axis; numpy's rule from opset 7 lines
+    dims up from the right. onnx's converter refuses the axis and keeps the slope as it is, so B
+    first gets trailing unit dims here (an Unsqueeze: [3, 1, 1]), under which both rules agree."""
+    try:
+        shaped = shape_inference.infer_shapes(model)
+    except Exception:  # the converter's own error says what is wrong
+        return model
+    g = shaped.graph
+    rank = {v.name: len(v.type.tensor_type.shape.dim) for v in list(g.input) + list(g.value_info) + list(g.output)
+            if v.type.tensor_type.HasField("shape")}
+    rank.update({t.name: len(t.dims) for t in g.initializer})
+    nodes = []
+    for k, n in enumerate(model.graph.node):
+        attrs = {a.name: a for a in n.attribute}
+        a, b = (rank.get(n.input[i]) if len(n.input) > i else None for i in (0, 1))
+        pad, start = 0, 1
+        if n.domain in ("", "ai.onnx") and n.op_type in _LEGACY_BROADCAST and "axis" in attrs and a and b is not None:
+            axis = attrs["axis"].i + (a if attrs["axis"].i < 0 else 0)
+            pad, start = a - axis - b, b
+            n.attribute.remove(attrs["axis"])
+        elif n.domain in ("", "ai.onnx") and n.op_type == "PRelu" and b == 1 and a and a > 2:
+            pad = a - 2
+        if pad > 0:
+            out = f"{n.input[1]}__legacy_axes_{k}"
+            nodes.append(onnx.helper.make_node("Unsqueeze", [n.input[1]], [out], name=f"{n.name}__legacy_axes_{k}",
+                                               axes=list(range(start, start + pad))))
+            n.input[1] = out
+        nodes.append(n)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
+
+
 def _all_initializers(model: onnx.ModelProto):
     yield from model.graph.initializer
     for node in model.graph.node:
@@ -874,6 +944,8 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     full_masks = any(n.domain == "com.microsoft" and n.op_type in PADDED_QUERIES_UNSPECIFIED for n in model.graph.node)
     model, fused_notes = lower_fused(model, lenient, weights, path)
     check_model(model, path)
+    model, more = upgrade_legacy_opset(model, path)
+    fused_notes += more
     shapes, bound_values = bind_values(model, shapes, weights)
     model = bind_shapes(model, shapes, source=str(path), weights=weights)
     # Attributes are checked on the model as written: onnxruntime's folding below fuses a

@@ -239,12 +239,40 @@ def _session(model_path, widen: bool, feeds: dict | None = None):
         return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
-def _reference(model_path, feeds: dict, names: list[str] | None = None) -> tuple[list[str], list[np.ndarray]]:
-    """(output names, onnxruntime's outputs), each in the model's declared output dtype: a widened
-    model's outputs are rounded back to their 16-bit type, as an exact 16-bit result would be."""
+#: The oldest opset onnxruntime has kernels for.
+ORT_MIN_OPSET = 7
+
+
+def _legacy_session(model_path, error: Exception):
+    """onnxruntime on the model converted to opset 7, for a model older than that: onnxruntime
+    has no kernels before opset 7 (Gemm, BatchNormalization, Relu 1, ...), and dlcc compiles such a
+    model converted the same way (frontend.upgrade_legacy_opset), so the conversion itself is
+    checked by onnx's own PyTorch-converted test models, not here. Re-raises `error` otherwise."""
+    import onnxruntime as ort
+
+    from .frontend import opset_of, upgrade_legacy_opset
+
+    m = onnx.load(str(model_path))
+    if opset_of(m) >= ORT_MIN_OPSET:
+        raise error
+    m, _ = upgrade_legacy_opset(m, model_path, at_least=ORT_MIN_OPSET)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _reference(model_path, feeds: dict, names: list[str] | None = None) -> tuple[list[str], list[np.ndarray], str | None]:
+    """(output names, onnxruntime's outputs, a note on how the reference ran or None), each output
+    in the model's declared output dtype: a widened model's outputs are rounded back to their
+    16-bit type, as an exact 16-bit result would be."""
     widen, half = _half_outputs(model_path)
     try:
-        sess = _session(model_path, widen, feeds)
+        note = None
+        try:
+            sess = _session(model_path, widen, feeds)
+        except Exception as e:
+            sess = _legacy_session(model_path, e)
+            note = f"the reference ran on the model converted to opset {ORT_MIN_OPSET}, the oldest onnxruntime runs"
         names = names or [o.name for o in sess.get_outputs()]
         if widen:
             wide_in = {i.name for i in sess.get_inputs() if i.type == "tensor(float)"}
@@ -256,7 +284,7 @@ def _reference(model_path, feeds: dict, names: list[str] | None = None) -> tuple
             raise
         raise NoReferenceError(f"{model_path}: onnxruntime, the reference, cannot run this model on these inputs, "
                               f"so there is nothing to compare with: {first_line(e, 400)}") from None
-    return names, [r.astype(SUPPORTED_DTYPES[half[n]]) if n in half else r for n, r in zip(names, refs)]
+    return names, [r.astype(SUPPORTED_DTYPES[half[n]]) if n in half else r for n, r in zip(names, refs)], note
 
 
 def run_onnxruntime(model_path: str, feeds: dict, output_names: list[str] | None = None) -> list[np.ndarray]:
@@ -273,7 +301,7 @@ def verify_outputs(model_path, got: dict[str, np.ndarray], feeds: dict, rtol: fl
     to a float16 or bfloat16 output's OUTPUT_TOLERANCE (dlcc batch fills in the defaults before it
     gets here). Each row says the pair it was judged by. `compiled` (the CompiledModel that gave
     `got`) lets a quantized model's failing rows be judged again (quant_judge.py)."""
-    names, refs = _reference(model_path, feeds)
+    names, refs, how = _reference(model_path, feeds)
     unspecified = _unspecified(model_path, feeds, dict(zip(names, refs)))
     if unspecified:  # (compared as zeros on both sides: onnxruntime leaves those bytes unwritten)
         got = {n: (np.where(unspecified[n], 0, g) if n in unspecified else g) for n, g in got.items()}
@@ -299,6 +327,8 @@ def verify_outputs(model_path, got: dict[str, np.ndarray], feeds: dict, rtol: fl
             g = np.asarray(got[n])
             rows.append({"name": n, "shape": list(g.shape), "dtype": str(g.dtype), "max_abs_err": float("inf"),
                          "max_rel_err": float("inf"), "passed": False, "note": "not an output of the model"})
+    if how and rows:
+        rows[0]["note"] = how if "note" not in rows[0] else f"{rows[0]['note']}; {how}"
     arbitrate(model_path, rows, got, feeds, dict(zip(names, refs)))
     if compiled is not None and is_quantized(model_path):
         from .quant_judge import judge_quantized

@@ -126,10 +126,10 @@ def _broadcasts_to(small, big) -> bool:
 
 @check("PRelu")
 def _prelu(graph, n):
-    """From opset 7 the slope broadcasts numpy's way; before, a slope of C values runs along the
-    channel axis (the PyTorch-converted models of onnx's test suite are opset 6)."""
+    """The slope broadcasts numpy's way (an older model's slope along the channels was aligned
+    at import: frontend.upgrade_legacy_opset)."""
     x, slope = _operand(graph, n, 0), _operand(graph, n, 1)
-    if x is None or slope is None or graph.opset < 7 or _broadcasts_to(slope, x):
+    if x is None or slope is None or _broadcasts_to(slope, x):
         return []
     return [f"the slope {list(slope)} does not broadcast to the input {list(x)}"]
 

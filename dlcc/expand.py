@@ -43,7 +43,7 @@ def expand_functions(model: onnx.ModelProto, supported: set[str], opset: int) ->
             nodes += OWN_BODIES[node.op_type](node, opset, _prefix(node, k, taken))
             done.append(node.op_type)
             continue
-        if node.domain in ("", "ai.onnx") and node.op_type not in supported:
+        if node.domain in ("", "ai.onnx") and (node.op_type not in supported or _beyond_lowering(node)):
             body = _body(node, opset, types, supported)
         if body is None:
             nodes.append(node)
@@ -107,6 +107,13 @@ def _log_sum_exp(node: onnx.NodeProto, opset: int, prefix: str) -> list[onnx.Nod
         shift = f"{prefix}shift_k"
     nodes.append(onnx.helper.make_node("Add", [f"{prefix}log", shift], [out], name=f"{name}/add"))
     return nodes
+
+
+def _beyond_lowering(node: onnx.NodeProto) -> bool:
+    """A node of an op dlcc lowers, in a form its lowering does not cover, which its body does:
+    LayerNormalization's Mean and InvStdDev outputs (the training form; the lowering writes Y
+    only). Expanded, the body's ReduceMean, Sub, Sqrt and Reciprocal stitch into one kernel."""
+    return node.op_type == "LayerNormalization" and any(node.output[1:])
 
 
 #: Ops with no lowering that the import evaluates itself once shapes are static (a body's

@@ -95,3 +95,29 @@ def test_body_names_never_collide_with_the_models(tmp_path):
     feeds = m.sample_inputs(0)
     np.testing.assert_allclose(m(feeds)["y"], run_onnxruntime(str(tmp_path / "clash.onnx"), feeds, ["y"])[0],
                                rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("axis", [1, -1, 0])
+def test_layer_normalization_with_its_mean_and_inv_std_dev_outputs_is_expanded(tmp_path, axis):
+    """The lowering writes Y only; a node that names Mean or InvStdDev (the training form) is
+    expanded into its body instead, all three outputs checked against onnxruntime, and AStitch
+    stitches the body back into fewer kernels than baseline's one per body node."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4, 5])
+    norm = [4, 5] if axis == 1 else [5] if axis == -1 else [3, 4, 5]
+    s, b = (helper.make_tensor_value_info(n, TensorProto.FLOAT, norm) for n in "sb")
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "mean", "inv")]
+    node = helper.make_node("LayerNormalization", ["x", "s", "b"], ["y", "mean", "inv"], axis=axis, epsilon=1e-3)
+    model = helper.make_model(helper.make_graph([node], "g", [x, s, b], outs), opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "ln_train.onnx"
+    onnx.save(model, str(path))
+    assert "LayerNormalization" not in {n.op_type for n in import_model(path).nodes}
+    launches = {}
+    for pipeline in ("baseline", "astitch"):
+        m = dlcc.compile(path, target="opencl", pipeline=pipeline)
+        feeds = m.sample_inputs(0)
+        got = m(feeds)
+        for name, ref in zip(["y", "mean", "inv"], run_onnxruntime(str(path), feeds, ["y", "mean", "inv"])):
+            assert got[name].shape == ref.shape, name
+            np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-5, err_msg=f"{pipeline}: {name}")
+        launches[pipeline] = len(m.plan["launches"])
+    assert launches["astitch"] < launches["baseline"]

@@ -105,3 +105,36 @@ def test_a_conversion_onnx_cannot_make_is_one_clear_error(tmp_path):
     with pytest.raises(ModelError, match=r"dlcc lowers Pad as written from opset 11, and onnx's version "
                                          r"converter cannot convert this model from opset 1 to 11"):
         dlcc.compile(path, target="opencl")
+
+
+@needs_opencl
+@pytest.mark.parametrize("opset", [9, 10])
+def test_a_torch_export_at_an_old_opset_with_padding_matches_onnxruntime(tmp_path, opset):
+    """torch's TorchScript exporter writes Pad with its pads as an attribute below opset 11 (a
+    style-transfer net's reflection padding, a ResNet's zero padding): before the conversion,
+    every such model was refused as using an unsupported op."""
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.ReflectionPad2d(2), nn.Conv2d(3, 8, 5), nn.InstanceNorm2d(8, affine=True),
+                                      nn.ReLU(), nn.ZeroPad2d((1, 2, 0, 1)), nn.ReplicationPad2d(1),
+                                      nn.Upsample(scale_factor=2), nn.Conv2d(8, 3, 3, padding=1), nn.Tanh())
+
+        def forward(self, x):
+            return self.body(x)
+
+    torch.manual_seed(0)
+    path = tmp_path / f"style{opset}.onnx"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Net().eval(), (torch.randn(1, 3, 12, 12),), str(path), opset_version=opset, dynamo=False,
+                          input_names=["x"], output_names=["y"])
+    assert "Pad" in {n.op_type for n in onnx.load(str(path)).graph.node}
+    m = dlcc.compile(path, target="opencl", pipeline="astitch")
+    feeds = m.sample_inputs(0)
+    np.testing.assert_allclose(m(feeds)["y"], run_ort(path, feeds)[0], rtol=1e-4, atol=1e-5)

@@ -32,9 +32,11 @@ def lower_composite(model: onnx.ModelProto, infer, weights, path, supported: set
 
     def chosen(n: onnx.NodeProto) -> bool:
         return (n.domain in ("", "ai.onnx") and n.op_type in REWRITES and n.op_type not in supported) or (
-            n.domain == ML and n.op_type in ML_REWRITES)
+            n.domain == ML and n.op_type in ML_REWRITES) or (n.domain in ("", "ai.onnx") and _batch_major(n))
 
     def rewrite(b: _Builder) -> None:
+        if b.node.domain in ("", "ai.onnx") and _batch_major(b.node):
+            return _time_major(b)
         (ML_REWRITES if b.node.domain == ML else REWRITES)[b.node.op_type](b)
 
     if not any(chosen(n) for n in model.graph.node):
@@ -54,6 +56,32 @@ def lower_composite(model: onnx.ModelProto, infer, weights, path, supported: set
     _, counts = rewrite_rounds(model, infer, weights, path, chosen, rewrite, _Builder)
     return model, notes + ["import: written as standard ops (dlcc/composite.py): "
                            + ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))]
+
+
+# -- recurrent layers, batch-major ----------------------------------------------------------------
+#: The recurrent ops, and the positions of their initial states among the inputs.
+_RECURRENT_STATES = {"LSTM": (5, 6), "GRU": (5,), "RNN": (5,)}
+
+
+def _batch_major(n: onnx.NodeProto) -> bool:
+    return n.op_type in _RECURRENT_STATES and any(a.name == "layout" and a.i == 1 for a in n.attribute)
+
+
+def _time_major(b: _Builder) -> None:
+    """An LSTM, GRU or RNN with layout=1 (X [batch, seq, input], states [batch, directions,
+    hidden], Y [batch, seq, directions, hidden]) as the time-major layer the lowering computes,
+    between Transposes: of X and the initial states in, of Y and the final states out."""
+    n = b.node
+    ins = list(n.input)
+    for k in (0, *_RECURRENT_STATES[n.op_type]):
+        if k < len(ins) and ins[k]:
+            ins[k] = b.op("Transpose", [ins[k]], perm=[1, 0, 2])
+    outs = [b.fresh(f"time_major{k}") if o else "" for k, o in enumerate(n.output)]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute if a.name != "layout"}
+    b.nodes.append(onnx.helper.make_node(n.op_type, ins, outs, name=f"{b.label}/time_major", **attrs))
+    for k, (o, t) in enumerate(zip(n.output, outs)):
+        if o:
+            b.op("Transpose", [t], o, perm=[2, 0, 1, 3] if k == 0 else [1, 0, 2])
 
 
 def _axis(b: _Builder, axis: int, rank: int) -> int:

@@ -211,3 +211,40 @@ def test_a_graph_output_folded_to_a_dtype_dlcc_lacks_is_named(tmp_path):
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
     with pytest.raises(UnsupportedDtypesError, match="dtype float64: graph output 'y'"):
         dlcc.compile(path, target="opencl")
+
+
+@needs_opencl
+@pytest.mark.parametrize("op_type", ["LSTM", "GRU", "RNN"])
+def test_a_batch_major_recurrent_layer_is_the_time_major_one_transposed(tmp_path, op_type):
+    """layout=1 (X [batch, seq, input], states [batch, directions, hidden], Y [batch, seq,
+    directions, hidden]), which onnxruntime refuses, against onnxruntime's time-major layer on the
+    inputs transposed by numpy: the ONNX spec's definition of the layout."""
+    rng = np.random.default_rng(3)
+    S, B, I, H, D = 5, 3, 4, 6, 2
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[op_type]
+    w = {"W": rng.uniform(-0.5, 0.5, (D, gates * H, I)).astype(np.float32),
+         "R": rng.uniform(-0.5, 0.5, (D, gates * H, H)).astype(np.float32),
+         "B": rng.uniform(-0.5, 0.5, (D, 2 * gates * H)).astype(np.float32)}
+    x = rng.standard_normal((B, S, I)).astype(np.float32)
+    states = {"h0": rng.standard_normal((B, D, H)).astype(np.float32)}
+    if op_type == "LSTM":
+        states["c0"] = rng.standard_normal((B, D, H)).astype(np.float32)
+    outs = ["y", "yh"] + (["yc"] if op_type == "LSTM" else [])
+    ins = ["x", "W", "R", "B", "", *states]
+    attrs = dict(hidden_size=H, direction="bidirectional")
+
+    def model(name, layout, feeds):
+        node = h.make_node(op_type, ins, outs, **attrs, **({"layout": 1} if layout else {}))
+        return _model(tmp_path, [node], feeds, outs, inits=w, name=name)
+
+    batch_major = model("batch_major", 1, {"x": x, **states})
+    time_major = model("time_major", 0, {"x": x.transpose(1, 0, 2), **{k: v.transpose(1, 0, 2) for k, v in states.items()}})
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(time_major), providers=["CPUExecutionProvider"])
+    ref = dict(zip(outs, sess.run(outs, {"x": x.transpose(1, 0, 2), **{k: v.transpose(1, 0, 2) for k, v in states.items()}})))
+    for pipeline in ("baseline", "astitch"):
+        got = dlcc.compile(batch_major, target="opencl", pipeline=pipeline)({"x": x, **states})
+        np.testing.assert_allclose(got["y"], ref["y"].transpose(2, 0, 1, 3), rtol=1e-5, atol=1e-6)
+        for o in outs[1:]:
+            np.testing.assert_allclose(got[o], ref[o].transpose(1, 0, 2), rtol=1e-5, atol=1e-6, err_msg=o)

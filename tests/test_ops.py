@@ -1093,16 +1093,20 @@ SEQ, BATCH, INP, HID = 5, 3, 4, 8
 
 
 def lstm(cid, direction="forward", bias=True, init_state=True, state_as_input=False, outs=(True, True, True),
-         marks=()):
+         marks=(), peephole=False, **attrs):
     D = 2 if direction == "bidirectional" else 1
     w = lambda *s: W(R(s, "uniform", -0.5, 0.5))  # noqa: E731
     ins = [X(R((SEQ, BATCH, INP))), w(D, 4 * HID, INP), w(D, 4 * HID, HID)]
-    if bias or init_state:
+    if bias or init_state or peephole:
         ins.append(w(D, 8 * HID) if bias else None)
     if init_state:
         st = (lambda: X(R((D, BATCH, HID)))) if state_as_input else (lambda: W(R((D, BATCH, HID))))
         ins += [None, st(), st()]
-    return op(cid, "LSTM", ins, {"hidden_size": HID, "direction": direction}, outs=list(outs), marks=marks)
+    elif peephole:
+        ins += [None, None, None]
+    if peephole:
+        ins.append(w(D, 3 * HID))
+    return op(cid, "LSTM", ins, {"hidden_size": HID, "direction": direction, **attrs}, outs=list(outs), marks=marks)
 
 
 add(
@@ -1117,6 +1121,18 @@ add(
     lstm("LSTM-reverse-only-Y_h", direction="reverse", outs=(False, True)),
     lstm("LSTM-bidirectional-only-Y", direction="bidirectional", outs=(True,)),
     lstm("LSTM-forward-Y_c-only", outs=(False, False, True)),
+    # peepholes (tf2onnx's LSTMCell(use_peepholes=True)), the coupled input-forget gate, and the
+    # schema's other activation functions with their alpha and beta (layout=1: test_composite_ops.py)
+    lstm("LSTM-forward-peephole", peephole=True),
+    lstm("LSTM-bidirectional-peephole-clip-no-initial-state", direction="bidirectional", peephole=True,
+         init_state=False, clip=0.7),
+    lstm("LSTM-forward-input-forget", input_forget=1),
+    lstm("LSTM-forward-hardsigmoid-relu-relu", activations=["HardSigmoid", "Relu", "Relu"],
+         activation_alpha=[0.25], activation_beta=[0.4]),  # Keras' hard_sigmoid, activation="relu"
+    lstm("LSTM-bidirectional-per-direction-activations", direction="bidirectional",
+         activations=["Sigmoid", "Tanh", "Tanh", "LeakyRelu", "Softsign", "ScaledTanh"],
+         activation_alpha=[0.1, 1.5], activation_beta=[0.7]),
+    lstm("LSTM-forward-activation-defaults", activations=["hardsigmoid", "elu", "softplus"]),
     op("LSTM-forward-clip", "LSTM",
        [X(R((SEQ, BATCH, INP))), W(R((1, 4 * HID, INP), "uniform", -1, 1)), W(R((1, 4 * HID, HID), "uniform", -1, 1)),
         W(R((1, 8 * HID), "uniform", -1, 1))], {"hidden_size": HID, "clip": 0.5}, outs=3),
@@ -1128,7 +1144,7 @@ add(
 
 
 
-def gru(cid, direction="forward", lbr=1, bias=True, init_state=True, outs=(True, True)):
+def gru(cid, direction="forward", lbr=1, bias=True, init_state=True, outs=(True, True), **attrs):
     D = 2 if direction == "bidirectional" else 1
     w = lambda *s: W(R(s, "uniform", -0.5, 0.5))  # noqa: E731
     ins = [X(R((SEQ, BATCH, INP))), w(D, 3 * HID, INP), w(D, 3 * HID, HID)]
@@ -1136,7 +1152,7 @@ def gru(cid, direction="forward", lbr=1, bias=True, init_state=True, outs=(True,
         ins.append(w(D, 6 * HID) if bias else None)
     if init_state:
         ins += [None, W(R((D, BATCH, HID)))]
-    return op(cid, "GRU", ins, {"hidden_size": HID, "direction": direction, "linear_before_reset": lbr},
+    return op(cid, "GRU", ins, {"hidden_size": HID, "direction": direction, "linear_before_reset": lbr, **attrs},
               outs=list(outs))
 
 
@@ -1148,6 +1164,10 @@ add(
     gru("GRU-bidirectional-lbr1-no-initial-state", direction="bidirectional", init_state=False),
     gru("GRU-forward-no-bias", bias=False, init_state=False),
     gru("GRU-forward-only-Y_h", outs=(False, True)),
+    gru("GRU-forward-hardsigmoid-elu", activations=["HardSigmoid", "Elu"], activation_alpha=[0.3, 0.8],
+        activation_beta=[0.45]),
+    gru("GRU-reverse-lbr0-affine-thresholdedrelu", direction="reverse", lbr=0,
+        activations=["Affine", "ThresholdedRelu"], activation_alpha=[0.2, 0.05], activation_beta=[0.5]),
     op("GRU-forward-clip", "GRU",
        [X(R((SEQ, BATCH, INP))), W(R((1, 3 * HID, INP), "uniform", -1, 1)), W(R((1, 3 * HID, HID), "uniform", -1, 1)),
         W(R((1, 6 * HID), "uniform", -1, 1))], {"hidden_size": HID, "clip": 0.5, "linear_before_reset": 1}, outs=2),
@@ -1175,6 +1195,8 @@ add(
     rnn("RNN-forward-clip", clip=0.4),
     # the schema's default written out, as onnxruntime's optimizer writes it: two for one direction
     rnn("RNN-reverse-two-default-activations", direction="reverse", activations=["Tanh", "Tanh"]),
+    rnn("RNN-bidirectional-softplus-then-scaledtanh", direction="bidirectional", activations=["Softplus", "ScaledTanh"],
+        activation_alpha=[0.9], activation_beta=[1.3]),
 )
 
 

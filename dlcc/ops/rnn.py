@@ -15,7 +15,7 @@ the default: one large GEMM beats `seq` small ones when each launch costs a kern
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -34,6 +34,13 @@ class Rnn:
     H: int  # hidden size
     direction: str
     clip: float | None
+    acts: list[list] = field(default_factory=list)  # per direction, the op's activation functions
+
+    def act(self, k: int, x: str) -> str:
+        """C expression: activation function `k` of the op (LSTM's f, g, h; GRU's f, g; RNN's f)
+        applied to `x`, choosing by direction where the directions' functions differ."""
+        texts = [fns[k](x) for fns in self.acts]
+        return texts[0] if len(set(texts)) == 1 else f"(d == 0 ? {texts[0]} : {texts[1]})"
 
     @property
     def n_state(self) -> int:
@@ -50,17 +57,15 @@ class Rnn:
         return f"F_MIN(F_MAX({v}, {literal(-self.clip)}), {literal(self.clip)})"
 
 
-def _rnn_attrs(ctx, node, default_acts: list[str] | None) -> Rnn:
-    """The attributes every recurrent op shares; `default_acts`: the only activations taken (None:
-    the caller reads them itself)."""
+def _rnn_attrs(ctx, node, default_acts: list[str]) -> Rnn:
+    """The attributes every recurrent op shares; `default_acts`: the op's activation functions
+    when the node names none (one direction's)."""
     X, R = node.inputs[0], node.inputs[2]
-    if ctx.attr("layout", 0) != 0:
+    if ctx.attr("layout", 0) != 0:  # (composite.py writes batch-major layers time-major first)
         raise ctx.fail("layout=1 (batch-major) is not supported")
     direction = ctx.attr("direction", "forward")
     D = 2 if direction == "bidirectional" else 1
-    acts = _activations(ctx)
-    if acts is not None and default_acts is not None and acts != default_acts * D:
-        raise ctx.fail(f"activations {acts} are not supported (only the default {'/'.join(default_acts)})")
+    acts = _activation_functions(ctx, default_acts, D)
     seq, batch, I = ctx.shape(X)
     seq_lens = node.inputs[4] if len(node.inputs) > 4 else ""
     if seq_lens:
@@ -69,12 +74,54 @@ def _rnn_attrs(ctx, node, default_acts: list[str] | None) -> Rnn:
             raise ctx.fail("sequence_lens other than the full length for every batch entry are not supported")
     H = ctx.attr("hidden_size", ctx.shape(R)[-1])
     clip = ctx.attr("clip", None)
-    return Rnn(D, seq, batch, I, H, direction, float(clip) if clip else None)
+    return Rnn(D, seq, batch, I, H, direction, float(clip) if clip else None, acts)
 
 
-def _activations(ctx) -> list[str] | None:
-    acts = ctx.attr("activations", None)
-    return None if acts is None else [a.decode() if isinstance(a, bytes) else a for a in acts]
+#: The activation functions the recurrent ops take (the RNN, GRU and LSTM schemas' list), by
+#: lower-case name: whether each takes alpha and beta, and its C expression of x. onnxruntime's
+#: forms (rnn_activation_functors.h): ThresholdedRelu keeps x > alpha, Softplus is log(1 + e^x).
+_ACTIVATIONS = {
+    "relu": (False, False, lambda x, a, b: f"F_MAX({x}, 0.0f)"),
+    "tanh": (False, False, lambda x, a, b: f"F_TANH({x})"),
+    "sigmoid": (False, False, lambda x, a, b: f"1.0f / (1.0f + F_EXP(-({x})))"),
+    "affine": (True, True, lambda x, a, b: f"({a} * ({x}) + {b})"),
+    "leakyrelu": (True, False, lambda x, a, b: f"(({x}) >= 0.0f ? ({x}) : {a} * ({x}))"),
+    "thresholdedrelu": (True, False, lambda x, a, b: f"(({x}) > {a} ? ({x}) : 0.0f)"),
+    "scaledtanh": (True, True, lambda x, a, b: f"({a} * F_TANH({b} * ({x})))"),
+    "hardsigmoid": (True, True, lambda x, a, b: f"F_MIN(F_MAX({a} * ({x}) + {b}, 0.0f), 1.0f)"),
+    "elu": (True, False, lambda x, a, b: f"(({x}) >= 0.0f ? ({x}) : {a} * (F_EXP({x}) - 1.0f))"),
+    "softsign": (False, False, lambda x, a, b: f"(({x}) / (1.0f + F_FABS({x})))"),
+    "softplus": (False, False, lambda x, a, b: f"F_LOG(1.0f + F_EXP({x}))"),
+}
+#: alpha and beta where activation_alpha / activation_beta run out: onnxruntime's defaults
+#: (rnn_helpers.cc), 0 for the functions not listed.
+_ACTIVATION_DEFAULTS = {"leakyrelu": (0.01, 0.0), "hardsigmoid": (0.2, 0.5), "elu": (1.0, 0.0)}
+
+
+def _activation_functions(ctx, defaults: list[str], D: int) -> list[list]:
+    """Per direction, the node's activation functions as builders of C expressions. The names
+    run forward's then reverse's; alpha and beta are taken from activation_alpha and
+    activation_beta in that order by the functions that use them, as onnxruntime reads them."""
+    raw = ctx.attr("activations", None)
+    names = [a.decode() if isinstance(a, bytes) else a for a in raw] if raw is not None else defaults * D
+    n = len(defaults)
+    if len(names) == 2 * n and D == 1 and raw is not None and n == 1:
+        names = names[:1]  # (the RNN schema's default lists two; one direction takes the first)
+    if len(names) != n * D:
+        raise ctx.fail(f"activations {names}: {n * D} expected, {n} per direction")
+    unknown = sorted({a for a in names if a.lower() not in _ACTIVATIONS})
+    if unknown:
+        raise ctx.fail(f"activations {unknown} are not recurrent activation functions "
+                       f"(one of {', '.join(_ACTIVATIONS)}, in any case)")
+    alphas, betas = list(ctx.attr("activation_alpha", None) or []), list(ctx.attr("activation_beta", None) or [])
+    fns = []
+    for name in names:
+        takes_a, takes_b, make = _ACTIVATIONS[name.lower()]
+        da, db = _ACTIVATION_DEFAULTS.get(name.lower(), (0.0, 0.0))
+        a = (alphas.pop(0) if alphas else da) if takes_a else 0.0
+        b = (betas.pop(0) if betas else db) if takes_b else 0.0
+        fns.append(lambda x, make=make, a=literal(float(a)), b=literal(float(b)): make(x, a, b))
+    return [fns[d * n:(d + 1) * n] for d in range(D)]
 
 
 def _input_projection(ctx, r: Rnn, X: str, W: str, B: str, gates: int, rb_cols: int, hint: str) -> str:
@@ -131,27 +178,22 @@ def _step_kernel(ctx, hint: str, params: str, body: list[str], r: Rnn, gates: in
     return ctx.program.add_kernel(hint, make, BLOCK, kind="map", pass_name=ctx.pass_name)
 
 
-def _sig(v: str) -> str:
-    return f"1.0f / (1.0f + F_EXP(-({v})))"
-
-
 @register("LSTM", since=7, category=COMPUTE, float_only=True)
 def _lstm(ctx, node):
     ins = list(node.inputs) + [""] * (8 - len(node.inputs))
     X, W, R, Bn, _, h0, c0, P = ins[:8]
     outs = list(node.outputs) + [""] * (3 - len(node.outputs))
     Y, Yh, Yc = outs[:3]
-    if ctx.attr("input_forget", 0):
-        raise ctx.fail("input_forget=1 is not supported")
-    if P:
-        raise ctx.fail("peephole weights (input P) are not supported")
     r = _rnn_attrs(ctx, node, ["Sigmoid", "Tanh", "Tanh"])
     H, G4 = r.H, 4 * r.H
+    if P and tuple(ctx.shape(P)) != (r.D, 3 * H):
+        raise ctx.fail(f"the peephole weights P are {list(ctx.shape(P))}, not [{r.D}, {3 * H}] (directions, 3 x hidden)")
+    forget = bool(ctx.attr("input_forget", 0))
     mode = getattr(ctx, "rnn_input", "batched")
     if mode == "auto":  # per step where it buys a wavefront: one direction, on a GPU (rammer joins it there)
         mode = "per-step" if r.D == 1 and getattr(ctx.device, "kind", "gpu") == "gpu" else "batched"
     if mode == "per-step":
-        return _lstm_per_step(ctx, r, X, W, R, Bn, h0, c0, Y, Yh, Yc)
+        return _lstm_per_step(ctx, r, X, W, R, Bn, h0, c0, P, forget, Y, Yh, Yc)
 
     # 1. Input projection for all steps and directions (both biases folded in).
     xw = _input_projection(ctx, r, X, W, Bn, 4, G4, "LSTMInput")
@@ -164,25 +206,37 @@ def _lstm(ctx, node):
     # 3. Per step: HR = Hs · R^T (all directions at once), then the gate kernel (gate order i, o, f, c).
     hr = ctx.temp((r.D, r.batch, G4))
     rspec = _recurrent_spec(r, 4, 0, G4)
-    g = [r.clipped(f"XW[xr + {k * H}] + HR[hr + {k * H}]") for k in range(4)]
-    step = _step_kernel(ctx, "LSTMCell", "GPTR const float* XW, GPTR const float* HR, GPTR float* Hs, "
-                        "GPTR float* Cs, GPTR float* Y", _lstm_cell(r, g), r, 4)
+    pre = [f"XW[xr + {k * H}] + HR[hr + {k * H}]" for k in range(4)]
+    step = _step_kernel(ctx, "LSTMCell", "GPTR const float* XW, GPTR const float* HR, "
+                        + ("GPTR const float* P, " if P else "") + "GPTR float* Hs, GPTR float* Cs, GPTR float* Y",
+                        _lstm_cell(r, pre, bool(P), forget), r, 4)
+    peep = [P] if P else []
     for t in range(r.seq):
         emit_gemm(ctx, "LSTMRecurrent", rspec, [hs, R, hr], reads=[hs, R], writes=[hr])
-        ctx.launch(step, -(-r.n_state // BLOCK), [xw, hr, hs, cs, y, t], reads=[xw, hr, hs, cs],
+        ctx.launch(step, -(-r.n_state // BLOCK), [xw, hr] + peep + [hs, cs, y, t], reads=[xw, hr, hs, cs] + peep,
                    writes=[hs, cs, y], flops=20 * r.n_state, dram_bytes=4 * r.n_state * 13, category="elementwise")
         ctx.program.launches[-1].regions.update(_step_regions(r, t, {y: r.D * r.batch * H, xw: r.batch * G4}))
 
 
-def _lstm_cell(r: Rnn, g: list[str]) -> list[str]:
-    """The LSTM cell update for unit i from its four gate pre-activations `g` (order i, o, f, c)."""
+def _lstm_cell(r: Rnn, pre: list[str], peephole: bool, input_forget: bool) -> list[str]:
+    """The LSTM cell update for unit i from its four gates' pre-activations `pre` (order i, o, f,
+    c), with the op's activations f, g and h. As onnxruntime computes it: a peephole term P ⊙ C is
+    added before the clip, the previous cell's to the input and forget gates and the new cell's
+    to the output gate; with input_forget the forget gate is 1 - i."""
+    H = r.H
+
+    def gate(k: int, cell: str) -> str:
+        peep = f" + P[d * {3 * H} + {k * H} + j] * {cell}" if peephole else ""
+        return r.act(0, r.clipped(pre[k] + peep))
+
     return [
-        f"const int hr = (d * {r.batch} + b) * {4 * r.H} + j;",
-        f"const float it = {_sig(g[0])};",
-        f"const float ot = {_sig(g[1])};",
-        f"const float ft = {_sig(g[2])};",
-        f"const float c = ft * Cs[i] + it * F_TANH({g[3]});",
-        "const float h = ot * F_TANH(c);",
+        f"const int hr = (d * {r.batch} + b) * {4 * H} + j;",
+        "const float cp = Cs[i];",
+        f"const float it = {gate(0, 'cp')};",
+        f"const float ft = {'1.0f - it' if input_forget else gate(2, 'cp')};",
+        f"const float c = ft * cp + it * {r.act(1, r.clipped(pre[3]))};",
+        f"const float ot = {gate(1, 'c')};",
+        f"const float h = ot * {r.act(2, 'c')};",
         "Cs[i] = c;",
         "Hs[i] = h;",
         "Y[yi] = h;",
@@ -198,7 +252,7 @@ def _step_regions(r: Rnn, t: int, per_step: dict[str, int]) -> dict:
     return {name: (4 * n * pos, 4 * n * (pos + 1)) for name, n in per_step.items()}
 
 
-def _lstm_per_step(ctx, r: Rnn, X, W, R, Bn, h0, c0, Y, Yh, Yc) -> None:
+def _lstm_per_step(ctx, r: Rnn, X, W, R, Bn, h0, c0, P, forget: bool, Y, Yh, Yc) -> None:
     """The LSTM with each step's input projection in its own GEMM ([x_t, h] · [W; R]^T); see the
     module docstring. Two launches per step, both tagged with the step they touch."""
     H, G4, I, B = r.H, 4 * r.H, r.I, r.batch
@@ -222,16 +276,18 @@ def _lstm_per_step(ctx, r: Rnn, X, W, R, Bn, h0, c0, Y, Yh, Yc) -> None:
     )
     bias = (lambda k: f" + Bz[d * {2 * G4} + {k * H} + j] + Bz[d * {2 * G4} + {G4 + k * H} + j]") if Bn \
         else (lambda k: "")
-    g = [r.clipped(f"HR[hr + {k * H}]{bias(k)}") for k in range(4)]
+    pre = [f"HR[hr + {k * H}]{bias(k)}" for k in range(4)]
     step = _step_kernel(ctx, "LSTMStepCell", "GPTR const float* HR, " + ("GPTR const float* Bz, " if Bn else "")
-                        + "GPTR float* Hs, GPTR float* Cs, GPTR float* Y", _lstm_cell(r, g), r, 4)
+                        + ("GPTR const float* P, " if P else "") + "GPTR float* Hs, GPTR float* Cs, GPTR float* Y",
+                        _lstm_cell(r, pre, bool(P), forget), r, 4)
+    peep = [P] if P else []
     for t in range(r.seq):
         emit_gemm(ctx, "LSTMStep", spec, [X, hs, W, R, gates, t], reads=[X, hs, W, R], writes=[gates])
         gemm = ctx.program.launches[-1]
         gemm.expr = None  # an opaque rOperator for AStitch: its loads switch between two tensors
         gemm.regions.update(_step_regions(r, t, {X: B * I}))  # (a split GEMM has its counters there)
-        ctx.launch(step, -(-r.n_state // BLOCK), [gates] + ([Bn] if Bn else []) + [hs, cs, y, t],
-                   reads=[gates, hs, cs] + ([Bn] if Bn else []), writes=[hs, cs, y], flops=20 * r.n_state,
+        ctx.launch(step, -(-r.n_state // BLOCK), [gates] + ([Bn] if Bn else []) + peep + [hs, cs, y, t],
+                   reads=[gates, hs, cs] + ([Bn] if Bn else []) + peep, writes=[hs, cs, y], flops=20 * r.n_state,
                    dram_bytes=4 * r.n_state * 9, category="elementwise")
         ctx.program.launches[-1].regions.update(_step_regions(r, t, {y: r.D * B * H}))
 
@@ -264,9 +320,9 @@ def _gru(ctx, node):
         step = _step_kernel(ctx, "GRUCell", "GPTR const float* XW, GPTR const float* HR, "
                             + ("GPTR const float* Bz, " if Bn else "") + "GPTR float* Hs, GPTR float* Y", [
                                 f"const int hr = (d * {r.batch} + b) * {G3} + j;",
-                                f"const float zt = {_sig(z('HR[hr]'))};",
-                                f"const float rt = {_sig(rg(f'HR[hr + {H}]'))};",
-                                f"const float nt = F_TANH({r.clipped(f'XW[xr + {2 * H}] + rt * (HR[hr + {2 * H}]{bias_rows})')});",
+                                f"const float zt = {r.act(0, z('HR[hr]'))};",
+                                f"const float rt = {r.act(0, rg(f'HR[hr + {H}]'))};",
+                                f"const float nt = {r.act(1, r.clipped(f'XW[xr + {2 * H}] + rt * (HR[hr + {2 * H}]{bias_rows})'))};",
                                 "const float h = (1.0f - zt) * nt + zt * Hs[i];",
                                 "Hs[i] = h;",
                                 "Y[yi] = h;",
@@ -286,12 +342,12 @@ def _gru(ctx, node):
     gates = _step_kernel(ctx, "GRUGates", "GPTR const float* XW, GPTR const float* HR, GPTR const float* Hs, "
                          "GPTR float* Z, GPTR float* RH", [
                              f"const int hr = (d * {r.batch} + b) * {2 * H} + j;",
-                             f"Z[i] = {_sig(z('HR[hr]'))};",
-                             f"RH[i] = {_sig(rg(f'HR[hr + {H}]'))} * Hs[i];",
+                             f"Z[i] = {r.act(0, z('HR[hr]'))};",
+                             f"RH[i] = {r.act(0, rg(f'HR[hr + {H}]'))} * Hs[i];",
                          ], r, 3)
     update = _step_kernel(ctx, "GRUUpdate", "GPTR const float* XW, GPTR const float* HH, GPTR const float* Z, "
                           "GPTR float* Hs, GPTR float* Y", [
-                              f"const float nt = F_TANH({r.clipped(f'XW[xr + {2 * H}] + HH[i]')});",
+                              f"const float nt = {r.act(1, r.clipped(f'XW[xr + {2 * H}] + HH[i]'))};",
                               "const float h = (1.0f - Z[i]) * nt + Z[i] * Hs[i];",
                               "Hs[i] = h;",
                               "Y[yi] = h;",
@@ -306,11 +362,6 @@ def _gru(ctx, node):
                    flops=8 * r.n_state, category="elementwise")
 
 
-#: The simple RNN's activations: Tanh (PyTorch's default nonlinearity), Relu (nonlinearity="relu")
-#: and Sigmoid; those with alpha or beta parameters are refused by name.
-_RNN_ACTS = {"Tanh": "F_TANH({})", "Relu": "F_MAX({}, 0.0f)", "Sigmoid": "1.0f / (1.0f + F_EXP(-({})))"}
-
-
 @register("RNN", since=7, category=COMPUTE, float_only=True)
 def _rnn(ctx, node):
     """The simple (Elman) RNN, as torch.nn.RNN exports it: h = f(X·W^T + Wb + H·R^T + Rb) per step,
@@ -320,22 +371,13 @@ def _rnn(ctx, node):
     X, W, R, Bn, _, h0 = ins[:6]
     outs = list(node.outputs) + [""] * (2 - len(node.outputs))
     Y, Yh = outs[:2]
-    r = _rnn_attrs(ctx, node, None)
-    acts = _activations(ctx) or ["Tanh"] * r.D
-    if len(acts) == 2 and r.D == 1:  # the schema's default lists two; one direction takes the first
-        acts = acts[:1]
-    bad = sorted({a for a in acts if a not in _RNN_ACTS})
-    if bad or len(acts) != r.D:
-        raise ctx.fail(f"activations {acts} are not supported (one per direction, of {', '.join(_RNN_ACTS)})")
+    r = _rnn_attrs(ctx, node, ["Tanh"])
     H = r.H
     xw = _input_projection(ctx, r, X, W, Bn, 1, H, "RNNInput")  # both biases folded in
     hs = Yh or ctx.temp((r.D, r.batch, H))
     y = Y or ctx.temp((r.seq, r.D, r.batch, H))
     _init_state(ctx, hs, h0, r.n_state)
-    pre = r.clipped("XW[xr] + HR[hr]")
-    value = _RNN_ACTS[acts[0]].format(pre)
-    if acts[-1] != acts[0]:
-        value = f"(d == 0 ? {value} : {_RNN_ACTS[acts[-1]].format(pre)})"
+    value = r.act(0, r.clipped("XW[xr] + HR[hr]"))
     hr = ctx.temp((r.D, r.batch, H))
     rspec = _recurrent_spec(r, 1, 0, H)
     step = _step_kernel(ctx, "RNNCell", "GPTR const float* XW, GPTR const float* HR, GPTR float* Hs, GPTR float* Y", [

@@ -64,6 +64,7 @@ class DlccRep(onnx.backend.base.BackendRep):
         self.compiled = None
 
     def run(self, inputs, **kwargs):
+        inputs = [np.asarray(a) if isinstance(a, np.generic) else a for a in inputs]  # (a case's scalars)
         init = {i.name for i in self.proto.graph.initializer}
         names = [i.name for i in self.proto.graph.input if i.name not in init]
         if self.compiled is None:

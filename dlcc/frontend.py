@@ -203,20 +203,15 @@ def upgrade_legacy_opset(model: onnx.ModelProto, path, at_least: int = 1) -> tup
     from .ops.registry import lookup, supported_ops
 
     opset, since = opset_of(model), supported_ops()
-    need = max((min(since[n.op_type]) for n in nodes_deep(model.graph)
-                if n.domain in ("", "ai.onnx") and n.op_type in since and lookup(n.op_type, opset) is None),
-               default=None)
-    if opset < at_least:
-        need = max(need or at_least, at_least)
+    old = sorted({n.op_type for n in nodes_deep(model.graph) if n.domain in ("", "ai.onnx")
+                  and n.op_type in since and lookup(n.op_type, opset) is None})
+    need = max([min(since[op]) for op in old] + ([at_least] if opset < at_least else []), default=None)
     if need is None:
         return model, []
     from .rewrite import raise_opset
 
     if opset < 7:
         model = _align_legacy_broadcasts(model)
-
-    old = sorted({n.op_type for n in nodes_deep(model.graph) if n.domain in ("", "ai.onnx")
-                  and n.op_type in since and lookup(n.op_type, opset) is None})
     model, note = raise_opset(model, need, path, f"dlcc lowers {', '.join(old)} as written from opset {need}"
                               if old else f"onnxruntime runs opsets from {at_least}")
     return model, [note]

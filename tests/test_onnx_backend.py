@@ -32,7 +32,7 @@ _CONSTANT_INPUTS = {
     "ReduceProd": (1,), "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,),
     "ReduceSumSquare": (1,), "Slice": (1, 2, 3, 4), "CenterCropPad": (1,), "Clip": (1, 2),
     "Range": (0, 1, 2), "ConstantOfShape": (0,), "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,),
-    "CastLike": (1,),
+    "CastLike": (1,), "MelWeightMatrix": (0, 1, 2, 3, 4),
 }
 
 

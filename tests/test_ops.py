@@ -656,6 +656,13 @@ for _op in ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "Re
 for _op in ("ReduceSum", "ReduceMax"):
     add(op(f"{_op}-int32-last", _op, [X(R((4, 7), "int32", -50, 50)), W(np.array([-1], I64))], opset=18),
         op(f"{_op}-int32-all", _op, [X(R((3, 5, 2), "int32", -50, 50))], {"keepdims": 0}, opset=18))
+# any and all: ReduceMax and ReduceMin over bool (opset 20), and over the byte types
+_BYTES = {"bool": R((4, 6, 3), "bool"), "uint8": np.random.default_rng(5).integers(0, 256, (4, 6, 3)).astype(np.uint8),
+          "int8": np.random.default_rng(6).integers(-128, 128, (4, 6, 3)).astype(np.int8)}
+for _op in ("ReduceMax", "ReduceMin"):
+    for _t, _x in _BYTES.items():
+        add(op(f"{_op}-{_t}-middle-axis", _op, [X(_x), W(np.array([1], I64))], opset=20))
+    add(op(f"{_op}-bool-all-keepdims0", _op, [X(R((3, 5), "bool"))], {"keepdims": 0}, opset=20))
 for _op in ("ArgMax", "ArgMin"):
     add(
         op(f"{_op}-axis0-keepdims1", _op, [X(R((4, 5, 3), "unique"))], {"axis": 0}),

@@ -46,9 +46,16 @@ INT_REDUCE = {"ReduceSum": ("acc + e", "0"), "ReduceProd": ("acc * e", "1"), "Re
               "ReduceSumSquare": ("acc + e * e", "0")}
 
 
+#: ReduceMax and ReduceMin also take the byte types: over bool they are any and all (opset 20),
+#: whose empty reduction is False and True.
+BYTE_REDUCE = {"ReduceMax": "0", "ReduceMin": "1"}
+_BYTE_TYPES = ("bool", "uint8", "int8")
+
+
 def _lower_reduce(ctx, node):
     axes = _reduce_axes(ctx, node)
-    if ctx.value_dtype(node.inputs[0]) in ("int32", "int64") and node.op_type in INT_REDUCE:
+    byte = ctx.value_dtype(node.inputs[0]) in _BYTE_TYPES and node.op_type in BYTE_REDUCE
+    if (ctx.value_dtype(node.inputs[0]) in ("int32", "int64") and node.op_type in INT_REDUCE) or byte:
         return _int_reduce(ctx, node, axes) if axes else ctx.alias(node.outputs[0], node.inputs[0])
     if ctx.value_dtype(node.inputs[0]) != "float32":
         raise ctx.fail(f"{node.op_type} on {ctx.dtype(node.inputs[0])} is not supported (float32 only)")
@@ -68,9 +75,11 @@ def _int_reduce(ctx, node, axes) -> None:
     x = node.inputs[0]
     lay = ReduceLayout(ctx.shape(x), axes)
     step, empty = INT_REDUCE[node.op_type]
+    if ctx.dtype(x) == "bool":
+        empty = BYTE_REDUCE[node.op_type]
     if lay.R == 0 and empty is None:
         raise ctx.fail(f"{node.op_type} over an empty axis has no value")
-    T = {"int64": "i64", "int32": "int"}[ctx.dtype(x)]
+    T = {"int64": "i64", "int32": "int", "bool": "u8", "uint8": "u8", "int8": "i8"}[ctx.dtype(x)]
     bstmts, base = lay.base("o")
     ostmts, off = lay.offset("r")
 
@@ -87,7 +96,8 @@ def _int_reduce(ctx, node, axes) -> None:
 
 for _op in REDUCE:
     register(_op, since=1, category=REDUCTION, float_only=True, half_io=True,
-             dtypes=("float32", "int32", "int64") if _op in INT_REDUCE else None)(_lower_reduce)
+             dtypes=("float32", "int32", "int64") + (_BYTE_TYPES if _op in BYTE_REDUCE else ())
+             if _op in INT_REDUCE else None)(_lower_reduce)
 
 
 @register("GlobalAveragePool", "GlobalMaxPool", since=1, category=REDUCTION, float_only=True, half_io=True)

@@ -6,7 +6,8 @@ dlcc's own instead (OWN_BODIES).
 Why: the onnx op schemas already say what such an op means in terms of simpler ops, and dlcc
 lowers those. Expanding before lowering gives the whole family at once, and AStitch then
 stitches the expanded elementwise and reduction nodes back together, so nothing is lost against
-a lowering per op. An op with its own lowering keeps it.
+a lowering per op. An op with its own lowering keeps it, except in a form the lowering does not
+cover (`_beyond_lowering`: LayerNormalization's Mean and InvStdDev outputs).
 
 The expansion follows onnx's own FunctionExpandHelper, with one difference: an attribute
 reference that the calling node leaves unset takes the schema's default value (onnx 1.23 leaves
@@ -30,7 +31,8 @@ MAX_ROUNDS = 4
 
 def expand_functions(model: onnx.ModelProto, supported: set[str], opset: int) -> list[str]:
     """One round: expand, in place, every node of `model`'s main graph whose op is standard, not
-    in `supported`, and defined by a function body at `opset`. Returns the op types expanded
+    in `supported` (or in a form its lowering does not take), and defined by a function body at
+    `opset`. Returns the op types expanded
     (empty if none: the model is untouched). A body may use another function op whose body
     depends on types the body computes: the caller infers shapes and calls again (MAX_ROUNDS).
     Ops that cannot be expanded are left for the caller to report as unsupported."""

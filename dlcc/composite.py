@@ -1,6 +1,6 @@
 """Standard ONNX ops that dlcc writes as other standard ops at import, once the shapes are static:
 OneHot, Hardmax, LpNormalization, LpPool, GlobalLpPool, EyeLike, ReverseSequence, Compress (by a
-constant condition), Einsum (einsum.py), GridSample (grid_sample.py) and DeformConv (deform_conv.py);
+constant condition), Det (of small matrices), Einsum (einsum.py), GridSample (grid_sample.py) and DeformConv (deform_conv.py);
 and the simple ops of the ai.onnx.ml domain (ml_ops.py).
 
 Why a rewrite and not a kernel of their own: each is a short composition of ops dlcc already
@@ -288,6 +288,45 @@ def _compress(b: _Builder) -> None:
     b.op("Gather", [x, b.constant(keep, np.int64)], b.node.output[0], axis=axis)
 
 
+#: The largest matrix whose determinant is written out by cofactors (Det).
+DET_MAX = 4
+
+
+def _det(b: _Builder) -> None:
+    """The determinant of each [n, n] matrix in the last two axes, for n up to DET_MAX, written
+    out by cofactor expansion along the first row, each minor once (they are shared: a 4 x 4
+    needs six 2 x 2 minors of its last two rows). onnxruntime factors the matrix (LU with
+    partial pivoting); the two agree to float32 rounding on matrices that are not near-singular.
+    torch.det and torch.linalg.det export to it (geometry, normalizing flows)."""
+    x = b.node.input[0]
+    shape = b.shape(x)
+    if len(shape) < 2 or shape[-1] != shape[-2]:
+        raise b.fail(f"the input must be square matrices [..., n, n], not {list(shape)}")
+    if b.elem(x) != _F:
+        raise b.unsupported("Det of other than float32 matrices")
+    n = shape[-1]
+    if not 1 <= n <= DET_MAX:
+        raise b.unsupported(f"Det of {n} x {n} matrices (dlcc writes out up to {DET_MAX} x {DET_MAX})")
+    flat = b.op("Reshape", [x, b.ints(*shape[:-2], n * n)])
+    elem = [[b.op("Gather", [flat, b.constant(np.int64(i * n + j), np.int64)], axis=-1) for j in range(n)]
+            for i in range(n)]
+    minors: dict[tuple, str] = {}
+
+    def det(row: int, cols: tuple[int, ...]) -> str:
+        """The determinant of rows row.. and columns `cols`."""
+        if len(cols) == 1:
+            return elem[row][cols[0]]
+        if (row, cols) not in minors:
+            acc = None
+            for k, c in enumerate(cols):
+                term = b.op("Mul", [elem[row][c], det(row + 1, cols[:k] + cols[k + 1:])])
+                acc = term if acc is None else b.op("Sub" if k % 2 else "Add", [acc, term])
+            minors[(row, cols)] = acc
+        return minors[(row, cols)]
+
+    b.op("Identity", [det(0, tuple(range(n)))], b.node.output[0])
+
+
 def _einsum(b: _Builder) -> None:
     from .einsum import lower_einsum
 
@@ -315,7 +354,7 @@ def _deform_conv(b: _Builder) -> None:
 REWRITES = {
     "OneHot": _one_hot, "Hardmax": _hardmax, "LpNormalization": _lp_normalization, "LpPool": _lp_pool,
     "GlobalLpPool": _global_lp_pool, "EyeLike": _eye_like, "ReverseSequence": _reverse_sequence, "Einsum": _einsum, "GridSample": _grid_sample, "AffineGrid": _affine_grid,
-    "DeformConv": _deform_conv, "Compress": _compress,
+    "DeformConv": _deform_conv, "Compress": _compress, "Det": _det,
 }
 
 def listed() -> list[tuple[str, str]]:

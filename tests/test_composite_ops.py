@@ -248,3 +248,25 @@ def test_a_batch_major_recurrent_layer_is_the_time_major_one_transposed(tmp_path
         np.testing.assert_allclose(got["y"], ref["y"].transpose(2, 0, 1, 3), rtol=1e-5, atol=1e-6)
         for o in outs[1:]:
             np.testing.assert_allclose(got[o], ref[o].transpose(1, 0, 2), rtol=1e-5, atol=1e-6, err_msg=o)
+
+
+@needs_opencl
+@pytest.mark.parametrize("shape", [(1, 1), (3, 2, 2), (2, 3, 3, 3), (5, 4, 4), (4, 4)])
+def test_det_of_small_matrices_matches_onnxruntime(tmp_path, shape):
+    """Det written out by cofactors (composite._det) against onnxruntime's LU, batched and not;
+    one matrix is singular (a repeated row), whose determinant both give as 0 up to rounding."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(shape).astype(np.float32)
+    if shape[-1] > 1:
+        x.reshape(-1, *shape[-2:])[0, -1] = x.reshape(-1, *shape[-2:])[0, 0]
+    path = _model(tmp_path, [h.make_node("Det", ["x"], ["y"])], {"x": x}, ["y"])
+    for pipeline in ("baseline", "astitch"):
+        got = _check(path, {"x": x}, pipeline, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got["y"], np.linalg.det(x.astype(np.float64)), rtol=1e-4, atol=1e-5)
+
+
+def test_det_of_a_large_matrix_is_refused_by_name(tmp_path):
+    x = np.zeros((5, 5), np.float32)
+    path = _model(tmp_path, [h.make_node("Det", ["x"], ["y"])], {"x": x}, ["y"])
+    with pytest.raises(DlccError, match=r"Det of 5 x 5 matrices \(dlcc writes out up to 4 x 4\) is not supported"):
+        dlcc.compile(path, target="opencl")

@@ -301,6 +301,8 @@ def bind_values(model: onnx.ModelProto, shapes: ShapeBindings | None, weights=()
                 or len(tt.shape.dim) or tt.elem_type not in _VALUE_TYPES):
             continue
         want = shapes.pop(inp.name)
+        if not len(want):  # (the scalar's own shape: it stays an input)
+            continue
         if len(want) != 1:
             raise ShapeError(f"--shape {inp.name}: the input is a scalar, so a binding gives its value, one number")
         value = int(want[0])

@@ -212,6 +212,10 @@ def test_a_value_binding_must_fit_the_scalar(tmp_path):
     path = mode_if(tmp_path / "mode.onnx")
     with pytest.raises(ShapeError, match="one number"):
         import_model(path, {"mode": (16, 2)})
+    # the scalar's own shape, (), binds nothing: the input stays one, its value given at run time
+    # (here the branches differ, so the import then asks for the value instead)
+    with pytest.raises(UnsupportedControlFlowError, match="Binding the value of a scalar int input"):
+        import_model(path, {"mode": ()})
 
 
 def test_a_value_binding_may_be_negative_where_a_dim_may_not(tmp_path):

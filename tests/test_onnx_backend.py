@@ -74,7 +74,8 @@ class DlccRep(onnx.backend.base.BackendRep):
                 # (dlcc refuses a graph input with a zero dim: README, "zero-sized tensors")
                 raise unittest.SkipTest("a zero-size graph input")
             # (A scalar int or bool input's binding is its value: a DFT's axis, a Loop's trip count.)
-            shapes = {n: (int(a) if a.ndim == 0 and a.dtype.kind in "iub" else tuple(a.shape))
+            shapes = {n: (int(a) if a.ndim == 0 and a.dtype.name in ("int64", "int32", "int8", "uint8", "bool")
+                      else tuple(a.shape))
                       for n, a in kept.items() if isinstance(a, np.ndarray)}
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "model.onnx"

@@ -270,3 +270,23 @@ def test_det_of_a_large_matrix_is_refused_by_name(tmp_path):
     path = _model(tmp_path, [h.make_node("Det", ["x"], ["y"])], {"x": x}, ["y"])
     with pytest.raises(DlccError, match=r"Det of 5 x 5 matrices \(dlcc writes out up to 4 x 4\) is not supported"):
         dlcc.compile(path, target="opencl")
+
+
+@needs_opencl
+def test_isinf_and_isnan_of_a_widened_float_read_the_float(tmp_path):
+    """torch's TorchScript export of nan_to_num tests IsInf on the input cast to float64; the
+    widening is exact, so the test reads the float32 tensor (frontend.skip_exact_widenings) and
+    the float64 Cast, which nothing else reads, goes. A float64 value anything else reads is
+    still refused by its dtype."""
+    x = np.array([[1.0, np.inf, -np.inf, np.nan], [-2.5, 3e38, np.nan, 0.0]], np.float32)
+    D = onnx.TensorProto.DOUBLE
+    nodes = [h.make_node("Cast", ["x"], ["wide"], to=D), h.make_node("IsInf", ["wide"], ["inf"]),
+             h.make_node("IsNaN", ["wide"], ["nan"]), h.make_node("Or", ["inf", "nan"], ["bad"]),
+             h.make_node("Where", ["bad", "zero", "x"], ["y"])]
+    path = _model(tmp_path, nodes, {"x": x}, ["y", "inf"], inits={"zero": np.zeros((), np.float32)})
+    got = _check(path, {"x": x}, "astitch", rtol=0, atol=0)
+    np.testing.assert_array_equal(got["y"], np.where(np.isfinite(x), x, 0))
+    nodes = [h.make_node("Cast", ["x"], ["wide"], to=D), h.make_node("Abs", ["wide"], ["a"]),
+             h.make_node("Cast", ["a"], ["y"], to=onnx.TensorProto.FLOAT)]
+    with pytest.raises(DlccError, match="float64"):
+        dlcc.compile(_model(tmp_path, nodes, {"x": x}, ["y"], name="abs64"), target="opencl")

@@ -71,7 +71,7 @@ _SHAPE_OPS = {"Constant", "Identity", "Gather", "Slice", "Concat", "Unsqueeze", 
               "Or", "Expand", "Tile", "Sqrt"}
 
 
-def _refusals() -> tuple:
+def refusals() -> tuple:
     """The errors that mean "dlcc cannot compile this part", as opposed to bad input or a bug."""
     from .ops.context import LoweringError
 
@@ -640,7 +640,7 @@ class _DlccSegment:
     def __call__(self, seg: Segment, values: dict) -> dict:
         try:
             return self.model({x: values[x] for x in seg.inputs})
-        except _refusals() as e:
+        except refusals() as e:
             raise _Refused(seg, e) from None
 
 

@@ -73,22 +73,24 @@ def test_unsupported_ops_listed_all_at_once(tmp_path):
         helper.make_node("RandomUniformLike", ["a"], ["b"], name="first_random"),
         helper.make_node("RandomUniformLike", ["b"], ["c"], name="second_random"),
         helper.make_node("Multinomial", ["c"], ["d"], name="the_multinomial", sample_size=2),
-        helper.make_node("Det", ["x2"], ["e"], name="det0"),
+        helper.make_node("MaxRoiPool", ["x2", "rois"], ["e"], name="pool0", pooled_shape=[2, 2]),
     ]
     g = helper.make_graph(
         nodes, "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
-         helper.make_tensor_value_info("x2", TensorProto.FLOAT, [3, 3])],
+         helper.make_tensor_value_info("x2", TensorProto.FLOAT, [1, 2, 4, 4])],
         [helper.make_tensor_value_info("d", TensorProto.INT32, [2, 2]),
-         helper.make_tensor_value_info("e", TensorProto.FLOAT, [])],
-        [numpy_helper.from_array(np.array(1, np.int64), "ax"), numpy_helper.from_array(np.array([2], np.int64), "k")])
+         helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, 2, 2, 2])],
+        [numpy_helper.from_array(np.array(1, np.int64), "ax"), numpy_helper.from_array(np.array([2], np.int64), "k"),
+         numpy_helper.from_array(np.array([[0, 0, 0, 3, 3]], np.float32), "rois")])
     path = _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "unsup.onnx")
     with pytest.raises(UnsupportedOpsError) as e:
         dlcc.compile(path, target="opencl")
-    assert set(e.value.ops) == {"RandomUniformLike", "Multinomial", "Det"}
+    assert set(e.value.ops) == {"RandomUniformLike", "Multinomial", "MaxRoiPool"}
     assert e.value.ops["RandomUniformLike"] == (2, "first_random")
     rc, out, err = cli("compile", path)
-    assert_clean_error(rc, out, err, "RandomUniformLike", "x2", "first_random", "Multinomial", "the_multinomial", "Det")
+    assert_clean_error(rc, out, err, "RandomUniformLike", "x2", "first_random", "Multinomial", "the_multinomial",
+                       "MaxRoiPool")
 
 
 def test_a_function_op_is_reported_by_its_own_name(tmp_path):

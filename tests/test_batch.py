@@ -19,9 +19,9 @@ def _tiny(path: Path, op: str = "Relu", n: int = 64) -> Path:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, n])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, n])
     nodes = [helper.make_node(op, ["x"], ["a"]), helper.make_node("Add", ["a", "x"], ["y"])]
-    if op == "Det":  # an op dlcc does not support
-        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])
-        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 4])
+    if op == "Det":  # dlcc writes out determinants up to 4 x 4 only
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 5])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 5])
         nodes = [helper.make_node("Det", ["x"], ["d"]), helper.make_node("Add", ["x", "d"], ["y"])]
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y]),

@@ -136,11 +136,11 @@ def test_an_op_dlcc_lacks_in_the_middle_and_a_while_loop(tmp_path):
              h.make_node("Exp", ["d"], ["e"]),
              h.make_node("Abs", ["v0"], ["av"]),
              h.make_node("Loop", ["", "yes", "av"], ["vend"], body=body), h.make_node("Neg", ["vend"], ["out"])]
-    path = _save(tmp_path, nodes, [h.make_tensor_value_info("a", F, [2, 3, 3]), h.make_tensor_value_info("v0", F, [2])],
+    path = _save(tmp_path, nodes, [h.make_tensor_value_info("a", F, [2, 5, 5]), h.make_tensor_value_info("v0", F, [2])],
                  [h.make_tensor_value_info("e", F, [2]), h.make_tensor_value_info("out", F, [2])],
                  {"yes": np.array(True)}, "middle")
     m = dlcc.compile(path, target="opencl", pipeline="astitch", fallback="onnxruntime")
-    feeds = {"a": rng.uniform(0, 1, (2, 3, 3)).astype(np.float32), "v0": np.array([0.5, -1.5], np.float32)}
+    feeds = {"a": rng.uniform(0, 1, (2, 5, 5)).astype(np.float32), "v0": np.array([0.5, -1.5], np.float32)}
     _check(path, m, feeds)
     engines = {op: s["engine"] for s in m.segments for op in s["ops"]}
     assert engines == {"Relu": "dlcc", "Abs": "dlcc", "Det": "onnxruntime", "Loop": "onnxruntime", "Exp": "dlcc",
@@ -301,18 +301,18 @@ def test_a_call_that_fails_on_onnxruntime_too_moves_nothing(tmp_path):
 @needs_opencl
 def test_an_onnxruntime_segment_whose_inputs_differ_in_size(tmp_path):
     """Two inputs of different sizes into one onnxruntime segment, each through an op dlcc lacks
-    (Det, then Unique). The segment's inputs must not share a symbolic dim name: onnxruntime takes
+    (Det of 5 x 5 matrices, then Unique). The segment's inputs must not share a symbolic dim name: onnxruntime takes
     dims with one dim_param to be equal and reuses the first Det's buffer for the second ("Shape
     mismatch attempting to re-use buffer"), which is how Longformer's split failed."""
     nodes = [h.make_node("Relu", ["a"], ["ra"]), h.make_node("Relu", ["b"], ["rb"]),
              h.make_node("Det", ["ra"], ["da"]), h.make_node("Unique", ["da"], ["ua"]),
              h.make_node("Det", ["rb"], ["db"]), h.make_node("Unique", ["db"], ["ub"]),
              h.make_node("Neg", ["ua"], ["ya"]), h.make_node("Neg", ["ub"], ["yb"])]
-    path = _save(tmp_path, nodes, [h.make_tensor_value_info("a", F, [4, 3, 3]), h.make_tensor_value_info("b", F, [1, 3, 3])],
+    path = _save(tmp_path, nodes, [h.make_tensor_value_info("a", F, [4, 5, 5]), h.make_tensor_value_info("b", F, [1, 5, 5])],
                  [h.make_tensor_value_info("ya", F, ["n"]), h.make_tensor_value_info("yb", F, ["k"])], {})
     m = dlcc.compile(path, target="opencl", pipeline="astitch", fallback="onnxruntime")
     r = np.random.default_rng(2)
-    _check(path, m, {"a": r.random((4, 3, 3)).astype(np.float32), "b": r.random((1, 3, 3)).astype(np.float32)})
+    _check(path, m, {"a": r.random((4, 5, 5)).astype(np.float32), "b": r.random((1, 5, 5)).astype(np.float32)})
     assert [s["engine"] for s in m.segments] == ["dlcc", "onnxruntime", "dlcc"]
 
 

@@ -41,7 +41,8 @@ def blank_row(job: dict) -> dict:
 def run_job(job: dict, out_dir: str, cache: str | bool = False) -> dict:
     """Compile (and, if asked, verify) one job; never raises. The row carries the outcome, the
     one-paragraph error, the plan summary and timings; the full log goes to OUT/NAME.log."""
-    from ..errors import DlccError, UnsupportedDtypesError, UnsupportedOpsError
+    from ..errors import DlccError
+    from ..partition import refusals
 
     t0 = time.perf_counter()
     row = blank_row(job)
@@ -57,7 +58,7 @@ def run_job(job: dict, out_dir: str, cache: str | bool = False) -> dict:
             row["outcome"] = "passed"
             if job.get("verify"):
                 _verify(job, cm, row, cache, log)
-        except (UnsupportedOpsError, UnsupportedDtypesError) as e:
+        except refusals() as e:  # (what `--fallback onnxruntime` would run on onnxruntime)
             row.update(outcome="unsupported", error=str(e))
         except DlccError as e:
             row.update(outcome="failed", error=str(e))

@@ -238,12 +238,14 @@ def skip_exact_widenings(model: onnx.ModelProto) -> onnx.ModelProto:
         typed = shape_inference.infer_shapes(model).graph
     except Exception:  # reported where the import infers shapes itself
         return model
-    types = {v.name: v.type.tensor_type.elem_type for v in list(typed.input) + list(typed.value_info)}
-    types.update({t.name: t.data_type for t in typed.initializer})
+    from .expand import _known_types
+
+    types = _known_types(typed)
     narrow = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
     for n in tests:
-        if types.get(widened[n.input[0]]) in narrow:
-            n.input[0] = widened[n.input[0]]
+        src = widened[n.input[0]]
+        if src in types and types[src].tensor_type.elem_type in narrow:
+            n.input[0] = src
     return model
 
 
@@ -260,10 +262,10 @@ def _align_legacy_broadcasts(model: onnx.ModelProto) -> onnx.ModelProto:
         shaped = shape_inference.infer_shapes(model)
     except Exception:  # the converter's own error says what is wrong
         return model
-    g = shaped.graph
-    rank = {v.name: len(v.type.tensor_type.shape.dim) for v in list(g.input) + list(g.value_info) + list(g.output)
-            if v.type.tensor_type.HasField("shape")}
-    rank.update({t.name: len(t.dims) for t in g.initializer})
+    from .expand import _known_types
+
+    rank = {name: len(t.tensor_type.shape.dim) for name, t in _known_types(shaped.graph).items()
+            if t.tensor_type.HasField("shape")}
     nodes = []
     for k, n in enumerate(model.graph.node):
         attrs = {a.name: a for a in n.attribute}

@@ -54,10 +54,10 @@ _BYTE_TYPES = ("bool", "uint8", "int8")
 
 def _lower_reduce(ctx, node):
     axes = _reduce_axes(ctx, node)
-    byte = ctx.value_dtype(node.inputs[0]) in _BYTE_TYPES and node.op_type in BYTE_REDUCE
-    if (ctx.value_dtype(node.inputs[0]) in ("int32", "int64") and node.op_type in INT_REDUCE) or byte:
+    dt = ctx.value_dtype(node.inputs[0])
+    if (dt in ("int32", "int64") and node.op_type in INT_REDUCE) or (dt in _BYTE_TYPES and node.op_type in BYTE_REDUCE):
         return _int_reduce(ctx, node, axes) if axes else ctx.alias(node.outputs[0], node.inputs[0])
-    if ctx.value_dtype(node.inputs[0]) != "float32":
+    if dt != "float32":
         raise ctx.fail(f"{node.op_type} on {ctx.dtype(node.inputs[0])} is not supported (float32 only)")
     if not axes:
         return ctx.alias(node.outputs[0], node.inputs[0])

@@ -40,6 +40,10 @@
 typedef long long i64;
 typedef unsigned char u8;
 typedef signed char i8;
+typedef short i16;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
 #define DLCC_INF __int_as_float(0x7f800000)
 #define DLCC_NAN __int_as_float(0x7fffffff)
 #define F_EXP expf

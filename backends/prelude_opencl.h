@@ -29,6 +29,10 @@
 typedef long i64;
 typedef uchar u8;
 typedef char i8;
+typedef short i16;
+typedef ushort u16;
+typedef uint u32;
+typedef ulong u64;
 #define DLCC_INF INFINITY
 #define DLCC_NAN NAN
 #define F_EXP exp

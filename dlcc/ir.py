@@ -23,6 +23,10 @@ SUPPORTED_DTYPES = {
     "bool": np.bool_,
     "uint8": np.uint8,
     "int8": np.int8,
+    "int16": np.int16,  # the narrow and unsigned integers: storage and integer arithmetic, as C does it
+    "uint16": np.uint16,
+    "uint32": np.uint32,
+    "uint64": np.uint64,
 }
 #: The 16-bit float dtypes: storage only. Kernels load them into float and store from float.
 HALF_FLOATS = ("float16", "bfloat16")

@@ -110,16 +110,10 @@ def _instrumented_run(model: onnx.ModelProto, points: list[int], quantized: list
     m = onnx.ModelProto()
     m.CopyFrom(model)
     have = {o.name for o in m.graph.output}
-    from .quantized import HELD_IN_INT32, tensor_types
+    from .quantized import tensor_types
 
     types = tensor_types(model, quantized, feeds)
-    # A 16-bit quantized tensor is held in int32 inside the plan (quantized.HELD_IN_INT32) and cannot be a
-    # graph output: it is read back through a Cast to int32 and given its own type again here.
-    held = {q: f"{q}#int32" for q in quantized if q not in have and types[q][0] in HELD_IN_INT32}
-    for q, out in held.items():
-        m.graph.node.append(helper.make_node("Cast", [q], [out], name=f"{out}/cast", to=onnx.TensorProto.INT32))
-        m.graph.output.append(helper.make_tensor_value_info(out, onnx.TensorProto.INT32, types[q][1]))
-    m.graph.output.extend(helper.make_tensor_value_info(q, *types[q]) for q in quantized if q not in have and q not in held)
+    m.graph.output.extend(helper.make_tensor_value_info(q, *types[q]) for q in quantized if q not in have)
     meta = compiled.plan["meta"]
     with tempfile.TemporaryDirectory(prefix="dlcc-qjudge-") as tmp:
         path = os.path.join(tmp, "instrumented.onnx")
@@ -130,8 +124,6 @@ def _instrumented_run(model: onnx.ModelProto, points: list[int], quantized: list
         cm = dlcc.compile(path, shapes=shapes, target=meta["target"], pipeline=meta["pipeline"],
                           device=meta.get("device_key"), precision=meta.get("precision"))
         got = cm.executor().run(dict(feeds))
-    for q, out in held.items():
-        got[q] = np.asarray(got.pop(out)).astype(helper.tensor_dtype_to_np_dtype(types[q][0]))
     return got
 
 

@@ -352,8 +352,8 @@ def test_integer_products_stay_float32_at_bf16(tmp_path):
 @needs_opencl
 @pytest.mark.parametrize("qtype", [np.int16, np.uint16])
 def test_16_bit_quantize_dequantize_pairs(tmp_path, qtype):
-    """A 16-bit Q -> DQ pair (held in int32 between them): ties round to even, both ends of the
-    range saturate, per-tensor and per-axis, each equal to onnxruntime's."""
+    """A 16-bit Q -> DQ pair (the quantized values held in their own type): ties round to even,
+    both ends of the range saturate, per-tensor and per-axis, each equal to onnxruntime's."""
     info = np.iinfo(qtype)
     scale = np.float32(0.5)
     zp = qtype(3 if qtype == np.uint16 else -7)
@@ -364,8 +364,8 @@ def test_16_bit_quantize_dequantize_pairs(tmp_path, qtype):
     path = _save(tmp_path / "qdq.onnx", nodes, {"x": x}, {"s": scale, "z": zp}, ["y"], opset=21)
     y = _same_as_ort(path, {"x": x})[0]
     assert y.min() == (info.min - float(zp)) * scale and y.max() == (info.max - float(zp)) * scale  # saturated
-    # verify's quantization judge reads the 16-bit values back (through a Cast to int32), typed
-    # as the model types them: onnxruntime's own quantized values
+    # verify's quantization judge reads the 16-bit values back, typed as the model types them:
+    # onnxruntime's own quantized values
     from dlcc.quant_judge import _instrumented_run
 
     cm = dlcc.compile(path, target="opencl", pipeline="astitch")
@@ -389,8 +389,8 @@ def test_16_bit_activation_qdq_models_verify(model_path, tmp_path, act, weight):
     accuracy on NPUs), from the cnn test model, through astitch, verified as `dlcc verify` does. At
     65536 levels a step is small enough that a convolution's last-bit difference from onnxruntime's
     summation lands some values one step apart at a tie. At a tolerance of 1e-6 such a step fails
-    the plain comparison, so the quantization judge must prove it (it reads the 16-bit values back
-    through a Cast to int32: they are held in int32 inside the plan)."""
+    the plain comparison, so the quantization judge must prove it (it reads the 16-bit values
+    back)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     from dlcc.verify import verify_outputs
@@ -416,17 +416,24 @@ def test_16_bit_activation_qdq_models_verify(model_path, tmp_path, act, weight):
     assert all(r["passed"] for r in rows), rows
 
 
-def test_unsupported_quantized_forms_are_clear_errors(tmp_path):
-    x = {"x": np.zeros((2, 4), np.float32)}
-    path = _save(tmp_path / "i16.onnx", [h.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])], x,
-                 {"s": np.float32(0.1), "z": np.int16(0)}, ["y"], opset=21)
-    with pytest.raises(DlccError, match="its int16 output 'y' is a graph output"):
-        dlcc.compile(path, target="opencl")
+@needs_opencl
+@pytest.mark.parametrize("qtype", [np.int16, np.uint16])
+def test_16_bit_quantized_values_are_tensors_of_their_own_type(tmp_path, qtype):
+    """A 16-bit QuantizeLinear's output is an int16/uint16 tensor like any other: a graph output,
+    or read by an integer op (Abs, Add, a Transpose) before a Cast; each equal to onnxruntime's."""
+    x = {"x": (rng.standard_normal((2, 4)) * 300).astype(np.float32)}
+    zp = qtype(5)
+    path = _save(tmp_path / "q.onnx", [h.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])], x,
+                 {"s": np.float32(0.1), "z": zp}, ["y"], opset=21)
+    assert _same_as_ort(path, x)[0].dtype == qtype
     nodes = [h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]), h.make_node("Abs", ["q"], ["a"], name="abs"),
-             h.make_node("Cast", ["a"], ["y"], to=TP.FLOAT)]
-    path = _save(tmp_path / "abs.onnx", nodes, x, {"s": np.float32(0.1), "z": np.int16(0)}, ["y"], opset=21)
-    with pytest.raises(DlccError, match="its int16 output 'q' is read by Abs node 'abs'"):
-        dlcc.compile(path, target="opencl")
+             h.make_node("Add", ["a", "z"], ["b"]), h.make_node("Transpose", ["b"], ["t"]),
+             h.make_node("Cast", ["t"], ["y"], to=TP.FLOAT)]
+    path = _save(tmp_path / "abs.onnx", nodes, x, {"s": np.float32(0.1), "z": zp}, ["y", "q"], opset=21)
+    _same_as_ort(path, x)
+
+
+def test_unsupported_quantized_forms_are_clear_errors(tmp_path):
     g = h.make_graph([h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]), h.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])],
                      "i4", [h.make_tensor_value_info("x", TP.FLOAT, [2, 4])], [h.make_tensor_value_info("y", TP.FLOAT, [2, 4])],
                      [nh.from_array(np.float32(0.1), "s"), h.make_tensor("z", TP.INT4, [], [0])])

@@ -22,6 +22,10 @@ _CTYPE = {
     "bool": "u8",
     "uint8": "u8",
     "int8": "i8",
+    "int16": "i16",
+    "uint16": "u16",
+    "uint32": "u32",
+    "uint64": "u64",
     "bfloat16": "bf16",  # storage only: the upper 16 bits of a float (LOAD_BF16)
 }
 
@@ -94,6 +98,10 @@ def literal(value, dtype: str = "float32") -> str:
     v = int(value)
     if dtype == "int64":
         return f"((i64){v}LL)" if abs(v) >= 2**31 - 1 else f"((i64){v})"
+    if dtype == "uint64":
+        return f"((u64){v}ULL)"
+    if dtype == "uint32":
+        return f"((u32){v}u)"
     return str(v)
 
 

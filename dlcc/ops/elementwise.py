@@ -1,6 +1,8 @@
 """Elementwise ops (numpy broadcasting), each as a C expression over its inputs."""
 from __future__ import annotations
 
+import numpy as np
+
 from ..kernels.map import emit_map
 from ..kernels.program import literal
 from .registry import ELEMENTWISE, register
@@ -87,7 +89,7 @@ def _binary(ctx, node):
     integer_div = node.op_type == "Div" and a_dt in _INTS
     if integer_div:
         # ONNX integer Div truncates toward zero, which is what C does (guarded: _integer_divisor).
-        expr = _guarded("a / b", "-a")
+        expr = _guarded("a / b", "-a", a_dt)
     if node.op_type == "Pow":
         return _pow(ctx, node)
     emit_map(ctx, node.outputs[0], node.inputs[:2],
@@ -97,10 +99,14 @@ def _binary(ctx, node):
         _integer_divisor(ctx, node)
 
 
-def _guarded(expr: str, by_minus_one: str) -> str:
+def _guarded(expr: str, by_minus_one: str, dtype: str) -> str:
     """An integer quotient or remainder with C's undefined cases taken out: b == 0 gives 0 (the
-    check _integer_divisor launches then reports it), and b == -1 is computed without dividing
-    (the most negative value / -1 overflows: x86 traps on it), wrapping as numpy does."""
+    check _integer_divisor launches then reports it), and for a signed type b == -1 is computed
+    without dividing (the most negative value / -1 overflows: x86 traps on it), wrapping as numpy
+    does. An unsigned b never means -1: in C, `b == -1` would compare it with the type's largest
+    value, and a / 4294967295 is not -a."""
+    if dtype in UNSIGNED:
+        return f"(b == 0 ? 0 : {expr})"
     return f"(b == 0 ? 0 : (b == -1 ? {by_minus_one} : {expr}))"
 
 
@@ -130,14 +136,20 @@ def _pow(ctx, node):
              "Pow", flops_per_elem=4)
 
 
-#: Integer-only ops on the bits (opset 18's Bitwise*, BitShift on unsigned types). The operands
-#: are promoted to int in C and the store casts back; a shift by 8 or more gives 0 explicitly.
+#: Integer-only ops on the bits (opset 18's Bitwise*, BitShift). The operands are promoted to
+#: int in C and the store casts back.
 BITWISE = {"BitwiseAnd": "a & b", "BitwiseOr": "a | b", "BitwiseXor": "a ^ b"}
-_INTS = ("int64", "int32", "int8", "uint8")
+UNSIGNED = ("uint64", "uint32", "uint16", "uint8")
+_INTS = ("int64", "int32", "int16", "int8") + UNSIGNED
+#: The unsigned type of each integer's width: a left shift is made on it (shifting a negative
+#: value left is undefined in C), and the result converted back.
+_SAME_WIDTH_UNSIGNED = {"int64": "u64", "int32": "u32", "int16": "u16", "int8": "u8",
+                        "uint64": "u64", "uint32": "u32", "uint16": "u16", "uint8": "u8"}
 
 
 @register("BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", since=18, category=ELEMENTWISE, dtypes=_INTS)
-@register("BitShift", since=11, category=ELEMENTWISE, dtypes=("uint8",))
+@register("BitShift", since=11, category=ELEMENTWISE, dtypes=UNSIGNED)
+@register("BitShift", since=28, category=ELEMENTWISE, dtypes=_INTS)
 def _bitwise(ctx, node):
     dt = ctx.value_dtype(node.inputs[0])
     if dt not in _INTS:
@@ -146,15 +158,28 @@ def _bitwise(ctx, node):
         return emit_map(ctx, node.outputs[0], node.inputs[:1],
                         lambda v: ([f"const {_ct(dt)} a = {v.x(0)};"], f"({_ct(dt)})(~a)"), node.op_type)
     if node.op_type == "BitShift":
-        direction = ctx.attr("direction", "")
-        if direction not in ("LEFT", "RIGHT"):
-            raise ctx.fail(f"direction {direction!r} is not LEFT or RIGHT")
-        expr = "b >= 8 ? 0 : " + ("a << b" if direction == "LEFT" else "a >> b")  # (a shift past 31 is undefined in C)
+        expr = _shift(ctx, dt)
     else:
         expr = BITWISE[node.op_type]
     emit_map(ctx, node.outputs[0], node.inputs[:2],
              lambda v: ([f"const {_ct(dt)} a = {v.x(0)};", f"const {_ct(dt)} b = {v.x(1)};"], f"({_ct(dt)})({expr})"),
              node.op_type)
+
+
+def _shift(ctx, dt: str) -> str:
+    """BitShift's element, as opset 28 defines it for every integer type (opset 11's unsigned
+    types are the same): a shift by a negative amount or by the type's width or more (undefined in
+    C) gives 0, or -1 for a right shift of a negative value (the sign bits alone); a right shift of
+    a signed value is arithmetic (CUDA's and OpenCL C's >> on signed types); a left shift keeps the
+    low bits, computed on the unsigned type of the same width."""
+    direction = ctx.attr("direction", "")
+    if direction not in ("LEFT", "RIGHT"):
+        raise ctx.fail(f"direction {direction!r} is not LEFT or RIGHT")
+    bits = 8 * np.dtype(dt).itemsize
+    past = f"b >= {bits}" if dt in UNSIGNED else f"b < 0 || b >= {bits}"
+    if direction == "LEFT":
+        return f"({past}) ? 0 : ({_SAME_WIDTH_UNSIGNED[dt]})(({_SAME_WIDTH_UNSIGNED[dt]})a << b)"
+    return f"({past}) ? 0 : a >> b" if dt in UNSIGNED else f"({past}) ? (a < 0 ? -1 : 0) : a >> b"
 
 
 @register("Mod", since=10, category=ELEMENTWISE, half_io=True)
@@ -164,7 +189,8 @@ def _mod(ctx, node):
     if dt == "float32":
         expr = "F_FMOD(a, b)" if fmod else "(F_FMOD(a, b) != 0.0f && ((F_FMOD(a, b) < 0.0f) != (b < 0.0f)) ? F_FMOD(a, b) + b : F_FMOD(a, b))"
     else:
-        expr = _guarded("a % b" if fmod else "((a % b != 0 && ((a % b < 0) != (b < 0))) ? a % b + b : a % b)", "0")
+        expr = _guarded("a % b" if fmod or dt in UNSIGNED else "((a % b != 0 && ((a % b < 0) != (b < 0))) ? a % b + b : a % b)",
+                        "0", dt)
     emit_map(ctx, node.outputs[0], node.inputs[:2],
              lambda v: ([f"const {_ct(dt)} a = {v.x(0)};", f"const {_ct(dt)} b = {v.x(1)};"], expr), "Mod")
     if dt != "float32":

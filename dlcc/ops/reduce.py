@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.map import emit_map, unravel
-from ..kernels.program import literal
+from ..kernels.program import ctype, literal
 from ..kernels.reduce import ReduceLayout, emit_layernorm, emit_reduce, emit_softmax
 from .registry import REDUCTION, register
 
@@ -50,12 +50,15 @@ INT_REDUCE = {"ReduceSum": ("acc + e", "0"), "ReduceProd": ("acc * e", "1"), "Re
 #: whose empty reduction is False and True.
 BYTE_REDUCE = {"ReduceMax": "0", "ReduceMin": "1"}
 _BYTE_TYPES = ("bool", "uint8", "int8")
+#: The integer types the reductions in INT_REDUCE take (ONNX lists uint32, uint64, int32 and
+#: int64 for them; 16-bit ones as Cast or an exporter's arithmetic makes them are no harder).
+WIDE_INTS = ("int64", "int32", "int16", "uint64", "uint32", "uint16")
 
 
 def _lower_reduce(ctx, node):
     axes = _reduce_axes(ctx, node)
     dt = ctx.value_dtype(node.inputs[0])
-    if (dt in ("int32", "int64") and node.op_type in INT_REDUCE) or (dt in _BYTE_TYPES and node.op_type in BYTE_REDUCE):
+    if (dt in WIDE_INTS and node.op_type in INT_REDUCE) or (dt in _BYTE_TYPES and node.op_type in BYTE_REDUCE):
         return _int_reduce(ctx, node, axes) if axes else ctx.alias(node.outputs[0], node.inputs[0])
     if dt != "float32":
         raise ctx.fail(f"{node.op_type} on {ctx.dtype(node.inputs[0])} is not supported (float32 only)")
@@ -79,7 +82,7 @@ def _int_reduce(ctx, node, axes) -> None:
         empty = BYTE_REDUCE[node.op_type]
     if lay.R == 0 and empty is None:
         raise ctx.fail(f"{node.op_type} over an empty axis has no value")
-    T = {"int64": "i64", "int32": "int", "bool": "u8", "uint8": "u8", "int8": "i8"}[ctx.dtype(x)]
+    T = ctype(ctx.dtype(x))
     bstmts, base = lay.base("o")
     ostmts, off = lay.offset("r")
 
@@ -96,7 +99,7 @@ def _int_reduce(ctx, node, axes) -> None:
 
 for _op in REDUCE:
     register(_op, since=1, category=REDUCTION, float_only=True, half_io=True,
-             dtypes=("float32", "int32", "int64") + (_BYTE_TYPES if _op in BYTE_REDUCE else ())
+             dtypes=("float32",) + WIDE_INTS + (_BYTE_TYPES if _op in BYTE_REDUCE else ())
              if _op in INT_REDUCE else None)(_lower_reduce)
 
 
@@ -252,7 +255,7 @@ def _cumsum(ctx, node):
     L, inner = shape[ax], int(np.prod(shape[ax + 1:]))
     excl, rev = ctx.attr("exclusive", 0), ctx.attr("reverse", 0)
     prod = node.op_type == "CumProd"
-    T = {"float32": "float", "int64": "i64", "int32": "int"}.get(ctx.dtype(x))
+    T = ctype(ctx.dtype(x)) if ctx.dtype(x) in ("float32",) + WIDE_INTS else None
     if T is None:
         raise ctx.fail(f"{node.op_type} on {ctx.dtype(x)} is not supported")
     lo, hi = ("p + 1" if excl else "p", L) if rev else (0, "p" if excl else "p + 1")
@@ -267,14 +270,12 @@ def _cumsum(ctx, node):
     emit_map(ctx, node.outputs[0], [x], body, node.op_type, flops_per_elem=L, inline_scalars=False)
 
 
-@register("TopK", since=10, category=REDUCTION, dtypes=("float32", "int64", "int32"))
+@register("TopK", since=10, category=REDUCTION, dtypes=("float32",) + WIDE_INTS + ("int8", "uint8"))
 def _topk(ctx, node):
     """A thread per row picks the k best by repeated selection: the j-th result is the best element
     ranked after the (j-1)-th under (value, then lower index first) — O(k·L), no scratch memory.
     The results are always sorted, which also satisfies sorted=0."""
     x = node.inputs[0]
-    from ..kernels.program import ctype
-
     T = ctype(ctx.dtype(x))
     kv = ctx.const(node.inputs[1])
     if kv is None:

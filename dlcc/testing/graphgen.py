@@ -1659,7 +1659,7 @@ def generate_valid(seed: int, max_patterns: int = 8, tries: int = 20) -> Case:
 # ------------------------------------------------------------------------------------------------
 # Graphs dlcc must refuse with its one-paragraph error (issue 17's "Bad input").
 # ------------------------------------------------------------------------------------------------
-UNSUPPORTED_KINDS = ["double", "int16", "nonzero", "value_reshape", "unknown_op", "custom_domain"]
+UNSUPPORTED_KINDS = ["double", "float8", "nonzero", "value_reshape", "unknown_op", "custom_domain"]
 
 
 def generate_unsupported(seed: int) -> tuple[onnx.ModelProto, str]:
@@ -1676,9 +1676,9 @@ def generate_unsupported(seed: int) -> tuple[onnx.ModelProto, str]:
         inputs = [helper.make_tensor_value_info("x", TensorProto.DOUBLE, shape)]
         nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])]
         out_t = TensorProto.DOUBLE
-    elif kind == "int16":
-        nodes = [helper.make_node("Cast", ["x"], ["h"], to=TensorProto.INT16),
-                 helper.make_node("Neg", ["h"], ["r"]), helper.make_node("Cast", ["r"], ["y"], to=F)]
+    elif kind == "float8":
+        nodes = [helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT8E4M3FN),
+                 helper.make_node("Identity", ["h"], ["r"]), helper.make_node("Cast", ["r"], ["y"], to=F)]
     elif kind == "nonzero":  # the output's shape depends on the values
         nodes = [helper.make_node("NonZero", ["x"], ["y"])]
         out_t, out_shape = TensorProto.INT64, [2, "n"]
@@ -1711,9 +1711,9 @@ def generate_unsupported(seed: int) -> tuple[onnx.ModelProto, str]:
         nodes = [helper.make_node("Relu", ["x"], ["r"]),
                  helper.make_node("FusedGelu", ["r"], ["y"], domain="com.example")]
     outs = [helper.make_tensor_value_info("y", out_t, out_shape)]
-    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid("com.example", 1)] if kind == "custom_domain" else [])
+    opsets = [helper.make_opsetid("", 19 if kind == "float8" else 17)] + ([helper.make_opsetid("com.example", 1)] if kind == "custom_domain" else [])
     model = helper.make_model(helper.make_graph(nodes, "unsupported", inputs, outs, initializer=inits),
-                              opset_imports=opsets, ir_version=8)
+                              opset_imports=opsets, ir_version=9 if kind == "float8" else 8)
     del rs
     check_model(model)
     return model, kind
@@ -1724,8 +1724,8 @@ def unsupported_reason(model: onnx.ModelProto, kind: str) -> list[str]:
     on values."""
     if kind == "double":
         return ["double", "float64"]
-    if kind == "int16":
-        return ["int16"]
+    if kind == "float8":
+        return ["float8"]
     if kind == "value_reshape":
         return ["depend", "value"]
     return [model.graph.node[-1].op_type]

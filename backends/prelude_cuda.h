@@ -132,7 +132,6 @@ DEVICE unsigned dlcc_pack_bf16(float lo, float hi) {
  * LDSM_X4/X2 are ldmatrix: lane l gives the address of row l % 8 of matrix l / 8 and receives,
  * of each matrix, row l / 4's elements 2(l % 4), 2(l % 4) + 1 packed low to high (_T: the
  * transposed matrix's). MMA_F16_P/MMA_BF16_P are the m16n8k16 mma on such packed registers. */
-typedef unsigned short u16;
 DEVICE void dlcc_cp_async16(void* dst, const void* src, int valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                  :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(valid ? 16 : 0) : "memory");

@@ -1,5 +1,8 @@
 /* dlcc portable kernel dialect -> OpenCL C 1.2 (see prelude_cuda.h for why there are two). */
 #define KERNEL __kernel
+#ifdef cl_khr_fp64  /* float64 models' boundary Casts (frontend.promote_half) */
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#endif
 #define DEVICE static inline
 /* The tensor-core emulations below (mma, cp.async, ldmatrix, wgmma) are always inlined: PoCL 3's
  * optimised build miscompiled an out-of-line one. dlcc_wgmma_run, called out of line with the
@@ -173,7 +176,6 @@ EMULATED void dlcc_mma_k16(float* d0, float* d1, float* d2, float* d3, float a0,
  * 16-byte aligned, which the hardware would fault on, lands as NaN (0x7fff in both half types).
  * LDSM_* exchange the lanes' row addresses through the warp's scratch and hand each lane what
  * ldmatrix would (prelude_cuda.h); the packed mmas unpack their registers into dlcc_mma_k16. */
-typedef ushort u16;
 #define DLCC_CPQ_MAX 32
 typedef struct {
     LPTR ushort* dst[DLCC_CPQ_MAX];

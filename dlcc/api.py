@@ -149,7 +149,9 @@ def compile(model: str | os.PathLike, out: str | os.PathLike | None = None, shap
     `precision` ("fp32", "tf32x3", "tf32", "fp16", "bf16"; None: the pipeline's own, fp32 unless it says) is
     what GEMMs and convolutions compute at: the last three run them on tensor cores (emulated on
     OpenCL), and fp16/bf16 store weights and activations in that type (`half_activations: false`
-    in a pipeline file keeps activations float32).
+    in a pipeline file keeps activations float32). Any precision asked for (fp32 included) also
+    computes a float64 model in float32, its float64 inputs and outputs kept; without one, float64
+    is held only where Casts read or write it.
     `tune=True` picks the pipeline by measurement instead (dlcc/tuning.py): each GEMM problem's
     tilings are timed on the target device, then the estimator's `tune_top` best candidates are
     compiled with the fastest tilings and timed (`tune_repeat` runs each), the fastest is
@@ -257,13 +259,14 @@ def cache_key(model, shapes: dict, tgt: str, pipeline, device, profile_db=None, 
     (dlcc.batch.runner.try_hit, which answers warm jobs without a worker) both look up.
     `tgt` is already resolved (pick_target)."""
     from .cache import Cache
-    from .config import builtin_names, load_pipeline, with_precision
+    from .config import builtin_names, load_pipeline, precision_asked, with_precision
     from .devices import resolve_device
 
     c = Cache.of(cache)
     names = builtin_names("pipelines") if pipeline == "auto" else [pipeline]
-    pipe_text = "\n".join(with_precision(n if hasattr(n, "model_dump_json") else load_pipeline(n), precision)
-                          .model_dump_json() for n in names)
+    pipes = [n if hasattr(n, "model_dump_json") else load_pipeline(n) for n in names]
+    pipe_text = "\n".join(with_precision(p, precision).model_dump_json()
+                          + ("\nprecision asked" if precision_asked(p, precision) else "") for p in pipes)
     dev = resolve_device(device, tgt)[0]
     if profile_db is None:  # the measurements the device spec comes with change the plan as a given one does
         from .config import device_profile_db

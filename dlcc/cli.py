@@ -54,7 +54,7 @@ DeviceOpt = typer.Option(None, "--device", "-d", help="device name (configs/devi
 PrecisionOpt = typer.Option(None, "--precision", help="what GEMMs and convolutions compute at: fp32 (CUDA "
                             "cores); tf32x3 (tensor cores at float32's accuracy, three TF32 mmas a product); tf32, fp16 or bf16 (tensor cores, float32 accumulation; fp16/bf16 also store "
                             "weights and activations in that type; sm_80+, emulated on OpenCL); default: the pipeline's own "
-                            "(fp32 unless it sets `precision:`)")
+                            "(fp32 unless it sets `precision:`). Any given precision also computes a float64 model in float32")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="no progress output")
 JsonOpt = typer.Option(False, "--json", help="print one JSON object instead of tables")
 ProfileDbOpt = typer.Option(None, "--profile-db", help="measured kernel times (a `dlcc profile` database): rammer "

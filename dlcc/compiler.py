@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from . import __version__
 from . import ops as _ops  # noqa: F401  (registers every op)
-from .config import DeviceSpec, PipelineSpec, check_precision, load_pipeline, with_precision
+from .config import DeviceSpec, PipelineSpec, check_precision, load_pipeline, precision_asked, with_precision
 from .errors import CompileError, ConfigError, UnsupportedOpsError
 from .frontend import ShapeBindings, check_static, dtype_problems, import_model
 from .ir import Graph
@@ -197,7 +197,7 @@ def _check_reads(state, after: str) -> None:
                             f"tensor {t!r} before any launch writes it (a dlcc bug)")
 
 
-def import_checked(model, shapes):
+def import_checked(model, shapes, float64: bool = False):
     """The imported Graph, after the checks every compile makes: supported ops, static shapes, and
     the attribute checks (ops/checks.py) once more on the final graph. import_model ran them on
     the model as written, where some shapes may still be unknown (the output of an Expand whose
@@ -205,7 +205,7 @@ def import_checked(model, shapes):
     and an axis of 2^32 reached a lowering as an IndexError."""
     from .ops.checks import check_attributes
 
-    graph = import_model(model, shapes)
+    graph = import_model(model, shapes, float64=float64)
     check_supported(graph)
     check_static(graph, model)
     check_attributes(graph, model)
@@ -221,7 +221,7 @@ def _model_precision(pipe: PipelineSpec, asked: str | None, graph, dev: DeviceSp
     in float32, and the returned note says so."""
     from .ops.narrow import HALF_DTYPES
 
-    if asked is not None or "precision" in pipe.model_fields_set:
+    if precision_asked(pipe, asked):
         return pipe, None
     halves = {graph.tensors[n].dtype for n in graph.inputs + graph.outputs} & set(HALF_DTYPES.values())
     if len(halves) != 1:
@@ -269,7 +269,7 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
         graph = imported
     else:
         with steps.step("import + fold + infer shapes"):
-            graph = import_checked(model, shapes)
+            graph = import_checked(model, shapes, float64=precision_asked(pipe, precision))
     pipe, note = _model_precision(pipe, precision, graph, dev, target)
     precision_note = note or precision_note
     state = CompileState(graph=graph, device=dev, profile_db=profile_db, precision=pipe.precision,

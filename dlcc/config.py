@@ -185,6 +185,14 @@ def with_precision(pipe: PipelineSpec, precision: str | None) -> PipelineSpec:
     return pipe.model_copy(update={"precision": precision})
 
 
+def precision_asked(pipe: PipelineSpec, precision: str | None) -> bool:
+    """Whether the user chose the precision (`precision`, or `precision:` in the pipeline file)
+    rather than leaving it to the model: a half model then computes at it rather than at its own,
+    and a float64 model computes in float32 rather than being refused. The cache key covers it,
+    since the same pipeline JSON compiles either way."""
+    return precision is not None or "precision" in pipe.model_fields_set
+
+
 def with_gemm_tilings(pipe: PipelineSpec, tilings: dict[str, str]) -> PipelineSpec:
     """`pipe` with `tilings` ({"BATCHxMxNxK": tiling}, measured by `--tune`) given to its `lower`
     pass (its gemm_tilings option, validated there). The cache key covers them (the pipeline's JSON)."""

@@ -889,9 +889,11 @@ def _set_value(t: Tensor, val: np.ndarray) -> None:
     t.value, t.shape, t.dtype = val, tuple(val.shape), val.dtype.name
 
 
-def promote_half(graph: Graph) -> None:
+def promote_half(graph: Graph, float64: bool = False) -> None:
     """float16 and bfloat16 models compute in float32: 16-bit tensors stay so only at the model's
-    boundary.
+    boundary. With `float64` (a precision asked for: compiler.import_checked), float64 tensors are
+    narrowed the same way, as OpenVINO runs float64 models in float32; without it a float64 tensor
+    is refused wherever a node other than a Cast reads or writes it (dtype_problems).
 
     Constants are widened once at compile time (exactly: every 16-bit float is a float32), graph
     inputs get a Cast to float32 and graph outputs a Cast back to their own 16-bit type, and Casts
@@ -900,18 +902,25 @@ def promote_half(graph: Graph) -> None:
     LOAD_BF16 / STORE_BF16 in the dialect). At precision fp16 or bf16, ops/narrow.py stores the
     GEMM and Conv weights in the half type again, so those keep the model's bytes.
     """
-    if not any(t.dtype in HALF_FLOATS for t in graph.tensors.values()):
+    narrow = HALF_FLOATS + (("float64",) if float64 else ())
+    if not any(t.dtype in narrow for t in graph.tensors.values()):
         return
     boundary = set(graph.inputs) | set(graph.outputs)
-    for t in graph.tensors.values():
-        if t.dtype in HALF_FLOATS and t.name not in boundary:
-            if t.value is not None:
-                t.value = t.value.astype(np.float32)
-            t.dtype = "float32"
+    inside = [t for t in graph.tensors.values() if t.dtype in narrow and t.name not in boundary]
+    if float64 and any(t.dtype == "float64" for t in graph.tensors.values()):
+        graph.notes.append(f"import: float64 computes in float32 (a precision was asked for): "
+                           f"{sum(t.dtype == 'float64' for t in inside)} float64 tensor(s) narrowed; the model's "
+                           "float64 inputs and outputs keep their type")
+    for t in inside:
+        if t.value is not None:
+            t.value = t.value.astype(np.float32)
+        t.dtype = "float32"
+    wide = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16} | ({onnx.TensorProto.DOUBLE} if float64 else set())
     for n in graph.nodes:
-        if (n.op_type == "Cast" and n.attrs.get("to") in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
-                and n.outputs[0] not in boundary):
+        if n.op_type == "Cast" and n.attrs.get("to") in wide and n.outputs[0] not in boundary:
             n.attrs["to"] = onnx.TensorProto.FLOAT
+        elif float64 and n.attrs.get("dtype") == onnx.TensorProto.DOUBLE:  # EyeLike, RandomNormal, ...
+            n.attrs["dtype"] = onnx.TensorProto.FLOAT
 
     def rename(old: str, new: str) -> None:
         for n in graph.nodes:
@@ -921,7 +930,7 @@ def promote_half(graph: Graph) -> None:
     head, tail = [], []
     for name in graph.inputs:
         t = graph.tensors[name]
-        if t.dtype in HALF_FLOATS:
+        if t.dtype in narrow:
             wide = f"%f32:{name}"
             graph.tensors[wide] = Tensor(wide, t.shape, "float32")
             for n in graph.nodes:
@@ -929,7 +938,7 @@ def promote_half(graph: Graph) -> None:
             head.append(Node("Cast", f"%widen:{name}", [name], [wide], {"to": onnx.TensorProto.FLOAT}))
     for name in graph.outputs:
         t = graph.tensors[name]
-        if t.dtype in HALF_FLOATS and name not in graph.inputs and t.value is None:
+        if t.dtype in narrow and name not in graph.inputs and t.value is None:
             wide = f"%f32:{name}"
             graph.tensors[wide] = Tensor(wide, t.shape, "float32")
             rename(name, wide)
@@ -948,8 +957,10 @@ def _eliminate_dead(graph: Graph) -> None:
     graph.nodes = list(reversed(kept))
 
 
-def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, fold: bool = True) -> Graph:
-    """ONNX file → static-shaped, folded Graph. Raises DlccError subclasses on bad input."""
+def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, fold: bool = True,
+                 float64: bool = False) -> Graph:
+    """ONNX file → static-shaped, folded Graph. Raises DlccError subclasses on bad input.
+    `float64`: compute float64 in float32 (promote_half)."""
     path = Path(path)
     model = load_model(path)
     source_nodes = len(model.graph.node)
@@ -1109,7 +1120,7 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         if t.value is not None:
             t.shape = tuple(t.value.shape)
             t.dtype = t.value.dtype.name
-    promote_half(graph)
+    promote_half(graph, float64)
     _eliminate_dead(graph)
     return graph
 
@@ -1238,6 +1249,10 @@ def dtype_problems(graph: Graph) -> list[str]:
             t = graph.tensors.get(name) if name else None
             if t is not None and t.dtype not in SUPPORTED_DTYPES and t.dtype not in bad:
                 bad[t.dtype] = f"  dtype {t.dtype}: first seen on {name!r} at node {node.name!r}"
+            elif t is not None and t.dtype == "float64" and node.op_type != "Cast" and "float64" not in bad:
+                bad["float64"] = (f"  dtype float64: first seen on {name!r} at node {node.name!r} (dlcc's kernels compute "
+                                  f"float64 only in Casts; --precision fp32 computes this model in float32, its "
+                                  "float64 inputs and outputs kept)")
     for name in graph.outputs:  # (an output folded to a constant has no node left)
         t = graph.tensors.get(name)
         if t is not None and t.dtype not in SUPPORTED_DTYPES and t.dtype not in bad:

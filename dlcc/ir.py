@@ -27,6 +27,10 @@ SUPPORTED_DTYPES = {
     "uint16": np.uint16,
     "uint32": np.uint32,
     "uint64": np.uint64,
+    # Held, and computed only by Casts (frontend.dtype_problems): a float64 input or output read or
+    # written through a Cast, or, with a precision asked for, a model computed in float32
+    # (frontend.promote_half).
+    "float64": np.float64,
 }
 #: The 16-bit float dtypes: storage only. Kernels load them into float and store from float.
 HALF_FLOATS = ("float16", "bfloat16")

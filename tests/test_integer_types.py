@@ -165,17 +165,20 @@ def test_signed_shifts_of_opset_28_follow_the_spec(tmp_path, t):
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: np.dtype(t).name)
 def test_reductions_top_k_cum_sum_and_where_match_numpy(tmp_path, t):
     """What onnxruntime has no kernel for on these types, against numpy: TopK (ties broken by the
-    lower index), Where and Clip on all four; wrapping ReduceSum and ReduceProd, ReduceMax/Min and
+    lower index), Where, Clip, ArgMax and ArgMin (first and last index of ties) on all four; wrapping ReduceSum and ReduceProd, ReduceMax/Min and
     CumSum on the 32- and 64-bit ones (ONNX types them for those only)."""
     a = _edges(t, (4, 6))
     c = rng.random((4, 6)) < 0.5
     b = a[::-1].copy()
+    a[2, 3:] = a[2, 1]  # ties, for ArgMax's first and last index
     nodes = [h.make_node("TopK", ["a", "k"], ["vals", "idx"]), h.make_node("Where", ["c", "a", "b"], ["where"]),
-             h.make_node("Clip", ["a", "lo", "hi"], ["clip"])]
+             h.make_node("Clip", ["a", "lo", "hi"], ["clip"]), h.make_node("ArgMax", ["a"], ["argmax"], axis=1),
+             h.make_node("ArgMin", ["a"], ["argmin_last"], axis=1, select_last_index=1)]
     order = np.argsort(-a.astype(np.float64) if np.dtype(t).kind == "i" else ~a, axis=1, kind="stable")
     lo, hi = t(3), t(np.iinfo(t).max // 2)
     want = {"vals": np.take_along_axis(a, order[:, :3], 1), "idx": order[:, :3].astype(np.int64), "where": np.where(c, a, b),
-            "clip": np.clip(a, lo, hi)}
+            "clip": np.clip(a, lo, hi), "argmax": a.argmax(axis=1, keepdims=True),
+            "argmin_last": a.shape[1] - 1 - a[:, ::-1].argmin(axis=1, keepdims=True)}
     if np.dtype(t).itemsize >= 4:
         nodes += [h.make_node(op, ["a", "ax"], [op], keepdims=0) for op in ("ReduceSum", "ReduceProd", "ReduceMax", "ReduceMin")]
         nodes.append(h.make_node("CumSum", ["a", "cax"], ["cum"]))

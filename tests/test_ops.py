@@ -663,6 +663,11 @@ for _op in ("ReduceMax", "ReduceMin"):
     for _t, _x in _BYTES.items():
         add(op(f"{_op}-{_t}-middle-axis", _op, [X(_x), W(np.array([1], I64))], opset=20))
     add(op(f"{_op}-bool-all-keepdims0", _op, [X(R((3, 5), "bool"))], {"keepdims": 0}, opset=20))
+# integers compared in their own type: int64 values a float would round together keep their rank
+_BIG = np.array([[2 ** 40 + 1, 2 ** 40 + 3, 2 ** 40 + 2, -5], [7, 7, -(2 ** 50) - 1, -(2 ** 50)]], I64)
+add(op("ArgMax-int64-beyond-float", "ArgMax", [X(_BIG)], {"axis": 1}),
+    op("ArgMin-int64-beyond-float", "ArgMin", [X(_BIG)], {"axis": 1}),
+    op("ArgMax-int32-ties-select-last", "ArgMax", [X(R((4, 9), "int32", -2, 3))], {"axis": 1, "select_last_index": 1}))
 for _op in ("ArgMax", "ArgMin"):
     add(
         op(f"{_op}-axis0-keepdims1", _op, [X(R((4, 5, 3), "unique"))], {"axis": 0}),

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import (DeviceSpec, PipelineSpec, builtin_dir, check_precision, device_profile_db, load_device,
-                      load_pipeline, with_precision)
+                      load_pipeline, precision_asked, with_precision)
 from ..errors import DlccError
 from .costmodel import compute_us, kernel_time, roofline_us
 from .graph import Dep, TaskGraph
@@ -167,7 +167,7 @@ def estimate_plan(model, shapes=(), device: str = "h100", pipelines: list[str] |
     db = profile_db if hasattr(profile_db, "lookup") else ProfileDB.load(profile_db) if profile_db else None
     with steps.step("import + fold + infer shapes"):
         shapes = _merge_shapes(shapes)
-        graph = import_checked(model, shapes)
+        graph = import_checked(model, shapes, float64=bool(precisions) or any(precision_asked(s, None) for s in specs))
     results = []
     for spec in specs:
         with steps.step(f"compile + simulate pipeline {spec.name}"):

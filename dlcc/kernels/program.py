@@ -26,6 +26,7 @@ _CTYPE = {
     "uint16": "u16",
     "uint32": "u32",
     "uint64": "u64",
+    "float64": "double",  # only Casts read or write it (frontend.dtype_problems)
     "bfloat16": "bf16",  # storage only: the upper 16 bits of a float (LOAD_BF16)
 }
 

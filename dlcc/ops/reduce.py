@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.map import emit_map, unravel
-from ..kernels.program import ctype, literal
+from ..kernels.program import ctype, literal, value_ctype
 from ..kernels.reduce import ReduceLayout, emit_layernorm, emit_reduce, emit_softmax
 from .registry import REDUCTION, register
 
@@ -193,9 +193,13 @@ def _instancenorm(ctx, node):
                            scale_of=lambda v: [v.o[1]])
 
 
-@register("ArgMax", "ArgMin", since=1, category=REDUCTION, float_only=True)
+@register("ArgMax", "ArgMin", since=1, category=REDUCTION,
+          dtypes=("float32",) + WIDE_INTS + ("int8", "uint8"))
 def _argmax(ctx, node):
+    """The first (or with select_last_index, last) index of the best value along the axis,
+    compared in the input's own type: an int64 beyond float's 24 bits keeps its rank."""
     shape = ctx.shape(node.inputs[0])
+    T = value_ctype(ctx.value_dtype(node.inputs[0]))
     rank = len(shape)
     ax = ctx.attr("axis", 0)
     ax = ax + rank if ax < 0 else ax
@@ -205,8 +209,8 @@ def _argmax(ctx, node):
 
     def body(v):
         s = [f"const int base = ({v.i} / {inner}) * {L * inner} + ({v.i} % {inner});",
-             f"float best = {v.ld_flat(0, 'base')}; i64 bi = 0;",
-             f"for (int j = 1; j < {L}; ++j) {{ const float c = {v.ld_flat(0, f'base + j * {inner}')}; "
+             f"{T} best = {v.ld_flat(0, 'base')}; i64 bi = 0;",
+             f"for (int j = 1; j < {L}; ++j) {{ const {T} c = {v.ld_flat(0, f'base + j * {inner}')}; "
              f"if (c {cmp} best) {{ best = c; bi = j; }} }}"]
         return s, "bi"
 

@@ -214,3 +214,12 @@ def test_every_kernel_compiles_for_cuda(tmp_path, monkeypatch):
         usage = compile_cubin(source, arch)
         assert set(sources) <= set(usage)
         assert not {k: u for k, u in usage.items() if u.spills}
+
+
+def test_an_integer_power_past_2_to_the_53_is_exact(tmp_path):
+    """onnxruntime casts std::pow's double, which rounds a power past 2^53: (-7)^21 comes out
+    -558545864083284032. dlcc multiplies in the integer type, as numpy does, and gives the power."""
+    a, n = np.array([-7, 3, 13], np.int64), np.array([21, 39, 17], np.int64)
+    path = _model(tmp_path / "pow.onnx", [h.make_node("Pow", ["a", "n"], ["y"])], {"a": a, "n": n}, ["y"])
+    _check(path, {"a": a, "n": n}, {"y": a ** n})
+    assert int((a ** n)[0]) == (-7) ** 21

@@ -266,6 +266,13 @@ add(
     op("Pow-exp3-int64-const", "Pow", [N234, W(np.array(3, I64))]),
     op("Pow-exp1.7-const", "Pow", [X(R((2, 3, 4), "pos")), W(np.array(1.7, F32))]),
     op("Pow-tensor-exp", "Pow", [X(R((2, 3, 4), "pos")), X(R((3, 4), "uniform", -2, 2))]),
+    # integer bases, exact: every base in -4..4 (but 0) to powers -3..9 (negative: 0 but for 1 and -1)
+    op("Pow-int32-base-int32-powers", "Pow", [X(np.tile(np.array([-4, -3, -2, -1, 1, 2, 3, 4], np.int32)[:, None], (1, 13))),
+                                              X(np.arange(-3, 10, dtype=np.int32))]),
+    op("Pow-int64-base-int64-powers-past-2-to-the-40", "Pow",
+       [X(np.array([[-7, 3, 11, -1, 5, 2]], I64)), X(np.array([[17, 30, 15, 7, 0, 62]], I64))]),
+    op("Pow-int64-base-int32-power", "Pow", [X(R((3, 4), "int", -6, 7)), X(np.array([0, 1, 2, 3], np.int32))]),
+    op("Pow-int32-base-whole-float-power-const", "Pow", [X(R((3, 4), "int32", -9, 10)), W(np.array([0.0, 1.0, 2.0, 5.0], F32))]),
     op("Pow-negative-base-integral-exp-tensor", "Pow", [N234, X(R((3, 4), "smallf"))]),
     op("Equal-float", "Equal", [X(R((2, 3, 4), "smallf")), X(R((4,), "smallf"))]),
     op("Equal-int64", "Equal", [X(R((2, 3, 4), "int", 0, 3)), X(R((3, 1), "int", 0, 3))]),

@@ -120,20 +120,44 @@ def _integer_divisor(ctx, node) -> None:
     index_check(ctx, node, node.inputs[1], [1], kind=DIVISOR)
 
 
-@register("Pow", since=7, category=ELEMENTWISE, float_only=True, half_io=True)
+@register("Pow", since=7, category=ELEMENTWISE, half_io=True, dtypes=("float32", "int32", "int64"))
 def _pow(ctx, node):
     """x**2, x**0.5, x**1 and x**3 (common in exported LayerNorm/GELU) avoid powf."""
+    if ctx.value_dtype(node.inputs[0]) != "float32":
+        return _int_pow(ctx, node)
     e = ctx.const(node.inputs[1])
     special = {2.0: "a * a", 3.0: "a * a * a", 1.0: "a", 0.5: "F_SQRT(a)", -1.0: "1.0f / a"}
     expr = "F_POW(a, b)"
     ins = node.inputs[:2]
     if e is not None and e.size == 1 and float(e.reshape(())) in special:
         expr, ins = special[float(e.reshape(()))], [node.inputs[0], ""]
-    if ctx.value_dtype(node.inputs[0]) != "float32":
-        raise ctx.fail("Pow on integers is not supported")
     emit_map(ctx, node.outputs[0], ins,
              lambda v: ([f"const float a = {v.x(0)};"] + ([] if not ins[1] else [f"const float b = (float)({v.x(1)});"]), expr),
              "Pow", flops_per_elem=4)
+
+
+def _int_pow(ctx, node):
+    """An int32 or int64 base to a whole power, exact, as numpy's integer power (wrapping past the
+    type). onnxruntime casts std::pow's double instead: the same up to 2^53, rounded beyond it
+    ((-7)^21 comes out 32 too low), undefined past the type. A negative power is 0 but for bases
+    1 and -1. By
+    squaring, multiplying in the unsigned type of the same width (signed overflow is undefined
+    in C). The exponent is an integer tensor, or a constant of whole floats: a computed float
+    exponent would need the double std::pow truncates."""
+    dt, e_dt = ctx.value_dtype(node.inputs[0]), ctx.value_dtype(node.inputs[1])
+    e = ctx.const(node.inputs[1])
+    if e_dt not in _INTS and (e is None or not np.isfinite(e).all() or not np.array_equal(e, np.round(e))):
+        raise ctx.fail(f"an {dt} base to a {e_dt} power is supported where the power is an integer tensor or a "
+                       "constant of whole numbers (onnxruntime truncates a double std::pow)")
+    T, U = _ct(dt), _SAME_WIDTH_UNSIGNED[dt]
+
+    def body(v):
+        return [f"const {T} a = {v.x(0)};", f"i64 n = (i64)({v.x(1)});", f"{T} r = 1;",
+                f"if (n < 0) r = a == 1 ? 1 : (a == -1 ? ((n & 1) ? -1 : 1) : 0);",
+                f"else {{ {U} p = ({U})a, q = 1; while (n > 0) {{ if (n & 1) q = ({U})(q * p); "
+                f"p = ({U})(p * p); n >>= 1; }} r = ({T})q; }}"], "r"
+
+    emit_map(ctx, node.outputs[0], node.inputs[:2], body, "Pow", flops_per_elem=8, inline_scalars=False)
 
 
 #: Integer-only ops on the bits (opset 18's Bitwise*, BitShift). The operands are promoted to

@@ -95,9 +95,11 @@ class Case:
 
 
 _NP = {"float32": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_, "float64": np.float64,
-       "int8": np.int8, "uint8": np.uint8}
+       "int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16, "uint32": np.uint32,
+       "uint64": np.uint64}
 _TP = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64, "int32": TensorProto.INT32,
-       "int8": TensorProto.INT8, "uint8": TensorProto.UINT8,
+       "int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "int16": TensorProto.INT16, "uint16": TensorProto.UINT16,
+       "uint32": TensorProto.UINT32, "uint64": TensorProto.UINT64,
        "bool": TensorProto.BOOL, "float64": TensorProto.DOUBLE, "float16": TensorProto.FLOAT16,
        "bfloat16": TensorProto.BFLOAT16}
 
@@ -1239,20 +1241,26 @@ def p_mod(g: Gen) -> None:
 
 
 def p_bitwise(g: Gen) -> None:
-    """BitwiseAnd / Or / Xor / Not (opset 18) on int8, int32 or int64 made from exact values
-    (cast to int32, times 37), or BitShift of their uint8 magnitudes by 0 to 9 bits; read back as
-    float."""
+    """BitwiseAnd / Or / Xor / Not (opset 18) on the 8- to 64-bit integers made from exact values
+    (cast to int32, times 37; a negative one wraps into an unsigned type, as C and onnxruntime
+    convert), or BitShift of their magnitudes as uint8 to uint64 by 0 to the width + 1 bits;
+    read back as float."""
     x = _exact(g, lambda u: u.rank >= 1 and u.mag <= 3.0)
     xi = g.one("Cast", [x], x.shape, dtype="int32", to=TensorProto.INT32)
     xm = g.one("Mul", [xi, g.const(np.array(37, np.int32), "k")], x.shape, dtype="int32")
     if g.opset < 18 or g.ch.chance(0.15):
         u = g.one("Abs", [xm], x.shape, dtype="int32")
-        u8 = g.one("Cast", [u], x.shape, dtype="uint8", to=TensorProto.UINT8)
-        sh = g.const(g.rs.integers(0, 10, g.bshape(x.shape)).astype(np.uint8), "sh")
-        y = g.one("BitShift", [u8, sh], x.shape, dtype="uint8", direction=g.ch.pick(["LEFT", "RIGHT"]))
-        _to_float(g, y, 0.0, 255.0)
+        ut, utp = g.ch.pick([("uint8", TensorProto.UINT8), ("uint16", TensorProto.UINT16),
+                             ("uint32", TensorProto.UINT32), ("uint64", TensorProto.UINT64)])
+        bits = 8 * np.dtype(_NP[ut]).itemsize
+        un = g.one("Cast", [u], x.shape, dtype=ut, to=utp)
+        sh = g.const(g.rs.integers(0, bits + 2, g.bshape(x.shape)).astype(_NP[ut]), "sh")
+        y = g.one("BitShift", [un, sh], x.shape, dtype=ut, direction=g.ch.pick(["LEFT", "RIGHT"]))
+        _to_float(g, y, 0.0, float(2 ** bits - 1))
         return
-    dt, tp = g.ch.pick([("int8", TensorProto.INT8), ("int32", TensorProto.INT32), ("int64", TensorProto.INT64)])
+    dt, tp = g.ch.pick([("int8", TensorProto.INT8), ("int32", TensorProto.INT32), ("int64", TensorProto.INT64),
+                        ("int16", TensorProto.INT16), ("uint16", TensorProto.UINT16), ("uint32", TensorProto.UINT32),
+                        ("uint64", TensorProto.UINT64)])
     a = g.one("Cast", [xm], x.shape, dtype=dt, to=tp)
     op = g.ch.pick(["BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"])
     if op == "BitwiseNot":
@@ -1260,7 +1268,8 @@ def p_bitwise(g: Gen) -> None:
     else:
         b = g.const(g.rs.integers(-128, 128, g.bshape(x.shape)).astype(_NP[dt]), "m")
         y = g.one(op, [a, b] if g.ch.chance(0.5) else [b, a], x.shape, dtype=dt)
-    _to_float(g, y, -128.0, 127.0)
+    info = np.iinfo(_NP[dt])
+    _to_float(g, y, -128.0, 127.0) if dt.startswith("int") else _to_float(g, y, 0.0, float(info.max))
 
 
 def p_col2im(g: Gen) -> None:

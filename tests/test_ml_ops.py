@@ -69,6 +69,19 @@ def test_scaler_normalizer_binarizer(tmp_path):
 
 
 @needs_opencl
+def test_a_float64_input_is_read_as_float_as_onnxruntime_reads_it(tmp_path):
+    """skl2onnx's double pipelines: Scaler, Normalizer and LinearRegressor on a float64 X, which
+    onnxruntime's ML kernels read as float; dlcc's float64 buffer feeds a Cast (tests/test_float64.py)."""
+    x = np.random.default_rng(3).standard_normal((5, 3)) * 1e3
+    nodes = [h.make_node("Scaler", ["x"], ["s"], domain=ML, offset=[1.0, 2.0, 3.0], scale=[0.5, 2.0, -1.0]),
+             h.make_node("Normalizer", ["x"], ["n"], domain=ML, norm="L2"),
+             h.make_node("LinearRegressor", ["s"], ["y"], domain=ML, coefficients=[1.0, 2.0, 3.0], intercepts=[0.5])]
+    path = _model(tmp_path, nodes, {"x": (onnx.TensorProto.DOUBLE, [5, 3])},
+                  {"s": (F, [5, 3]), "n": (F, [5, 3]), "y": (F, [5, 1])})
+    _check(path, {"x": x}, rtol=1e-6, atol=1e-5)
+
+
+@needs_opencl
 def test_array_feature_extractor_and_linear_regressor(tmp_path):
     """skl2onnx's classifier tail: the class label is ArrayFeatureExtractor(classes, argmax), with
     indices computed at run time; constant columns of a 2-D and a 1-D X; LinearRegressor with

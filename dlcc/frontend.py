@@ -1241,6 +1241,11 @@ def _check_shapes_fit(graph: Graph, node: Node, path) -> None:
                          f"{first_line(e, 300)}") from None
 
 
+#: The ops that may read or write a float64 tensor: Cast converts it exactly, and the others only
+#: view or copy its bytes.
+FLOAT64_OPS = ("Cast", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
+
+
 def dtype_problems(graph: Graph) -> list[str]:
     """Tensors with dtypes the backends cannot hold (float16, double, strings, ...)."""
     bad: dict[str, str] = {}
@@ -1249,7 +1254,7 @@ def dtype_problems(graph: Graph) -> list[str]:
             t = graph.tensors.get(name) if name else None
             if t is not None and t.dtype not in SUPPORTED_DTYPES and t.dtype not in bad:
                 bad[t.dtype] = f"  dtype {t.dtype}: first seen on {name!r} at node {node.name!r}"
-            elif t is not None and t.dtype == "float64" and node.op_type != "Cast" and "float64" not in bad:
+            elif t is not None and t.dtype == "float64" and node.op_type not in FLOAT64_OPS and "float64" not in bad:
                 bad["float64"] = (f"  dtype float64: first seen on {name!r} at node {node.name!r} (dlcc's kernels compute "
                                   f"float64 only in Casts; --precision fp32 computes this model in float32, its "
                                   "float64 inputs and outputs kept)")

@@ -41,12 +41,16 @@ def _ort(path, feeds) -> dict:
 @pytest.mark.parametrize("pipeline", ["baseline", "astitch"])
 def test_float64_inputs_and_outputs_through_casts_are_exact_without_an_option(tmp_path, pipeline):
     """Cast double -> float (rounded to nearest; 1e300 is inf), double -> int64 (truncated, exact
-    past float's 24 bits), int64 -> double and float -> double, each bit for bit onnxruntime's."""
+    past float's 24 bits), int64 -> double and float -> double, and views of float64 tensors
+    (Identity, Flatten, Unsqueeze), each bit for bit onnxruntime's."""
     nodes = [h.make_node("Cast", ["x"], ["f"], to=TP.FLOAT), h.make_node("Relu", ["f"], ["r"]),
              h.make_node("Cast", ["r"], ["y"], to=D), h.make_node("Cast", ["x"], ["i"], to=TP.INT64),
-             h.make_node("Cast", ["n"], ["nd"], to=D), h.make_node("Cast", ["x"], ["f32"], to=TP.FLOAT)]
+             h.make_node("Cast", ["n"], ["nd"], to=D), h.make_node("Cast", ["x"], ["f32"], to=TP.FLOAT),
+             h.make_node("Identity", ["x"], ["same"]), h.make_node("Flatten", ["x"], ["flat"], axis=0),
+             h.make_node("Unsqueeze", ["nd", "ax"], ["nd2"])]
     path = _save(tmp_path / "casts.onnx", nodes, {"x": (D, [2, 4]), "n": (TP.INT64, [3])},
-                 {"y": (D, [2, 4]), "i": (TP.INT64, [2, 4]), "nd": (D, [3]), "f32": (TP.FLOAT, [2, 4])})
+                 {"y": (D, [2, 4]), "i": (TP.INT64, [2, 4]), "nd": (D, [3]), "f32": (TP.FLOAT, [2, 4]),
+                  "same": (D, [2, 4]), "flat": (D, [1, 8]), "nd2": (D, [1, 3])}, {"ax": np.array([0], np.int64)})
     x = np.array([[1e300, -2.5, 3.3, 0.1], [2.0 ** 40 + 0.5, -(2.0 ** 52) - 1.0, 7.9, 1 + 2.0 ** -30]])
     feeds = {"x": x, "n": np.array([2 ** 53 + 1, -(2 ** 40) - 3, 7], np.int64)}
     got = dlcc.compile(path, target="opencl", pipeline=pipeline)(feeds)

@@ -209,6 +209,8 @@ def test_every_kernel_compiles_for_cuda(tmp_path, monkeypatch):
             run(test_unsigned_shifts_by_up_to_past_the_width_match_onnxruntime, t)
     for t in (np.int8, np.int16, np.int32, np.int64):
         run(test_signed_shifts_of_opset_28_follow_the_spec, t)
+    for t in (np.int32, np.uint64):
+        run(test_col2im_sums_integers_exactly, t)
     source = render(list(sources.values()), "cuda")
     for arch in ("sm_80", "sm_90"):
         usage = compile_cubin(source, arch)
@@ -223,3 +225,21 @@ def test_an_integer_power_past_2_to_the_53_is_exact(tmp_path):
     path = _model(tmp_path / "pow.onnx", [h.make_node("Pow", ["a", "n"], ["y"])], {"a": a, "n": n}, ["y"])
     _check(path, {"a": a, "n": n}, {"y": a ** n})
     assert int((a ** n)[0]) == (-7) ** 21
+
+
+@pytest.mark.parametrize("t", [np.int32, np.uint32, np.int64, np.uint64, np.int16], ids=lambda t: np.dtype(t).name)
+def test_col2im_sums_integers_exactly(tmp_path, t):
+    """Col2Im's overlapping blocks summed in the integer type, wrapping as numpy does (once summed
+    through a float: 2^24 + 1 rounded, and an overflow saturated), against numpy's np.add.at."""
+    bh, bw, H, W = 2, 2, 3, 4
+    gh, gw = H - bh + 1, W - bw + 1
+    x = _edges(t, (1, bh * bw, gh * gw))
+    x[0, 0, 1] = t(2 ** 24 + 1) if np.iinfo(t).max > 2 ** 24 else x[0, 0, 1]
+    want = np.zeros((1, 1, H, W), t)
+    with np.errstate(over="ignore"):
+        for k in range(bh * bw):
+            for li in range(gh * gw):
+                np.add.at(want, (0, 0, li // gw + k // bw, li % gw + k % bw), x[0, k, li])
+    inits = {"img": np.array([H, W], np.int64), "blk": np.array([bh, bw], np.int64)}
+    path = _model(tmp_path / "col2im.onnx", [h.make_node("Col2Im", ["x", "img", "blk"], ["y"])], {"x": x}, ["y"], inits)
+    _check(path, {"x": x}, {"y": want})

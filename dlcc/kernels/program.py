@@ -30,6 +30,11 @@ _CTYPE = {
     "bfloat16": "bf16",  # storage only: the upper 16 bits of a float (LOAD_BF16)
 }
 
+#: The unsigned C type of each integer's width: where a signed result must wrap (a left shift, a
+#: product, a sum), C leaves signed overflow undefined, so it is computed there and converted back.
+SAME_WIDTH_UNSIGNED = {"int64": "u64", "int32": "u32", "int16": "u16", "int8": "u8",
+                       "uint64": "u64", "uint32": "u32", "uint16": "u16", "uint8": "u8"}
+
 #: 16-bit float storage: loads convert to float, and stores round from float (to nearest, ties to
 #: even), through these macros (backends/prelude_*.h).
 _FLOAT_LOADS = {"float16": "LOAD_F16", "bfloat16": "LOAD_BF16"}

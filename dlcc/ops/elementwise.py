@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.map import emit_map
-from ..kernels.program import literal
+from ..kernels.program import SAME_WIDTH_UNSIGNED, literal
 from .registry import ELEMENTWISE, register
 
 # op -> (expression over `a`, flops per element). Float math goes through prelude macros.
@@ -149,7 +149,7 @@ def _int_pow(ctx, node):
     if e_dt not in _INTS and (e is None or not np.isfinite(e).all() or not np.array_equal(e, np.round(e))):
         raise ctx.fail(f"an {dt} base to a {e_dt} power is supported where the power is an integer tensor or a "
                        "constant of whole numbers (onnxruntime truncates a double std::pow)")
-    T, U = _ct(dt), _SAME_WIDTH_UNSIGNED[dt]
+    T, U = _ct(dt), SAME_WIDTH_UNSIGNED[dt]
 
     def body(v):
         return [f"const {T} a = {v.x(0)};", f"i64 n = (i64)({v.x(1)});", f"{T} r = 1;",
@@ -165,10 +165,6 @@ def _int_pow(ctx, node):
 BITWISE = {"BitwiseAnd": "a & b", "BitwiseOr": "a | b", "BitwiseXor": "a ^ b"}
 UNSIGNED = ("uint64", "uint32", "uint16", "uint8")
 _INTS = ("int64", "int32", "int16", "int8") + UNSIGNED
-#: The unsigned type of each integer's width: a left shift is made on it (shifting a negative
-#: value left is undefined in C), and the result converted back.
-_SAME_WIDTH_UNSIGNED = {"int64": "u64", "int32": "u32", "int16": "u16", "int8": "u8",
-                        "uint64": "u64", "uint32": "u32", "uint16": "u16", "uint8": "u8"}
 
 
 @register("BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", since=18, category=ELEMENTWISE, dtypes=_INTS)
@@ -202,7 +198,7 @@ def _shift(ctx, dt: str) -> str:
     bits = 8 * np.dtype(dt).itemsize
     past = f"b >= {bits}" if dt in UNSIGNED else f"b < 0 || b >= {bits}"
     if direction == "LEFT":
-        return f"({past}) ? 0 : ({_SAME_WIDTH_UNSIGNED[dt]})(({_SAME_WIDTH_UNSIGNED[dt]})a << b)"
+        return f"({past}) ? 0 : ({SAME_WIDTH_UNSIGNED[dt]})(({SAME_WIDTH_UNSIGNED[dt]})a << b)"
     return f"({past}) ? 0 : a >> b" if dt in UNSIGNED else f"({past}) ? (a < 0 ? -1 : 0) : a >> b"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.map import MapExpr, emit_map, linear_index, unravel
-from ..kernels.program import value_ctype
+from ..kernels.program import SAME_WIDTH_UNSIGNED, ctype, value_ctype
 from ..kernels.transpose import emit_tiled_transpose, wants_tiled
 from ..kernels.index_check import DIVISOR, FINITE, INDEX, emit_index_check, input_check_kernel, kind_meta, range_text
 from ..kernels.scatter import emit_last_write_scatter
@@ -529,8 +529,16 @@ def _col2im(ctx, node):
         raise ctx.fail(f"an input of shape {[n, ckk, L]} does not hold {K}-element columns of a "
                        f"{'x'.join(map(str, grid))} grid of blocks")
 
+    dt = ctx.value_dtype(x)
+    if dt != "float32" and dt not in SAME_WIDTH_UNSIGNED:
+        raise ctx.fail(f"Col2Im of {dt} values is not supported (floats and integers are: it sums them)")
+    # integers sum exactly, wrapping as numpy does: in the unsigned type of their width (a float
+    # rounds past 2^24, and signed overflow is undefined in C)
+    acc_t, add, result = ("float", "", "acc") if dt == "float32" else (
+        SAME_WIDTH_UNSIGNED[dt], f"({SAME_WIDTH_UNSIGNED[dt]})", f"({ctype(dt)})acc")
+
     def body(v):
-        s = ["float acc = 0.0f;", f"for (int kk = 0; kk < {K}; ++kk) {{", "    int ok = 1, l = 0, r = kk;"]
+        s = [f"{acc_t} acc = 0;", f"for (int kk = 0; kk < {K}; ++kk) {{", "    int ok = 1, l = 0, r = kk;"]
         for j in reversed(range(nd)):  # kernel offset k_j, then the block whose offset k_j covers y_j
             s += [f"    const int k{j} = r % {block[j]}; r /= {block[j]};",
                   f"    const int q{j} = {v.o[2 + j]} + {pads[j]} - k{j} * {dil[j]};",
@@ -540,8 +548,8 @@ def _col2im(ctx, node):
         for j in reversed(range(nd)):
             s.append(f"        l += (q{j} / {strides[j]}) * {stride};")
             stride *= grid[j]
-        s += [f"        acc += {v.ld(0, [v.o[0], f'{v.o[1]} * {K} + kk', 'l'])};", "    }", "}"]
-        return s, "acc"
+        s += [f"        acc += {add}{v.ld(0, [v.o[0], f'{v.o[1]} * {K} + kk', 'l'])};", "    }", "}"]
+        return s, result
 
     emit_map(ctx, node.outputs[0], [x], body, "Col2Im", flops_per_elem=K)
 

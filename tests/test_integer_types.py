@@ -211,6 +211,7 @@ def test_every_kernel_compiles_for_cuda(tmp_path, monkeypatch):
         run(test_signed_shifts_of_opset_28_follow_the_spec, t)
     for t in (np.int32, np.uint64):
         run(test_col2im_sums_integers_exactly, t)
+        run(test_integer_matmul_is_exact_and_wraps, t)
     source = render(list(sources.values()), "cuda")
     for arch in ("sm_80", "sm_90"):
         usage = compile_cubin(source, arch)
@@ -243,3 +244,20 @@ def test_col2im_sums_integers_exactly(tmp_path, t):
     inits = {"img": np.array([H, W], np.int64), "blk": np.array([bh, bw], np.int64)}
     path = _model(tmp_path / "col2im.onnx", [h.make_node("Col2Im", ["x", "img", "blk"], ["y"])], {"x": x}, ["y"], inits)
     _check(path, {"x": x}, {"y": want})
+
+
+@pytest.mark.parametrize("t", [np.int32, np.int64, np.uint32, np.uint64], ids=lambda t: np.dtype(t).name)
+def test_integer_matmul_is_exact_and_wraps(tmp_path, t):
+    """Integer MatMul, batched with broadcasting and with 1-D operands, against numpy's integer
+    products (wrapping past the type: onnxruntime saturates or rounds there instead)."""
+    info = np.iinfo(t)
+    a = rng.integers(max(info.min, -2 ** 20), 2 ** 20, (2, 1, 3, 5), dtype=t)
+    b = rng.integers(max(info.min, -2 ** 20), 2 ** 20, (4, 5, 6), dtype=t)
+    v = rng.integers(0, 9, (5,), dtype=t)
+    nodes = [h.make_node("MatMul", ["a", "b"], ["ab"]), h.make_node("MatMul", ["a", "v"], ["av"]),
+             h.make_node("MatMul", ["v", "b"], ["vb"])]
+    with np.errstate(over="ignore"):
+        want = {"ab": np.matmul(a, b), "av": np.matmul(a, v), "vb": np.matmul(v, b)}
+    assert want["ab"].shape == (2, 4, 3, 6)
+    feeds = {"a": a, "b": b, "v": v}
+    _check(_model(tmp_path / "mm.onnx", nodes, feeds, list(want)), feeds, want)

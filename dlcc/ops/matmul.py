@@ -102,11 +102,17 @@ def row_norm(ctx, node) -> tuple[RowNorm | None, list[str], list[str]]:
     return RowNorm("RNC" if rn["c"] else "", "RNB" if rn["b"] else "", float(rn["eps"])), params, tensors
 
 
-@register("MatMul", since=1, category=COMPUTE, float_only=True, half_io=True)
+#: The integer types ONNX's MatMul takes (computed by _int_matmul).
+INT_MATMUL = ("int32", "int64", "uint32", "uint64")
+
+
+@register("MatMul", since=1, category=COMPUTE, half_io=True, dtypes=("float32",) + INT_MATMUL)
 def _matmul(ctx, node):
     a, b = node.inputs[:2]
     out = node.outputs[0]
     sa, sb = list(ctx.shape(a)), list(ctx.shape(b))
+    if ctx.dtype(a) in INT_MATMUL and ctx.dtype(b) == ctx.dtype(a):
+        return _int_matmul(ctx, node, sa, sb)
     if not {ctx.dtype(a), ctx.dtype(b)} <= FLOAT_OPERANDS:
         raise ctx.fail("only float32 MatMul is supported")
     if len(sa) == 1:
@@ -141,6 +147,42 @@ def _matmul(ctx, node):
         row_norm=rn,
     )
     emit_gemm(ctx, "MatMul", spec, [a, b, *rn_tensors, out], reads=[a, b, *rn_tensors], writes=[out])
+
+
+def _int_matmul(ctx, node, sa: list, sb: list) -> None:
+    """An integer MatMul, exact and wrapping as numpy's (and onnxruntime's) integer products: one
+    thread per output element walks K, summing in the unsigned type of the width (signed overflow
+    is undefined in C). Integer MatMuls are small (index arithmetic, counts), so the float GEMM
+    templates and their tilings never see one."""
+    from ..kernels.map import emit_map
+    from ..kernels.program import SAME_WIDTH_UNSIGNED
+
+    a, b = node.inputs[:2]
+    sa, sb = ([1] + sa if len(sa) == 1 else sa), (sb + [1] if len(sb) == 1 else sb)
+    M, K, N = sa[-2], sa[-1], sb[-1]
+    bshape = list(np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2])))
+    T, U = ctype(ctx.dtype(a)), SAME_WIDTH_UNSIGNED[ctx.dtype(a)]
+
+    def batch_offset(shape: list, matrix: int) -> str:
+        """The element offset of operand `shape`'s matrix for batch index `bt` (numpy's batch
+        broadcasting: the operand's batch dims align right, and a dim of 1 repeats)."""
+        own = shape[:-2]
+        lead = len(bshape) - len(own)
+        terms = []
+        for i, d in enumerate(own):
+            if d != 1:
+                j = i + lead
+                terms.append(f"((bt / {int(np.prod(bshape[j + 1:]))}) % {d}) * {int(np.prod(own[i + 1:])) * matrix}")
+        return " + ".join(terms) or "0"
+
+    def body(v):
+        return [f"const int bt = {v.i} / {M * N}, m = ({v.i} / {N}) % {M}, n = {v.i} % {N};",
+                f"const int ao = {batch_offset(sa, M * K)} + m * {K}, bo = {batch_offset(sb, K * N)} + n;",
+                f"{U} acc = 0;",
+                f"for (int k = 0; k < {K}; ++k) acc += ({U}){v.ld_flat(0, 'ao + k')} * ({U}){v.ld_flat(1, f'bo + k * {N}')};"], \
+            f"({T})acc"
+
+    emit_map(ctx, node.outputs[0], [a, b], body, "MatMul", flops_per_elem=2 * K, inline_scalars=False)
 
 
 @register("Gemm", since=7, category=COMPUTE, float_only=True, half_io=True)

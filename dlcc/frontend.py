@@ -893,7 +893,7 @@ def promote_half(graph: Graph, float64: bool = False) -> None:
     """float16 and bfloat16 models compute in float32: 16-bit tensors stay so only at the model's
     boundary. With `float64` (a precision asked for: compiler.import_checked), float64 tensors are
     narrowed the same way, as OpenVINO runs float64 models in float32; without it a float64 tensor
-    is refused wherever a node other than a Cast reads or writes it (dtype_problems).
+    is refused wherever a node other than a Cast or a view reads or writes it (dtype_problems).
 
     Constants are widened once at compile time (exactly: every 16-bit float is a float32), graph
     inputs get a Cast to float32 and graph outputs a Cast back to their own 16-bit type, and Casts

@@ -199,9 +199,11 @@ def test_listed():
     assert rows["OneHot"]["since opsets"].startswith("9, 11")
 
 
+@needs_opencl
 def test_a_graph_output_folded_to_a_dtype_dlcc_lacks_is_named(tmp_path):
-    """EyeLike of dtype double folds to a float64 constant that is a graph output, with no node
-    left to carry it: the dtype check names the output (it once reached the emitter, a KeyError)."""
+    """A Cast of a constant to float8 folds to a constant that is a graph output, with no node
+    left to carry it: the dtype check names the output (an EyeLike of dtype double once reached
+    the emitter, a KeyError; float64 constants are held now, and it returns the matrix)."""
     from dlcc.errors import UnsupportedDtypesError
 
     g = h.make_graph([h.make_node("EyeLike", ["x"], ["y"], dtype=onnx.TensorProto.DOUBLE, k=1)], "g",
@@ -209,7 +211,14 @@ def test_a_graph_output_folded_to_a_dtype_dlcc_lacks_is_named(tmp_path):
                      [h.make_tensor_value_info("y", onnx.TensorProto.DOUBLE, [4, 5])])
     path = tmp_path / "eye.onnx"
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
-    with pytest.raises(UnsupportedDtypesError, match="dtype float64: graph output 'y'"):
+    y = dlcc.compile(path, target="opencl")({"x": np.zeros((4, 5), np.int32)})["y"]
+    assert y.dtype == np.float64 and np.array_equal(y, np.eye(4, 5, k=1))
+    g = h.make_graph([h.make_node("Cast", ["c"], ["y"], to=onnx.TensorProto.FLOAT8E4M3FN)], "g", [],
+                     [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT8E4M3FN, [3])],
+                     [nh.from_array(np.float32([1, 2, 3]), "c")])
+    path = tmp_path / "f8.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 19)], ir_version=9), path)
+    with pytest.raises(UnsupportedDtypesError, match="dtype float8_e4m3fn: graph output 'y'"):
         dlcc.compile(path, target="opencl")
 
 

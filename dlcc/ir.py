@@ -32,6 +32,10 @@ SUPPORTED_DTYPES = {
     # (frontend.promote_half).
     "float64": np.float64,
 }
+#: The integer dtypes, and the unsigned ones among them: kernels compute them in their own C
+#: type, wrapping as numpy does (kernels/program.py SAME_WIDTH_UNSIGNED).
+UNSIGNED_DTYPES = ("uint64", "uint32", "uint16", "uint8")
+INTEGER_DTYPES = ("int64", "int32", "int16", "int8") + UNSIGNED_DTYPES
 #: The 16-bit float dtypes: storage only. Kernels load them into float and store from float.
 HALF_FLOATS = ("float16", "bfloat16")
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir import INTEGER_DTYPES as _INTS
+from ..ir import UNSIGNED_DTYPES as UNSIGNED
 from ..kernels.map import emit_map
 from ..kernels.program import SAME_WIDTH_UNSIGNED, literal
 from .registry import ELEMENTWISE, register
@@ -140,9 +142,8 @@ def _int_pow(ctx, node):
     """An int32 or int64 base to a whole power, exact, as numpy's integer power (wrapping past the
     type). onnxruntime casts std::pow's double instead: the same up to 2^53, rounded beyond it
     ((-7)^21 comes out 32 too low), undefined past the type. A negative power is 0 but for bases
-    1 and -1. By
-    squaring, multiplying in the unsigned type of the same width (signed overflow is undefined
-    in C). The exponent is an integer tensor, or a constant of whole floats: a computed float
+    1 and -1. By squaring, multiplying in the unsigned type of the same width (signed overflow is
+    undefined in C). The exponent is an integer tensor, or a constant of whole floats: a computed float
     exponent would need the double std::pow truncates."""
     dt, e_dt = ctx.value_dtype(node.inputs[0]), ctx.value_dtype(node.inputs[1])
     e = ctx.const(node.inputs[1])
@@ -163,8 +164,6 @@ def _int_pow(ctx, node):
 #: Integer-only ops on the bits (opset 18's Bitwise*, BitShift). The operands are promoted to
 #: int in C and the store casts back.
 BITWISE = {"BitwiseAnd": "a & b", "BitwiseOr": "a | b", "BitwiseXor": "a ^ b"}
-UNSIGNED = ("uint64", "uint32", "uint16", "uint8")
-_INTS = ("int64", "int32", "int16", "int8") + UNSIGNED
 
 
 @register("BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", since=18, category=ELEMENTWISE, dtypes=_INTS)

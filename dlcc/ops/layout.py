@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir import INTEGER_DTYPES
 from ..kernels.map import MapExpr, emit_map, linear_index, unravel
 from ..kernels.program import SAME_WIDTH_UNSIGNED, ctype, value_ctype
 from ..kernels.transpose import emit_tiled_transpose, wants_tiled
@@ -530,7 +531,7 @@ def _col2im(ctx, node):
                        f"{'x'.join(map(str, grid))} grid of blocks")
 
     dt = ctx.value_dtype(x)
-    if dt != "float32" and dt not in SAME_WIDTH_UNSIGNED:
+    if dt != "float32" and dt not in INTEGER_DTYPES:
         raise ctx.fail(f"Col2Im of {dt} values is not supported (floats and integers are: it sums them)")
     # integers sum exactly, wrapping as numpy does: in the unsigned type of their width (a float
     # rounds past 2^24, and signed overflow is undefined in C)

@@ -7,8 +7,8 @@ from ..ir import Tensor
 from ..kernels.gemm import GemmSpec, RawOperand, emit_gemm, gemm_precision
 from ..kernels.row_norm import RowNorm
 from ..kernels.gemm_mma_async import async_ok
-from ..kernels.map import strides_of
-from ..kernels.program import ctype, literal, load_float, store_float
+from ..kernels.map import emit_map, strides_of
+from ..kernels.program import SAME_WIDTH_UNSIGNED, ctype, literal, load_float, store_float
 from .fold_norm import ATTR as FOLD_ATTR
 from .registry import COMPUTE, register
 
@@ -154,9 +154,6 @@ def _int_matmul(ctx, node, sa: list, sb: list) -> None:
     thread per output element walks K, summing in the unsigned type of the width (signed overflow
     is undefined in C). Integer MatMuls are small (index arithmetic, counts), so the float GEMM
     templates and their tilings never see one."""
-    from ..kernels.map import emit_map
-    from ..kernels.program import SAME_WIDTH_UNSIGNED
-
     a, b = node.inputs[:2]
     sa, sb = ([1] + sa if len(sa) == 1 else sa), (sb + [1] if len(sb) == 1 else sb)
     M, K, N = sa[-2], sa[-1], sb[-1]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir import INTEGER_DTYPES
 from ..kernels.map import emit_map, unravel
 from ..kernels.program import ctype, literal, value_ctype
 from ..kernels.reduce import ReduceLayout, emit_layernorm, emit_reduce, emit_softmax
@@ -194,7 +195,7 @@ def _instancenorm(ctx, node):
 
 
 @register("ArgMax", "ArgMin", since=1, category=REDUCTION,
-          dtypes=("float32",) + WIDE_INTS + ("int8", "uint8"))
+          dtypes=("float32",) + INTEGER_DTYPES)
 def _argmax(ctx, node):
     """The first (or with select_last_index, last) index of the best value along the axis,
     compared in the input's own type: an int64 beyond float's 24 bits keeps its rank."""
@@ -259,9 +260,9 @@ def _cumsum(ctx, node):
     L, inner = shape[ax], int(np.prod(shape[ax + 1:]))
     excl, rev = ctx.attr("exclusive", 0), ctx.attr("reverse", 0)
     prod = node.op_type == "CumProd"
-    T = ctype(ctx.dtype(x)) if ctx.dtype(x) in ("float32",) + WIDE_INTS else None
-    if T is None:
+    if ctx.dtype(x) not in ("float32",) + WIDE_INTS:
         raise ctx.fail(f"{node.op_type} on {ctx.dtype(x)} is not supported")
+    T = ctype(ctx.dtype(x))
     lo, hi = ("p + 1" if excl else "p", L) if rev else (0, "p" if excl else "p + 1")
 
     def body(v):
@@ -274,7 +275,7 @@ def _cumsum(ctx, node):
     emit_map(ctx, node.outputs[0], [x], body, node.op_type, flops_per_elem=L, inline_scalars=False)
 
 
-@register("TopK", since=10, category=REDUCTION, dtypes=("float32",) + WIDE_INTS + ("int8", "uint8"))
+@register("TopK", since=10, category=REDUCTION, dtypes=("float32",) + INTEGER_DTYPES)
 def _topk(ctx, node):
     """A thread per row picks the k best by repeated selection: the j-th result is the best element
     ranked after the (j-1)-th under (value, then lower index first) — O(k·L), no scratch memory.

@@ -20,6 +20,7 @@ from .ops.registry import lookup
 from .passes import PASSES, CompileState, check_order
 from .plan import build_plan, kernel_sources
 from .progress import Steps
+from .random_draws import STATE
 
 
 def check_supported(graph: Graph) -> None:
@@ -190,6 +191,7 @@ def _check_reads(state, after: str) -> None:
     g = state.graph
     ready = set(g.inputs) | {name for name, t in g.tensors.items()
                              if t.value is not None or (t.shape is not None and t.size == 0)}  # empty: nothing to read
+    ready.add(STATE)  # (the random state: set when the plan is loaded, random_draws.py)
     bad = state.ctx.program.unwritten_read(ready, state.ctx.resolve)
     if bad is not None:
         L, t = bad
@@ -311,6 +313,7 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
            if state.ctx is not None and state.ctx.float32_activation_ops else {}),
         **({"index_checks": _input_index_checks(state.ctx.index_checks, graph)} if state.ctx.index_checks else {}),
         **({"device_index_checks": state.ctx.device_index_checks} if state.ctx.device_index_checks else {}),
+        **({"random_draws": state.ctx.draws} if state.ctx.draws else {}),
         **({"profile_db": profile_db.name} if profile_db is not None else {}),
         "compile_s": {k: round(v, 4) for k, v in steps.times.items()},
     }

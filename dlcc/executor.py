@@ -6,6 +6,7 @@ all of the plan interpretation lives here, so it is exercised by every OpenCL te
 from __future__ import annotations
 
 import math
+import secrets
 import sys
 import threading
 import time
@@ -156,6 +157,9 @@ class Executor:
             if st.get(own):
                 self.storages[own] = rt.alloc(st[own])
                 rt.write(self.storages[own], 0, bytes(st[own]))
+        if st.get("rng"):  # the random draws' state: a fresh key, inference 0 (random_draws.py)
+            self.storages["rng"] = rt.alloc(st["rng"])
+            rt.write(self.storages["rng"], 0, np.array([secrets.randbits(32) << 32], np.uint64))
         self._report = None  # the index checks' report, as host memory where the runtime maps it
         if st.get("report"):
             mapped = getattr(rt, "alloc_mapped", None)
@@ -197,6 +201,18 @@ class Executor:
         # device finished them (the finalizer holds the list and the runtime, never the executor).
         weakref.finalize(self, _release_when_finished, rt, self._to_release)
         rt.finish()
+
+    def random_state(self) -> tuple[int, int] | None:
+        """(key, inference number) of the random draws' state, which the next inference draws with
+        (random_draws.py); None for a plan with no draw. Waits for the inferences queued so far."""
+        if "rng" not in self.storages:
+            return None
+        with self.rt.active(), self._lock:
+            self.rt.finish()
+            word = np.zeros(1, np.uint64)
+            self.rt.read(self.storages["rng"], 0, word)
+        v = int(word[0])
+        return v >> 32, v & 0xFFFFFFFF
 
     def resident_grid(self, L: dict, grid: int) -> int:
         """The grid of a spin-waiting kernel on this device: at most the blocks the runtime can

@@ -983,6 +983,12 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
 
     full_masks = any(n.domain == "com.microsoft" and n.op_type in PADDED_QUERIES_UNSPECIFIED for n in model.graph.node)
     model, fused_notes = lower_fused(model, lenient, weights, path)
+    # Bernoulli as a draw and plain ops, before onnxruntime's folding inlines onnx's body for it
+    # (which inverts its probability: random_draws.py).
+    from .random_draws import rewrite_compound
+
+    model, more = rewrite_compound(model)
+    fused_notes += more
     check_model(model, path)
     model, more = upgrade_legacy_opset(model, path)
     fused_notes += more

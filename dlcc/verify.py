@@ -201,7 +201,7 @@ def has_tree_ensembles(model_path) -> bool:
     return any(n.domain == "ai.onnx.ml" and n.op_type.startswith("TreeEnsemble") for n in _graph(model_path).node)
 
 
-def _session(model_path, widen: bool, feeds: dict | None = None):
+def _session(model_path, widen: bool, feeds: dict | None = None, draws: dict | None = None):
     """onnxruntime on the model; with `widen` (a float16 or bfloat16 model), on the model widened
     to float32 (the reference is the float32 model: onnxruntime's CPU kernels would round every
     intermediate to the 16-bit type, or have none at all for bfloat16).
@@ -212,9 +212,12 @@ def _session(model_path, widen: bool, feeds: dict | None = None):
     quantized by onnxruntime.quantization, its outputs are then 3e-3 to 3e-2 away from the
     unoptimized ones. And its uint8 x int8 product kernels saturate on x86 CPUs without VNNI
     (quantized.PRODUCTS), so their own answer is not the model's there. The rewrite is made for
-    the shapes of `feeds` (an LSTM is unrolled over its steps)."""
+    the shapes of `feeds` (an LSTM is unrolled over its steps).
+
+    `draws` (with_draws): dlcc's random draws, which replace the model's random nodes."""
     import onnxruntime as ort
 
+    source = with_draws(onnx.load(str(model_path)), draws) if draws else None
     so = ort.SessionOptions()
     so.log_severity_level = 3
     if has_tree_ensembles(model_path):
@@ -223,13 +226,14 @@ def _session(model_path, widen: bool, feeds: dict | None = None):
         from .quantized import exact_products
 
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        m = exact_products(onnx.load(str(model_path)), model_path, feeds)
+        m = exact_products(source or onnx.load(str(model_path)), model_path, feeds)
         if widen:
             _widen_graph(m.graph)
         return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     if not widen:
-        return ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
-    m = onnx.load(str(model_path))
+        model = str(model_path) if source is None else source.SerializeToString()
+        return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    m = source or onnx.load(str(model_path))
     _widen_graph(m.graph)
     if m.ByteSize() < 2**31 - 2**20:
         return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
@@ -261,7 +265,47 @@ def _legacy_session(model_path, error: Exception):
     return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def _reference(model_path, feeds: dict, names: list[str] | None = None) -> tuple[list[str], list[np.ndarray], str | None]:
+def drawn(compiled) -> dict | None:
+    """dlcc's random draws in the inference `compiled` has just run, by output name (random_draws.py:
+    recomputed on the host from the state its executor holds now, one inference later); None for a
+    plan with no draw."""
+    from .random_draws import host_draw
+
+    meta = (compiled.plan.get("meta") or {}).get("random_draws") if compiled is not None else None
+    state = compiled.executor().random_state() if meta else None
+    if state is None:
+        return None
+    key, calls = state
+    return {d["output"]: host_draw(d, d["stream"], d["shape"], key, calls - 1).astype(SUPPORTED_DTYPES[d["dtype"]])
+            for d in meta}
+
+
+def with_draws(model: onnx.ModelProto, draws: dict) -> onnx.ModelProto:
+    """`model` with Bernoulli written as dlcc writes it (random_draws.rewrite_compound), then every
+    main-graph node that makes one of `draws` replaced by that constant, in the node's own output
+    type. A draw the model has no node for (one inside a loop body dlcc unrolled) stays random,
+    and the outputs it reaches will not match."""
+    from .random_draws import DRAW_OPS, rewrite_compound
+
+    model, _ = rewrite_compound(model)
+    g = model.graph
+    types = {vi.name: vi.type.tensor_type.elem_type
+             for vi in onnx.shape_inference.infer_shapes(model, strict_mode=False).graph.value_info}
+    keep = []
+    for n in g.node:
+        if n.op_type in DRAW_OPS and n.domain in ("", "ai.onnx") and n.output[0] in draws:
+            v = draws[n.output[0]]
+            to = types.get(n.output[0]) or onnx.helper.np_dtype_to_tensor_dtype(v.dtype)
+            g.initializer.append(numpy_helper.from_array(v.astype(onnx.helper.tensor_dtype_to_np_dtype(to)), n.output[0]))
+        else:
+            keep.append(n)
+    del g.node[:]
+    g.node.extend(keep)
+    return model
+
+
+def _reference(model_path, feeds: dict, names: list[str] | None = None,
+               draws: dict | None = None) -> tuple[list[str], list[np.ndarray], str | None]:
     """(output names, onnxruntime's outputs, a note on how the reference ran or None), each output
     in the model's declared output dtype: a widened model's outputs are rounded back to their
     16-bit type, as an exact 16-bit result would be."""
@@ -269,7 +313,7 @@ def _reference(model_path, feeds: dict, names: list[str] | None = None) -> tuple
     try:
         note = None
         try:
-            sess = _session(model_path, widen, feeds)
+            sess = _session(model_path, widen, feeds, draws)
         except Exception as e:
             sess = _legacy_session(model_path, e)
             note = f"the reference ran on the model converted to opset {ORT_MIN_OPSET}, the oldest onnxruntime runs"
@@ -301,7 +345,11 @@ def verify_outputs(model_path, got: dict[str, np.ndarray], feeds: dict, rtol: fl
     to a float16 or bfloat16 output's OUTPUT_TOLERANCE (dlcc batch fills in the defaults before it
     gets here). Each row says the pair it was judged by. `compiled` (the CompiledModel that gave
     `got`) lets a quantized model's failing rows be judged again (quant_judge.py)."""
-    names, refs, how = _reference(model_path, feeds)
+    draws = drawn(compiled)
+    names, refs, how = _reference(model_path, feeds, draws=draws)
+    if draws:
+        how = (f"{how}; " if how else "") + (f"onnxruntime was given dlcc's {len(draws)} random draw(s) in place of its "
+                                             "own (random_draws.py)")
     unspecified = _unspecified(model_path, feeds, dict(zip(names, refs)))
     if unspecified:  # (compared as zeros on both sides: onnxruntime leaves those bytes unwritten)
         got = {n: (np.where(unspecified[n], 0, g) if n in unspecified else g) for n, g in got.items()}

@@ -13,6 +13,7 @@ from ..ops.context import LowerCtx
 from ..ops.fold_norm import fold_layernorms
 from ..ops.layout import identity_copy
 from ..ops.narrow import HALF_DTYPES, narrow_activations, narrow_gemm_weights
+from ..ops.random import advance_state
 from . import CompileState, register_pass
 
 
@@ -49,6 +50,7 @@ def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "
         entry.lower(ctx, node)
     ctx.node = None
     _materialize_outputs(ctx)
+    advance_state(ctx)
     return ctx
 
 

@@ -15,16 +15,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..kernels.index_check import ERRORS, REPORT
 from ..kernels.splitk import COUNTERS
+from ..random_draws import STATE
 
 from . import CompileState, register_pass
 
 #: Tensors with a storage of their own: the grid barriers' counters (astitch, rammer), the
 #: device index checks' claim word and report (kernels/index_check.py, read and cleared after a
 #: check fired; the report is mapped host memory on CUDA) and split-K's tile counters
-#: (kernels/splitk.py: each tile's last rTask sets its counter back to 0). Each is placed whenever
+#: (kernels/splitk.py: each tile's last rTask sets its counter back to 0), and the random draws'
+#: state (random_draws.py: written when the plan is loaded, advanced once per inference). Each is placed whenever
 #: the graph has it, launched or not: the input index checks' kernels are launched by the
 #: executor, not the plan.
-OWN_STORAGES = {"%sync": "sync", ERRORS: "errors", REPORT: "report", COUNTERS: "splitk"}
+OWN_STORAGES = {"%sync": "sync", ERRORS: "errors", REPORT: "report", COUNTERS: "splitk", STATE: "rng"}
 
 ALIGN = 256  # bytes; ≥ OpenCL's CL_DEVICE_MEM_BASE_ADDR_ALIGN on PoCL (128) and CUDA's 256
 

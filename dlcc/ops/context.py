@@ -46,6 +46,7 @@ class LowerCtx:
         self.producers: dict | None = None  # tensor -> the node writing it, made once (ops/ranges.py)
         self.kept_float32: dict[str, int] = {}  # float32_compute() as lowered (passes/lower.py)
         self.unjoinable_us = 0.0  # what a GEMM no persistent kernel can run costs beyond its time (passes/lower.py)
+        self.draws: list[dict] = []  # random draws (ops/random.py), for verify to recompute (random_draws.py)
         self.deep_declined: list[str] = []  # GEMM problems whose faster DEEP tiling gave way to a joinable one
 
     # -- queries ---------------------------------------------------------------------------

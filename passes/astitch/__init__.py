@@ -19,6 +19,7 @@ from ...kernels import splitk
 from ...kernels.gemm import kernel_smem
 from ...kernels.program import Launch
 from ...plan import gemm_problem
+from ...random_draws import STATE
 from .. import CompileState, register_pass
 from .attention import plan_attention
 from .codegen import attention_source_fused, gemm_source_fused, stitch_source
@@ -253,14 +254,14 @@ def _order(ng, pl, units) -> list:
     writer: dict[str, int] = {}
     prio = []
     for ui, u in enumerate(units):
-        prio.append(min(ng.nodes[i].order for i in u["nodes"]) if u["nodes"] else 0)
+        prio.append(min(ng.nodes[i].order for i in u["nodes"]) if u["nodes"] else u.get("orig", 0))
     deps = [set() for _ in units]
     multi_access: dict[str, list[tuple[int, int]]] = {}
     for ui, u in enumerate(units):
         L = u["launch"]
         for t in L.writes:
             t = ng.res(t)
-            if t in pl.multi:
+            if t in pl.multi or t == STATE:  # (the state's draws read it as it was before: below)
                 continue
             writer[t] = ui
     for ui, u in enumerate(units):
@@ -272,6 +273,9 @@ def _order(ng, pl, units) -> list:
             w = writer.get(t)
             if w is not None and w != ui and t in {ng.res(x) for x in L.reads}:
                 deps[ui].add(w)
+    for ui, u in enumerate(units):  # the random state's advance (ops/random.py) after every draw: the
+        if STATE in u["launch"].writes:  # one tensor the plan reads before it writes it
+            deps[ui] |= {vi for vi, v in enumerate(units) if vi != ui and STATE in v["launch"].reads}
     for t, acc in multi_access.items():  # tensors written by several launches keep their order
         acc.sort()
         for (_, a), (_, b) in zip(acc, acc[1:]):

@@ -667,7 +667,8 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
                          ("Loop", "control flow: unrolled at import (dlcc/loops.py)", "1"),
                          ("Scan", "control flow: unrolled at import (dlcc/loops.py)", "9"),
                          ("STFT", "a strided Conv against a Fourier basis, at import (dlcc/spectral.py)", "17"),
-                         ("DFT", "a MatMul against a Fourier basis, at import (dlcc/spectral.py)", "17, 20")]
+                         ("DFT", "a MatMul against a Fourier basis, at import (dlcc/spectral.py)", "17, 20"),
+                         ("Bernoulli", "a uniform draw and Less, at import (dlcc/random_draws.py)", "15")]
                       + [(op, "standard ops at import (dlcc/composite.py)", since) for op, since in composite_ops()]
                       + [(op, "quantized: float32 arithmetic at import (dlcc/quantized.py)", since)
                          for op, since in (("QuantizeLinear", "10"), ("DequantizeLinear", "10"), ("DynamicQuantizeLinear", "11"),

@@ -52,6 +52,12 @@ _MASK = np.uint64(0xFFFFFFFF)
 UNIT = 5.9604644775390625e-08
 
 
+def source_name(tensor: str) -> str:
+    """The model's name of a tensor the import renamed: a 16-bit (or float64) graph output computed
+    in float32 is `%f32:NAME` inside (frontend.promote_half)."""
+    return tensor[len("%f32:"):] if tensor.startswith("%f32:") else tensor
+
+
 def stream_id(output_name: str) -> int:
     return zlib.crc32(output_name.encode("utf-8")) & 0xFFFFFFFF
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..ir import Tensor
 from ..kernels.map import emit_map
 from ..kernels.program import literal
-from ..random_draws import STATE, UNIT, draw_params, stream_id
+from ..random_draws import STATE, UNIT, draw_params, source_name, stream_id
 from .registry import register
 
 #: The output dtypes a draw writes (float64: with a precision asked for, the import narrows it).
@@ -48,13 +48,14 @@ def _draw(ctx, node):
         raise ctx.fail(f"draws of {dt} are not supported (float32, float16 and bfloat16 are)")
     p = draw_params(node.op_type, node.attrs)
     ensure_state(ctx)
-    ctx.draws.append({"output": out, "op": node.op_type, "shape": list(ctx.shape(out)), "dtype": dt,
-                      "stream": stream_id(out), **p})
+    name = source_name(out)  # (the model's: verify replaces the node that makes it)
+    ctx.draws.append({"output": name, "op": node.op_type, "shape": list(ctx.shape(out)), "dtype": dt,
+                      "stream": stream_id(name), **p})
     key0 = "(u32)(st >> 32)" if p["seed"] is None else f"{p['seed']}u"
     a, b, unit = literal(p["a"]), literal(p["b"]), literal(UNIT)
 
     def body(v):
-        s = philox_lines(v.x(0), key0, stream_id(out))
+        s = philox_lines(v.x(0), key0, stream_id(name))
         if p["normal"]:
             s += [f"const float u1 = (float)((c0 >> 8) + 1u) * {unit};",
                   f"const float u2 = (float)(c1 >> 8) * {unit};",

@@ -330,7 +330,7 @@ def _verify_fallback(model, shape, target, pipeline, device, precision, given, r
     with steps.step(f"compile the dlcc segments and run ({m.target}, then {fallback})"):
         got = m(feeds)
     with steps.step("run onnxruntime"):
-        rows = verify_outputs(model, got, feeds, rtol, atol, precision=precision or "fp32")
+        rows = verify_outputs(model, got, feeds, rtol, atol, precision=precision or "fp32", compiled=m)
     passed = all(r["passed"] for r in rows)
     if json_out:
         print(json.dumps({"passed": passed, "target": m.target, "fallback": fallback, "segments": m.segments,

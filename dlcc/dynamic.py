@@ -286,6 +286,11 @@ class DynamicModel:
                     self._warn_dropped()
         return cm
 
+    def last_used(self):
+        """The CompiledModel of the plan called (or compiled) last, or None before any call."""
+        with self._lock:
+            return next(reversed(self._plans.values()), None)
+
     def held(self) -> list[tuple[dict[str, tuple[int, ...]], object]]:
         """(the shape bindings it was compiled with, the CompiledModel) for each plan held now."""
         with self._lock:

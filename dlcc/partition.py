@@ -514,6 +514,12 @@ class PartitionedModel:
             m._segments = m._partition()
         return m
 
+    def compiled_parts(self) -> list:
+        """The CompiledModel each dlcc segment ran last (verify reads their random draws)."""
+        with self._lock:
+            runners = list(self._runners.values())
+        return [cm for r in runners if isinstance(r, _DlccSegment) and (cm := r.model.last_used()) is not None]
+
     # -- the engines ------------------------------------------------------------------------------
     def _runner(self, seg: Segment, values: dict):
         key = (seg.engine, seg.nodes)

@@ -267,17 +267,25 @@ def _legacy_session(model_path, error: Exception):
 
 def drawn(compiled) -> dict | None:
     """dlcc's random draws in the inference `compiled` has just run, by output name (random_draws.py:
-    recomputed on the host from the state its executor holds now, one inference later); None for a
-    plan with no draw."""
+    recomputed on the host from the state its executor holds now, one inference later); None where
+    nothing was drawn. `compiled`: a CompiledModel, a dynamic one (its plan called last) or a
+    partitioned one (each dlcc segment's)."""
     from .random_draws import host_draw
 
-    meta = (compiled.plan.get("meta") or {}).get("random_draws") if compiled is not None else None
-    state = compiled.executor().random_state() if meta else None
-    if state is None:
+    if compiled is None:
         return None
-    key, calls = state
-    return {d["output"]: host_draw(d, d["stream"], d["shape"], key, calls - 1).astype(SUPPORTED_DTYPES[d["dtype"]])
-            for d in meta}
+    parts = (compiled.compiled_parts() if hasattr(compiled, "compiled_parts")
+             else [compiled.last_used()] if hasattr(compiled, "last_used") else [compiled])
+    out = {}
+    for cm in parts:
+        meta = (cm.plan.get("meta") or {}).get("random_draws") if cm is not None else None
+        state = cm.executor().random_state() if meta else None
+        if state is None:
+            continue
+        key, calls = state
+        out.update({d["output"]: host_draw(d, d["stream"], d["shape"], key, calls - 1)
+                    .astype(SUPPORTED_DTYPES[d["dtype"]]) for d in meta})
+    return out or None
 
 
 def with_draws(model: onnx.ModelProto, draws: dict) -> onnx.ModelProto:
@@ -378,7 +386,7 @@ def verify_outputs(model_path, got: dict[str, np.ndarray], feeds: dict, rtol: fl
     if how and rows:
         rows[0]["note"] = how if "note" not in rows[0] else f"{rows[0]['note']}; {how}"
     arbitrate(model_path, rows, got, feeds, dict(zip(names, refs)))
-    if compiled is not None and is_quantized(model_path):
+    if compiled is not None and hasattr(compiled, "plan") and is_quantized(model_path):
         from .quant_judge import judge_quantized
 
         judge_quantized(model_path, rows, got, feeds, compiled)

@@ -181,3 +181,21 @@ def test_torch_exports_with_draws_match(tmp_path, dynamo):
         cm = dlcc.compile(path, target="opencl", pipeline=pipeline)
         rows = verify_outputs(path, cm(feeds), feeds, compiled=cm)
         assert all(r["passed"] for r in rows), rows
+
+
+def test_verify_with_a_fallback_hands_over_each_segments_draws(tmp_path):
+    """A draw in a dlcc segment, after a node onnxruntime runs (MaxRoiPool, which dlcc lacks)."""
+    path = tmp_path / "split.onnx"
+    nodes = [helper.make_node("MaxRoiPool", ["x", "rois"], ["p"], pooled_shape=[2, 2]),
+             helper.make_node("RandomNormalLike", ["p"], ["n"], scale=0.1),
+             helper.make_node("Add", ["p", "n"], ["y"]),
+             helper.make_node("Sigmoid", ["y"], ["s"]),
+             helper.make_node("Bernoulli", ["s"], ["b"])]
+    onnx.save(_model(nodes, [_vi("x", [1, 2, 6, 6])], [_vi("y", [1, 2, 2, 2]), _vi("b", [1, 2, 2, 2])],
+                     inits=[onnx.numpy_helper.from_array(np.array([[0, 0, 0, 4, 4]], np.float32), "rois")]),
+              str(path))
+    m = dlcc.compile(path, target="opencl", pipeline="astitch", fallback="onnxruntime")
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 2, 6, 6)).astype(np.float32)}
+    rows = verify_outputs(path, m(feeds), feeds, compiled=m)
+    assert all(r["passed"] for r in rows), rows
+    assert "random draw" in rows[0]["note"]

@@ -39,7 +39,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-#: The plan's random state: one uint64 (key << 32 | inference number), its own storage.
+#: The plan's random state: one 64-bit word (key << 32 | inference number), its own storage.
 STATE = "%rng"
 #: The draws dlcc computes as kernels (ops/random.py).
 DRAW_OPS = ("RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike")

@@ -130,7 +130,7 @@ def test_bernoulli_is_one_with_probability_p(tmp_path, p):
         assert all(r["passed"] for r in verify_outputs(path, got, feeds, compiled=cm))
 
 
-def test_the_state_advance_is_the_last_launch_to_touch_it(tmp_path):
+def test_the_state_advance_is_the_last_launch_to_touch_it_and_draws_stitch(tmp_path):
     path = _draws_model(tmp_path / "draws.onnx")
     for pipeline in ("baseline", "astitch"):
         plan = dlcc.compile(path, target="opencl", pipeline=pipeline).plan
@@ -138,6 +138,8 @@ def test_the_state_advance_is_the_last_launch_to_touch_it(tmp_path):
         advance = [k for k in touch if plan["launches"][k]["kernel"].startswith("random_advance")]
         assert len(advance) == 1 and advance[0] == touch[-1] and len(touch) > 1
         assert plan["storages"]["rng"] == 8
+        if pipeline == "astitch":  # draws stitch into the kernels that read them
+            assert any(plan["launches"][k]["kernel"].startswith("Stitch") for k in touch)
 
 
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc not installed")

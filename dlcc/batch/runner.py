@@ -157,7 +157,7 @@ def _verify(job: dict, cm, row: dict, cache, log) -> None:
     if getattr(cm, "fallback", None):  # a split model runs its segments in turn, host arrays in and out
         feeds = cm.sample_inputs(v["seed"])
         res = verify_outputs(job["model"], cm(feeds), feeds, v["rtol"], v["atol"],
-                             half_output_floor=v.get("half_output_floor", False))
+                             half_output_floor=v.get("half_output_floor", False), compiled=cm)
         _report_verify(job, row, [_result(r) for r in res], False, log)
         return
     if cache and cm.cache_key:

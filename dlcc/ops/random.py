@@ -1,7 +1,7 @@
 """RandomUniform, RandomNormal, RandomUniformLike and RandomNormalLike: Philox4x32-10 draws as
 map kernels (random_draws.py says why counter-based, and defines the stream).
 
-Each draw reads the plan's random state STATE (one uint64: the load's key << 32 | the inference
+Each draw reads the plan's random state STATE (one 64-bit word: the load's key << 32 | the inference
 number), broadcast to every element, so AStitch stitches a draw like any elementwise op, and may
 recompute it (the same element gives the same value). `advance_state` adds the one-thread launch
 that counts the inference, after every launch that reads the state (it writes STATE, so every
@@ -13,7 +13,7 @@ from ..ir import Tensor
 from ..kernels.map import emit_map
 from ..kernels.program import literal
 from ..random_draws import STATE, UNIT, draw_params, source_name, stream_id
-from .registry import register
+from .registry import ELEMENTWISE, register
 
 #: The output dtypes a draw writes (float64: with a precision asked for, the import narrows it).
 DRAW_DTYPES = ("float32", "float16", "bfloat16")
@@ -22,7 +22,7 @@ DRAW_DTYPES = ("float32", "float16", "bfloat16")
 def ensure_state(ctx) -> None:
     """The state tensor, placed in its own storage (passes/memplan.py OWN_STORAGES)."""
     if STATE not in ctx.graph.tensors:
-        ctx.graph.tensors[STATE] = Tensor(STATE, (1,), "uint64")
+        ctx.graph.tensors[STATE] = Tensor(STATE, (1,), "int64")  # (its bits: int64 is a type AStitch stitches)
 
 
 def philox_lines(state: str, key0: str, stream: int) -> list[str]:
@@ -40,7 +40,7 @@ def philox_lines(state: str, key0: str, stream: int) -> list[str]:
             "}"]
 
 
-@register("RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", since=1)
+@register("RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", since=1, category=ELEMENTWISE)
 def _draw(ctx, node):
     out = node.outputs[0]
     dt = ctx.dtype(out)
@@ -73,9 +73,9 @@ def advance_state(ctx) -> None:
         return
 
     def make(name: str) -> str:
-        return (f"KERNEL void {name}(GPTR u64* st) {{\n"
-                "    if (BLOCK_ID * BLOCK_DIM + THREAD_ID == 0) st[0] = (st[0] & 0xFFFFFFFF00000000ULL) | "
-                "(u64)(u32)((u32)st[0] + 1u);\n}\n")
+        return (f"KERNEL void {name}(GPTR i64* st) {{\n"
+                "    if (BLOCK_ID * BLOCK_DIM + THREAD_ID == 0) st[0] = (i64)(((u64)st[0] & 0xFFFFFFFF00000000ULL) | "
+                "(u64)(u32)((u32)st[0] + 1u));\n}\n")
 
     prev = ctx.node
     ctx.node = None

@@ -23,6 +23,7 @@ from ...ir import Tensor
 from ...kernels import splitk
 from ...kernels.gemm import GemmExpr
 from ...kernels.map import MapExpr
+from ...random_draws import STATE
 from ...kernels.program import literal
 from ...kernels.reduce import LayerNormExpr, ReduceExpr, SoftmaxExpr
 
@@ -116,7 +117,8 @@ class NodeGraph:
             n.writes = [n.output]
         self.nodes.append(n)
         for w in n.writes:
-            self.producer[w] = n.id
+            if w != STATE:  # (the random state's advance writes it after every draw read it: no producer)
+                self.producer[w] = n.id
         return n
 
     def _opaque(self, k, L):

@@ -24,9 +24,11 @@ from .rewrite import rewrite_rounds
 _F = onnx.TensorProto.FLOAT
 
 
-def lower_composite(model: onnx.ModelProto, infer, weights, path, supported: set[str]) -> tuple[onnx.ModelProto, list[str]]:
+def lower_composite(model: onnx.ModelProto, infer, weights, path, supported: set[str],
+                    float64: bool = False) -> tuple[onnx.ModelProto, list[str]]:
     """Rewrite (in place) every node of `model`'s main graph whose op is in REWRITES and has no
-    lowering in `supported`. Returns the model and a note for the pass log."""
+    lowering in `supported`. Returns the model and a note for the pass log. `float64`: a precision
+    was asked for, so float64 may be computed in float32 (a tree ensemble's float64 input too)."""
     from .ml_ops import ML, ML_REWRITES
     from .ml_trees import TREE_OPS
 
@@ -53,7 +55,12 @@ def lower_composite(model: onnx.ModelProto, infer, weights, path, supported: set
                                   + ("opset 13's CumSum, GatherElements and LessOrEqual" if need == 13
                                      else "opset 11's integer constants"))
         notes.append(note)
-    _, counts = rewrite_rounds(model, infer, weights, path, chosen, rewrite, _Builder)
+    def builder(*args, **kw) -> _Builder:
+        b = _Builder(*args, **kw)
+        b.narrow_float64 = float64  # (read by ml_trees._input)
+        return b
+
+    _, counts = rewrite_rounds(model, infer, weights, path, chosen, rewrite, builder)
     return model, notes + ["import: written as standard ops (dlcc/composite.py): "
                            + ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))]
 

@@ -1066,7 +1066,7 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
 
     lowered = set(supported_ops())
     # Ops dlcc writes as other standard ops (composite.py), now that the shapes are static.
-    model, more = lower_composite(model, lenient, weights, path, lowered)
+    model, more = lower_composite(model, lenient, weights, path, lowered, float64=float64)
     if more:
         notes += more
         model = infer_shapes(model, path)

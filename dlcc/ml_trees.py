@@ -387,15 +387,19 @@ def score_transform(b: _Builder, x: str, post: str) -> str:
 # -- the ops --------------------------------------------------------------------------------------
 def _input(b: _Builder) -> tuple[str, int, int]:
     """X [rows, columns] as float32: integers are converted, as onnxruntime compares them with
-    the float thresholds. (A 1-D X is refused, as onnxruntime's shape inference refuses it.)"""
+    the float thresholds. (A 1-D X is refused, as onnxruntime's shape inference refuses it.) A
+    float64 X is converted only where a precision was asked for (`b.narrow_float64`): onnxruntime
+    compares it in double, and an X within half a float32 step under a threshold can take the
+    other branch once rounded."""
     x = b.node.input[0]
     shape = b.shape(x)
     if len(shape) != 2:
         raise b.fail(f"the input must be 2-D [N, C], not of shape {list(shape)}")
     elem = b.elem(x)
-    if elem == onnx.TensorProto.DOUBLE:
-        raise b.unsupported("a float64 input (onnxruntime compares it with the thresholds in double)")
-    if elem not in (_F, _I64, onnx.TensorProto.INT32):
+    if elem == onnx.TensorProto.DOUBLE and not getattr(b, "narrow_float64", False):
+        raise b.unsupported("a float64 input (onnxruntime compares it with the thresholds in double; "
+                            "--precision fp32 compares it in float32)")
+    if elem not in (_F, _I64, onnx.TensorProto.INT32, onnx.TensorProto.DOUBLE):
         raise b.fail(f"input type {elem_name(elem)} is not float, double, int64 or int32")
     return (x if elem == _F else b.op("Cast", [x], to=_F)), shape[0], shape[1]
 

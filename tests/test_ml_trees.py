@@ -275,3 +275,24 @@ def test_string_labels_run_on_onnxruntime_through_the_fallback(tmp_path):
     with np.load(npz) as z:
         assert z["label"].dtype.kind == "U" and z["label"].shape == (6,)
         assert set(z["label"].tolist()) <= {"cat", "dog", "eel"}  # (run's own sample inputs)
+
+
+@needs_opencl
+def test_a_float64_input_is_compared_in_float32_when_a_precision_is_asked_for(tmp_path):
+    """skl2onnx's double pipelines give the forest a float64 X. Refused without a precision
+    (onnxruntime compares it in double); with --precision fp32 it is rounded to float32 first, which
+    agrees with onnxruntime's double walk wherever no X lies within half a float32 step of a
+    threshold, as here (thresholds and inputs drawn apart)."""
+    from dlcc.verify import verify_outputs
+
+    rng = np.random.default_rng(40)
+    node = h.make_node("TreeEnsembleClassifier", ["x"], ["y", "z"], domain=ML, classlabels_int64s=[0, 1, 2],
+                       **forest(rng, 5, 4, 3, 3, "class"))
+    path = _save(tmp_path, [node], {"x": (onnx.TensorProto.DOUBLE, [64, 4])}, {"y": (I64, [64]), "z": (F, [64, 3])},
+                 "double")
+    with pytest.raises(DlccError, match="a float64 input"):
+        dlcc.compile(path, target="opencl")
+    m = dlcc.compile(path, target="opencl", precision="fp32")
+    x = inputs(rng, 64, 4).astype(np.float64)
+    rows = verify_outputs(path, m({"x": x}), {"x": x}, compiled=m)
+    assert all(r["passed"] for r in rows), rows

@@ -209,6 +209,8 @@ def test_every_kernel_compiles_for_cuda(tmp_path, monkeypatch):
             run(test_unsigned_shifts_by_up_to_past_the_width_match_onnxruntime, t)
     for t in (np.int8, np.int16, np.int32, np.int64):
         run(test_signed_shifts_of_opset_28_follow_the_spec, t)
+    for t in (np.int32, np.int64):
+        run(test_an_integer_base_to_a_computed_float_power_is_onnxruntimes, t)
     for t in (np.int32, np.uint64):
         run(test_col2im_sums_integers_exactly, t)
         run(test_integer_matmul_is_exact_and_wraps, t)
@@ -226,6 +228,19 @@ def test_an_integer_power_past_2_to_the_53_is_exact(tmp_path):
     path = _model(tmp_path / "pow.onnx", [h.make_node("Pow", ["a", "n"], ["y"])], {"a": a, "n": n}, ["y"])
     _check(path, {"a": a, "n": n}, {"y": a ** n})
     assert int((a ** n)[0]) == (-7) ** 21
+
+
+@pytest.mark.parametrize("t", [np.int32, np.int64], ids=lambda t: np.dtype(t).name)
+def test_an_integer_base_to_a_computed_float_power_is_onnxruntimes(tmp_path, t):
+    """std::pow of both as doubles, truncated toward zero (roots, negative and fractional powers,
+    a negative base to a fractional power: NaN); where the double has no value in the type (NaN,
+    or past its range), the type's lowest value, as onnxruntime's conversion gives on x86."""
+    a = np.array([0, 1, 2, 3, -2, -3, 7, 10, 100, 5, -7, 4, -8], t)
+    e = np.array([0.25, 0.5, 0.75, 1.2, 1.5, -0.5, 3, 4.5, 10, -1, 10.5, 20, 1 / 3], np.float32)
+    path = _model(tmp_path / "pow.onnx", [h.make_node("Mul", ["e", "two"], ["e2"]), h.make_node("Pow", ["a", "e2"], ["y"]),
+                                          h.make_node("Pow", ["a", "half"], ["z"])],
+                  {"a": a, "e": e}, ["y", "z"], inits={"two": np.float32(2.0), "half": np.float32(0.5)}, opset=15)
+    _check(path, {"a": a, "e": e})
 
 
 @pytest.mark.parametrize("t", [np.int32, np.uint32, np.int64, np.uint64, np.int16], ids=lambda t: np.dtype(t).name)

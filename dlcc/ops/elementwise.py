@@ -143,13 +143,12 @@ def _int_pow(ctx, node):
     type). onnxruntime casts std::pow's double instead: the same up to 2^53, rounded beyond it
     ((-7)^21 comes out 32 too low), undefined past the type. A negative power is 0 but for bases
     1 and -1. By squaring, multiplying in the unsigned type of the same width (signed overflow is
-    undefined in C). The exponent is an integer tensor, or a constant of whole floats: a computed float
-    exponent would need the double std::pow truncates."""
+    undefined in C). The exponent is an integer tensor, or a constant of whole floats; any other
+    float exponent goes through _int_pow_double, as onnxruntime computes it."""
     dt, e_dt = ctx.value_dtype(node.inputs[0]), ctx.value_dtype(node.inputs[1])
     e = ctx.const(node.inputs[1])
     if e_dt not in _INTS and (e is None or not np.isfinite(e).all() or not np.array_equal(e, np.round(e))):
-        raise ctx.fail(f"an {dt} base to a {e_dt} power is supported where the power is an integer tensor or a "
-                       "constant of whole numbers (onnxruntime truncates a double std::pow)")
+        return _int_pow_double(ctx, node, dt)
     T, U = _ct(dt), SAME_WIDTH_UNSIGNED[dt]
 
     def body(v):
@@ -159,6 +158,22 @@ def _int_pow(ctx, node):
                 f"p = ({U})(p * p); n >>= 1; }} r = ({T})q; }}"], "r"
 
     emit_map(ctx, node.outputs[0], node.inputs[:2], body, "Pow", flops_per_elem=8, inline_scalars=False)
+
+
+def _int_pow_double(ctx, node, dt: str) -> None:
+    """An int32 or int64 base to a float power that is not a whole constant (computed, or 0.5):
+    onnxruntime's std::pow of both as doubles, truncated toward zero. Where that double has no
+    value in the type (NaN, or past its range: undefined in C++), x86's conversion gives the type's
+    lowest value, which is what onnxruntime returns on x86 and what dlcc returns everywhere."""
+    T = _ct(dt)
+    lo, hi = ("-2147483649.0", "2147483648.0") if dt == "int32" else ("-9223372036854775808.0", "9223372036854775808.0")
+    low = "(int)0x80000000u" if dt == "int32" else "(i64)0x8000000000000000ULL"
+
+    def body(v):
+        return [f"const double d = pow((double)({v.x(0)}), (double)({v.x(1)}));"], \
+            f"(d > {lo} && d < {hi}) ? ({T})d : {low}"
+
+    emit_map(ctx, node.outputs[0], node.inputs[:2], body, "Pow", flops_per_elem=20, inline_scalars=False)
 
 
 #: Integer-only ops on the bits (opset 18's Bitwise*, BitShift). The operands are promoted to

@@ -60,7 +60,7 @@ FORMAT, FORMAT_VERSION = "dlcc-partition", 1
 
 #: Ops whose output shape depends on the values of their inputs: they never compile statically.
 DATA_DEPENDENT = {"NonZero", "NonMaxSuppression", "Unique", "StringNormalizer", "TfIdfVectorizer",
-                  "RegexFullMatch", "StringConcat", "StringSplit", "Multinomial"}
+                  "RegexFullMatch", "StringConcat", "StringSplit"}
 
 
 #: Ops of the arithmetic exporters write on shapes (_shape_math): index, slice, join and compute.

@@ -1,13 +1,12 @@
-"""Random draws: RandomUniform, RandomNormal and their *Like forms as counter-based streams, and
-Bernoulli written as a uniform draw plus plain ops. (Multinomial is not compiled: it is reported,
-or handed to `--fallback onnxruntime`.)
+"""Random draws: RandomUniform, RandomNormal, their *Like forms and Multinomial as counter-based
+streams, and Bernoulli written as a uniform draw plus plain ops.
 
 Why counter-based (Philox4x32-10, Salmon et al., SC'11, as cuRAND and JAX use): element i of a
 draw is a pure function of (key, counter), so
   - no generator state moves between threads or kernels: a draw is an ordinary map kernel, which
     AStitch may stitch, inline and even recompute (the same element comes out the same);
   - the host computes exactly the same stream in numpy (`host_draw`). `dlcc verify` hands
-    onnxruntime dlcc's own draws in place of its random nodes (`substitute_draws`), so everything
+    onnxruntime dlcc's own draws in place of its random nodes (`verify.with_draws`), so everything
     downstream of a draw is compared exactly, instead of two independent random outputs that can
     never match.
 
@@ -178,3 +177,18 @@ def _elem_of(model: onnx.ModelProto, name: str) -> int:
         if vi.name == name and vi.type.tensor_type.elem_type:
             return vi.type.tensor_type.elem_type
     return onnx.TensorProto.FLOAT
+
+
+def host_multinomial(logits: np.ndarray, uniform: np.ndarray) -> np.ndarray:
+    """Multinomial's samples [B, S] from `logits` [B, C] and the uniforms the kernel drew for
+    them [B, S], as ops/random.py's kernel and onnxruntime compute them: in double, the first class
+    whose running sum of exp(logit - max) over the finite logits passes u times the total (C
+    where none does)."""
+    x = np.asarray(logits, np.float32)
+    fin = np.isfinite(x)
+    mx = np.where(fin, x, np.float32(-3.4028234663852886e38)).max(axis=1, keepdims=True).astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.where(fin, np.exp(x.astype(np.float64) - mx), 0.0)
+    run = np.cumsum(e, axis=1)
+    t = np.asarray(uniform, np.float64) * run[:, -1:]
+    return np.stack([np.searchsorted(run[b], t[b], side="right") for b in range(x.shape[0])]).astype(np.int64)

@@ -217,7 +217,7 @@ def _session(model_path, widen: bool, feeds: dict | None = None, draws: dict | N
     `draws` (with_draws): dlcc's random draws, which replace the model's random nodes."""
     import onnxruntime as ort
 
-    source = with_draws(onnx.load(str(model_path)), draws) if draws else None
+    source = with_draws(onnx.load(str(model_path)), draws, feeds) if draws else None
     so = ort.SessionOptions()
     so.log_severity_level = 3
     if has_tree_ensembles(model_path):
@@ -283,33 +283,57 @@ def drawn(compiled) -> dict | None:
         if state is None:
             continue
         key, calls = state
-        out.update({d["output"]: host_draw(d, d["stream"], d["shape"], key, calls - 1)
-                    .astype(SUPPORTED_DTYPES[d["dtype"]]) for d in meta})
+        for d in meta:
+            v = host_draw(d, d["stream"], d["shape"], key, calls - 1)
+            # (a Multinomial's uniforms: its samples depend on logits only the reference computes)
+            out[d["output"]] = (v, d) if d["op"] == "Multinomial" else v.astype(SUPPORTED_DTYPES[d["dtype"]])
     return out or None
 
 
-def with_draws(model: onnx.ModelProto, draws: dict) -> onnx.ModelProto:
+def with_draws(model: onnx.ModelProto, draws: dict, feeds: dict | None = None) -> onnx.ModelProto:
     """`model` with Bernoulli written as dlcc writes it (random_draws.rewrite_compound), then every
     main-graph node that makes one of `draws` replaced by that constant, in the node's own output
-    type. A draw the model has no node for (one inside a loop body dlcc unrolled) stays random,
-    and the outputs it reaches will not match."""
-    from .random_draws import DRAW_OPS, rewrite_compound
+    type. A Multinomial's samples are computed from its uniforms and the logits onnxruntime gives
+    for `feeds` (random_draws.host_multinomial), node by node in graph order. A draw the model has
+    no node for (one inside a loop body dlcc unrolled) stays random, and the outputs it reaches
+    will not match."""
+    from .random_draws import DRAW_OPS, host_multinomial, rewrite_compound
 
     model, _ = rewrite_compound(model)
     g = model.graph
-    types = {vi.name: vi.type.tensor_type.elem_type
-             for vi in onnx.shape_inference.infer_shapes(model, strict_mode=False).graph.value_info}
-    keep = []
-    for n in g.node:
-        if n.op_type in DRAW_OPS and n.domain in ("", "ai.onnx") and n.output[0] in draws:
-            v = draws[n.output[0]]
-            to = types.get(n.output[0]) or onnx.helper.np_dtype_to_tensor_dtype(v.dtype)
-            g.initializer.append(numpy_helper.from_array(v.astype(onnx.helper.tensor_dtype_to_np_dtype(to)), n.output[0]))
-        else:
-            keep.append(n)
-    del g.node[:]
-    g.node.extend(keep)
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*inferred.value_info, *inferred.output]}
+
+    def replace(node: onnx.NodeProto, v: np.ndarray) -> None:
+        to = types.get(node.output[0]) or onnx.helper.np_dtype_to_tensor_dtype(v.dtype)
+        g.initializer.append(numpy_helper.from_array(v.astype(onnx.helper.tensor_dtype_to_np_dtype(to)), node.output[0]))
+        g.node.remove(node)
+
+    for n in [n for n in g.node if n.op_type in DRAW_OPS and n.domain in ("", "ai.onnx") and n.output[0] in draws]:
+        replace(n, draws[n.output[0]])
+    for n in [n for n in g.node if n.op_type == "Multinomial" and n.domain in ("", "ai.onnx") and n.output[0] in draws]:
+        uniform, d = draws[n.output[0]]
+        replace(n, host_multinomial(_intermediate(model, n.input[0], feeds or {}), uniform))
     return model
+
+
+def _intermediate(model: onnx.ModelProto, name: str, feeds: dict) -> np.ndarray:
+    """Tensor `name` of `model` as onnxruntime computes it on `feeds` (a graph input: the feed)."""
+    import onnxruntime as ort
+
+    if name in feeds:
+        return np.asarray(feeds[name])
+    for t in model.graph.initializer:
+        if t.name == name:
+            return numpy_helper.to_array(t)
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    m.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    wanted = {i.name for i in sess.get_inputs()}
+    return sess.run([name], {k: v for k, v in feeds.items() if k in wanted})[0]
 
 
 def _reference(model_path, feeds: dict, names: list[str] | None = None,

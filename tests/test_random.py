@@ -144,11 +144,14 @@ def test_the_state_advance_is_the_last_launch_to_touch_it_and_draws_stitch(tmp_p
 
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc not installed")
 def test_draw_kernels_compile_for_cuda(tmp_path):
-    path = _draws_model(tmp_path / "draws.onnx")
+    mn = tmp_path / "mn.onnx"
+    onnx.save(_model([helper.make_node("Relu", ["x"], ["l"]), helper.make_node("Multinomial", ["l"], ["s"], sample_size=9)],
+                     [_vi("x", [2, 5])], [_vi("s", [2, 9], TensorProto.INT32)]), str(mn))
     codes = {}
-    for pipeline in ("baseline", "astitch"):
-        m = dlcc.compile(path, target="opencl", pipeline=pipeline)
-        codes.update(zip([k["name"] for k in m.plan["kernels"]], m.kernel_codes))
+    for path in (_draws_model(tmp_path / "draws.onnx"), mn):
+        for pipeline in ("baseline", "astitch"):
+            m = dlcc.compile(path, target="opencl", pipeline=pipeline)
+            codes.update(zip([k["name"] for k in m.plan["kernels"]], m.kernel_codes))
     source = render(list(codes.values()), "cuda")
     for arch in ("sm_80", "sm_90"):
         usage = compile_cubin(source, arch)
@@ -201,3 +204,36 @@ def test_verify_with_a_fallback_hands_over_each_segments_draws(tmp_path):
     rows = verify_outputs(path, m(feeds), feeds, compiled=m)
     assert all(r["passed"] for r in rows), rows
     assert "random draw" in rows[0]["note"]
+
+
+def test_multinomial_samples_the_softmax_and_each_sample_is_the_hosts(tmp_path):
+    """Per row: frequencies within 6 standard errors of softmax over the finite logits, as
+    onnxruntime's own samples are; a row of no finite logit gives C, as onnxruntime's does. Every
+    sample equals the host's (verify: the uniforms dlcc drew, sampled on the logits onnxruntime
+    computes), through baseline, astitch and full; a seeded int64 one too."""
+    import onnxruntime as ort
+
+    S, inf = 20000, np.float32(np.inf)
+    logits = np.array([[0.5, -1.0, 2.0, 0.0, 1.0, -3.0], [-inf, 0.0, 1.0, np.nan, 2.0, -inf],
+                       [-inf, -inf, -inf, -inf, -inf, -inf]], np.float32)
+    path = tmp_path / "mn.onnx"
+    nodes = [helper.make_node("Identity", ["x"], ["l"]),
+             helper.make_node("Multinomial", ["l"], ["s"], sample_size=S),
+             helper.make_node("Multinomial", ["l"], ["t"], sample_size=7, dtype=TensorProto.INT64, seed=5.0)]
+    onnx.save(_model(nodes, [_vi("x", [3, 6])], [_vi("s", [3, S], TensorProto.INT32), _vi("t", [3, 7], TensorProto.INT64)]),
+              str(path))
+    feeds = {"x": logits}
+    finite = np.where(np.isfinite(logits[:2]), logits[:2], -np.inf)
+    p = np.exp(finite - finite.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["s"], feeds)[0]
+    for pipeline in PIPELINES:
+        cm = dlcc.compile(path, target="opencl", pipeline=pipeline)
+        got = cm(feeds)
+        assert got["s"].dtype == np.int32 and got["t"].dtype == np.int64
+        rows = verify_outputs(path, got, feeds, compiled=cm)
+        assert all(r["passed"] for r in rows), rows
+        for samples in (got["s"], theirs):
+            freq = np.stack([np.bincount(samples[b], minlength=6) / S for b in range(2)])
+            assert np.abs(freq - p).max() < 6 * np.sqrt(0.25 / S)
+            assert (samples[2] == 6).all()

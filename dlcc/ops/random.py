@@ -66,6 +66,48 @@ def _draw(ctx, node):
     emit_map(ctx, out, [STATE], body, node.op_type, flops_per_elem=60)
 
 
+@register("Multinomial", since=7)
+def _multinomial(ctx, node):
+    """Per output [b, s] (a thread each): a uniform draw u of the sample's own stream element, and
+    the first class j whose running sum of exp(logit - max) passes u times the row's total, in
+    double, skipping non-finite logits: onnxruntime's rule (the upper bound in its running sums).
+    C if none does (a row with no finite logit)."""
+    x, out = node.inputs[0], node.outputs[0]
+    shape = ctx.shape(x)
+    if len(shape) != 2:
+        raise ctx.fail(f"the input must be 2-D [batch, classes], not of shape {list(shape)}")
+    if ctx.value_dtype(x) != "float32":
+        raise ctx.fail(f"logits of {ctx.dtype(x)} are not supported (float32, float16 and bfloat16 are)")
+    C = shape[1]
+    S = ctx.shape(out)[1]
+    p = draw_params("RandomUniform", node.attrs)
+    ensure_state(ctx)
+    name = source_name(out)
+    ctx.draws.append({"output": name, "op": node.op_type, "shape": list(ctx.shape(out)), "dtype": ctx.dtype(out),
+                      "stream": stream_id(name), "logits": source_name(x), **p})
+    key0 = "(u32)(st >> 32)" if p["seed"] is None else f"{p['seed']}u"
+    unit = literal(UNIT)
+
+    def body(v):
+        row = f"({v.o[0]}) * {C}"
+        s = philox_lines(v.x(1), key0, stream_id(name))
+        s += [f"const double t0 = (double)(c0 >> 8) * {unit};",
+              "float mx = -3.4028234663852886e+38f;",
+              f"for (int j = 0; j < {C}; ++j) {{ const float l = {v.ld_flat(0, f'{row} + j')}; "
+              "if (F_ISFINITE(l) && l > mx) mx = l; }",
+              "double tot = 0.0;",
+              f"for (int j = 0; j < {C}; ++j) {{ const float l = {v.ld_flat(0, f'{row} + j')}; "
+              "if (F_ISFINITE(l)) tot += exp((double)l - (double)mx); }",
+              "const double t = t0 * tot;",
+              f"int r = {C};",
+              "double run = 0.0;",
+              f"for (int j = 0; j < {C}; ++j) {{ const float l = {v.ld_flat(0, f'{row} + j')}; "
+              "if (F_ISFINITE(l)) run += exp((double)l - (double)mx); if (run > t) { r = j; break; } }"]
+        return s, "r"
+
+    emit_map(ctx, out, [x, STATE], body, node.op_type, flops_per_elem=60 + 6 * C, inline_scalars=False)
+
+
 def advance_state(ctx) -> None:
     """After every launch: add 1 to the inference number (its low 32 bits, wrapping there), so the
     next inference draws anew. Only plans with a draw have it."""

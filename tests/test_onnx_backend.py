@@ -115,6 +115,10 @@ backend_test.xfail(r"^test_resize_downsample_scales_(linear|cubic)_align_corners
 # index as if into the default shape (4 x 4 here) and pads; onnxruntime, verify's reference, takes
 # the indices as flat positions in the given 5 x 5 output. dlcc follows onnxruntime.
 backend_test.xfail(r"^test_maxunpool_export_with_output_shape_cpu$")
+# Bernoulli's expected outputs are draws of numpy's generator (np.random.uniform after
+# np.random.seed), which no other generator reproduces: dlcc draws Philox streams (docs/random.md),
+# checked in tests/test_random.py against their host stream and Bernoulli's probability.
+backend_test.xfail(r"^test_bernoulli(_double|_seed)?(_expanded)?_cpu$")
 globals().update(backend_test.enable_report().test_cases)
 
 __all__ = ["np"]

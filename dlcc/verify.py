@@ -312,7 +312,7 @@ def with_draws(model: onnx.ModelProto, draws: dict, feeds: dict | None = None) -
     for n in [n for n in g.node if n.op_type in DRAW_OPS and n.domain in ("", "ai.onnx") and n.output[0] in draws]:
         replace(n, draws[n.output[0]])
     for n in [n for n in g.node if n.op_type == "Multinomial" and n.domain in ("", "ai.onnx") and n.output[0] in draws]:
-        uniform, d = draws[n.output[0]]
+        uniform, _ = draws[n.output[0]]
         replace(n, host_multinomial(_intermediate(model, n.input[0], feeds or {}), uniform))
     return model
 
@@ -376,7 +376,8 @@ def verify_outputs(model_path, got: dict[str, np.ndarray], feeds: dict, rtol: fl
     `default_tolerance(precision, output dtype)`; with `half_output_floor`, a given pair is raised
     to a float16 or bfloat16 output's OUTPUT_TOLERANCE (dlcc batch fills in the defaults before it
     gets here). Each row says the pair it was judged by. `compiled` (the CompiledModel that gave
-    `got`) lets a quantized model's failing rows be judged again (quant_judge.py)."""
+    `got`) lets a quantized model's failing rows be judged again (quant_judge.py), and hands the
+    reference the random draws that inference made (drawn, with_draws)."""
     draws = drawn(compiled)
     names, refs, how = _reference(model_path, feeds, draws=draws)
     if draws:

@@ -1696,16 +1696,16 @@ def generate_unsupported(seed: int) -> tuple[onnx.ModelProto, str]:
         nodes = [helper.make_node("Reshape", ["x", "s"], ["y"])]
         out_shape = ["a", "b"]
     elif kind == "unknown_op":
-        op = ch.pick(["Det", "Unique", "Multinomial", "NonMaxSuppression", "RandomUniformLike"])
+        op = ch.pick(["Det", "Unique", "MaxRoiPool", "NonMaxSuppression"])
         if op == "Det":
-            inputs = [helper.make_tensor_value_info("x", F, [3, shape[0], shape[0]])]
+            inputs = [helper.make_tensor_value_info("x", F, [3, 5, 5])]  # (dlcc writes Det out up to 4 x 4)
             nodes = [helper.make_node("Det", ["x"], ["y"])]
             out_shape = [3]
-        elif op == "Multinomial":
-            nodes = [helper.make_node("Multinomial", ["x"], ["y"], sample_size=3)]
-            out_t, out_shape = TensorProto.INT32, [shape[0], 3]
-        elif op == "RandomUniformLike":
-            nodes = [helper.make_node("RandomUniformLike", ["x"], ["y"])]
+        elif op == "MaxRoiPool":
+            inputs = [helper.make_tensor_value_info("x", F, [1, shape[1], 4, 4])]
+            inits = [numpy_helper.from_array(np.array([[0, 0, 0, 3, 3]], np.float32), "rois")]
+            nodes = [helper.make_node("MaxRoiPool", ["x", "rois"], ["y"], pooled_shape=[2, 2])]
+            out_shape = [1, shape[1], 2, 2]
         elif op == "Unique":
             nodes = [helper.make_node("Unique", ["x"], ["y"])]
             out_shape = ["n"]

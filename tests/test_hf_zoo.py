@@ -2,7 +2,8 @@
 torch.onnx (TorchScript, opset 17) and checked against onnxruntime on OpenCL. They bring patterns
 the core models do not: T5's relative position buckets, Swin's window partitions, ConvNeXt's
 channels-last LayerNorm, RoBERTa's CumSum position ids, Llama's RMSNorm, rotary embeddings and grouped-query attention,
-RWKV's unrolled recurrence and Longformer's sliding-window attention with its global-attention indices."""
+RWKV's unrolled recurrence, Longformer's sliding-window attention with its global-attention indices
+and ViT-MAE's random masking."""
 from __future__ import annotations
 
 import os
@@ -53,10 +54,15 @@ def _configs():
         "longformer": (T.LongformerConfig, T.LongformerModel, "input_ids", IDS,
                        dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
                             vocab_size=1000, max_position_embeddings=128, attention_window=[8, 8])),
+        # Random masking: RandomUniformLike noise, argsorted (TopK), and the kept patches gathered
+        # by it; verify hands onnxruntime dlcc's draws (docs/random.md).
+        "vit-mae": (T.ViTMAEConfig, T.ViTMAEModel, "pixel_values", PIX,
+                    dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                         image_size=32, patch_size=8)),
     }
 
 
-NAMES = ["distilbert", "roberta", "t5-encoder", "convnext", "swin", "deit", "llama", "rwkv", "longformer"]
+NAMES = ["distilbert", "roberta", "t5-encoder", "convnext", "swin", "deit", "llama", "rwkv", "longformer", "vit-mae"]
 
 
 def _export(name: str):
@@ -111,5 +117,5 @@ def test_hf_architecture_matches_onnxruntime(name, pipeline):
     feeds = m.sample_inputs(seed=0)
     got = m(feeds)
     assert float(np.abs(got["last_hidden_state"]).max()) > 0  # a real signal, not an all-zero output
-    rows = verify_outputs(path, got, feeds, 1e-3, 1e-4)
+    rows = verify_outputs(path, got, feeds, 1e-3, 1e-4, compiled=m)
     assert all(r["passed"] for r in rows), rows

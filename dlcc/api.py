@@ -110,6 +110,17 @@ class CompiledModel:
         if self._exec is not None:
             self._exec.synchronize()
 
+    def random_state(self) -> tuple[int, int] | None:
+        """(key, inference number) the next inference's random draws use; None for a model with
+        no draw (docs/random.md)."""
+        return self.executor().random_state()
+
+    def set_random_state(self, key: int, inference: int = 0) -> None:
+        """Draw from here on as a model loaded with `key` after `inference` inferences: the same
+        draws again (a state read by random_state), or a reproducible stream for the unseeded
+        random nodes (as torch.manual_seed). Seeded nodes keep their own key."""
+        self.executor().set_random_state(key, inference)
+
     def sample_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
         meta = self.plan.get("meta", {})
         return sample_inputs(self.inputs, seed, meta.get("int_high"), meta.get("bound_values"),

@@ -214,6 +214,17 @@ class Executor:
         v = int(word[0])
         return v >> 32, v & 0xFFFFFFFF
 
+    def set_random_state(self, key: int, inference: int = 0) -> None:
+        """Write the random draws' state (random_state), after the inferences queued so far."""
+        if "rng" not in self.storages:
+            raise DlccError("this model has no random draws, so it has no random state to set")
+        if not (0 <= int(key) < 2 ** 32 and 0 <= int(inference) < 2 ** 32):
+            raise DlccError(f"a random state is two 32-bit numbers, not key={key}, inference={inference}")
+        with self.rt.active(), self._lock:
+            self.rt.finish()
+            self.rt.write(self.storages["rng"], 0, np.array([(int(key) << 32) | int(inference)], np.uint64))
+            self.rt.finish()
+
     def resident_grid(self, L: dict, grid: int) -> int:
         """The grid of a spin-waiting kernel on this device: at most the blocks the runtime can
         prove resident at once (its loops are grid-stride, so any grid ≥ 1 is correct). None

@@ -237,3 +237,26 @@ def test_multinomial_samples_the_softmax_and_each_sample_is_the_hosts(tmp_path):
             freq = np.stack([np.bincount(samples[b], minlength=6) / S for b in range(2)])
             assert np.abs(freq - p).max() < 6 * np.sqrt(0.25 / S)
             assert (samples[2] == 6).all()
+
+
+def test_a_random_state_set_again_draws_the_same_and_bad_states_are_refused(tmp_path):
+    from dlcc.errors import DlccError
+
+    path = tmp_path / "n.onnx"
+    onnx.save(_model([helper.make_node("RandomNormal", [], ["n"], shape=[16])], [], [_vi("n", [16])]), str(path))
+    m = dlcc.compile(path, target="opencl", pipeline="astitch")
+    m.set_random_state(1234, 5)
+    first = m({})["n"]
+    assert m.random_state() == (1234, 6)
+    assert not np.array_equal(m({})["n"], first)
+    m.set_random_state(1234, 5)
+    assert np.array_equal(m({})["n"], first)
+    for bad in ((-1, 0), (2 ** 32, 0), (0, 2 ** 32)):
+        with pytest.raises(DlccError, match="two 32-bit numbers"):
+            m.set_random_state(*bad)
+    relu = tmp_path / "relu.onnx"
+    onnx.save(_model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [4])], [_vi("y", [4])]), str(relu))
+    plain = dlcc.compile(relu, target="opencl")
+    assert plain.random_state() is None
+    with pytest.raises(DlccError, match="no random draws"):
+        plain.set_random_state(1)

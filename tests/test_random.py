@@ -260,3 +260,18 @@ def test_a_random_state_set_again_draws_the_same_and_bad_states_are_refused(tmp_
     assert plain.random_state() is None
     with pytest.raises(DlccError, match="no random draws"):
         plain.set_random_state(1)
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_a_scalar_draw_stitches(tmp_path, pipeline):
+    """A draw of a rank-0 tensor (noise on a full reduction): the state broadcasts to it (AStitch's
+    index maps once failed to broadcast a one-element state to a scalar)."""
+    path = tmp_path / "scalar.onnx"
+    onnx.save(_model([helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+                      helper.make_node("RandomNormalLike", ["s"], ["n"], scale=0.01),
+                      helper.make_node("Add", ["s", "n"], ["y"]), helper.make_node("Mul", ["y", "x"], ["z"])],
+                     [_vi("x", [3, 5])], [_vi("z", [3, 5])]), str(path))
+    cm = dlcc.compile(path, target="opencl", pipeline=pipeline)
+    feeds = {"x": np.random.default_rng(2).standard_normal((3, 5)).astype(np.float32)}
+    rows = verify_outputs(path, cm(feeds), feeds, compiled=cm)
+    assert all(r["passed"] for r in rows), rows

@@ -22,7 +22,8 @@ DRAW_DTYPES = ("float32", "float16", "bfloat16")
 def ensure_state(ctx) -> None:
     """The state tensor, placed in its own storage (passes/memplan.py OWN_STORAGES)."""
     if STATE not in ctx.graph.tensors:
-        ctx.graph.tensors[STATE] = Tensor(STATE, (1,), "int64")  # (its bits: int64 is a type AStitch stitches)
+        # (its bits: int64 is a type AStitch stitches; rank 0 broadcasts to any draw, a scalar one too)
+        ctx.graph.tensors[STATE] = Tensor(STATE, (), "int64")
 
 
 def philox_lines(state: str, key0: str, stream: int) -> list[str]:

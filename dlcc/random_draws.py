@@ -117,11 +117,7 @@ def host_draw(params: dict, stream: int, shape, state_key: int, call: int) -> np
     return np.asarray(v, np.float32).reshape(tuple(shape))
 
 
-# -- import: Bernoulli and Multinomial as a draw plus plain ops ------------------------------------
-def has_random(model: onnx.ModelProto) -> bool:
-    return any(n.op_type in DRAW_OPS + COMPOUND_OPS and n.domain in ("", "ai.onnx") for n in model.graph.node)
-
-
+# -- import: Bernoulli as a draw plus plain ops ----------------------------------------------------
 def _attrs(n: onnx.NodeProto) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in n.attribute}
 

@@ -41,6 +41,17 @@ def philox_lines(state: str, key0: str, stream: int) -> list[str]:
             "}"]
 
 
+def _stream(ctx, node, params: dict, **extra) -> tuple[str, str]:
+    """A draw node's stream: the state in the graph, its record for verify (ctx.draws), and (the
+    model's name of its output, which names the stream; the C expression of its key's k0)."""
+    out = node.outputs[0]
+    ensure_state(ctx)
+    name = source_name(out)  # (the model's: verify replaces the node that makes it)
+    ctx.draws.append({"output": name, "op": node.op_type, "shape": list(ctx.shape(out)), "dtype": ctx.dtype(out),
+                      "stream": stream_id(name), **extra, **params})
+    return name, "(u32)(st >> 32)" if params["seed"] is None else f"{params['seed']}u"
+
+
 @register("RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", since=1, category=ELEMENTWISE)
 def _draw(ctx, node):
     out = node.outputs[0]
@@ -48,11 +59,7 @@ def _draw(ctx, node):
     if dt not in DRAW_DTYPES:
         raise ctx.fail(f"draws of {dt} are not supported (float32, float16 and bfloat16 are)")
     p = draw_params(node.op_type, node.attrs)
-    ensure_state(ctx)
-    name = source_name(out)  # (the model's: verify replaces the node that makes it)
-    ctx.draws.append({"output": name, "op": node.op_type, "shape": list(ctx.shape(out)), "dtype": dt,
-                      "stream": stream_id(name), **p})
-    key0 = "(u32)(st >> 32)" if p["seed"] is None else f"{p['seed']}u"
+    name, key0 = _stream(ctx, node, p)
     a, b, unit = literal(p["a"]), literal(p["b"]), literal(UNIT)
 
     def body(v):
@@ -81,12 +88,7 @@ def _multinomial(ctx, node):
         raise ctx.fail(f"logits of {ctx.dtype(x)} are not supported (float32, float16 and bfloat16 are)")
     C = shape[1]
     S = ctx.shape(out)[1]
-    p = draw_params("RandomUniform", node.attrs)
-    ensure_state(ctx)
-    name = source_name(out)
-    ctx.draws.append({"output": name, "op": node.op_type, "shape": list(ctx.shape(out)), "dtype": ctx.dtype(out),
-                      "stream": stream_id(name), "logits": source_name(x), **p})
-    key0 = "(u32)(st >> 32)" if p["seed"] is None else f"{p['seed']}u"
+    name, key0 = _stream(ctx, node, draw_params("RandomUniform", node.attrs), logits=source_name(x))
     unit = literal(UNIT)
 
     def body(v):

@@ -177,6 +177,7 @@ class Executor:
             self.storages[f"output:{k}"] = rt.alloc(_nbytes(t))
         #: per output: (position, name, shape, dtype, bytes), read on every call
         self._outs = [(k, t["name"], tuple(t["shape"]), t["dtype"], _nbytes(t)) for k, t in enumerate(plan["outputs"])]
+        self._held_outs = [(k, t) for k, t in enumerate(plan["outputs"]) if t.get("model_dtype")]
         self.calls = []
         for L in plan["launches"]:
             args = [a["int"] if "int" in a else rt.view(self.storages[a["storage"]], a["offset"], a["nbytes"])
@@ -265,6 +266,8 @@ class Executor:
             if tuple(a.shape) != tuple(t["shape"]):
                 raise InputError(f"input {t['name']!r} has shape {list(a.shape)}, the model was compiled for "
                                  f"{t['shape']} (recompile with --shape {t['name']}=...)")
+            if t.get("model_dtype"):  # (onto the model's type's values first, then its holder: held_types.py)
+                a = as_input(a, t["name"], t["model_dtype"]).astype(t["dtype"])
             arrays.append(np.ascontiguousarray(as_input(a, t["name"], t["dtype"])))
 
     def _check_device_input(self, t: dict, ref, role: str = "input") -> None:
@@ -566,6 +569,9 @@ class Executor:
         else:
             self._unchecked += 1
             self._pending = rt.record()
+        for k, t in self._held_outs:  # (host outputs of a held type: the model's type, exactly)
+            if isinstance(outs[t["name"]], np.ndarray) and not (dests and k in dests):
+                outs[t["name"]] = outs[t["name"]].astype(t["model_dtype"])
         return outs
 
     def raise_device_errors(self, current: bool = False) -> None:

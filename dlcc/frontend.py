@@ -1126,6 +1126,9 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         if t.value is not None:
             t.shape = tuple(t.value.shape)
             t.dtype = t.value.dtype.name
+    from .held_types import hold
+
+    hold(graph)
     promote_half(graph, float64)
     _eliminate_dead(graph)
     return graph

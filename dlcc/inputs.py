@@ -46,6 +46,8 @@ def sample_inputs(signature: list[dict], seed: int = 0, int_high: dict[str, int]
             out[name] = rng.integers(0, 2, shape).astype(bool)
         else:
             out[name] = rng.integers(0, (int_high or {}).get(name, 2), shape).astype(dt)
+        if t.get("model_dtype"):  # (a type held in a wider one: its own values, held_types.py)
+            out[name] = out[name].astype(t["model_dtype"])
     return out
 
 

@@ -107,6 +107,9 @@ class Graph:
     # rows of some fused ops unspecified (fused_ops.PADDED_QUERIES_UNSPECIFIED), so verify would
     # compare dlcc with bytes onnxruntime never wrote.
     full_masks: bool = False
+    # Inputs and outputs of a type dlcc holds in a wider one (held_types.py): name -> the model's
+    # dtype, which the plan keeps at the boundary.
+    held: dict[str, str] = field(default_factory=dict)
 
     def output_name(self, name: str) -> str:
         return self.output_alias.get(name, name)

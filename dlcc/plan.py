@@ -87,7 +87,9 @@ def build_plan(state, meta: dict) -> tuple[dict, "WeightsBlob"]:
          .view(np.uint8))  # bytes: memoryview cannot take ml_dtypes' bfloat16
         for b, p in mem.placements.items() if p.storage == "weights"])
     def io(names):
-        return [{"name": g.output_name(n), "shape": list(g.tensors[n].shape), "dtype": g.tensors[n].dtype} for n in names]
+        # (model_dtype: a type the buffer holds in a wider dtype, held_types.py; converted on the host)
+        return [{"name": g.output_name(n), "shape": list(g.tensors[n].shape), "dtype": g.tensors[n].dtype,
+                 **({"model_dtype": g.held[n]} if n in g.held else {})} for n in names]
 
     tensors = {}
     for name, t in g.tensors.items():

@@ -15,6 +15,7 @@ from typing import Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import DlccError
+from .held_types import HELD
 from .ir import INT32_MAX as _INT32
 from .ir import SUPPORTED_DTYPES
 _NAME = re.compile(r"[A-Za-z_]\w*\Z")
@@ -30,6 +31,8 @@ class IOSpec(_Open):
     name: str
     shape: list[int] = Field(..., description="every dim >= 0")
     dtype: Literal[tuple(SUPPORTED_DTYPES)]  # type: ignore[valid-type]  (a dtype dlcc knows)
+    # the model's type where the buffer holds a narrower one (held_types.py)
+    model_dtype: Literal[tuple(HELD)] | None = None  # type: ignore[valid-type]
 
 
 class ViewArg(_Open):

@@ -61,7 +61,13 @@ _I32 = onnx.TensorProto.INT32
 #: Integer types a quantized tensor may have here, with their ranges.
 _RANGE = {onnx.TensorProto.UINT8: (0, 255), onnx.TensorProto.INT8: (-128, 127),
           onnx.TensorProto.INT16: (-2 ** 15, 2 ** 15 - 1), onnx.TensorProto.UINT16: (0, 2 ** 16 - 1),
-          onnx.TensorProto.INT32: (-2 ** 31, 2 ** 31 - 1)}
+          onnx.TensorProto.INT32: (-2 ** 31, 2 ** 31 - 1),
+          onnx.TensorProto.INT4: (-8, 7), onnx.TensorProto.UINT4: (0, 15),  # (held in 8 bits: held_types.py)
+          onnx.TensorProto.INT2: (-2, 1), onnx.TensorProto.UINT2: (0, 3)}
+#: The float types QuantizeLinear rounds onto (a Cast with `saturate`, held_types.py), whose
+#: zero point DequantizeLinear ignores (onnx.reference's rule: for float8 it must be 0).
+_FLOAT_Q = (onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ, onnx.TensorProto.FLOAT8E5M2,
+            onnx.TensorProto.FLOAT8E5M2FNUZ, onnx.TensorProto.FLOAT4E2M1)
 _NAMES = {onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT8: "int8", onnx.TensorProto.INT16: "int16",
           onnx.TensorProto.UINT16: "uint16", onnx.TensorProto.INT32: "int32"}
 
@@ -246,7 +252,9 @@ class _Builder(Builder):
         t = default if t is None else t
         if t not in _RANGE:
             raise self.fail(f"quantized type {onnx.TensorProto.DataType.Name(t)} is not supported "
-                            "(dlcc holds uint8, int8, int16, uint16 and int32)", UnsupportedDtypesError)
+                            "(dlcc holds uint8, int8, int16, uint16, int32, int4, uint4, int2, uint2 and, in "
+                            "QuantizeLinear and DequantizeLinear, the float8 types and float4e2m1)",
+                            UnsupportedDtypesError)
         return t
 
     def quantize(self, scaled: str, zp: str, qtype: int, out: str) -> str:
@@ -390,11 +398,14 @@ def _dequantize_linear(b: _Builder) -> None:
     block = int(b.attrs.get("block_size", 0))
     cq, cs = b.const(x), b.const(scale)
     if block and cq is not None and cs is not None:
-        cz = b.const(zp) if zp else np.zeros_like(cs)
+        cz = b.const(zp) if zp and b.elem(x) not in _FLOAT_Q else np.zeros_like(cs)
         ax = axis % cq.ndim
         s = np.repeat(cs, block, axis=ax).take(range(cq.shape[ax]), axis=ax)
         z = np.repeat(cz, block, axis=ax).take(range(cq.shape[ax]), axis=ax)
         y = b.constant((cq.astype(np.float32) - z.astype(np.float32)) * s.astype(np.float32))
+    elif b.elem(x) in _FLOAT_Q:
+        _no_blocks(b)
+        y = b.dequantize(x, scale, "", axis)
     else:
         _no_blocks(b)
         b.int_type(x)
@@ -407,8 +418,15 @@ def _quantize_linear(b: _Builder) -> None:
     x, scale, zp = b.input(0), b.input(1), b.input(2)
     axis = int(b.attrs.get("axis", 1))
     _no_blocks(b)
-    qtype = b.int_type(zp, default=int(b.attrs.get("output_dtype", 0)) or onnx.TensorProto.UINT8)
+    default = int(b.attrs.get("output_dtype", 0)) or onnx.TensorProto.UINT8
     v = b.op("Div", [b.as_float(x), b.per_axis(scale, axis, x)])
+    if (b.elem(zp) if zp else default) in _FLOAT_Q:  # x / scale onto the float type's values
+        qtype = b.elem(zp) if zp else default
+        if zp and qtype == onnx.TensorProto.FLOAT4E2M1:  # (float8's zero point is 0; float4's is added)
+            v = b.op("Add", [v, b.per_axis(zp, axis, x)])
+        b.op("Cast", [v], b.node.output[0], to=qtype, saturate=int(b.attrs.get("saturate", 1)))
+        return
+    qtype = b.int_type(zp, default=default)
     b.quantize(v, b.per_axis(zp, axis, x), qtype, b.node.output[0])
 
 

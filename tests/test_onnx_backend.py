@@ -70,9 +70,6 @@ class DlccRep(onnx.backend.base.BackendRep):
         if self.compiled is None:
             self.proto, kept = _as_constants(self.proto, dict(zip(names, inputs)))
             self.baked = [n for n in names if n not in kept]
-            if any(isinstance(a, np.ndarray) and a.size == 0 for a in kept.values()):
-                # (dlcc refuses a graph input with a zero dim: README, "zero-sized tensors")
-                raise unittest.SkipTest("a zero-size graph input")
             # (A scalar int or bool input's binding is its value: a DFT's axis, a Loop's trip count.)
             shapes = {n: (int(a) if a.ndim == 0 and a.dtype.name in ("int64", "int32", "int8", "uint8", "bool")
                       else tuple(a.shape))
@@ -102,7 +99,7 @@ class DlccBackend(onnx.backend.base.Backend):
 
 backend_test = onnx.backend.test.BackendTest(DlccBackend, __name__)
 backend_test.include(r"^test_.*_cpu$")
-backend_test.exclude(r"(_cuda$|test_.*_expanded_ver18|FLOAT16|float16|bfloat16|float8|_e4m3|_e5m2|int4|uint4|string)")
+backend_test.exclude(r"_cuda$")
 # The expected output of the inverse DFT cases is numpy's complex64 FFT, whose imaginary part at
 # the Nyquist bin is 1.9e-7 where the exact value is 0 (numpy's complex128 FFT gives 7e-16): its own
 # rounding, above the case's atol of 1e-7. dlcc's 3e-15 is nearer the exact answer and fails the check.

@@ -323,7 +323,15 @@ _attr_unary("Gelu", lambda c: "0.5f * a * (1.0f + F_TANH(0.7978845608028654f * (
 def _cast(ctx, node):
     # 16-bit floats load as float (value_dtype); the store converts: a C conversion truncates
     # toward zero, as ONNX Cast does, and a 16-bit float output rounds (store_value).
+    # A Cast to a type dlcc holds in a wider one (held_types.py) rounds onto that type's values.
     src, dst = ctx.value_dtype(node.inputs[0]), ctx.value_dtype(node.outputs[0])
+    grid = ctx.attr("%grid", None)
+    if grid is not None:
+        from ..held_types import cast_lines
+
+        lines, expr = cast_lines(grid, src == "float32", bool(ctx.attr("saturate", 1)))
+        return emit_map(ctx, node.outputs[0], [node.inputs[0]],
+                        lambda v: ([f"const {_ct(src)} a = {v.x(0)};"] + lines, expr), "Cast", flops_per_elem=8)
     expr = "(a != 0)" if dst == "bool" else "a"
     emit_map(ctx, node.outputs[0], [node.inputs[0]], lambda v: ([f"const {_ct(src)} a = {v.x(0)};"], expr), "Cast")
 

@@ -82,8 +82,10 @@ def hold(graph) -> None:
     Cast's lowering reads). The model's inputs and outputs of those types are recorded in
     `graph.held`, so the plan keeps their type at the boundary."""
     boundary = set(graph.inputs) | set(graph.outputs)
+    count: dict[str, int] = {}
     for name, t in graph.tensors.items():
         if t.dtype in HELD:
+            count[t.dtype] = count.get(t.dtype, 0) + 1
             if name in boundary:
                 graph.held[name] = t.dtype
             if t.value is not None:
@@ -94,6 +96,9 @@ def hold(graph) -> None:
             grid = onnx_type_name(n.attrs.get("to"))
             if grid in HELD:
                 n.attrs["to"], n.attrs["%grid"] = held_onnx_type(grid), grid
+    if count:
+        graph.notes.append("import: " + ", ".join(f"{k} held in {HELD[k]} ({v} tensor(s))" for k, v in sorted(count.items()))
+                           + "; Casts round onto their values, and inputs and outputs keep their type (held_types.py)")
 
 
 def cast_lines(grid: str, src_is_float: bool, saturate: bool) -> tuple[list[str], str]:

@@ -97,10 +97,23 @@ def check_input_names(inputs: dict, names: list[str]) -> None:
                          f"expected {names}")
 
 
+#: ml_dtypes' types, which .npz files keep as voids of their size (bfloat16 as V2, float8 as V1).
+_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float4_e2m1fn",
+              "int4", "uint4", "int2", "uint2")
+
+
+def _void_of(have: np.dtype, want: np.dtype) -> bool:
+    return want.name in _ML_DTYPES and have.kind == "V" and have.itemsize == want.itemsize and have.names is None
+
+
 def castable(have: np.dtype, want: np.dtype) -> bool:
     """Whether a host array of dtype `have` is taken for an input of dtype `want`: numpy's
-    same_kind rule, and 2-byte voids for bfloat16 (.npz files keep ml_dtypes' bfloat16 so)."""
-    return have == want or (want.name == "bfloat16" and have == np.dtype("V2")) or np.can_cast(have, want, "same_kind")
+    same_kind rule, and voids of an ml_dtypes type's size (.npz files keep ml_dtypes' types so).
+    An integer array is not taken for a float8 input: onnxruntime's binding hands float8 out as
+    raw uint8 bytes, which numpy's rule would convert as numbers."""
+    if want.name.startswith(("float8", "float4")) and have.kind in "biu":
+        return False
+    return have == want or _void_of(have, want) or np.can_cast(have, want, "same_kind")
 
 
 def as_input(a: np.ndarray, name: str, dtype) -> np.ndarray:
@@ -109,8 +122,10 @@ def as_input(a: np.ndarray, name: str, dtype) -> np.ndarray:
     if a.dtype == want:
         return a
     if not castable(a.dtype, want):
-        raise InputError(f"input {name!r} has dtype {a.dtype}, expected {want}")
-    return a.view(want) if a.dtype == np.dtype("V2") else a.astype(want)
+        hint = (f" (raw bytes, as onnxruntime returns float8: a.view(ml_dtypes.{want.name}))"
+                if want.name.startswith("float8") and a.dtype == np.uint8 else "")
+        raise InputError(f"input {name!r} has dtype {a.dtype}, expected {want}{hint}")
+    return a.view(want) if _void_of(a.dtype, want) else a.astype(want)
 
 
 def pick_target(target: str = "auto") -> str:

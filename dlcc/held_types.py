@@ -134,3 +134,34 @@ def cast_lines(grid: str, src_is_float: bool, saturate: bool) -> tuple[list[str]
              # (float4 has no NaN: ml_dtypes gives a zero of the NaN's opposite sign)
              f"if (x != x) r = {'DLCC_NAN' if g.nan else '(signbit(x) ? 0.0f : -0.0f)'};"]
     return lines, "r"
+
+
+def held_io(g: onnx.GraphProto) -> tuple[dict[str, int], dict[str, int]]:
+    """({input: its ONNX type}, {output: its ONNX type}) for `g`'s inputs and outputs of a HELD
+    type. onnxruntime's Python binding returns float8 outputs as raw uint8 bytes and has no numpy
+    type at all for E5M2, so where dlcc hands such a model to onnxruntime (verify's reference, a
+    fallback segment) it runs float_boundary's model instead."""
+    def pick(vis):
+        return {vi.name: vi.type.tensor_type.elem_type for vi in vis if onnx_type_name(vi.type.tensor_type.elem_type) in HELD}
+
+    return pick(g.input), pick(g.output)
+
+
+def float_boundary(m: onnx.ModelProto, ins: dict[str, int], outs: dict[str, int]) -> onnx.ModelProto:
+    """`m` (changed in place) with the given inputs and outputs as float32, each converted by a
+    Cast inside to or from its own type, exact both ways; names unchanged. Feed it float32
+    arrays, and take its outputs back with `.astype` to their types."""
+    g = m.graph
+    inner = {n: f"{n}%held" for n in [*ins, *outs]}
+    for node in g.node:
+        node.input[:] = [inner.get(i, i) for i in node.input]
+        node.output[:] = [inner.get(o, o) for o in node.output]
+    head = [onnx.helper.make_node("Cast", [n], [inner[n]], to=t) for n, t in ins.items()]
+    tail = [onnx.helper.make_node("Cast", [inner[n]], [n], to=onnx.TensorProto.FLOAT) for n in outs]
+    nodes = head + list(g.node) + tail
+    del g.node[:]
+    g.node.extend(nodes)
+    for vi in [*g.input, *g.output]:
+        if vi.name in inner:
+            vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    return m

@@ -655,11 +655,18 @@ class _OrtSegment:
     def __init__(self, owner: PartitionedModel, seg: Segment, values: dict):
         import onnxruntime as ort
 
+        from .held_types import float_boundary, held_io
+
         so = ort.SessionOptions()
         so.log_severity_level = 4  # (its errors are raised as dlcc's, not printed too)
+        sub = owner._submodel(seg, values)
+        # (float8 and int4 in and out of onnxruntime's binding as float32: held_types.held_io says why)
+        self.held_in, held_out = held_io(sub.graph)
+        self.held_out = {n: helper.tensor_dtype_to_np_dtype(t) for n, t in held_out.items()}
+        if self.held_in or held_out:
+            sub = float_boundary(sub, self.held_in, held_out)
         try:
-            self.session = ort.InferenceSession(owner._submodel(seg, values).SerializeToString(), so,
-                                                providers=["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(sub.SerializeToString(), so, providers=["CPUExecutionProvider"])
         except Exception as e:
             raise DlccError(f"{owner.model_path}: onnxruntime cannot run the part of the model dlcc falls back on "
                             f"({', '.join(sorted({owner._model.graph.node[k].op_type for k in seg.nodes}))}): "
@@ -668,7 +675,8 @@ class _OrtSegment:
 
     def __call__(self, seg: Segment, values: dict) -> dict:
         try:
-            outs = self.session.run(self.names, {x: values[x] for x in seg.inputs})
+            outs = self.session.run(self.names, {x: (np.asarray(values[x]).astype(np.float32) if x in self.held_in
+                                                     else values[x]) for x in seg.inputs})
         except Exception as e:
             raise DlccError(f"onnxruntime failed on its part of the model: {str(e).splitlines()[0][:300]}") from None
-        return dict(zip(self.names, outs))
+        return {n: (o.astype(self.held_out[n]) if n in self.held_out else o) for n, o in zip(self.names, outs)}

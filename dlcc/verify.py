@@ -188,35 +188,10 @@ def helper_dtype(t: int) -> np.dtype:
 
 
 def _held_boundary(model_path) -> tuple[dict[str, int], dict[str, int]]:
-    """({input: its ONNX type}, {output: its ONNX type}) for the model's inputs and outputs of a
-    type dlcc holds in a wider one (held_types.py: float8, float4, int4, ...). onnxruntime's Python
-    binding returns float8 outputs as raw uint8, and has no numpy type at all for E5M2, so the
-    reference takes and gives those as float32 around Casts (float_boundary): exact both ways."""
-    from .held_types import HELD, onnx_type_name
+    """held_types.held_io of the model's graph (its weights unread)."""
+    from .held_types import held_io
 
-    g = _graph(model_path)
-    pick = lambda vis: {vi.name: vi.type.tensor_type.elem_type for vi in vis  # noqa: E731
-                        if onnx_type_name(vi.type.tensor_type.elem_type) in HELD}
-    return pick(g.input), pick(g.output)
-
-
-def _float_boundary(m: onnx.ModelProto, ins: dict[str, int], outs: dict[str, int]) -> onnx.ModelProto:
-    """`m` with the given inputs and outputs as float32, each converted by a Cast inside to or
-    from its own type; names unchanged."""
-    g = m.graph
-    inner = {n: f"{n}%held" for n in [*ins, *outs]}
-    for node in g.node:
-        node.input[:] = [inner.get(i, i) for i in node.input]
-        node.output[:] = [inner.get(o, o) for o in node.output]
-    head = [onnx.helper.make_node("Cast", [n], [inner[n]], to=t) for n, t in ins.items()]
-    tail = [onnx.helper.make_node("Cast", [inner[n]], [n], to=onnx.TensorProto.FLOAT) for n in outs]
-    nodes = head + list(g.node) + tail
-    del g.node[:]
-    g.node.extend(nodes)
-    for vi in [*g.input, *g.output]:
-        if vi.name in inner:
-            vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
-    return m
+    return held_io(_graph(model_path))
 
 
 def is_quantized(model_path) -> bool:
@@ -256,7 +231,9 @@ def _session(model_path, widen: bool, feeds: dict | None = None, draws: dict | N
     source = with_draws(onnx.load(str(model_path)), draws, feeds) if draws else None
     held_in, held_out = _held_boundary(model_path)
     if held_in or held_out:
-        source = _float_boundary(source or onnx.load(str(model_path)), held_in, held_out)
+        from .held_types import float_boundary
+
+        source = float_boundary(source or onnx.load(str(model_path)), held_in, held_out)
     so = ort.SessionOptions()
     so.log_severity_level = 3
     if has_tree_ensembles(model_path):

@@ -18,6 +18,7 @@ import dlcc
 from dlcc.backends.nvcc import compile_cubin, find_nvcc
 from dlcc.backends.source import render
 from dlcc.errors import UnsupportedDtypesError
+from dlcc.executor import InputError
 from dlcc.verify import verify_outputs
 
 FLOAT8 = (TP.FLOAT8E4M3FN, TP.FLOAT8E4M3FNUZ, TP.FLOAT8E5M2, TP.FLOAT8E5M2FNUZ)
@@ -211,3 +212,41 @@ def test_held_casts_compile_for_cuda(tmp_path):
     for arch in ("sm_80", "sm_90"):
         usage = compile_cubin(source, arch)
         assert set(codes) <= set(usage) and not {k: u for k, u in usage.items() if u.spills}
+
+
+@pytest.mark.parametrize("qt", [TP.FLOAT8E4M3FN, TP.FLOAT8E5M2])
+def test_float8_crosses_a_fallback_segment(tmp_path, qt):
+    """A Reshape to a shape read from an input runs on onnxruntime (--fallback): the float8 tensor
+    goes to it from dlcc's QuantizeLinear and back to dlcc's DequantizeLinear, and out as an
+    output, where onnxruntime's binding would give raw bytes (E4M3FN) or nothing (E5M2)."""
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sc", "z"], ["q"]), helper.make_node("Reshape", ["q", "s"], ["qr"]),
+             helper.make_node("DequantizeLinear", ["qr", "sc", "z"], ["y"])]
+    g = helper.make_graph(nodes, "g", [_vi("x", TP.FLOAT, [4, 6]), _vi("s", TP.INT64, [2])],
+                          [_vi("y", TP.FLOAT, ["a", "b"]), _vi("qr", qt, ["a", "b"])],
+                          [numpy_helper.from_array(np.array(0.25, np.float32), "sc"), helper.make_tensor("z", qt, [], [0])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    m.ir_version = 10
+    onnx.save(m, str(tmp_path / "fb.onnx"))
+    cm = dlcc.compile(tmp_path / "fb.onnx", target="opencl", fallback="onnxruntime")
+    feeds = {"x": (np.random.default_rng(0).standard_normal((4, 6)) * 30).astype(np.float32), "s": np.array([3, 8], np.int64)}
+    got = cm(feeds)
+    assert got["qr"].dtype == helper.tensor_dtype_to_np_dtype(qt) and got["qr"].shape == (3, 8)
+    rows = verify_outputs(tmp_path / "fb.onnx", got, feeds, compiled=cm)
+    assert all(r["passed"] and r["max_abs_err"] == 0 for r in rows), rows
+
+
+def test_float8_inputs_refuse_raw_bytes_and_take_npz_voids(tmp_path):
+    """onnxruntime hands float8 out as raw uint8: such an array is refused with the view to use,
+    not converted as numbers; an .npz file's 1-byte voids (how numpy saves ml_dtypes' float8) are
+    read as the bytes they are."""
+    g = helper.make_graph([helper.make_node("Cast", ["a"], ["y"], to=TP.FLOAT)], "g", [_vi("a", TP.FLOAT8E4M3FN, [4])],
+                          [_vi("y", TP.FLOAT, [4])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    m.ir_version = 10
+    onnx.save(m, str(tmp_path / "a.onnx"))
+    cm = dlcc.compile(tmp_path / "a.onnx", target="opencl")
+    a = np.array([1.5, -448, 0.0078125, 3], ml_dtypes.float8_e4m3fn)
+    with pytest.raises(InputError, match=r"a.view\(ml_dtypes.float8_e4m3fn\)"):
+        cm({"a": a.view(np.uint8)})
+    np.savez(tmp_path / "a.npz", a=a)
+    assert np.array_equal(cm({"a": np.load(tmp_path / "a.npz")["a"]})["y"], a.astype(np.float32))

@@ -813,6 +813,26 @@ def p_cast(g: Gen) -> None:
     g.one("Cast", [m], x.shape, -30 * max(abs(x.lo), abs(x.hi)), 30 * max(abs(x.lo), abs(x.hi)), to=TensorProto.FLOAT)
 
 
+#: The float8 formats a Cast rounds onto from opset 19 (held_types.py), with their largest values.
+_FLOAT8 = {TensorProto.FLOAT8E4M3FN: ("float8_e4m3fn", 448.0), TensorProto.FLOAT8E4M3FNUZ: ("float8_e4m3fnuz", 240.0),
+           TensorProto.FLOAT8E5M2: ("float8_e5m2", 57344.0), TensorProto.FLOAT8E5M2FNUZ: ("float8_e5m2fnuz", 57344.0)}
+
+
+def p_float8(g: Gen) -> None:
+    """float → float8 → float on exact values, with or without saturation, inside every format's
+    range (no NaN). The float8 value is exact too (a rounding both sides make alike), and is kept
+    from the outputs: onnxruntime's binding returns float8 as raw bytes."""
+    if g.opset < 19:
+        return
+    x = g.pick(lambda u: u.exact and u.mag < 200) or g.input(g.shape(), -20, 20)
+    to = g.ch.pick(list(_FLOAT8))
+    name, top = _FLOAT8[to]
+    lo, hi = max(x.lo - abs(x.lo) / 8, -top), min(x.hi + abs(x.hi) / 8, top)
+    h = g.one("Cast", [x], x.shape, lo, hi, dtype=name, to=to, saturate=int(g.ch.chance(0.5)))
+    h.exact = True
+    g.one("Cast", [h], x.shape, lo, hi, to=TensorProto.FLOAT)
+
+
 def p_cumsum(g: Gen) -> None:
     v = g.bounded(g.pick_or_input(lambda u: u.rank >= 1))
     if v.rank == 0:
@@ -1555,7 +1575,7 @@ PATTERNS = [
     (p_where, 2), (p_cast, 1), (p_cumsum, 1), (p_matmul, 6), (p_gemm, 3), (p_conv, 4), (p_rnn, 2),
     (p_misc, 2), (p_logic, 1), (p_mod, 1), (p_topk, 1), (p_gathernd, 1), (p_convtranspose, 1), (p_norm, 1),
     (p_resize, 1), (p_alias, 1), (p_head_merge, 4), (p_prenorm, 3), (p_if, 1), (p_scatter, 1), (p_scan, 1),
-    (p_dft, 1), (p_bitwise, 2), (p_col2im, 1), (p_unpool, 1), (p_roi_align, 1),
+    (p_dft, 1), (p_bitwise, 2), (p_col2im, 1), (p_unpool, 1), (p_roi_align, 1), (p_float8, 3),
 ]
 
 

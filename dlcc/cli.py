@@ -935,9 +935,11 @@ def _output_row(name: str, v) -> dict:
         shape, dtype = [len(v)], value_kind(v)
     else:
         a = np.asarray(v)
-        flat, shape, dtype = a, list(a.shape), str(a.dtype)
+        shape, dtype = list(a.shape), str(a.dtype)
+        # (in float64: ml_dtypes' bfloat16 and float8 would sum in their own type and overflow)
+        flat = np.zeros(0) if a.dtype.kind in "OSU" else a.astype(np.float64)
         if a.dtype.kind in "OSU":  # strings (a fallback segment's labels): no mean to show
-            flat, dtype = np.zeros(0), "string"
+            dtype = "string"
     return {"name": name, "shape": shape, "dtype": dtype,
             "mean": float(np.mean(flat)) if flat.size else 0.0, "std": float(np.std(flat)) if flat.size else 0.0}
 
@@ -960,8 +962,14 @@ def _atomic_npz(path: Path, arrays: dict) -> None:
     path = Path(path)
     if not path.resolve().parent.is_dir():
         raise DlccError(f"{path}: the directory {path.resolve().parent} does not exist")
+    from .executor import ML_DTYPES
+
+    # (ml_dtypes' types as voids of their bytes: numpy writes float8_e5m2 as "<f1", which no
+    # numpy reads back; `.view(ml_dtypes.float8_e5m2)` restores it, and `dlcc run -i` takes it)
     arrays = {k: (np.array(json.dumps(_jsonable(v))) if isinstance(v, (list, tuple, dict))
-                  else np.asarray(v).astype(str) if np.asarray(v).dtype.kind == "O" else v)
+                  else np.asarray(v).astype(str) if np.asarray(v).dtype.kind == "O"
+                  else np.asarray(v).view(f"V{np.asarray(v).itemsize}") if np.asarray(v).dtype.name in ML_DTYPES
+                  else v)
               for k, v in arrays.items()}
     with atomic_file(path, "wb") as f:
         np.savez(f, **arrays)

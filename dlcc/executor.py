@@ -98,12 +98,12 @@ def check_input_names(inputs: dict, names: list[str]) -> None:
 
 
 #: ml_dtypes' types, which .npz files keep as voids of their size (bfloat16 as V2, float8 as V1).
-_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float4_e2m1fn",
+ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float4_e2m1fn",
               "int4", "uint4", "int2", "uint2")
 
 
 def _void_of(have: np.dtype, want: np.dtype) -> bool:
-    return want.name in _ML_DTYPES and have.kind == "V" and have.itemsize == want.itemsize and have.names is None
+    return want.name in ML_DTYPES and have.kind == "V" and have.itemsize == want.itemsize and have.names is None
 
 
 def castable(have: np.dtype, want: np.dtype) -> bool:

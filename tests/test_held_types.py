@@ -250,3 +250,25 @@ def test_float8_inputs_refuse_raw_bytes_and_take_npz_voids(tmp_path):
         cm({"a": a.view(np.uint8)})
     np.savez(tmp_path / "a.npz", a=a)
     assert np.array_equal(cm({"a": np.load(tmp_path / "a.npz")["a"]})["y"], a.astype(np.float32))
+
+
+def test_cli_run_writes_float8_outputs_numpy_reads_back(tmp_path):
+    """`dlcc run -o`: an E5M2 output as its bytes (numpy writes float8_e5m2 as "<f1", which it cannot
+    read back), whose statistics are computed in float64, not in float8 (where they overflow)."""
+    import json
+    import subprocess
+    import sys
+
+    path = _qdq_model(tmp_path / "q.onnx", TP.FLOAT8E5M2)
+    x = (np.random.default_rng(4).standard_normal((8, 64)) * 2).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x)
+    cm = dlcc.compile(path, target="opencl")
+    cm.save(tmp_path / "art")
+    p = subprocess.run([sys.executable, "-m", "dlcc.cli", "run", str(tmp_path / "art"), "-t", "opencl", "-i", str(tmp_path / "in.npz"),
+                        "-o", str(tmp_path / "out.npz"), "--json", "-q"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    yq = np.load(tmp_path / "out.npz")["yq"].view(ml_dtypes.float8_e5m2)
+    want = cm({"x": x})["yq"]
+    assert np.array_equal(yq.astype(np.float32), want.astype(np.float32))
+    row = [r for r in json.loads(p.stdout)["outputs"] if r["name"] == "yq"][0]
+    assert row["dtype"] == "float8_e5m2" and np.isclose(row["std"], want.astype(np.float64).std())

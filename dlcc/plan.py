@@ -88,8 +88,10 @@ def build_plan(state, meta: dict) -> tuple[dict, "WeightsBlob"]:
         for b, p in mem.placements.items() if p.storage == "weights"])
     def io(names):
         # (model_dtype: a type the buffer holds in a wider dtype, held_types.py; converted on the host)
+        # (an output a pass renamed, such as a constant's copy, is held under the model's name)
+        held = {n: g.held.get(n) or g.held.get(g.output_name(n)) for n in names}
         return [{"name": g.output_name(n), "shape": list(g.tensors[n].shape), "dtype": g.tensors[n].dtype,
-                 **({"model_dtype": g.held[n]} if n in g.held else {})} for n in names]
+                 **({"model_dtype": held[n]} if held[n] else {})} for n in names]
 
     tensors = {}
     for name, t in g.tensors.items():

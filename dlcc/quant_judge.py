@@ -29,9 +29,12 @@ from __future__ import annotations
 import os
 import tempfile
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import helper
+
+from .held_types import FLOAT_GRIDS
 
 #: Ops whose outputs are quantized values, and which of their outputs.
 QUANTIZERS = {"QuantizeLinear": (0,), "DynamicQuantizeLinear": (0, 1, 2), "QLinearConv": (0,), "QLinearMatMul": (0,),
@@ -97,8 +100,8 @@ def judge_quantized(model_path, rows: list[dict], got: dict, feeds: dict, compil
                          f"{given['max_abs_err']:.3g} away")
             continue
         r.update(passed=True, judge="quantization",
-                 note=f"judged with dlcc's quantized values: {flips} of {total} quantized values are rounded one "
-                      f"step apart at a tie (each within half a step and the tolerance of onnxruntime's value "
+                 note=f"judged with dlcc's quantized values: {flips} of {total} quantized values are rounded "
+                      f"apart (each within half a step and the tolerance of onnxruntime's value "
                       f"before quantization; the farthest {worst:.2g} of a step from its tie); from them "
                       f"onnxruntime computes this output within {given['max_abs_err']:.3g} of dlcc's")
 
@@ -153,13 +156,19 @@ def _forced_run(model: onnx.ModelProto, points, quantized: list[str], feeds: dic
         g.input.append(helper.make_tensor_value_info(q, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape)))
     g.output.extend(helper.make_tensor_value_info(e, *t) for e, t in extra)
     del g.value_info[:]
+    from .held_types import float_boundary, held_io
+
+    held_in, held_out = held_io(g)  # (float8 and int4 through onnxruntime's binding as float32)
+    m = float_boundary(m, held_in, held_out) if held_in or held_out else m
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     given = {i.name: (np.asarray(mine[i.name]) if i.name in quantized else feeds[i.name]) for i in sess.get_inputs()}
-    return dict(zip(names, sess.run(names, given)))
+    given = {k: (v.astype(np.float32) if k in held_in else v) for k, v in given.items()}
+    return {n: (v.astype(helper.tensor_dtype_to_np_dtype(held_out[n])) if n in held_out else v)
+            for n, v in zip(names, sess.run(names, given))}
 
 
 def _check_points(model, points, mine: dict, forced: dict, rtol: float, atol: float) -> tuple[int, int, str, float]:
@@ -190,6 +199,12 @@ def _check_points(model, points, mine: dict, forced: dict, rtol: float, atol: fl
             # onnxruntime rounds, from the input it was given (dlcc's), in steps of y_scale, and
             # that value rounded and clamped as onnxruntime's kernel does
             x, scale, zp, ref = _softmax_point(n, consts, mine, a.dtype)
+        if a.dtype.name in FLOAT_GRIDS:  # (a float8 or float4 QuantizeLinear: rounding onto its grid)
+            verdict = _float_point(n, consts, a, ref, forced, rtol, atol)
+            if isinstance(verdict, str):
+                return flips, total, verdict, worst
+            flips, worst = flips + verdict[0], max(worst, verdict[1])
+            continue
         apart = a.astype(np.int64) - ref.astype(np.int64) - shift
         differ = apart != 0
         if not differ.any():
@@ -207,7 +222,7 @@ def _check_points(model, points, mine: dict, forced: dict, rtol: float, atol: fl
             return flips, total, f"{q!r} ({n.op_type}): {int(differ.sum())} quantized values differ from onnxruntime's", worst
         if x is None:
             x = np.asarray(forced[n.input[0] + "#x"], np.float64)
-        info = np.iinfo(a.dtype)
+        info = ml_dtypes.iinfo(a.dtype)  # (int4 and int2 too)
         lo, hi = (info.min - zp) * scale, (info.max - zp) * scale
         xc = np.clip(x, np.minimum(lo, hi), np.maximum(lo, hi))
         err = np.abs((a.astype(np.float64) - zp) * scale - xc)
@@ -220,6 +235,44 @@ def _check_points(model, points, mine: dict, forced: dict, rtol: float, atol: fl
         worst = max(worst, float(np.abs(steps - np.floor(steps) - 0.5).max(initial=0.0)))
         flips += int(differ.sum())
     return flips, total, "", worst
+
+
+def _float_point(n: onnx.NodeProto, consts: dict, a: np.ndarray, ref: np.ndarray, forced: dict, rtol: float,
+                 atol: float) -> tuple[int, float] | str:
+    """A QuantizeLinear onto a float grid (held_types.FLOAT_GRIDS): dlcc's values `a` against
+    onnxruntime's `ref`, each a correct rounding of x / scale, where x is onnxruntime's value
+    before quantization. (values rounded the other way, the farthest of them from its tie in
+    steps), or the first violation. A value apart must be within half a step of x / scale, plus
+    verify's tolerance on x: near zero a float grid's steps are finer than that tolerance (at
+    bf16 a GEMM's output may be several float8 steps from onnxruntime's and still within it),
+    so unlike an integer grid it is not held to one step from onnxruntime's value."""
+    q = n.output[0]
+    g = FLOAT_GRIDS[a.dtype.name]
+    av, rv = a.astype(np.float64), ref.astype(np.float64)
+    differ = ~((av == rv) | (np.isnan(av) & np.isnan(rv)))
+    if not differ.any():
+        return 0, 0.0
+    scale = consts.get(n.input[1])
+    if scale is None:
+        return f"{q!r}: {int(differ.sum())} values differ and its scale is computed"
+    scale = np.broadcast_to(_along(np.asarray(scale, np.float64), a.ndim, _attr(n, "axis", 1)), a.shape)[differ]
+    x = np.asarray(forced[n.input[0] + "#x"], np.float64)
+    x = np.broadcast_to(x, a.shape)[differ]
+    v = np.clip(x / scale, -g.max, g.max)
+
+    def spacing(t):  # the grid's step at |t| (the subnormals share the first binade's)
+        e = np.floor(np.log2(np.maximum(np.abs(t), 2.0 ** g.emin)))
+        return 2.0 ** (np.maximum(e, g.emin) - g.mant)
+
+    step = spacing(np.maximum(np.abs(av[differ]), np.abs(v)))
+    err = np.abs(av[differ] - v) * np.abs(scale)
+    allowed = step * np.abs(scale) / 2 + atol + rtol * np.abs(x)
+    if np.any(~np.isfinite(av[differ])) or np.any(err > allowed):
+        k = int(np.argmax(np.where(np.isfinite(err), err - allowed, np.inf)))
+        return (f"{q!r}: dlcc's value {av[differ][k]} does not round onnxruntime's {x[k]:.6g} "
+                f"(scale {scale[k]:.6g}) onto {a.dtype.name}")
+    steps = v / spacing(v)
+    return int(differ.sum()), float(np.abs(steps - np.floor(steps) - 0.5).max(initial=0.0))
 
 
 def _softmax_point(n: onnx.NodeProto, consts: dict, mine: dict, dtype) -> tuple:

@@ -213,7 +213,14 @@ def tensor_types(model: onnx.ModelProto, names: list[str], feeds: dict) -> dict[
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     ins = {i.name for i in sess.get_inputs()}
     vals = sess.run(names, {k: v for k, v in feeds.items() if k in ins})
-    return {n: (helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype), list(np.shape(v))) for n, v in zip(names, vals)}
+    # (the session's own type names: its binding returns float8 as raw uint8 arrays)
+    declared = {o.name: _ORT_TYPES.get(o.type) for o in sess.get_outputs()}
+    return {n: (declared.get(n) or helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype), list(np.shape(v)))
+            for n, v in zip(names, vals)}
+
+
+#: onnxruntime's names of element types ("tensor(float8e4m3fn)") and ONNX's.
+_ORT_TYPES = {f"tensor({k.lower()})": v for k, v in onnx.TensorProto.DataType.items()}
 
 
 _Later = Later

@@ -201,9 +201,10 @@ def test_listed():
 
 @needs_opencl
 def test_a_graph_output_folded_to_a_dtype_dlcc_lacks_is_named(tmp_path):
-    """A Cast of a constant to float8 folds to a constant that is a graph output, with no node
+    """A Cast of a constant to float8e8m0 folds to a constant that is a graph output, with no node
     left to carry it: the dtype check names the output (an EyeLike of dtype double once reached
-    the emitter, a KeyError; float64 constants are held now, and it returns the matrix)."""
+    the emitter, a KeyError; float64 constants are held now, and it returns the matrix; so are
+    float8 E4M3FN ones, held_types.py)."""
     from dlcc.errors import UnsupportedDtypesError
 
     g = h.make_graph([h.make_node("EyeLike", ["x"], ["y"], dtype=onnx.TensorProto.DOUBLE, k=1)], "g",
@@ -218,7 +219,12 @@ def test_a_graph_output_folded_to_a_dtype_dlcc_lacks_is_named(tmp_path):
                      [nh.from_array(np.float32([1, 2, 3]), "c")])
     path = tmp_path / "f8.onnx"
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 19)], ir_version=9), path)
-    with pytest.raises(UnsupportedDtypesError, match="dtype float8_e4m3fn: graph output 'y'"):
+    y = dlcc.compile(path, target="opencl")({})["y"]
+    assert y.dtype.name == "float8_e4m3fn" and np.array_equal(y.astype(np.float32), [1, 2, 3])
+    g.node[0].attribute[0].i = onnx.TensorProto.FLOAT8E8M0
+    g.output[0].type.tensor_type.elem_type = onnx.TensorProto.FLOAT8E8M0
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 24)], ir_version=11), path)
+    with pytest.raises(UnsupportedDtypesError, match="dtype float8_e8m0fnu: graph output 'y'"):
         dlcc.compile(path, target="opencl")
 
 

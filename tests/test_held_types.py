@@ -272,3 +272,37 @@ def test_cli_run_writes_float8_outputs_numpy_reads_back(tmp_path):
     assert np.array_equal(yq.astype(np.float32), want.astype(np.float32))
     row = [r for r in json.loads(p.stdout)["outputs"] if r["name"] == "yq"][0]
     assert row["dtype"] == "float8_e5m2" and np.isclose(row["std"], want.astype(np.float64).std())
+
+
+def test_quantization_judge_takes_float8_grids(tmp_path):
+    """At bf16 an FP8 QDQ MLP's activations land on other float8 values than onnxruntime's float32
+    ones, and the output moves past bf16's tolerance: verify's quantization judge proves each
+    float8 value a rounding of onnxruntime's value within the tolerance (on the grid's own spacing)
+    and the output, given dlcc's float8 values, onnxruntime's. A plan whose result is tampered
+    with is not judged so."""
+    rng = np.random.default_rng(0)
+    k = 256
+    f8 = ml_dtypes.float8_e4m3fn
+    inits = [numpy_helper.from_array(onnx.numpy_helper.saturate_cast((rng.standard_normal((k, k)) * 50).astype(np.float32), f8), "w1"),
+             numpy_helper.from_array(onnx.numpy_helper.saturate_cast((rng.standard_normal((k, 8)) * 50).astype(np.float32), f8), "w2"),
+             numpy_helper.from_array(np.array(0.002, np.float32), "ws"), numpy_helper.from_array(np.array(0.01, np.float32), "xs"),
+             helper.make_tensor("xz", TP.FLOAT8E4M3FN, [], [0])]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w1", "ws"], ["w1d"]), helper.make_node("MatMul", ["xd", "w1d"], ["h"]),
+             helper.make_node("QuantizeLinear", ["h", "xs", "xz"], ["hq"]),
+             helper.make_node("DequantizeLinear", ["hq", "xs", "xz"], ["hd"]),
+             helper.make_node("DequantizeLinear", ["w2", "ws"], ["w2d"]), helper.make_node("MatMul", ["hd", "w2d"], ["y"])]
+    g = helper.make_graph(nodes, "g", [_vi("x", TP.FLOAT, [16, k])], [_vi("y", TP.FLOAT, [16, 8])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    m.ir_version = 10
+    path = tmp_path / "mlp.onnx"
+    onnx.save(m, str(path))
+    feeds = {"x": rng.standard_normal((16, k)).astype(np.float32)}
+    cm = dlcc.compile(path, target="opencl", pipeline="astitch", precision="bf16")
+    got = cm(feeds)
+    rows = verify_outputs(path, got, feeds, precision="bf16", compiled=cm)
+    assert rows[0]["passed"], rows  # (plainly where no float8 value was rounded apart, else judged)
+    assert rows[0].get("judge") != "quantization" or "quantized values are rounded apart" in rows[0]["note"]
+    got["y"][0, 0] += 1.0
+    assert not verify_outputs(path, got, feeds, precision="bf16", compiled=cm)[0]["passed"]

@@ -1654,7 +1654,8 @@ def _check_shapes(model: onnx.ModelProto, mine: dict) -> None:
     """Every shape the generator computed must be what onnx infers: the first that differs names
     the op (a generator bug, found before any dlcc run). Where onnx infers no rank at all (its
     GatherND rule gives up on a rank-0 result, and everything downstream inherits that), there is
-    nothing to compare: an absent shape is not the rank-0 shape []."""
+    nothing to compare: an absent shape is not the rank-0 shape []; nor is a dim it leaves
+    unknown (a Reshape to [1, -1] of such a value: [1, None])."""
     bare = onnx.ModelProto()
     bare.CopyFrom(model)
     for o in bare.graph.output:
@@ -1669,7 +1670,8 @@ def _check_shapes(model: onnx.ModelProto, mine: dict) -> None:
     producer = {o: n for n in model.graph.node for o in n.output}
     for n in model.graph.node:
         for o in n.output:
-            if o in mine and o in got and list(mine[o]) != got[o]:
+            if o in mine and o in got and (len(mine[o]) != len(got[o])
+                                           or any(g is not None and g != d for d, g in zip(mine[o], got[o]))):
                 raise GeneratorBug(f"{n.op_type} output {o!r}: the generator says {list(mine[o])}, onnx infers "
                                    f"{got[o]} (inputs {[producer[i].op_type if i in producer else i for i in n.input]})")
 

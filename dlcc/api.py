@@ -253,7 +253,7 @@ def _compile_static(model, out, shapes, target, pipeline, device, steps, profile
         choice = measure(model, shapes, tgt, device, precision, tune_top, tune_repeat, cache, steps)
         from .tuning import pipeline_with
 
-        pipeline = pipeline_with(choice["chosen"], choice["gemm_tilings"])
+        pipeline = pipeline_with(choice["pipeline"], choice["gemm_tilings"], choice["rammer_options"])
     if cache and out is not None and Path(model).is_file():  # (a missing model: the compile's own error)
         cm = _compile_cached(model, Path(out), shapes, tgt, pipeline, device, steps, profile_db, cache, precision)
     else:

@@ -553,11 +553,13 @@ def _bytes_by_dtype(plan: dict, storage: str, floats_only: bool = False) -> dict
 
 def _print_rprogram(plan: dict) -> None:
     """`inspect --rprogram`: per persistent kernel the rammer pass made, its vDevice, waves with
-    their rTasks and predicted time, and the rKernel chosen for each op and why."""
+    their rTasks and predicted time, and the rKernel chosen for each op and why; then every run of
+    more than one wave with its join decision (the indices `run_join` and --tune name)."""
     rep = plan.get("rprogram")
-    if not rep:
+    if not rep and not plan.get("rammer_runs"):
         out.print("[yellow]no rProgram: add the rammer pass to the pipeline (docs/rammer.md)[/]")
         return
+    rep = rep or []
     for r in rep:
         t = Table(title=f"{_escape(r['kernel'])}: {r['launches']} launches in {r['waves']} wave(s), "
                         f"{r['sync_points']} grid barrier(s), {r.get('call_sites', '?')} call site(s), "
@@ -585,6 +587,22 @@ def _print_rprogram(plan: dict) -> None:
             seen.setdefault(k["rkernel"], k)
         for name, k in seen.items():
             out.print(f"  rKernel {_escape(name)} for {_escape(k['op'])}: {_escape(k['why'])}")
+    _print_runs(plan.get("rammer_runs") or [])
+
+
+def _print_runs(runs: list[dict]) -> None:
+    """The join decision of each run of more than one wave (plan["rammer_runs"])."""
+    if not runs:
+        return
+    t = Table(title="runs of co-schedulable launches (run_join's indices)")
+    for c, j in (("run", "right"), ("launches", "right"), ("waves", "right"), ("joined µs (est.)", "right"),
+                 ("apart µs (est.)", "right"), ("decision", "left"), ("first op", "left")):
+        t.add_column(c, justify=j, overflow="fold")
+    for r in runs:
+        t.add_row(str(r["run"]), str(r["launches"]), str(r["waves"]), f"{r['joined_us']:.1f}", f"{r['apart_us']:.1f}",
+                  ("[green]joined[/]" if r["joined"] else "apart") + ": " + _escape(r["decision"]),
+                  _escape(r["first_node"] or ""))
+    out.print(t)
 
 
 def _print_stitch(plan: dict) -> None:

@@ -137,6 +137,9 @@ def build_plan(state, meta: dict) -> tuple[dict, "WeightsBlob"]:
     rprog = getattr(ctx, "rammer_report", None)
     if rprog is not None:
         plan["rprogram"] = rprog
+    runs = getattr(ctx, "rammer_runs", None)
+    if runs is not None:
+        plan["rammer_runs"] = runs
     return plan, weights
 
 

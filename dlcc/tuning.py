@@ -7,7 +7,14 @@ tuning records answer that by measuring: `--tune` compiles the estimator's top c
 rounds that run every candidate once in turn on the model's sample inputs; the median per
 candidate; candidates that build the same plan are one measurement), and keeps the fastest.
 
-Before that, it measures the rKernel choice: every GEMM problem of the model (batch 1: weights
+Then it measures Rammer's join decisions, which the estimator also makes: beside the fastest
+measured pipeline that runs `rammer`, its plan with every run joined (join: always), none joined
+(never), each of the JOIN_FLIPS least certain runs' decisions flipped alone (run_join), and on a
+GPU two resident blocks per SM, all timed in one set of rounds with the candidates; flips that
+each paid are then timed together. A variant is labelled "PIPELINE (what it changes)", and the
+record keeps how to build each label.
+
+Before all that, it measures the rKernel choice: every GEMM problem of the model (batch 1: weights
 GEMMs and convolutions as implicit GEMMs) is timed on the device in each tiling of its family
 (the SIMT tilings at fp32, the tensor-core ones otherwise), as the rOperator alone on plain
 operands of the same shape and layout, and checked against numpy. Where one beats the cost
@@ -39,6 +46,9 @@ from .errors import DlccError
 SCHEMA = 1
 #: How much faster a measured tiling must be than the cost model's pick to replace it.
 MIN_GAIN = 0.05
+#: Runs of Rammer's whose join decision --tune flips one at a time: the ones whose two estimates
+#: (one persistent kernel against one launch per wave) are closest, where the estimate is least sure.
+JOIN_FLIPS = 4
 
 
 class TuningError(DlccError):
@@ -61,6 +71,11 @@ def load_record(cache, key: str) -> dict | None:
               and all(isinstance(v, (int, float)) and v > 0 for v in times.values()) and rec.get("chosen") in times)
     except (OSError, ValueError, KeyError, TypeError):
         ok = False
+    if ok and rec.get("kind") is None:  # a pipeline record: how to build each candidate it timed
+        opts = rec.get("options")
+        ok = (isinstance(opts, dict) and set(opts) == set(times)
+              and all(isinstance(o, dict) and isinstance(o.get("pipeline"), str) and isinstance(o.get("rammer"), dict)
+                      for o in opts.values()))
     if not ok:
         warnings.warn(f"dlcc: ignoring the tuning record {path} (corrupt, or not this compile's): measuring again",
                       RuntimeWarning, stacklevel=3)
@@ -237,12 +252,54 @@ def tune_tilings(model, shapes: dict, tgt: str, device, precision, repeat: int, 
     return chosen
 
 
-def pipeline_with(name: str, tilings: dict[str, str]):
-    """Built-in pipeline `name`, with measured GEMM tilings given to its `lower` pass (the name
-    alone where there are none)."""
+def pipeline_with(name: str, tilings: dict[str, str], rammer: dict | None = None):
+    """Built-in pipeline `name`, with measured GEMM tilings given to its `lower` pass and `rammer`
+    (options measured by --tune: join, run_join, blocks_per_sm) to its `rammer` pass (the name
+    alone where there are neither)."""
     from .config import load_pipeline, with_gemm_tilings
 
-    return with_gemm_tilings(load_pipeline(name), tilings) if tilings else name
+    if not tilings and not rammer:
+        return name
+    pipe = with_gemm_tilings(load_pipeline(name), tilings)
+    if rammer:
+        pipe = pipe.model_copy(update={"passes": [
+            p.model_copy(update={"options": {**p.options, **rammer}}) if p.name == "rammer" else p
+            for p in pipe.passes]})
+    return pipe
+
+
+def join_variants(name: str, plan: dict, gpu: bool) -> dict[str, dict]:
+    """Label -> rammer options of the join decisions --tune measures beside pipeline `name`'s own
+    (whose plan is `plan`): every run joined where it can be (join: always), none joined (never),
+    each of the JOIN_FLIPS least certain runs' decisions flipped alone (run_join), and on a GPU two
+    resident blocks per SM. Variants that build `name`'s own plan again cost nothing: time_inferences
+    runs one plan once."""
+    runs = [r for r in plan.get("rammer_runs") or [] if r.get("decidable")]
+    if not runs:
+        return {}
+    out: dict[str, dict] = {}
+    if not all(r["joined"] for r in runs):
+        out[f"{name} (join: always)"] = {"join": "always"}
+    if any(r["joined"] for r in runs):
+        out[f"{name} (join: never)"] = {"join": "never"}
+    if len(runs) > 1:
+        import math
+
+        def doubt(r):  # how close the two estimates are: |log(joined / apart)|
+            return abs(math.log(max(r["joined_us"], 1e-9) / max(r["apart_us"], 1e-9)))
+
+        for r in sorted(runs, key=lambda r: (doubt(r), -max(r["joined_us"], r["apart_us"])))[:JOIN_FLIPS]:
+            out[f"{name} (run {r['run']} {'apart' if r['joined'] else 'joined'})"] = {"run_join": {r["run"]: not r["joined"]}}
+    if gpu and any(r["joined"] for r in runs):
+        out[f"{name} (2 blocks per SM)"] = {"blocks_per_sm": 2}
+    return out
+
+
+def _combined_flips(name: str, won: dict[str, dict]) -> tuple[str, dict]:
+    """The label and options of several winning run flips applied together."""
+    flips = {k: v for o in won.values() for k, v in o["run_join"].items()}
+    return (f"{name} (" + ", ".join(f"run {k} {'joined' if v else 'apart'}" for k, v in sorted(flips.items())) + ")",
+            {"run_join": flips})
 
 
 def tune(model, shapes: dict, tgt: str, device, precision, top: int, repeat: int, cache, steps=None) -> dict:
@@ -275,18 +332,46 @@ def tune(model, shapes: dict, tgt: str, device, precision, top: int, repeat: int
     rec = load_record(c, key)
     measured = rec is None
     if rec is None:
-        cms = {}
-        for name in candidates:
-            with steps.step(f"tune: compile {name}"):
-                cms[name] = _compile(model, shapes, tgt, pipeline_with(name, tilings), device, None, None,
-                                     precision=precision)
-        with steps.step(f"tune: time {', '.join(candidates)} on {rt.device_name} ({repeat} interleaved rounds)"):
-            times = time_inferences(cms, repeat)
+        options = {n: {"pipeline": n, "rammer": {}} for n in candidates}
+
+        def compile_all(which: list[str]) -> dict:
+            out = {}
+            for name in which:
+                with steps.step(f"tune: compile {name}"):
+                    o = options[name]
+                    out[name] = _compile(model, shapes, tgt, pipeline_with(o["pipeline"], tilings, o["rammer"]),
+                                         device, None, None, precision=precision)
+            return out
+
+        def time_all(cms: dict) -> dict[str, float]:
+            with steps.step(f"tune: time {', '.join(cms)} on {rt.device_name} ({repeat} interleaved rounds)"):
+                return time_inferences(cms, repeat)
+
+        cms = compile_all(candidates)
+        times = time_all(cms)
+        # Rammer's join decisions: the fastest pipeline that joins, against its variants (timed in one
+        # set of rounds with every candidate, so they are compared under the same conditions)
+        rammers = [n for n in candidates if "rammer_runs" in cms[n].plan]
+        if rammers:
+            base = min(rammers, key=lambda n: (times[n], candidates.index(n)))
+            variants = join_variants(base, cms[base].plan, dev.kind == "gpu")
+            options.update({v: {"pipeline": base, "rammer": o} for v, o in variants.items()})
+            if variants:
+                cms.update(compile_all(list(variants)))
+                times = time_all(cms)
+                won = {v: o for v, o in variants.items() if "run_join" in o and times[v] < (1 - MIN_GAIN) * times[base]}
+                if len(won) > 1:  # flips that each paid alone, together
+                    label, o = _combined_flips(base, won)
+                    options[label] = {"pipeline": base, "rammer": o}
+                    cms.update(compile_all([label]))
+                    best = min(times, key=times.get)
+                    times.update(time_all({n: cms[n] for n in dict.fromkeys([base, best, *won, label])}))
         del cms
-        chosen = min(times, key=lambda n: (times[n], candidates.index(n)))
+        order = list(options)
+        chosen = min(times, key=lambda n: (times[n], order.index(n)))
         rec = {"schema": SCHEMA, "key": key, "candidates": candidates, "times_us": times, "chosen": chosen,
-               "measured_on": rt.device_name, "model_sha256": parts["model"], "precision": precision,
-               "device": dev.name, "shapes": parts["shapes"],
+               "options": options, "measured_on": rt.device_name, "model_sha256": parts["model"],
+               "precision": precision, "device": dev.name, "shapes": parts["shapes"],
                "predicted_us": {p.name.split("@")[0]: p.predicted_us for p in est.pipelines}}
         save_record(c, key, rec)
     times = rec["times_us"]
@@ -298,7 +383,9 @@ def tune(model, shapes: dict, tgt: str, device, precision, top: int, repeat: int
     if tilings:
         why += f"; {len(tilings)} GEMM tiling(s) measured faster than the cost model's pick: " + ", ".join(
             f"{k} {v}" for k, v in sorted(tilings.items()))
-    return {"chosen": chosen, "gemm_tilings": tilings, "why": why, "device": est.device, "tuned": True,
+    return {"chosen": chosen, "pipeline": rec["options"][chosen]["pipeline"],
+            "rammer_options": rec["options"][chosen]["rammer"], "gemm_tilings": tilings, "why": why,
+            "device": est.device, "tuned": True,
             "measured": measured, "times_us": times, "candidates": rec["candidates"],
             "ranking": [{"name": p.name, "predicted_ms": p.predicted_us / 1e3} for p in est.pipelines]}
 

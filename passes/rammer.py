@@ -100,6 +100,11 @@ class RammerOptions(BaseModel):
                                "on (GPU devices): vEUs = SMs x this, and nvcc caps the kernel's registers so that "
                                "they fit (__launch_bounds__(256, this)); where threads, shared memory or the "
                                "registers' floor do not allow it, fewer, with a log line; CPU devices: 1")
+    run_join: dict[int, bool] = Field(
+        default_factory=dict, description="per run of co-schedulable launches (its index in `dlcc inspect "
+        "--rprogram`'s runs table): joined into one persistent kernel (true) or kept to one launch per wave (false), "
+        "overriding `join` for that run; `dlcc compile --tune` sets it where a measured flip of the estimate's "
+        "decision was faster. A run that needs co-residency it cannot prove stays apart whatever this says")
     kernels: Literal["wavefront", "fastest", "efficient"] = Field(
         "wavefront", description="rKernel (GEMM tiling) choice: per wave, the fastest where the wave leaves vEUs "
         "idle and the least time x threads where it fills them (wavefront, Rammer's policy); always the "
@@ -580,7 +585,9 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
     cap = opts.call_sites or (CPU_CALL_SITES if dev.kind == "cpu" else GPU_CALL_SITES)
     runs = _split_runs(prog, eligible, cap, opts.min_launches)
     if not runs:
-        state.log.append("rammer: no run of co-schedulable launches")
+        state.log.append("rammer: no run of co-schedulable launches"
+                         + (": run_join ignored" if opts.run_join else ""))
+        ctx.rammer_runs = []
         retile_standalone(state, set())
         prog.prune_unlaunched()
         return
@@ -592,7 +599,8 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
     measured = measured_busy([prog.launches[i] for r in runs for i in r], db, dev)
     decided = []  # (run, groups, decision, veus, blocks per SM, why, predicted µs, per-wave µs)
     rk_why: dict[int, str] = {}
-    for idx in runs:
+    run_table = []  # every run with more than one wave: the join decisions inspect and --tune see
+    for r_no, idx in enumerate(runs):
         run = _Run(idx, [prog.launches[i] for i in idx], rops, ctx.resolve, measured, prog)
         per_sm = resident_per_sm(dev, run.smem, opts.blocks_per_sm)
         if per_sm < opts.blocks_per_sm and dev.kind != "cpu":
@@ -632,6 +640,10 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
         elif veus < 1:
             decision, join = (f"refused: co-residency cannot be proven ({why}); one launch per wave instead", False)
             state.log.append(f"rammer: {decision}")
+        elif r_no in opts.run_join:
+            join = opts.run_join[r_no]
+            decision = (f"run_join: {'joined' if join else 'kept apart'} (pipeline option; the estimate: one "
+                        f"persistent kernel {persistent_us:.1f} µs vs one launch per wave {split_us:.1f} µs)")
         elif opts.join == "never":
             decision, join = "join: never (pipeline option): one launch per wave", False
         elif opts.join == "always":
@@ -641,6 +653,11 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
             decision = (f"estimate: one persistent kernel {persistent_us:.1f} µs vs one launch per wave "
                         f"{split_us:.1f} µs on {dev.name}{' (launches in one CUDA graph)' if state.graphs else ''}: "
                         f"{'joined' if join else 'kept apart'}")
+        if multi:
+            run_table.append({"run": r_no, "launches": len(run.Ls), "waves": len(run.waves), "joined": join,
+                              "decidable": veus >= 1, "joined_us": round(persistent_us, 3),
+                              "apart_us": round(split_us, 3), "decision": decision,
+                              "first_node": run.Ls[0].node, "ops": sorted({L.op_type or "op" for L in run.Ls})})
         if join:
             groups = [(run.waves, multi)]
         else:  # one launch per wave where combining it pays; a wave of one op stays the original launch
@@ -703,6 +720,11 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
     prog.launches = out
     prog.prune_unlaunched()
     ctx.rammer_report = report
+    ctx.rammer_runs = run_table
+    unknown = sorted(set(opts.run_join) - {r["run"] for r in run_table})
+    if unknown:
+        state.log.append(f"rammer: run_join names run(s) {', '.join(map(str, unknown))}, but this plan's runs of more "
+                         f"than one wave are {', '.join(str(r['run']) for r in run_table) or 'none'}: ignored")
     state.log.append(f"rammer: {before} launch(es) -> {len(prog.launches)}; {len(report)} rProgram(s), "
                      f"{sum(r['waves'] for r in report)} wave(s)")
 

@@ -23,7 +23,8 @@ def _fake_times(monkeypatch, times: dict, calls: list, tilings=None):
     `tilings` says {tiling: µs}): the measurement is what these tests control."""
     def fake(cms, repeat):
         calls.extend(cms)
-        assert all(cm.plan["meta"]["pipeline"] == name for name, cm in cms.items())
+        # (a variant of Rammer's join decisions is labelled "PIPELINE (what it changes)")
+        assert all(cm.plan["meta"]["pipeline"] == name.split(" (")[0] for name, cm in cms.items())
         return {name: times.get(name, 1000.0) for name in cms}
 
     def fake_tilings(rt, problem, cands, precision, repeat):
@@ -49,8 +50,8 @@ def test_the_measured_fastest_candidate_wins_and_a_warm_compile_measures_nothing
     _fake_times(monkeypatch, times, calls)
     m = dlcc.compile(EXAMPLE, target="opencl", tune=True, cache=cache, out=tmp_path / "a")
     choice = m.plan["meta"]["pipeline_choice"]
-    assert calls == ranked and m.plan["meta"]["pipeline"] == ranked[1]
-    assert choice["tuned"] and choice["measured"] and choice["times_us"] == times
+    assert calls[:3] == ranked and m.plan["meta"]["pipeline"] == ranked[1]
+    assert choice["tuned"] and choice["measured"] and {n: choice["times_us"][n] for n in ranked} == times
     (rec,) = _records(cache)
     assert json.loads(rec.read_text())["chosen"] == ranked[1]
     calls.clear()
@@ -65,6 +66,7 @@ def test_a_corrupt_or_foreign_record_is_ignored_with_a_warning(monkeypatch, tmp_
     calls = []
     _fake_times(monkeypatch, {}, calls)
     dlcc.compile(EXAMPLE, target="opencl", tune=True, tune_top=2, cache=cache)
+    measured = len(calls)
     (rec,) = _records(cache)
     data = json.loads(rec.read_text())
     if damage == "garbage":
@@ -76,7 +78,7 @@ def test_a_corrupt_or_foreign_record_is_ignored_with_a_warning(monkeypatch, tmp_
     calls.clear()
     with pytest.warns(RuntimeWarning, match="ignoring the tuning record"):
         dlcc.compile(EXAMPLE, target="opencl", tune=True, tune_top=2, cache=cache)
-    assert len(calls) == 2  # measured again
+    assert len(calls) == measured  # measured again
     assert json.loads(rec.read_text())["key"] == data["key"]  # and the record rewritten whole
 
 
@@ -123,7 +125,8 @@ def test_tuning_measures_for_real_on_pocl(tmp_path, monkeypatch):
     monkeypatch.setattr(tuning, "tune_tilings", lambda *a, **k: {})
     m = dlcc.compile(EXAMPLE, target="opencl", tune=True, tune_top=2, tune_repeat=2, cache=tmp_path / "cache")
     c = m.plan["meta"]["pipeline_choice"]
-    assert len(c["times_us"]) == 2 and all(t > 0 for t in c["times_us"].values())
+    assert len(c["candidates"]) == 2 and set(c["candidates"]) <= set(c["times_us"])
+    assert all(t > 0 for t in c["times_us"].values())
     assert m.plan["meta"]["pipeline"] == min(c["times_us"], key=c["times_us"].get)
 
 
@@ -168,7 +171,8 @@ def test_estimate_says_which_rows_were_measured(monkeypatch, tmp_path):
     _fake_times(monkeypatch, {}, [])
     m = dlcc.compile(EXAMPLE, target="opencl", tune=True, tune_top=2, cache=True)
     rows = {p["name"]: p for p in estimate_plan(EXAMPLE, device="pocl-cpu", what_ifs=False).to_dict()["pipelines"]}
-    tuned = m.plan["meta"]["pipeline_choice"]["times_us"]
+    choice = m.plan["meta"]["pipeline_choice"]
+    tuned = {n: choice["times_us"][n] for n in choice["candidates"]}  # (join variants have no row)
     assert {n for n, p in rows.items() if p["source"] == "tuned"} == set(tuned)
     assert all(rows[n]["measured_ms"] == pytest.approx(t / 1e3) for n, t in tuned.items())
 
@@ -252,3 +256,73 @@ def test_gemm_tilings_option_is_validated(tmp_path):
                    "      gemm_tilings: {1x2x3x4: nope}\n  - name: memplan\n")
     with pytest.raises(dlcc.DlccError, match="gemm_tilings"):
         dlcc.compile(EXAMPLE, target="opencl", pipeline=str(bad))
+
+
+def test_a_measured_join_decision_is_compiled_and_a_warm_compile_rebuilds_it(monkeypatch, tmp_path):
+    """Rammer's join decisions are candidates too: where flipping one run's decision measures
+    fastest, the compile joins that run (run_join), says so in the plan, and a warm compile
+    rebuilds the same plan from the record (its run index read back from JSON) without measuring."""
+    cache = tmp_path / "cache"
+    calls = []
+    _fake_times(monkeypatch, {"full": 900.0, "full (run 1 joined)": 100.0}, calls)
+    m = dlcc.compile(EXAMPLE, target="opencl", tune=True, tune_top=5, cache=cache, out=tmp_path / "a")
+    c = m.plan["meta"]["pipeline_choice"]
+    assert c["chosen"] == "full (run 1 joined)" and c["rammer_options"] == {"run_join": {1: True}}
+    assert {"full (join: always)", "full (run 0 joined)", "full (run 1 joined)"} <= set(calls)
+    assert "full (join: never)" not in calls  # the estimate joins nothing here: it would be full again
+    runs = {r["run"]: r for r in m.plan["rammer_runs"]}
+    assert runs[1]["joined"] and runs[1]["decision"].startswith("run_join: joined") and not runs[0]["joined"]
+    assert any(L["op_type"] == "Rammer" and L.get("grid_sync") for L in m.plan["launches"])
+    calls.clear()
+    again = dlcc.compile(EXAMPLE, target="opencl", tune=True, tune_top=5, cache=cache, out=tmp_path / "b")
+    assert calls == [] and tuning.run_signature(again) == tuning.run_signature(m)
+
+
+def test_run_flips_that_each_pay_are_measured_together(monkeypatch, tmp_path):
+    calls = []
+    _fake_times(monkeypatch, {"full": 1000.0, "full (run 0 joined)": 500.0, "full (run 1 joined)": 600.0,
+                              "full (run 0 joined, run 1 joined)": 200.0}, calls)
+    m = dlcc.compile(EXAMPLE, target="opencl", tune=True, tune_top=5, cache=tmp_path / "cache")
+    c = m.plan["meta"]["pipeline_choice"]
+    assert c["chosen"] == "full (run 0 joined, run 1 joined)" and c["rammer_options"] == {"run_join": {0: True, 1: True}}
+    assert calls[-1] == "full (run 0 joined, run 1 joined)"
+    assert all(r["joined"] for r in m.plan["rammer_runs"])
+
+
+def test_join_variants_flip_the_least_certain_runs():
+    runs = [{"run": i, "joined": i == 0, "decidable": True, "joined_us": 100.0, "apart_us": a}
+            for i, a in enumerate([150.0, 101.0, 5000.0, 99.0, 120.0, 300.0, 110.0])]
+    runs.append({"run": 7, "joined": False, "decidable": False, "joined_us": 1.0, "apart_us": 1.0})
+    v = tuning.join_variants("full", {"rammer_runs": runs}, gpu=True)
+    flips = [k for k in v if "run " in k]
+    assert flips == ["full (run 1 joined)", "full (run 3 joined)", "full (run 6 joined)", "full (run 4 joined)"]
+    assert len(flips) == tuning.JOIN_FLIPS and "run 7" not in " ".join(v)  # (an undecidable run stays apart)
+    assert v["full (join: always)"] == {"join": "always"} and v["full (join: never)"] == {"join": "never"}
+    assert v["full (2 blocks per SM)"] == {"blocks_per_sm": 2}
+    assert "full (2 blocks per SM)" not in tuning.join_variants("full", {"rammer_runs": runs}, gpu=False)
+    assert tuning.join_variants("astitch", {}, gpu=True) == {}
+
+
+def test_a_flipped_run_computes_as_onnxruntime_and_inspect_lists_the_runs(tmp_path):
+    """run_join joins one run (grid barriers between its waves) on PoCL and matches onnxruntime; a
+    run index the plan lacks is a pass-log line; `inspect --rprogram` shows every run's decision."""
+    from dlcc.verify import verify_outputs
+
+    pipe = tuning.pipeline_with("full", {}, {"run_join": {0: True, 9: False}})
+    m = dlcc.compile(EXAMPLE, target="opencl", pipeline=pipe, cache=False)
+    runs = m.plan["rammer_runs"]
+    assert runs[0]["joined"] and not runs[1]["joined"]
+    assert sum(1 for L in m.plan["launches"] if L["op_type"] == "Rammer" and L.get("grid_sync")) == 1
+    assert any("run_join names run(s) 9" in line for line in m.plan["meta"]["pass_log"])
+    feeds = m.sample_inputs(0)
+    rows = verify_outputs(str(EXAMPLE), m(feeds), feeds, 1e-3, 1e-4)
+    assert all(r["passed"] for r in rows), rows
+    m.save(tmp_path / "art")
+    from typer.testing import CliRunner
+
+    from dlcc.cli import app
+
+    res = CliRunner().invoke(app, ["inspect", str(tmp_path / "art"), "--rprogram"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "runs of co-schedulable launches" in res.output and "run_join: joined" in res.output
+    assert "estimate: one persistent kernel" in res.output  # run 1, decided by the estimate

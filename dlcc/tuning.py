@@ -376,8 +376,11 @@ def tune(model, shapes: dict, tgt: str, device, precision, top: int, repeat: int
         save_record(c, key, rec)
     times = rec["times_us"]
     chosen = rec["chosen"]
-    rest = sorted((t, n) for n, t in times.items() if n != chosen)
+    # (a candidate with exactly the chosen one's time built the same plan: time_inferences ran it once)
+    same = [n for n, t in times.items() if n != chosen and t == times[chosen]]
+    rest = sorted((t, n) for n, t in times.items() if n != chosen and n not in same)
     why = (f"measured {times[chosen]:.1f} µs on {rec['measured_on']}"
+           + (f" (the same plan as {', '.join(same)})" if same else "")
            + (f", {rest[0][0] / times[chosen]:.2f}x faster than the next, {rest[0][1]} ({rest[0][0]:.1f} µs)"
               if rest else "") + ("" if measured else "; from the tuning record"))
     if tilings:

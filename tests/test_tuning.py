@@ -326,3 +326,12 @@ def test_a_flipped_run_computes_as_onnxruntime_and_inspect_lists_the_runs(tmp_pa
     assert res.exit_code == 0, res.output
     assert "runs of co-schedulable launches" in res.output and "run_join: joined" in res.output
     assert "estimate: one persistent kernel" in res.output  # run 1, decided by the estimate
+
+
+def test_the_choice_names_candidates_that_built_its_plan(monkeypatch, tmp_path):
+    """Candidates measured as one plan (one time) are named as such, and "faster than the next"
+    compares with the next different plan."""
+    _fake_times(monkeypatch, {"astitch": 100.0, "full": 100.0, "baseline": 150.0}, [])
+    m = dlcc.compile(EXAMPLE, target="opencl", tune=True, tune_top=3, cache=tmp_path / "cache")
+    why = m.plan["meta"]["pipeline_choice"]["why"]
+    assert "(the same plan as full)" in why and "1.50x faster than the next, baseline (150.0 µs)" in why, why

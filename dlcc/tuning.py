@@ -7,11 +7,11 @@ tuning records answer that by measuring: `--tune` compiles the estimator's top c
 rounds that run every candidate once in turn on the model's sample inputs; the median per
 candidate; candidates that build the same plan are one measurement), and keeps the fastest.
 
-Then it measures Rammer's join decisions, which the estimator also makes: beside the fastest
-measured pipeline that runs `rammer`, its plan with every run joined (join: always), none joined
-(never), each of the JOIN_FLIPS least certain runs' decisions flipped alone (run_join), and on a
-GPU two resident blocks per SM, all timed in one set of rounds with the candidates; flips that
-each paid are then timed together. A variant is labelled "PIPELINE (what it changes)", and the
+Then it measures Rammer's join decisions, which the estimator also makes, where it is in doubt
+(join_variants): beside the fastest measured pipeline that runs `rammer`, each of the JOIN_FLIPS
+least certain runs' decisions flipped alone (run_join), all doubtful runs joined and all apart,
+and on a GPU two resident blocks per SM, all timed in one set of rounds with the candidates;
+flips that each paid are then timed together. A variant is labelled "PIPELINE (what it changes)", and the
 record keeps how to build each label.
 
 Before all that, it measures the rKernel choice: every GEMM problem of the model (batch 1: weights
@@ -49,6 +49,11 @@ MIN_GAIN = 0.05
 #: Runs of Rammer's whose join decision --tune flips one at a time: the ones whose two estimates
 #: (one persistent kernel against one launch per wave) are closest, where the estimate is least sure.
 JOIN_FLIPS = 4
+#: A run's decision is worth measuring only where its two estimates are within this factor of each
+#: other. Outside it the estimate is not in doubt: on PoCL, whose persistent kernels are built
+#: unoptimised, joining is predicted 5-30x slower and measured 1.3-9x slower, and each joined
+#: variant of a full-size model costs minutes of kernel builds.
+JOIN_DOUBT = 3.0
 
 
 class TuningError(DlccError):
@@ -270,29 +275,56 @@ def pipeline_with(name: str, tilings: dict[str, str], rammer: dict | None = None
 
 def join_variants(name: str, plan: dict, gpu: bool) -> dict[str, dict]:
     """Label -> rammer options of the join decisions --tune measures beside pipeline `name`'s own
-    (whose plan is `plan`): every run joined where it can be (join: always), none joined (never),
-    each of the JOIN_FLIPS least certain runs' decisions flipped alone (run_join), and on a GPU two
-    resident blocks per SM. Variants that build `name`'s own plan again cost nothing: time_inferences
-    runs one plan once."""
-    runs = [r for r in plan.get("rammer_runs") or [] if r.get("decidable")]
+    (whose plan is `plan`), over the runs whose two estimates are within JOIN_DOUBT of each other:
+    - each of the JOIN_FLIPS least certain of them flipped alone (run_join);
+    - all of them joined, and all of them apart (`join: always` and `join: never` where they are
+      every run the plan could join);
+    - on a GPU, where the plan joins a run, two resident blocks per SM.
+    A variant that builds a plan already listed (or `name`'s own) is left out."""
+    import math
+
+    def doubt(r):  # how close the two estimates are: |log(joined / apart)|
+        return abs(math.log(max(r["joined_us"], 1e-9) / max(r["apart_us"], 1e-9)))
+
+    decidable = [r for r in plan.get("rammer_runs") or [] if r.get("decidable")]
+    runs = sorted((r for r in decidable if doubt(r) <= math.log(JOIN_DOUBT)),
+                  key=lambda r: (doubt(r), -max(r["joined_us"], r["apart_us"])))
     if not runs:
         return {}
+    own = {r["run"]: r["joined"] for r in decidable}
+    seen = {join_effect(plan, {})}
     out: dict[str, dict] = {}
-    if not all(r["joined"] for r in runs):
-        out[f"{name} (join: always)"] = {"join": "always"}
-    if any(r["joined"] for r in runs):
-        out[f"{name} (join: never)"] = {"join": "never"}
-    if len(runs) > 1:
-        import math
 
-        def doubt(r):  # how close the two estimates are: |log(joined / apart)|
-            return abs(math.log(max(r["joined_us"], 1e-9) / max(r["apart_us"], 1e-9)))
+    def add(label: str, flips: dict[int, bool], opts: dict | None = None) -> None:
+        effect = join_effect(plan, opts or {"run_join": flips})
+        if effect not in seen:
+            seen.add(effect)
+            out[f"{name} ({label})"] = opts or {"run_join": flips}
 
-        for r in sorted(runs, key=lambda r: (doubt(r), -max(r["joined_us"], r["apart_us"])))[:JOIN_FLIPS]:
-            out[f"{name} (run {r['run']} {'apart' if r['joined'] else 'joined'})"] = {"run_join": {r["run"]: not r["joined"]}}
-    if gpu and any(r["joined"] for r in runs):
+    for r in runs[:JOIN_FLIPS]:
+        add(f"run {r['run']} {'apart' if r['joined'] else 'joined'}", {r["run"]: not r["joined"]})
+    every = len(runs) == len(decidable)
+    for want, word, join in ((True, "joined", "always"), (False, "apart", "never")):
+        flips = {r["run"]: want for r in runs if r["joined"] != want}
+        if flips:
+            add(f"join: {join}" if every else
+                f"run{'s' if len(flips) > 1 else ''} {', '.join(map(str, sorted(flips)))} {word}", flips,
+                {"join": join} if every else None)
+    if gpu and any(own.values()):
         out[f"{name} (2 blocks per SM)"] = {"blocks_per_sm": 2}
     return out
+
+
+def join_effect(plan: dict, rammer: dict) -> tuple:
+    """Which of `plan`'s decidable runs the rammer options `rammer` (join, run_join) leave joined:
+    two variants with one effect build one plan."""
+    join = rammer.get("join")
+    flips = {int(k): v for k, v in (rammer.get("run_join") or {}).items()}
+    out = []
+    for r in plan.get("rammer_runs") or []:
+        if r.get("decidable"):
+            out.append((r["run"], flips.get(r["run"], {"always": True, "never": False}.get(join, r["joined"]))))
+    return tuple(out)
 
 
 def _combined_flips(name: str, won: dict[str, dict]) -> tuple[str, dict]:
@@ -360,8 +392,9 @@ def tune(model, shapes: dict, tgt: str, device, precision, top: int, repeat: int
                 cms.update(compile_all(list(variants)))
                 times = time_all(cms)
                 won = {v: o for v, o in variants.items() if "run_join" in o and times[v] < (1 - MIN_GAIN) * times[base]}
-                if len(won) > 1:  # flips that each paid alone, together
-                    label, o = _combined_flips(base, won)
+                label, o = _combined_flips(base, won) if len(won) > 1 else (None, None)
+                if label and all(join_effect(cms[base].plan, o) != join_effect(cms[base].plan, x)
+                                 for x in variants.values()):  # flips that each paid alone, together (not yet timed)
                     options[label] = {"pipeline": base, "rammer": o}
                     cms.update(compile_all([label]))
                     best = min(times, key=times.get)

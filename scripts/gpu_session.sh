@@ -23,6 +23,7 @@
 #   . .gpu/setup.sh && scripts/gpu_session.sh 16    # GPT-2 and ViT with their LayerNorms folded into the GEMMs, off and on (~4 min)
 #   . .gpu/setup.sh && scripts/gpu_session.sh 17    # Hopper's wgmma GEMM tilings: on the hardware, against cuBLAS and mma.sync, then in models (~8 min)
 #   . .gpu/setup.sh && scripts/gpu_session.sh 18    # torch.compile(backend="dlcc") on CUDA tensors beside inductor, and dynamic=True (~4 min)
+#   . .gpu/setup.sh && scripts/gpu_session.sh 19    # --tune on the conv-heavy models: pipelines and Rammer's join decisions timed (~8 min)
 #
 # What each number is for: issue 21 (stage 1: both import orders, device arrays, graphs, threads),
 # issue 18 (stages 2 and 3: GEMM and model floors against cuBLAS and torch.compile), issue 20
@@ -311,8 +312,19 @@ case "${1:-}" in
       --pipelines full --torch-modes reduce-overhead,dlcc-backend --models-dir "$MODELS" \
       --json-out "$OUT/full-backend.json"
     ;;
+  19)
+    # dlcc compile --tune on the conv-heavy models, where `full` lost to `astitch` on an H100
+    # (issue 20): the pipelines, then Rammer's join decisions where the estimate is in doubt (each
+    # run flipped, all joined, all apart, 2 blocks per SM), each timed on the GPU. Each --json line
+    # holds every time measured; the stage asks whether a join variant closes full's gap.
+    for m in yolo mobilenet ocr cnn; do
+      "$PY" -c "import sys; sys.path.insert(0, 'scripts'); import models; models.export('$m', __import__('pathlib').Path('$MODELS'), 'full')" >/dev/null 2>&1
+      (cd /tmp && step "tune-$m" 130 "$PY" -m dlcc compile "$MODELS/$m-full.onnx" -o "$OUT/$m.dlcc" -t cuda \
+        --device h100 --tune --tune-top 3 --tune-repeat 20 --cache "$OUT/cache" --json)
+    done
+    ;;
   *)
-    echo "usage: scripts/gpu_session.sh 0|1|...|18   (the stages are described at the top of this file)" >&2
+    echo "usage: scripts/gpu_session.sh 0|1|...|19   (the stages are described at the top of this file)" >&2
     exit 2
     ;;
 esac

@@ -11,8 +11,8 @@ Then it measures Rammer's join decisions, which the estimator also makes, where 
 (join_variants): beside the fastest measured pipeline that runs `rammer`, each of the JOIN_FLIPS
 least certain runs' decisions flipped alone (run_join), all doubtful runs joined and all apart,
 and on a GPU two resident blocks per SM, all timed in one set of rounds with the candidates;
-flips that each paid are then timed together. A variant is labelled "PIPELINE (what it changes)", and the
-record keeps how to build each label.
+flips that each paid are then timed together. A variant is labelled "PIPELINE (what it
+changes)", and the record keeps how to build each label.
 
 Before all that, it measures the rKernel choice: every GEMM problem of the model (batch 1: weights
 GEMMs and convolutions as implicit GEMMs) is timed on the device in each tiling of its family
@@ -291,7 +291,6 @@ def join_variants(name: str, plan: dict, gpu: bool) -> dict[str, dict]:
                   key=lambda r: (doubt(r), -max(r["joined_us"], r["apart_us"])))
     if not runs:
         return {}
-    own = {r["run"]: r["joined"] for r in decidable}
     seen = {join_effect(plan, {})}
     out: dict[str, dict] = {}
 
@@ -310,7 +309,7 @@ def join_variants(name: str, plan: dict, gpu: bool) -> dict[str, dict]:
             add(f"join: {join}" if every else
                 f"run{'s' if len(flips) > 1 else ''} {', '.join(map(str, sorted(flips)))} {word}", flips,
                 {"join": join} if every else None)
-    if gpu and any(own.values()):
+    if gpu and any(r["joined"] for r in decidable):
         out[f"{name} (2 blocks per SM)"] = {"blocks_per_sm": 2}
     return out
 

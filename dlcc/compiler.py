@@ -311,6 +311,8 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
         **({"split_k": split} if (split := _split_gemms(state)) else {}),
         **({"float32_activation_ops": state.ctx.float32_activation_ops}
            if state.ctx is not None and state.ctx.float32_activation_ops else {}),
+        **({"float32_range_activations": len(state.ctx.float32_range)}
+           if state.ctx is not None and state.ctx.float32_range else {}),
         **({"index_checks": _input_index_checks(state.ctx.index_checks, graph)} if state.ctx.index_checks else {}),
         **({"device_index_checks": state.ctx.device_index_checks} if state.ctx.device_index_checks else {}),
         **({"random_draws": state.ctx.draws} if state.ctx.draws else {}),

@@ -30,7 +30,7 @@ def lower_graph(graph, device, pass_name: str = "baseline", gemm_tiling: str = "
     ctx = LowerCtx(graph, device, pass_name=pass_name)
     ctx.narrowed = narrowed
     if precision in HALF_DTYPES and half_activations:
-        ctx.half_activations, ctx.float32_activation_ops = narrow_activations(graph, precision, fp32_ops)
+        ctx.half_activations, ctx.float32_activation_ops, ctx.float32_range = narrow_activations(graph, precision, fp32_ops)
     ctx.fp32_ops = fp32_ops
     ctx.folded_norms = fold_layernorms(graph, precision, fp32_ops) if fold_layernorm else []
     ctx.rnn_input = rnn_input
@@ -203,3 +203,7 @@ def lower(state: CompileState, opts) -> None:
         if state.ctx.float32_activation_ops:
             state.log.append("lower: float32 activations kept for ops without a half-precision kernel: "
                              + ", ".join(f"{op} x{n}" for op, n in state.ctx.float32_activation_ops.items()))
+        if state.ctx.float32_range:
+            kept = state.ctx.float32_range
+            state.log.append(f"lower: {len(kept)} float activation(s) kept float32: made from an integer type "
+                             "wider than float16's range (" + ", ".join(kept[:4]) + (" ..." if len(kept) > 4 else "") + ")")

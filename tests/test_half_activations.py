@@ -94,6 +94,41 @@ def test_half_activations_match_onnxruntime(tmp_path, precision, pipeline):
     assert HALF[precision] in {t["dtype"] for t in cm.plan["tensors"].values() if t["storage"] == "arena"}
 
 
+def _wide_ints(path):
+    """Float ids through int32 and uint32 (a negative one wraps to about 4.29e9) back to float,
+    then Relu, Mul, a Sigmoid (bounded: the hazard stops) and a Mul after it; and a uint8 branch
+    (always fits float16). The fp16 fuzz run found the wrapped uint32 stored as inf."""
+    nodes = [h.make_node("Cast", ["x"], ["i32"], to=T.INT32), h.make_node("Cast", ["i32"], ["u32"], to=T.UINT32),
+             h.make_node("Cast", ["u32"], ["f"], to=T.FLOAT), h.make_node("Relu", ["f"], ["r"]),
+             h.make_node("Mul", ["r", "scale"], ["big"]), h.make_node("Sigmoid", ["big"], ["s"]),
+             h.make_node("Mul", ["s", "x"], ["sx"]), h.make_node("Cast", ["i32"], ["u8"], to=T.UINT8),
+             h.make_node("Cast", ["u8"], ["f8"], to=T.FLOAT), h.make_node("Add", ["f8", "sx"], ["a"]),
+             h.make_node("Neg", ["big"], ["nb"]), h.make_node("Abs", ["a"], ["y"])]
+    g = h.make_graph(nodes, "wide", [h.make_tensor_value_info("x", T.FLOAT, [2, 8])],
+                     [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("nb", "y")],
+                     [nh.from_array(np.array(1e-6, np.float32), "scale")])
+    onnx.save(onnx.shape_inference.infer_shapes(h.make_model(g, opset_imports=[h.make_opsetid("", 17)])), path)
+    x = np.random.default_rng(2).uniform(-50, 50, (2, 8)).astype(np.float32)
+    return path, {"x": x}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_floats_from_wide_integers_stay_float32_at_fp16(tmp_path, precision):
+    """At fp16 a float made from int32/uint32 and what is computed from it, up to a bounded op,
+    stay float32 (ops/narrow.py beyond_float16); bfloat16 has float32's range and narrows them."""
+    path, feeds = _wide_ints(tmp_path / "w.onnx")
+    cm = dlcc.compile(path, target="opencl", pipeline="baseline", precision=precision)
+    dt, half = _dtypes(cm), HALF[precision]
+    for t in ("s", "sx", "f8", "a"):  # after the Sigmoid, and from uint8
+        assert dt[t] == half, (t, dt[t])
+    wide = ("f", "r", "big")
+    for t in wide:
+        assert dt[t] == ("float32" if precision == "fp16" else half), (t, dt[t])
+    assert cm.plan["meta"].get("float32_range_activations", 0) == (len(wide) if precision == "fp16" else 0)
+    rows = verify_outputs(path, cm(feeds), feeds, precision=precision)
+    assert all(r["passed"] for r in rows), rows
+
+
 def test_half_activations_halve_the_bytes(model_path):
     """BERT (small) at bf16 against fp32 through astitch: the same kernels and launches, every
     narrowed activation in half its bytes, the arena half."""

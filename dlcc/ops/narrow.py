@@ -12,7 +12,8 @@ into float, compute in float (a Softmax's max and sum, a LayerNorm's mean and va
 accumulator), and round once when they store. That halves the bytes every memory-bound kernel
 moves, as in ORT's and TensorRT's mixed precision, where reductions also compute in float32.
 Graph inputs and outputs keep their dtype, and an op kept float32 (`fp32_ops`) or without a
-converting lowering keeps float32 tensors around it.
+converting lowering keeps float32 tensors around it. At fp16, a tensor that may hold a value
+beyond float16's range because it comes from a wide integer (`beyond_float16`) stays float32 too.
 
 Only the GEMM's own input is rewired: a weight that other nodes also read (GPT-2's tied embedding,
 gathered by token and multiplied by the LM head) keeps its float32 tensor for them.
@@ -26,6 +27,16 @@ from .registry import ALIAS, ELEMENTWISE, REDUCTION, lookup
 
 #: The storage dtype of each half precision.
 HALF_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+
+#: Integer types holding values beyond float16's largest finite value (65504; from 65520 it rounds
+#: to inf): a float made from one (a Cast of ids, positions, a hash, a uint32 that wrapped) may not
+#: fit. int8, uint8, int16 and bool always fit.
+WIDE_INTS = frozenset({"uint16", "int32", "uint32", "int64", "uint64"})
+
+#: Ops whose float output is bounded whatever their input (|y| <= 1, or a normalised row): the
+#: range hazard stops there.
+BOUNDED_OPS = frozenset({"Sigmoid", "Tanh", "Softmax", "HardSigmoid", "Sin", "Cos", "Erf", "Softsign",
+                         "Sign", "LayerNormalization"})
 
 
 def kept_float32(node, fp32_ops) -> bool:
@@ -72,14 +83,36 @@ def narrow_gemm_weights(graph: Graph, precision: str, fp32_ops=frozenset()) -> l
     return list(narrowed)
 
 
-def narrow_activations(graph: Graph, precision: str, fp32_ops=frozenset()) -> tuple[list[str], dict[str, int]]:
+def beyond_float16(graph: Graph) -> set[str]:
+    """The float tensors that may hold a value float16 cannot: a Cast (or CastLike) to float of a
+    WIDE_INTS integer, and whatever is computed from one before a BOUNDED_OPS op.
+
+    Float16 storage would turn such a value into inf, where onnxruntime's float32 holds it (the
+    fp16 fuzz run found a uint32 that wrapped, cast to float and stored as inf). Float graph inputs
+    are assumed to be in range, as every mixed-precision runtime assumes; an integer's range is
+    known from its type, so it is not assumed. bfloat16 has float32's range and needs none of this.
+    Nodes are in topological order (the import sorts them)."""
+    wide: set[str] = set()
+    for n in graph.nodes:
+        ins = [graph.tensors[i] for i in n.inputs if i and i in graph.tensors]
+        if n.op_type in ("Cast", "CastLike") and ins:
+            made = ins[0].dtype in WIDE_INTS or ins[0].name in wide
+        else:
+            made = n.op_type not in BOUNDED_OPS and any(t.name in wide for t in ins)
+        if made:
+            wide.update(o for o in n.outputs if o and graph.tensors[o].dtype in ("float32", "float64"))
+    return wide
+
+
+def narrow_activations(graph: Graph, precision: str, fp32_ops=frozenset()) -> tuple[list[str], dict[str, int], list[str]]:
     """Store float32 intermediates in the precision's half type where it is safe (module
-    docstring). Returns the tensors narrowed, and by op type the nodes that kept a float
-    activation float32 because they do not convert (or are in `fp32_ops`): what `inspect` lists.
+    docstring). Returns the tensors narrowed; by op type, the nodes that kept a float activation
+    float32 because they do not convert (or are in `fp32_ops`): what `inspect` lists; and the
+    tensors kept float32 because they may not fit float16 (beyond_float16; fp16 only).
 
     A tensor qualifies when it is computed (not a constant), is not a graph input or output, is
-    not a statistic (below), and every node that writes or reads it is `half_io` and not in
-    `fp32_ops`. Views (ALIAS ops: Reshape, Squeeze, ...) share their input's bytes, so a view and
+    not a statistic (below), may fit the half type, and every node that writes or reads it is
+    `half_io` and not in `fp32_ops`. Views (ALIAS ops: Reshape, Squeeze, ...) share their input's bytes, so a view and
     its source form one class that is narrowed whole or not at all."""
     dtype = HALF_DTYPES[precision]
     parent: dict[str, str] = {}
@@ -120,16 +153,20 @@ def narrow_activations(graph: Graph, precision: str, fp32_ops=frozenset()) -> tu
         if small:
             stats.update(o for o in n.outputs if o)
 
+    wide = beyond_float16(graph) if dtype == "float16" else set()
     boundary = set(graph.inputs) | set(graph.outputs)
     classes: dict[str, list[str]] = {}
     for name in users:
         classes.setdefault(find(name), []).append(name)
-    narrowed, blockers = [], {}
+    narrowed, blockers, kept_wide = [], {}, []
     for members in classes.values():
         ts = [graph.tensors.get(m) for m in members]
         if not all(t is not None and t.dtype == "float32" and t.value is None for t in ts):
             continue
         if any(t.name in boundary or t.name in stats for t in ts):
+            continue
+        if any(t.name in wide for t in ts):
+            kept_wide += members
             continue
         blocking = [n for t in ts for n in users[t.name] if not converts(n)]
         if blocking:
@@ -139,4 +176,4 @@ def narrow_activations(graph: Graph, precision: str, fp32_ops=frozenset()) -> tu
         for t in ts:
             t.dtype = dtype
         narrowed += members
-    return narrowed, {op: len(names) for op, names in sorted(blockers.items())}
+    return narrowed, {op: len(names) for op, names in sorted(blockers.items())}, kept_wide

@@ -48,6 +48,31 @@ DEVICE float dlcc_tf32_finite(float big) { return F_ISINF(big) ? 0.0f : big; }
     MMA_TF32(d0, d1, d2, d3, x3ab0, x3ab1, x3ab2, x3ab3, x3bb0, x3bb1); \
 } while (0)
 
+/* Dependency counters for rPrograms with `sync: counters` (passes/rammer.py _emit): cnt[e] counts
+ * the finished rTasks of table entry e in this launch. dlcc_wait_counts spins (thread 0) until each
+ * (entry, rTask count) pair of `deps` is reached, then fences: the reader side; the caller meets
+ * its block at a barrier next. The writer side is in the kernel: block barrier, fence, atomic add.
+ * dlcc_counters_leave: the last of the grid's blocks to leave resets the n counters and the count
+ * of blocks that left (cnt[n]), so the next launch starts from zeros; every other block has done
+ * all its waits by then. Launched only with every block resident. */
+DEVICE void dlcc_wait_counts(GPTR int* cnt, GPTR const int* deps, int n) {
+    for (int i = 0; i < n; i++) {
+        while (ATOMIC_LOAD_I32(cnt + deps[2 * i]) < deps[2 * i + 1]) { }
+    }
+    FENCE();
+}
+DEVICE void dlcc_counters_leave(GPTR int* cnt, int n) {
+    BARRIER();
+    if (THREAD_ID == 0) {
+        FENCE();
+        if (ATOMIC_ADD_I32(cnt + n, 1) == GRID_DIM - 1) {
+            for (int e = 0; e < n; e++) ATOMIC_STORE_I32(cnt + e, 0);
+            ATOMIC_STORE_I32(cnt + n, 0);
+            FENCE();
+        }
+    }
+}
+
 /* Grid barrier for spin-waiting kernels (astitch Global scheme). bar[0] counts arrivals, bar[1]
  * is the generation. The last block to arrive resets the count before it bumps the generation,
  * so the counters are balanced after every barrier: no reset between inferences, and runs back to

@@ -565,7 +565,9 @@ def _print_rprogram(plan: dict) -> None:
     rep = rep or []
     for r in rep:
         t = Table(title=f"{_escape(r['kernel'])}: {r['launches']} launches in {r['waves']} wave(s), "
-                        f"{r['sync_points']} grid barrier(s), {r.get('call_sites', '?')} call site(s), "
+                        + (f"{r['dependencies']} dependency wait(s) (sync: counters), " if r.get("sync") == "counters"
+                           else f"{r['sync_points']} grid barrier(s), ")
+                        + f"{r.get('call_sites', '?')} call site(s), "
                         f"{r['smem_bytes']} B shared memory")
         t.add_column("wave", justify="right")
         t.add_column("rTasks", justify="right")

@@ -259,7 +259,7 @@ def tune_tilings(model, shapes: dict, tgt: str, device, precision, repeat: int, 
 
 def pipeline_with(name: str, tilings: dict[str, str], rammer: dict | None = None):
     """Built-in pipeline `name`, with measured GEMM tilings given to its `lower` pass and `rammer`
-    (options measured by --tune: join, run_join, blocks_per_sm) to its `rammer` pass (the name
+    (options measured by --tune: join, run_join, blocks_per_sm, sync) to its `rammer` pass (the name
     alone where there are neither)."""
     from .config import load_pipeline, with_gemm_tilings
 
@@ -279,7 +279,8 @@ def join_variants(name: str, plan: dict, gpu: bool) -> dict[str, dict]:
     - each of the JOIN_FLIPS least certain of them flipped alone (run_join);
     - all of them joined, and all of them apart (`join: always` and `join: never` where they are
       every run the plan could join);
-    - on a GPU, where the plan joins a run, two resident blocks per SM.
+    - on a GPU, where the plan joins a run, two resident blocks per SM, and dependency counters
+      instead of a grid barrier per wave (`sync: counters`).
     A variant that builds a plan already listed (or `name`'s own) is left out."""
     import math
 
@@ -311,6 +312,7 @@ def join_variants(name: str, plan: dict, gpu: bool) -> dict[str, dict]:
                 {"join": join} if every else None)
     if gpu and any(r["joined"] for r in decidable):
         out[f"{name} (2 blocks per SM)"] = {"blocks_per_sm": 2}
+        out[f"{name} (sync: counters)"] = {"sync": "counters"}
     return out
 
 

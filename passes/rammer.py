@@ -86,8 +86,10 @@ GPU_CALL_SITES = 64
 
 class RammerOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    sync: Literal["grid-barrier"] = Field("grid-barrier", description="how waves wait for each other: one "
-                                          "grid barrier per wave (fine-grained dependency counters: not yet)")
+    sync: Literal["grid-barrier", "counters"] = Field(
+        "grid-barrier", description="how a persistent kernel's waves wait for each other: one grid barrier per "
+        "wave, or dependency counters (a block waits before an entry only for the entries it conflicts with, so "
+        "blocks run ahead into later waves; not yet timed on a GPU)")
     veus: int | None = Field(None, ge=1, description="vEU count override: at most the proven resident blocks "
                              "(a larger value is clamped, with a log line); default: SMs x resident blocks per SM")
     join: Literal["auto", "always", "never"] = Field(
@@ -111,26 +113,36 @@ class RammerOptions(BaseModel):
         "fastest (the lowering's choice); or always the least SM-time (efficient)")
 
 
-def wave_levels(launches: list[Launch], res) -> list[int]:
-    """BFS wave (0-based) of each launch in a run: one more than the latest earlier launch it
-    conflicts with (read-after-write, write-after-read, write-after-write on resolved buffers,
-    narrowed to the byte ranges in Launch.regions where a launch declares them)."""
-    seen: dict[str, list[tuple[int, bool, int, int]]] = {}  # buffer -> (level, is_write, lo, hi)
-    level = []
-    for L in launches:
+def conflicts(launches: list[Launch], res) -> list[list[int]]:
+    """For each launch of a run, the earlier launches it must wait for: read-after-write,
+    write-after-read and write-after-write on resolved buffers, narrowed to the byte ranges in
+    Launch.regions where a launch declares them. What orders waves (wave_levels), and what
+    `sync: counters` waits on entry by entry."""
+    seen: dict[str, list[tuple[int, bool, int, int]]] = {}  # buffer -> (launch, is_write, lo, hi)
+    out = []
+    for i, L in enumerate(launches):
         acc: dict[str, list] = {}
         for names, w in ((L.reads, False), (L.writes, True)):
             for t in names:
                 lo, hi = L.regions.get(t, (0, 1 << 62))
                 acc.setdefault(res(t), []).append((w, lo, hi))
-        lv = 0
+        deps = set()
         for b, uses in acc.items():
-            for pl, pw, plo, phi in seen.get(b, ()):
-                if pl + 1 > lv and any((w or pw) and lo < phi and plo < hi for w, lo, hi in uses):
-                    lv = pl + 1
-        level.append(lv)
+            for j, pw, plo, phi in seen.get(b, ()):
+                if j not in deps and any((w or pw) and lo < phi and plo < hi for w, lo, hi in uses):
+                    deps.add(j)
+        out.append(sorted(deps))
         for b, uses in acc.items():
-            seen.setdefault(b, []).extend((lv, w, lo, hi) for w, lo, hi in uses)
+            seen.setdefault(b, []).extend((i, w, lo, hi) for w, lo, hi in uses)
+    return out
+
+
+def wave_levels(launches: list[Launch], res) -> list[int]:
+    """BFS wave (0-based) of each launch in a run: one more than the latest earlier launch it
+    conflicts with (conflicts)."""
+    level: list[int] = []
+    for deps in conflicts(launches, res):
+        level.append(1 + max((level[j] for j in deps), default=-1))
     return level
 
 
@@ -262,13 +274,26 @@ def _split_runs(prog, eligible, sites_cap: int, min_launches: int) -> list[list[
 
 
 def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool, veus: int, per_sm: int, sync_slot: int,
-          included: set[str], tab_no: int, measured: dict) -> Launch:
+          included: set[str], tab_no: int, measured: dict, sync: str = "grid-barrier") -> Launch:
     """One persistent kernel for `waves` (a table-driven rProgram; module docstring) and its launch.
 
     Table layout (int32): wave starts [nw + 1], then per entry: call site, first rTask of the wave,
-    rTask count, int arguments (padded to the widest), and per tensor operand (storage index,
-    element offset), filled in after memplan (kernels/program.py fill_operand_table). A call site
-    is one rOperator, whatever its operands: its tensor arguments are read from the entry."""
+    rTask count, int arguments (padded to the widest), with `sync: counters` the start and length
+    of its dependency list, and per tensor operand (storage index, element offset), filled in
+    after memplan (kernels/program.py fill_operand_table); with counters, the dependency lists
+    follow the entries, as (entry, rTask count) pairs. A call site is one rOperator, whatever its
+    operands: its tensor arguments are read from the entry.
+
+    `sync: counters` (spinning kernels): instead of a grid barrier after each wave, a block waits,
+    before its first rTask of an entry, for the entries that entry conflicts with (conflicts: the
+    same relation that orders the waves) to have finished all their rTasks. Each rTask counts
+    itself done (block barrier, fence, atomic add on its entry's counter: the grid barrier's
+    writer side); the waiter spins on the counters, fences and meets its block at a barrier. The
+    last block to leave resets the counters (one more counter counts the blocks that left), so
+    every launch starts from zeros. Deadlock-free for the grid barrier's reason: every block is
+    resident, takes the entries in wave order, and waits only on earlier waves. `sync_slots_for`
+    says how many of the %sync slots it takes."""
+    counters = spin and sync == "counters"
     g = state.graph
     prog = state.ctx.program
     Ls = [L for w in waves for L in w]
@@ -281,19 +306,27 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
             site_launch.append(L)
     nints = max(sum(1 for kind, _ in L.args if kind == "i") for L in Ls)
     nslots = max(sum(1 for kind, _ in L.args if kind == "t") for L in Ls)
-    base = 3 + nints
+    dl = 3 + nints  # (counters: the entry's dependency list, start and length)
+    base = dl + (2 if counters else 0)
     es = base + 2 * nslots
+    deps = conflicts(Ls, state.ctx.resolve) if counters else [[] for _ in Ls]
+    dep_list: list[int] = []
     starts, entries, slots = [0], [], []
+    k = 0
     for w in waves:
         off = 0
         for L in w:
             ints = [int(a) for kind, a in L.args if kind == "i"]
-            entries += [sites[L.kernel], off, L.grid] + ints + [0] * (nints - len(ints)) + [0, 0] * nslots
+            dep = ([len(dep_list), len(deps[k])] if counters else [])
+            dep_list += [x for j in deps[k] for x in (j, Ls[j].grid)]
+            entries += [sites[L.kernel], off, L.grid] + ints + [0] * (nints - len(ints)) + dep + [0, 0] * nslots
             slots.append([a for kind, a in L.args if kind == "t"])
             off += L.grid
+            k += 1
         starts.append(len(entries) // es)
     nw = len(waves)
-    table = np.array(starts + entries, dtype=np.int32)
+    table = np.array(starts + entries + dep_list, dtype=np.int32)
+    dep_base = len(starts) + len(entries)
     g.tensors[tab] = Tensor(tab, (len(table),), "int32", value=table)
     smem = max([rops[L.kernel].smem_bytes for L in Ls] + [4])
 
@@ -316,6 +349,10 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
              f"        GPTR const int* E = rtab + {nw + 1} + e * {es};",
              "        const int site = E[0], lo = E[1], hi = E[1] + E[2];",
              "        const int first = lo <= BLOCK_ID ? BLOCK_ID : BLOCK_ID + (lo - BLOCK_ID + GRID_DIM - 1) / GRID_DIM * GRID_DIM;"]
+    if counters:  # a block with an rTask here first waits for the entries this one depends on (thread 0; all meet after)
+        body += [f"        if (tid == 0 && first < hi) dlcc_wait_counts(rsync + rslot, rtab + {dep_base} + E[{dl}], E[{dl + 1}]);",
+                 "        BARRIER();"]
+    done = ["            if (tid == 0) { FENCE(); ATOMIC_ADD_I32(rsync + rslot + e, 1); }"] if counters else []
     for s, L in enumerate(site_launch):
         r = rops[L.kernel]
         if L.kernel not in included:
@@ -346,11 +383,16 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
         # The loop is empty unless this entry is call site s: no barrier ever sits under an `if`.
         body += [f"        /* call site {s}: {L.op_type or 'op'} */",
                  f"        for (int t = site == {s} ? first : hi; t < hi; t += GRID_DIM) {{",
-                 f"            {call}", "            BARRIER();", "        }"]
+                 f"            {call}", "            BARRIER();", *done, "        }"]
     body.append("    }")
-    if spin:
+    if counters:
+        body.append("}")
+        body.append(f"dlcc_counters_leave(rsync + rslot, {len(Ls)});")
+    elif spin:
         body.append("    dlcc_grid_sync(rsync + rslot);")
-    body.append("}")
+        body.append("}")
+    else:
+        body.append("}")
     decls = [STORAGE_PARAMS] + (["const int rslot"] if spin else [])
     bounds = launch_bounds(per_sm)  # the resident blocks per SM the kernel counts on
     # The rProgram number keeps two persistent kernels of the same text apart: their storages may
@@ -376,6 +418,7 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
     P.operand_table = {"table": tab, "first_entry": nw + 1, "entry_size": es, "slot_base": base, "slots": slots}
     split = splitk.count(prog, Ls)  # its GEMM rTasks split along K, by tiling (inspect, meta.split_k)
     P.rprogram = {"veus": grid, "sync_points": nw if spin else 0, "call_sites": len(sites), "entries": len(Ls),
+                  **({"sync": "counters", "dependencies": len(dep_list) // 2} if counters else {}),
                   **({"blocks_per_sm": per_sm} if per_sm > 1 else {}),
                   "waves": [wave_info(w, measured, prog) for w in waves], **({"split_k": split} if split else {})}
     return P
@@ -680,16 +723,18 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
     for run, groups, decision, veus, per_sm, why, persistent_us, wave_us in decided:
         by_first: dict[int, Launch] = {}
         for waves, spin in groups:
-            P = _emit(state, waves, rops, spin, max(1, veus), per_sm if spin else 1, sync_slots, included, tabs, measured)
+            P = _emit(state, waves, rops, spin, max(1, veus), per_sm if spin else 1, sync_slots, included, tabs, measured,
+                      opts.sync)
             tabs += 1
-            if spin:
-                sync_slots += 1
+            if spin:  # (counters: one per entry and one for the blocks that left, two to a slot)
+                sync_slots += (sum(len(w) for w in waves) + 2) // 2 if opts.sync == "counters" else 1
             by_first[min(pos[id(L)] for w in waves for L in w)] = P
             report.append({
                 "kernel": P.kernel, "launches": sum(len(w) for w in waves), "waves": len(waves),
                 "veus": P.grid, "smem_bytes": run.smem, "veus_from": why if spin else
                 f"{P.grid}: one per rTask (one wave, no grid barrier)",
                 "sync_points": P.rprogram["sync_points"], "call_sites": P.rprogram["call_sites"],
+                **({"sync": "counters", "dependencies": P.rprogram["dependencies"]} if "dependencies" in P.rprogram else {}),
                 "decision": decision, "time_source": _time_source(waves, measured, db, dev),
                 "predicted_us": persistent_us,
                 "predicted_us_per_wave": [round(u, 3) for u in wave_us] if wave_us else None,

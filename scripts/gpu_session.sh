@@ -315,7 +315,7 @@ case "${1:-}" in
   19)
     # dlcc compile --tune on the conv-heavy models, where `full` lost to `astitch` on an H100
     # (issue 20): the pipelines, then Rammer's join decisions where the estimate is in doubt (each
-    # run flipped, all joined, all apart, 2 blocks per SM), each timed on the GPU. Each --json line
+    # run flipped, all joined, all apart, 2 blocks per SM, sync: counters), each timed on the GPU. Each --json line
     # holds every time measured; the stage asks whether a join variant closes full's gap.
     for m in yolo mobilenet ocr cnn; do
       "$PY" -c "import sys; sys.path.insert(0, 'scripts'); import models; models.export('$m', __import__('pathlib').Path('$MODELS'), 'full')" >/dev/null 2>&1

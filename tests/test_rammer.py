@@ -42,6 +42,8 @@ def pipes(tmp_path_factory):
         "rammer-joined": _pipeline(d, "rammer-joined", base, "{join: always}"),
         "full-joined": _pipeline(d, "full-joined", full, "{join: always}"),
         "rammer-long": _pipeline(d, "rammer-long", base, "{join: always, call_sites: 6}"),
+        "rammer-counters": _pipeline(d, "rammer-counters", base, "{join: always, sync: counters}"),
+        "full-counters": _pipeline(d, "full-counters", full, "{join: always, sync: counters}"),
     }
 
 
@@ -57,24 +59,29 @@ def _check(path, m, seed=0):
 #: stitched rTasks with block barriers, through AStitch). PoCL takes minutes to compile the bigger persistent
 #: kernels (yolo: ~5 min), so every other model x pipeline (vit rammer-joined, which once hung,
 #: among them) runs under `-m slow`; the built-in pipelines run on every model in test_numerics.
-_JOINED_DEFAULT = {("lstm-tc", "rammer-joined"), ("bert", "full-joined")}
+_JOINED_DEFAULT = {("lstm-tc", "rammer-joined"), ("bert", "full-joined"), ("cnn", "rammer-counters"),
+                   ("bert", "full-counters")}
 _JOINED = [pytest.param(m, p, marks=() if (m, p) in _JOINED_DEFAULT else pytest.mark.slow)
            for m in ["cnn", "mobilenet", "yolo", "ocr", "lstm", "lstm-tc", "bert", "gpt2", "vit"]
-           for p in ["rammer-joined", "full-joined"]]
+           for p in ["rammer-joined", "full-joined", "rammer-counters", "full-counters"]]
 
 
 @pytest.mark.parametrize("model,pipeline", _JOINED)
 def test_joined_rprograms_match_onnxruntime(model, pipeline, pipes):
-    """Every run joined into one persistent kernel (grid barriers between waves) on PoCL."""
+    """Every run joined into one persistent kernel (grid barriers between waves, or dependency
+    counters: `sync: counters`) on PoCL."""
     path = export_model(model)
     m = dlcc.compile(path, target="opencl", pipeline=pipes[pipeline])
     base = dlcc.compile(path, target="opencl", pipeline="baseline" if pipeline.startswith("rammer") else "astitch")
     assert any(L["op_type"] == "Rammer" and L.get("grid_sync") for L in m.plan["launches"])
     assert len(m.plan["launches"]) < len(base.plan["launches"])
-    if pipeline == "full-joined" and model in ("bert", "ocr", "gpt2", "vit"):
+    if pipeline.startswith("full") and model in ("bert", "ocr", "gpt2", "vit"):
         assert stitched_rtasks_with_barriers(m), "no stitched kernel with block barriers ran as an rTask"
     feeds, first = _check(path, m)
-    if (model, pipeline) == ("bert", "full-joined"):  # (here, not in a test of its own: one PoCL build)
+    if "counters" in pipeline:  # no grid barrier: per-entry dependency counters, left at zero
+        assert any((L.get("rprogram") or {}).get("sync") == "counters" for L in m.plan["launches"])
+        assert not _sync_words(m).any()
+    if (model, pipeline) in (("bert", "full-joined"), ("bert", "full-counters")):  # (here: one PoCL build)
         _repeated_runs_and_a_run_after_an_exception_are_identical(m, feeds, first)
 
 
@@ -159,6 +166,60 @@ def test_independent_ops_share_a_wave_and_the_schedule_is_a_table(tmp_path, pipe
     assert {operands(e2, 3)[0], operands(e2, 3)[1]} == {operands(e0, 2)[1], operands(e1, 2)[1]}
     x = m.sample_inputs(3)["x"]
     np.testing.assert_allclose(m({"x": x})["y"], np.maximum(x, 0) + 1 / (1 + np.exp(-x)), rtol=1e-5, atol=1e-6)
+
+
+def _diamond(path):
+    """x -> Relu -> a -> Neg -> c; x -> Sigmoid -> b; b + c -> y: three waves, where Neg needs only
+    Relu and Add needs Sigmoid and Neg."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 1000])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1000])
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Sigmoid", ["x"], ["b"]),
+                           helper.make_node("Neg", ["a"], ["c"]), helper.make_node("Add", ["b", "c"], ["y"])],
+                          "g", [x], [y])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def _sync_words(m) -> np.ndarray:
+    """The plan's sync storage (grid-barrier and dependency counters) as the device holds it."""
+    ex = m._exec
+    out = np.zeros(m.plan["storages"]["sync"] // 4, np.int32)
+    ex.rt.read(ex.storages["sync"], 0, out)
+    return out
+
+
+def test_dependency_counters_wait_only_for_the_entries_they_conflict_with(tmp_path, pipes):
+    """`sync: counters`: no grid barrier; before its first rTask of an entry a block waits for the
+    entries that one conflicts with, each to have counted all its rTasks done. The dependency lists
+    follow the entries in the table, as (entry, rTask count) pairs; every launch leaves the counters
+    at zero, so runs back to back (and after a refused one) agree with numpy."""
+    path = _diamond(tmp_path / "d.onnx")
+    m = dlcc.compile(path, target="opencl", pipeline=pipes["rammer-counters"])
+    (L,) = m.plan["launches"]
+    rp = L["rprogram"]
+    assert L["op_type"] == "Rammer" and L.get("grid_sync") and rp["sync"] == "counters"
+    assert [w["ops"] for w in rp["waves"]] == [2, 1, 1] and rp["dependencies"] == 3
+    src = m.source("opencl")
+    assert "dlcc_wait_counts(rsync + rslot" in src and "dlcc_counters_leave(rsync + rslot, 4);" in src
+    assert "dlcc_grid_sync(rsync + rslot)" not in src
+    tab = next(t for n, t in m.plan["tensors"].items() if n.startswith("%rtab"))
+    table = np.frombuffer(m.weights, np.int32, count=tab["nbytes"] // 4, offset=tab["offset"])
+    nw, es = 3, 3 + 2 + 2 * 3  # entry: site, first rTask, count, dependency start and length, 3 operand slots
+    entries = [table[nw + 1 + k * es:nw + 1 + (k + 1) * es] for k in range(4)]
+    deps_at = nw + 1 + 4 * es
+    names = [op for w in m.plan["rprogram"][0]["wave_ops"] for op in w]
+    deps = {names[k].split()[0]: sorted(names[int(table[deps_at + j])].split()[0]
+                                        for j in range(e[3], e[3] + 2 * e[4], 2)) for k, e in enumerate(entries)}
+    assert deps == {"Relu": [], "Sigmoid": [], "Neg": ["Relu"], "Add": ["Neg", "Sigmoid"]}, deps
+    for k, e in enumerate(entries):  # each wait is for every rTask of the entry waited on
+        for j in range(e[3], e[3] + 2 * e[4], 2):
+            assert table[deps_at + j + 1] == entries[table[deps_at + j]][2]
+    for seed in range(3):
+        x = m.sample_inputs(seed)["x"]
+        np.testing.assert_allclose(m({"x": x})["y"], 1 / (1 + np.exp(-x)) - np.maximum(x, 0), rtol=1e-5, atol=1e-6)
+        assert not _sync_words(m).any()
+        with pytest.raises(dlcc.DlccError):
+            m({"x": x[:, :1]})
 
 
 def _mixed_blocks(path):
@@ -428,7 +489,8 @@ def test_persistent_kernels_compile_under_nvcc_without_spills(model, pipes):
     from dlcc.backends.nvcc import compile_cubin
 
     path = hf_export(model[3:]) if model.startswith("hf-") else export_model(model)
-    for pipeline in ("rammer-joined", "full-joined"):
+    counters = ("full-counters",) if model in ("cnn", "bert", "lstm-tc") else ()  # (sync: counters' waits)
+    for pipeline in ("rammer-joined", "full-joined") + counters:
         m = dlcc.compile(path, target="opencl", pipeline=pipes[pipeline], device="h100")
         assert any(L["op_type"] == "Rammer" for L in m.plan["launches"]), pipeline
         for arch in ("sm_80", "sm_90"):
@@ -474,6 +536,8 @@ def test_inspect_rprogram_json(tmp_path, pipes):
     assert r.exit_code == 0 and "add the rammer pass" in r.output
     r = CliRunner().invoke(app, ["inspect", str(path), "-p", pipes["rammer-joined"], "--rprogram", "--quiet"])
     assert r.exit_code == 0 and "call site" in r.output and "schedule: join: always" in r.output
+    r = CliRunner().invoke(app, ["inspect", str(path), "-p", pipes["rammer-counters"], "--rprogram", "--quiet"])
+    assert r.exit_code == 0 and "2 dependency wait(s) (sync: counters)" in " ".join(r.output.split()), r.output
 
 
 def test_blocks_per_sm_caps_registers_and_counts_the_veus(tmp_path):

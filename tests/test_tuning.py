@@ -313,11 +313,14 @@ def test_join_variants_flip_the_least_certain_runs():
     runs.append({"run": 7, "joined": False, "decidable": False, "joined_us": 1.0, "apart_us": 1.0})
     v = tuning.join_variants("full", {"rammer_runs": runs}, gpu=True)
     assert list(v) == ["full (run 1 joined)", "full (run 3 joined)", "full (run 6 joined)", "full (run 4 joined)",
-                       "full (runs 1, 3, 4, 5, 6 joined)", "full (run 0 apart)", "full (2 blocks per SM)"]
+                       "full (runs 1, 3, 4, 5, 6 joined)", "full (run 0 apart)", "full (2 blocks per SM)",
+                       "full (sync: counters)"]
     # (run 2's estimates are 50x apart: never flipped; run 7 cannot be joined: never named)
     assert v["full (runs 1, 3, 4, 5, 6 joined)"] == {"run_join": {1: True, 3: True, 4: True, 5: True, 6: True}}
     assert v["full (2 blocks per SM)"] == {"blocks_per_sm": 2}
-    assert "full (2 blocks per SM)" not in tuning.join_variants("full", {"rammer_runs": runs}, gpu=False)
+    assert v["full (sync: counters)"] == {"sync": "counters"}
+    assert not {"full (2 blocks per SM)", "full (sync: counters)"} & set(tuning.join_variants("full", {"rammer_runs": runs},
+                                                                                              gpu=False))
     both = [dict(r, joined=False) for r in runs[:2]]  # every decidable run in doubt: the pass's own options
     assert tuning.join_variants("full", {"rammer_runs": both}, gpu=False) == {
         "full (run 1 joined)": {"run_join": {1: True}}, "full (run 0 joined)": {"run_join": {0: True}},

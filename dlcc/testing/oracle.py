@@ -84,6 +84,7 @@ def all_configs() -> list[Config]:
     out = [Config("baseline", "baseline"), Config("astitch", "astitch"), Config("rammer", "rammer"),
            Config("full", "full"), Config("rammer-join-always", "rammer", (("rammer", "join", "always"),)),
            Config("full-join-always", "full", (("rammer", "join", "always"),)),
+           Config("full-join-always-counters", "full", (("rammer", "join", "always"), ("rammer", "sync", "counters"))),
            Config("astitch-no-gemm-fusion", "astitch", (("astitch", "gemm_fusion", False),)),
            Config("baseline-for-h100", "baseline", device="h100"), Config("astitch-for-h100", "astitch", device="h100"),
            Config("full-for-h100", "full", device="h100")]

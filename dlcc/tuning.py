@@ -10,12 +10,13 @@ candidate; candidates that build the same plan are one measurement), and keeps t
 Then it measures Rammer's join decisions, which the estimator also makes, where it is in doubt
 (join_variants): beside the fastest measured pipeline that runs `rammer`, each of the JOIN_FLIPS
 least certain runs' decisions flipped alone (run_join), all doubtful runs joined and all apart,
-and on a GPU two resident blocks per SM, all timed in one set of rounds with the candidates;
+and on a GPU two resident blocks per SM and dependency counters instead of grid barriers (`sync:
+counters`), all timed in one set of rounds with the candidates;
 flips that each paid are then timed together. A variant is labelled "PIPELINE (what it
 changes)", and the record keeps how to build each label.
 
-Before all that, it measures the rKernel choice: every GEMM problem of the model (batch 1: weights
-GEMMs and convolutions as implicit GEMMs) is timed on the device in each tiling of its family
+Before all that, it measures the rKernel choice: every GEMM problem of the model (weights GEMMs,
+convolutions as implicit GEMMs, and batched ones such as attention's) is timed on the device in each tiling of its family
 (the SIMT tilings at fp32, the tensor-core ones otherwise), as the rOperator alone on plain
 operands of the same shape and layout, and checked against numpy. Where one beats the cost
 model's pick, the candidates are compiled with it (`lower`'s gemm_tilings option), like TVM's
@@ -140,13 +141,14 @@ def time_inferences(cms: dict, repeat: int) -> dict[str, float]:
 
 
 def gemm_problems(plan: dict) -> list[dict]:
-    """The distinct batch-1 GEMM problems of `plan`'s launches (their "gemm" entries, plan.py), each
-    with the tiling the plan chose ("picked")."""
+    """The distinct GEMM problems of `plan`'s launches (their "gemm" entries, plan.py), each with the
+    tiling the plan chose ("picked"): weights GEMMs and convolutions (batch 1), and batched ones
+    (attention's Q·Kᵀ and P·V where no fused attention kernel holds them)."""
     kernels = {k["name"]: k for k in plan.get("kernels", [])}
     seen: dict[str, dict] = {}
     for L in plan.get("launches", []):
         g, k = L.get("gemm"), kernels.get(L["kernel"]) or {}
-        if not g or k.get("kind") != "gemm" or not k.get("tiling") or g["shape"][0] != 1:
+        if not g or k.get("kind") != "gemm" or not k.get("tiling"):
             continue
         key = json.dumps([g["shape"], g["a_k_contiguous"], g["b_n_contiguous"]])
         seen.setdefault(key, dict(g, picked=k["tiling"]))
@@ -166,10 +168,10 @@ def time_tilings(rt, problem: dict, tilings, precision: str, repeat: int) -> dic
     from .ops.narrow import HALF_DTYPES
     from .testing.rounding import operand_round
 
-    _, M, N, K = problem["shape"]
+    batch, M, N, K = problem["shape"]
     half = HALF_DTYPES.get(precision, "float32")
     spec = plain_spec(M, N, K, trans_b=not problem["b_n_contiguous"], b_dtype=half, a_dtype=half,
-                      trans_a=not problem["a_k_contiguous"])
+                      trans_a=not problem["a_k_contiguous"], batch=batch)
     names = {t: f"tune_{t.name}" for t in tilings}
     from .executor import use_dynamic_smem
     from .kernels.gemm import kernel_smem
@@ -179,29 +181,30 @@ def time_tilings(rt, problem: dict, tilings, precision: str, repeat: int) -> dic
     rt.compile(render([gemm_source(names[t], spec, t) for t in tilings], rt.dialect), {"kernels": kernels})
     use_dynamic_smem(rt, kernels)
     rng = np.random.default_rng(0)
-    A = rng.standard_normal((K, M) if not problem["a_k_contiguous"] else (M, K), dtype=np.float32)
-    B = rng.standard_normal((K, N) if problem["b_n_contiguous"] else (N, K), dtype=np.float32)
+    A = rng.standard_normal((batch,) + ((K, M) if not problem["a_k_contiguous"] else (M, K)), dtype=np.float32)
+    B = rng.standard_normal((batch,) + ((K, N) if problem["b_n_contiguous"] else (N, K)), dtype=np.float32)
     a64 = operand_round(A, precision).astype(np.float64)
     b64 = operand_round(B, precision).astype(np.float64)
-    ref = (a64.T if not problem["a_k_contiguous"] else a64) @ (b64 if problem["b_n_contiguous"] else b64.T)
+    ref = (a64.swapaxes(1, 2) if not problem["a_k_contiguous"] else a64) @ (b64 if problem["b_n_contiguous"]
+                                                                            else b64.swapaxes(1, 2))
     host = [A.astype(np.dtype(half)).view(np.uint8), B.astype(np.dtype(half)).view(np.uint8)]
-    sizes = [host[0].nbytes, host[1].nbytes, M * N * 4]
+    sizes = [host[0].nbytes, host[1].nbytes, batch * M * N * 4]
     bufs = [rt.alloc(n) for n in sizes]
     for b, h in zip(bufs, host):
         rt.write(b, 0, h)
     args = [rt.view(b, 0, n) for b, n in zip(bufs, sizes)]
     times = {}
     for t in tilings:
-        grid, extra = splitk.standalone_args(rt, t, 1, M, N)
+        grid, extra = splitk.standalone_args(rt, t, batch, M, N)
         k, targs = rt.kernel(names[t]), args + extra
-        rt.write(bufs[2], 0, np.full(M * N, np.nan, np.float32))
+        rt.write(bufs[2], 0, np.full(batch * M * N, np.nan, np.float32))
         rt.launch(k, grid, t.threads, targs)
         rt.finish()
-        out = np.empty((M, N), np.float32)
+        out = np.empty((batch, M, N), np.float32)
         rt.read(bufs[2], 0, out)
         err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)) if np.isfinite(out).all() else np.inf
         if not err <= 1e-3:
-            raise DlccError(f"--tune: the {t.name} GEMM rOperator computed {M}x{N}x{K} wrong on {rt.device_name} "
+            raise DlccError(f"--tune: the {t.name} GEMM rOperator computed {batch}x{M}x{N}x{K} wrong on {rt.device_name} "
                             f"(relative error {err:.1e}); a dlcc bug, please report it")
         times[t.name] = time_kernel(rt, k, grid, t.threads, targs, repeat)
     return times
@@ -217,7 +220,7 @@ def time_kernel(rt, kernel, grid: int, block: int, args: list, repeat: int) -> f
 
 
 def tune_tilings(model, shapes: dict, tgt: str, device, precision, repeat: int, cache, steps=None) -> dict[str, str]:
-    """{"1xMxNxK": tiling} for every GEMM problem of the model where a measured tiling beats the
+    """{"BATCHxMxNxK": tiling} for every GEMM problem of the model where a measured tiling beats the
     cost model's pick on the device by more than MIN_GAIN (tiling records in the cache answer what
     was measured before)."""
     from .api import _compile
@@ -244,7 +247,8 @@ def tune_tilings(model, shapes: dict, tgt: str, device, precision, repeat: int, 
                                         sort_keys=True).encode()).hexdigest()
         rec = load_record(c, key)
         if rec is None:
-            with steps.step(f"tune: {len(cands)} tilings of {'x'.join(map(str, prob['shape'][1:]))} on {rt.device_name}"):
+            shape = prob["shape"] if prob["shape"][0] > 1 else prob["shape"][1:]  # (BATCHx)MxNxK
+            with steps.step(f"tune: {len(cands)} tilings of {'x'.join(map(str, shape))} on {rt.device_name}"):
                 times = time_tilings(rt, prob, cands, prec, repeat)
             best = min(times, key=lambda n: (times[n], n != prob["picked"]))
             # a win smaller than the spread of device timings is noise: the model's pick stays

@@ -177,13 +177,19 @@ def test_estimate_says_which_rows_were_measured(monkeypatch, tmp_path):
     assert all(rows[n]["measured_ms"] == pytest.approx(t / 1e3) for n, t in tuned.items())
 
 
-def test_gemm_problems_are_the_plans_distinct_batch_one_gemms():
-    m = dlcc.compile(EXAMPLE, target="opencl", pipeline="baseline")
+@pytest.mark.parametrize("model", ["example", "bert"])
+def test_gemm_problems_are_the_plans_distinct_gemms(model):
+    """Weights GEMMs and convolutions, and batched ones: BERT's attention Q·Kᵀ and P·V."""
+    from conftest import export_model
+
+    m = dlcc.compile(EXAMPLE if model == "example" else export_model(model), target="opencl", pipeline="baseline")
     probs = tuning.gemm_problems(m.plan)
     kernels = {k["name"]: k for k in m.plan["kernels"]}
-    want = {(tuple(L["gemm"]["shape"]), L["gemm"]["b_n_contiguous"]) for L in m.plan["launches"]
-            if L.get("gemm") and kernels[L["kernel"]]["kind"] == "gemm" and L["gemm"]["shape"][0] == 1}
-    assert len(probs) == len(want) > 0 and {(tuple(p["shape"]), p["b_n_contiguous"]) for p in probs} == want
+    want = {(tuple(L["gemm"]["shape"]), L["gemm"]["a_k_contiguous"], L["gemm"]["b_n_contiguous"])
+            for L in m.plan["launches"] if L.get("gemm") and kernels[L["kernel"]]["kind"] == "gemm"}
+    assert len(probs) == len(want) > 0
+    assert {(tuple(p["shape"]), p["a_k_contiguous"], p["b_n_contiguous"]) for p in probs} == want
+    assert any(p["shape"][0] > 1 for p in probs) == (model == "bert")
     assert all(p["picked"] == kernels[L["kernel"]]["tiling"] for p in probs for L in m.plan["launches"]
                if L.get("gemm") and L["gemm"]["shape"] == p["shape"])
 
@@ -223,6 +229,38 @@ def test_a_measured_tiling_is_compiled_and_recorded(monkeypatch, tmp_path):
     assert m2.plan["meta"]["pipeline_choice"]["gemm_tilings"] == {}
 
 
+def test_a_measured_batched_tiling_is_compiled(monkeypatch, tmp_path):
+    """BERT's attention products (batch = heads) measured faster in another tiling are compiled
+    with it ({"BATCHxMxNxK": tiling}), and the model still matches onnxruntime."""
+    from conftest import export_model
+    from dlcc.kernels.gemm import CPU_TILINGS
+    from dlcc.verify import verify_outputs
+
+    path = export_model("bert")
+    base = dlcc.compile(path, target="opencl", pipeline="baseline")
+    kernels = {k["name"]: k for k in base.plan["kernels"]}
+    (batched,) = {tuple(L["gemm"]["shape"]): kernels[L["kernel"]]["tiling"] for L in base.plan["launches"]
+                  if L.get("gemm") and L["gemm"]["shape"][0] > 1}.items()
+    other = next(t.name for t in CPU_TILINGS if t.name != batched[1])
+    _fake_times(monkeypatch, {"baseline": 10.0}, [])  # (where no fused attention kernel holds them)
+
+    def faster_batched(rt, problem, cands, precision, repeat):
+        win = other if problem["shape"][0] > 1 else problem["picked"]
+        return {t.name: 10.0 if t.name == win else 100.0 for t in cands}
+
+    monkeypatch.setattr(tuning, "time_tilings", faster_batched)
+    m = dlcc.compile(path, target="opencl", tune=True, tune_top=9, cache=tmp_path / "cache")
+    assert m.plan["meta"]["pipeline"] == "baseline"
+    key = "x".join(map(str, batched[0]))
+    assert m.plan["meta"]["pipeline_choice"]["gemm_tilings"] == {key: other}
+    kernels = {k["name"]: k for k in m.plan["kernels"]}
+    used = {kernels[L["kernel"]].get("tiling") for L in m.plan["launches"]
+            if L.get("gemm") and L["gemm"]["shape"][0] > 1}
+    assert used == {other}, used
+    feeds = m.sample_inputs(0)
+    assert all(c["passed"] for c in verify_outputs(path, m(feeds), feeds, 1e-3, 1e-4))
+
+
 def test_tiling_times_are_real_and_checked_on_pocl():
     """time_tilings runs each candidate on the device on operands of the problem's layout; a
     tiling computing wrong is an error, not a choice."""
@@ -231,8 +269,8 @@ def test_tiling_times_are_real_and_checked_on_pocl():
     from dlcc.kernels.gemm import TILINGS
 
     rt = make_runtime("opencl")
-    for b_nk in (True, False):
-        prob = {"shape": [1, 40, 24, 36], "a_k_contiguous": True, "b_n_contiguous": b_nk, "picked": TILINGS[0].name}
+    for batch, a_kc, b_nk in ((1, True, True), (1, True, False), (3, True, False), (3, False, True)):
+        prob = {"shape": [batch, 40, 24, 36], "a_k_contiguous": a_kc, "b_n_contiguous": b_nk, "picked": TILINGS[0].name}
         times = tuning.time_tilings(rt, prob, TILINGS[:3], "fp32", 2)
         assert set(times) == {t.name for t in TILINGS[:3]} and all(v > 0 for v in times.values())
     import dataclasses
@@ -242,9 +280,15 @@ def test_tiling_times_are_real_and_checked_on_pocl():
     def wrong_spec(M, N, K, **kw):  # a store that drops the accumulator: the check must refuse it
         return dataclasses.replace(right(M, N, K, **kw), store=lambda m, n, acc: [f"C[{m} * {N} + {n}] = 0.0f;"])
 
-    gemm.plain_spec = wrong_spec
+    def first_batch_only(M, N, K, **kw):  # every batch's product written over the first's
+        return dataclasses.replace(right(M, N, K, **kw), store=lambda m, n, acc: [f"C[{m} * {N} + {n}] = {acc};"])
+
     try:
-        with pytest.raises(dlcc.DlccError, match="computed 40x24x36 wrong"):
+        gemm.plain_spec = wrong_spec
+        with pytest.raises(dlcc.DlccError, match="computed 3x40x24x36 wrong"):
+            tuning.time_tilings(rt, prob, TILINGS[:1], "fp32", 1)
+        gemm.plain_spec = first_batch_only
+        with pytest.raises(dlcc.DlccError, match="computed 3x40x24x36 wrong"):
             tuning.time_tilings(rt, prob, TILINGS[:1], "fp32", 1)
     finally:
         gemm.plain_spec = right

@@ -346,22 +346,26 @@ class GemmSpec:
 
 
 def plain_spec(M: int, N: int, K: int, trans_b: bool = True, b_dtype: str = "float32",
-               a_dtype: str = "float32", trans_a: bool = False) -> GemmSpec:
+               a_dtype: str = "float32", trans_a: bool = False, batch: int = 1) -> GemmSpec:
     """C = A·B for row-major tensors A, stored [M, K] (or [K, M] with trans_a) as `a_dtype`, and
     B, stored [N, K] (a Linear weight, transB=1) or [K, N] as `b_dtype` (float32, or float16 /
     bfloat16 as a compiled model stores half weights and activations): the rOperator on its own,
-    for scripts/gemm_tilings.py and the tests."""
+    for scripts/gemm_tilings.py, --tune and the tests. With `batch` > 1, `batch` such products of
+    contiguous matrices one after another in A, B and C (attention's Q·Kᵀ and P·V)."""
     from .program import ctype, load_float
 
+    a0, b0 = ("aoff", "boff") if batch > 1 else ("0", "0")
+    pre = lambda x: "" if batch == 1 else f"{x} + "  # noqa: E731
     return GemmSpec(
-        batch=1, M=M, N=N, K=K,
+        batch=batch, M=M, N=N, K=K,
         params=[f"GPTR const {ctype(a_dtype)}* A", f"GPTR const {ctype(b_dtype)}* B", "GPTR float* C"],
-        load_a=lambda m, k: ([], load_float(a_dtype, "A", f"{k} * {M} + {m}" if trans_a else f"{m} * {K} + {k}")),
-        load_b=lambda k, n: ([], load_float(b_dtype, "B", f"{n} * {K} + {k}" if trans_b else f"{k} * {N} + {n}")),
-        store=lambda m, n, acc: [f"C[{m} * {N} + {n}] = {acc};"],
+        prologue=[f"const int aoff = bt * {M * K}, boff = bt * {N * K};"] if batch > 1 else None,
+        load_a=lambda m, k: ([], load_float(a_dtype, "A", pre(a0) + (f"{k} * {M} + {m}" if trans_a else f"{m} * {K} + {k}"))),
+        load_b=lambda k, n: ([], load_float(b_dtype, "B", pre(b0) + (f"{n} * {K} + {k}" if trans_b else f"{k} * {N} + {n}"))),
+        store=lambda m, n, acc: [f"C[{pre(f'bt * {M * N}')}{m} * {N} + {n}] = {acc};"],
         a_k_contiguous=not trans_a, b_n_contiguous=not trans_b,
-        raw_a=RawOperand("A", a_dtype, "0", M if trans_a else K, not trans_a),
-        raw_b=RawOperand("B", b_dtype, "0", K if trans_b else N, trans_b),
+        raw_a=RawOperand("A", a_dtype, a0, M if trans_a else K, not trans_a),
+        raw_b=RawOperand("B", b_dtype, b0, K if trans_b else N, trans_b),
     )
 
 

@@ -24,6 +24,7 @@
 #   . .gpu/setup.sh && scripts/gpu_session.sh 17    # Hopper's wgmma GEMM tilings: on the hardware, against cuBLAS and mma.sync, then in models (~8 min)
 #   . .gpu/setup.sh && scripts/gpu_session.sh 18    # torch.compile(backend="dlcc") on CUDA tensors beside inductor, and dynamic=True (~4 min)
 #   . .gpu/setup.sh && scripts/gpu_session.sh 19    # --tune on the conv-heavy models: pipelines and Rammer's join decisions timed (~8 min)
+#   . .gpu/setup.sh && scripts/gpu_session.sh 20    # Rammer's dependency counters against grid barriers, joined plans (~6 min)
 #
 # What each number is for: issue 21 (stage 1: both import orders, device arrays, graphs, threads),
 # issue 18 (stages 2 and 3: GEMM and model floors against cuBLAS and torch.compile), issue 20
@@ -323,8 +324,18 @@ case "${1:-}" in
         --device h100 --tune --tune-top 3 --tune-repeat 20 --cache "$OUT/cache" --json)
     done
     ;;
+  20)
+    # rammer `sync: counters` (per-entry dependency counters) against one grid barrier per wave,
+    # never timed on a GPU: `full` with every run joined in each mode, beside `full`'s own plan, in
+    # interleaved rounds; below 1 in the last column, counters pay on that model.
+    for m in lstm-tc bert gpt2 yolo; do
+      "$PY" -c "import sys; sys.path.insert(0, 'scripts'); import models; models.export('$m', __import__('pathlib').Path('$MODELS'), 'full')" >/dev/null 2>&1
+    done
+    step sync-full 300 "$PY" scripts/bench_sync.py --models lstm-tc,bert,gpt2,yolo --size full --device h100 \
+      --target cuda --repeat 30 --out-dir "$MODELS" --json-out "$OUT/sync-full.json"
+    ;;
   *)
-    echo "usage: scripts/gpu_session.sh 0|1|...|19   (the stages are described at the top of this file)" >&2
+    echo "usage: scripts/gpu_session.sh 0|1|...|20   (the stages are described at the top of this file)" >&2
     exit 2
     ;;
 esac

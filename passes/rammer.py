@@ -291,8 +291,8 @@ def _emit(state: CompileState, waves: list[list[Launch]], rops: dict, spin: bool
     writer side); the waiter spins on the counters, fences and meets its block at a barrier. The
     last block to leave resets the counters (one more counter counts the blocks that left), so
     every launch starts from zeros. Deadlock-free for the grid barrier's reason: every block is
-    resident, takes the entries in wave order, and waits only on earlier waves. `sync_slots_for`
-    says how many of the %sync slots it takes."""
+    resident, takes the entries in wave order, and waits only on earlier waves. Its counters take
+    (entries + 2) // 2 of the %sync slots (two ints each) from `sync_slot` on (run_rammer)."""
     counters = spin and sync == "counters"
     g = state.graph
     prog = state.ctx.program

@@ -75,7 +75,8 @@ def test_joined_rprograms_match_onnxruntime(model, pipeline, pipes):
     base = dlcc.compile(path, target="opencl", pipeline="baseline" if pipeline.startswith("rammer") else "astitch")
     assert any(L["op_type"] == "Rammer" and L.get("grid_sync") for L in m.plan["launches"])
     assert len(m.plan["launches"]) < len(base.plan["launches"])
-    if pipeline.startswith("full") and model in ("bert", "ocr", "gpt2", "vit"):
+    # (gpt2 and vit have none: their LayerNorms fold into the GEMMs, attention is one rOperator)
+    if pipeline.startswith("full") and model in ("bert", "ocr"):
         assert stitched_rtasks_with_barriers(m), "no stitched kernel with block barriers ran as an rTask"
     feeds, first = _check(path, m)
     if "counters" in pipeline:  # no grid barrier: per-entry dependency counters, left at zero

@@ -205,5 +205,6 @@ def lower(state: CompileState, opts) -> None:
                              + ", ".join(f"{op} x{n}" for op, n in state.ctx.float32_activation_ops.items()))
         if state.ctx.float32_range:
             kept = state.ctx.float32_range
-            state.log.append(f"lower: {len(kept)} float activation(s) kept float32: made from an integer type "
-                             "wider than float16's range (" + ", ".join(kept[:4]) + (" ..." if len(kept) > 4 else "") + ")")
+            state.log.append(f"lower: {len(kept)} float activation(s) kept float32: they may hold a value beyond "
+                             f"{HALF_DTYPES[state.precision]}'s range, from a wide integer or a constant beyond it ("
+                             + ", ".join(kept[:4]) + (" ..." if len(kept) > 4 else "") + ")")

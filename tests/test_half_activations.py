@@ -115,7 +115,7 @@ def _wide_ints(path):
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_floats_from_wide_integers_stay_float32_at_fp16(tmp_path, precision):
     """At fp16 a float made from int32/uint32 and what is computed from it, up to a bounded op,
-    stay float32 (ops/narrow.py beyond_float16); bfloat16 has float32's range and narrows them."""
+    stay float32 (ops/narrow.py beyond_half); bfloat16 has float32's range and narrows them."""
     path, feeds = _wide_ints(tmp_path / "w.onnx")
     cm = dlcc.compile(path, target="opencl", pipeline="baseline", precision=precision)
     dt, half = _dtypes(cm), HALF[precision]
@@ -127,6 +127,80 @@ def test_floats_from_wide_integers_stay_float32_at_fp16(tmp_path, precision):
     assert cm.plan["meta"].get("float32_range_activations", 0) == (len(wide) if precision == "fp16" else 0)
     rows = verify_outputs(path, cm(feeds), feeds, precision=precision)
     assert all(r["passed"] for r in rows), rows
+
+
+def _masked_attention(path):
+    """HF's attention mask as the exporters write it: 1 - mask, as bool, selects float32's lowest
+    (-3.4e38) into the scores, then Softmax and the product with V. Batch row 0 is all padding: its
+    every score is -3.4e38, and float32 gives the mean of V there."""
+    lowest = np.array(np.finfo(np.float32).min, np.float32)
+    nodes = [h.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]), h.make_node("MatMul", ["x", "xt"], ["qk"]),
+             h.make_node("Mul", ["qk", "scale"], ["sc"]), h.make_node("Cast", ["mask"], ["mb"], to=T.BOOL),
+             h.make_node("Not", ["mb"], ["pad"]), h.make_node("Where", ["pad", "lowest", "zero"], ["bias"]),
+             h.make_node("Unsqueeze", ["bias", "ax1"], ["b3"]), h.make_node("Add", ["sc", "b3"], ["scores"]),
+             h.make_node("Softmax", ["scores"], ["p"], axis=-1), h.make_node("MatMul", ["p", "x"], ["y"])]
+    inits = {"scale": np.array(0.35, np.float32), "lowest": lowest, "zero": np.array(0, np.float32),
+             "ax1": np.array([1], np.int64)}
+    g = h.make_graph(nodes, "masked", [h.make_tensor_value_info("x", T.FLOAT, [3, 6, 16]),
+                                       h.make_tensor_value_info("mask", T.INT64, [3, 6])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], [nh.from_array(v, k) for k, v in inits.items()])
+    onnx.save(onnx.shape_inference.infer_shapes(h.make_model(g, opset_imports=[h.make_opsetid("", 17)])), path)
+    mask = np.ones((3, 6), np.int64)
+    mask[0] = 0
+    mask[1, 4:] = 0
+    return path, {"x": np.random.default_rng(3).standard_normal((3, 6, 16)).astype(np.float32), "mask": mask}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("pipeline", ["baseline", "astitch"])
+def test_a_mask_of_float32s_lowest_stays_float32(tmp_path, precision, pipeline):
+    """-3.4e38 is beyond float16 and bfloat16 alike: stored in either it became -inf, and the
+    all-padding row's Softmax NaN (BERT at fp16 and bf16). What reads the constant, up to the
+    Softmax, stays float32 (ops/narrow.py beyond_half), and the outputs match onnxruntime."""
+    path, feeds = _masked_attention(tmp_path / "m.onnx")
+    cm = dlcc.compile(path, target="opencl", pipeline=pipeline, precision=precision)
+    rows = verify_outputs(path, cm(feeds), feeds, precision=precision)
+    assert all(r["passed"] for r in rows), rows
+    if pipeline == "baseline":
+        dt = _dtypes(cm)
+        assert [dt[t] for t in ("bias", "b3", "scores")] == ["float32"] * 3
+        assert dt["sc"] == dt["p"] == HALF[precision]
+
+
+def test_bert_with_a_sequence_of_padding_matches_onnxruntime_at_fp16(model_path):
+    """The exported BERT's own mask (float32's lowest through a Where, stitched apart from the
+    attention by astitch): a sequence all padding gave NaN at fp16 and bf16."""
+    path = model_path("bert")
+    cm = dlcc.compile(path, target="opencl", pipeline="astitch", precision="fp16")
+    feeds = cm.sample_inputs(0)
+    feeds["attention_mask"][0] = 0  # (batch row 0: the test model's only one)
+    rows = verify_outputs(path, cm(feeds), feeds, precision="fp16")
+    assert all(r["passed"] for r in rows), rows
+    assert cm.plan["meta"]["float32_range_activations"] > 0
+
+
+def test_which_tensors_may_exceed_the_half_range(tmp_path):
+    """beyond_half on exact expectations: a Clip to float32's own limits clips nothing, one with a
+    minimum beyond float16's range forces its values there; a Where of float32's lowest is beyond
+    both half types, 1e5 only float16's; a Sigmoid bounds what it reads."""
+    from dlcc.frontend import import_model
+    from dlcc.ops.narrow import beyond_half
+
+    f32 = np.finfo(np.float32)
+    nodes = [h.make_node("Clip", ["x", "lo", "hi"], ["c"]), h.make_node("Clip", ["x", "big", ""], ["cb"]),
+             h.make_node("Greater", ["x", "zero"], ["pos"]), h.make_node("Where", ["pos", "x", "lo"], ["w"]),
+             h.make_node("Where", ["pos", "x", "big"], ["wb"]), h.make_node("Sigmoid", ["w"], ["s"]),
+             h.make_node("Add", ["s", "c"], ["y0"]), h.make_node("Add", ["w", "wb"], ["y1"]),
+             h.make_node("Add", ["cb", "y0"], ["y2"])]
+    inits = {"lo": np.array(f32.min, np.float32), "hi": np.array(f32.max, np.float32),
+             "big": np.array(1e5, np.float32), "zero": np.array(0, np.float32)}
+    g = h.make_graph(nodes, "r", [h.make_tensor_value_info("x", T.FLOAT, [4])],
+                     [h.make_tensor_value_info(n, T.FLOAT, [4]) for n in ("y1", "y2")],
+                     [nh.from_array(v, k) for k, v in inits.items()])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "r.onnx")
+    graph = import_model(tmp_path / "r.onnx")
+    assert beyond_half(graph, "float16") == {"cb", "w", "wb", "y1", "y2"}
+    assert beyond_half(graph, "bfloat16") == {"w", "y1"}
 
 
 def test_half_activations_halve_the_bytes(model_path):

@@ -12,8 +12,9 @@ into float, compute in float (a Softmax's max and sum, a LayerNorm's mean and va
 accumulator), and round once when they store. That halves the bytes every memory-bound kernel
 moves, as in ORT's and TensorRT's mixed precision, where reductions also compute in float32.
 Graph inputs and outputs keep their dtype, and an op kept float32 (`fp32_ops`) or without a
-converting lowering keeps float32 tensors around it. At fp16, a tensor that may hold a value
-beyond float16's range because it comes from a wide integer (`beyond_float16`) stays float32 too.
+converting lowering keeps float32 tensors around it. A tensor that may hold a finite value beyond
+the half type's range (made from a wide integer at fp16, or from a constant such as an attention
+mask's -3.4e38: `beyond_half`) stays float32 too.
 
 Only the GEMM's own input is rewired: a weight that other nodes also read (GPT-2's tied embedding,
 gathered by token and multiplied by the LM head) keeps its float32 tensor for them.
@@ -83,22 +84,46 @@ def narrow_gemm_weights(graph: Graph, precision: str, fp32_ops=frozenset()) -> l
     return list(narrowed)
 
 
-def beyond_float16(graph: Graph) -> set[str]:
-    """The float tensors that may hold a value float16 cannot: a Cast (or CastLike) to float of a
-    WIDE_INTS integer, and whatever is computed from one before a BOUNDED_OPS op.
+#: The largest finite value of each half type: a finite float beyond it rounds to inf when stored.
+HALF_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
 
-    Float16 storage would turn such a value into inf, where onnxruntime's float32 holds it (the
-    fp16 fuzz run found a uint32 that wrapped, cast to float and stored as inf). Float graph inputs
-    are assumed to be in range, as every mixed-precision runtime assumes; an integer's range is
-    known from its type, so it is not assumed. bfloat16 has float32's range and needs none of this.
+
+def _largest_finite(t: Tensor) -> float:
+    """The largest finite |value| of constant float tensor `t` (0 for an empty or all-inf one)."""
+    v = np.asarray(t.value, np.float64)
+    v = np.abs(v[np.isfinite(v)])
+    return float(v.max()) if v.size else 0.0
+
+
+def beyond_half(graph: Graph, dtype: str) -> set[str]:
+    """The float tensors that may hold a finite value the half type `dtype` cannot, so that storing
+    them would turn it into inf where onnxruntime's float32 holds it:
+    - at float16, a Cast (or CastLike) to float of a WIDE_INTS integer (the fp16 fuzz run found a
+      uint32 that wrapped, cast to float and stored as inf);
+    - the output of an op that reads a constant beyond the type's largest finite value: an
+      attention mask of float32's lowest, -3.4e38, through a Where or an Add, is beyond float16
+      and bfloat16 alike (BERT with a batch row all padding, whose every score became -inf and
+      whose Softmax then NaN, where float32 gives the mean of V);
+    - whatever is computed from one of those before a BOUNDED_OPS op.
+    Float graph inputs are assumed to be in range, as every mixed-precision runtime assumes; an
+    integer's range is known from its type and a constant's from its values, so they are not.
     Nodes are in topological order (the import sorts them)."""
+    top = HALF_MAX[dtype]
     wide: set[str] = set()
+    big = {n for n, t in graph.tensors.items()
+           if t.value is not None and t.dtype in ("float32", "float64") and _largest_finite(t) > top}
     for n in graph.nodes:
         ins = [graph.tensors[i] for i in n.inputs if i and i in graph.tensors]
         if n.op_type in ("Cast", "CastLike") and ins:
-            made = ins[0].dtype in WIDE_INTS or ins[0].name in wide
+            made = (dtype == "float16" and ins[0].dtype in WIDE_INTS) or ins[0].name in wide or ins[0].name in big
+        elif n.op_type == "Clip" and ins:  # a bound of float32's lowest (or highest) clips nothing
+            bounds = [graph.tensors[b] if b else None for b in (n.inputs[1:3] + ["", ""])[:2]]
+            forced = any(b is not None and b.value is not None and b.value.size
+                         and (-1) ** k * float(np.asarray(b.value, np.float64).ravel()[0]) > top
+                         for k, b in enumerate(bounds))  # a minimum above the range, a maximum below it
+            made = ins[0].name in wide or forced or any(b is not None and b.name in wide for b in bounds)
         else:
-            made = n.op_type not in BOUNDED_OPS and any(t.name in wide for t in ins)
+            made = n.op_type not in BOUNDED_OPS and any(t.name in wide or t.name in big for t in ins)
         if made:
             wide.update(o for o in n.outputs if o and graph.tensors[o].dtype in ("float32", "float64"))
     return wide
@@ -108,7 +133,7 @@ def narrow_activations(graph: Graph, precision: str, fp32_ops=frozenset()) -> tu
     """Store float32 intermediates in the precision's half type where it is safe (module
     docstring). Returns the tensors narrowed; by op type, the nodes that kept a float activation
     float32 because they do not convert (or are in `fp32_ops`): what `inspect` lists; and the
-    tensors kept float32 because they may not fit float16 (beyond_float16; fp16 only).
+    tensors kept float32 because they may hold a value the half type cannot (beyond_half).
 
     A tensor qualifies when it is computed (not a constant), is not a graph input or output, is
     not a statistic (below), may fit the half type, and every node that writes or reads it is
@@ -153,7 +178,7 @@ def narrow_activations(graph: Graph, precision: str, fp32_ops=frozenset()) -> tu
         if small:
             stats.update(o for o in n.outputs if o)
 
-    wide = beyond_float16(graph) if dtype == "float16" else set()
+    wide = beyond_half(graph, dtype)
     boundary = set(graph.inputs) | set(graph.outputs)
     classes: dict[str, list[str]] = {}
     for name in users:

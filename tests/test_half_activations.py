@@ -182,7 +182,9 @@ def test_bert_with_a_sequence_of_padding_matches_onnxruntime_at_fp16(model_path)
 def test_which_tensors_may_exceed_the_half_range(tmp_path):
     """beyond_half on exact expectations: a Clip to float32's own limits clips nothing, one with a
     minimum beyond float16's range forces its values there; a Where of float32's lowest is beyond
-    both half types, 1e5 only float16's; a Sigmoid bounds what it reads."""
+    both half types, 1e5 only float16's; a Sigmoid bounds what it reads, and so does an Exp
+    (RWKV's exp(-1e38 - p) is 0 in float32 too); a Max with float32's lowest keeps the other
+    operand, a Max with 1e5 does not."""
     from dlcc.frontend import import_model
     from dlcc.ops.narrow import beyond_half
 
@@ -191,16 +193,19 @@ def test_which_tensors_may_exceed_the_half_range(tmp_path):
              h.make_node("Greater", ["x", "zero"], ["pos"]), h.make_node("Where", ["pos", "x", "lo"], ["w"]),
              h.make_node("Where", ["pos", "x", "big"], ["wb"]), h.make_node("Sigmoid", ["w"], ["s"]),
              h.make_node("Add", ["s", "c"], ["y0"]), h.make_node("Add", ["w", "wb"], ["y1"]),
-             h.make_node("Add", ["cb", "y0"], ["y2"])]
+             h.make_node("Add", ["cb", "y0"], ["y2"]), h.make_node("Exp", ["wb"], ["e"]),
+             h.make_node("Max", ["x", "lo"], ["ml"]), h.make_node("Max", ["x", "big"], ["mb"]),
+             h.make_node("Min", ["x", "lo"], ["nl"]), h.make_node("Add", ["e", "ml"], ["y3"]),
+             h.make_node("Add", ["mb", "nl"], ["y4"])]
     inits = {"lo": np.array(f32.min, np.float32), "hi": np.array(f32.max, np.float32),
              "big": np.array(1e5, np.float32), "zero": np.array(0, np.float32)}
     g = h.make_graph(nodes, "r", [h.make_tensor_value_info("x", T.FLOAT, [4])],
-                     [h.make_tensor_value_info(n, T.FLOAT, [4]) for n in ("y1", "y2")],
+                     [h.make_tensor_value_info(n, T.FLOAT, [4]) for n in ("y1", "y2", "y3", "y4")],
                      [nh.from_array(v, k) for k, v in inits.items()])
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "r.onnx")
     graph = import_model(tmp_path / "r.onnx")
-    assert beyond_half(graph, "float16") == {"cb", "w", "wb", "y1", "y2"}
-    assert beyond_half(graph, "bfloat16") == {"w", "y1"}
+    assert beyond_half(graph, "float16") == {"cb", "w", "wb", "y1", "y2", "mb", "nl", "y4"}
+    assert beyond_half(graph, "bfloat16") == {"w", "y1", "nl", "y4"}
 
 
 def test_half_activations_halve_the_bytes(model_path):

@@ -34,10 +34,10 @@ HALF_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 #: fit. int8, uint8, int16 and bool always fit.
 WIDE_INTS = frozenset({"uint16", "int32", "uint32", "int64", "uint64"})
 
-#: Ops whose float output is bounded whatever their input (|y| <= 1, or a normalised row): the
-#: range hazard stops there.
+#: Ops whose float output is bounded whatever their input (|y| <= 1, or a normalised row), or,
+#: for Exp, is 0 or inf in float32 too for any input beyond the half range: the hazard stops there.
 BOUNDED_OPS = frozenset({"Sigmoid", "Tanh", "Softmax", "HardSigmoid", "Sin", "Cos", "Erf", "Softsign",
-                         "Sign", "LayerNormalization"})
+                         "Sign", "LayerNormalization", "Exp"})
 
 
 def kept_float32(node, fp32_ops) -> bool:
@@ -88,11 +88,16 @@ def narrow_gemm_weights(graph: Graph, precision: str, fp32_ops=frozenset()) -> l
 HALF_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
 
 
+def _finite(t: Tensor) -> list[float]:
+    """The extreme finite values of constant float tensor `t`: [min, max], or [] if it has none."""
+    v = np.asarray(t.value, np.float64)
+    v = v[np.isfinite(v)]
+    return [float(v.min()), float(v.max())] if v.size else []
+
+
 def _largest_finite(t: Tensor) -> float:
     """The largest finite |value| of constant float tensor `t` (0 for an empty or all-inf one)."""
-    v = np.asarray(t.value, np.float64)
-    v = np.abs(v[np.isfinite(v)])
-    return float(v.max()) if v.size else 0.0
+    return max((abs(x) for x in _finite(t)), default=0.0)
 
 
 def beyond_half(graph: Graph, dtype: str) -> set[str]:
@@ -122,6 +127,15 @@ def beyond_half(graph: Graph, dtype: str) -> set[str]:
                          and (-1) ** k * float(np.asarray(b.value, np.float64).ravel()[0]) > top
                          for k, b in enumerate(bounds))  # a minimum above the range, a maximum below it
             made = ins[0].name in wide or forced or any(b is not None and b.name in wide for b in bounds)
+        elif n.op_type in ("Max", "Min"):
+            # Max keeps the larger operand: a constant counts only where it is beyond the range on the
+            # side the op keeps (a Max with float32's lowest, RWKV's first state, keeps the other)
+            def kept_beyond(t, is_max=n.op_type == "Max"):
+                if t.name in wide or t.name not in big:
+                    return t.name in wide
+                lo, hi = _finite(t)
+                return hi > top if is_max else lo < -top
+            made = any(kept_beyond(t) for t in ins)
         else:
             made = n.op_type not in BOUNDED_OPS and any(t.name in wide or t.name in big for t in ins)
         if made:

@@ -455,7 +455,9 @@ def inspect(path: Path = typer.Argument(..., help="ONNX model file or artifact d
         if f32:
             rows.append(("ops keeping float32 activations", ", ".join(f"{op} x{n}" for op, n in f32.items())))
         if plan["meta"].get("float32_range_activations"):
-            rows.append((f"activations kept float32 for {'float16' if prec == 'fp16' else 'bfloat16'}'s range",
+            from .ops.narrow import HALF_DTYPES
+
+            rows.append((f"activations kept float32 for {HALF_DTYPES[prec]}'s range",
                          str(plan["meta"]["float32_range_activations"])))
     for k, v in rows:
         t.add_row(_escape(k), _escape(str(v)))

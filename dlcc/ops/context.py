@@ -39,7 +39,7 @@ class LowerCtx:
         self.transpose_weights = True  # `lower`'s option: whether transposed_weight may
         self.half_activations: list[str] = []  # activations stored in a half type (narrow_activations)
         self.float32_activation_ops: dict[str, int] = {}  # op type -> nodes keeping float32 activations
-        self.float32_range: list[str] = []  # activations kept float32: beyond float16's range (ops/narrow.py)
+        self.float32_range: list[str] = []  # activations kept float32: beyond the half type's range (ops/narrow.py beyond_half)
         self.index_checks: list[dict] = []  # Gather indices read from graph inputs (ops/layout.py index_check)
         self.skipped_empty: list[str] = []  # nodes whose outputs are all empty: no launch (passes/lower.py)
         self.device_index_checks: list[dict] = []  # computed Gather indices (kernels/index_check.py)

@@ -88,16 +88,18 @@ def narrow_gemm_weights(graph: Graph, precision: str, fp32_ops=frozenset()) -> l
 HALF_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
 
 
-def _finite(t: Tensor) -> list[float]:
-    """The extreme finite values of constant float tensor `t`: [min, max], or [] if it has none."""
-    v = np.asarray(t.value, np.float64)
+def _finite_range(t: Tensor) -> tuple[float, float] | None:
+    """(min, max) of the finite values of constant float tensor `t`, or None where it has none.
+    Two passes over the stored values; a copy without the infs and NaNs only where there are any
+    (this runs over every weight of the model)."""
+    v = np.asarray(t.value)
+    if not v.size:
+        return None
+    lo, hi = float(v.min()), float(v.max())
+    if np.isfinite(lo) and np.isfinite(hi):
+        return lo, hi
     v = v[np.isfinite(v)]
-    return [float(v.min()), float(v.max())] if v.size else []
-
-
-def _largest_finite(t: Tensor) -> float:
-    """The largest finite |value| of constant float tensor `t` (0 for an empty or all-inf one)."""
-    return max((abs(x) for x in _finite(t)), default=0.0)
+    return (float(v.min()), float(v.max())) if v.size else None
 
 
 def beyond_half(graph: Graph, dtype: str) -> set[str]:
@@ -115,27 +117,24 @@ def beyond_half(graph: Graph, dtype: str) -> set[str]:
     Nodes are in topological order (the import sorts them)."""
     top = HALF_MAX[dtype]
     wide: set[str] = set()
-    big = {n for n, t in graph.tensors.items()
-           if t.value is not None and t.dtype in ("float32", "float64") and _largest_finite(t) > top}
+    ranges = {n: r for n, t in graph.tensors.items() if t.value is not None and t.dtype in ("float32", "float64")
+              and (r := _finite_range(t)) is not None}
+    big = {n for n, (lo, hi) in ranges.items() if max(-lo, hi) > top}
     for n in graph.nodes:
         ins = [graph.tensors[i] for i in n.inputs if i and i in graph.tensors]
         if n.op_type in ("Cast", "CastLike") and ins:
             made = (dtype == "float16" and ins[0].dtype in WIDE_INTS) or ins[0].name in wide or ins[0].name in big
-        elif n.op_type == "Clip" and ins:  # a bound of float32's lowest (or highest) clips nothing
-            bounds = [graph.tensors[b] if b else None for b in (n.inputs[1:3] + ["", ""])[:2]]
-            forced = any(b is not None and b.value is not None and b.value.size
-                         and (-1) ** k * float(np.asarray(b.value, np.float64).ravel()[0]) > top
-                         for k, b in enumerate(bounds))  # a minimum above the range, a maximum below it
-            made = ins[0].name in wide or forced or any(b is not None and b.name in wide for b in bounds)
+        elif n.op_type == "Clip" and ins:
+            # a bound of float32's lowest (or highest) clips nothing; a minimum above the range, or a
+            # maximum below it, puts every value beyond it
+            lo_b, hi_b = (n.inputs[1:3] + ["", ""])[:2]
+            forced = (lo_b in ranges and ranges[lo_b][1] > top) or (hi_b in ranges and ranges[hi_b][0] < -top)
+            made = forced or any(t.name in wide for t in ins)
         elif n.op_type in ("Max", "Min"):
             # Max keeps the larger operand: a constant counts only where it is beyond the range on the
             # side the op keeps (a Max with float32's lowest, RWKV's first state, keeps the other)
-            def kept_beyond(t, is_max=n.op_type == "Max"):
-                if t.name in wide or t.name not in big:
-                    return t.name in wide
-                lo, hi = _finite(t)
-                return hi > top if is_max else lo < -top
-            made = any(kept_beyond(t) for t in ins)
+            made = any(t.name in wide or (t.name in big and (ranges[t.name][1] > top if n.op_type == "Max"
+                                                             else ranges[t.name][0] < -top)) for t in ins)
         else:
             made = n.op_type not in BOUNDED_OPS and any(t.name in wide or t.name in big for t in ins)
         if made:

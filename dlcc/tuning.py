@@ -402,8 +402,9 @@ def tune(model, shapes: dict, tgt: str, device, precision, top: int, repeat: int
                                  for x in variants.values()):  # flips that each paid alone, together (not yet timed)
                     options[label] = {"pipeline": base, "rammer": o}
                     cms.update(compile_all([label]))
-                    best = min(times, key=times.get)
-                    times.update(time_all({n: cms[n] for n in dict.fromkeys([base, best, *won, label])}))
+                    # every plan again, in one set of rounds with the combination: times from two sets of
+                    # rounds are not comparable when the machine's speed drifts between them
+                    times = time_all(cms)
         del cms
         order = list(options)
         chosen = min(times, key=lambda n: (times[n], order.index(n)))

@@ -49,6 +49,9 @@ def main(argv=None) -> int:
                     "verify's tolerance for it with the operand rounding in the arbiter's spread); a name in "
                     "--configs may also say it")
     ap.add_argument("--max-patterns", type=int, default=8, help="patterns per graph (default 8)")
+    ap.add_argument("--extremes", action="store_true", help="also generate float32's edge values as models write "
+                    "them (-inf, finfo.min and -1e9 masks before a Softmax or a max, MaxPool over -inf padding, clamps "
+                    "to float32's limits, scales past float16's largest): other graphs than without it, seed for seed")
     ap.add_argument("--unsupported", type=int, default=None, help="graphs dlcc must refuse, checked for the "
                     "one-paragraph error (default: n/20)")
     ap.add_argument("--quick-build", action="store_true", help="build OpenCL kernels without optimisation "
@@ -117,13 +120,14 @@ def main(argv=None) -> int:
         args.nvcc_every = 10 if find_nvcc() and "cuda" not in targets else 0
     meta = {"n": args.n, "seed": args.seed, "unsupported": n_uns, "targets": targets, "nvcc_every": args.nvcc_every,
             "configs": configs or [c.name for c in all_configs()], "max_patterns": args.max_patterns,
-            "timeout": args.timeout, "quick_build": args.quick_build,
+            "extremes": args.extremes, "timeout": args.timeout, "quick_build": args.quick_build,
             "segments": (earlier["meta"].get("segments", []) if earlier else []) + [_segment()]}
     def targets_of(k: int) -> list[str]:
         return targets + (["nvcc"] if args.nvcc_every and k % args.nvcc_every == 0 else [])
 
     tasks = [(("g", args.seed + k), {"seed": args.seed + k, "configs": configs, "targets": targets_of(k),
-                                      "max_patterns": args.max_patterns}) for k in range(args.n)]
+                                      "max_patterns": args.max_patterns, "extremes": args.extremes})
+             for k in range(args.n)]
     # graphs dlcc must refuse go in among the others, so a run cut short by --minutes has its share
     for k in reversed(range(n_uns)):  # from the back, so earlier positions do not move
         tasks.insert((k * args.n) // n_uns, (("u", args.seed + k), {"kind": "unsupported", "seed": args.seed + k}))
@@ -199,8 +203,8 @@ def main(argv=None) -> int:
 
 
 #: The parameters that define a run, and so come from the report on --resume.
-RUN_PARAMETERS = ("n", "seed", "unsupported", "targets", "nvcc_every", "configs", "max_patterns", "timeout",
-                  "quick_build")
+RUN_PARAMETERS = ("n", "seed", "unsupported", "targets", "nvcc_every", "configs", "max_patterns", "extremes",
+                  "timeout", "quick_build")
 
 
 def _load_report(path: str):
@@ -254,7 +258,8 @@ def _shrink_all(camp, args, con) -> None:
         done.add((f.case_seed, f.target))
         con.print(f"shrinking seed {f.case_seed} ({f.config} on {f.target}) ...", markup=False)
         try:
-            s = shrink(f.case_seed, config_named(f.config), f.target, max_tries=args.shrink_tries)
+            s = shrink(f.case_seed, config_named(f.config), f.target, max_tries=args.shrink_tries,
+                       max_patterns=args.max_patterns, extremes=args.extremes)
         except ValueError as e:  # it no longer fails alone (a flaky failure is worth a look too)
             con.print(f"  not reproduced alone: {e}", markup=False)
             continue

@@ -342,11 +342,15 @@ def test_run_flips_that_each_pay_are_measured_together(monkeypatch, tmp_path):
     a, b = flips[:2]
     both = tuning._combined_flips("full", {a: tuning.join_variants("full", plan, False)[a],
                                            b: tuning.join_variants("full", plan, False)[b]})[0]
-    calls = []
+    calls, rounds = [], []
     _fake_times(monkeypatch, {"full": 1000.0, a: 500.0, b: 600.0, both: 200.0}, calls)
+    fake = tuning.time_inferences
+    monkeypatch.setattr(tuning, "time_inferences", lambda cms, repeat: rounds.append(list(cms)) or fake(cms, repeat))
     m = dlcc.compile(path, target="opencl", tune=True, tune_top=5, cache=tmp_path / "cache")
     c = m.plan["meta"]["pipeline_choice"]
     assert c["chosen"] == both and len(c["rammer_options"]["run_join"]) == 2 and calls[-1] == both
+    # the combination is timed in one set of rounds with every plan, so every recorded time is from it
+    assert set(rounds[-1]) == set(c["times_us"]) and both in rounds[-1] and len(rounds) == 3
     joined = {r["run"] for r in m.plan["rammer_runs"] if r["joined"]}
     assert joined == set(c["rammer_options"]["run_join"])
 

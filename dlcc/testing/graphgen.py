@@ -1569,6 +1569,106 @@ def p_dft(g: Gen) -> None:
     g.one("DFT", ins, v.shape[:-1] + (bins, 2), -n * v.mag, n * v.mag, **attrs)
 
 
+# ------------------------------------------------------------------------------------------------
+# Extreme constants (`extremes=True`): the values real exporters write at float32's edges.
+# ------------------------------------------------------------------------------------------------
+FLT_MAX = float(np.finfo(np.float32).max)
+#: Masking constants as exporters write them: torch's SDPA (-inf), Hugging Face's finfo.min, the
+#: TF/Keras -1e9, one just past float16's largest, and BERT's classic -1e4.
+MASK_FILLS = [-INF, -FLT_MAX, -1e9, -131072.0, -1e4]
+
+
+def _mask_input(g: Gen, shape: tuple, keep_first: bool) -> tuple[Val, np.ndarray]:
+    """An attention-mask graph input (bool, int64 or float 0/1), 1 where a key is kept. With
+    `keep_first` every row keeps its first key (a class token), so no row is masked whole."""
+    keep = g.rs.random(shape) < 0.6
+    if keep_first and shape:
+        keep[..., 0] = True
+    dtype = g.ch.pick(["bool", "int64", "float32"])
+    v = g.input(shape, 0, 1, dtype=dtype, hint="mask")
+    g.feeds[v.name] = keep.astype(_NP[dtype])
+    return v, keep
+
+
+def _additive_mask(g: Gen, m: Val, fill: float) -> Val:
+    """0 where kept and `fill` where masked, in one of the exporters' forms."""
+    if m.dtype == "bool":
+        return g.one("Where", [m, g.scalar(0.0), g.scalar(fill)], m.shape, fill, 0.0)
+    mf = m if m.dtype == "float32" else g.one("Cast", [m], m.shape, 0, 1, to=TensorProto.FLOAT)
+    inv = g.one("Sub", [g.scalar(1.0), mf], m.shape, 0.0, 1.0)
+    return g.one("Mul", [inv, g.scalar(fill)], m.shape, fill, 0.0)
+
+
+def p_extreme(g: Gen) -> None:
+    """Constants at float32's edges, used the way models use them: masks of -inf, finfo.min or
+    -1e9 added to scores or selected with Where before a Softmax or a max; a MaxPool over padding
+    of float32's lowest; clamps to float32's limits (no-ops); and scales past float16's largest
+    before a saturating op. The extreme intermediate leaves the pool, as in a model only the
+    Softmax or the pool reads it, so later patterns see bounded values."""
+    kind = g.ch.weighted([("mask", 5), ("select", 3), ("pad_pool", 2), ("clamp", 2), ("scale", 2)])
+    if kind in ("mask", "select"):
+        s = g.pick(lambda u: u.rank >= 2 and u.shape[-1] >= 2) or g.input(g.shape(g.ch.pick([2, 3, 4])))
+        if s.rank < 2 or s.shape[-1] < 2:
+            return
+        s = g.bounded(s, 30.0)
+        fill = g.ch.pick(MASK_FILLS if kind == "mask" else [-INF, -FLT_MAX, -1e9])
+        keep_first = fill == -INF or g.ch.chance(0.6)  # a row masked whole is finite only for finite fills
+        mshape = tuple(1 if (i < s.rank - 1 and g.ch.chance(0.6)) else d for i, d in enumerate(s.shape))
+        m, keep = _mask_input(g, mshape, keep_first)
+        if kind == "mask":
+            if fill == -INF and m.dtype != "bool":  # (1 - m) * -inf is NaN where kept: torch writes Where
+                m = g.one("Cast", [m], m.shape, 0, 1, dtype="bool", to=TensorProto.BOOL)
+            add = _additive_mask(g, m, fill)
+            t = g.one("Add", [s, add], s.shape, s.lo + fill, s.hi)
+        else:
+            if m.dtype != "bool":
+                m = g.one("Cast", [m], m.shape, 0, 1, dtype="bool", to=TensorProto.BOOL)
+            t = g.one("Where", [m, s, g.scalar(fill)], s.shape, fill, s.hi)
+        use = g.ch.pick(["Softmax", "Softmax", "LogSoftmax", "ReduceMax"])
+        if use == "LogSoftmax" and fill == -INF:
+            use = "Softmax"
+        g.pool.remove(t)
+        if use == "Softmax":
+            g.one("Softmax", [t], s.shape, 0.0, 1.0, axis=-1)
+        elif use == "LogSoftmax":  # masked keys give about `fill`: kept whole by the next bounded op
+            g.one("LogSoftmax", [t], s.shape, fill, 0.0, axis=-1)
+        else:
+            lo = s.lo if keep_first else min(s.lo, fill)
+            _reduce_node(g, "ReduceMax", t, [s.rank - 1], 1, lo, s.hi)
+    elif kind == "pad_pool":
+        x = _spatial_input(g, g.ch.pick([2, 1]))
+        d = x.rank - 2
+        k = [min(g.ch.pick([2, 3]), sz) for sz in x.shape[2:]]
+        pads = [0, 0] + [g.ch.between(0, kk - 1) for kk in k] + [0, 0] + [g.ch.between(0, kk - 1) for kk in k]
+        fill = g.ch.pick([-INF, -FLT_MAX, -1e9])
+        pshape = tuple(sz + pads[i] + pads[i + x.rank] for i, sz in enumerate(x.shape))
+        xp = g.one("Pad", [x, g.ints(pads), g.scalar(fill)], pshape, fill, x.hi, mode="constant")
+        g.pool.remove(xp)
+        out = tuple(pshape[2 + i] - k[i] + 1 for i in range(d))
+        g.one("MaxPool", [xp], x.shape[:2] + out, x.lo, x.hi, kernel_shape=k)
+    elif kind == "clamp":
+        s = g.pick_or_input()
+        op = g.ch.pick(["Max", "Min", "Clip"])
+        if op == "Clip":
+            lo_c = g.scalar(g.ch.pick([-FLT_MAX, -INF]))
+            g.one("Clip", [s, lo_c, g.scalar(FLT_MAX)], s.shape, s.lo, s.hi)
+        else:
+            g.one(op, [s, g.scalar(-FLT_MAX if op == "Max" else FLT_MAX)], s.shape, s.lo, s.hi)
+    else:  # scale past float16's largest, then saturate
+        s = g.bounded(g.pick_or_input(), 30.0)
+        c = g.ch.pick([1e5, -7e4, 2e6])
+        big = g.one("Mul", [s, g.scalar(c)], s.shape, *_mul_itv(s, Val("c", (), lo=c, hi=c)))
+        g.pool.remove(big)
+        sat = g.ch.pick(["Tanh", "Sigmoid", "Clip", "Softmax"])
+        if sat == "Clip":
+            g.one("Clip", [big, g.scalar(-3.0), g.scalar(3.0)], s.shape, -3.0, 3.0)
+        elif sat == "Softmax" and s.rank:
+            g.one("Softmax", [big], s.shape, 0.0, 1.0, axis=-1)
+        else:
+            sat = "Sigmoid" if sat == "Softmax" else sat
+            g.one(sat, [big], s.shape, *((-1.0, 1.0) if sat == "Tanh" else (0.0, 1.0)))
+
+
 PATTERNS = [
     (p_unary, 14), (p_binary, 14), (p_reduce, 10), (p_softmax, 4), (p_layernorm, 5), (p_reshape, 6),
     (p_transpose, 5), (p_slice, 4), (p_concat, 4), (p_split, 3), (p_gather, 3), (p_expand, 2), (p_pad, 2),
@@ -1577,9 +1677,13 @@ PATTERNS = [
     (p_resize, 1), (p_alias, 1), (p_head_merge, 4), (p_prenorm, 3), (p_if, 1), (p_scatter, 1), (p_scan, 1),
     (p_dft, 1), (p_bitwise, 2), (p_col2im, 1), (p_unpool, 1), (p_roi_align, 1), (p_float8, 3),
 ]
+#: Added to PATTERNS with `extremes=True` (scripts/fuzz.py --extremes); without it the patterns, and so
+#: every seed's graph, are what they were.
+EXTREME_PATTERNS = [(p_extreme, 20)]
 
 
-def build(ch: Chooser, seed: int, max_patterns: int = 8) -> tuple[onnx.ModelProto, dict, list[str]]:
+def build(ch: Chooser, seed: int, max_patterns: int = 8,
+          extremes: bool = False) -> tuple[onnx.ModelProto, dict, list[str]]:
     """The model and its feeds, from the chooser's answers (no check, no reference run)."""
     opset = ch.pick([17, 18, 13, 20])
     g = Gen(ch, np.random.default_rng(seed), opset)
@@ -1588,7 +1692,7 @@ def build(ch: Chooser, seed: int, max_patterns: int = 8) -> tuple[onnx.ModelProt
         g.input(g.shape(), hint="y")
     count = 0
     while count < max_patterns and (count == 0 or g.ch.chance(0.85)):
-        pat = g.ch.weighted(PATTERNS)
+        pat = g.ch.weighted(PATTERNS + EXTREME_PATTERNS if extremes else PATTERNS)
         before = len(g.nodes)
         pat(g)
         if len(g.nodes) > before:
@@ -1637,11 +1741,12 @@ def reference(model: onnx.ModelProto, feeds: dict) -> dict:
     return dict(zip(names, sess.run(names, feeds)))
 
 
-def generate(seed: int, replay: list[int] | None = None, max_patterns: int = 8) -> Case:
+def generate(seed: int, replay: list[int] | None = None, max_patterns: int = 8, extremes: bool = False) -> Case:
     """One valid model with a finite reference. `replay` rebuilds from recorded choices (shrink.py);
-    without it, the choices come from `seed`, which also seeds the values."""
+    without it, the choices come from `seed`, which also seeds the values. `extremes` adds
+    p_extreme (float32's edges: -inf and finfo.min masks, ...) to the patterns."""
     ch = Chooser(seed, replay)
-    model, feeds, ops = build(ch, seed, max_patterns)
+    model, feeds, ops = build(ch, seed, max_patterns, extremes)
     check_model(model)
     refs = reference(model, feeds)
     for name, r in refs.items():
@@ -1676,12 +1781,12 @@ def _check_shapes(model: onnx.ModelProto, mine: dict) -> None:
                                    f"{got[o]} (inputs {[producer[i].op_type if i in producer else i for i in n.input]})")
 
 
-def generate_valid(seed: int, max_patterns: int = 8, tries: int = 20) -> Case:
+def generate_valid(seed: int, max_patterns: int = 8, tries: int = 20, extremes: bool = False) -> Case:
     """generate(), retrying with derived seeds when a graph's reference is not finite."""
     last = None
     for k in range(tries):
         try:
-            return generate(seed * 7919 + k if k else seed, max_patterns=max_patterns)
+            return generate(seed * 7919 + k if k else seed, max_patterns=max_patterns, extremes=extremes)
         except InvalidCase as e:
             last = e
     raise last

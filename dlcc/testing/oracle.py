@@ -442,7 +442,7 @@ def check_case_task(task: dict) -> dict:
     configs = [config_named(n) for n in task["configs"]] if task.get("configs") else all_configs()
     rec = {"seed": seed, "verdicts": {}}
     try:
-        case = generate_valid(seed, max_patterns=task.get("max_patterns", 8))
+        case = generate_valid(seed, max_patterns=task.get("max_patterns", 8), extremes=task.get("extremes", False))
     except InvalidCase as e:
         rec["invalid"] = str(e)
         return rec

@@ -52,6 +52,9 @@ def main(argv=None) -> int:
     ap.add_argument("--extremes", action="store_true", help="also generate float32's edge values as models write "
                     "them (-inf, finfo.min and -1e9 masks before a Softmax or a max, MaxPool over -inf padding, clamps "
                     "to float32's limits, scales past float16's largest): other graphs than without it, seed for seed")
+    ap.add_argument("--half-models", action="store_true", help="convert each graph into a float16 model with "
+                    "onnxconverter-common (float16 weights and Casts; half keep float32 inputs and outputs), judged "
+                    "as verify judges one: against onnxruntime on the model widened to float32")
     ap.add_argument("--unsupported", type=int, default=None, help="graphs dlcc must refuse, checked for the "
                     "one-paragraph error (default: n/20)")
     ap.add_argument("--quick-build", action="store_true", help="build OpenCL kernels without optimisation "
@@ -120,13 +123,14 @@ def main(argv=None) -> int:
         args.nvcc_every = 10 if find_nvcc() and "cuda" not in targets else 0
     meta = {"n": args.n, "seed": args.seed, "unsupported": n_uns, "targets": targets, "nvcc_every": args.nvcc_every,
             "configs": configs or [c.name for c in all_configs()], "max_patterns": args.max_patterns,
-            "extremes": args.extremes, "timeout": args.timeout, "quick_build": args.quick_build,
+            "extremes": args.extremes, "half_models": args.half_models, "timeout": args.timeout, "quick_build": args.quick_build,
             "segments": (earlier["meta"].get("segments", []) if earlier else []) + [_segment()]}
     def targets_of(k: int) -> list[str]:
         return targets + (["nvcc"] if args.nvcc_every and k % args.nvcc_every == 0 else [])
 
     tasks = [(("g", args.seed + k), {"seed": args.seed + k, "configs": configs, "targets": targets_of(k),
-                                      "max_patterns": args.max_patterns, "extremes": args.extremes})
+                                      "max_patterns": args.max_patterns, "extremes": args.extremes,
+                                      "half": args.half_models})
              for k in range(args.n)]
     # graphs dlcc must refuse go in among the others, so a run cut short by --minutes has its share
     for k in reversed(range(n_uns)):  # from the back, so earlier positions do not move
@@ -204,7 +208,7 @@ def main(argv=None) -> int:
 
 #: The parameters that define a run, and so come from the report on --resume.
 RUN_PARAMETERS = ("n", "seed", "unsupported", "targets", "nvcc_every", "configs", "max_patterns", "extremes",
-                  "timeout", "quick_build")
+                  "half_models", "timeout", "quick_build")
 
 
 def _load_report(path: str):
@@ -259,7 +263,7 @@ def _shrink_all(camp, args, con) -> None:
         con.print(f"shrinking seed {f.case_seed} ({f.config} on {f.target}) ...", markup=False)
         try:
             s = shrink(f.case_seed, config_named(f.config), f.target, max_tries=args.shrink_tries,
-                       max_patterns=args.max_patterns, extremes=args.extremes)
+                       max_patterns=args.max_patterns, extremes=args.extremes, half=args.half_models)
         except ValueError as e:  # it no longer fails alone (a flaky failure is worth a look too)
             con.print(f"  not reproduced alone: {e}", markup=False)
             continue

@@ -5,6 +5,7 @@ must refuse; and the generator, shrinker and worker pool themselves.
 Large runs are `scripts/fuzz.py` (docs/fuzzing.md)."""
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -40,6 +41,116 @@ def test_fuzz_batch(first, monkeypatch):
             if v["status"] in FAILURES + ("refused",):
                 problems.append(f"seed {seed} {v['config']}: {v['status']}: {v.get('detail', '')[:500]}")
     assert not problems, "\n".join(problems) + "\nshrink one with: scripts/fuzz.py --seed S --n 1 --shrink"
+
+
+def _extreme_fills(case) -> set:
+    """The float32-edge constants of a generated graph: -inf, float32's lowest and largest, -1e9,
+    and the scales and fills past float16's largest (65504)."""
+    vals = set()
+    for t in case.model.graph.initializer:
+        a = onnx.numpy_helper.to_array(t)
+        if a.dtype == np.float32 and a.size == 1 and abs(a.item()) > 65504:
+            vals.add(a.item())
+    return vals
+
+
+def test_extremes_generate_float32s_edges_as_models_write_them():
+    """`extremes=True` adds masks of -inf, finfo.min, -1e9 and past float16's range (as Where or
+    (1 - mask) * fill, before Softmax, LogSoftmax or ReduceMax), MaxPool over padding of them,
+    clamps to float32's limits and scales past float16's largest; every reference stays finite
+    (an -inf mask always keeps a key in each row). Without it a seed's graph has none of them."""
+    fmax = float(np.finfo(np.float32).max)
+    seen, users = set(), set()
+    for seed in range(120):
+        case = graphgen.generate_valid(seed, extremes=True)
+        for r in case.refs.values():
+            assert r.dtype.kind != "f" or np.all(np.isfinite(r))
+        fills = _extreme_fills(case)
+        seen |= fills
+        if fills:
+            users |= {op for op in case.ops if op in ("Softmax", "LogSoftmax", "ReduceMax", "MaxPool", "Clip")}
+        if seed < 40:
+            assert not _extreme_fills(graphgen.generate(seed)), seed
+    assert {-np.inf, -fmax, fmax, -1e9, -131072.0, 1e5} <= seen, seen
+    assert {"Softmax", "LogSoftmax", "ReduceMax", "MaxPool", "Clip"} <= users
+
+
+@functools.cache
+def _extreme_seeds() -> list[int]:
+    """The first three seeds whose extremes=True graph has an -inf or float32's-lowest fill."""
+    low = {-np.inf, -float(np.finfo(np.float32).max)}
+    return [s for s in range(60) if low & _extreme_fills(graphgen.generate_valid(s, extremes=True))][:3]
+
+
+@needs_opencl
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_fuzz_extremes_batch(precision, monkeypatch):
+    """Three graphs with -inf or finfo.min masks through every configuration, at fp32 and fp16
+    (where those constants are beyond the storage type: what reads them stays float32)."""
+    monkeypatch.setenv("DLCC_OPENCL_BUILD_OPTIONS", "-cl-opt-disable")
+    configs = [c.name if precision == "fp32" else f"{c.name}@{precision}" for c in all_configs()]
+    problems = []
+    for seed in _extreme_seeds():
+        rec = check_case_task({"seed": seed, "targets": ["opencl"], "extremes": True, "configs": configs})
+        assert "generator_bug" not in rec and "invalid" not in rec, rec
+        for v in rec["verdicts"]["opencl"]:
+            if v["status"] in FAILURES + ("refused",):
+                problems.append(f"seed {seed} {v['config']}: {v['status']}: {v.get('detail', '')[:500]}")
+    assert len(_extreme_seeds()) == 3 and not problems, "\n".join(problems)
+
+
+def test_half_models_are_float16_models_with_a_widened_reference():
+    """`half=True` converts each graph with onnxconverter-common: float16 initializers, float16
+    or float32 inputs and outputs (Casts around a float16 graph), and the
+    reference is onnxruntime on the model widened to float32, its float16 outputs rounded back
+    (what `dlcc verify` compares with)."""
+    from dlcc.verify import _widen_graph
+
+    kinds, made = set(), 0
+    for seed in range(30):
+        try:
+            case = graphgen.generate(seed, half=True)
+        except graphgen.InvalidCase as e:
+            assert "onnxconverter-common" in str(e) or "not finite" in str(e), e
+            continue
+        made += 1
+        g = case.model.graph
+        io = {vi.type.tensor_type.elem_type for vi in list(g.input) + list(g.output)} & {1, 10}
+        assert len(io) == 1, io  # all float16 or all float32
+        # float16 inside: float16 feeds, or the Casts after float32 ones (the initializers that ops of
+        # the converter's block list read stay float32)
+        to16 = [n for n in g.node if n.op_type == "Cast" and n.attribute[0].i == onnx.TensorProto.FLOAT16]
+        assert io == {10} or to16
+        kinds |= io
+        for vi in g.input:
+            assert case.feeds[vi.name].dtype == onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        wide = onnx.ModelProto()
+        wide.CopyFrom(case.model)
+        _widen_graph(wide.graph)
+        refs = graphgen.reference(wide, {k: v.astype(np.float32) if v.dtype == np.float16 else v
+                                         for k, v in case.feeds.items()})
+        for vi in g.output:
+            r = case.refs[vi.name]
+            assert r.dtype == onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+            np.testing.assert_array_equal(r, refs[vi.name].astype(r.dtype))
+    assert made >= 20 and kinds == {1, 10}
+
+
+@needs_opencl
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_fuzz_half_models_batch(precision, monkeypatch):
+    """Three float16 models through every configuration, at fp32 (computed in float32 inside,
+    rounded at the float16 outputs) and at fp16 (activations stored in float16)."""
+    monkeypatch.setenv("DLCC_OPENCL_BUILD_OPTIONS", "-cl-opt-disable")
+    configs = [c.name if precision == "fp32" else f"{c.name}@{precision}" for c in all_configs()]
+    problems = []
+    for seed in range(3):
+        rec = check_case_task({"seed": seed, "targets": ["opencl"], "half": True, "configs": configs})
+        assert "generator_bug" not in rec and "invalid" not in rec, rec
+        for v in rec["verdicts"]["opencl"]:
+            if v["status"] in FAILURES + ("refused",):
+                problems.append(f"seed {seed} {v['config']}: {v['status']}: {v.get('detail', '')[:500]}")
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed on this machine")

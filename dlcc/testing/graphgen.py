@@ -1741,18 +1741,96 @@ def reference(model: onnx.ModelProto, feeds: dict) -> dict:
     return dict(zip(names, sess.run(names, feeds)))
 
 
-def generate(seed: int, replay: list[int] | None = None, max_patterns: int = 8, extremes: bool = False) -> Case:
+def generate(seed: int, replay: list[int] | None = None, max_patterns: int = 8, extremes: bool = False,
+             half: bool = False) -> Case:
     """One valid model with a finite reference. `replay` rebuilds from recorded choices (shrink.py);
     without it, the choices come from `seed`, which also seeds the values. `extremes` adds
-    p_extreme (float32's edges: -inf and finfo.min masks, ...) to the patterns."""
+    p_extreme (float32's edges: -inf and finfo.min masks, ...) to the patterns; `half` converts
+    the graph into a float16 model (to_float16)."""
     ch = Chooser(seed, replay)
     model, feeds, ops = build(ch, seed, max_patterns, extremes)
     check_model(model)
-    refs = reference(model, feeds)
+    if half:
+        model, feeds = to_float16(model, feeds, ch)
+        ops = [n.op_type for n in model.graph.node]
+        refs = reference_widened(model, feeds)
+    else:
+        refs = reference(model, feeds)
     for name, r in refs.items():
         if r.dtype.kind == "f" and not np.all(np.isfinite(r)):
             raise InvalidCase(f"onnxruntime's output {name!r} is not finite")
     return Case(model, feeds, refs, seed, ch.record, ops)
+
+
+def to_float16(model: onnx.ModelProto, feeds: dict, ch: Chooser) -> tuple[onnx.ModelProto, dict]:
+    """The graph as a float16 model, the way users make one: onnxconverter-common's
+    convert_float_to_float16, which stores every float tensor in float16, clamps constants to
+    [1e-7, 1e4] in magnitude and keeps the ops of its block list in float32 between Casts. Half
+    the graphs keep float32 inputs and outputs (_float32_io); the others take float16 feeds.
+    A graph the converter fails on, or whose float16 model onnx rejects, is an InvalidCase
+    (neither dlcc's failure nor the generator's)."""
+    import warnings
+
+    from onnxconverter_common import float16
+
+    keep_io = ch.chance(0.5)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "the float32 number ... will be truncated to 1e-07"
+            # (with every value's type inferred first, the converter puts its Casts where they belong)
+            m = float16.convert_float_to_float16(onnx.shape_inference.infer_shapes(model), keep_io_types=False)
+            del m.graph.value_info[:]  # (the converter retypes some Casts' outputs there; the checker infers them)
+        if keep_io:
+            _float32_io(m)
+        onnx.checker.check_model(m, full_check=True)
+    except Exception as e:  # the converter's own failures (it raises AttributeError on some graphs)
+        raise InvalidCase(f"onnxconverter-common cannot make this a valid float16 model: "
+                          f"{type(e).__name__}: {e}") from None
+    # float32 feeds hold float16 values, so the Cast after them is exact: discontinuous ops (Floor, a
+    # Cast to int, comparisons) read exact values only, and a step taken on a rounded value would be
+    # the precisions' legitimate difference, not a bug
+    feeds = {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in feeds.items()}
+    if keep_io:
+        feeds = {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in feeds.items()}
+    return m, feeds
+
+
+def _float32_io(m: onnx.ModelProto) -> None:
+    """Float32 inputs and outputs around a float16 graph, in place: a Cast after each float16
+    input and before each float16 output. (The converter's own keep_io_types casts an output that
+    other nodes also read, and they then mix float32 with float16: onnx rejects the model.)"""
+    g = m.graph
+    rename: dict[str, str] = {}
+    head, tail = [], []
+    for vi in g.input:
+        if vi.type.tensor_type.elem_type == TensorProto.FLOAT16:
+            rename[vi.name] = vi.name + "/float16"
+            head.append(helper.make_node("Cast", [vi.name], [rename[vi.name]], to=TensorProto.FLOAT16))
+            vi.type.tensor_type.elem_type = TensorProto.FLOAT
+    for vi in g.output:
+        if vi.type.tensor_type.elem_type == TensorProto.FLOAT16:
+            rename[vi.name] = vi.name + "/float16"
+            tail.append(helper.make_node("Cast", [rename[vi.name]], [vi.name], to=TensorProto.FLOAT))
+            vi.type.tensor_type.elem_type = TensorProto.FLOAT
+    for n in g.node:
+        n.input[:] = [rename.get(i, i) for i in n.input]
+        n.output[:] = [rename.get(o, o) for o in n.output]
+    nodes = head + list(g.node) + tail
+    del g.node[:]
+    g.node.extend(nodes)
+
+
+def reference_widened(model: onnx.ModelProto, feeds: dict) -> dict:
+    """The reference of a float16 model as `dlcc verify` takes it: onnxruntime on the model
+    widened exactly to float32 (verify's rule), its float16 outputs rounded back to float16."""
+    from ..verify import _widen_graph
+
+    wide = onnx.ModelProto()
+    wide.CopyFrom(model)
+    _widen_graph(wide.graph)
+    out = reference(wide, {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in feeds.items()})
+    half = {o.name for o in model.graph.output if o.type.tensor_type.elem_type == TensorProto.FLOAT16}
+    return {k: v.astype(np.float16) if k in half else v for k, v in out.items()}
 
 
 def _check_shapes(model: onnx.ModelProto, mine: dict) -> None:
@@ -1781,12 +1859,13 @@ def _check_shapes(model: onnx.ModelProto, mine: dict) -> None:
                                    f"{got[o]} (inputs {[producer[i].op_type if i in producer else i for i in n.input]})")
 
 
-def generate_valid(seed: int, max_patterns: int = 8, tries: int = 20, extremes: bool = False) -> Case:
+def generate_valid(seed: int, max_patterns: int = 8, tries: int = 20, extremes: bool = False,
+                   half: bool = False) -> Case:
     """generate(), retrying with derived seeds when a graph's reference is not finite."""
     last = None
     for k in range(tries):
         try:
-            return generate(seed * 7919 + k if k else seed, max_patterns=max_patterns, extremes=extremes)
+            return generate(seed * 7919 + k if k else seed, max_patterns=max_patterns, extremes=extremes, half=half)
         except InvalidCase as e:
             last = e
     raise last

@@ -133,10 +133,9 @@ def _fingerprint(cm) -> str:
 
 def compare_outputs(model: onnx.ModelProto, got: dict, refs: dict, precision: str = "fp32") -> tuple[bool, str, list]:
     """Every graph output of `model` (not dlcc's own list), under verify's rule at `precision`'s
-    default tolerance."""
-    from ..verify import DEFAULT_TOLERANCE, compare
+    default tolerance (a float16 or bfloat16 output's at least its type's, as verify takes it)."""
+    from ..verify import compare, default_tolerance
 
-    rtol, atol = DEFAULT_TOLERANCE[precision]
     names = [o.name for o in model.graph.output]
     ok, notes, errs = True, [], []
     for extra in sorted(set(got) - set(names)):
@@ -152,7 +151,7 @@ def compare_outputs(model: onnx.ModelProto, got: dict, refs: dict, precision: st
             ok = False
             notes.append(f"output {n!r}: dtype {g.dtype}, onnxruntime's is {r.dtype}")
             continue
-        row = compare(n, g, r, rtol, atol)
+        row = compare(n, g, r, *default_tolerance(precision, str(r.dtype)))
         errs.append({"output": n, "max_abs_err": row["max_abs_err"], "max_rel_err": row["max_rel_err"]})
         if not row["passed"]:
             ok = False
@@ -442,7 +441,8 @@ def check_case_task(task: dict) -> dict:
     configs = [config_named(n) for n in task["configs"]] if task.get("configs") else all_configs()
     rec = {"seed": seed, "verdicts": {}}
     try:
-        case = generate_valid(seed, max_patterns=task.get("max_patterns", 8), extremes=task.get("extremes", False))
+        case = generate_valid(seed, max_patterns=task.get("max_patterns", 8), extremes=task.get("extremes", False),
+                              half=task.get("half", False))
     except InvalidCase as e:
         rec["invalid"] = str(e)
         return rec

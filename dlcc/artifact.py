@@ -56,8 +56,7 @@ for k, v in outs.items():
 def write_artifact(out_dir: str | os.PathLike, plan: dict, weights: bytes, kernel_codes: list[str],
                    binaries: dict[str, bytes] | None = None) -> Path:
     out = Path(out_dir).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = staging_dir(out)
     try:
         digests = {}
         for d in DIALECTS:
@@ -83,6 +82,19 @@ def write_artifact(out_dir: str | os.PathLike, plan: dict, weights: bytes, kerne
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def staging_dir(out: Path) -> Path:
+    """A fresh directory beside `out` to build it in (then replace_dir), its parents made first.
+    A place that cannot hold it (a missing or read-only parent, /proc) is one error naming `out`,
+    not the hidden staging name."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as e:
+        blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+        why = f"{blocker} is not a directory" if blocker else e.strerror or str(e)
+        raise DlccError(f"cannot write {out}: {why}") from None
 
 
 def replace_dir(tmp: Path, out: Path) -> None:

@@ -276,9 +276,10 @@ class Cache:
 
 def materialise(entry: Path, out: Path) -> None:
     """Artifact entry -> directory `out` (replaced atomically): hard links where possible."""
+    from .artifact import replace_dir, staging_dir
+
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = staging_dir(out)
     try:
         for p in entry.rglob("*"):
             if p.name == ENTRY or not p.is_file():
@@ -289,8 +290,6 @@ def materialise(entry: Path, out: Path) -> None:
                 os.link(p, dst)
             except OSError:
                 shutil.copy2(p, dst)
-        from .artifact import replace_dir
-
         replace_dir(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

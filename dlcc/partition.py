@@ -399,11 +399,10 @@ class PartitionedModel:
         import json
 
         from . import __version__
-        from .artifact import replace_dir
+        from .artifact import replace_dir, staging_dir
 
         out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        tmp = staging_dir(out)
         try:
             big = sum(len(t.raw_data) for t in self._model.graph.initializer) > EXTERNAL_DATA_BYTES
             onnx.save(self._model, str(tmp / MODEL_FILE), save_as_external_data=big, location="model.data")

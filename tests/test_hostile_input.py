@@ -3,6 +3,7 @@ attribute (ops/checks.py), before anything can divide by zero, loop forever or c
 answer; names that look like rich markup print as themselves."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -837,3 +838,19 @@ def test_an_input_index_check_kernel_is_checked_before_the_device(tmp_path, muta
     with pytest.raises(DlccError) as e:
         dlcc.load(art)
     assert needle in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_an_output_directory_that_cannot_be_made_names_itself(tmp_path, cache):
+    """`-o` under a regular file: one error naming the output the user gave, not the hidden
+    staging directory beside it, with the artifact (or the cache's copy) written nowhere."""
+    model = _model(str(tmp_path / "m.onnx"), h.make_node("Relu", ["x"], ["y"]), [("x", [4])], [("y", [4])])
+    (tmp_path / "file").write_text("not a directory")
+    out = tmp_path / "file" / "art"
+    args = ["compile", model, "-o", str(out), "-q"] + ([] if cache else ["--no-cache"])
+    r = subprocess.run([sys.executable, "-m", "dlcc", *args], capture_output=True, text=True,
+                       env={**os.environ, "DLCC_CACHE_DIR": str(tmp_path / "cache")})
+    assert r.returncode == 2 and r.stdout == "", (r.stdout, r.stderr)
+    assert f"cannot write {out}: {tmp_path / 'file'} is not a directory" in " ".join(r.stderr.split()), r.stderr
+    assert "Traceback" not in r.stderr and ".tmp-" not in r.stderr
+    assert (tmp_path / "file").read_text() == "not a directory"

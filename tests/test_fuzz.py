@@ -418,6 +418,32 @@ def test_rounding_spread_judges_one_element_outputs():
     assert not conditioning_explains(well, {"x": x}, {"y": refs["y"] * np.float32(1.01)}, refs)
 
 
+def test_the_arbiter_widens_a_float16_model_as_verify_does():
+    """The same cancelling variance as a float16 model (float16 input, output and values): the
+    exact answer is the widened model's in float64, and the rounding spread perturbs its float16
+    values as it does float32 ones. Before, both left float16 tensors alone: onnx.reference
+    computed the "exact" answer in float16, the spread was 0, and fuzz graph 740044 (a variance
+    over one element, through astitch@fp16) was called a mismatch where its float32 twin is
+    `unstable`."""
+    from dlcc.testing.oracle import conditioning_explains, float64_reference
+    from dlcc.testing.rounding import rounding_spread
+
+    x = (1.2 + 0.01 * np.random.default_rng(3).standard_normal((1, 65))).astype(np.float16)
+    m32 = _one_element_model("Sub", 65)
+    m16 = onnx.ModelProto()
+    m16.CopyFrom(m32)
+    for vi in list(m16.graph.input) + list(m16.graph.output):
+        vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT16
+    exact32 = float64_reference(m32, {"x": x.astype(np.float32)})["y"]
+    np.testing.assert_array_equal(float64_reference(m16, {"x": x})["y"], exact32)
+    t, spread = rounding_spread(m16, {"x": x})["y"]
+    assert t.dtype == np.float64 and spread.max() > 1e-3 * np.abs(t).max()
+    refs = {"y": graphgen.reference(m32, {"x": x.astype(np.float32)})["y"].astype(np.float16)}
+    got = {"y": _sequential_f32("Sub", x.astype(np.float32)).astype(np.float16)}
+    assert conditioning_explains(m16, {"x": x}, got, refs)
+    assert not conditioning_explains(m16, {"x": x}, {"y": (exact32 * 1.5).astype(np.float16)}, refs)
+
+
 def test_an_interrupted_run_resumes_where_it_stopped(tmp_path):
     """scripts/fuzz.py --resume: a run stopped before its end (here by --minutes 0, the way an
     interrupted one is, with its report checkpointed) goes on with the same parameters, runs only

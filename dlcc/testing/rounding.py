@@ -117,10 +117,15 @@ def pruned_to(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
     return m
 
 
+#: The float types the float64 model widens: float32, and the 16-bit floats of a float16 or
+#: bfloat16 model, whose reference is the model widened (verify's rule), so its exact answer is too.
+WIDENED = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+
+
 def float64_model(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` with every float32 tensor, constant and Cast-to-float made double, in the graphs
-    nested in it too (an If's branches, a Scan's or Loop's body: a float32 constant left there
-    stops onnx.reference with a type mismatch against the double values around it)."""
+    """`model` with every float32 (or 16-bit float) tensor, constant and Cast-to-float made double,
+    in the graphs nested in it too (an If's branches, a Scan's or Loop's body: a float32 constant
+    left there stops onnx.reference with a type mismatch against the double values around it)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     _to_float64(m.graph)
@@ -129,16 +134,16 @@ def float64_model(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _to_float64(g: onnx.GraphProto) -> None:
     for vi in list(g.input) + list(g.output) + list(g.value_info):
-        if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
+        if vi.type.tensor_type.elem_type in WIDENED:
             vi.type.tensor_type.elem_type = TensorProto.DOUBLE
     for k, t in enumerate(g.initializer):
-        if t.data_type == TensorProto.FLOAT:
+        if t.data_type in WIDENED:
             g.initializer[k].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
     for n in g.node:
         for a in n.attribute:
-            if a.name == "to" and a.i == TensorProto.FLOAT:
+            if a.name == "to" and a.i in WIDENED:
                 a.i = TensorProto.DOUBLE
-            if a.name == "value" and a.t.data_type == TensorProto.FLOAT:  # Constant nodes
+            if a.name == "value" and a.t.data_type in WIDENED:  # Constant nodes
                 a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float64), a.t.name))
             for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
                 _to_float64(sub)
@@ -147,7 +152,8 @@ def _to_float64(g: onnx.GraphProto) -> None:
 def _run64(m: onnx.ModelProto, feeds: dict) -> dict:
     from ..reference_ops import evaluator
 
-    f64 = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feeds.items()}
+    f64 = {k: v.astype(np.float64) if v.dtype.kind == "f" or v.dtype.name == "bfloat16" else v
+           for k, v in feeds.items()}
     names = [o.name for o in m.graph.output]
     return {n: np.asarray(v, np.float64) if np.asarray(v).dtype.kind == "f" else np.asarray(v)
             for n, v in zip(names, evaluator(m).run(names, f64))}

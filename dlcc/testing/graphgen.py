@@ -1624,12 +1624,20 @@ def p_extreme(g: Gen) -> None:
             if m.dtype != "bool":
                 m = g.one("Cast", [m], m.shape, 0, 1, dtype="bool", to=TensorProto.BOOL)
             t = g.one("Where", [m, s, g.scalar(fill)], s.shape, fill, s.hi)
-        use = g.ch.pick(["Softmax", "Softmax", "LogSoftmax", "ReduceMax"])
+        use = g.ch.pick(["Softmax", "Softmax", "LogSoftmax", "ReduceMax", "written-out"])
         if use == "LogSoftmax" and fill == -INF:
             use = "Softmax"
         g.pool.remove(t)
         if use == "Softmax":
             g.one("Softmax", [t], s.shape, 0.0, 1.0, axis=-1)
+        elif use == "written-out":  # exp(t - max t) / sum, as older exporters write a Softmax
+            mx = _reduce_node(g, "ReduceMax", t, [s.rank - 1], 1, s.lo if keep_first else fill, s.hi)
+            d = g.one("Sub", [t, mx], s.shape, fill, s.hi - s.lo)
+            g.pool.remove(mx)
+            g.pool.remove(d)
+            e = g.one("Exp", [d], s.shape, 0.0, 1.0)
+            tot = _reduce_node(g, "ReduceSum", e, [s.rank - 1], 1, 1.0, float(s.shape[-1]))  # the max gives exp(0)
+            g.one("Div", [e, tot], s.shape, 0.0, 1.0)
         elif use == "LogSoftmax":  # masked keys give about `fill`: kept whole by the next bounded op
             g.one("LogSoftmax", [t], s.shape, fill, 0.0, axis=-1)
         else:

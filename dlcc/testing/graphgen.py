@@ -1599,6 +1599,87 @@ def _additive_mask(g: Gen, m: Val, fill: float) -> Val:
     return g.one("Mul", [inv, g.scalar(fill)], m.shape, fill, 0.0)
 
 
+def _masked_scores(g: Gen, kind: str) -> None:
+    """Scores with a mask added ("mask") or selected with Where ("select"), then what reads them."""
+    s = g.pick(lambda u: u.rank >= 2 and u.shape[-1] >= 2) or g.input(g.shape(g.ch.pick([2, 3, 4])))
+    if s.rank < 2 or s.shape[-1] < 2:
+        return
+    s = g.bounded(s, 30.0)
+    fill = g.ch.pick(MASK_FILLS if kind == "mask" else [-INF, -FLT_MAX, -1e9])
+    keep_first = fill == -INF or g.ch.chance(0.6)  # a row masked whole is finite only for finite fills
+    mshape = tuple(1 if (i < s.rank - 1 and g.ch.chance(0.6)) else d for i, d in enumerate(s.shape))
+    m, _ = _mask_input(g, mshape, keep_first)
+    if kind == "mask":
+        if fill == -INF and m.dtype != "bool":  # (1 - m) * -inf is NaN where kept: torch writes Where
+            m = g.one("Cast", [m], m.shape, 0, 1, dtype="bool", to=TensorProto.BOOL)
+        t = g.one("Add", [s, _additive_mask(g, m, fill)], s.shape, s.lo + fill, s.hi)
+    else:
+        if m.dtype != "bool":
+            m = g.one("Cast", [m], m.shape, 0, 1, dtype="bool", to=TensorProto.BOOL)
+        t = g.one("Where", [m, s, g.scalar(fill)], s.shape, fill, s.hi)
+    use = g.ch.pick(["Softmax", "Softmax", "LogSoftmax", "ReduceMax", "written-out"])
+    if use == "LogSoftmax" and fill == -INF:
+        use = "Softmax"
+    g.pool.remove(t)
+    if use == "Softmax":
+        g.one("Softmax", [t], s.shape, 0.0, 1.0, axis=-1)
+    elif use == "written-out":  # exp(t - max t) / sum, as older exporters write a Softmax
+        mx = _reduce_node(g, "ReduceMax", t, [s.rank - 1], 1, s.lo if keep_first else fill, s.hi)
+        d = g.one("Sub", [t, mx], s.shape, fill, s.hi - s.lo)
+        g.pool.remove(mx)
+        g.pool.remove(d)
+        e = g.one("Exp", [d], s.shape, 0.0, 1.0)
+        tot = _reduce_node(g, "ReduceSum", e, [s.rank - 1], 1, 1.0, float(s.shape[-1]))  # the max gives exp(0)
+        g.one("Div", [e, tot], s.shape, 0.0, 1.0)
+    elif use == "LogSoftmax":  # masked keys give about `fill`: kept whole by the next bounded op
+        g.one("LogSoftmax", [t], s.shape, fill, 0.0, axis=-1)
+    else:
+        _reduce_node(g, "ReduceMax", t, [s.rank - 1], 1, s.lo if keep_first else min(s.lo, fill), s.hi)
+
+
+def _pad_pool(g: Gen) -> None:
+    """MaxPool over padding of -inf, float32's lowest or -1e9 (TF's SAME max pooling), every
+    window holding at least one real element (pads < kernel), so its output is x's."""
+    x = _spatial_input(g, g.ch.pick([2, 1]))
+    d = x.rank - 2
+    k = [min(g.ch.pick([2, 3]), sz) for sz in x.shape[2:]]
+    pads = [0, 0] + [g.ch.between(0, kk - 1) for kk in k] + [0, 0] + [g.ch.between(0, kk - 1) for kk in k]
+    fill = g.ch.pick([-INF, -FLT_MAX, -1e9])
+    pshape = tuple(sz + pads[i] + pads[i + x.rank] for i, sz in enumerate(x.shape))
+    xp = g.one("Pad", [x, g.ints(pads), g.scalar(fill)], pshape, fill, x.hi, mode="constant")
+    g.pool.remove(xp)
+    out = tuple(pshape[2 + i] - k[i] + 1 for i in range(d))
+    g.one("MaxPool", [xp], x.shape[:2] + out, x.lo, x.hi, kernel_shape=k)
+
+
+def _clamp(g: Gen) -> None:
+    """A clamp to float32's limits (or -inf): a no-op a half-precision plan must not take for a bound."""
+    s = g.pick_or_input()
+    op = g.ch.pick(["Max", "Min", "Clip"])
+    if op == "Clip":
+        lo_c = g.scalar(g.ch.pick([-FLT_MAX, -INF]))
+        g.one("Clip", [s, lo_c, g.scalar(FLT_MAX)], s.shape, s.lo, s.hi)
+    else:
+        g.one(op, [s, g.scalar(-FLT_MAX if op == "Max" else FLT_MAX)], s.shape, s.lo, s.hi)
+
+
+def _scale_then_saturate(g: Gen) -> None:
+    """A scale past float16's largest, then an op whose output is bounded (Tanh, Sigmoid, a Clip
+    to ±3, Softmax): the scaled value stays float32 at fp16 up to that op."""
+    s = g.bounded(g.pick_or_input(), 30.0)
+    c = g.ch.pick([1e5, -7e4, 2e6])
+    big = g.one("Mul", [s, g.scalar(c)], s.shape, *_mul_itv(s, Val("c", (), lo=c, hi=c)))
+    g.pool.remove(big)
+    sat = g.ch.pick(["Tanh", "Sigmoid", "Clip", "Softmax"])
+    if sat == "Clip":
+        g.one("Clip", [big, g.scalar(-3.0), g.scalar(3.0)], s.shape, -3.0, 3.0)
+    elif sat == "Softmax" and s.rank:
+        g.one("Softmax", [big], s.shape, 0.0, 1.0, axis=-1)
+    else:
+        sat = "Sigmoid" if sat == "Softmax" else sat
+        g.one(sat, [big], s.shape, *((-1.0, 1.0) if sat == "Tanh" else (0.0, 1.0)))
+
+
 def p_extreme(g: Gen) -> None:
     """Constants at float32's edges, used the way models use them: masks of -inf, finfo.min or
     -1e9 added to scores or selected with Where before a Softmax or a max; a MaxPool over padding
@@ -1607,74 +1688,13 @@ def p_extreme(g: Gen) -> None:
     Softmax or the pool reads it, so later patterns see bounded values."""
     kind = g.ch.weighted([("mask", 5), ("select", 3), ("pad_pool", 2), ("clamp", 2), ("scale", 2)])
     if kind in ("mask", "select"):
-        s = g.pick(lambda u: u.rank >= 2 and u.shape[-1] >= 2) or g.input(g.shape(g.ch.pick([2, 3, 4])))
-        if s.rank < 2 or s.shape[-1] < 2:
-            return
-        s = g.bounded(s, 30.0)
-        fill = g.ch.pick(MASK_FILLS if kind == "mask" else [-INF, -FLT_MAX, -1e9])
-        keep_first = fill == -INF or g.ch.chance(0.6)  # a row masked whole is finite only for finite fills
-        mshape = tuple(1 if (i < s.rank - 1 and g.ch.chance(0.6)) else d for i, d in enumerate(s.shape))
-        m, keep = _mask_input(g, mshape, keep_first)
-        if kind == "mask":
-            if fill == -INF and m.dtype != "bool":  # (1 - m) * -inf is NaN where kept: torch writes Where
-                m = g.one("Cast", [m], m.shape, 0, 1, dtype="bool", to=TensorProto.BOOL)
-            add = _additive_mask(g, m, fill)
-            t = g.one("Add", [s, add], s.shape, s.lo + fill, s.hi)
-        else:
-            if m.dtype != "bool":
-                m = g.one("Cast", [m], m.shape, 0, 1, dtype="bool", to=TensorProto.BOOL)
-            t = g.one("Where", [m, s, g.scalar(fill)], s.shape, fill, s.hi)
-        use = g.ch.pick(["Softmax", "Softmax", "LogSoftmax", "ReduceMax", "written-out"])
-        if use == "LogSoftmax" and fill == -INF:
-            use = "Softmax"
-        g.pool.remove(t)
-        if use == "Softmax":
-            g.one("Softmax", [t], s.shape, 0.0, 1.0, axis=-1)
-        elif use == "written-out":  # exp(t - max t) / sum, as older exporters write a Softmax
-            mx = _reduce_node(g, "ReduceMax", t, [s.rank - 1], 1, s.lo if keep_first else fill, s.hi)
-            d = g.one("Sub", [t, mx], s.shape, fill, s.hi - s.lo)
-            g.pool.remove(mx)
-            g.pool.remove(d)
-            e = g.one("Exp", [d], s.shape, 0.0, 1.0)
-            tot = _reduce_node(g, "ReduceSum", e, [s.rank - 1], 1, 1.0, float(s.shape[-1]))  # the max gives exp(0)
-            g.one("Div", [e, tot], s.shape, 0.0, 1.0)
-        elif use == "LogSoftmax":  # masked keys give about `fill`: kept whole by the next bounded op
-            g.one("LogSoftmax", [t], s.shape, fill, 0.0, axis=-1)
-        else:
-            lo = s.lo if keep_first else min(s.lo, fill)
-            _reduce_node(g, "ReduceMax", t, [s.rank - 1], 1, lo, s.hi)
+        _masked_scores(g, kind)
     elif kind == "pad_pool":
-        x = _spatial_input(g, g.ch.pick([2, 1]))
-        d = x.rank - 2
-        k = [min(g.ch.pick([2, 3]), sz) for sz in x.shape[2:]]
-        pads = [0, 0] + [g.ch.between(0, kk - 1) for kk in k] + [0, 0] + [g.ch.between(0, kk - 1) for kk in k]
-        fill = g.ch.pick([-INF, -FLT_MAX, -1e9])
-        pshape = tuple(sz + pads[i] + pads[i + x.rank] for i, sz in enumerate(x.shape))
-        xp = g.one("Pad", [x, g.ints(pads), g.scalar(fill)], pshape, fill, x.hi, mode="constant")
-        g.pool.remove(xp)
-        out = tuple(pshape[2 + i] - k[i] + 1 for i in range(d))
-        g.one("MaxPool", [xp], x.shape[:2] + out, x.lo, x.hi, kernel_shape=k)
+        _pad_pool(g)
     elif kind == "clamp":
-        s = g.pick_or_input()
-        op = g.ch.pick(["Max", "Min", "Clip"])
-        if op == "Clip":
-            lo_c = g.scalar(g.ch.pick([-FLT_MAX, -INF]))
-            g.one("Clip", [s, lo_c, g.scalar(FLT_MAX)], s.shape, s.lo, s.hi)
-        else:
-            g.one(op, [s, g.scalar(-FLT_MAX if op == "Max" else FLT_MAX)], s.shape, s.lo, s.hi)
-    else:  # scale past float16's largest, then saturate
-        s = g.bounded(g.pick_or_input(), 30.0)
-        c = g.ch.pick([1e5, -7e4, 2e6])
-        big = g.one("Mul", [s, g.scalar(c)], s.shape, *_mul_itv(s, Val("c", (), lo=c, hi=c)))
-        g.pool.remove(big)
-        sat = g.ch.pick(["Tanh", "Sigmoid", "Clip", "Softmax"])
-        if sat == "Clip":
-            g.one("Clip", [big, g.scalar(-3.0), g.scalar(3.0)], s.shape, -3.0, 3.0)
-        elif sat == "Softmax" and s.rank:
-            g.one("Softmax", [big], s.shape, 0.0, 1.0, axis=-1)
-        else:
-            sat = "Sigmoid" if sat == "Softmax" else sat
-            g.one(sat, [big], s.shape, *((-1.0, 1.0) if sat == "Tanh" else (0.0, 1.0)))
+        _clamp(g)
+    else:
+        _scale_then_saturate(g)
 
 
 PATTERNS = [

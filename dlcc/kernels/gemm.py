@@ -331,10 +331,11 @@ class GemmSpec:
     prologue: list[str] = None  # statements run once per task after `bt` is known (batch offsets)
     a_k_contiguous: bool = True  # A's k stride is 1: consecutive threads walk k when loading
     b_n_contiguous: bool = True  # B's n stride is 1: consecutive threads walk n when loading
-    # Set where the store is exactly `OUT[store_index(m, n)] = store_value(acc)` on the last param:
-    # AStitch then fuses elementwise consumers of the output into the store (a GEMM epilogue).
+    # Set where the store is exactly `OUT[store_index(m, n)] = store_value(m, n, acc)` on the last param:
+    # AStitch then fuses elementwise consumers of the output into the store (a GEMM epilogue). Both
+    # take the index names, since a caller may name them otherwise (the fused attention's at_om, at_e).
     store_index: Callable[[str, str], str] | None = None
-    store_value: Callable[[str], str] | None = None
+    store_value: Callable[[str, str, str], str] | None = None
     # Where load_a / load_b is a plain read of a tensor (RawOperand); None where it computes
     # (im2col windows, fused prologues, the LSTM's concatenated operands).
     raw_a: RawOperand | None = None

@@ -83,7 +83,9 @@ def _conv(ctx, node):
     w_t = transposed_weight(ctx, w, raw_w, Cout, K) if G == 1 else None
     if w_t:  # stored [K, Cout] (transposed_weight: a first layer's K = 3 x 7 x 7); one group: woff is 0
         w, raw_w = w_t, RawOperand("W", ctx.dtype(w_t), "woff", Cout, False)
-    bias_term = f" + {load_float(ctx.dtype(bias), 'Bz', f'g * {Cout_g} + m')}" if bias else ""
+    def bias_term(m: str) -> str:
+        return f" + {load_float(ctx.dtype(bias), 'Bz', f'g * {Cout_g} + {m}')}" if bias else ""
+
     params = ([operand_param(ctx, x, "X"), operand_param(ctx, w, "W")] + ([operand_param(ctx, bias, "Bz")] if bias else [])
               + [output_param(ctx, out, "Y")])
     spec = GemmSpec(
@@ -95,9 +97,9 @@ def _conv(ctx, node):
                                             else f"woff + {m} * {K} + {k}")),
         load_b=load_b,
         store=lambda m, n, acc: [store_float(ctx.dtype(out), "Y", f"(img * {Cout} + g * {Cout_g} + {m}) * {OS} + {n}",
-                                             f"{acc}{bias_term}")],
+                                             f"{acc}{bias_term(m)}")],
         store_index=lambda m, n: f"(img * {Cout} + g * {Cout_g} + {m}) * {OS} + {n}",
-        store_value=lambda acc: f"{acc}{bias_term}",
+        store_value=lambda m, n, acc: f"{acc}{bias_term(m)}",
         a_k_contiguous=not w_t,
         raw_a=raw_w,
         raw_b=RawOperand("X", dx, "xoff", IS, False) if pointwise else None,

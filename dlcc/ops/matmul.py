@@ -140,7 +140,7 @@ def _matmul(ctx, node):
                                             else f"boff + {k} * {N} + {n}")),
         store=lambda m, n, acc: [store_float(ctx.dtype(out), "Y", f"bt * {M * N} + {m} * {N} + {n}", acc)],
         store_index=lambda m, n: f"bt * {M * N} + {m} * {N} + {n}",
-        store_value=lambda acc: acc,
+        store_value=lambda m, n, acc: acc,
         b_n_contiguous=not b_t,
         raw_a=RawOperand("A", ctx.dtype(a), "aoff", K, True),
         raw_b=raw_b,
@@ -195,15 +195,16 @@ def _gemm(ctx, node):
     rn, rn_params, rn_tensors = row_norm(ctx, node)
     params = ([operand_param(ctx, a, "A"), operand_param(ctx, b, "B")] + ([operand_param(ctx, c, "C")] if c else [])
               + rn_params + [output_param(ctx, out, "Y")])
-    cterm = ""
-    if c and beta != 0.0:
+    def cterm(m: str, n: str) -> str:
+        """beta * C at output element (m, n), C broadcast as its shape says ("" without C)."""
+        if not c or beta == 0.0:
+            return ""
         sc = list(ctx.shape(c))
         sc = [1] * (2 - len(sc)) + sc
-        cm = "m" if sc[0] != 1 else "0"
-        cn = "n" if sc[1] != 1 else "0"
-        idx = " + ".join(x for x in ([f"{cm} * {sc[1]}" if cm != "0" else ""] + ([cn] if cn != "0" else [])) if x) or "0"
+        idx = " + ".join(([f"{m} * {sc[1]}"] if sc[0] != 1 else []) + ([n] if sc[1] != 1 else [])) or "0"
         cval = load_float(ctx.dtype(c), "C", idx)
-        cterm = f" + {literal(beta)} * {cval}" if beta != 1.0 else f" + {cval}"
+        return f" + {literal(beta)} * {cval}" if beta != 1.0 else f" + {cval}"
+
     scale = f"{literal(alpha)} * " if alpha != 1.0 else ""
     def raw_b():  # B as stored: [N, K] with transB, else [K, N]
         return RawOperand("B", ctx.dtype(b), "0", K if tb else N, bool(tb))
@@ -215,9 +216,9 @@ def _gemm(ctx, node):
         batch=1, M=M, N=N, K=K, params=params,
         load_a=lambda m, k: ([], load_float(ctx.dtype(a), "A", f"{k} * {M} + {m}" if ta else f"{m} * {K} + {k}")),
         load_b=lambda k, n: ([], load_float(ctx.dtype(b), "B", f"{n} * {K} + {k}" if tb else f"{k} * {N} + {n}")),
-        store=lambda m, n, acc: [store_float(ctx.dtype(out), "Y", f"{m} * {N} + {n}", f"{scale}{acc}{cterm}")],
+        store=lambda m, n, acc: [store_float(ctx.dtype(out), "Y", f"{m} * {N} + {n}", f"{scale}{acc}{cterm(m, n)}")],
         store_index=lambda m, n: f"{m} * {N} + {n}",
-        store_value=lambda acc: f"{scale}{acc}{cterm}",
+        store_value=lambda m, n, acc: f"{scale}{acc}{cterm(m, n)}",
         a_k_contiguous=not ta, b_n_contiguous=not tb,
         raw_a=RawOperand("A", ctx.dtype(a), "0", M if ta else K, not ta),
         raw_b=raw_b(),

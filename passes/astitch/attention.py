@@ -16,8 +16,8 @@ What is matched, on the stitcher's nodes (nodes.py), after the epilogue and inli
       `bt * M * N + m * N + n`); its planned epilogue (the scale, the mask add: planner
       plan_epilogues) becomes the score function;
   a Softmax over the last axis of that epilogue's value, N long, rows = batch x M, not log;
-  map nodes between the Softmax and g2 that are computed in g2's loads (a Cast, planner
-  gemm_inline), element for element;
+  map nodes between the Softmax and g2 that are computed in g2's loads (planner gemm_inline),
+  element for element, and keep the value (a Cast or an Identity: VALUE_PRESERVING);
   g2: a GEMM node reading that value as its A operand, plainly (raw_a: the tensor read at
       `aoff + m * K + k`, whole, not broadcast), with M, batch and output batch dims equal to
       g1's and K = N; its planned epilogue, if any, is applied to the output.
@@ -41,6 +41,12 @@ from .nodes import FLOATS
 
 
 MAX_HEAD_DIM = 128
+#: The maps that may stand between the Softmax and P·V: they keep each probability's value (up to a
+#: rounding, which the kernel makes anyway as the mma takes P). The kernel multiplies V by the
+#: unnormalised exp(s - max) and divides by the row's sum at the end, so it computes f(P) only for
+#: an f that commutes with that scaling; an Add of a constant (fuzz graph 760038) does not, and
+#: neither do most maps: they keep the three launches.
+VALUE_PRESERVING = ("Cast", "CastLike", "Identity")
 
 
 @dataclass
@@ -183,7 +189,8 @@ def _match(pl, sm, e: SoftmaxExpr) -> AttentionFusion | None:
         if c.kind == "gemm":
             g2 = c
             break
-        if (c.kind != "map" or c.id not in pl.gemm_inline or len([i for i in c.inputs if i]) != 1
+        if (c.kind != "map" or c.op_type not in VALUE_PRESERVING or c.id not in pl.gemm_inline
+                or len([i for i in c.inputs if i]) != 1 or ng.tensor(c.output).dtype not in FLOATS
                 or ng.size(c.output) != ng.size(t) or not reads_identity(c, c.inputs.index(t), ng.size(t))):
             return None
         between.append(c.id)

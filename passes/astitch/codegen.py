@@ -357,7 +357,7 @@ def store_index(b, t: str) -> str:
 def _epilogue(b, ng, g, spec, fus) -> list[str]:
     """Store statements: the GEMM's value, then each absorbed consumer at the same flat index (a
     Transpose's output where the Transpose puts it: store_index)."""
-    store = _chain(b, ng, g.output, spec.store_index("m", "n"), spec.store_value("acc[i][j]"), fus.epilogue, "e")
+    store = _chain(b, ng, g.output, spec.store_index("m", "n"), spec.store_value("m", "n", "acc[i][j]"), fus.epilogue, "e")
     for t in fus.stored:
         store.append(store_float(ng.tensor(t).dtype, b.param(t, write=True), store_index(b, t), b.known[t]))
     return store
@@ -399,11 +399,14 @@ def attention_source_fused(ng, planner, af, math: str = "float32") -> tuple[str,
         return [y for y in out[0].split("\n") if y], out[1]
 
     def score(m, n, s):
-        stmts = _chain(b, ng, g1.output, s1.store_index(m, n), s1.store_value(s), af.score, "at_e")
+        value = through_builder(g1, s1, [s1.store_value(m, n, s)])[0]
+        stmts = _chain(b, ng, g1.output, s1.store_index(m, n), value, af.score, "at_e")
         return stmts, b.known[ng.nodes[af.score[-1]].output] if af.score else "at_e0"
 
     def store(m, e, value):
-        stmts = _chain(b, ng, g2.output, apart(s2.store_index(m, e)), s2.store_value(value), af.epilogue, "at_o")
+        # (a Gemm's beta * C reads C, a parameter of its own: through the Builder, like its loads)
+        value = apart(through_builder(g2, s2, [s2.store_value(m, e, value)])[0])
+        stmts = _chain(b, ng, g2.output, apart(s2.store_index(m, e)), value, af.epilogue, "at_o")
         for t in af.stored:
             stmts.append(store_float(ng.tensor(t).dtype, b.param(t, write=True), store_index(b, t), b.known[t]))
         return stmts

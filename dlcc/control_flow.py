@@ -256,6 +256,29 @@ def copy_nodes(b: onnx.GraphProto, prefix: str, rename: dict[str, str]) -> list[
     return nodes
 
 
+def outer_reads(g: onnx.GraphProto) -> set[str]:
+    """Names a subgraph reads from the scopes around it (its own inputs, initializers and node
+    outputs excluded), its nested subgraphs included."""
+    defined = {i.name for i in g.input} | {i.name for i in g.initializer}
+    reads: set[str] = set()
+    for n in g.node:
+        reads.update(x for x in n.input if x)
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                reads |= outer_reads(sub)
+        defined.update(o for o in n.output if o)
+    return reads - defined
+
+
+def node_reads(node: onnx.NodeProto) -> list[str]:
+    """Every tensor `node` reads: its inputs, and what its subgraphs read from outside them."""
+    names = [x for x in node.input if x]
+    for a in node.attribute:
+        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            names += sorted(outer_reads(sub) - set(names))
+    return names
+
+
 def rename_reads(g: onnx.GraphProto, rename: dict[str, str], outputs: bool = True) -> None:
     """Rename the reads of names in `rename`, in `g` and the graphs nested in it, and (`outputs`)
     `g`'s own outputs that are such names (a nested graph that returns an outer value)."""

@@ -42,6 +42,7 @@ from onnx import helper
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import scratch as scratch_dirs
+from .control_flow import node_reads
 from .errors import (DlccError, DynamicShapeError, UnsupportedControlFlowError, UnsupportedDtypesError,
                      UnsupportedOpsError)
 
@@ -107,29 +108,6 @@ def dlcc_knows(node: onnx.NodeProto, opset: int) -> bool:
     return bool(schema.has_function or schema.has_context_dependent_function)
 
 
-def _outer_reads(g: onnx.GraphProto) -> set[str]:
-    """Names a subgraph reads from the scopes around it (its own inputs, initializers and node
-    outputs excluded), its nested subgraphs included."""
-    defined = {i.name for i in g.input} | {i.name for i in g.initializer}
-    reads: set[str] = set()
-    for n in g.node:
-        reads.update(x for x in n.input if x)
-        for a in n.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                reads |= _outer_reads(sub)
-        defined.update(o for o in n.output if o)
-    return reads - defined
-
-
-def _reads(node: onnx.NodeProto) -> list[str]:
-    """Every tensor `node` reads: its inputs, and what its subgraphs read from outside them."""
-    names = [x for x in node.input if x]
-    for a in node.attribute:
-        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-            names += sorted(_outer_reads(sub) - set(names))
-    return names
-
-
 @dataclass(frozen=True)
 class Segment:
     """Consecutive nodes (indices into the graph) that run on one engine, the tensors they read
@@ -185,7 +163,7 @@ class PartitionedModel:
         g = m.graph
         self._inits = {t.name: t for t in g.initializer}
         self.outputs = [o.name for o in g.output]
-        self._node_reads = [_reads(n) for n in g.node]
+        self._node_reads = [node_reads(n) for n in g.node]
         self._producer = {o: k for k, n in enumerate(g.node) for o in n.output if o}
         try:
             inferred = onnx.shape_inference.infer_shapes(m, check_type=False, strict_mode=False)

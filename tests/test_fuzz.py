@@ -444,6 +444,30 @@ def test_the_arbiter_widens_a_float16_model_as_verify_does():
     assert not conditioning_explains(m16, {"x": x}, {"y": (exact32 * 1.5).astype(np.float16)}, refs)
 
 
+def test_the_arbiter_keeps_what_an_ifs_branches_read():
+    """pruned_to keeps the nodes an If's branches read from the graph around them, not only its
+    condition's: without them onnx.reference could not run the pruned graph, the arbiter had no
+    answer, and fuzz graph 760182 (a variance over one element inside an If's branch, at fp16)
+    stayed a mismatch where it is `unstable`."""
+    from onnx import TensorProto as T, helper as h
+
+    from dlcc.testing.rounding import float64_reference, pruned_to
+
+    branch = lambda name, src: h.make_graph(  # noqa: E731
+        [h.make_node("Identity", [src], [name + "_o"])], name, [], [h.make_tensor_value_info(name + "_o", T.FLOAT, [3])])
+    nodes = [h.make_node("Neg", ["x"], ["a"]), h.make_node("Relu", ["x"], ["unused"]),
+             h.make_node("Greater", ["x0", "zero"], ["c"]),
+             h.make_node("If", ["c"], ["y"], then_branch=branch("t", "a"), else_branch=branch("e", "x"))]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [3]), h.make_tensor_value_info("x0", T.FLOAT, [])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [3]), h.make_tensor_value_info("unused", T.FLOAT, [3])],
+                     [onnx.numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    pruned = pruned_to(m, ["y"])
+    assert [n.op_type for n in pruned.graph.node] == ["Neg", "Greater", "If"]
+    x = np.array([1.0, -2.0, 3.0], np.float32)
+    np.testing.assert_array_equal(float64_reference(pruned, {"x": x, "x0": np.float32(1.0)})["y"], -x)
+
+
 def test_an_interrupted_run_resumes_where_it_stopped(tmp_path):
     """scripts/fuzz.py --resume: a run stopped before its end (here by --minutes 0, the way an
     interrupted one is, with its report checkpointed) goes on with the same parameters, runs only

@@ -97,7 +97,10 @@ def operand_round(x: np.ndarray, precision: str) -> np.ndarray:
 def pruned_to(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
     """`model` with only the nodes `outputs` depend on, and those outputs: the arbiter judges the
     outputs that failed, and a node onnx.reference cannot run elsewhere in the graph (a grouped
-    ConvTranspose it mis-reshapes) must not leave it without an answer. Inputs stay (feeds)."""
+    ConvTranspose it mis-reshapes) must not leave it without an answer. Inputs stay (feeds). A node
+    with a subgraph (an If's branches) also needs what they read from the graph around them."""
+    from ..control_flow import node_reads
+
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
@@ -105,7 +108,7 @@ def pruned_to(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
     for node in reversed(list(g.node)):
         if any(o in need for o in node.output):
             keep.append(node)
-            need.update(i for i in node.input if i)
+            need.update(node_reads(node))
     del g.node[:]
     g.node.extend(reversed(keep))
     outs = [o for o in g.output if o.name in outputs]

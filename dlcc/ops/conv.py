@@ -83,6 +83,7 @@ def _conv(ctx, node):
     w_t = transposed_weight(ctx, w, raw_w, Cout, K) if G == 1 else None
     if w_t:  # stored [K, Cout] (transposed_weight: a first layer's K = 3 x 7 x 7); one group: woff is 0
         w, raw_w = w_t, RawOperand("W", ctx.dtype(w_t), "woff", Cout, False)
+
     def bias_term(m: str) -> str:
         return f" + {load_float(ctx.dtype(bias), 'Bz', f'g * {Cout_g} + {m}')}" if bias else ""
 

@@ -195,6 +195,7 @@ def _gemm(ctx, node):
     rn, rn_params, rn_tensors = row_norm(ctx, node)
     params = ([operand_param(ctx, a, "A"), operand_param(ctx, b, "B")] + ([operand_param(ctx, c, "C")] if c else [])
               + rn_params + [output_param(ctx, out, "Y")])
+
     def cterm(m: str, n: str) -> str:
         """beta * C at output element (m, n), C broadcast as its shape says ("" without C)."""
         if not c or beta == 0.0:

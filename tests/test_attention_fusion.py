@@ -253,3 +253,20 @@ def test_what_stands_between_softmax_and_pv(tmp_path, case, precision):
     feeds = m.sample_inputs(3)
     rows = verify_outputs(path, m(feeds), feeds, precision=precision)
     assert all(r["passed"] for r in rows), rows
+
+
+def test_pv_as_a_gemm_with_c_builds_for_cuda(tmp_path):
+    """The same fused kernel's CUDA text (the tensor-core template at bf16, H100 plan) through nvcc
+    for sm_90, with no spills: C is one of the kernel's parameters."""
+    from dlcc.backends.nvcc import find_nvcc
+
+    if find_nvcc() is None:
+        pytest.skip("nvcc is not installed on this machine")
+    path = _softmax_then_gemm(tmp_path / "a.onnx", gemm_c=(20, 12))
+    pipe = tmp_path / "on.yaml"
+    pipe.write_text("name: attention-on\npasses:\n  - name: lower\n  - name: astitch\n    options: {attention: true}\n"
+                    "  - name: memplan\n")
+    m = dlcc.compile(path, target="cuda", pipeline=str(pipe), device="h100", precision="bf16", cache=False)
+    res = m.plan["cuda"]["resources"]
+    assert _attention_count(m.plan) == 1 and len(res) == 1
+    assert not [k for k, v in res.items() if v.get("spill_stores")]

@@ -129,7 +129,7 @@ def compare_value(name: str, got, ref, rtol: float, atol: float) -> dict:
 _HALF = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
 
 
-def _widen_graph(g: onnx.GraphProto) -> None:
+def widen_graph(g: onnx.GraphProto) -> None:
     """Every 16-bit float in `g` (and its subgraphs) becomes float32, in place: value types,
     initializers, Constant and ConstantOfShape tensors, and the `to`/`dtype` of Cast, EyeLike and
     the random generators. Widening is exact, so the float32 graph computes what the 16-bit one
@@ -151,10 +151,10 @@ def _widen_graph(g: onnx.GraphProto) -> None:
             elif a.type == onnx.AttributeProto.INT and a.name in ("to", "dtype") and a.i in _HALF:
                 a.i = onnx.TensorProto.FLOAT
             elif a.type == onnx.AttributeProto.GRAPH:
-                _widen_graph(a.g)
+                widen_graph(a.g)
             elif a.type == onnx.AttributeProto.GRAPHS:
                 for sub in a.graphs:
-                    _widen_graph(sub)
+                    widen_graph(sub)
 
 
 @functools.lru_cache(maxsize=1)
@@ -244,13 +244,13 @@ def _session(model_path, widen: bool, feeds: dict | None = None, draws: dict | N
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         m = exact_products(source or onnx.load(str(model_path)), model_path, feeds)
         if widen:
-            _widen_graph(m.graph)
+            widen_graph(m.graph)
         return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     if not widen:
         model = str(model_path) if source is None else source.SerializeToString()
         return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
     m = source or onnx.load(str(model_path))
-    _widen_graph(m.graph)
+    widen_graph(m.graph)
     if m.ByteSize() < 2**31 - 2**20:
         return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     with tempfile.TemporaryDirectory(prefix="dlcc-widened-") as tmp:  # past protobuf's 2 GB

@@ -123,7 +123,8 @@ def main(argv=None) -> int:
         args.nvcc_every = 10 if find_nvcc() and "cuda" not in targets else 0
     meta = {"n": args.n, "seed": args.seed, "unsupported": n_uns, "targets": targets, "nvcc_every": args.nvcc_every,
             "configs": configs or [c.name for c in all_configs()], "max_patterns": args.max_patterns,
-            "extremes": args.extremes, "half_models": args.half_models, "timeout": args.timeout, "quick_build": args.quick_build,
+            "extremes": args.extremes, "half_models": args.half_models, "timeout": args.timeout,
+            "quick_build": args.quick_build,
             "segments": (earlier["meta"].get("segments", []) if earlier else []) + [_segment()]}
     def targets_of(k: int) -> list[str]:
         return targets + (["nvcc"] if args.nvcc_every and k % args.nvcc_every == 0 else [])

@@ -109,7 +109,7 @@ def test_half_models_are_float16_models_with_a_widened_reference():
     or float32 inputs and outputs (Casts around a float16 graph), and the
     reference is onnxruntime on the model widened to float32, its float16 outputs rounded back
     (what `dlcc verify` compares with)."""
-    from dlcc.verify import _widen_graph
+    from dlcc.verify import widen_graph
 
     kinds, made = set(), 0
     for seed in range(30):
@@ -131,7 +131,7 @@ def test_half_models_are_float16_models_with_a_widened_reference():
             assert case.feeds[vi.name].dtype == onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
         wide = onnx.ModelProto()
         wide.CopyFrom(case.model)
-        _widen_graph(wide.graph)
+        widen_graph(wide.graph)
         refs = graphgen.reference(wide, {k: v.astype(np.float32) if v.dtype == np.float16 else v
                                          for k, v in case.feeds.items()})
         for vi in g.output:
@@ -453,12 +453,15 @@ def test_the_arbiter_keeps_what_an_ifs_branches_read():
 
     from dlcc.testing.rounding import float64_reference, pruned_to
 
-    branch = lambda name, src: h.make_graph(  # noqa: E731
-        [h.make_node("Identity", [src], [name + "_o"])], name, [], [h.make_tensor_value_info(name + "_o", T.FLOAT, [3])])
+    def branch(name, src):
+        return h.make_graph([h.make_node("Identity", [src], [name + "_o"])], name, [],
+                            [h.make_tensor_value_info(name + "_o", T.FLOAT, [3])])
+
     nodes = [h.make_node("Neg", ["x"], ["a"]), h.make_node("Relu", ["x"], ["unused"]),
              h.make_node("Greater", ["x0", "zero"], ["c"]),
              h.make_node("If", ["c"], ["y"], then_branch=branch("t", "a"), else_branch=branch("e", "x"))]
-    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [3]), h.make_tensor_value_info("x0", T.FLOAT, [])],
+    ins = [h.make_tensor_value_info("x", T.FLOAT, [3]), h.make_tensor_value_info("x0", T.FLOAT, [])]
+    g = h.make_graph(nodes, "g", ins,
                      [h.make_tensor_value_info("y", T.FLOAT, [3]), h.make_tensor_value_info("unused", T.FLOAT, [3])],
                      [onnx.numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])

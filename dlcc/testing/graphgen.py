@@ -1851,11 +1851,11 @@ def _float32_io(m: onnx.ModelProto) -> None:
 def reference_widened(model: onnx.ModelProto, feeds: dict) -> dict:
     """The reference of a float16 model as `dlcc verify` takes it: onnxruntime on the model
     widened exactly to float32 (verify's rule), its float16 outputs rounded back to float16."""
-    from ..verify import _widen_graph
+    from ..verify import widen_graph
 
     wide = onnx.ModelProto()
     wide.CopyFrom(model)
-    _widen_graph(wide.graph)
+    widen_graph(wide.graph)
     out = reference(wide, {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in feeds.items()})
     half = {o.name for o in model.graph.output if o.type.tensor_type.elem_type == TensorProto.FLOAT16}
     return {k: v.astype(np.float16) if k in half else v for k, v in out.items()}

@@ -357,7 +357,8 @@ def store_index(b, t: str) -> str:
 def _epilogue(b, ng, g, spec, fus) -> list[str]:
     """Store statements: the GEMM's value, then each absorbed consumer at the same flat index (a
     Transpose's output where the Transpose puts it: store_index)."""
-    store = _chain(b, ng, g.output, spec.store_index("m", "n"), spec.store_value("m", "n", "acc[i][j]"), fus.epilogue, "e")
+    store = _chain(b, ng, g.output, spec.store_index("m", "n"), spec.store_value("m", "n", "acc[i][j]"),
+                   fus.epilogue, "e")
     for t in fus.stored:
         store.append(store_float(ng.tensor(t).dtype, b.param(t, write=True), store_index(b, t), b.known[t]))
     return store

@@ -717,6 +717,16 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
     retile_standalone(state, grouped)
     standalone = {L.kernel for L in prog.launches if id(L) not in grouped}
     included = {k for k in standalone if rops.get(k) is not None and rops[k].code == prog.kernels[k].code}
+    # One kernel text may run both on its own and as an rTask: two stitches of one structure have
+    # one name. Its own text then takes the rOperator form (a thin KERNEL calling the task
+    # function), and the persistent kernel includes nothing of it again. Otherwise the helper
+    # functions were defined twice, and neither nvcc nor OpenCL builds that (graph 900170 of the
+    # bfloat16-model fuzz run: two Casts of 70 values, one joined, one after the last wave).
+    joined = {L.kernel for L in prog.launches if id(L) in grouped}
+    for k in sorted((joined & standalone) - included):
+        if rops.get(k) is not None:
+            prog.kernels[k].code = rops[k].code
+            included.add(k)
     replaced: dict[int, list[Launch]] = {}
     drop: set[int] = set()
     report = []

@@ -52,8 +52,10 @@ def main(argv=None) -> int:
     ap.add_argument("--extremes", action="store_true", help="also generate float32's edge values as models write "
                     "them (-inf, finfo.min and -1e9 masks before a Softmax or a max, MaxPool over -inf padding, clamps "
                     "to float32's limits, scales past float16's largest): other graphs than without it, seed for seed")
-    ap.add_argument("--half-models", action="store_true", help="convert each graph into a float16 model with "
-                    "onnxconverter-common (float16 weights and Casts; half keep float32 inputs and outputs), judged "
+    ap.add_argument("--half-models", nargs="?", const="fp16", default=False, choices=["fp16", "bf16"],
+                    help="convert each graph into a float16 model with onnxconverter-common (float16 weights and "
+                    "Casts; half keep float32 inputs and outputs), or with `bf16` into a bfloat16 one (the same, "
+                    "each float16 then bfloat16, ops without a bfloat16 schema kept float32 between Casts), judged "
                     "as verify judges one: against onnxruntime on the model widened to float32")
     ap.add_argument("--unsupported", type=int, default=None, help="graphs dlcc must refuse, checked for the "
                     "one-paragraph error (default: n/20)")

@@ -104,41 +104,55 @@ def test_fuzz_extremes_batch(precision, monkeypatch):
     assert len(_extreme_seeds()) == 3 and not problems, "\n".join(problems)
 
 
-def test_half_models_are_float16_models_with_a_widened_reference():
+@pytest.mark.parametrize("half, code", [(True, onnx.TensorProto.FLOAT16), ("bf16", onnx.TensorProto.BFLOAT16)])
+def test_half_models_are_half_models_with_a_widened_reference(half, code):
     """`half=True` converts each graph with onnxconverter-common: float16 initializers, float16
     or float32 inputs and outputs (Casts around a float16 graph), and the
     reference is onnxruntime on the model widened to float32, its float16 outputs rounded back
-    (what `dlcc verify` compares with)."""
+    (what `dlcc verify` compares with). `half="bf16"` makes the same graph a bfloat16 model: no
+    float16 is left anywhere, and an op whose schema takes no bfloat16 at the graph's opset
+    reads and writes float32 between Casts."""
     from dlcc.verify import widen_graph
 
-    kinds, made = set(), 0
+    kinds, made, islands = set(), 0, 0
     for seed in range(30):
         try:
-            case = graphgen.generate(seed, half=True)
+            case = graphgen.generate(seed, half=half)
         except graphgen.InvalidCase as e:
             assert "onnxconverter-common" in str(e) or "not finite" in str(e), e
             continue
         made += 1
         g = case.model.graph
-        io = {vi.type.tensor_type.elem_type for vi in list(g.input) + list(g.output)} & {1, 10}
-        assert len(io) == 1, io  # all float16 or all float32
-        # float16 inside: float16 feeds, or the Casts after float32 ones (the initializers that ops of
+        io = {vi.type.tensor_type.elem_type for vi in list(g.input) + list(g.output)} & {1, code}
+        assert len(io) == 1, io  # all half or all float32
+        # half inside: half feeds, or the Casts after float32 ones (the initializers that ops of
         # the converter's block list read stay float32)
-        to16 = [n for n in g.node if n.op_type == "Cast" and n.attribute[0].i == onnx.TensorProto.FLOAT16]
-        assert io == {10} or to16
+        to16 = [n for n in g.node if n.op_type == "Cast" and n.attribute[0].i == code]
+        assert io == {code} or to16
         kinds |= io
+        if code == onnx.TensorProto.BFLOAT16:
+            assert onnx.TensorProto.FLOAT16 not in {t.data_type for t in g.initializer} | {
+                a.i for n in g.node for a in n.attribute if a.name in ("to", "dtype")}
+            opset = case.model.opset_import[0].version
+            made_f32 = {o for n in g.node if n.op_type == "Cast" and n.attribute[0].i == 1 for o in n.output
+                        if "/float32/" in o}
+            for n in g.node:
+                if set(n.input) & made_f32:
+                    islands += 1
+                    assert not graphgen._takes_bfloat16(n.op_type, opset), n.op_type
         for vi in g.input:
             assert case.feeds[vi.name].dtype == onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
         wide = onnx.ModelProto()
         wide.CopyFrom(case.model)
         widen_graph(wide.graph)
-        refs = graphgen.reference(wide, {k: v.astype(np.float32) if v.dtype == np.float16 else v
+        refs = graphgen.reference(wide, {k: v.astype(np.float32) if v.dtype in graphgen.HALF_DTYPES else v
                                          for k, v in case.feeds.items()})
         for vi in g.output:
             r = case.refs[vi.name]
             assert r.dtype == onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
             np.testing.assert_array_equal(r, refs[vi.name].astype(r.dtype))
-    assert made >= 20 and kinds == {1, 10}
+    assert made >= 20 and kinds == {1, code}
+    assert code == onnx.TensorProto.FLOAT16 or islands >= 3
 
 
 @needs_opencl
@@ -469,6 +483,32 @@ def test_the_arbiter_keeps_what_an_ifs_branches_read():
     assert [n.op_type for n in pruned.graph.node] == ["Neg", "Greater", "If"]
     x = np.array([1.0, -2.0, 3.0], np.float32)
     np.testing.assert_array_equal(float64_reference(pruned, {"x": x, "x0": np.float32(1.0)})["y"], -x)
+
+
+def test_the_spread_is_of_the_value_the_model_computes():
+    """An If whose branches make different shapes (silero_vad_half's state) was flattened by
+    if-conversion into a select that broadcasts both, so the rounding spread came out in another
+    shape than the exact answer, and the arbiter raised IndexError on the pip-shipped model. The
+    spread is now taken on the model as written where the flattened form computes another shape."""
+    from onnx import TensorProto as T, helper as h
+
+    from dlcc.testing.rounding import rounding_spread
+
+    def branch(name, node):
+        return h.make_graph([node], name, [], [h.make_tensor_value_info(name + "_o", T.FLOAT, None)])
+
+    nodes = [h.make_node("ReduceSum", ["x"], ["s"], keepdims=0), h.make_node("Greater", ["s", "zero"], ["c"]),
+             h.make_node("If", ["c"], ["y"], then_branch=branch("t", h.make_node("Exp", ["x"], ["t_o"])),
+                         else_branch=branch("e", h.make_node("Unsqueeze", ["x", "ax"], ["e_o"])))]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [3])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)],
+                     [onnx.numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+                      onnx.numpy_helper.from_array(np.array([0], np.int64), "ax")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    x = np.array([1.0, -0.5, 2.0], np.float32)
+    exact, spread = rounding_spread(m, {"x": x}, samples=2)["y"]
+    np.testing.assert_allclose(exact, np.exp(x.astype(np.float64)))
+    assert spread.shape == exact.shape == (3,)
 
 
 def test_an_interrupted_run_resumes_where_it_stopped(tmp_path):

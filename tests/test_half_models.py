@@ -160,18 +160,69 @@ def test_default_tolerance_is_the_looser_of_precision_and_output_type():
 
 @needs_opencl
 def test_batch_verify_judges_half_outputs_at_their_type(bf16_model, tmp_path, capsys):
-    """In `dlcc batch`, a verify with default tolerances judges a bfloat16 output at least at
-    bf16's pair, as `dlcc verify` does; tolerances the manifest gives are kept as they are (fp32's
-    pair is tighter than one bf16 unit in the last place, so that job fails)."""
+    """In `dlcc batch`, a verify with `half_output_floor` (what default tolerances imply) judges a
+    bfloat16 output at least at bf16's pair, as `dlcc verify` does; tolerances the manifest gives
+    without it are kept as they are (fp32's pair is tighter than what computing at bf16 changes,
+    so that job fails). At fp32 the model matches its widened reference exactly, its folded
+    constants included, so both jobs compute at bf16."""
     import shutil
 
     from dlcc.cli import main
 
     shutil.copy(bf16_model, tmp_path / "enc.onnx")
     m = tmp_path / "m.yaml"
-    m.write_text("defaults: {target: opencl}\njobs:\n  - model: enc.onnx\n    name: floor\n    verify: true\n"
+    m.write_text("defaults: {target: opencl, precision: bf16}\njobs:\n  - model: enc.onnx\n    name: floor\n"
+                 "    verify: {rtol: 1e-3, atol: 1e-4, half_output_floor: true}\n"
                  "  - model: enc.onnx\n    name: given\n    verify: {rtol: 1e-3, atol: 1e-4}\n")
     with pytest.raises(SystemExit):
         main(["batch", str(m), "-j", "1", "--no-cache", "--out", str(tmp_path / "out"), "--json"])
     rows = {r["name"].split("-")[0]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     assert rows["floor"]["outcome"] == "passed" and rows["given"]["outcome"] == "failed", rows
+
+
+@needs_opencl
+@pytest.mark.parametrize("half", [TensorProto.BFLOAT16, TensorProto.FLOAT16])
+def test_folded_constants_of_a_half_model_compute_in_float32_as_the_run_does(half, tmp_path):
+    """A node of a float16 or bfloat16 model whose inputs are all constants is folded at compile
+    time in float32, as the same node computes at run time and as verify's widened reference
+    has it: a PRelu of two bfloat16 weights, and a Cast of a float32 constant to the half type,
+    are not rounded to the half type before a float32 output reads them. (Folded in the model's
+    own type, they were half an ulp of bfloat16 off: the bf16-model fuzz run, graph 900023.)
+    A folded constant that is itself a graph output is rounded once to its type.
+
+    Not yet for a float16 Cast of a constant: onnxruntime's folder, which runs first, folds it in
+    float16 (half an ulp of float16, 2.4e-4 relative, inside fp32's tolerance; docs/precision.md).
+    onnxruntime has no bfloat16 kernels to fold with, so dlcc's own folder does it, in float32."""
+    dt = BF16 if half == TensorProto.BFLOAT16 else np.dtype(np.float16)
+    w = np.array([-0.8203125, 0.24511719, -0.62890625], dtype=dt)
+    s = np.array([-0.40625], dtype=dt)
+    c = np.array([0.1234567, -3.3333333, 7.7777777], np.float32)
+    nodes = [
+        helper.make_node("PRelu", ["w", "s"], ["p"]),
+        helper.make_node("Cast", ["x"], ["xh"], to=half),
+        helper.make_node("Add", ["xh", "p"], ["yh"]),
+        helper.make_node("Cast", ["yh"], ["y"], to=TensorProto.FLOAT),
+        helper.make_node("Cast", ["c"], ["ch"], to=half),
+        helper.make_node("Cast", ["ch"], ["cf"], to=TensorProto.FLOAT),
+        helper.make_node("Add", ["x", "cf"], ["u"]),
+        helper.make_node("Mul", ["w", "s"], ["z"]),
+    ]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3]),
+                           helper.make_tensor_value_info("u", TensorProto.FLOAT, [3]),
+                           helper.make_tensor_value_info("z", half, [3])],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(s, "s"),
+                           numpy_helper.from_array(c, "c")])
+    path = tmp_path / "folded.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), path)
+    x = np.array([0.5, -0.25, 1.0], np.float32)
+    m = dlcc.compile(str(path), target="opencl", pipeline="baseline")
+    got = m({"x": x})
+    w32, s32 = w.astype(np.float32), s.astype(np.float32)
+    p = np.where(w32 > 0, w32, w32 * s32)  # exact in float32: two 8- or 11-bit significands
+    np.testing.assert_array_equal(got["y"], x + p)
+    if half == TensorProto.BFLOAT16:
+        np.testing.assert_array_equal(got["u"], x + c)
+    assert got["z"].dtype == dt and np.array_equal(got["z"].view(np.uint16), (w32 * s32).astype(dt).view(np.uint16))
+    rows = verify_outputs(str(path), got, {"x": x})
+    assert all(r["passed"] for r in rows) and rows[0]["max_abs_err"] == 0.0, rows

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -1770,16 +1771,17 @@ def reference(model: onnx.ModelProto, feeds: dict) -> dict:
 
 
 def generate(seed: int, replay: list[int] | None = None, max_patterns: int = 8, extremes: bool = False,
-             half: bool = False) -> Case:
+             half: bool | str = False) -> Case:
     """One valid model with a finite reference. `replay` rebuilds from recorded choices (shrink.py);
     without it, the choices come from `seed`, which also seeds the values. `extremes` adds
     p_extreme (float32's edges: -inf and finfo.min masks, ...) to the patterns; `half` converts
-    the graph into a float16 model (to_float16)."""
+    the graph into a float16 model (to_float16; True is "fp16"), or with "bf16" into a bfloat16
+    one (the same, then to_bfloat16)."""
     ch = Chooser(seed, replay)
     model, feeds, ops = build(ch, seed, max_patterns, extremes)
     check_model(model)
     if half:
-        model, feeds = to_float16(model, feeds, ch)
+        model, feeds = to_float16(model, feeds, ch, bfloat16=half == "bf16")
         ops = [n.op_type for n in model.graph.node]
         refs = reference_widened(model, feeds)
     else:
@@ -1790,12 +1792,15 @@ def generate(seed: int, replay: list[int] | None = None, max_patterns: int = 8, 
     return Case(model, feeds, refs, seed, ch.record, ops)
 
 
-def to_float16(model: onnx.ModelProto, feeds: dict, ch: Chooser) -> tuple[onnx.ModelProto, dict]:
+def to_float16(model: onnx.ModelProto, feeds: dict, ch: Chooser, bfloat16: bool = False
+               ) -> tuple[onnx.ModelProto, dict]:
     """The graph as a float16 model, the way users make one: onnxconverter-common's
     convert_float_to_float16, which stores every float tensor in float16, clamps constants to
     [1e-7, 1e4] in magnitude and keeps the ops of its block list in float32 between Casts. Half
     the graphs keep float32 inputs and outputs (_float32_io); the others take float16 feeds.
-    A graph the converter fails on, or whose float16 model onnx rejects, is an InvalidCase
+    With `bfloat16`, every float16 in the result is then bfloat16 instead (to_bfloat16): no
+    converter makes bfloat16 models, but exporters do (torch's, of a model in bfloat16).
+    A graph the converter fails on, or whose half model onnx rejects, is an InvalidCase
     (neither dlcc's failure nor the generator's)."""
     import warnings
 
@@ -1810,17 +1815,97 @@ def to_float16(model: onnx.ModelProto, feeds: dict, ch: Chooser) -> tuple[onnx.M
             del m.graph.value_info[:]  # (the converter retypes some Casts' outputs there; the checker infers them)
         if keep_io:
             _float32_io(m)
+        if bfloat16:
+            _float32_where_no_bfloat16(m)
+            to_bfloat16(m.graph)
         onnx.checker.check_model(m, full_check=True)
     except Exception as e:  # the converter's own failures (it raises AttributeError on some graphs)
-        raise InvalidCase(f"onnxconverter-common cannot make this a valid float16 model: "
-                          f"{type(e).__name__}: {e}") from None
-    # float32 feeds hold float16 values, so the Cast after them is exact: discontinuous ops (Floor, a
+        raise InvalidCase(f"onnxconverter-common cannot make this a valid {'bfloat16' if bfloat16 else 'float16'} "
+                          f"model: {type(e).__name__}: {e}") from None
+    # float32 feeds hold half values, so the Cast after them is exact: discontinuous ops (Floor, a
     # Cast to int, comparisons) read exact values only, and a step taken on a rounded value would be
     # the precisions' legitimate difference, not a bug
-    feeds = {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in feeds.items()}
+    half = np.dtype(ml_dtypes.bfloat16) if bfloat16 else np.dtype(np.float16)
+    feeds = {k: v.astype(half) if v.dtype == np.float32 else v for k, v in feeds.items()}
     if keep_io:
-        feeds = {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in feeds.items()}
+        feeds = {k: v.astype(np.float32) if v.dtype == half else v for k, v in feeds.items()}
     return m, feeds
+
+
+def _float32_where_no_bfloat16(m: onnx.ModelProto) -> None:
+    """Each node of the float16 model `m` whose schema, at the model's opset, takes float16 but not
+    bfloat16 where it reads or writes float16 (Cosh, Selu, MaxPool before opset 22 ...) computes
+    in float32 between Casts, in place, as an exporter keeps such an op: to_bfloat16 then leaves
+    it float32. Nodes whose attributes carry a type or a value, and subgraphs, are left alone
+    (the checker then refuses the model, an InvalidCase)."""
+    inferred = onnx.shape_inference.infer_shapes(m)
+    g = inferred.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in list(g.input) + list(g.output) + list(g.value_info)}
+    types.update({t.name: t.data_type for t in g.initializer})
+    opset = next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), 1)
+    nodes = []
+    for n in m.graph.node:
+        half_in = [i for i, x in enumerate(n.input) if x and types.get(x) == TensorProto.FLOAT16]
+        half_out = [i for i, y in enumerate(n.output) if y and types.get(y) == TensorProto.FLOAT16]
+        if not (half_in or half_out) or n.domain not in ("", "ai.onnx") or n.op_type == "Cast" or any(
+                a.type in (onnx.AttributeProto.TENSOR, onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                or a.name in TYPE_ATTRIBUTES for a in n.attribute) or _takes_bfloat16(n.op_type, opset):
+            nodes.append(n)
+            continue
+        for i in half_in:
+            x = n.input[i]
+            nodes.append(helper.make_node("Cast", [x], [f"{x}/float32/{len(nodes)}"], to=TensorProto.FLOAT))
+            n.input[i] = nodes[-1].output[0]
+        nodes.append(n)
+        for i in half_out:
+            y = n.output[i]
+            n.output[i] = f"{y}/float32"
+            nodes.append(helper.make_node("Cast", [n.output[i]], [y], to=TensorProto.FLOAT16))
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+
+
+def _takes_bfloat16(op_type: str, opset: int) -> bool:
+    """Whether every type constraint of the op's schema that allows float16 allows bfloat16 too."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset)
+    except Exception:  # (no such schema: the checker decides)
+        return True
+    return all("tensor(bfloat16)" in c.allowed_type_strs for c in schema.type_constraints
+               if "tensor(float16)" in c.allowed_type_strs)
+
+
+#: The attributes that name an element type (Cast's `to`, RandomNormal's `dtype`, ...).
+TYPE_ATTRIBUTES = ("to", "dtype")
+
+
+def to_bfloat16(g: onnx.GraphProto) -> None:
+    """Every float16 in `g` made bfloat16, in place and in its subgraphs: the inputs' and outputs'
+    types, initializers and Constant values (each float16 value rounded to bfloat16, nearest even),
+    and the element type that Cast, CastLike's targets, EyeLike or RandomNormal name. The graph's
+    float32 Casts (the converter's, around its block list) stay as they are."""
+
+    def retype(t: onnx.TensorProto) -> None:
+        if t.data_type == TensorProto.FLOAT16:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32)
+                                               .astype(ml_dtypes.bfloat16), t.name))
+
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        if vi.type.tensor_type.elem_type == TensorProto.FLOAT16:
+            vi.type.tensor_type.elem_type = TensorProto.BFLOAT16
+    for t in g.initializer:
+        retype(t)
+    for n in g.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                retype(a.t)
+            elif a.type == onnx.AttributeProto.INT and a.name in TYPE_ATTRIBUTES and a.i == TensorProto.FLOAT16:
+                a.i = TensorProto.BFLOAT16
+            elif a.type == onnx.AttributeProto.GRAPH:
+                to_bfloat16(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sub in a.graphs:
+                    to_bfloat16(sub)
 
 
 def _float32_io(m: onnx.ModelProto) -> None:
@@ -1856,9 +1941,13 @@ def reference_widened(model: onnx.ModelProto, feeds: dict) -> dict:
     wide = onnx.ModelProto()
     wide.CopyFrom(model)
     widen_graph(wide.graph)
-    out = reference(wide, {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in feeds.items()})
-    half = {o.name for o in model.graph.output if o.type.tensor_type.elem_type == TensorProto.FLOAT16}
-    return {k: v.astype(np.float16) if k in half else v for k, v in out.items()}
+    out = reference(wide, {k: v.astype(np.float32) if v.dtype in HALF_DTYPES else v for k, v in feeds.items()})
+    half = {o.name: helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type) for o in model.graph.output
+            if o.type.tensor_type.elem_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16)}
+    return {k: v.astype(half[k]) if k in half else v for k, v in out.items()}
+
+
+HALF_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 
 def _check_shapes(model: onnx.ModelProto, mine: dict) -> None:
@@ -1888,7 +1977,7 @@ def _check_shapes(model: onnx.ModelProto, mine: dict) -> None:
 
 
 def generate_valid(seed: int, max_patterns: int = 8, tries: int = 20, extremes: bool = False,
-                   half: bool = False) -> Case:
+                   half: bool | str = False) -> Case:
     """generate(), retrying with derived seeds when a graph's reference is not finite."""
     last = None
     for k in range(tries):

@@ -394,7 +394,7 @@ def conditioning_explains(model: onnx.ModelProto, feeds: dict, got: dict, refs: 
         g = got.get(name)
         if g is None or g.shape != r.shape or g.dtype != r.dtype:
             return ""
-        if r.dtype.kind != "f":
+        if r.dtype.kind != "f" and r.dtype.name != "bfloat16":  # (ml_dtypes' bfloat16 is of kind "V")
             if not np.array_equal(g, r):
                 return ""
             continue

@@ -249,6 +249,24 @@ def perturbed_model(m64: onnx.ModelProto, seed: int, precision: str = "fp32") ->
     return m64
 
 
+def _with_input_shapes(model: onnx.ModelProto, feeds: dict) -> onnx.ModelProto:
+    """`model` with its graph inputs' dims fixed to the feeds' (a copy; `model` itself where
+    nothing changes), so that flattening infers the shapes it converts Ifs and unrolls Loops by."""
+    ins = [vi for vi in model.graph.input if vi.name in feeds and vi.type.HasField("tensor_type")]
+    if all(vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim)
+           for vi in ins):
+        return model
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for vi in m.graph.input:
+        if vi.name in feeds and vi.type.HasField("tensor_type"):
+            shape = vi.type.tensor_type.shape
+            shape.ClearField("dim")
+            for d in np.shape(feeds[vi.name]):
+                shape.dim.add().dim_value = int(d)
+    return m
+
+
 def _flattened(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model` with its Loops and Scans unrolled and its Ifs inlined or if-converted (dlcc's own
     import steps, loops.py and control_flow.py), so that the rounding model reaches the ops in
@@ -285,13 +303,18 @@ def rounding_spread(model: onnx.ModelProto, feeds: dict, samples: int = 8, preci
     (_flattened), against that form's own unperturbed answer. Only where onnx.reference cannot
     run the graph as written (a Scan in reverse) does the exact answer come from the flattened
     form too."""
-    flattened = _flattened(model)
+    flattened = _flattened(_with_input_shapes(model, feeds))
     flat = float64_model(flattened)
     base = _run64(flat, feeds)
     try:
         exact = base if flattened is model else _run64(float64_model(model), feeds)
     except Exception:  # noqa: BLE001
         exact = base
+    if any(n in base and np.shape(base[n]) != np.shape(v) for n, v in exact.items()):
+        # The flattened form computes another shape: an If whose branches differ in shape was
+        # converted to a select that broadcasts them (silero_vad_half's state, with its sr
+        # branches). Its spread would be of another value: take the body-blind one instead.
+        flat, base = float64_model(model), exact
     spread = {n: np.zeros(v.shape) for n, v in base.items() if v.dtype.kind == "f"}
     for s in range(samples):
         m = onnx.ModelProto()

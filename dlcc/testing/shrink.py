@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .graphgen import Case, GeneratorBug, InvalidCase, generate, reference
+from .graphgen import Case, GeneratorBug, InvalidCase, generate, reference, reference_widened
 from .oracle import FAILURES, Config, all_configs, check_model, config_named
 
 
@@ -48,7 +48,7 @@ def _verdict(model, feeds, refs, cfg: Config, target: str):
 
 def shrink(seed: int, config: Config, target: str = "opencl", max_tries: int = 600, budget_s: float = 1800.0,
            log=None, configs: list[Config] | None = None, max_patterns: int = 8, extremes: bool = False,
-           half: bool = False) -> Shrunk:
+           half: bool | str = False) -> Shrunk:
     """Shrink the graph `generate(seed, max_patterns=, extremes=, half=)` (the campaign's) that fails under
     `config` on `target`. The result depends only on the inputs, not on the machine's speed:
     `max_tries` bounds the work (each try compiles and runs one configuration); `budget_s` is only a
@@ -136,20 +136,21 @@ def shrink(seed: int, config: Config, target: str = "opencl", max_tries: int = 6
                 continue
             f = {k: v for k, v in feeds.items() if k in {i.name for i in sub.graph.input}}
             try:
-                refs = _finite_reference(sub, f)
+                refs = _finite_reference(sub, f, half)
             except InvalidCase:
                 continue
             if _verdict(sub, f, refs, config, target).status == status:
                 model, feeds, progress = sub, f, True
                 log(f"cut to outputs {names}: {len(model.graph.node)} node(s)")
                 break
-    refs = reference(model, feeds)
+    refs = (reference_widened if half else reference)(model, feeds)
     last = _verdict(model, feeds, refs, config, target)
     return Shrunk(model, feeds, config, target, status, last.detail, seed, tries, time.time() - t0)
 
 
-def _finite_reference(model, feeds) -> dict:
-    refs = reference(model, feeds)
+def _finite_reference(model, feeds, half: bool | str = False) -> dict:
+    """The campaign's reference of a cut graph: a half model's is the widened one (graphgen)."""
+    refs = (reference_widened if half else reference)(model, feeds)
     for r in refs.values():
         if r.dtype.kind == "f" and not np.all(np.isfinite(r)):
             raise InvalidCase("not finite")

@@ -863,7 +863,9 @@ def _fold_and_infer(graph: Graph) -> None:
                 results = evaluator(m).run(None, feeds)
                 for o, v in zip([o for o in node.outputs if o], results):
                     v = np.asarray(v)
-                    if widen and o in declared and graph.tensors[o].dtype in HALF_FLOATS and v.dtype == np.float32:
+                    if o in declared and graph.tensors[o].dtype in HALF_FLOATS and v.dtype == np.float32:
+                        # (a node whose inputs were widened by an earlier fold is computed in
+                        # float32 without widening anything itself: the output's type decides)
                         v = v.astype(SUPPORTED_DTYPES[graph.tensors[o].dtype])
                     _set_value(graph.tensors[o], v)
                 continue

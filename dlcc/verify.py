@@ -134,27 +134,35 @@ def widen_graph(g: onnx.GraphProto) -> None:
     initializers, Constant and ConstantOfShape tensors, and the `to`/`dtype` of Cast, EyeLike and
     the random generators. Widening is exact, so the float32 graph computes what the 16-bit one
     means, without rounding each intermediate."""
-    for vi in list(g.input) + list(g.output) + list(g.value_info):
-        if vi.type.tensor_type.elem_type in _HALF:
-            vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    retype_graph(g, set(_HALF), onnx.TensorProto.FLOAT)
 
-    def widen_tensor(t: onnx.TensorProto) -> None:
-        if t.data_type in _HALF:
-            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))
+
+def retype_graph(g: onnx.GraphProto, old: set[int], new: int) -> None:
+    """Every float type of `old` in `g` (and its subgraphs) becomes float type `new`, in place:
+    value types, initializers and tensor attributes (values converted through float32), and the
+    element type that a `to` or `dtype` attribute names (Cast, EyeLike, the random generators)."""
+    np_new = onnx.helper.tensor_dtype_to_np_dtype(new)
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        if vi.type.tensor_type.elem_type in old:
+            vi.type.tensor_type.elem_type = new
+
+    def retype_tensor(t: onnx.TensorProto) -> None:
+        if t.data_type in old:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32).astype(np_new), t.name))
 
     for t in g.initializer:
-        widen_tensor(t)
+        retype_tensor(t)
     for n in g.node:
         for a in n.attribute:
             if a.type == onnx.AttributeProto.TENSOR:
-                widen_tensor(a.t)
-            elif a.type == onnx.AttributeProto.INT and a.name in ("to", "dtype") and a.i in _HALF:
-                a.i = onnx.TensorProto.FLOAT
+                retype_tensor(a.t)
+            elif a.type == onnx.AttributeProto.INT and a.name in ("to", "dtype") and a.i in old:
+                a.i = new
             elif a.type == onnx.AttributeProto.GRAPH:
-                widen_graph(a.g)
+                retype_graph(a.g, old, new)
             elif a.type == onnx.AttributeProto.GRAPHS:
                 for sub in a.graphs:
-                    widen_graph(sub)
+                    retype_graph(sub, old, new)
 
 
 @functools.lru_cache(maxsize=1)

@@ -122,6 +122,7 @@ def explain(path: str, shapes: list[str], pipeline: str, precision: str, target:
 
     import dlcc
     from dlcc.testing.oracle import conditioning_explains
+    from dlcc.testing.rounding import float64_reference, pruned_to
     from dlcc.verify import run_onnxruntime
 
     m = dlcc.compile(path, shapes=shapes, target=target, pipeline=pipeline, precision=precision)
@@ -130,6 +131,11 @@ def explain(path: str, shapes: list[str], pipeline: str, precision: str, target:
     model = onnx.load(path)
     names = [o.name for o in model.graph.output]
     refs = dict(zip(names, run_onnxruntime(path, feeds, names)))
+    try:  # (conditioning_explains says "" alike where the float64 model cannot be evaluated)
+        float64_reference(pruned_to(model, names), dict(feeds))
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"onnx.reference cannot evaluate the model in float64: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:200] if str(e) else ''}"}
     note = conditioning_explains(model, feeds, got, refs, precision)
     return {"explained": bool(note), "note": note}
 

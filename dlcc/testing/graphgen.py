@@ -1849,7 +1849,7 @@ def _float32_where_no_bfloat16(m: onnx.ModelProto) -> None:
         half_out = [i for i, y in enumerate(n.output) if y and types.get(y) == TensorProto.FLOAT16]
         if not (half_in or half_out) or n.domain not in ("", "ai.onnx") or n.op_type == "Cast" or any(
                 a.type in (onnx.AttributeProto.TENSOR, onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                or a.name in TYPE_ATTRIBUTES for a in n.attribute) or _takes_bfloat16(n.op_type, opset):
+                or a.name in ("to", "dtype") for a in n.attribute) or _takes_bfloat16(n.op_type, opset):
             nodes.append(n)
             continue
         for i in half_in:
@@ -1875,37 +1875,14 @@ def _takes_bfloat16(op_type: str, opset: int) -> bool:
                if "tensor(float16)" in c.allowed_type_strs)
 
 
-#: The attributes that name an element type (Cast's `to`, RandomNormal's `dtype`, ...).
-TYPE_ATTRIBUTES = ("to", "dtype")
-
-
 def to_bfloat16(g: onnx.GraphProto) -> None:
     """Every float16 in `g` made bfloat16, in place and in its subgraphs: the inputs' and outputs'
     types, initializers and Constant values (each float16 value rounded to bfloat16, nearest even),
-    and the element type that Cast, CastLike's targets, EyeLike or RandomNormal name. The graph's
-    float32 Casts (the converter's, around its block list) stay as they are."""
+    and the element type that Cast, EyeLike or RandomNormal name. The graph's float32 Casts (the
+    converter's, around its block list) stay as they are."""
+    from ..verify import retype_graph
 
-    def retype(t: onnx.TensorProto) -> None:
-        if t.data_type == TensorProto.FLOAT16:
-            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32)
-                                               .astype(ml_dtypes.bfloat16), t.name))
-
-    for vi in list(g.input) + list(g.output) + list(g.value_info):
-        if vi.type.tensor_type.elem_type == TensorProto.FLOAT16:
-            vi.type.tensor_type.elem_type = TensorProto.BFLOAT16
-    for t in g.initializer:
-        retype(t)
-    for n in g.node:
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.TENSOR:
-                retype(a.t)
-            elif a.type == onnx.AttributeProto.INT and a.name in TYPE_ATTRIBUTES and a.i == TensorProto.FLOAT16:
-                a.i = TensorProto.BFLOAT16
-            elif a.type == onnx.AttributeProto.GRAPH:
-                to_bfloat16(a.g)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for sub in a.graphs:
-                    to_bfloat16(sub)
+    retype_graph(g, {TensorProto.FLOAT16}, TensorProto.BFLOAT16)
 
 
 def _float32_io(m: onnx.ModelProto) -> None:

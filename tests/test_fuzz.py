@@ -156,15 +156,16 @@ def test_half_models_are_half_models_with_a_widened_reference(half, code):
 
 
 @needs_opencl
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_fuzz_half_models_batch(precision, monkeypatch):
+@pytest.mark.parametrize("half, precision", [(True, "fp32"), (True, "fp16"), ("bf16", "bf16")])
+def test_fuzz_half_models_batch(half, precision, monkeypatch):
     """Three float16 models through the main configurations, at fp32 (computed in float32 inside,
-    rounded at the float16 outputs) and at fp16 (activations stored in float16)."""
+    rounded at the float16 outputs) and at fp16 (activations stored in float16); three bfloat16
+    models at bf16."""
     monkeypatch.setenv("DLCC_OPENCL_BUILD_OPTIONS", "-cl-opt-disable")
     configs = [c if precision == "fp32" else f"{c}@{precision}" for c in SUBSET]
     problems = []
     for seed in range(3):
-        rec = check_case_task({"seed": seed, "targets": ["opencl"], "half": True, "configs": configs})
+        rec = check_case_task({"seed": seed, "targets": ["opencl"], "half": half, "configs": configs})
         assert "generator_bug" not in rec and "invalid" not in rec, rec
         for v in rec["verdicts"]["opencl"]:
             if v["status"] in FAILURES + ("refused",):
@@ -509,6 +510,30 @@ def test_the_spread_is_of_the_value_the_model_computes():
     exact, spread = rounding_spread(m, {"x": x}, samples=2)["y"]
     np.testing.assert_allclose(exact, np.exp(x.astype(np.float64)))
     assert spread.shape == exact.shape == (3,)
+
+
+def test_the_rounding_model_leaves_shape_computations_exact():
+    """Values computed from shapes and constants alone are folded at compile time, not rounded as
+    activations: perturbed at fp16, a Range's limit of 40 taken from a width became 40.02 and the
+    Range one element longer (nudenet's YOLOv8n anchors), and onnx.reference stopped on the
+    mismatched shapes. The spread is taken, and is the activations' alone."""
+    from onnx import TensorProto as T, helper as h
+
+    from dlcc.testing.rounding import rounding_spread
+
+    nodes = [h.make_node("Shape", ["x"], ["s"]), h.make_node("Gather", ["s", "two"], ["w"], axis=0),
+             h.make_node("Cast", ["w"], ["wf"], to=T.FLOAT), h.make_node("Range", ["zero", "wf", "one"], ["r"]),
+             h.make_node("Add", ["x", "r"], ["y"])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 40])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 40])],
+                     [onnx.numpy_helper.from_array(np.array(2, np.int64), "two"),
+                      onnx.numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+                      onnx.numpy_helper.from_array(np.array(1.0, np.float32), "one")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    x = np.random.default_rng(0).standard_normal((1, 4, 40)).astype(np.float32)
+    exact, spread = rounding_spread(m, {"x": x}, samples=8, precision="fp16")["y"]
+    np.testing.assert_allclose(exact, x.astype(np.float64) + np.arange(40))
+    assert spread.shape == (1, 4, 40) and 0 < spread.max() <= 2 ** -10 * np.abs(exact).max()
 
 
 def test_an_interrupted_run_resumes_where_it_stopped(tmp_path):

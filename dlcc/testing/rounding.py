@@ -221,6 +221,17 @@ def perturbed_model(m64: onnx.ModelProto, seed: int, precision: str = "fp32") ->
     def is_double(name: str) -> bool:  # and of a known shape (else left exact: the strict side)
         return bool(name) and types.get(name, (0, None))[0] == TensorProto.DOUBLE and types[name][1] is not None
 
+    # Values computed from constants and shapes alone (a Range's limit from a feature map's width,
+    # YOLO's anchor grid) are folded at compile time, and are never rounded as activations are:
+    # perturbed, a limit of 40 became 40.0000001 and its Range one element longer (nudenet's
+    # YOLOv8n). Only what the inputs' values reach is rounded here.
+    data = {i.name for i in g.input}
+    for node in g.node:
+        if node.op_type not in ("Shape", "Size") and (
+                any(i in data for i in node.input if i)
+                or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)):
+            data.update(o for o in node.output if o)
+
     for node in g.node:
         if precision in OPERAND_UNIT and node.op_type in GEMMS:
             for k in (0, 1):
@@ -229,7 +240,7 @@ def perturbed_model(m64: onnx.ModelProto, seed: int, precision: str = "fp32") ->
                     node.input[k] = f"{src}__mc_op{next(fresh)}"
                     types[node.input[k]] = types[src]
                     nodes += noisy(src, node.input[k], OPERAND_UNIT[precision] / UNIT)
-        if node.op_type in SUMS and is_double(node.input[0]):
+        if node.op_type in SUMS and is_double(node.input[0]) and node.input[0] in data:
             src = node.input[0]
             node.input[0] = f"{src}__mc_in{next(fresh)}"
             types[node.input[0]] = types[src]
@@ -238,7 +249,7 @@ def perturbed_model(m64: onnx.ModelProto, seed: int, precision: str = "fp32") ->
         ulps = 1 if node.op_type in SUMS else ULPS.get(node.op_type)
         for i, o in enumerate(node.output):
             units = (2 * ulps if ulps else 0.0) + (stored if o not in outputs else 0.0)
-            if units and is_double(o):
+            if units and is_double(o) and o in data:
                 node.output[i] = f"{o}__mc_out{next(fresh)}"
                 types[node.output[i]] = types[o]
                 rounded += noisy(node.output[i], o, units)
@@ -303,7 +314,8 @@ def rounding_spread(model: onnx.ModelProto, feeds: dict, samples: int = 8, preci
     (_flattened), against that form's own unperturbed answer. Only where onnx.reference cannot
     run the graph as written (a Scan in reverse) does the exact answer come from the flattened
     form too."""
-    flattened = _flattened(_with_input_shapes(model, feeds))
+    model = _with_input_shapes(model, feeds)  # (shapes the rounding model sizes its noise by, and flattening uses)
+    flattened = _flattened(model)
     flat = float64_model(flattened)
     base = _run64(flat, feeds)
     try:

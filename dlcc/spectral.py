@@ -76,7 +76,9 @@ def lower_spectral(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray]
         prefix = _prefix(node, k, taken)
         taken.add(prefix)
         lower = _stft if node.op_type == "STFT" else _dft
+        node, head, tail = _in_float32(node, prefix, shapes, consts, label)
         nodes, basis, note = lower(node, label, prefix, shapes, consts, opset_of(model), path)
+        nodes = head + nodes + tail
         out += nodes
         products.update(n.name for n in nodes if n.op_type in ("Conv", "MatMul"))
         weights[basis.name] = numpy_helper.to_array(basis)
@@ -86,6 +88,33 @@ def lower_spectral(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray]
     g.node.extend(out)
     del g.value_info[:]  # the caller infers the rewritten graph afresh
     return model, notes, products
+
+
+_HALF = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
+
+def _in_float32(node, prefix: str, shapes: dict, consts: dict, label: str):
+    """A transform of float16 or bfloat16 values, as one of float32 values between Casts: (the
+    node reading Casts of its computed float inputs and writing a float32 output, the Casts
+    before it, the Cast after it). Why: a half model computes in float32 (frontend.promote_half,
+    and verify's widened reference), and a basis made in the half type was rounded to it, which
+    put a bfloat16 DFT a bfloat16 ulp off at fp32 (the bf16-model fuzz run, graph 920117). At a
+    half precision the products stay float32 anyway (Graph.float32_nodes)."""
+    elem = (shapes.get(node.input[0]) or (None, None))[1]
+    if elem not in _HALF:
+        return node, [], []
+    wide = onnx.NodeProto()
+    wide.CopyFrom(node)
+    head = []
+    for i, name in enumerate(node.input):
+        if name and name not in consts and (shapes.get(name) or (None, None))[1] in _HALF:
+            wide.input[i] = f"{prefix}wide_in{i}"
+            shapes[wide.input[i]] = (shapes[name][0], onnx.TensorProto.FLOAT)
+            head.append(helper.make_node("Cast", [name], [wide.input[i]], name=f"{label}/widen_{i}",
+                                         to=onnx.TensorProto.FLOAT))
+    wide.output[0] = f"{prefix}wide_out"
+    tail = [helper.make_node("Cast", [wide.output[0]], [node.output[0]], name=f"{label}/narrow", to=elem)]
+    return wide, head, tail
 
 
 def _stft(node, label, prefix, shapes, consts, opset, path):

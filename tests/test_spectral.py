@@ -257,3 +257,35 @@ def test_the_fourier_products_stay_float32_at_bf16(tmp_path):
     s = _stft_ref(x[None].astype(np.float64), 128, window.astype(np.float64))
     exact = np.log((s ** 2).sum(-1))
     np.testing.assert_allclose(m({"x": x[None]})["y"], exact, rtol=0, atol=0.05)
+
+
+@needs_opencl
+@pytest.mark.parametrize("half", [TP.BFLOAT16, TP.FLOAT16])
+@pytest.mark.parametrize("op", ["DFT", "STFT"])
+def test_a_half_models_transform_computes_in_float32(tmp_path, half, op):
+    """A float16 or bfloat16 model's DFT or STFT, at fp32, is a product with a float32 basis
+    between Casts, as the rest of a half model computes in float32 and verify's widened reference
+    has it: a basis made in the half type was rounded to it (a bfloat16 DFT was a bfloat16 ulp
+    off, 0.0035 on values near 1: the bf16-model fuzz run, graph 920117)."""
+    import ml_dtypes
+
+    dt = ml_dtypes.bfloat16 if half == TP.BFLOAT16 else np.float16
+    x = rng.standard_normal((1, 64)).astype(dt).astype(np.float32)  # (on the half grid: the Cast is exact)
+    if op == "DFT":
+        core = [h.make_node("Unsqueeze", ["xh", "ax"], ["u"]), h.make_node("DFT", ["u"], ["zh"], axis=1)]
+        inits = [nh.from_array(np.array([-1], np.int64), "ax")]
+        want = np.fft.fft(x.astype(np.float64), axis=1)
+        want = np.stack([want.real, want.imag], -1)
+    else:
+        core = [h.make_node("STFT", ["xh", "step"], ["zh"], onesided=1)]
+        inits = [nh.from_array(np.array(64, np.int64), "step")]
+        want = np.fft.rfft(x.astype(np.float64), axis=1)[:, None]
+        want = np.stack([want.real, want.imag], -1)
+    nodes = [h.make_node("Cast", ["x"], ["xh"], to=half), *core, h.make_node("Cast", ["zh"], ["z"], to=TP.FLOAT)]
+    g = h.make_graph(nodes, "t", [h.make_tensor_value_info("x", TP.FLOAT, [1, 64])],
+                     [h.make_tensor_value_info("z", TP.FLOAT, None)], inits)
+    path = tmp_path / "half_transform.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+    got = dlcc.compile(str(path), target="opencl", pipeline="baseline")({"x": x})["z"]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())

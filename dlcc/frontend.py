@@ -856,8 +856,9 @@ def _fold_and_infer(graph: Graph) -> None:
             # is not would differ from the run, and from verify's reference, by half an ulp of the
             # half type (the bf16-model fuzz run found a folded PRelu). A graph output keeps its
             # type, rounded once, as promote_half's Cast at the boundary rounds it.
-            widen = any(graph.tensors[i].dtype in HALF_FLOATS for i in ins) or (node.op_type == "Cast" and node.attrs.get("to") in
-                                   (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16))
+            to_half = node.op_type == "Cast" and node.attrs.get("to") in (onnx.TensorProto.FLOAT16,
+                                                                           onnx.TensorProto.BFLOAT16)
+            widen = to_half or any(graph.tensors[i].dtype in HALF_FLOATS for i in ins)
             try:
                 m, feeds = _mini_model(graph, node, widen=widen)
                 results = evaluator(m).run(None, feeds)

@@ -493,14 +493,18 @@ def _lower_late(model: onnx.ModelProto, lenient, weights, path) -> tuple[onnx.Mo
     return model, notes, kept
 
 
+#: The ONNX element types of float16 and bfloat16 (ir.HALF_FLOATS as dtype names).
+HALF_TYPES = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
+
 def _has_half_floats(model: onnx.ModelProto) -> bool:
     """Whether the main graph holds a float16 or bfloat16 value: a typed input, output or value,
     an initializer, a Constant, or a Cast to either."""
-    half = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
     g = model.graph
-    return (any(vi.type.tensor_type.elem_type in half for vi in list(g.input) + list(g.output) + list(g.value_info))
-            or any(t.data_type in half for t in g.initializer)
-            or any(a.i in half if a.name == "to" else (a.type == onnx.AttributeProto.TENSOR and a.t.data_type in half)
+    return (any(vi.type.tensor_type.elem_type in HALF_TYPES for vi in list(g.input) + list(g.output) + list(g.value_info))
+            or any(t.data_type in HALF_TYPES for t in g.initializer)
+            or any(a.i in HALF_TYPES if a.name == "to" else (a.type == onnx.AttributeProto.TENSOR
+                                                             and a.t.data_type in HALF_TYPES)
                    for n in g.node for a in n.attribute))
 
 
@@ -732,7 +736,7 @@ def _mini_model(graph: Graph, node: Node, widen: bool = False) -> tuple[onnx.Mod
         vis.append(onnx.helper.make_tensor_value_info(i, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), t.shape))
     outs = [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.outputs if o]
     attrs = dict(node.attrs)
-    if widen and node.op_type == "Cast" and attrs.get("to") in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
+    if widen and node.op_type == "Cast" and attrs.get("to") in HALF_TYPES:
         attrs["to"] = onnx.TensorProto.FLOAT
     onode = onnx.helper.make_node(node.op_type, node.inputs, node.outputs, domain=node.domain or None, **attrs)
     g = onnx.helper.make_graph([onode], "one", vis, outs, inits)
@@ -867,8 +871,7 @@ def _fold_and_infer(graph: Graph) -> None:
             # is not would differ from the run, and from verify's reference, by half an ulp of the
             # half type (the bf16-model fuzz run found a folded PRelu). A graph output keeps its
             # type, rounded once, as promote_half's Cast at the boundary rounds it.
-            to_half = node.op_type == "Cast" and node.attrs.get("to") in (onnx.TensorProto.FLOAT16,
-                                                                           onnx.TensorProto.BFLOAT16)
+            to_half = node.op_type == "Cast" and node.attrs.get("to") in HALF_TYPES
             widen = to_half or any(graph.tensors[i].dtype in HALF_FLOATS for i in ins)
             try:
                 m, feeds = _mini_model(graph, node, widen=widen)
@@ -945,7 +948,7 @@ def promote_half(graph: Graph, float64: bool = False) -> None:
         if t.value is not None:
             t.value = t.value.astype(np.float32)
         t.dtype = "float32"
-    wide = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16} | ({onnx.TensorProto.DOUBLE} if float64 else set())
+    wide = set(HALF_TYPES) | ({onnx.TensorProto.DOUBLE} if float64 else set())
     for n in graph.nodes:
         if n.op_type == "Cast" and n.attrs.get("to") in wide and n.outputs[0] not in boundary:
             n.attrs["to"] = onnx.TensorProto.FLOAT

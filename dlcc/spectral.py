@@ -35,7 +35,7 @@ from onnx import helper, numpy_helper
 
 from .errors import ModelError, ShapeError
 from .expand import _all_names, _prefix
-from .frontend import opset_of, tensor_value
+from .frontend import HALF_TYPES, opset_of, tensor_value
 
 #: The largest basis a transform may have (values): 32M float32 values are 128 MB of weights.
 MAX_BASIS_ELEMENTS = 32 * 2**20
@@ -90,9 +90,6 @@ def lower_spectral(model: onnx.ModelProto, infer, weights: dict[str, np.ndarray]
     return model, notes, products
 
 
-_HALF = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
-
-
 def _in_float32(node, prefix: str, shapes: dict, consts: dict, label: str):
     """A transform of float16 or bfloat16 values, as one of float32 values between Casts: (the
     node reading Casts of its computed float inputs and writing a float32 output, the Casts
@@ -101,13 +98,13 @@ def _in_float32(node, prefix: str, shapes: dict, consts: dict, label: str):
     put a bfloat16 DFT a bfloat16 ulp off at fp32 (the bf16-model fuzz run, graph 920117). At a
     half precision the products stay float32 anyway (Graph.float32_nodes)."""
     elem = (shapes.get(node.input[0]) or (None, None))[1]
-    if elem not in _HALF:
+    if elem not in HALF_TYPES:
         return node, [], []
     wide = onnx.NodeProto()
     wide.CopyFrom(node)
     head = []
     for i, name in enumerate(node.input):
-        if name and name not in consts and (shapes.get(name) or (None, None))[1] in _HALF:
+        if name and name not in consts and (shapes.get(name) or (None, None))[1] in HALF_TYPES:
             wide.input[i] = f"{prefix}wide_in{i}"
             shapes[wide.input[i]] = (shapes[name][0], onnx.TensorProto.FLOAT)
             head.append(helper.make_node("Cast", [name], [wide.input[i]], name=f"{label}/widen_{i}",

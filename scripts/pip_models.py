@@ -90,7 +90,8 @@ def fetch(pkg: Package, cache: Path = CACHE) -> Path:
     return where
 
 
-def verify_command(path: Path, shapes: dict, pipeline: str, precision: str, target: str) -> list[str]:
+def verify_options(shapes: dict, pipeline: str, precision: str, target: str) -> list[str]:
+    """The options `dlcc verify` (and --explain) take for one run."""
     cmd = ["-p", pipeline, "--precision", precision, "-t", target]
     for name, value in shapes.items():
         cmd += ["-s", f"{name}={value}"]
@@ -150,8 +151,8 @@ def judge(result: dict, path: Path, shapes: dict, pipeline: str, precision: str,
     if result.get("passed"):
         return "PASS", ""
     failed = ", ".join(o["name"] for o in result.get("outputs", []) if not o.get("passed"))
-    why = in_fresh_process([__file__, "--explain", str(path), *verify_command(path, shapes, pipeline, precision,
-                                                                              target)], timeout)
+    why = in_fresh_process([__file__, "--explain", str(path), *verify_options(shapes, pipeline, precision, target)],
+                           timeout)
     if why.get("explained"):
         return "ROUNDING", f"{failed} over tolerance, explained by rounding: {why['note']}"
     return "FAIL", f"{failed} over tolerance" + (f"; the arbiter could not run: {why['error']}" if "error" in why
@@ -221,7 +222,7 @@ def main() -> int:
                 result = {"error": where}
             else:
                 args = ["-m", "dlcc", "verify", str(where / f), "--json", "-q",
-                        *verify_command(where / f, spec.shapes, p, q, a.target)]
+                        *verify_options(spec.shapes, p, q, a.target)]
                 result = in_fresh_process(args, a.timeout)
             verdict, detail = ("ERROR", result["error"]) if "error" in result else \
                 judge(result, where / f, spec.shapes, p, q, a.target, a.timeout)

@@ -1910,9 +1910,14 @@ def _float32_io(m: onnx.ModelProto) -> None:
     g.node.extend(nodes)
 
 
+#: The numpy dtypes of a half model's feeds.
+HALF_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+
 def reference_widened(model: onnx.ModelProto, feeds: dict) -> dict:
     """The reference of a float16 model as `dlcc verify` takes it: onnxruntime on the model
     widened exactly to float32 (verify's rule), its float16 outputs rounded back to float16."""
+    from ..frontend import HALF_TYPES
     from ..verify import widen_graph
 
     wide = onnx.ModelProto()
@@ -1920,11 +1925,8 @@ def reference_widened(model: onnx.ModelProto, feeds: dict) -> dict:
     widen_graph(wide.graph)
     out = reference(wide, {k: v.astype(np.float32) if v.dtype in HALF_DTYPES else v for k, v in feeds.items()})
     half = {o.name: helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type) for o in model.graph.output
-            if o.type.tensor_type.elem_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16)}
+            if o.type.tensor_type.elem_type in HALF_TYPES}
     return {k: v.astype(half[k]) if k in half else v for k, v in out.items()}
-
-
-HALF_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 
 def _check_shapes(model: onnx.ModelProto, mine: dict) -> None:

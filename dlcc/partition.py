@@ -214,18 +214,19 @@ class PartitionedModel:
                 runs[-1].append(k)
             else:
                 runs.append([k])
+        # A dlcc run also computes again the shape math it reads (_with_shape_math), and so reads
+        # the tensors whose shapes that takes: what each run gives to later ones counts those reads.
+        full = [self._with_shape_math(run) if self._engine(run[0]) == "dlcc" else run for run in runs]
         later_reads: list[set[str]] = []
         acc = set(self.outputs)
-        for run in reversed(runs):
+        for run in reversed(full):
             later_reads.append(set(acc))
             for k in run:
                 acc.update(self._node_reads[k])
         later_reads.reverse()
         segments = []
-        for run, later in zip(runs, later_reads):
-            outs = [o for k in run for o in g.node[k].output if o and o in later]
-            if self._engine(run[0]) == "dlcc":
-                run = self._with_shape_math(run)
+        for own, run, later in zip(runs, full, later_reads):
+            outs = [o for k in own for o in g.node[k].output if o and o in later]
             made = {o for k in run for o in g.node[k].output if o}
             ins: list[str] = []
             for k in run:  # (one node may read a tensor twice: Mul(d, d))

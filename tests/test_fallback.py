@@ -147,6 +147,21 @@ def test_an_op_dlcc_lacks_in_the_middle_and_a_while_loop(tmp_path):
                        "Neg": "dlcc"}
 
 
+def test_a_segment_that_computes_a_shape_again_gets_the_tensor_it_reads(tmp_path):
+    """A dlcc segment computes again the Shape of a tensor that an earlier segment made and read
+    only for that Shape (partition._with_shape_math), so the earlier segment must hand the tensor
+    over too. It did not, and the call failed with a KeyError (piper-tts's nakdimon.onnx, a
+    tf2onnx model whose second LSTM loop counts the first one's output)."""
+    nodes = [h.make_node("Relu", ["x"], ["a"]), h.make_node("Shape", ["a"], ["s"]), h.make_node("Det", ["m"], ["d"]),
+             h.make_node("Expand", ["d", "s"], ["y"])]
+    path = _save(tmp_path, nodes, [h.make_tensor_value_info("x", F, [2, 3, 4]), h.make_tensor_value_info("m", F, [5, 5])],
+                 [h.make_tensor_value_info("y", F, [2, 3, 4])], {}, "shape_again")
+    m = dlcc.compile(path, target="opencl", pipeline="astitch", fallback="onnxruntime")
+    _check(path, m, {"x": rng.standard_normal((2, 3, 4)).astype(np.float32),
+                     "m": rng.standard_normal((5, 5)).astype(np.float32)})
+    assert [s["engine"] for s in m.segments] == ["dlcc", "onnxruntime", "dlcc"]
+
+
 def test_bad_fallback_arguments(tmp_path):
     path = _save(tmp_path, [h.make_node("Relu", ["x"], ["y"])], [h.make_tensor_value_info("x", F, [2])],
                  [h.make_tensor_value_info("y", F, [2])], {})

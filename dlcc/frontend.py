@@ -1075,9 +1075,11 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     # a loop inside a branch, or an If inside a loop's body, surfaces for the next round.
     selects: list = []
     inlined = False
-    for _ in range(MAX_LOOP_DEPTH):
-        model, more = unroll_loops(model, path, lenient)
+    for _ in range(MAX_LOOP_DEPTH + sum(n.op_type in ("Loop", "Scan") for n in model.graph.node)):
+        model, more, left = unroll_loops(model, path, lenient)
         notes += more
+        if left:  # a loop counts what an unrolled one gave: fold the arithmetic between them
+            model = (fold_with_onnxruntime(model, path) if fold and not _has_half_floats(model) else None) or model
         model, more = resolve_sequences(model, lenient)
         notes += more
         # (Leniently while computed Ifs remain: their branches may differ in shape, which the

@@ -54,40 +54,70 @@ def has_loop(model: onnx.ModelProto) -> bool:
     return any(n.op_type in LOOPS and n.domain in ("", "ai.onnx") for n in model.graph.node)
 
 
-def unroll_loops(model: onnx.ModelProto, path, infer) -> tuple[onnx.ModelProto, list[str]]:
+def unroll_loops(model: onnx.ModelProto, path, infer) -> tuple[onnx.ModelProto, list[str], bool]:
     """Unroll every Loop and Scan of `model`'s main graph, nested ones too (one level per round,
-    `infer`, a lenient shape inference, between rounds). Returns (the model, pass-log notes)."""
+    `infer`, a lenient shape inference, between rounds). Returns (the model, pass-log notes,
+    whether loops were left for after a fold).
+
+    A loop whose trip count or condition is computed from what an earlier loop gives (a stacked
+    RNN's second layer counts the first one's output: tf2onnx's Keras LSTMs) is known only once
+    that loop is unrolled and the arithmetic between them folded. Such a loop is left as it is,
+    and the model is returned with it (True): the caller folds constants and calls again. A
+    round that unrolls nothing raises the first loop's error."""
     notes: list[str] = []
     for _ in range(MAX_DEPTH):
         if not has_loop(model):
-            return model, notes
+            return model, notes, False
         model = infer(model)
-        _one_round(model, path, notes)
+        unrolled, deferred = _one_round(model, path, notes)
+        if deferred:
+            if not unrolled:
+                raise deferred[0]
+            return model, notes, True
     if has_loop(model):
         raise UnsupportedControlFlowError(f"{path}: loops nest more than {MAX_DEPTH} deep; dlcc unrolls at most that many levels")
-    return model, notes
+    return model, notes, False
 
 
-def _one_round(model: onnx.ModelProto, path, notes: list[str]) -> None:
+def _one_round(model: onnx.ModelProto, path, notes: list[str]) -> tuple[int, list[UnsupportedControlFlowError]]:
+    """Unroll the main graph's loops once. Returns how many were unrolled, and the errors of the
+    loops left for the next round because they read what an earlier loop of this round gives."""
+    from .control_flow import node_reads
+
     g = model.graph
     opset = opset_of(model)
     consts, shapes = _constant_values(g), _static_shapes(g)
     taken = _all_names_deep(g)
     out: list[onnx.NodeProto] = []
+    after_loop: set[str] = set()  # tensors computed from a loop's outputs (the graph is in order)
+    unrolled, deferred = 0, []
     for k, node in enumerate(g.node):
+        reads = node_reads(node)
         if node.op_type not in LOOPS or node.domain not in ("", "ai.onnx"):
             out.append(node)
+            if after_loop.intersection(reads):
+                after_loop.update(o for o in node.output if o)
             continue
         label = node.name or node.output[0]
         prefix = _prefix(node, k, taken)
         taken.add(prefix)
         unroll = _scan if node.op_type == "Scan" else _loop
-        nodes, note = unroll(node, label, prefix, g, consts, shapes, opset, path)
+        after_loop.update(o for o in node.output if o)
+        try:
+            nodes, note = unroll(node, label, prefix, g, consts, shapes, opset, path)
+        except UnsupportedControlFlowError as e:
+            if not after_loop.intersection(reads):
+                raise
+            out.append(node)
+            deferred.append(e)
+            continue
         out += nodes
+        unrolled += 1
         notes.append(f"import: {node.op_type} {label!r}: {note}")
     del g.node[:]
     g.node.extend(out)
     del g.value_info[:]  # the caller infers the unrolled graph afresh
+    return unrolled, deferred
 
 
 def _body(node: onnx.NodeProto, label: str, path) -> onnx.GraphProto:

@@ -200,6 +200,44 @@ def test_a_while_loop_that_counts_is_unrolled(tmp_path, trip):
     assert "Less" not in {n.op_type for n in import_model(path).nodes}  # (the counting copies are dead)
 
 
+def stacked_loops_model(path, steps=5):
+    """Two loops in a row, as tf2onnx writes a stacked Keras RNN: the first runs Shape(x)[0]
+    times and stacks tanh(x[i]); the second counts its own trip count, and its initial condition
+    0 < n, from the shape of what the first stacked, which onnx's shape inference leaves open."""
+    first = h.make_graph(
+        [h.make_node("Gather", ["x", "i"], ["xi"], axis=0), h.make_node("Tanh", ["xi"], ["y"])], "first",
+        [_vi("i", [], TP.INT64), _vi("c", [], TP.BOOL)], [_vi("c", [], TP.BOOL), _vi("y", [3])])
+    second = h.make_graph(
+        [h.make_node("Gather", ["ys", "j"], ["yj"], axis=0), h.make_node("Add", ["s_in", "yj"], ["s_out"]),
+         h.make_node("Mul", ["s_out", "half"], ["z"]), h.make_node("Add", ["j", "one"], ["j1"]),
+         h.make_node("Less", ["j1", "n2"], ["more"])], "second",
+        [_vi("j", [], TP.INT64), _vi("c2", [], TP.BOOL), _vi("s_in", [3])],
+        [_vi("more", [], TP.BOOL), _vi("s_out", [3]), _vi("z", [3])],
+        [nh.from_array(np.array(1, np.int64), "one"), nh.from_array(np.array(0.5, np.float32), "half")])
+    nodes = [h.make_node("Shape", ["x"], ["sx"]), h.make_node("Gather", ["sx", "zero"], ["n1"], axis=0),
+             h.make_node("Loop", ["n1", "yes"], ["ys"], body=first),
+             h.make_node("Shape", ["ys"], ["sy"]), h.make_node("Gather", ["sy", "zero"], ["n2"], axis=0),
+             h.make_node("Less", ["zero", "n2"], ["go"]),
+             h.make_node("Loop", ["", "go", "s0"], ["sN", "zs"], body=second)]
+    inits = [nh.from_array(np.array(0, np.int64), "zero"), nh.from_array(np.array(True), "yes"),
+             nh.from_array(np.zeros(3, np.float32), "s0")]
+    return _save(path, nodes, [_vi("x", ["T", 3])], [_vi("sN", [3]), _vi("zs", ["T", 3])], inits)
+
+
+@needs_opencl
+def test_a_loop_counted_from_what_an_earlier_loop_stacked(tmp_path):
+    """The second loop's count and initial condition are known only once the first loop is
+    unrolled and the Shape between them folded: dlcc leaves it for the next round (piper-tts's
+    nakdimon.onnx, stacked bidirectional LSTMs from tf2onnx, was refused before)."""
+    path = stacked_loops_model(tmp_path / "stacked.onnx")
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    m = dlcc.compile(path, target="opencl", pipeline="astitch", shapes={"T": 5})
+    got = m({"x": x})
+    for name, ref in zip(["sN", "zs"], run_ort(path, {"x": x})):
+        np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-5, err_msg=name)
+    assert sum("unrolled: 5 iterations" in line for line in m.plan["meta"]["pass_log"]) == 2
+
+
 def test_a_while_loop_whose_counter_starts_at_run_time_is_one_clear_error(tmp_path):
     with pytest.raises(UnsupportedControlFlowError, match="is a while loop: .* from values known only at run time"):
         dlcc.compile(counted_while_model(tmp_path / "w.onnx", start="input"), target="opencl")

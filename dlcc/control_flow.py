@@ -370,8 +370,10 @@ def _static_shapes(g: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
 
 
 def _constant_values(g: onnx.GraphProto) -> dict[str, np.ndarray]:
-    """Small constants of the main graph: initializers and Constant nodes with a `value`."""
-    vals = {t.name: numpy_helper.to_array(t) for t in g.initializer if len(t.dims) <= 1 and np.prod(t.dims) <= 1}
+    """Small constants of the main graph: initializers of up to 64 values in at most one dim, and
+    Constant nodes with a small `value`. (onnxruntime's folding turns Constant nodes into
+    initializers, so a SplitToSequence's list of sizes is one by the time sequences.py reads it.)"""
+    vals = {t.name: numpy_helper.to_array(t) for t in g.initializer if len(t.dims) <= 1 and np.prod(t.dims) <= 64}
     for n in g.node:
         if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
             for a in n.attribute:

@@ -378,6 +378,20 @@ def test_sequence_ops_with_known_positions(tmp_path):
     _run_both(_sequence_model(tmp_path / "s.onnx"), feeds, "astitch")
 
 
+@needs_opencl
+@pytest.mark.parametrize("split", [[2, 1, 2], [4, 1], 2])
+def test_a_split_into_a_sequence_by_sizes_held_in_an_initializer(tmp_path, split):
+    """SplitToSequence's sizes as an initializer of several values, as onnxruntime's folding
+    leaves a Constant node's list: the split is resolved at compile time (it was refused as an
+    unsupported op; fuzz graph 1100065, `--more-ops`)."""
+    nodes = [h.make_node("SplitToSequence", ["x", "sizes"], ["parts"], axis=1),
+             h.make_node("SequenceAt", ["parts", "last"], ["y"]), h.make_node("Relu", ["y"], ["r"])]
+    n = 5 % split if isinstance(split, int) else split[-1]
+    path = _save(tmp_path / "split.onnx", nodes, [_vi("x", [3, 5])], [_vi("r", [3, n or split])],
+                 [nh.from_array(np.array(split, np.int64), "sizes"), nh.from_array(np.array(-1, np.int64), "last")])
+    _run_both(path, {"x": rng.standard_normal((3, 5)).astype(np.float32)}, "astitch")
+
+
 def test_a_position_known_only_at_run_time_is_reported_unsupported(tmp_path):
     from dlcc.errors import UnsupportedOpsError
 

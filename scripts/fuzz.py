@@ -52,6 +52,11 @@ def main(argv=None) -> int:
     ap.add_argument("--extremes", action="store_true", help="also generate float32's edge values as models write "
                     "them (-inf, finfo.min and -1e9 masks before a Softmax or a max, MaxPool over -inf padding, clamps "
                     "to float32's limits, scales past float16's largest): other graphs than without it, seed for seed")
+    ap.add_argument("--more-ops", action="store_true", help="also generate the ops only rewrites lower "
+                    "(QDQ and dynamic quantization, Einsum, GridSample, AffineGrid, DeformConv, Shape/Range/"
+                    "ConstantOfShape arithmetic, OneHot, Compress, ReverseSequence, Hardmax, Lp norms and pools, Loop, "
+                    "sequence ops; at opset 23 Attention, RotaryEmbedding, RMSNormalization): other graphs than "
+                    "without it, seed for seed")
     ap.add_argument("--half-models", nargs="?", const="fp16", default=False, choices=["fp16", "bf16"],
                     help="convert each graph into a float16 model with onnxconverter-common (float16 weights and "
                     "Casts; half keep float32 inputs and outputs), or with `bf16` into a bfloat16 one (the same, "
@@ -125,7 +130,8 @@ def main(argv=None) -> int:
         args.nvcc_every = 10 if find_nvcc() and "cuda" not in targets else 0
     meta = {"n": args.n, "seed": args.seed, "unsupported": n_uns, "targets": targets, "nvcc_every": args.nvcc_every,
             "configs": configs or [c.name for c in all_configs()], "max_patterns": args.max_patterns,
-            "extremes": args.extremes, "half_models": args.half_models, "timeout": args.timeout,
+            "extremes": args.extremes, "more_ops": args.more_ops, "half_models": args.half_models,
+            "timeout": args.timeout,
             "quick_build": args.quick_build,
             "segments": (earlier["meta"].get("segments", []) if earlier else []) + [_segment()]}
     def targets_of(k: int) -> list[str]:
@@ -133,7 +139,7 @@ def main(argv=None) -> int:
 
     tasks = [(("g", args.seed + k), {"seed": args.seed + k, "configs": configs, "targets": targets_of(k),
                                       "max_patterns": args.max_patterns, "extremes": args.extremes,
-                                      "half": args.half_models})
+                                      "more_ops": args.more_ops, "half": args.half_models})
              for k in range(args.n)]
     # graphs dlcc must refuse go in among the others, so a run cut short by --minutes has its share
     for k in reversed(range(n_uns)):  # from the back, so earlier positions do not move
@@ -211,7 +217,7 @@ def main(argv=None) -> int:
 
 #: The parameters that define a run, and so come from the report on --resume.
 RUN_PARAMETERS = ("n", "seed", "unsupported", "targets", "nvcc_every", "configs", "max_patterns", "extremes",
-                  "half_models", "timeout", "quick_build")
+                  "more_ops", "half_models", "timeout", "quick_build")
 
 
 def _load_report(path: str):
@@ -232,7 +238,7 @@ def _load_report(path: str):
 def _take_parameters(args, meta: dict) -> None:
     """The resumed run's parameters replace the command line's (a report from before `nvcc_every`
     existed ran no nvcc target)."""
-    meta = {"nvcc_every": 0, **meta}
+    meta = {"nvcc_every": 0, "more_ops": False, **meta}
     for k in RUN_PARAMETERS:
         if k in meta:
             v = meta[k]
@@ -266,7 +272,8 @@ def _shrink_all(camp, args, con) -> None:
         con.print(f"shrinking seed {f.case_seed} ({f.config} on {f.target}) ...", markup=False)
         try:
             s = shrink(f.case_seed, config_named(f.config), f.target, max_tries=args.shrink_tries,
-                       max_patterns=args.max_patterns, extremes=args.extremes, half=args.half_models)
+                       max_patterns=args.max_patterns, extremes=args.extremes, half=args.half_models,
+                       more_ops=args.more_ops)
         except ValueError as e:  # it no longer fails alone (a flaky failure is worth a look too)
             con.print(f"  not reproduced alone: {e}", markup=False)
             continue

@@ -173,6 +173,57 @@ def test_fuzz_half_models_batch(half, precision, monkeypatch):
     assert not problems, "\n".join(problems)
 
 
+#: What `more_ops=True` adds (dlcc/testing/graphgen_more.py): ops lowered by rewrites of their own.
+MORE_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "Einsum",
+            "GridSample", "AffineGrid", "DeformConv", "Shape", "Size", "Range", "ConstantOfShape", "EyeLike", "OneHot",
+            "Compress", "ReverseSequence", "Hardmax", "LpNormalization", "LpPool", "GlobalLpPool", "Loop",
+            "SplitToSequence", "SequenceConstruct", "SequenceErase", "SequenceAt", "SequenceLength",
+            "ConcatFromSequence", "Attention", "RotaryEmbedding", "RMSNormalization"}
+
+
+def test_more_ops_write_what_only_rewrites_lower():
+    """`more_ops=True` writes every op of MORE_OPS within 200 graphs (opsets 21 and 23 among
+    them), each valid with a finite reference; without it a seed's graph has none of them."""
+    seen, opsets = set(), set()
+    for seed in range(200):
+        case = graphgen.generate_valid(seed, more_ops=True)
+        seen |= set(case.ops) & MORE_OPS
+        opsets.add(case.model.opset_import[0].version)
+        if seed < 30:
+            assert not set(graphgen.generate(seed).ops) & MORE_OPS, seed
+        if seen == MORE_OPS and {21, 23} <= opsets:
+            break
+    assert seen == MORE_OPS and {21, 23} <= opsets, (MORE_OPS - seen, opsets)
+
+
+@functools.cache
+def _more_ops_seeds() -> list[int]:
+    """The first `more_ops` graph with a quantizer, one with an Einsum or a GridSample, one with a
+    Loop, one with a sequence, and one with opset 23's Attention or RotaryEmbedding."""
+    groups = [{"QuantizeLinear", "DynamicQuantizeLinear"}, {"Einsum", "GridSample"}, {"Loop"},
+              {"SplitToSequence", "SequenceConstruct"}, {"Attention", "RotaryEmbedding"}]
+    seeds: list[int] = []
+    for group in groups:
+        seeds.append(next(s for s in range(300) if s not in seeds
+                          and group & set(graphgen.generate_valid(s, more_ops=True).ops)))
+    return seeds
+
+
+@needs_opencl
+def test_fuzz_more_ops_batch(monkeypatch):
+    """Five `more_ops` graphs (quantization, Einsum or GridSample, Loop, sequences, Attention)
+    through the main configurations."""
+    monkeypatch.setenv("DLCC_OPENCL_BUILD_OPTIONS", "-cl-opt-disable")
+    problems = []
+    for seed in _more_ops_seeds():
+        rec = check_case_task({"seed": seed, "targets": ["opencl"], "more_ops": True, "configs": SUBSET})
+        assert "generator_bug" not in rec and "invalid" not in rec, rec
+        for v in rec["verdicts"]["opencl"]:
+            if v["status"] in FAILURES + ("refused",):
+                problems.append(f"seed {seed} {v['config']}: {v['status']}: {v.get('detail', '')[:500]}")
+    assert not problems, "\n".join(problems)
+
+
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed on this machine")
 @pytest.mark.parametrize("first", range(0, NVCC_BATCH, CHUNK))
 def test_fuzz_batch_nvcc(first):

@@ -241,7 +241,8 @@ class Gen:
     def squash(self, v: Val) -> Val:
         op = self.ch.pick(["Tanh", "Sigmoid", "Clip"])
         if op == "Clip":
-            return self.one("Clip", [v, self.scalar(-3.0), self.scalar(3.0)], v.shape, max(v.lo, -3), min(v.hi, 3))
+            return self.one("Clip", [v, self.scalar(-3.0), self.scalar(3.0)], v.shape, min(max(v.lo, -3), 3),
+                            max(min(v.hi, 3), -3))
         lo, hi = (-1.0, 1.0) if op == "Tanh" else (0.0, 1.0)
         return self.one(op, [v], v.shape, lo, hi)
 
@@ -1097,7 +1098,10 @@ def p_roi_align(g: Gen) -> None:
     """RoiAlign over a feature map (any computed value: the output is continuous in X), with
     constant ROIs inside, across and beyond the map, some on half-pixel corners, and constant
     batch indices. Where the sampling grid is adaptive and the half-pixel offset applies, every ROI
-    is at least a pixel wide and high (onnxruntime refuses a grid of negative size)."""
+    is at least a pixel wide and high (onnxruntime refuses a grid of negative size). Not at opset
+    22 on (only `more_ops` graphs have it): onnxruntime has no kernel for RoiAlign-22."""
+    if g.opset >= 22:
+        return
     x = g.pick_or_input(lambda u: u.rank == 4 and u.shape[0] <= 3 and all(d >= 2 for d in u.shape[2:]),
                         lambda: (g.ch.pick([1, 2]), g.ch.pick([1, 3, 4]), g.ch.between(2, 10), g.ch.between(2, 10)))
     n, _, hh, ww = x.shape
@@ -1711,17 +1715,23 @@ PATTERNS = [
 EXTREME_PATTERNS = [(p_extreme, 20)]
 
 
-def build(ch: Chooser, seed: int, max_patterns: int = 8,
-          extremes: bool = False) -> tuple[onnx.ModelProto, dict, list[str]]:
+def build(ch: Chooser, seed: int, max_patterns: int = 8, extremes: bool = False,
+          more_ops: bool = False) -> tuple[onnx.ModelProto, dict, list[str]]:
     """The model and its feeds, from the chooser's answers (no check, no reference run)."""
-    opset = ch.pick([17, 18, 13, 20])
+    table = PATTERNS + (EXTREME_PATTERNS if extremes else [])
+    opsets = [17, 18, 13, 20]
+    if more_ops:
+        from .graphgen_more import MORE_OPSETS, MORE_PATTERNS
+
+        table, opsets = table + MORE_PATTERNS, MORE_OPSETS
+    opset = ch.pick(opsets)
     g = Gen(ch, np.random.default_rng(seed), opset)
     g.input(g.shape(), hint="x")
     if g.ch.chance(0.3):
         g.input(g.shape(), hint="y")
     count = 0
     while count < max_patterns and (count == 0 or g.ch.chance(0.85)):
-        pat = g.ch.weighted(PATTERNS + EXTREME_PATTERNS if extremes else PATTERNS)
+        pat = g.ch.weighted(table)
         before = len(g.nodes)
         pat(g)
         if len(g.nodes) > before:
@@ -1771,14 +1781,15 @@ def reference(model: onnx.ModelProto, feeds: dict) -> dict:
 
 
 def generate(seed: int, replay: list[int] | None = None, max_patterns: int = 8, extremes: bool = False,
-             half: bool | str = False) -> Case:
+             half: bool | str = False, more_ops: bool = False) -> Case:
     """One valid model with a finite reference. `replay` rebuilds from recorded choices (shrink.py);
     without it, the choices come from `seed`, which also seeds the values. `extremes` adds
     p_extreme (float32's edges: -inf and finfo.min masks, ...) to the patterns; `half` converts
     the graph into a float16 model (to_float16; True is "fp16"), or with "bf16" into a bfloat16
-    one (the same, then to_bfloat16)."""
+    one (the same, then to_bfloat16); `more_ops` adds graphgen_more's patterns (quantization,
+    Einsum, GridSample, Loop, sequences, opset 23's Attention, ...) and opsets 21 and 23."""
     ch = Chooser(seed, replay)
-    model, feeds, ops = build(ch, seed, max_patterns, extremes)
+    model, feeds, ops = build(ch, seed, max_patterns, extremes, more_ops)
     check_model(model)
     if half:
         model, feeds = to_float16(model, feeds, ch, bfloat16=half == "bf16")
@@ -1956,12 +1967,13 @@ def _check_shapes(model: onnx.ModelProto, mine: dict) -> None:
 
 
 def generate_valid(seed: int, max_patterns: int = 8, tries: int = 20, extremes: bool = False,
-                   half: bool | str = False) -> Case:
+                   half: bool | str = False, more_ops: bool = False) -> Case:
     """generate(), retrying with derived seeds when a graph's reference is not finite."""
     last = None
     for k in range(tries):
         try:
-            return generate(seed * 7919 + k if k else seed, max_patterns=max_patterns, extremes=extremes, half=half)
+            return generate(seed * 7919 + k if k else seed, max_patterns=max_patterns, extremes=extremes, half=half,
+                            more_ops=more_ops)
         except InvalidCase as e:
             last = e
     raise last

@@ -442,7 +442,7 @@ def check_case_task(task: dict) -> dict:
     rec = {"seed": seed, "verdicts": {}}
     try:
         case = generate_valid(seed, max_patterns=task.get("max_patterns", 8), extremes=task.get("extremes", False),
-                              half=task.get("half", False))
+                              half=task.get("half", False), more_ops=task.get("more_ops", False))
     except InvalidCase as e:
         rec["invalid"] = str(e)
         return rec

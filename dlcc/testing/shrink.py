@@ -48,14 +48,14 @@ def _verdict(model, feeds, refs, cfg: Config, target: str):
 
 def shrink(seed: int, config: Config, target: str = "opencl", max_tries: int = 600, budget_s: float = 1800.0,
            log=None, configs: list[Config] | None = None, max_patterns: int = 8, extremes: bool = False,
-           half: bool | str = False) -> Shrunk:
-    """Shrink the graph `generate(seed, max_patterns=, extremes=, half=)` (the campaign's) that fails under
+           half: bool | str = False, more_ops: bool = False) -> Shrunk:
+    """Shrink the graph `generate(seed, max_patterns=, extremes=, half=, more_ops=)` (the campaign's) that fails under
     `config` on `target`. The result depends only on the inputs, not on the machine's speed:
     `max_tries` bounds the work (each try compiles and runs one configuration); `budget_s` is only a
     safety stop."""
     t0 = time.time()
     log = log or (lambda msg: None)
-    gen = {"max_patterns": max_patterns, "extremes": extremes, "half": half}
+    gen = {"max_patterns": max_patterns, "extremes": extremes, "half": half, "more_ops": more_ops}
     case = generate(seed, **gen)
     first = _verdict(case.model, case.feeds, case.refs, config, target)
     if first.status not in FAILURES:

@@ -49,6 +49,9 @@ CACHE = ROOT / ".cache" / "pip-models"
 class File(BaseModel):
     model_config = ConfigDict(extra="forbid")
     shapes: dict[str, str | int] = Field(default_factory=dict)
+    #: run what dlcc refuses on onnxruntime (`--fallback onnxruntime`): a decoder that loops until
+    #: its data says stop, a GRU over lengths known only at run time
+    fallback: bool = False
 
 
 class Package(BaseModel):
@@ -90,9 +93,9 @@ def fetch(pkg: Package, cache: Path = CACHE) -> Path:
     return where
 
 
-def verify_options(shapes: dict, pipeline: str, precision: str, target: str) -> list[str]:
+def verify_options(shapes: dict, pipeline: str, precision: str, target: str, fallback: bool = False) -> list[str]:
     """The options `dlcc verify` (and --explain) take for one run."""
-    cmd = ["-p", pipeline, "--precision", precision, "-t", target]
+    cmd = ["-p", pipeline, "--precision", precision, "-t", target] + (["--fallback", "onnxruntime"] if fallback else [])
     for name, value in shapes.items():
         cmd += ["-s", f"{name}={value}"]
     return cmd
@@ -114,7 +117,7 @@ def in_fresh_process(args: list[str], timeout: float) -> dict:
         return {"error": lines[-1] if lines else f"exit status {r.returncode}, no output"}
 
 
-def explain(path: str, shapes: list[str], pipeline: str, precision: str, target: str) -> dict:
+def explain(path: str, shapes: list[str], pipeline: str, precision: str, target: str, fallback: bool = False) -> dict:
     """The fuzzer's arbiter on a real model (testing/oracle.py `conditioning_explains`): is every
     output, against the exact (float64) answer, within what the precision's rounding explains,
     its Monte Carlo spread (testing/rounding.py) or onnxruntime's own float32 error? A bug lands
@@ -126,7 +129,8 @@ def explain(path: str, shapes: list[str], pipeline: str, precision: str, target:
     from dlcc.testing.rounding import float64_reference, pruned_to
     from dlcc.verify import run_onnxruntime
 
-    m = dlcc.compile(path, shapes=shapes, target=target, pipeline=pipeline, precision=precision)
+    m = dlcc.compile(path, shapes=shapes, target=target, pipeline=pipeline, precision=precision,
+                     fallback="onnxruntime" if fallback else None)
     feeds = m.sample_inputs(0)
     got = m(feeds)
     model = onnx.load(path)
@@ -142,7 +146,7 @@ def explain(path: str, shapes: list[str], pipeline: str, precision: str, target:
 
 
 def judge(result: dict, path: Path, shapes: dict, pipeline: str, precision: str, target: str,
-          timeout: float) -> tuple[str, str]:
+          timeout: float, fallback: bool = False) -> tuple[str, str]:
     """PASS; ROUNDING, where an output misses the tolerance by no more than rounding at this
     precision explains (a long chain of bf16 activations can move a sigmoid by tenths, see
     docs/precision.md); FAIL; or ERROR. The second item is a note for all but PASS."""
@@ -151,8 +155,8 @@ def judge(result: dict, path: Path, shapes: dict, pipeline: str, precision: str,
     if result.get("passed"):
         return "PASS", ""
     failed = ", ".join(o["name"] for o in result.get("outputs", []) if not o.get("passed"))
-    why = in_fresh_process([__file__, "--explain", str(path), *verify_options(shapes, pipeline, precision, target)],
-                           timeout)
+    why = in_fresh_process([__file__, "--explain", str(path),
+                            *verify_options(shapes, pipeline, precision, target, fallback)], timeout)
     if why.get("explained"):
         return "ROUNDING", f"{failed} over tolerance, explained by rounding: {why['note']}"
     return "FAIL", f"{failed} over tolerance" + (f"; the arbiter could not run: {why['error']}" if "error" in why
@@ -179,9 +183,10 @@ def main() -> int:
     ap.add_argument("--precision", help=argparse.SUPPRESS)
     ap.add_argument("-t", dest="explain_target", help=argparse.SUPPRESS)
     ap.add_argument("-s", dest="shapes", action="append", default=[], help=argparse.SUPPRESS)
+    ap.add_argument("--fallback", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.explain:
-        print(json.dumps(explain(a.explain, a.shapes, a.pipeline, a.precision, a.explain_target)))
+        print(json.dumps(explain(a.explain, a.shapes, a.pipeline, a.precision, a.explain_target, bool(a.fallback))))
         return 0
     console = Console(width=max(Console().width, 150))
 
@@ -197,7 +202,8 @@ def main() -> int:
     if a.list:
         for pkg, f, spec, p, q in runs:
             shapes = " ".join(f"{k}={v}" for k, v in spec.shapes.items())
-            console.print(f"{pkg.package:28s} {f}  {p} {q}  {shapes}", highlight=False)
+            extra = "  --fallback onnxruntime" if spec.fallback else ""
+            console.print(f"{pkg.package:28s} {f}  {p} {q}  {shapes}{extra}", highlight=False)
         return 0
 
     table = Table(title=f"pip-shipped models through dlcc verify (target {a.target})")
@@ -222,10 +228,10 @@ def main() -> int:
                 result = {"error": where}
             else:
                 args = ["-m", "dlcc", "verify", str(where / f), "--json", "-q",
-                        *verify_options(spec.shapes, p, q, a.target)]
+                        *verify_options(spec.shapes, p, q, a.target, spec.fallback)]
                 result = in_fresh_process(args, a.timeout)
             verdict, detail = ("ERROR", result["error"]) if "error" in result else \
-                judge(result, where / f, spec.shapes, p, q, a.target, a.timeout)
+                judge(result, where / f, spec.shapes, p, q, a.target, a.timeout, spec.fallback)
             seconds = time.monotonic() - t0
             bad += verdict in ("FAIL", "ERROR")
             style = {"PASS": "green", "ROUNDING": "yellow"}.get(verdict, "red")

@@ -26,12 +26,12 @@ def pm():
 
 def test_the_list_validates_and_pins_every_package(pm):
     packages = pm.read_list()
-    assert len(packages) >= 8 and sum(len(p.files) for p in packages) >= 24
+    assert len(packages) >= 21 and sum(len(p.files) for p in packages) >= 51
     for p in packages:
         name, _, version = p.package.partition("==")
         assert name and version, f"{p.package} is not pinned"
-        for f, spec in p.files.items():
-            assert f.endswith(".onnx") and f.split("/")[0].replace("_", "-") == name.replace("_", "-"), f
+        for f, spec in p.files.items():  # (a path inside the wheel: under the package's import name)
+            assert f.endswith(".onnx") and "/" in f and not f.startswith("/") and ".." not in f.split("/"), f
             for k, v in spec.shapes.items():  # what `dlcc verify -s` takes: dims joined by x, or one int
                 assert all(d.isdigit() for d in str(v).split("x")), (f, k, v)
 
@@ -112,7 +112,8 @@ def test_the_whole_run_prints_its_table_and_exit_status(pm, tmp_path, monkeypatc
     fails to download (ERROR), one file passes, one misses its tolerance by rounding (ROUNDING).
     The exit status is 1 for the ERROR alone, and the JSON holds every run."""
     lst = tmp_path / "list.yaml"
-    lst.write_text("- package: good==1\n  files:\n    good/a.onnx: {shapes: {x: 1x3}}\n    good/b.onnx: {shapes: {}}\n"
+    lst.write_text("- package: good==1\n  files:\n    good/a.onnx: {shapes: {x: 1x3}}\n"
+                   "    good/b.onnx: {shapes: {}, fallback: true}\n"
                    "- package: gone==1\n  files:\n    gone/c.onnx: {shapes: {}}\n")
     monkeypatch.setattr(pm, "LIST", lst)
     monkeypatch.setattr(pm.read_list, "__defaults__", (lst,))
@@ -123,10 +124,12 @@ def test_the_whole_run_prints_its_table_and_exit_status(pm, tmp_path, monkeypatc
         return tmp_path
 
     def run(args, timeout):
+        asked.append(args)
         if "--explain" in args:
             return {"explained": True, "note": "within the spread"}
         return {**_result("a.onnx" in args[3]), "launches": 7}
 
+    asked = []
     monkeypatch.setattr(pm, "fetch", fetch)
     monkeypatch.setattr(pm, "in_fresh_process", run)
     out = tmp_path / "runs.json"
@@ -139,5 +142,8 @@ def test_the_whole_run_prints_its_table_and_exit_status(pm, tmp_path, monkeypatc
 
     verdicts = {r["file"]: r["verdict"] for r in json.loads(out.read_text())}
     assert verdicts == {"good/a.onnx": "PASS", "good/b.onnx": "ROUNDING", "gone/c.onnx": "ERROR"}
+    # `fallback: true` runs that file (and its arbiter) with --fallback onnxruntime, and only that file
+    fallback = [" ".join(a) for a in asked if "--fallback" in a]
+    assert len(fallback) == 2 and all("b.onnx" in a and "--fallback onnxruntime" in a for a in fallback), asked
     monkeypatch.setattr(pm.sys, "argv", ["pip_models.py", "--only", "nothing-matches"])
     assert pm.main() == 2

@@ -1162,6 +1162,30 @@ add(
 )
 
 
+def packed(cid, op_type, direction, lens, gates, **attrs):
+    """An RNN over a padded batch (torch's packed sequences): sequence_lens shorter than SEQ, as
+    a graph input (known at run time only) or an initializer. Entry b runs lens[b] steps, the
+    reverse direction from position lens[b] - 1; Y is zero past it; Y_h holds its last state."""
+    D = 2 if direction == "bidirectional" else 1
+    w = lambda *s: W(R(s, "uniform", -0.5, 0.5))  # noqa: E731
+    ins = [X(R((SEQ, BATCH, INP))), w(D, gates * HID, INP), w(D, gates * HID, HID), w(D, 2 * gates * HID), lens]
+    if op_type != "LSTM":
+        ins.append(W(R((D, BATCH, HID))))
+    return op(cid, op_type, ins, {"hidden_size": HID, "direction": direction, **attrs},
+              outs=3 if op_type == "LSTM" else 2)
+
+
+_LENS = np.array([SEQ, 2, 1], np.int32)
+add(
+    packed("LSTM-forward-sequence-lens-input", "LSTM", "forward", X(_LENS), 4),
+    packed("LSTM-reverse-sequence-lens-input", "LSTM", "reverse", X(_LENS), 4),
+    packed("LSTM-bidirectional-sequence-lens-constant", "LSTM", "bidirectional", W(np.array([3, SEQ, 4], np.int32)), 4),
+    packed("GRU-bidirectional-lbr0-sequence-lens-input", "GRU", "bidirectional", X(_LENS), 3, linear_before_reset=0),
+    packed("GRU-reverse-lbr1-sequence-lens-input", "GRU", "reverse", X(_LENS), 3, linear_before_reset=1),
+    packed("RNN-bidirectional-sequence-lens-input", "RNN", "bidirectional", X(_LENS), 1),
+)
+
+
 
 def gru(cid, direction="forward", lbr=1, bias=True, init_state=True, outs=(True, True), **attrs):
     D = 2 if direction == "bidirectional" else 1

@@ -12,6 +12,11 @@ only step t of layer l-1, not its whole sequence. Every per-step launch records 
 touches (Launch.regions), so rammer's dependency analysis sees cell (l, t) wait only for (l, t-1)
 and (l-1, t): the layers x time wavefront of Rammer's LSTM-TC case. The batched projection stays
 the default: one large GEMM beats `seq` small ones when each launch costs a kernel of its own.
+
+`sequence_lens` shorter than the sequence (torch's packed sequences: the lengths of a padded
+batch, known only at run time) are read by every step kernel, as onnxruntime applies them: batch
+entry b runs len[b] steps; the reverse direction starts at position len[b] - 1; a step past
+len[b] keeps the state and writes zeros to Y; so Y_h (and Y_c) are each entry's last live state.
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ class Rnn:
     direction: str
     clip: float | None
     acts: list[list] = field(default_factory=list)  # per direction, the op's activation functions
+    lens: str = ""  # the sequence_lens tensor where entries may stop early ("" where every entry runs `seq`)
 
     def act(self, k: int, x: str) -> str:
         """C expression: activation function `k` of the op (LSTM's f, g, h; GRU's f, g; RNN's f)
@@ -47,8 +53,9 @@ class Rnn:
         return self.D * self.batch * self.H
 
     def step_index(self) -> str:
-        """C expression: the sequence position direction `d` processes at step `t`."""
-        last = self.seq - 1
+        """C expression: the sequence position direction `d` processes at step `t` (with lengths,
+        at a live step: the reverse direction starts from the entry's `len - 1`)."""
+        last = "(len - 1)" if self.lens else self.seq - 1
         return {"forward": "t", "reverse": f"({last} - t)", "bidirectional": f"(d == 0 ? t : {last} - t)"}[self.direction]
 
     def clipped(self, v: str) -> str:
@@ -68,13 +75,18 @@ def _rnn_attrs(ctx, node, default_acts: list[str]) -> Rnn:
     acts = _activation_functions(ctx, default_acts, D)
     seq, batch, I = ctx.shape(X)
     seq_lens = node.inputs[4] if len(node.inputs) > 4 else ""
+    lens = ""
     if seq_lens:
+        if tuple(ctx.shape(seq_lens)) != (batch,):
+            raise ctx.fail(f"sequence_lens is {list(ctx.shape(seq_lens))}, not [{batch}] (one length per batch entry)")
         sl = ctx.const(seq_lens)
+        if sl is not None and (np.any(sl < 1) or np.any(sl > seq)):
+            raise ctx.fail(f"sequence_lens {sl.tolist()} must lie in 1..{seq} (the sequence's length)")
         if sl is None or not np.all(sl == seq):
-            raise ctx.fail("sequence_lens other than the full length for every batch entry are not supported")
+            lens = seq_lens
     H = ctx.attr("hidden_size", ctx.shape(R)[-1])
     clip = ctx.attr("clip", None)
-    return Rnn(D, seq, batch, I, H, direction, float(clip) if clip else None, acts)
+    return Rnn(D, seq, batch, I, H, direction, float(clip) if clip else None, acts, lens)
 
 
 #: The activation functions the recurrent ops take (the RNN, GRU and LSTM schemas' list), by
@@ -160,15 +172,27 @@ def _recurrent_spec(r: Rnn, gates_total: int, row0: int, rows: int) -> GemmSpec:
 
 
 def _step_kernel(ctx, hint: str, params: str, body: list[str], r: Rnn, gates: int) -> str:
-    """A per-step elementwise kernel over (direction, batch, hidden unit), with index helpers."""
+    """A per-step elementwise kernel over (direction, batch, hidden unit), with index helpers.
+    With sequence lengths (r.lens) it takes them as its first parameter `SL`: a step past an
+    entry's length runs none of `body`, and writes 0 to Y[yi] where the body writes Y."""
+    if r.lens:
+        head = [f"const int sl = SL[b], len = sl < 0 ? 0 : (sl > {r.seq} ? {r.seq} : sl);",
+                "const int live = t < len;",
+                f"const int tt = live ? {r.step_index()} : t;"]
+        tail = ["if (live) {", *["    " + s for s in body], "}"]
+        if "Y[yi] = h;" in body:
+            tail += ["else {", "    Y[yi] = 0.0f;", "}"]
+        params = "GPTR const int* SL, " + params
+    else:
+        head, tail = [f"const int tt = {r.step_index()};"], body
     lines = [
         "const int i = BLOCK_ID * BLOCK_DIM + THREAD_ID;",
         f"if (i < {r.n_state}) {{",
         f"    const int j = i % {r.H}, b = (i / {r.H}) % {r.batch}, d = i / {r.H * r.batch};",
-        f"    const int tt = {r.step_index()};",
+        *["    " + s for s in head],
         f"    const int xr = (d * {r.seq * r.batch} + tt * {r.batch} + b) * {gates * r.H} + j;",
         f"    const int yi = ((tt * {r.D} + d) * {r.batch} + b) * {r.H} + j;",
-        *["    " + s for s in body],
+        *["    " + s for s in tail],
         "}",
     ]
 
@@ -192,6 +216,8 @@ def _lstm(ctx, node):
     mode = getattr(ctx, "rnn_input", "batched")
     if mode == "auto":  # per step where it buys a wavefront: one direction, on a GPU (rammer joins it there)
         mode = "per-step" if r.D == 1 and getattr(ctx.device, "kind", "gpu") == "gpu" else "batched"
+    if r.lens:  # (each entry's own position: the per-step GEMM reads one position for the whole batch)
+        mode = "batched"
     if mode == "per-step":
         return _lstm_per_step(ctx, r, X, W, R, Bn, h0, c0, P, forget, Y, Yh, Yc)
 
@@ -213,7 +239,8 @@ def _lstm(ctx, node):
     peep = [P] if P else []
     for t in range(r.seq):
         emit_gemm(ctx, "LSTMRecurrent", rspec, [hs, R, hr], reads=[hs, R], writes=[hr])
-        ctx.launch(step, -(-r.n_state // BLOCK), [xw, hr] + peep + [hs, cs, y, t], reads=[xw, hr, hs, cs] + peep,
+        ctx.launch(step, -(-r.n_state // BLOCK), _sl(r) + [xw, hr] + peep + [hs, cs, y, t],
+                   reads=_sl(r) + [xw, hr, hs, cs] + peep,
                    writes=[hs, cs, y], flops=20 * r.n_state, dram_bytes=4 * r.n_state * 13, category="elementwise")
         ctx.program.launches[-1].regions.update(_step_regions(r, t, {y: r.D * r.batch * H, xw: r.batch * G4}))
 
@@ -245,8 +272,9 @@ def _lstm_cell(r: Rnn, pre: list[str], peephole: bool, input_forget: bool) -> li
 
 def _step_regions(r: Rnn, t: int, per_step: dict[str, int]) -> dict:
     """Byte ranges of sequence buffers laid out step-major ([seq, ...], `per_step` floats a step)
-    that step t touches. Only for one direction: a bidirectional step touches t and seq-1-t."""
-    if r.D != 1:
+    that step t touches. Only for one direction: a bidirectional step touches t and seq-1-t, and
+    with sequence lengths a reverse step's position is the entry's own."""
+    if r.D != 1 or r.lens:
         return {}
     pos = t if r.direction == "forward" else r.seq - 1 - t
     return {name: (4 * n * pos, 4 * n * (pos + 1)) for name, n in per_step.items()}
@@ -329,8 +357,8 @@ def _gru(ctx, node):
                             ], r, 3)
         for t in range(r.seq):
             emit_gemm(ctx, "GRURecurrent", rspec, [hs, R, hr], reads=[hs, R], writes=[hr])
-            args = [xw, hr] + ([Bn] if Bn else []) + [hs, y, t]
-            ctx.launch(step, -(-r.n_state // BLOCK), args, reads=[xw, hr, hs] + ([Bn] if Bn else []),
+            args = _sl(r) + [xw, hr] + ([Bn] if Bn else []) + [hs, y, t]
+            ctx.launch(step, -(-r.n_state // BLOCK), args, reads=_sl(r) + [xw, hr, hs] + ([Bn] if Bn else []),
                        writes=[hs, y], flops=15 * r.n_state, dram_bytes=4 * r.n_state * 10, category="elementwise")
         return
     hzr = ctx.temp((r.D, r.batch, 2 * H))
@@ -355,10 +383,10 @@ def _gru(ctx, node):
     grid = -(-r.n_state // BLOCK)
     for t in range(r.seq):
         emit_gemm(ctx, "GRURecurrentZR", spec_zr, [hs, R, hzr], reads=[hs, R], writes=[hzr])
-        ctx.launch(gates, grid, [xw, hzr, hs, zbuf, rh, t], reads=[xw, hzr, hs], writes=[zbuf, rh],
+        ctx.launch(gates, grid, _sl(r) + [xw, hzr, hs, zbuf, rh, t], reads=_sl(r) + [xw, hzr, hs], writes=[zbuf, rh],
                    flops=10 * r.n_state, category="elementwise")
         emit_gemm(ctx, "GRURecurrentH", spec_h, [rh, R, hh], reads=[rh, R], writes=[hh])
-        ctx.launch(update, grid, [xw, hh, zbuf, hs, y, t], reads=[xw, hh, zbuf, hs], writes=[hs, y],
+        ctx.launch(update, grid, _sl(r) + [xw, hh, zbuf, hs, y, t], reads=_sl(r) + [xw, hh, zbuf, hs], writes=[hs, y],
                    flops=8 * r.n_state, category="elementwise")
 
 
@@ -388,9 +416,14 @@ def _rnn(ctx, node):
     ], r, 1)
     for t in range(r.seq):
         emit_gemm(ctx, "RNNRecurrent", rspec, [hs, R, hr], reads=[hs, R], writes=[hr])
-        ctx.launch(step, -(-r.n_state // BLOCK), [xw, hr, hs, y, t], reads=[xw, hr, hs], writes=[hs, y],
+        ctx.launch(step, -(-r.n_state // BLOCK), _sl(r) + [xw, hr, hs, y, t], reads=_sl(r) + [xw, hr, hs], writes=[hs, y],
                    flops=4 * r.n_state, dram_bytes=4 * r.n_state * 5, category="elementwise")
         ctx.program.launches[-1].regions.update(_step_regions(r, t, {y: r.D * r.batch * H, xw: r.batch * H}))
+
+
+def _sl(r: Rnn) -> list[str]:
+    """The sequence_lens tensor, as the first argument and read of every step kernel that takes it."""
+    return [r.lens] if r.lens else []
 
 
 def _init_state(ctx, state: str, init: str, n: int) -> None:

@@ -5,7 +5,8 @@ that dlcc lowers through rewrites of their own: quantization (QDQ weights, fake-
 activations, dynamic quantization), Einsum, GridSample and AffineGrid, shape arithmetic (Shape,
 Size, Range, ConstantOfShape, EyeLike), OneHot, Compress, ReverseSequence, Hardmax, the Lp norms
 and pools, Loop, the sequence ops, DeformConv, and opset 23's Attention, RotaryEmbedding and
-RMSNormalization. These patterns write them in the forms exporters do.
+RMSNormalization; and LSTM, GRU and RNN over packed sequences (sequence_lens). These patterns
+write them in the forms exporters do.
 
 They are a separate table (MORE_PATTERNS), added only with `more_ops=True`, so a seed's graph
 without the flag is what it always was. The same value rules hold as in graphgen: a
@@ -407,6 +408,37 @@ def p_lp(g: Gen) -> None:
           pads=pads, p=p)
 
 
+def p_packed_rnn(g: Gen) -> None:
+    """An LSTM, GRU or RNN over a padded batch (torch's packed sequences): sequence_lens from 1 to
+    the sequence's length, a graph input (known at run time only) or a constant."""
+    op = g.ch.pick(["LSTM", "GRU", "RNN"])
+    seq, batch, inp = g.ch.pick([3, 5, 8]), g.ch.pick([2, 3, 4]), g.ch.pick([4, 3, 8])
+    x = g.pick(lambda u: u.rank == 3 and 2 <= u.shape[0] <= 8 and 2 <= u.shape[1] <= 4 and u.shape[2] <= 16)
+    x = g.bounded(x or g.input((seq, batch, inp)), 5.0)
+    seq, batch, inp = x.shape
+    hid = g.ch.pick([4, 3, 8])
+    direction = g.ch.pick(["forward", "reverse", "bidirectional"])
+    nd = 2 if direction == "bidirectional" else 1
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
+    lens = g.rs.integers(1, seq + 1, batch).astype(np.int32)
+    if g.ch.chance(0.6):
+        sl = g.input((batch,), 1, seq, dtype="int32", hint="lens")
+        g.feeds[sl.name] = lens
+    else:
+        sl = g.const(lens, "lens")
+    ins = [x, g.weight((nd, gates * hid, inp), 0.5), g.weight((nd, gates * hid, hid), 0.5),
+           g.weight((nd, 2 * gates * hid), 0.5, hint="b"), sl]
+    if g.ch.chance(0.4):
+        ins.append(g.weight((nd, batch, hid), 1.0, hint="h0"))
+    attrs = {"hidden_size": hid, "direction": direction}
+    if op == "GRU":
+        attrs["linear_before_reset"] = int(g.ch.chance(0.5))
+    outs = [((seq, nd, batch, hid), "float32", -1.0, 1.0), ((nd, batch, hid), "float32", -1.0, 1.0)]
+    if op == "LSTM" and g.ch.chance(0.4):
+        outs.append(((nd, batch, hid), "float32", -seq - 1.0, seq + 1.0))
+    g.node(op, ins, outs, **attrs)
+
+
 # ------------------------------------------------------------------------------------------------
 # Loops and sequences
 # ------------------------------------------------------------------------------------------------
@@ -611,7 +643,8 @@ def p_rms_norm(g: Gen) -> None:
 #: (pattern, weight), added to graphgen's with `more_ops=True`.
 MORE_PATTERNS = [
     (p_qdq, 6), (p_dynamic_quant, 3), (p_einsum, 5), (p_grid_sample, 3), (p_deform_conv, 2), (p_shape_math, 4),
-    (p_select, 4), (p_lp, 3), (p_loop, 3), (p_sequence, 3), (p_attention, 10), (p_rotary, 5), (p_rms_norm, 4),
+    (p_select, 4), (p_lp, 3), (p_packed_rnn, 3), (p_loop, 3), (p_sequence, 3), (p_attention, 10), (p_rotary, 5),
+    (p_rms_norm, 4),
 ]
 #: The opsets a `more_ops` graph may have: graphgen's, and 21 (blocked quantization) and 23
 #: (Attention, RotaryEmbedding, RMSNormalization).

@@ -19,7 +19,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
 
-from .errors import DynamicShapeError, ModelError, ShapeError, UnboundDimError, UnsupportedDtypesError, first_line
+from .errors import (DynamicShapeError, ModelError, ShapeError, UnboundDimError, UnsupportedControlFlowError,
+                     UnsupportedDtypesError, first_line)
 from .ir import HALF_FLOATS, INT32_MAX, SUPPORTED_DTYPES, Graph, Node, Tensor
 
 log = logging.getLogger(__name__)
@@ -1033,7 +1034,7 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     from .ops.checks import check_attributes
 
     from .control_flow import branches_do_not_type_check, check_selects, has_if, inline_ifs
-    from .loops import MAX_DEPTH as MAX_LOOP_DEPTH, has_loop, unroll_loops
+    from .loops import MAX_CHAINED, MAX_DEPTH as MAX_LOOP_DEPTH, has_loop, unroll_loops
     from .sequences import resolve_sequences
     from .quantized import lower_quantized
     from .spectral import lower_spectral
@@ -1075,7 +1076,7 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     # a loop inside a branch, or an If inside a loop's body, surfaces for the next round.
     selects: list = []
     inlined = False
-    for _ in range(MAX_LOOP_DEPTH + sum(n.op_type in ("Loop", "Scan") for n in model.graph.node)):
+    for _ in range(MAX_LOOP_DEPTH + MAX_CHAINED):
         model, more, left = unroll_loops(model, path, lenient)
         notes += more
         if left:  # a loop counts what an unrolled one gave: fold the arithmetic between them
@@ -1091,6 +1092,9 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         inlined = inlined or bool(more)
         if not has_loop(model):
             break
+    else:
+        raise UnsupportedControlFlowError(f"{path}: loops nest or follow from each other's outputs more than "
+                                          f"{MAX_LOOP_DEPTH + MAX_CHAINED} deep; dlcc unrolls at most that many")
     if inlined:
         try:
             model = infer_shapes(model, path)

@@ -46,6 +46,9 @@ from .frontend import opset_of
 MAX_UNROLLED_NODES = 20000
 #: Loops nested in loop bodies are unrolled one level per round; this bounds the rounds.
 MAX_DEPTH = 8
+#: Loops counted from what earlier loops give (a stacked RNN's layers) are unrolled one per fold of
+#: the import (unroll_loops returns them); this bounds the chain, and so the folds.
+MAX_CHAINED = 32
 
 LOOPS = ("Loop", "Scan")
 

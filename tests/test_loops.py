@@ -238,6 +238,26 @@ def test_a_loop_counted_from_what_an_earlier_loop_stacked(tmp_path):
     assert sum("unrolled: 5 iterations" in line for line in m.plan["meta"]["pass_log"]) == 2
 
 
+def test_a_chain_of_loops_past_the_bound_is_one_clear_error(tmp_path):
+    """Each loop of a chain waits for a fold of the one before it; a chain longer than the bound
+    (a hostile model) stops with one error, instead of folding once per loop without end."""
+    from dlcc.loops import MAX_CHAINED, MAX_DEPTH
+
+    nodes, prev = [], "x"
+    for k in range(MAX_DEPTH + MAX_CHAINED + 2):
+        body = h.make_graph([h.make_node("Gather", [prev, f"i{k}"], [f"xi{k}"], axis=0)], f"b{k}",
+                            [_vi(f"i{k}", [], TP.INT64), _vi(f"c{k}", [], TP.BOOL)],
+                            [_vi(f"c{k}", [], TP.BOOL), _vi(f"xi{k}", [3])])
+        nodes += [h.make_node("Shape", [prev], [f"s{k}"]), h.make_node("Gather", [f"s{k}", "zero"], [f"n{k}"], axis=0),
+                  h.make_node("Less", ["zero", f"n{k}"], [f"go{k}"]),
+                  h.make_node("Loop", [f"n{k}", f"go{k}"], [f"ys{k}"], body=body)]
+        prev = f"ys{k}"
+    path = _save(tmp_path / "chain.onnx", nodes, [_vi("x", [2, 3])], [_vi(prev, [2, 3])],
+                 [nh.from_array(np.array(0, np.int64), "zero")])
+    with pytest.raises(UnsupportedControlFlowError, match="follow from each other's outputs more than"):
+        dlcc.compile(path, target="opencl", pipeline="baseline")
+
+
 def test_a_while_loop_whose_counter_starts_at_run_time_is_one_clear_error(tmp_path):
     with pytest.raises(UnsupportedControlFlowError, match="is a while loop: .* from values known only at run time"):
         dlcc.compile(counted_while_model(tmp_path / "w.onnx", start="input"), target="opencl")

@@ -26,6 +26,11 @@ What stays an error, and says why: a Loop whose condition the body computes from
 of zero iterations with scan outputs (a zero-length tensor), opset 8's Scan (a batch axis and
 `sequence_lens`), and a loop whose unrolled copies would exceed MAX_UNROLLED_NODES nodes.
 
+A loop counted from what an earlier loop gives (the second layer of a stacked RNN counts the
+first one's output, whose shape onnx's inference leaves open) is left for after the earlier one is
+unrolled and the import has folded the Shape arithmetic between them (`unroll_loops` returns it);
+a chain of such loops is bounded by MAX_CHAINED.
+
 The body's own initializers are moved into the graph once, not once per iteration; its other
 local names are renamed per iteration under a prefix no tensor of the model uses, and names it
 reads from the enclosing graph stay as they are. A loop nested in a body is unrolled in the

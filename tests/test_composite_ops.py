@@ -305,3 +305,47 @@ def test_isinf_and_isnan_of_a_widened_float_read_the_float(tmp_path):
              h.make_node("Cast", ["a"], ["y"], to=onnx.TensorProto.FLOAT)]
     with pytest.raises(DlccError, match="float64"):
         dlcc.compile(_model(tmp_path, nodes, {"x": x}, ["y"], name="abs64"), target="opencl")
+
+
+@needs_opencl
+@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+def test_torch_packed_sequences(tmp_path, cell):
+    """torch.nn.utils.rnn.pack_padded_sequence through a two-layer bidirectional LSTM or GRU, as
+    TorchScript's exporter writes it: sequence_lens computed from a `lengths` input, so known only
+    at run time (dlcc/ops/rnn.py reads them in every step kernel). Other lengths at the second call."""
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(30, 16)
+            self.rnn = getattr(nn, cell)(16, 12, num_layers=2, bidirectional=True, batch_first=True)
+            self.out = nn.Linear(24, 5)
+
+        def forward(self, ids, lengths):
+            p = nn.utils.rnn.pack_padded_sequence(self.emb(ids), lengths, batch_first=True, enforce_sorted=False)
+            y, _ = self.rnn(p)
+            y, _ = nn.utils.rnn.pad_packed_sequence(y, batch_first=True, total_length=ids.shape[1])
+            return self.out(y)
+
+    torch.manual_seed(0)
+    m = Tagger().eval()
+    ids = torch.randint(0, 30, (3, 9))
+    path = tmp_path / "tagger.onnx"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m, (ids, torch.tensor([9, 4, 6])), str(path), dynamo=False, opset_version=17,
+                          input_names=["ids", "lengths"], output_names=["y"])
+    graph = onnx.load(str(path)).graph
+    consts = {t.name for t in graph.initializer}
+    rnns = [n for n in graph.node if n.op_type == cell]
+    assert rnns and all(len(n.input) > 4 and n.input[4] and n.input[4] not in consts for n in rnns)
+    cm = dlcc.compile(str(path), target="opencl", pipeline="astitch")
+    for lengths in ([9, 4, 6], [2, 9, 1]):
+        with torch.no_grad():
+            ref = m(ids, torch.tensor(lengths)).numpy()
+        got = cm({"ids": ids.numpy(), "lengths": np.array(lengths, np.int64)})["y"]
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)

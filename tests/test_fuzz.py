@@ -87,6 +87,19 @@ def _extreme_seeds() -> list[int]:
 SUBSET = ["baseline", "astitch", "full", "full-join-always", "astitch-for-h100", "full-for-h100", "astitch[global]"]
 
 
+def _batch_problems(seeds, **task) -> list[str]:
+    """Each seed's graph (`task`: the generator's flags and the configurations) checked on OpenCL:
+    a line for every failing or refused configuration."""
+    problems = []
+    for seed in seeds:
+        rec = check_case_task({"seed": seed, "targets": ["opencl"], **task})
+        assert "generator_bug" not in rec and "invalid" not in rec, rec
+        for v in rec["verdicts"]["opencl"]:
+            if v["status"] in FAILURES + ("refused",):
+                problems.append(f"seed {seed} {v['config']}: {v['status']}: {v.get('detail', '')[:500]}")
+    return problems
+
+
 @needs_opencl
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_fuzz_extremes_batch(precision, monkeypatch):
@@ -94,13 +107,7 @@ def test_fuzz_extremes_batch(precision, monkeypatch):
     (where those constants are beyond the storage type: what reads them stays float32)."""
     monkeypatch.setenv("DLCC_OPENCL_BUILD_OPTIONS", "-cl-opt-disable")
     configs = [c if precision == "fp32" else f"{c}@{precision}" for c in SUBSET]
-    problems = []
-    for seed in _extreme_seeds():
-        rec = check_case_task({"seed": seed, "targets": ["opencl"], "extremes": True, "configs": configs})
-        assert "generator_bug" not in rec and "invalid" not in rec, rec
-        for v in rec["verdicts"]["opencl"]:
-            if v["status"] in FAILURES + ("refused",):
-                problems.append(f"seed {seed} {v['config']}: {v['status']}: {v.get('detail', '')[:500]}")
+    problems = _batch_problems(_extreme_seeds(), extremes=True, configs=configs)
     assert len(_extreme_seeds()) == 3 and not problems, "\n".join(problems)
 
 
@@ -163,13 +170,7 @@ def test_fuzz_half_models_batch(half, precision, monkeypatch):
     models at bf16."""
     monkeypatch.setenv("DLCC_OPENCL_BUILD_OPTIONS", "-cl-opt-disable")
     configs = [c if precision == "fp32" else f"{c}@{precision}" for c in SUBSET]
-    problems = []
-    for seed in range(3):
-        rec = check_case_task({"seed": seed, "targets": ["opencl"], "half": half, "configs": configs})
-        assert "generator_bug" not in rec and "invalid" not in rec, rec
-        for v in rec["verdicts"]["opencl"]:
-            if v["status"] in FAILURES + ("refused",):
-                problems.append(f"seed {seed} {v['config']}: {v['status']}: {v.get('detail', '')[:500]}")
+    problems = _batch_problems(range(3), half=half, configs=configs)
     assert not problems, "\n".join(problems)
 
 
@@ -214,13 +215,7 @@ def test_fuzz_more_ops_batch(monkeypatch):
     """Five `more_ops` graphs (quantization, Einsum or GridSample, Loop, sequences, Attention)
     through the main configurations."""
     monkeypatch.setenv("DLCC_OPENCL_BUILD_OPTIONS", "-cl-opt-disable")
-    problems = []
-    for seed in _more_ops_seeds():
-        rec = check_case_task({"seed": seed, "targets": ["opencl"], "more_ops": True, "configs": SUBSET})
-        assert "generator_bug" not in rec and "invalid" not in rec, rec
-        for v in rec["verdicts"]["opencl"]:
-            if v["status"] in FAILURES + ("refused",):
-                problems.append(f"seed {seed} {v['config']}: {v['status']}: {v.get('detail', '')[:500]}")
+    problems = _batch_problems(_more_ops_seeds(), more_ops=True, configs=SUBSET)
     assert not problems, "\n".join(problems)
 
 

@@ -25,6 +25,9 @@ each replaced by the spec's meaning:
   attributes the older versions have mean the same there, and the newer ones default to them.
 - **DeformConv**: right, but its Python loops took minutes on a small map (verify's judge of a
   DeformConv model looked hung). Replaced by the same arithmetic over whole numpy arrays.
+- **OneHot** with its depth as a one-element 1-D tensor (the spec's "scalar or rank 1 tensor
+  containing exactly one element", as paddle2onnx writes it in SLANet's decoder): numpy refused
+  to make a range of it. The depth is read as one value, cast to int64 as the spec says.
 - **STFT** of a [batch, samples] signal (which onnxruntime accepts, and onnx-script's audio front
   ends feed it): it fails. Replaced by numpy's FFT over the frames, for either signal form.
 """
@@ -144,7 +147,19 @@ class DeformConv(OpRun):
         return (out.astype(x.dtype),)
 
 
-FIXED_OPS = [BatchNormalization, DeformConv, DequantizeLinear, GlobalMaxPool, LRN, Mean, STFT]
+class OneHot(OpRun):
+    op_domain = ""
+
+    def _run(self, indices, depth, values, axis=None):
+        from onnx.reference.ops.op_one_hot import _one_hot
+
+        off_value, on_value = values
+        n = int(np.asarray(depth).reshape(-1)[0])
+        y = _one_hot(indices, n, axis=-1 if axis is None else axis, dtype=values.dtype)
+        return (y * (on_value - off_value) + off_value,)
+
+
+FIXED_OPS = [BatchNormalization, DeformConv, DequantizeLinear, GlobalMaxPool, LRN, Mean, OneHot, STFT]
 
 
 def evaluator(model):

@@ -505,6 +505,51 @@ def test_the_arbiter_widens_a_float16_model_as_verify_does():
     assert not conditioning_explains(m16, {"x": x}, {"y": (exact32 * 1.5).astype(np.float16)}, refs)
 
 
+def test_the_arbiter_unrolls_a_loop_to_reach_its_body():
+    """rounding._flattened unrolls a Loop with dlcc's own import step, so the rounding model
+    perturbs what its body computes. (When unroll_loops began to return a third value, the
+    flattening failed silently into the body-blind spread; this holds it.)"""
+    from onnx import TensorProto as T, helper as h
+
+    from dlcc.testing.rounding import _flattened
+
+    body = h.make_graph([h.make_node("Add", ["s", "x"], ["s2"])], "body",
+                        [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("c", T.BOOL, []),
+                         h.make_tensor_value_info("s", T.FLOAT, [3])],
+                        [h.make_tensor_value_info("c", T.BOOL, []), h.make_tensor_value_info("s2", T.FLOAT, [3])])
+    g = h.make_graph([h.make_node("Loop", ["n", "", "x"], ["y"], body=body)], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, [3])], [h.make_tensor_value_info("y", T.FLOAT, [3])],
+                     [onnx.numpy_helper.from_array(np.array(4, np.int64), "n")])
+    flat = _flattened(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
+    assert {n.op_type for n in flat.graph.node} & {"Loop", "Scan"} == set()
+    assert sum(n.op_type == "Add" for n in flat.graph.node) == 4
+
+
+def test_an_output_whose_shape_rounding_changes_is_explained():
+    """A Compress by x > 1 of an x one bfloat16 rounding above 1: the perturbed runs keep another
+    number of elements, so the output is no continuous function of the rounding and its spread is
+    infinite (a decoder's end token chosen by an argmax: SLANet's table decoder at bf16, through
+    --fallback onnxruntime). Where the shapes stay, the spread is finite."""
+    from onnx import TensorProto as T, helper as h
+
+    from dlcc.testing.oracle import conditioning_explains
+    from dlcc.testing.rounding import rounding_spread
+
+    nodes = [h.make_node("Mul", ["x", "one"], ["a"]), h.make_node("Greater", ["a", "one"], ["keep"]),
+             h.make_node("Compress", ["x", "keep"], ["y"]), h.make_node("Mul", ["x", "two"], ["z"])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [6])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None), h.make_tensor_value_info("z", T.FLOAT, [6])],
+                     [onnx.numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+                      onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    x = np.array([1.001, 1.0005, 0.5, 2.0, 1.002, 0.999], np.float32)
+    judged = rounding_spread(m, {"x": x}, precision="bf16")
+    assert np.all(np.isinf(judged["y"][1])) and np.all(np.isfinite(judged["z"][1]))
+    refs = graphgen.reference(m, {"x": x})
+    got = {"y": refs["y"] * 1.5, "z": refs["z"]}  # (past bf16's tolerance: judged by the spread)
+    assert "changes its shape" in conditioning_explains(m, {"x": x}, got, refs, "bf16")
+
+
 def test_the_arbiter_keeps_what_an_ifs_branches_read():
     """pruned_to keeps the nodes an If's branches read from the graph around them, not only its
     condition's: without them onnx.reference could not run the pruned graph, the arbiter had no

@@ -146,3 +146,18 @@ def test_the_float64_model_converts_the_graphs_nested_in_it(tmp_path):
     y = float64_reference(m, {"x": x})["y"]
     assert y.dtype == np.float64
     np.testing.assert_allclose(y, x.astype(np.float64) * np.float64(np.float32(0.1)), rtol=1e-15)
+
+
+@pytest.mark.parametrize("depth", [np.array([5], np.int64), np.array(5, np.int64), np.array([5.0], np.float32)])
+def test_one_hot_with_a_one_element_depth(tmp_path, depth):
+    """OneHot's depth as a 1-D tensor of one element (paddle2onnx writes it so in SLANet's decoder):
+    onnx.reference could not run it, so the arbiter had no answer for that model."""
+    g = h.make_graph([h.make_node("OneHot", ["i", "depth", "vals"], ["y"], axis=-1)], "m",
+                     [h.make_tensor_value_info("i", TP.INT64, [4])], [h.make_tensor_value_info("y", TP.FLOAT, None)],
+                     [nh.from_array(depth, "depth"), nh.from_array(np.array([-1.0, 3.0], np.float32), "vals")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 7
+    i = np.array([0, 4, -1, 2], np.int64)
+    got = evaluator(m).run(None, {"i": i})[0]
+    onnx.save(m, tmp_path / "m.onnx")
+    np.testing.assert_array_equal(got, run_ort(str(tmp_path / "m.onnx"), {"i": i})[0])

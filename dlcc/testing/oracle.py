@@ -418,6 +418,10 @@ def conditioning_explains(model: onnx.ModelProto, feeds: dict, got: dict, refs: 
         if not err_ort.size:
             continue
         worst_ort, worst_spread = float(err_ort.max()), float(np.nanmax(spread[m]))
+        if worst_spread == np.inf:
+            notes.append(f"{name!r}: rounding at this precision changes its shape (a decision in the graph "
+                         f"flips), so any value is within it; dlcc's error against float64 {err_dlcc.max():.3g}")
+            continue
         floor = max(CONDITIONING_FACTOR * worst_ort, SPREAD_FACTOR * worst_spread)
         if not np.all(err_dlcc <= np.maximum(floor, atol + rtol * np.abs(t[m]))):
             return ""

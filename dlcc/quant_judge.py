@@ -61,8 +61,10 @@ def _outputs_of(n: onnx.NodeProto) -> tuple[int, ...]:
     return QUANTIZERS.get(n.op_type, (0,))
 
 
-def judge_quantized(model_path, rows: list[dict], got: dict, feeds: dict, compiled) -> None:
-    """Re-judge failing rows of a quantized model (module docstring); changes `rows` in place."""
+def judge_quantized(model_path, rows: list[dict], got: dict, feeds: dict, compiled, recompile=None) -> None:
+    """Re-judge failing rows of a quantized model (module docstring); changes `rows` in place.
+    `recompile(path)` compiles the instrumented model as `compiled` was (the fuzz oracle's
+    configurations carry pass options a pipeline name does not); by default from its plan's meta."""
     failing = [r for r in rows if not r["passed"] and "note" not in r and r["name"] in got]
     if not failing or compiled is None:
         return
@@ -77,7 +79,7 @@ def judge_quantized(model_path, rows: list[dict], got: dict, feeds: dict, compil
         nodes = model.graph.node
         quantized = [nodes[k].output[i] for k in points for i in _outputs_of(nodes[k])
                      if i < len(nodes[k].output) and nodes[k].output[i]]
-        mine = _instrumented_run(model, points, quantized, feeds, compiled)
+        mine = _instrumented_run(model, points, quantized, feeds, compiled, recompile)
         forced = _forced_run(model, points, quantized, feeds, mine)
     except Exception as e:  # the judge could not run: onnxruntime's verdict stands
         for r in failing:
@@ -106,7 +108,8 @@ def judge_quantized(model_path, rows: list[dict], got: dict, feeds: dict, compil
                       f"onnxruntime computes this output within {given['max_abs_err']:.3g} of dlcc's")
 
 
-def _instrumented_run(model: onnx.ModelProto, points: list[int], quantized: list[str], feeds: dict, compiled) -> dict:
+def _instrumented_run(model: onnx.ModelProto, points: list[int], quantized: list[str], feeds: dict, compiled,
+                      recompile=None) -> dict:
     """dlcc's plan, compiled again with the quantized tensors as extra outputs, run on `feeds`."""
     import dlcc
 
@@ -124,8 +127,9 @@ def _instrumented_run(model: onnx.ModelProto, points: list[int], quantized: list
         # The inputs' dims are the feeds' already (exact_products); bound values stay bound.
         inputs = {i.name for i in m.graph.input}
         shapes = {k: v for k, v in (meta.get("shapes") or {}).items() if k in inputs}
-        cm = dlcc.compile(path, shapes=shapes, target=meta["target"], pipeline=meta["pipeline"],
-                          device=meta.get("device_key"), precision=meta.get("precision"))
+        cm = recompile(path) if recompile else dlcc.compile(
+            path, shapes=shapes, target=meta["target"], pipeline=meta["pipeline"], device=meta.get("device_key"),
+            precision=meta.get("precision"))
         got = cm.executor().run(dict(feeds))
     return got
 

@@ -41,6 +41,7 @@ import onnx
 from onnx import helper
 
 from .errors import ModelError, UnsupportedDtypesError
+from .frontend import HALF_TYPES
 from .rewrite import Builder, Later, raise_opset, rewrite_rounds
 from .spectral import _shapes_and_types
 
@@ -342,7 +343,10 @@ def _check_inputs(b: _Builder) -> None:
     if op == "QLinearConcat" and (n < 5 or (n - 2) % 3):
         raise b.fail(f"takes the output's scale and zero point, then a (tensor, scale, zero point) triple per input; "
                      f"{n} inputs are not that")
-    if op in ("QuantizeLinear", "DynamicQuantizeLinear", "DynamicQuantizeMatMul") and b.elem(b.input(0)) not in (None, _F):
+    # (QuantizeLinear takes float16 and bfloat16 too from opset 19, divided by the scale in float32
+    # as a half model computes: onnxruntime on the widened model is verify's reference for one)
+    floats = (None, _F) + (HALF_TYPES if op == "QuantizeLinear" else ())
+    if op in ("QuantizeLinear", "DynamicQuantizeLinear", "DynamicQuantizeMatMul") and b.elem(b.input(0)) not in floats:
         raise b.fail(f"quantizes a float tensor, not {onnx.TensorProto.DataType.Name(b.elem(b.input(0)))}")
     if op == "DequantizeLinear" and n > 2 and b.input(2) and None not in (b.elem(b.input(0)), b.elem(b.input(2))) \
             and b.elem(b.input(0)) != b.elem(b.input(2)):

@@ -92,6 +92,21 @@ def test_quantize_linear_rounds_ties_to_even_and_saturates(tmp_path):
 
 
 @needs_opencl
+@pytest.mark.parametrize("opset", [19, 21])
+def test_quantize_linear_of_a_float16_tensor(tmp_path, opset):
+    """QuantizeLinear of a float16 tensor with a float16 scale (opset 19 on), as a float16 QDQ
+    model writes it, and DequantizeLinear back to float16: it was refused ("quantizes a float
+    tensor, not FLOAT16"; fuzz graph 1400034, `--more-ops --half-models`). The scale is a power of
+    two, so x / scale is exact in float16 and float32 alike and the quantized values are equal."""
+    x = (rng.standard_normal((3, 16)) * 4).astype(np.float16)
+    path = _save(tmp_path / "q16.onnx", [h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+                                         h.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])],
+                 {"x": x}, {"s": np.float16(0.125), "z": U8(128)}, ["q", "y"], opset=opset)
+    q, y = _same_as_ort(path, {"x": x})
+    assert y.dtype == np.float16 and 0 < q.min() and q.max() < 255
+
+
+@needs_opencl
 @pytest.mark.parametrize("dtype", [U8, I8, I32])
 def test_dequantize_linear_of_a_computed_tensor(tmp_path, dtype):
     """DequantizeLinear of a graph input (per-axis for 8-bit types, per-tensor for int32, whose

@@ -21,7 +21,7 @@ import string
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from .graphgen import INF, MAX_NUMEL, Gen, Val, _bcast, _chain, _exact, _spatial_input
+from .graphgen import INF, MAX_NUMEL, Gen, Val, _chain, _exact, _spatial_input
 
 _F = TensorProto.FLOAT
 

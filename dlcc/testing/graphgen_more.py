@@ -563,7 +563,8 @@ def p_sequence(g: Gen) -> None:
 # ------------------------------------------------------------------------------------------------
 def p_attention(g: Gen) -> None:
     """Opset 23's Attention: 4-D (batch, heads, seq, dim) or 3-D (batch, seq, heads·dim) inputs,
-    grouped-query heads, a bool or additive mask, causal or not, a scale and a softcap."""
+    grouped-query heads, a bool or additive mask, causal or not, a scale and a softcap, and a KV
+    cache (past keys and values in, the present ones out) in place of the causal mask."""
     if g.opset < 23:
         return
     b, sq, skv = g.ch.pick([1, 2]), g.ch.pick([1, 3, 4, 7]), g.ch.pick([1, 3, 5, 8])
@@ -579,12 +580,14 @@ def p_attention(g: Gen) -> None:
         out = (b, qh, sq, dv)
         attrs = {}
     q, k, v = (g.bounded(g.pick(lambda u, s=s: u.shape == s) or g.input(s), 5.0) for s in shapes)
-    ins = [q, k, v]
-    causal = sq <= skv and g.ch.chance(0.3)
+    ins: list = [q, k, v]
+    past = g.ch.pick([0, 0, 2, 4])
+    total = past + skv
+    causal = not past and sq <= skv and g.ch.chance(0.3)
     if causal:
         attrs["is_causal"] = 1
     elif g.ch.chance(0.5):
-        mshape = g.ch.pick([(sq, skv), (1, 1, sq, skv), (b, 1, sq, skv)])
+        mshape = g.ch.pick([(sq, total), (1, 1, sq, total), (b, 1, sq, total)])
         if g.ch.chance(0.5):
             m = g.rs.random(mshape) < 0.7
             m[..., 0] = True  # every query keeps a key: a row masked whole is NaN
@@ -595,7 +598,16 @@ def p_attention(g: Gen) -> None:
         attrs["scale"] = g.ch.pick([0.125, 0.5, 1.0])
     if g.ch.chance(0.2):
         attrs["softcap"] = g.ch.pick([5.0, 30.0])
-    g.one("Attention", ins, out, -v.mag, v.mag, **attrs)
+    if not past:
+        g.one("Attention", ins, out, -v.mag, v.mag, **attrs)
+        return
+    while len(ins) < 4:
+        ins.append(None)
+    pk, pv = g.input((b, kvh, past, d), hint="past_k"), g.input((b, kvh, past, dv), hint="past_v")
+    mag = max(v.mag, pv.mag)
+    g.node("Attention", ins + [pk, pv], [(out, "float32", -mag, mag),
+                                         ((b, kvh, total, d), "float32", -max(k.mag, pk.mag), max(k.mag, pk.mag)),
+                                         ((b, kvh, total, dv), "float32", -mag, mag)], **attrs)
 
 
 def p_rotary(g: Gen) -> None:

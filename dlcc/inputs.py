@@ -56,16 +56,19 @@ LENGTH_WORDS = {"len", "lens", "length", "lengths"}
 
 
 def length_bound(name: str, shape, signature: list[dict]) -> int | None:
-    """For an int input of shape [batch] named as lengths: the length of the float input it
-    describes (axis 1 of a float input of shape [batch, N, ...]), else None. Drawn from [0, 2)
-    instead, the lengths of onnx-asr's audio front ends masked out every frame but one, and
-    verify compared zeros with zeros."""
+    """For an int input of shape [batch] named as lengths: the length of the input it describes
+    (axis 1 of a float input of shape [batch, N, ...], else of another int one: a batch of token
+    ids, as piper's diacritizer takes `input_lengths` beside `char_inputs`), else None. Drawn from
+    [0, 2) instead, the lengths of onnx-asr's audio front ends masked out every frame but one,
+    and verify compared zeros with zeros; tashkeel's packed GRUs ran one step or none."""
     if len(shape) != 1 or not LENGTH_WORDS & set(re.split(r"[^a-z]+", name.lower())):
         return None
-    for t in signature:
-        s = tuple(t["shape"])
-        if np.dtype(t["dtype"]).kind == "f" and len(s) >= 2 and s[0] == shape[0] and s[1] > 0:
-            return int(s[1])
+    for kinds in ("f", "iu"):
+        for t in signature:
+            s = tuple(t["shape"])
+            if t["name"] != name and np.dtype(t["dtype"]).kind in kinds and len(s) >= 2 and s[0] == shape[0] \
+                    and s[1] > 0:
+                return int(s[1])
     return None
 
 

@@ -213,3 +213,9 @@ def test_length_inputs_are_drawn_as_valid_lengths():
     assert lens.dtype == np.int64 and lens[0] == 16000 and (lens >= 8000).all() and (lens <= 16000).all()
     assert set(np.unique(got["x_lengths"])) <= {0, 1} and got["x_lengths"].dtype == np.int32
     assert set(np.unique(got["lenient"])) <= {0, 1}
+    # lengths beside int token ids only (piper's diacritizer): the ids' length, a float input first
+    got = sample_inputs([{"name": "char_inputs", "shape": [2, 32], "dtype": "int64"},
+                         {"name": "input_lengths", "shape": [2], "dtype": "int64"}], seed=3)
+    assert got["input_lengths"][0] == 32 and (got["input_lengths"] >= 16).all()
+    got = sample_inputs(sig[:2] + [{"name": "ids", "shape": [4, 9], "dtype": "int64"}], seed=3)
+    assert got["waveforms_lens"][0] == 16000

@@ -550,6 +550,22 @@ def test_an_output_whose_shape_rounding_changes_is_explained():
     assert "changes its shape" in conditioning_explains(m, {"x": x}, got, refs, "bf16")
 
 
+def test_the_quantization_judge_leaves_a_missing_output_a_mismatch(tmp_path):
+    """Where dlcc returns no value for an output of a quantizing graph, the oracle's quantization
+    judge declines (the verdict stays `mismatch`) instead of failing on the missing name."""
+    from onnx import TensorProto as T, helper as h
+
+    from dlcc.testing.oracle import _quantization_judged
+
+    g = h.make_graph([h.make_node("QuantizeLinear", ["x", "s"], ["q"])], "g", [h.make_tensor_value_info("x", T.FLOAT, [4])],
+                     [h.make_tensor_value_info("q", T.UINT8, [4])], [onnx.numpy_helper.from_array(np.float32(0.5), "s")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    onnx.save(m, tmp_path / "q.onnx")
+    x = np.arange(4, dtype=np.float32)
+    assert _quantization_judged(tmp_path / "q.onnx", m, {}, {"x": x}, graphgen.reference(m, {"x": x}), None,
+                                None, "opencl") == ""
+
+
 def test_the_arbiter_keeps_what_an_ifs_branches_read():
     """pruned_to keeps the nodes an If's branches read from the graph around them, not only its
     condition's: without them onnx.reference could not run the pruned graph, the arbiter had no

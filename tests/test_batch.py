@@ -330,6 +330,15 @@ def _misbehave(job: dict, out_dir: str, cache) -> dict:
     return row
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """In the batch's process: SIGINT's default action, as a terminal's foreground job has it. A
+    test run started in the background of a non-interactive shell (`cmd &`) has SIGINT ignored,
+    and a child inherits that: it would never see the Ctrl-C."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("when", ["workers-importing", "jobs-running"])
 def test_ctrl_c_stops_the_batch_and_its_workers(repo, when):
     """SIGINT to the batch's process group (what Ctrl-C sends): exit 130 with a one-line message, no
@@ -347,7 +356,7 @@ def test_ctrl_c_stops_the_batch_and_its_workers(repo, when):
     tmp.mkdir()
     p = subprocess.Popen([sys.executable, "-m", "dlcc.cli", "batch", str(m), "-j", "2", "--no-cache", "--out", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         env={**os.environ, "TMPDIR": str(tmp)})
+                         env={**os.environ, "TMPDIR": str(tmp)}, preexec_fn=_ctrl_c_as_in_a_terminal)
     deadline = time.monotonic() + 300
 
     def ready() -> bool:

@@ -1,0 +1,56 @@
+"""dlcc.sigint: a Ctrl-C that arrives while a worker is being spawned is delayed to the end of the
+spawn, never raised inside it (a KeyboardInterrupt between starting a child and writing it its
+start-up data leaves the child to die with a traceback of its own: EOFError in spawn_main)."""
+import signal
+import threading
+
+import pytest
+
+from dlcc import sigint
+
+
+class _OtherThread:
+    """A thread started before the spawn (as rich's progress refresher is), so that SIGINT is not
+    blocked in it: the kernel may hand it the Ctrl-C sent to the process."""
+
+    def __init__(self):
+        self.go = threading.Event()
+        self.t = threading.Thread(target=lambda: (self.go.wait(), signal.pthread_kill(threading.get_ident(),
+                                                                                      signal.SIGINT)))
+        self.t.start()
+
+    def ctrl_c(self) -> None:
+        self.go.set()
+        self.t.join()
+
+
+def test_a_ctrl_c_taken_by_another_thread_waits_for_the_spawn_to_end():
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        other = _OtherThread()
+        with sigint.blocked_while_spawning():
+            other.ctrl_c()
+            for i in range(1000):  # bytecode on which Python would run a pending handler
+                reached.append(i)
+    assert len(reached) == 1000, "the KeyboardInterrupt was raised inside the spawn"
+
+
+def test_without_a_ctrl_c_nothing_is_raised_and_the_handler_is_restored():
+    before = signal.getsignal(signal.SIGINT)
+    with sigint.blocked_while_spawning():
+        pass
+    assert signal.getsignal(signal.SIGINT) is before
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
+
+def test_a_ctrl_c_during_the_spawn_reaches_the_programs_own_handler():
+    got = []
+    before = signal.signal(signal.SIGINT, lambda s, f: got.append(s))
+    try:
+        other = _OtherThread()
+        with sigint.blocked_while_spawning():
+            other.ctrl_c()
+            assert not got
+        assert got == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -5,6 +5,7 @@ becomes a program of its own: a step per time step and direction."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from onnx import helper
 
 from .quantized import _F, _Builder, _Later
@@ -23,8 +24,13 @@ def dynamic_quantize_lstm(b: _Builder) -> None:
       tanh, optional clip and peepholes.
 
     The DynamicQuantizeLinear and MatMulInteger nodes written here are rewritten by the next
-    round. Needs: static X, constant weights, scales and zero points, no sequence_lens (or all
-    equal to the sequence length), the default activations, input_forget 0.
+    round. Needs: static X, constant weights, scales and zero points, the default activations,
+    input_forget 0.
+
+    sequence_lens (constant, or an input: torch's packed sequences) as onnxruntime applies them:
+    entry b runs len[b] steps, a step past it keeps h and c and writes 0 to Y. The reverse
+    direction runs each entry's first len[b] steps reversed (ReverseSequence on X·W, whose rows
+    are only permuted, so X's one quantization scale is the same), and its Y is reversed back.
 
     With a batch of several sequences, each sequence's h is quantized on its own, so that a
     sequence's outputs do not depend on the others in its batch (at batch 1 there is no choice).
@@ -50,7 +56,10 @@ def dynamic_quantize_lstm(b: _Builder) -> None:
     why = ("an unknown direction" if dirs is None else f"{', '.join(missing)} computed at run time" if missing
            else "activations other than sigmoid, tanh, tanh" if acts and acts != ["sigmoid", "tanh", "tanh"] * len(dirs)
            else "input_forget" if int(b.attrs.get("input_forget", 0))
-           else "sequence_lens shorter than the sequence" if lens and (lens_v is None or np.any(lens_v != seq))
+           else f"sequence_lens {lens_v.tolist()} outside 1..{seq} (the sequence's length)"
+           if lens_v is not None and (lens_v.shape != (batch,) or np.any(lens_v < 1) or np.any(lens_v > seq))
+           else f"sequence_lens of shape {list(b.info.get(lens, (None,))[0] or [])}, not [{batch}]"
+           if lens and lens_v is None and tuple(b.info.get(lens, (None,))[0] or ()) != (batch,)
            else "" if hidden > 0 and consts["W"].shape == (len(dirs), width, 4 * hidden) else "W's shape does not fit")
     if why:
         raise b.fail(f"{why} is not supported")
@@ -78,7 +87,20 @@ def dynamic_quantize_lstm(b: _Builder) -> None:
                                            + cb[d, (4 + k) * hidden:(5 + k) * hidden].astype(np.float32))])
         return b.op("Clip", [v, lo, hi]) if clip is not None else v
 
+    # Entries that stop early: their lengths as int64 [batch, 1], to mask each step against.
+    short = bool(lens) and (lens_v is None or bool(np.any(lens_v != seq)))
+    lens64 = b.op("Cast", [lens], to=onnx.TensorProto.INT64) if short else ""
+    stops = b.op("Reshape", [lens64, b.constant(np.array([batch, 1], np.int64), np.int64)]) if short else ""
+
+    def masked(t: int, new: str, old: str) -> str:
+        """`new` for the entries still running at step t, `old` for those past their length."""
+        return b.op("Where", [b.op("Less", [b.constant(np.int64(t), np.int64), stops]), new, old])
+
+    def reversed_in_length(v: str) -> str:
+        return b.op("ReverseSequence", [v, lens64], batch_axis=1, time_axis=0)
+
     x2 = b.op("Reshape", [b.as_float(x), b.constant(np.array([seq * batch, width], np.int64), np.int64)])
+    zeros = b.constant(np.zeros((batch, hidden), np.float32)) if short else ""
     ys, hs, cs = [], [], []
     split = b.constant(np.full(4, hidden, np.int64), np.int64)
     for d, backward in enumerate(dirs):
@@ -88,9 +110,11 @@ def dynamic_quantize_lstm(b: _Builder) -> None:
         rz = b.constant(per_dir(consts["R_zero_point"], d), consts["R_zero_point"].dtype)
         xw = _dynamic_product(b, x2, wq, wz, per_dir(consts["W_scale"], d))
         xw = b.op("Reshape", [xw, b.constant(np.array([seq, batch, 4 * hidden], np.int64), np.int64)])
+        if short and backward:  # each entry's steps in its own reverse order, then run forward
+            xw = reversed_in_length(xw)
         h, c = state(h0, d), state(c0, d)
         outs: dict[int, str] = {}
-        for t in (range(seq - 1, -1, -1) if backward else range(seq)):
+        for t in (range(seq) if short else range(seq - 1, -1, -1) if backward else range(seq)):
             xt = b.op("Gather", [xw, b.constant(np.int64(t), np.int64)], axis=0)
             if batch == 1:
                 hr = _dynamic_product(b, h, rq, rz, per_dir(consts["R_scale"], d))
@@ -106,12 +130,20 @@ def dynamic_quantize_lstm(b: _Builder) -> None:
             # c, o the new one), + Wb + Rb, clipped, activated; then h = tanh(c)·o, c unclipped.
             i_ = b.op("Sigmoid", [gate(gi, 0, 0, c)])
             f_ = b.op("Sigmoid", [gate(gf, 2, 2, c)])
-            c = b.op("Add", [b.op("Mul", [c, f_]), b.op("Mul", [i_, b.op("Tanh", [gate(gc, 3)])])])
-            o_ = b.op("Sigmoid", [gate(go, 1, 1, c)])
-            h = b.op("Mul", [b.op("Tanh", [c]), o_])
-            b.note(h, (batch, hidden), _F)
-            outs[t] = h
-        ys.append(b.op("Concat", [outs[t] for t in range(seq)], axis=0))  # [seq·batch, hidden], in time order
+            c_new = b.op("Add", [b.op("Mul", [c, f_]), b.op("Mul", [i_, b.op("Tanh", [gate(gc, 3)])])])
+            o_ = b.op("Sigmoid", [gate(go, 1, 1, c_new)])
+            h_new = b.op("Mul", [b.op("Tanh", [c_new]), o_])
+            b.note(h_new, (batch, hidden), _F)
+            if short:
+                h, c, outs[t] = masked(t, h_new, h), masked(t, c_new, c), masked(t, h_new, zeros)
+            else:
+                h, c, outs[t] = h_new, c_new, h_new
+        y = b.op("Concat", [outs[t] for t in range(seq)], axis=0)  # [seq·batch, hidden], in time order
+        if short and backward:
+            shape3 = b.constant(np.array([seq, batch, hidden], np.int64), np.int64)
+            y = b.op("Reshape", [reversed_in_length(b.op("Reshape", [y, shape3])),
+                                 b.constant(np.array([seq * batch, hidden], np.int64), np.int64)])
+        ys.append(y)
         hs.append(h)
         cs.append(c)
     out = list(b.node.output) + ["", "", ""]

@@ -667,12 +667,18 @@ def _ort_threads(path, feeds, threads):
 @pytest.mark.parametrize("direction, batch, extras", [("forward", 1, ()), ("reverse", 1, ("h0",)),
                                                       ("bidirectional", 1, ("h0", "per-channel")),
                                                       ("forward", 1, ("peepholes", "clip")),
-                                                      ("bidirectional", 2, ("h0", "peepholes", "clip"))])
+                                                      ("bidirectional", 2, ("h0", "peepholes", "clip")),
+                                                      ("bidirectional", 2, ("h0", "lens-input")),
+                                                      ("reverse", 3, ("lens-input", "peepholes")),
+                                                      ("forward", 3, ("lens-const", "h0")),
+                                                      ("bidirectional", 1, ("lens-const",))])
 def test_dynamic_quantize_lstm(tmp_path, direction, batch, extras):
     """com.microsoft's DynamicQuantizeLSTM (quantize_dynamic's LSTM), unrolled with X and each
     step's h quantized dynamically, against onnxruntime's own kernel. Weights stay within ±64,
     where onnxruntime's uint8 x int8 product does not saturate; at batch 2 onnxruntime runs one
-    thread per sequence (intra_op_num_threads=2), each quantizing its own h, as dlcc does."""
+    thread per sequence (intra_op_num_threads=2; 3 at batch 3), each quantizing its own h, as dlcc
+    does. Packed sequences: sequence_lens as an input or a constant, with entries shorter than the
+    sequence (a step past an entry's length keeps its state and writes 0)."""
     seq, width, hidden = 6, 8, 4
     nd = 2 if direction == "bidirectional" else 1
     r = np.random.default_rng(1)
@@ -690,10 +696,15 @@ def test_dynamic_quantize_lstm(tmp_path, direction, batch, extras):
     if "peepholes" in extras:
         inits["P"] = r.standard_normal((nd, 3 * hidden)).astype(np.float32)
         ins[7] = "P"
+    lens = np.array([seq, 2, 5][:batch] if batch > 1 else [4], I32)
+    if "lens-input" in extras:
+        feeds["lens"], ins[4] = lens, "lens"
+    if "lens-const" in extras:
+        inits["lens"], ins[4] = lens, "lens"
     attrs = {"direction": direction, "hidden_size": hidden, **({"clip": 1.5} if "clip" in extras else {})}
     path = _save(tmp_path / "lstm.onnx", [_ms("DynamicQuantizeLSTM", ins, ["y", "yh", "yc"], **attrs)], feeds, inits,
                  ["y", "yh", "yc"], microsoft=True)
-    refs = _ort_threads(path, feeds, 2)
+    refs = _ort_threads(path, feeds, max(batch, 2))
     for pipeline in ("baseline", "astitch"):
         got = dlcc.compile(path, target="opencl", pipeline=pipeline)(feeds)
         for name, ref in zip(("y", "yh", "yc"), refs):
@@ -709,7 +720,10 @@ def test_dynamic_quantize_lstm_refusals(tmp_path):
     ins = ["x", "W", "R", "", "lens", "", "", "", "ws", "wz", "rs", "rz"]
     path = _save(tmp_path / "l.onnx", [_ms("DynamicQuantizeLSTM", ins, ["y"], hidden_size=hidden)], feeds, inits, ["y"],
                  microsoft=True)
-    with pytest.raises(DlccError, match="sequence_lens shorter than the sequence is not supported"):
+    m = onnx.load(path)  # a length past the sequence (which onnxruntime refuses to run)
+    m.graph.initializer[[i.name for i in m.graph.initializer].index("lens")].CopyFrom(nh.from_array(np.array([7], I32), "lens"))
+    onnx.save(m, path)
+    with pytest.raises(DlccError, match=r"sequence_lens \[7\] outside 1..5 \(the sequence's length\) is not supported"):
         dlcc.compile(path, target="opencl")
 
 

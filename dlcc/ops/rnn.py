@@ -171,16 +171,18 @@ def _recurrent_spec(r: Rnn, gates_total: int, row0: int, rows: int) -> GemmSpec:
     )
 
 
-def _step_kernel(ctx, hint: str, params: str, body: list[str], r: Rnn, gates: int) -> str:
+def _step_kernel(ctx, hint: str, params: str, body: list[str], r: Rnn, gates: int, writes_y: bool = False) -> str:
     """A per-step elementwise kernel over (direction, batch, hidden unit), with index helpers.
+    With `writes_y`, the body's new state `h` is also this step's output: Y[yi] = h after it.
     With sequence lengths (r.lens) it takes them as its first parameter `SL`: a step past an
-    entry's length runs none of `body`, and writes 0 to Y[yi] where the body writes Y."""
+    entry's length runs none of `body`, and writes 0 to Y[yi] where the step writes Y."""
+    body = body + (["Y[yi] = h;"] if writes_y else [])
     if r.lens:
         head = [f"const int sl = SL[b], len = sl < 0 ? 0 : (sl > {r.seq} ? {r.seq} : sl);",
                 "const int live = t < len;",
                 f"const int tt = live ? {r.step_index()} : t;"]
         tail = ["if (live) {", *["    " + s for s in body], "}"]
-        if "Y[yi] = h;" in body:
+        if writes_y:
             tail += ["else {", "    Y[yi] = 0.0f;", "}"]
         params = "GPTR const int* SL, " + params
     else:
@@ -235,7 +237,7 @@ def _lstm(ctx, node):
     pre = [f"XW[xr + {k * H}] + HR[hr + {k * H}]" for k in range(4)]
     step = _step_kernel(ctx, "LSTMCell", "GPTR const float* XW, GPTR const float* HR, "
                         + ("GPTR const float* P, " if P else "") + "GPTR float* Hs, GPTR float* Cs, GPTR float* Y",
-                        _lstm_cell(r, pre, bool(P), forget), r, 4)
+                        _lstm_cell(r, pre, bool(P), forget), r, 4, writes_y=True)
     peep = [P] if P else []
     for t in range(r.seq):
         emit_gemm(ctx, "LSTMRecurrent", rspec, [hs, R, hr], reads=[hs, R], writes=[hr])
@@ -266,7 +268,6 @@ def _lstm_cell(r: Rnn, pre: list[str], peephole: bool, input_forget: bool) -> li
         f"const float h = ot * {r.act(2, 'c')};",
         "Cs[i] = c;",
         "Hs[i] = h;",
-        "Y[yi] = h;",
     ]
 
 
@@ -307,7 +308,7 @@ def _lstm_per_step(ctx, r: Rnn, X, W, R, Bn, h0, c0, P, forget: bool, Y, Yh, Yc)
     pre = [f"HR[hr + {k * H}]{bias(k)}" for k in range(4)]
     step = _step_kernel(ctx, "LSTMStepCell", "GPTR const float* HR, " + ("GPTR const float* Bz, " if Bn else "")
                         + ("GPTR const float* P, " if P else "") + "GPTR float* Hs, GPTR float* Cs, GPTR float* Y",
-                        _lstm_cell(r, pre, bool(P), forget), r, 4)
+                        _lstm_cell(r, pre, bool(P), forget), r, 4, writes_y=True)
     peep = [P] if P else []
     for t in range(r.seq):
         emit_gemm(ctx, "LSTMStep", spec, [X, hs, W, R, gates, t], reads=[X, hs, W, R], writes=[gates])
@@ -353,8 +354,7 @@ def _gru(ctx, node):
                                 f"const float nt = {r.act(1, r.clipped(f'XW[xr + {2 * H}] + rt * (HR[hr + {2 * H}]{bias_rows})'))};",
                                 "const float h = (1.0f - zt) * nt + zt * Hs[i];",
                                 "Hs[i] = h;",
-                                "Y[yi] = h;",
-                            ], r, 3)
+                            ], r, 3, writes_y=True)
         for t in range(r.seq):
             emit_gemm(ctx, "GRURecurrent", rspec, [hs, R, hr], reads=[hs, R], writes=[hr])
             args = _sl(r) + [xw, hr] + ([Bn] if Bn else []) + [hs, y, t]
@@ -378,8 +378,7 @@ def _gru(ctx, node):
                               f"const float nt = {r.act(1, r.clipped(f'XW[xr + {2 * H}] + HH[i]'))};",
                               "const float h = (1.0f - Z[i]) * nt + Z[i] * Hs[i];",
                               "Hs[i] = h;",
-                              "Y[yi] = h;",
-                          ], r, 3)
+                          ], r, 3, writes_y=True)
     grid = -(-r.n_state // BLOCK)
     for t in range(r.seq):
         emit_gemm(ctx, "GRURecurrentZR", spec_zr, [hs, R, hzr], reads=[hs, R], writes=[hzr])
@@ -412,8 +411,7 @@ def _rnn(ctx, node):
         f"const int hr = (d * {r.batch} + b) * {H} + j;",
         f"const float h = {value};",
         "Hs[i] = h;",
-        "Y[yi] = h;",
-    ], r, 1)
+    ], r, 1, writes_y=True)
     for t in range(r.seq):
         emit_gemm(ctx, "RNNRecurrent", rspec, [hs, R, hr], reads=[hs, R], writes=[hr])
         ctx.launch(step, -(-r.n_state // BLOCK), _sl(r) + [xw, hr, hs, y, t], reads=_sl(r) + [xw, hr, hs], writes=[hs, y],

@@ -1048,19 +1048,24 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     except ModelError:  # reported below, after folding, where folding does not cure it
         shaped = model
     check_attributes(_attribute_view(shaped, path), path)
+
+    def ort_folded(m: onnx.ModelProto) -> onnx.ModelProto | None:
+        """onnxruntime's folding of `m` where it is asked for and `m` is not a half model: there
+        onnxruntime folds and fuses (a BatchNormalization into the Conv before it) in the model's
+        float16, and the fused weights rounded to float16 put a float16 model at fp32 3.5% off on
+        small outputs (fuzz graph 950025), where a half model computes in float32 (promote_half).
+        dlcc's own folder does it in float32 (_fold_and_infer)."""
+        return None if not fold or _has_half_floats(m) else fold_with_onnxruntime(m, path)
+
     if fold:
-        # Not a half model's: onnxruntime folds and fuses (a BatchNormalization into the Conv
-        # before it) in the model's float16, and the fused weights rounded to float16 put a
-        # float16 model at fp32 3.5% off on small outputs (fuzz graph 950025), where a half model
-        # computes in float32 (promote_half). dlcc's own folder does it in float32 (_fold_and_infer).
-        folded = None if _has_half_floats(model) else fold_with_onnxruntime(model, path)
+        folded = ort_folded(model)
         if folded is not None:
             model = folded
         for _ in range(4):  # what reads a folded NonZero is foldable now, and may feed another
             model, more = fold_value_shaped(model)
             if not more or folded is None:
                 break
-            model = fold_with_onnxruntime(model, path) or model
+            model = ort_folded(model) or model
     # STFT and DFT become products with a Fourier basis (spectral.py), before strict inference,
     # which gets a rank-2 STFT wrong; after folding, which makes a computed window a constant.
     model, more, float32_nodes = lower_spectral(model, lenient, weights, path)
@@ -1080,7 +1085,7 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         model, more, left = unroll_loops(model, path, lenient)
         notes += more
         if left:  # a loop counts what an unrolled one gave: fold the arithmetic between them
-            model = (fold_with_onnxruntime(model, path) if fold and not _has_half_floats(model) else None) or model
+            model = ort_folded(model) or model
         model, more = resolve_sequences(model, lenient)
         notes += more
         # (Leniently while computed Ifs remain: their branches may differ in shape, which the

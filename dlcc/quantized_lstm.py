@@ -53,13 +53,14 @@ def dynamic_quantize_lstm(b: _Builder) -> None:
     missing = [k for k, v in consts.items() if v is None]
     acts = [a.decode().lower() if isinstance(a, bytes) else str(a).lower() for a in b.attrs.get("activations", [])]
     lens_v = b.const(lens) if lens else None
+    lens_shape = lens_v.shape if lens_v is not None else b.info.get(lens, (None, None))[0] if lens else None
     why = ("an unknown direction" if dirs is None else f"{', '.join(missing)} computed at run time" if missing
            else "activations other than sigmoid, tanh, tanh" if acts and acts != ["sigmoid", "tanh", "tanh"] * len(dirs)
            else "input_forget" if int(b.attrs.get("input_forget", 0))
+           else f"sequence_lens of shape {'unknown' if lens_shape is None else list(lens_shape)}, not [{batch}]"
+           if lens and (lens_shape is None or tuple(lens_shape) != (batch,))
            else f"sequence_lens {lens_v.tolist()} outside 1..{seq} (the sequence's length)"
-           if lens_v is not None and (lens_v.shape != (batch,) or np.any(lens_v < 1) or np.any(lens_v > seq))
-           else f"sequence_lens of shape {list(b.info.get(lens, (None,))[0] or [])}, not [{batch}]"
-           if lens and lens_v is None and tuple(b.info.get(lens, (None,))[0] or ()) != (batch,)
+           if lens_v is not None and (np.any(lens_v < 1) or np.any(lens_v > seq))
            else "" if hidden > 0 and consts["W"].shape == (len(dirs), width, 4 * hidden) else "W's shape does not fit")
     if why:
         raise b.fail(f"{why} is not supported")

@@ -720,11 +720,14 @@ def test_dynamic_quantize_lstm_refusals(tmp_path):
     ins = ["x", "W", "R", "", "lens", "", "", "", "ws", "wz", "rs", "rz"]
     path = _save(tmp_path / "l.onnx", [_ms("DynamicQuantizeLSTM", ins, ["y"], hidden_size=hidden)], feeds, inits, ["y"],
                  microsoft=True)
-    m = onnx.load(path)  # a length past the sequence (which onnxruntime refuses to run)
-    m.graph.initializer[[i.name for i in m.graph.initializer].index("lens")].CopyFrom(nh.from_array(np.array([7], I32), "lens"))
-    onnx.save(m, path)
-    with pytest.raises(DlccError, match=r"sequence_lens \[7\] outside 1..5 \(the sequence's length\) is not supported"):
-        dlcc.compile(path, target="opencl")
+    # a length past the sequence, and two lengths for one entry (which onnxruntime refuses to run)
+    for lens, why in (([7], r"sequence_lens \[7\] outside 1..5 \(the sequence's length\)"),
+                      ([3, 3], r"sequence_lens of shape \[2\], not \[1\]")):
+        m = onnx.load(path)
+        m.graph.initializer[[i.name for i in m.graph.initializer].index("lens")].CopyFrom(nh.from_array(np.array(lens, I32), "lens"))
+        onnx.save(m, tmp_path / "bad.onnx")
+        with pytest.raises(DlccError, match=why + " is not supported"):
+            dlcc.compile(str(tmp_path / "bad.onnx"), target="opencl")
 
 
 @needs_opencl

@@ -47,6 +47,8 @@ def blocked_while_spawning(spawning: bool = True):
         signal.signal(signal.SIGINT, handler)
         if noted and callable(handler):  # (default_int_handler raises KeyboardInterrupt)
             handler(signal.SIGINT, noted[0])
+        elif noted and handler == signal.SIG_DFL:  # the default action: the process ends
+            signal.raise_signal(signal.SIGINT)
 
 
 def ignore_in_worker() -> None:

@@ -54,3 +54,23 @@ def test_a_ctrl_c_during_the_spawn_reaches_the_programs_own_handler():
         assert got == [signal.SIGINT]
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_a_ctrl_c_during_the_spawn_under_the_default_action_ends_the_process():
+    """SIGINT's default action (a program that set SIG_DFL) still ends the process, after the spawn."""
+    import subprocess
+    import sys
+
+    code = ("import signal, threading\n"
+            "from dlcc import sigint\n"
+            "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+            "go = threading.Event()\n"
+            "t = threading.Thread(target=lambda: (go.wait(), signal.pthread_kill(threading.get_ident(), signal.SIGINT)))\n"
+            "t.start()\n"
+            "with sigint.blocked_while_spawning():\n"
+            "    go.set(); t.join()\n"
+            "    print('spawned', flush=True)\n"
+            "print('not ended', flush=True)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == -signal.SIGINT, (p.returncode, p.stdout, p.stderr)
+    assert p.stdout == "spawned\n"

@@ -24,7 +24,16 @@ class _OtherThread:
         self.t.join()
 
 
-def test_a_ctrl_c_taken_by_another_thread_waits_for_the_spawn_to_end():
+@pytest.fixture
+def python_handles_ctrl_c():
+    """Python's own SIGINT handler (KeyboardInterrupt), as in a terminal: a run started in the
+    background of a non-interactive shell has SIGINT ignored, and Python then leaves it so."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_a_ctrl_c_taken_by_another_thread_waits_for_the_spawn_to_end(python_handles_ctrl_c):
     reached = []
     with pytest.raises(KeyboardInterrupt):
         other = _OtherThread()
@@ -35,7 +44,7 @@ def test_a_ctrl_c_taken_by_another_thread_waits_for_the_spawn_to_end():
     assert len(reached) == 1000, "the KeyboardInterrupt was raised inside the spawn"
 
 
-def test_without_a_ctrl_c_nothing_is_raised_and_the_handler_is_restored():
+def test_without_a_ctrl_c_nothing_is_raised_and_the_handler_is_restored(python_handles_ctrl_c):
     before = signal.getsignal(signal.SIGINT)
     with sigint.blocked_while_spawning():
         pass
@@ -74,3 +83,15 @@ def test_a_ctrl_c_during_the_spawn_under_the_default_action_ends_the_process():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == -signal.SIGINT, (p.returncode, p.stdout, p.stderr)
     assert p.stdout == "spawned\n"
+
+
+def test_a_ctrl_c_during_the_spawn_of_a_program_that_ignores_it_is_dropped():
+    """A program that ignores SIGINT (`nohup`, a background job) still ignores it after a spawn."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        other = _OtherThread()
+        with sigint.blocked_while_spawning():
+            other.ctrl_c()
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -546,33 +546,77 @@ VALUE_SHAPED = ("NonZero", "Unique", "Compress")
 
 
 def fold_value_shaped(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
-    """Evaluate (onnx.reference) the VALUE_SHAPED nodes whose inputs are all initializers, in place,
-    and return the model and how many were folded. Longformer and LED export their global-attention
+    """Evaluate the VALUE_SHAPED nodes whose inputs are all constants, in place (_fold_nodes), and
+    return the model and how many were folded. Longformer and LED export their global-attention
     indices as NonZero of a mask built from an all-ones attention mask: constants once the input
     shapes are bound, but left unfolded, so the Einsums that read them had no static shape and
     the model was refused as data-dependent."""
+    return _fold_nodes(model, lambda n, consts: n.op_type in VALUE_SHAPED)
+
+
+#: Ops whose value is the same whatever precision a model computes in: they move, select or
+#: convert values, and do no float arithmetic. (A Cast to float16 or bfloat16 is not one: a half
+#: model computes in float32, and verify's widened reference does not round there.)
+EXACT_OPS = frozenset({"Cast", "CastLike", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Concat",
+                       "Gather", "Slice", "Transpose", "Shape", "Size", "Expand", "ConstantOfShape", "Split"})
+_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, *HALF_TYPES})
+_DRAWS = frozenset({"RandomUniformLike", "RandomNormalLike", "Bernoulli", "Multinomial"})
+
+
+def fold_exact_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """Evaluate, in place (_fold_nodes), the nodes of constants whose value does not depend on the
+    precision they are computed in: EXACT_OPS, and any op of integer and bool constants. What a
+    half model's import does instead of onnxruntime's folding (`ort_folded` in import_model says
+    why that is skipped there), so that the rewrites that read a constant get one: a bfloat16
+    model's OneHot whose depth is a Cast of a bfloat16 constant was refused as computed at run time
+    (fuzz graph 1900099). Outputs above 1024 values are left to the lowering."""
+    def exact(n: onnx.NodeProto, consts: dict) -> bool:
+        to = (next((a.i for a in n.attribute if a.name == "to"), None) if n.op_type == "Cast"
+              else consts[n.input[1]].data_type if n.op_type == "CastLike" and len(n.input) > 1 else None)
+        return n.op_type not in _DRAWS and to not in HALF_TYPES and (n.op_type in EXACT_OPS or all(
+            consts[i].data_type not in _FLOAT_TYPES for i in n.input if i))
+
+    return _fold_nodes(model, exact, limit=1024)
+
+
+def _fold_nodes(model: onnx.ModelProto, foldable, limit: int | None = None) -> tuple[onnx.ModelProto, int]:
+    """Evaluate (onnx.reference) each main-graph node that `foldable(node, consts)` picks among
+    those whose inputs are all constants (initializers, Constant nodes' values, and what this
+    folded before them), in place: its outputs become initializers. A node whose evaluation
+    fails, or that gives more than `limit` values, is kept. Returns the model and how many nodes
+    were folded."""
     from .reference_ops import evaluator
 
     g = model.graph
     consts = {t.name: t for t in g.initializer}
+    for n in g.node:
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.attribute) == 1 \
+                and n.attribute[0].name == "value":
+            consts[n.output[0]] = n.attribute[0].t
     keep, folded = [], 0
     for n in g.node:
         ins = [i for i in n.input if i]
-        if n.domain in ("", "ai.onnx") and n.op_type in VALUE_SHAPED and ins and all(i in consts for i in ins):
+        if (n.domain in ("", "ai.onnx") and n.op_type != "Constant" and ins and all(i in consts for i in ins)
+                and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute)
+                and foldable(n, consts)):
+            inits = [onnx.TensorProto() for _ in dict.fromkeys(ins)]
+            for t, i in zip(inits, dict.fromkeys(ins)):
+                t.CopyFrom(consts[i])
+                t.name = i
             mini = onnx.helper.make_model(
                 onnx.helper.make_graph([n], "fold", [], [onnx.helper.make_tensor_value_info(o, 0, None) for o in n.output if o],
-                                       [consts[i] for i in dict.fromkeys(ins)]),
+                                       inits),
                 opset_imports=list(model.opset_import))
             try:
-                values = evaluator(mini).run(None, {})
+                values = [np.asarray(v) for v in evaluator(mini).run(None, {})]
             except Exception:  # noqa: BLE001 (left to the import's own checks)
-                keep.append(n)
+                values = None
+            if values is not None and (limit is None or all(v.size <= limit for v in values)):
+                for o, v in zip([o for o in n.output if o], values):
+                    consts[o] = numpy_helper.from_array(v, o)
+                    g.initializer.append(consts[o])
+                folded += 1
                 continue
-            for o, v in zip([o for o in n.output if o], values):
-                consts[o] = numpy_helper.from_array(np.asarray(v), o)
-                g.initializer.append(consts[o])
-            folded += 1
-            continue
         keep.append(n)
     if folded:
         del g.node[:]
@@ -1062,8 +1106,10 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         if folded is not None:
             model = folded
         for _ in range(4):  # what reads a folded NonZero is foldable now, and may feed another
+            if folded is None:  # (a half model: its exact arithmetic on constants, by dlcc)
+                model, _ = fold_exact_constants(model)
             model, more = fold_value_shaped(model)
-            if not more or folded is None:
+            if not more:
                 break
             model = ort_folded(model) or model
     # STFT and DFT become products with a Fourier basis (spectral.py), before strict inference,
@@ -1085,7 +1131,7 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
         model, more, left = unroll_loops(model, path, lenient)
         notes += more
         if left:  # a loop counts what an unrolled one gave: fold the arithmetic between them
-            model = ort_folded(model) or model
+            model = ort_folded(model) or (fold_exact_constants(model)[0] if fold else model)
         model, more = resolve_sequences(model, lenient)
         notes += more
         # (Leniently while computed Ifs remain: their branches may differ in shape, which the

@@ -115,7 +115,7 @@ def dynamic_quantize_lstm(b: _Builder) -> None:
             xw = reversed_in_length(xw)
         h, c = state(h0, d), state(c0, d)
         outs: dict[int, str] = {}
-        for t in (range(seq) if short else range(seq - 1, -1, -1) if backward else range(seq)):
+        for t in (range(seq - 1, -1, -1) if backward and not short else range(seq)):
             xt = b.op("Gather", [xw, b.constant(np.int64(t), np.int64)], axis=0)
             if batch == 1:
                 hr = _dynamic_product(b, h, rq, rz, per_dir(consts["R_scale"], d))

@@ -13,8 +13,8 @@ parent instead, whose disposition a child would also inherit, drops a Ctrl-C pre
 spawn.) multiprocessing's own resource tracker is started the same way.
 
 Blocking it in the spawning thread is not enough in the parent: the kernel hands a process's
-signal to any thread that does not block it (concurrent.futures' manager thread, a queue's feeder
-thread), Python's C handler notes it there, and the main thread then raises KeyboardInterrupt at
+signal to any thread that does not block it (one started before the spawn: rich's progress
+refresher in `dlcc batch`), Python's C handler notes it there, and the main thread then raises KeyboardInterrupt at
 its next bytecode, which can be inside multiprocessing's Popen between starting the child and
 writing it its start-up data. The child then reads EOF and dies with a traceback of its own
 (EOFError in spawn_main), and, not yet in the pool's list, is not killed either. So the spawn
@@ -43,7 +43,7 @@ def blocked_while_spawning(spawning: bool = True):
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # (one pending here is noted)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # (one pending: noted, or the handler's)
         signal.signal(signal.SIGINT, handler)
         if noted and callable(handler):  # (default_int_handler raises KeyboardInterrupt)
             handler(signal.SIGINT, noted[0])

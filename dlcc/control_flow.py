@@ -36,7 +36,7 @@ from onnx import numpy_helper
 
 from .errors import UnsupportedControlFlowError, first_line
 from .frontend import opset_of
-from .expand import _all_names, _has_subgraph, _prefix
+from .expand import TakenNames, _all_names, _has_subgraph, _prefix
 
 #: Nested Ifs are inlined one level per round; this bounds the rounds.
 MAX_DEPTH = 8
@@ -409,9 +409,9 @@ def nodes_deep(g: onnx.GraphProto):
                 yield from nodes_deep(sub)
 
 
-def _all_names_deep(g: onnx.GraphProto) -> set[str]:
-    names = _all_names(g)
+def _all_names_deep(g: onnx.GraphProto) -> TakenNames:
+    names = set(_all_names(g))
     for n in nodes_deep(g):
         names.update(n.input)
         names.update(n.output)
-    return names
+    return TakenNames(names)

@@ -293,8 +293,15 @@ class _Builder(Builder):
         lo, hi = _RANGE[qtype]
         cq, cz = self.const(q), (self.const(zp) if zp else np.zeros((), np.int32))
         if cq is not None and cz is not None:
-            v = cq.astype(np.float32) - self.along(cz, axis, q).astype(np.float32)
-            return self.shared(("centred", q, zp, axis), lambda: v), float(np.abs(v).max(initial=0.0)), v
+            # (made once, and its largest magnitude found once: an unrolled LSTM centres the same
+            # weight at every step)
+            key = ("centred", q, zp, axis)
+            name = self.shared(key, lambda: cq.astype(np.float32) - self.along(cz, axis, q).astype(np.float32))
+            v = self.consts[name]
+            most = ("max |centred|",) + key
+            if most not in self.cache:
+                self.cache[most] = (name, float(np.abs(v).max(initial=0.0)))
+            return name, self.cache[most][1], v
         bound = float(max(abs(lo - int(cz.min())), abs(hi - int(cz.max())))) if cz is not None and cz.size else float(hi - lo)
         x = self.as_float(q)
         if zp:

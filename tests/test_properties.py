@@ -218,3 +218,26 @@ def test_trace_events(tmp_path_factory, events):
         g.simulate()
     except DlccError:
         pass
+
+
+@FAST
+@given(st.lists(st.text("_Ab01", max_size=7), max_size=30), st.lists(st.text("_Ab01", max_size=7), max_size=10),
+       st.lists(st.text("_Ab01", max_size=5), min_size=1, max_size=10))
+def test_internal_name_prefixes_collide_with_no_name(names, added, probes):
+    """The rewrites name their nodes' internals under a prefix no tensor name starts with
+    (expand._prefix). TakenNames answers "does any name start with p" by binary search; it agrees
+    with a scan of every name, after names are added too, and a prefix handed out is one that
+    no name starts with."""
+    from dlcc.expand import TakenNames, _all_names, _prefix
+
+    g = h.make_graph([h.make_node("Relu", [n], [n + "_y"]) for n in names], "g", [], [])
+    taken = _all_names(g)
+    assert isinstance(taken, TakenNames) and set(taken) == {n for n in names} | {n + "_y" for n in names}
+    taken.update(added)
+    for p in probes + [n[:3] for n in names]:
+        assert taken.any_starts_with(p) == any(t.startswith(p) for t in taken), p
+    node = h.make_node("A", [], ["b"])
+    for k in range(3):
+        p = _prefix(node, k, taken)
+        assert not any(t.startswith(p) for t in taken)
+        taken.add(p)

@@ -149,13 +149,12 @@ def _rebuild(state, ng: NodeGraph, pl: Planner) -> list[dict]:
         units.append({"nodes": members, "launch": L})
         covered |= set(st.nodes)
         report.append(_stitch_report(ng, pl, st, k, L, old, members, smem))
-    kept_orders = []
+    by_order: dict[int, set[int]] = {}  # the nodes of each launch of the program before the pass
     for n in ng.nodes:
-        if n.id not in covered and n.order not in kept_orders:
-            kept_orders.append(n.order)
+        by_order.setdefault(n.order, set()).add(n.id)
+    kept_orders = dict.fromkeys(n.order for n in ng.nodes if n.id not in covered)
     for o in kept_orders:
-        L = old[o]
-        units.append({"nodes": {n.id for n in ng.nodes if n.order == o}, "launch": L, "orig": o})
+        units.append({"nodes": by_order[o], "launch": old[o], "orig": o})
     prog.launches = _order(ng, pl, units)
     prog.prune_unlaunched()
     return report

@@ -120,8 +120,7 @@ def dynamic_quantize_lstm(b: _Builder) -> None:
             if batch == 1:
                 hr = _dynamic_product(b, h, rq, rz, per_dir(consts["R_scale"], d))
             else:  # each sequence's h quantized on its own (the docstring says why)
-                rows = [b.op("Gather", [h, b.constant(np.array([k], np.int64), np.int64)], axis=0) for k in range(batch)]
-                hr = b.op("Concat", [_dynamic_product(b, row, rq, rz, per_dir(consts["R_scale"], d)) for row in rows], axis=0)
+                hr = _dynamic_product_rows(b, h, batch, rq, rz, per_dir(consts["R_scale"], d))
             g = b.op("Add", [xt, hr])
             gi, go, gf, gc = (b.fresh(k) for k in "iofc")
             b.nodes.append(helper.make_node("Split", [g, split] if b.opset >= 13 else [g], [gi, go, gf, gc],
@@ -164,4 +163,25 @@ def _dynamic_product(b: _Builder, a: str, wq: str, wz: str, w_scale: np.ndarray)
     b.nodes.append(helper.make_node("DynamicQuantizeLinear", [a], [q, s, z], name=f"{b.label}/{q[len(b.prefix):]}"))
     acc = b.op("MatMulInteger", [q, wq, z, wz])
     scale = b.op("Mul", [s, b.constant(np.asarray(w_scale, np.float32))])
+    return b.op("Mul", [b.op("Cast", [acc], to=_F), scale])
+
+
+def _dynamic_product_rows(b: _Builder, a: str, rows: int, wq: str, wz: str, w_scale: np.ndarray) -> str:
+    """`_dynamic_product` of each row of `a` [rows, k] quantized on its own, as one integer
+    product: MatMulInteger takes a zero point per row of A, and row r's float32 arithmetic is the
+    same as a product of that row alone (an exact int32 product, times s_r · w_scale). Why not a
+    product per row: a GEMM of M=1 per sequence per step, and its nodes, made an unrolled
+    LSTM's graph grow by a third for every sequence in the batch."""
+    qs, ss, zs = [], [], []
+    one = b.constant(np.array([1], np.int64), np.int64)
+    for r in range(rows):
+        row = b.op("Gather", [a, b.constant(np.array([r], np.int64), np.int64)], axis=0)
+        q, s, z = b.fresh("q"), b.fresh("s"), b.fresh("z")
+        b.nodes.append(helper.make_node("DynamicQuantizeLinear", [row], [q, s, z], name=f"{b.label}/{q[len(b.prefix):]}"))
+        qs.append(q)
+        ss.append(b.op("Reshape", [s, one]))
+        zs.append(b.op("Reshape", [z, one]))
+    acc = b.op("MatMulInteger", [b.op("Concat", qs, axis=0), wq, b.op("Concat", zs, axis=0), wz])
+    a_scale = b.op("Reshape", [b.op("Concat", ss, axis=0), b.constant(np.array([rows, 1], np.int64), np.int64)])
+    scale = b.op("Mul", [a_scale, b.constant(np.asarray(w_scale, np.float32))])
     return b.op("Mul", [b.op("Cast", [acc], to=_F), scale])

@@ -236,3 +236,26 @@ def test_an_rmsnorm_with_another_reader_stays(tmp_path):
     cm = dlcc.compile(path, target="opencl", pipeline="baseline", device="h100", precision="fp32")
     assert not _folded(cm) and "Sqrt" in [L["op_type"] for L in cm.plan["launches"]]
     _check(cm, path, "fp32")
+
+
+@pytest.mark.parametrize("k_axis", [0, 1])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_folded_weight_is_made_slice_by_slice_as_the_whole(k_axis, dtype):
+    """_scaled_weight makes W' = diag(γ) W, c and b' a slice of columns at a time (the LM head's
+    38.6M weights were five float64 copies); every value is the one the whole-array formula
+    gives, bit for bit, across slice edges (1,100 columns of K = 300: four slices)."""
+    import ml_dtypes
+
+    from dlcc.ops.fold_norm import _scaled_weight
+
+    rng = np.random.default_rng(7)
+    K, n = 300, 1100
+    w = rng.standard_normal((n, K) if k_axis else (K, n)).astype(np.float32)
+    gamma, beta = (rng.standard_normal(K).astype(np.float32).astype(np.float64) for _ in range(2))
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    wf = w.astype(np.float64)
+    want = (wf * (gamma[None, :] if k_axis else gamma[:, None])).astype(dt)
+    stored, c, b = _scaled_weight(w, gamma, beta, k_axis, dt)
+    assert stored.dtype == dt and np.array_equal(stored.astype(np.float64), want.astype(np.float64))
+    assert np.array_equal(c, want.astype(np.float64).sum(axis=k_axis))
+    assert np.array_equal(b, (wf * (beta[None, :] if k_axis else beta[:, None])).sum(axis=k_axis))

@@ -31,6 +31,7 @@ def dynamic_quantize_lstm(b: _Builder) -> None:
     entry b runs len[b] steps, a step past it keeps h and c and writes 0 to Y. The reverse
     direction runs each entry's first len[b] steps reversed (ReverseSequence on X·W, whose rows
     are only permuted, so X's one quantization scale is the same), and its Y is reversed back.
+    X's scale covers the first max(len) steps only, as onnxruntime's X·W does.
 
     With a batch of several sequences, each sequence's h is quantized on its own, so that a
     sequence's outputs do not depend on the others in its batch (at batch 1 there is no choice).
@@ -100,7 +101,19 @@ def dynamic_quantize_lstm(b: _Builder) -> None:
     def reversed_in_length(v: str) -> str:
         return b.op("ReverseSequence", [v, lens64], batch_axis=1, time_axis=0)
 
-    x2 = b.op("Reshape", [b.as_float(x), b.constant(np.array([seq * batch, width], np.int64), np.int64)])
+    xf = b.as_float(x)
+    if short:
+        # onnxruntime's X·W covers the first max(sequence_lens) steps only, so what follows is
+        # not in X's quantization range: zeroed, it is not (the range holds 0 anyway), and no
+        # step reads it (every entry has stopped). Each entry's reversal stays within those steps.
+        if lens_v is None:
+            steps = b.constant(np.arange(seq, dtype=np.int64).reshape(seq, 1, 1), np.int64)
+            xf = b.op("Where", [b.op("Less", [steps, b.op("ReduceMax", [lens64], keepdims=1)]), xf,
+                                b.constant(np.float32(0))])
+        elif int(lens_v.max()) < seq:
+            xf = b.op("Where", [b.constant((np.arange(seq) < int(lens_v.max())).reshape(seq, 1, 1), np.bool_), xf,
+                                b.constant(np.float32(0))])
+    x2 = b.op("Reshape", [xf, b.constant(np.array([seq * batch, width], np.int64), np.int64)])
     zeros = b.constant(np.zeros((batch, hidden), np.float32)) if short else ""
     ys, hs, cs = [], [], []
     split = b.constant(np.full(4, hidden, np.int64), np.int64)

@@ -671,14 +671,18 @@ def _ort_threads(path, feeds, threads):
                                                       ("bidirectional", 2, ("h0", "lens-input")),
                                                       ("reverse", 3, ("lens-input", "peepholes")),
                                                       ("forward", 3, ("lens-const", "h0")),
-                                                      ("bidirectional", 1, ("lens-const",))])
+                                                      ("bidirectional", 1, ("lens-const",)),
+                                                      ("bidirectional", 2, ("lens-input", "short")),
+                                                      ("reverse", 1, ("lens-const", "short"))])
 def test_dynamic_quantize_lstm(tmp_path, direction, batch, extras):
     """com.microsoft's DynamicQuantizeLSTM (quantize_dynamic's LSTM), unrolled with X and each
     step's h quantized dynamically, against onnxruntime's own kernel. Weights stay within ±64,
     where onnxruntime's uint8 x int8 product does not saturate; at batch 2 onnxruntime runs one
     thread per sequence (intra_op_num_threads=2; 3 at batch 3), each quantizing its own h, as dlcc
     does. Packed sequences: sequence_lens as an input or a constant, with entries shorter than the
-    sequence (a step past an entry's length keeps its state and writes 0)."""
+    sequence (a step past an entry's length keeps its state and writes 0). `short`: every entry
+    ends before the sequence does, and X is largest past the longest entry, where onnxruntime
+    neither reads nor quantizes it (its X·W covers max(sequence_lens) steps)."""
     seq, width, hidden = 6, 8, 4
     nd = 2 if direction == "bidirectional" else 1
     r = np.random.default_rng(1)
@@ -697,6 +701,9 @@ def test_dynamic_quantize_lstm(tmp_path, direction, batch, extras):
         inits["P"] = r.standard_normal((nd, 3 * hidden)).astype(np.float32)
         ins[7] = "P"
     lens = np.array([seq, 2, 5][:batch] if batch > 1 else [4], I32)
+    if "short" in extras:
+        lens = np.array([4, 2][:batch], I32)
+        feeds["x"][4:] *= 8
     if "lens-input" in extras:
         feeds["lens"], ins[4] = lens, "lens"
     if "lens-const" in extras:

@@ -33,12 +33,12 @@ def dynamic_quantize_lstm(b: _Builder) -> None:
     are only permuted, so X's one quantization scale is the same), and its Y is reversed back.
     X's scale covers the first max(len) steps only, as onnxruntime's X·W does.
 
-    With a batch of several sequences, each sequence's h is quantized on its own, so that a
-    sequence's outputs do not depend on the others in its batch (at batch 1 there is no choice).
-    onnxruntime splits the batch across its threads when it has more than 4 rows, or 2 or more
-    with a hidden size of at most 256 (UniDirectionalLstm::SetNumThreads), and quantizes each
-    thread's rows together: the same answer where it has a thread per sequence, another one
-    where it has fewer threads than sequences or does not split."""
+    The step's h is quantized as onnxruntime quantizes it. It splits the batch across its
+    threads when it has more than 4 rows, or 2 or more with a hidden size of at most 256
+    (UniDirectionalLstm::SetNumThreads), and quantizes each thread's rows together. Where it does
+    not split, all of h shares one scale, here too. Where it splits, the answer depends on its
+    thread count; here each sequence's h is quantized on its own, which is its answer with a
+    thread per sequence, and a sequence's outputs then do not depend on the rest of its batch."""
     x, w, r, bias, lens, h0, c0, peep, w_s, w_zp, r_s, r_zp = (b.input(i) for i in range(12))
     shape = b.info.get(x, (None, None))[0]
     if shape is None or len(shape) != 3 or any(d is None for d in shape):
@@ -89,6 +89,10 @@ def dynamic_quantize_lstm(b: _Builder) -> None:
                                            + cb[d, (4 + k) * hidden:(5 + k) * hidden].astype(np.float32))])
         return b.op("Clip", [v, lo, hi]) if clip is not None else v
 
+    # One scale for the whole batch's h per step, as onnxruntime has when it does not split the
+    # batch across its threads (UniDirectionalLstm::SetNumThreads); else one per sequence.
+    joint = batch == 1 or (batch <= 4 and hidden > 256)
+    wants_y = bool(b.node.output[0]) if b.node.output else False
     # Entries that stop early: their lengths as int64 [batch, 1], to mask each step against.
     short = bool(lens) and (lens_v is None or bool(np.any(lens_v != seq)))
     lens64 = b.op("Cast", [lens], to=onnx.TensorProto.INT64) if short else ""
@@ -127,13 +131,14 @@ def dynamic_quantize_lstm(b: _Builder) -> None:
         if short and backward:  # each entry's steps in its own reverse order, then run forward
             xw = reversed_in_length(xw)
         h, c = state(h0, d), state(c0, d)
+        read = h  # what the next step's product reads: h, or with Y asked for, the step's Y
         outs: dict[int, str] = {}
         for t in (range(seq - 1, -1, -1) if backward and not short else range(seq)):
             xt = b.op("Gather", [xw, b.constant(np.int64(t), np.int64)], axis=0)
-            if batch == 1:
-                hr = _dynamic_product(b, h, rq, rz, per_dir(consts["R_scale"], d))
+            if joint:
+                hr = _dynamic_product(b, read, rq, rz, per_dir(consts["R_scale"], d))
             else:  # each sequence's h quantized on its own (the docstring says why)
-                hr = _dynamic_product_rows(b, h, batch, rq, rz, per_dir(consts["R_scale"], d))
+                hr = _dynamic_product_rows(b, read, batch, rq, rz, per_dir(consts["R_scale"], d))
             g = b.op("Add", [xt, hr])
             gi, go, gf, gc = (b.fresh(k) for k in "iofc")
             b.nodes.append(helper.make_node("Split", [g, split] if b.opset >= 13 else [g], [gi, go, gf, gc],
@@ -149,8 +154,13 @@ def dynamic_quantize_lstm(b: _Builder) -> None:
             b.note(h_new, (batch, hidden), _F)
             if short:
                 h, c, outs[t] = masked(t, h_new, h), masked(t, c_new, c), masked(t, h_new, zeros)
+                # (onnxruntime's next product reads the rows it wrote: Y's, where a stopped entry
+                # has 0, else the final state's, where it keeps its h; this matters only to a
+                # scale that all rows share)
+                read = outs[t] if joint and wants_y else h
             else:
                 h, c, outs[t] = h_new, c_new, h_new
+                read = h
         y = b.op("Concat", [outs[t] for t in range(seq)], axis=0)  # [seq·batch, hidden], in time order
         if short and backward:
             shape3 = b.constant(np.array([seq, batch, hidden], np.int64), np.int64)

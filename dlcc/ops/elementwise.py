@@ -238,18 +238,20 @@ def _variadic(ctx, node):
     n = len(node.inputs)
 
     def body(v):
-        vals = [f"(({_ct(dt)}){v.x(k)})" for k in range(n)]
-        acc = vals[0]
-        for x in vals[1:]:
+        # Statements, one input at a time in onnxruntime's order: as one expression the inputs
+        # nested one level each (clang refuses more than 256), and an integer Max or Min, which
+        # names the running value twice, doubled in size with each input.
+        T = _ct(dt)
+        stmts = [f"{T} acc = ({T}){v.x(0)};"]
+        for k in range(1, n):
+            x = f"(({T}){v.x(k)})"
             if f == "+":
-                acc = f"({acc} + {x})"
+                stmts.append(f"acc = acc + {x};")
             elif dt == "float32":
-                acc = f"{f}({acc}, {x})"
+                stmts.append(f"acc = {f}(acc, {x});")
             else:
-                acc = f"({acc} {'>' if f == 'F_NMAX' else '<'} {x} ? {acc} : {x})"
-        if node.op_type == "Mean":
-            acc = f"({acc}) / {literal(n)}"
-        return [], acc
+                stmts.append(f"{{ const {T} t = {x}; acc = acc {'>' if f == 'F_NMAX' else '<'} t ? acc : t; }}")
+        return stmts, f"acc / {literal(n)}" if node.op_type == "Mean" else "acc"
 
     emit_map(ctx, node.outputs[0], list(node.inputs), body, node.op_type, flops_per_elem=n)
 

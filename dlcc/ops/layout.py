@@ -125,10 +125,17 @@ def _concat(ctx, node):
             coords = list(v.o)
             coords[ax] = f"({v.o[ax]} - {b0})" if b0 else v.o[ax]
             parts.append((b1, v.ld(k, coords)))
-        expr = parts[-1][1]
-        for b1, ld in reversed(parts[:-1]):
-            expr = f"({v.o[ax]} < {b1} ? {ld} : {expr})"
-        return [], expr
+
+        def select(lo: int, hi: int) -> str:
+            """The load of the input among parts[lo:hi] that holds the element: a binary search,
+            so that the conditionals nest log2(inputs) deep. A chain nested one level per input,
+            and clang refuses more than 256 (a SplitToSequence into 300 pieces, concatenated)."""
+            if hi - lo == 1:
+                return parts[lo][1]
+            mid = (lo + hi) // 2
+            return f"({v.o[ax]} < {parts[mid - 1][0]} ? {select(lo, mid)} : {select(mid, hi)})"
+
+        return [], select(0, len(parts))
 
     def imap(k):
         parts = [np.full(ctx.shape(n), -2, np.int64) for n in ins]

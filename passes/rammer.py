@@ -113,6 +113,10 @@ class RammerOptions(BaseModel):
         "fastest (the lowering's choice); or always the least SM-time (efficient)")
 
 
+#: The most arguments a launch may have to run as an rTask (see run_rammer's `eligible`).
+MAX_SITE_ARGS = 64
+
+
 def conflicts(launches: list[Launch], res) -> list[list[int]]:
     """For each launch of a run, the earlier launches it must wait for: read-after-write,
     write-after-read and write-after-write on resolved buffers, narrowed to the byte ranges in
@@ -616,6 +620,10 @@ def run_rammer(state: CompileState, opts: RammerOptions) -> None:
         if k.block != BLOCK and not (k.normalisable and BLOCK % k.block == 0 and dev.kind != "cpu"):
             # A block size the persistent kernel's 256 threads cannot stand in for; or a CPU
             # device, where PoCL runs work-items one after another, so idle threads cost real time.
+            return None
+        if len(L.args) > MAX_SITE_ARGS:
+            # Each call site is an out-of-line function of the launch's arguments: hundreds of
+            # them (a Concat of 300 pieces) are passed on the stack, which ptxas counts as spills.
             return None
         if L.kernel not in rops:
             try:

@@ -1128,6 +1128,10 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     selects: list = []
     inlined = False
     for _ in range(MAX_LOOP_DEPTH + MAX_CHAINED):
+        # (Sequences first too: a Scan over a ConcatFromSequence has a static length only once
+        # the sequence is resolved. One built in a loop's body waits for the unrolling below.)
+        model, more = resolve_sequences(model, lenient)
+        notes += more
         model, more, left = unroll_loops(model, path, lenient)
         notes += more
         if left:  # a loop counts what an unrolled one gave: fold the arithmetic between them

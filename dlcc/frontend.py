@@ -298,15 +298,54 @@ def _all_initializers(model: onnx.ModelProto):
 
 
 def _check_acyclic(model: onnx.ModelProto, path) -> None:
-    produced = {i.name for i in model.graph.input} | {i.name for i in model.graph.initializer}
-    for node in model.graph.node:
-        missing = [i for i in node.input if i and i not in produced]
-        if missing:
-            raise ModelError(
-                f"{path}: node {node.name!r} ({node.op_type}) reads {missing[0]!r} before anything produces it "
-                "(the graph is cyclic, not topologically sorted, or refers to a missing tensor)"
-            )
+    """Every node's inputs exist, and the nodes are in an order that computes them first. ONNX
+    asks for that order, but onnxruntime sorts a graph that is out of order and runs it, so a
+    model a tool wrote unsorted (a hand edit, a graph surgeon's insertion) is sorted here too,
+    keeping the file's order wherever it is free (Kahn's algorithm, the earliest node first). A
+    tensor nothing produces, and a cycle, are errors."""
+    import heapq
+
+    from .control_flow import node_reads
+
+    g = model.graph
+    available = {i.name for i in g.input} | {i.name for i in g.initializer}
+    producer = {o: k for k, n in enumerate(g.node) for o in n.output if o}
+    produced = set(available)
+    in_order = True
+    for node in g.node:
+        for i in node.input:
+            if i and i not in produced:
+                if i not in producer:
+                    raise ModelError(f"{path}: node {node.name!r} ({node.op_type}) reads {i!r}, which no node, "
+                                     "graph input or initializer produces")
+                in_order = False
         produced.update(o for o in node.output if o)
+    if in_order:
+        return
+    # (a subgraph's reads of the outer graph order its node too)
+    deps = [{producer[t] for t in node_reads(n) if t in producer and t not in available}
+            for k, n in enumerate(g.node)]
+    users: dict[int, list[int]] = {}
+    for k, d in enumerate(deps):
+        for p in d:
+            users.setdefault(p, []).append(k)
+    waiting = [len(d) for d in deps]
+    ready = [k for k, w in enumerate(waiting) if not w]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        k = heapq.heappop(ready)
+        order.append(k)
+        for u in users.get(k, ()):
+            waiting[u] -= 1
+            if not waiting[u]:
+                heapq.heappush(ready, u)
+    if len(order) < len(g.node):
+        stuck = next(n for k, n in enumerate(g.node) if waiting[k])
+        raise ModelError(f"{path}: the graph is cyclic: node {stuck.name!r} ({stuck.op_type}) depends on its own output")
+    nodes = [g.node[k] for k in order]
+    del g.node[:]
+    g.node.extend(nodes)
 
 
 def opset_of(model: onnx.ModelProto) -> int:

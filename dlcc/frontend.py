@@ -1399,7 +1399,11 @@ def dtype_problems(graph: Graph) -> list[str]:
         for name in list(node.inputs) + list(node.outputs):
             t = graph.tensors.get(name) if name else None
             if t is not None and t.dtype not in SUPPORTED_DTYPES and t.dtype not in bad:
-                bad[t.dtype] = f"  dtype {t.dtype}: first seen on {name!r} at node {node.name!r}"
+                # (the node's output named too: --fallback hands the node it names to onnxruntime,
+                # and an unnamed node's name here is one the import made up)
+                makes = next((o for o in node.outputs if o), "")
+                bad[t.dtype] = (f"  dtype {t.dtype}: first seen on {name!r} at node {node.name!r}"
+                                + (f", which computes {makes!r}" if makes and makes != name else ""))
             elif t is not None and t.dtype == "float64" and node.op_type not in FLOAT64_OPS and "float64" not in bad:
                 bad["float64"] = (f"  dtype float64: first seen on {name!r} at node {node.name!r} (dlcc's kernels compute "
                                   f"float64 only in Casts; --precision fp32 computes this model in float32, its "

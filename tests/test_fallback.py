@@ -465,3 +465,29 @@ def test_fallback_artifacts_from_the_cli(tmp_path):
     manifest.write_text(json.dumps({"format": "dlcc-partition", "version": 1, "compile": {}}))
     res = run(app, ["run", str(art)])
     assert res.exit_code != 0 and "is damaged" in str(res.exception)
+
+
+@needs_opencl
+@pytest.mark.parametrize("named", [True, False])
+def test_an_unnamed_node_of_strings_alone_moves_to_onnxruntime(tmp_path, named):
+    """A classifier's label lookup: a Gather from a constant of strings, after a MatMul, Relu and
+    ArgMax dlcc computes. The error names the node and what it computes; an unnamed node's name
+    there is one the import made up, which the partition could not match, so every node of the
+    segment went to onnxruntime. Now only the Gather does, named or not."""
+    nodes = [h.make_node("MatMul", ["x", "W"], ["m"]), h.make_node("Relu", ["m"], ["r"]),
+             h.make_node("ArgMax", ["r"], ["i"], axis=1, keepdims=0),
+             h.make_node("Gather", ["S", "i"], ["y"], name="lookup" if named else "")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", F, [3, 8])],
+                     [h.make_tensor_value_info("y", onnx.TensorProto.STRING, [3])],
+                     [nh.from_array(rng.standard_normal((8, 4)).astype(np.float32), "W"),
+                      nh.from_array(np.array([b"a", b"b", b"c", b"d"], dtype=object), "S")])
+    path = tmp_path / "labels.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+    m = dlcc.compile(path, target="opencl", fallback="onnxruntime")
+    import onnxruntime as ort
+
+    feeds = {"x": rng.standard_normal((3, 8)).astype(np.float32)}
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert list(m(feeds)["y"]) == list(ref)
+    assert [(s["engine"], s["ops"]) for s in m.segments] == [("dlcc", {"MatMul": 1, "Relu": 1, "ArgMax": 1}),
+                                                              ("onnxruntime", {"Gather": 1})]

@@ -619,12 +619,19 @@ class _DlccSegment:
         onnx.save(sub, str(path), save_as_external_data=big, location="part.data")  # (protobuf stops at 2 GB)
         bound = {k: v for k, v in owner._signature.bound_values.items() if k in seg.inputs}
         self.model = DynamicModel(path, bound, dict(owner._kwargs), owner.max_plans)
+        self.path, self.model_path = path, owner.model_path
 
     def __call__(self, seg: Segment, values: dict) -> dict:
         try:
             return self.model({x: values[x] for x in seg.inputs})
         except refusals() as e:
             raise _Refused(seg, e) from None
+        except DlccError as e:
+            # (an error about the model names the user's file, not the segment's temporary one)
+            if e.args and isinstance(e.args[0], str) and str(self.path) in e.args[0]:
+                e.args = (e.args[0].replace(str(self.path), f"{self.model_path} (its part dlcc compiles)"),
+                          *e.args[1:])
+            raise
 
 
 class _OrtSegment:

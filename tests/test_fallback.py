@@ -491,3 +491,19 @@ def test_an_unnamed_node_of_strings_alone_moves_to_onnxruntime(tmp_path, named):
     assert list(m(feeds)["y"]) == list(ref)
     assert [(s["engine"], s["ops"]) for s in m.segments] == [("dlcc", {"MatMul": 1, "Relu": 1, "ArgMax": 1}),
                                                               ("onnxruntime", {"Gather": 1})]
+
+
+def test_an_error_in_the_part_dlcc_compiles_names_the_users_file(tmp_path):
+    """A LinearClassifier with 12 coefficients for 3 classes of 2 features (onnxruntime reads the
+    first 6; dlcc refuses the malformed node). With --fallback, the error came from the segment's
+    temporary model, and named that file; it names the user's model now."""
+    node = h.make_node("LinearClassifier", ["x"], ["label", "scores"], domain="ai.onnx.ml", classlabels_ints=[0, 1, 2],
+                       coefficients=[0.1] * 12, intercepts=[0.0, 0.1, 0.2])
+    g = h.make_graph([h.make_node("Relu", ["x0"], ["x"]), node], "g", [h.make_tensor_value_info("x0", F, [3, 2])],
+                     [h.make_tensor_value_info("label", I64, [3]), h.make_tensor_value_info("scores", F, [3, 3])])
+    path = tmp_path / "logreg.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("ai.onnx.ml", 1)]), path)
+    m = dlcc.compile(path, target="opencl", fallback="onnxruntime")
+    with pytest.raises(DlccError, match="coefficients hold 12 values") as e:
+        m({"x0": np.ones((3, 2), np.float32)})
+    assert str(path) in str(e.value) and "part.onnx" not in str(e.value), str(e.value)

@@ -707,7 +707,7 @@ def list_(what: str = typer.Argument("ops", help="ops | devices | pipelines | pa
                           "1" if op == "SimplifiedLayerNormalization" else "1 to 16") for op in FUSED_ONNX_DOMAIN]
                       + [(f"{ML}::{op}", "classic ML (skl2onnx, onnxmltools): standard ops at import ("
                           + ("dlcc/ml_trees.py)" if op in TREE_OPS else "dlcc/ml_ops.py)"),
-                          "1, 3" if op in TREE_OPS else "1") for op in sorted(ML_REWRITES)])
+                          "5" if op == "TreeEnsemble" else "1, 3" if op in TREE_OPS else "1") for op in sorted(ML_REWRITES)])
         cols = ("op", "category", "since opsets")
     elif what == "devices":
         rows = []

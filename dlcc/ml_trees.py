@@ -29,8 +29,8 @@ A model onnxruntime refuses is refused with its reason (a leaf without a weight,
 another tree, a feature past the input's columns); one it would loop forever on (a cycle) too.
 String class labels (a string output), a float64 input (compared in double), a node no walk
 from its tree's first listed node reaches (onnxruntime gives its weights to another leaf), the
-opset-5 TreeEnsemble op and the two-class cases where onnxruntime writes one score of the two
-stay unsupported, and `--fallback onnxruntime` runs them there. docs/classic-ml.md has the
+two-class cases where onnxruntime writes one score of the two, and the opset-5 TreeEnsemble's
+BRANCH_MEMBER sets stay unsupported, and `--fallback onnxruntime` runs them there. docs/classic-ml.md has the
 whole story.
 """
 from __future__ import annotations
@@ -411,9 +411,9 @@ def _choice(b: _Builder, name: str, default: str, allowed: tuple) -> str:
     return v
 
 
-def _tree_regressor(b: _Builder) -> None:
+def _tree_regressor(b: _Builder, out_elem: int = _F) -> None:
     """Y [rows, n_targets]: the trees' values aggregated (SUM by default, AVERAGE, MIN or MAX),
-    plus the base values, through the score transform."""
+    plus the base values, through the score transform; of type `out_elem`."""
     x, rows, cols = _input(b)
     targets = int(b.attr("n_targets", 0))
     if targets < 1:
@@ -436,7 +436,10 @@ def _tree_regressor(b: _Builder) -> None:
             has = b.constant(sc.has, np.bool_) if isinstance(sc.has, np.ndarray) else sc.has
             y = b.op("Where", [has, y, b.constant(np.float32(0))])
         y = score_transform(b, y, post)
-    b.op("Identity", [y], b.node.output[0])
+    if out_elem == _F:
+        b.op("Identity", [y], b.node.output[0])
+    else:
+        b.op("Cast", [y], b.node.output[0], to=out_elem)
 
 
 def _select(b: _Builder, cond, yes: str, no: str) -> str:
@@ -550,6 +553,114 @@ def _binary(b: _Builder, sc: Scores, base: np.ndarray, labels: np.ndarray, post:
     return label, z
 
 
-TREE_REWRITES = {"TreeEnsembleRegressor": _tree_regressor, "TreeEnsembleClassifier": _tree_classifier}
+#: TreeEnsemble's nodes_modes (ai.onnx.ml 5), by value; 6 is BRANCH_MEMBER.
+V5_MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ")
+V5_AGGREGATES = {0: "AVERAGE", 1: "SUM", 2: "MIN", 3: "MAX"}
+#: post_transform by value as onnxruntime reads it (its POST_EVAL_TRANSFORM enum). The ONNX spec
+#: lists SOFTMAX as 1 and LOGISTIC as 2; onnxruntime, the reference verify checks against, swaps
+#: them (a test against it fails the other way round).
+V5_TRANSFORMS = {0: "NONE", 1: "LOGISTIC", 2: "SOFTMAX", 3: "SOFTMAX_ZERO", 4: "PROBIT"}
+
+
+def _tree_ensemble(b: _Builder) -> None:
+    """ai.onnx.ml 5's TreeEnsemble (newer skl2onnx and onnxmltools write it), as the
+    TreeEnsembleRegressor that onnxruntime turns it into (TreeEnsembleAttributesV5::convert_to_v3),
+    then read and computed as that one is. Each tree is walked depth first from its root, the true
+    side first: a branch is numbered before its true subtree, which is before its false one, and
+    a leaf becomes a node with its one weight (a leaf two branches reach, twice). Why the same
+    conversion: the trees' order and each leaf's place in it are the order the sum runs in.
+    BRANCH_MEMBER (categorical sets) stays unsupported."""
+    x = b.node.input[0]
+    if b.elem(x) not in (_F, onnx.TensorProto.DOUBLE):
+        raise b.fail(f"input type {elem_name(b.elem(x))} is not float or double")
+
+    def tensor(name: str) -> np.ndarray:
+        v = b.attrs.get(name)
+        if v is None:
+            return np.zeros(0)
+        if not isinstance(v, onnx.TensorProto):
+            raise b.fail(f"attribute {name!r} must be a tensor")
+        return numpy_helper.to_array(v).reshape(-1)
+
+    def ints(name: str) -> list[int]:
+        v = b.attrs.get(name) or []
+        if any(not isinstance(i, (int, np.integer)) for i in v):
+            raise b.fail(f"attribute {name!r} must hold integers")
+        return [int(i) for i in v]
+
+    modes, splits = tensor("nodes_modes").astype(np.int64), tensor("nodes_splits").astype(np.float32)
+    weights, targets = tensor("leaf_weights").astype(np.float32), ints("leaf_targetids")
+    feature, t_id, f_id = ints("nodes_featureids"), ints("nodes_truenodeids"), ints("nodes_falsenodeids")
+    t_leaf, f_leaf, roots = ints("nodes_trueleafs"), ints("nodes_falseleafs"), ints("tree_roots")
+    missing = ints("nodes_missing_value_tracks_true")
+    n = len(feature)
+    for name, v in (("nodes_modes", modes), ("nodes_splits", splits), ("nodes_truenodeids", t_id),
+                    ("nodes_falsenodeids", f_id), ("nodes_trueleafs", t_leaf), ("nodes_falseleafs", f_leaf)):
+        if len(v) != n:
+            raise b.fail(f"{name} holds {len(v)} values, not one per node ({n}, as nodes_featureids)")
+    if len(weights) != len(targets):
+        raise b.fail(f"leaf_weights holds {len(weights)} values and leaf_targetids {len(targets)}, not one each per leaf")
+    if (modes == 6).any() or b.attrs.get("membership_values") is not None:
+        raise b.unsupported("BRANCH_MEMBER nodes (categorical sets)")
+    bad = [int(m) for m in modes if not 0 <= m < len(V5_MODES)]
+    if bad:
+        raise b.fail(f"node mode {bad[0]} is not one of 0 to 6")
+    agg, post = int(b.attr("aggregate_function", 1)), int(b.attr("post_transform", 0))
+    if agg not in V5_AGGREGATES or post not in V5_TRANSFORMS:
+        raise b.fail(f"aggregate_function {agg} or post_transform {post} is not a known value")
+    if not roots:
+        raise b.fail("tree_roots is empty: the ensemble has no trees")
+
+    v3: dict[str, list] = {k: [] for k in ("nodes_treeids", "nodes_nodeids", "nodes_featureids", "nodes_values",
+                                           "nodes_modes", "nodes_truenodeids", "nodes_falsenodeids",
+                                           "nodes_missing_value_tracks_true", "target_ids", "target_nodeids",
+                                           "target_treeids", "target_weights")}
+    limit = 4 * (n + len(weights)) + 16  # (a walk longer than every node twice over has met a cycle)
+    for tree, root in enumerate(roots):
+        if not 0 <= root < n:
+            raise b.fail(f"tree root {root} is not a node (there are {n})")
+        is_leaf = t_id[root] == f_id[root] and bool(t_leaf[root]) and bool(f_leaf[root])
+        stack, last = [(t_id[root] if is_leaf else root, 0, is_leaf, -1)], 0
+        while stack:
+            if len(v3["nodes_nodeids"]) > limit:
+                raise b.fail("a tree's branches form a cycle (onnxruntime would walk it forever)")
+            k, nid, leaf, placeholder = stack.pop()
+            nid = last + 1 if nid == -1 else nid
+            last = nid
+            if placeholder != -1:
+                v3["nodes_falsenodeids"][placeholder] = nid
+            if not 0 <= k < (len(weights) if leaf else n):
+                raise b.fail(f"a branch leads to {'leaf' if leaf else 'node'} {k}, which is not there")
+            v3["nodes_nodeids"].append(nid)
+            v3["nodes_treeids"].append(tree)
+            if leaf:
+                v3["nodes_modes"].append("LEAF")
+                v3["nodes_featureids"].append(0)
+                v3["nodes_values"].append(0.0)
+                v3["nodes_truenodeids"].append(0)
+                v3["nodes_falsenodeids"].append(0)
+                v3["nodes_missing_value_tracks_true"].append(0)
+                v3["target_ids"].append(targets[k])
+                v3["target_nodeids"].append(nid)
+                v3["target_treeids"].append(tree)
+                v3["target_weights"].append(float(weights[k]))
+                continue
+            v3["nodes_modes"].append(V5_MODES[modes[k]])
+            v3["nodes_featureids"].append(feature[k])
+            v3["nodes_values"].append(float(splits[k]))
+            v3["nodes_truenodeids"].append(nid + 1)
+            v3["nodes_falsenodeids"].append(-1)
+            v3["nodes_missing_value_tracks_true"].append(missing[k] if k < len(missing) else 0)
+            stack.append((f_id[k], -1, bool(f_leaf[k]), len(v3["nodes_falsenodeids"]) - 1))
+            stack.append((t_id[k], nid + 1, bool(t_leaf[k]), -1))
+    b.attrs = {**v3, "n_targets": int(b.attr("n_targets", 0)), "aggregate_function": V5_AGGREGATES[agg],
+               "post_transform": V5_TRANSFORMS[post]}
+    # (Y has X's type: a float64 X, compared in float32 where a precision was asked for, as
+    # _input says, gives a float64 Y)
+    _tree_regressor(b, out_elem=b.elem(x))
+
+
+TREE_REWRITES = {"TreeEnsembleRegressor": _tree_regressor, "TreeEnsembleClassifier": _tree_classifier,
+                 "TreeEnsemble": _tree_ensemble}
 #: The ensemble ops ml_trees writes (composite.py raises old models to the opset they need).
 TREE_OPS = frozenset(TREE_REWRITES)

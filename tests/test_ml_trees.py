@@ -296,3 +296,54 @@ def test_a_float64_input_is_compared_in_float32_when_a_precision_is_asked_for(tm
     x = inputs(rng, 64, 4).astype(np.float64)
     rows = verify_outputs(path, m({"x": x}), {"x": x}, compiled=m)
     assert all(r["passed"] for r in rows), rows
+
+
+def _as_v5(a: dict, outputs: int, **extra) -> onnx.NodeProto:
+    """The TreeEnsemble (ai.onnx.ml 5) of a forest() regressor with one weight per leaf: branches
+    and leaves in two lists, each child named by its index in one of them."""
+    key = list(zip(a["nodes_treeids"], a["nodes_nodeids"]))
+    branches = [i for i, m in enumerate(a["nodes_modes"]) if m != "LEAF"]
+    leaves = [i for i, m in enumerate(a["nodes_modes"]) if m == "LEAF"]
+    at_b, at_l = {key[i]: k for k, i in enumerate(branches)}, {key[i]: k for k, i in enumerate(leaves)}
+    weight = {(t, n): (c, w) for c, n, t, w in zip(a["target_ids"], a["target_nodeids"], a["target_treeids"],
+                                                   a["target_weights"])}
+
+    def child(i, side):
+        k = (a["nodes_treeids"][i], a[f"nodes_{side}nodeids"][i])
+        return (at_l[k], 1) if k in at_l else (at_b[k], 0)
+
+    trues, falses = [child(i, "true") for i in branches], [child(i, "false") for i in branches]
+    roots = [at_b[key[i]] for i in range(len(key)) if i == 0 or a["nodes_treeids"][i] != a["nodes_treeids"][i - 1]]
+    return h.make_node(
+        "TreeEnsemble", ["x"], ["y"], domain=ML, n_targets=outputs, tree_roots=roots,
+        nodes_featureids=[a["nodes_featureids"][i] for i in branches],
+        nodes_splits=onnx.numpy_helper.from_array(np.float32([a["nodes_values"][i] for i in branches])),
+        nodes_modes=onnx.numpy_helper.from_array(np.uint8([MODES.index(a["nodes_modes"][i]) for i in branches])),
+        nodes_truenodeids=[c for c, _ in trues], nodes_trueleafs=[leaf for _, leaf in trues],
+        nodes_falsenodeids=[c for c, _ in falses], nodes_falseleafs=[leaf for _, leaf in falses],
+        nodes_missing_value_tracks_true=[a["nodes_missing_value_tracks_true"][i] for i in branches],
+        leaf_targetids=[weight[key[i]][0] for i in leaves],
+        leaf_weights=onnx.numpy_helper.from_array(np.float32([weight[key[i]][1] for i in leaves])), **extra)
+
+
+@needs_opencl
+@pytest.mark.parametrize("outputs, modes, extra", [
+    (1, MODES, {}),
+    (3, ("BRANCH_LT", "BRANCH_GTE"), dict(aggregate_function=0, post_transform=2)),  # AVERAGE, SOFTMAX
+    (2, ("BRANCH_LEQ",), dict(aggregate_function=3, post_transform=1)),  # MAX, LOGISTIC
+    (2, ("BRANCH_GT", "BRANCH_NEQ"), dict(aggregate_function=2, post_transform=3)),  # MIN, SOFTMAX_ZERO
+])
+def test_the_opset_5_tree_ensemble(tmp_path, outputs, modes, extra):
+    """ai.onnx.ml 5's TreeEnsemble (newer skl2onnx and onnxmltools; LightGBM forests in a pip
+    package were refused), as onnxruntime converts it to a TreeEnsembleRegressor: every mode,
+    NaN tracked, each aggregate and transform, against onnxruntime on one thread. (onnxruntime
+    reads post_transform 1 as LOGISTIC and 2 as SOFTMAX, the other way round from the spec.)"""
+    rng = np.random.default_rng(outputs)
+    c, rows = 5, 40
+    a = forest(rng, 6, c, outputs, 4, "target", modes=modes, nan_tracks=True, weights="one")
+    g = h.make_graph([_as_v5(a, outputs, **extra)], "v5", [h.make_tensor_value_info("x", F, [rows, c])],
+                     [h.make_tensor_value_info("y", F, [rows, outputs])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 21), h.make_opsetid(ML, 5)])
+    onnx.checker.check_model(m)
+    onnx.save(m, tmp_path / "v5.onnx")
+    _check(tmp_path / "v5.onnx", {"x": inputs(rng, rows, c, nans=True)})

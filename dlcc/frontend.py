@@ -84,7 +84,7 @@ def load_model(path: str | os.PathLike, external_data: bool = True) -> onnx.Mode
             onnx.load_external_data_for_model(model, str(base))
     except Exception as e:
         raise ModelError(f"{path}: could not load external data: {e}") from None
-    _check_acyclic(model, path)
+    _sort_nodes(model, path)
     return model
 
 
@@ -297,7 +297,7 @@ def _all_initializers(model: onnx.ModelProto):
                 yield a.t
 
 
-def _check_acyclic(model: onnx.ModelProto, path) -> None:
+def _sort_nodes(model: onnx.ModelProto, path) -> None:
     """Every node's inputs exist, and the nodes are in an order that computes them first. ONNX
     asks for that order, but onnxruntime sorts a graph that is out of order and runs it, so a
     model a tool wrote unsorted (a hand edit, a graph surgeon's insertion) is sorted here too,
@@ -323,8 +323,7 @@ def _check_acyclic(model: onnx.ModelProto, path) -> None:
     if in_order:
         return
     # (a subgraph's reads of the outer graph order its node too)
-    deps = [{producer[t] for t in node_reads(n) if t in producer and t not in available}
-            for k, n in enumerate(g.node)]
+    deps = [{producer[t] for t in node_reads(n) if t in producer and t not in available} for n in g.node]
     users: dict[int, list[int]] = {}
     for k, d in enumerate(deps):
         for p in d:
@@ -342,7 +341,8 @@ def _check_acyclic(model: onnx.ModelProto, path) -> None:
                 heapq.heappush(ready, u)
     if len(order) < len(g.node):
         stuck = next(n for k, n in enumerate(g.node) if waiting[k])
-        raise ModelError(f"{path}: the graph is cyclic: node {stuck.name!r} ({stuck.op_type}) depends on its own output")
+        raise ModelError(f"{path}: the graph is cyclic: node {stuck.name!r} ({stuck.op_type}) needs, through its "
+                         "inputs, its own output")
     nodes = [g.node[k] for k in order]
     del g.node[:]
     g.node.extend(nodes)

@@ -182,11 +182,8 @@ def dynamic_quantize_lstm(b: _Builder) -> None:
 def _dynamic_product(b: _Builder, a: str, wq: str, wz: str, w_scale: np.ndarray) -> str:
     """onnxruntime's quantized ComputeGemm: `a` (float) quantized as DynamicQuantizeLinear does,
     an int32 product with the int8 weight, times a_scale · w_scale (float32, in that order)."""
-    q, s, z = b.fresh("q"), b.fresh("s"), b.fresh("z")
-    b.nodes.append(helper.make_node("DynamicQuantizeLinear", [a], [q, s, z], name=f"{b.label}/{q[len(b.prefix):]}"))
-    acc = b.op("MatMulInteger", [q, wq, z, wz])
-    scale = b.op("Mul", [s, b.constant(np.asarray(w_scale, np.float32))])
-    return b.op("Mul", [b.op("Cast", [acc], to=_F), scale])
+    q, s, z = _quantize(b, a)
+    return _scaled_product(b, q, z, s, wq, wz, w_scale)
 
 
 def _dynamic_product_rows(b: _Builder, a: str, rows: int, wq: str, wz: str, w_scale: np.ndarray) -> str:
@@ -195,16 +192,24 @@ def _dynamic_product_rows(b: _Builder, a: str, rows: int, wq: str, wz: str, w_sc
     same as a product of that row alone (an exact int32 product, times s_r · w_scale). Why not a
     product per row: a GEMM of M=1 per sequence per step, and its nodes, made an unrolled
     LSTM's graph grow by a third for every sequence in the batch."""
-    qs, ss, zs = [], [], []
     one = b.constant(np.array([1], np.int64), np.int64)
-    for r in range(rows):
-        row = b.op("Gather", [a, b.constant(np.array([r], np.int64), np.int64)], axis=0)
-        q, s, z = b.fresh("q"), b.fresh("s"), b.fresh("z")
-        b.nodes.append(helper.make_node("DynamicQuantizeLinear", [row], [q, s, z], name=f"{b.label}/{q[len(b.prefix):]}"))
-        qs.append(q)
-        ss.append(b.op("Reshape", [s, one]))
-        zs.append(b.op("Reshape", [z, one]))
-    acc = b.op("MatMulInteger", [b.op("Concat", qs, axis=0), wq, b.op("Concat", zs, axis=0), wz])
-    a_scale = b.op("Reshape", [b.op("Concat", ss, axis=0), b.constant(np.array([rows, 1], np.int64), np.int64)])
-    scale = b.op("Mul", [a_scale, b.constant(np.asarray(w_scale, np.float32))])
+    qs, ss, zs = zip(*(_quantize(b, b.op("Gather", [a, b.constant(np.array([r], np.int64), np.int64)], axis=0))
+                       for r in range(rows)))
+    z = b.op("Concat", [b.op("Reshape", [v, one]) for v in zs], axis=0)
+    s = b.op("Reshape", [b.op("Concat", [b.op("Reshape", [v, one]) for v in ss], axis=0),
+                         b.constant(np.array([rows, 1], np.int64), np.int64)])
+    return _scaled_product(b, b.op("Concat", list(qs), axis=0), z, s, wq, wz, w_scale)
+
+
+def _quantize(b: _Builder, a: str) -> tuple[str, str, str]:
+    """A DynamicQuantizeLinear node of `a`: its (q, scale, zero point)."""
+    q, s, z = b.fresh("q"), b.fresh("s"), b.fresh("z")
+    b.nodes.append(helper.make_node("DynamicQuantizeLinear", [a], [q, s, z], name=f"{b.label}/{q[len(b.prefix):]}"))
+    return q, s, z
+
+
+def _scaled_product(b: _Builder, q: str, z: str, s: str, wq: str, wz: str, w_scale: np.ndarray) -> str:
+    """float32(MatMulInteger(q, wq, z, wz)) · (s · w_scale)."""
+    acc = b.op("MatMulInteger", [q, wq, z, wz])
+    scale = b.op("Mul", [s, b.constant(np.asarray(w_scale, np.float32))])
     return b.op("Mul", [b.op("Cast", [acc], to=_F), scale])

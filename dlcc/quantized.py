@@ -124,6 +124,16 @@ PRODUCTS = {"MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "QGe
             "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM"}
 
 
+def float_nbits(m: onnx.ModelProto) -> None:
+    """MatMulNBits at its float product in place: accuracy_level 4 is onnxruntime's int8
+    approximation of it, which dlcc does not compute (quantized_blocks.py)."""
+    for n in m.graph.node:
+        if n.op_type == "MatMulNBits" and n.domain == "com.microsoft":
+            for a in n.attribute:
+                if a.name == "accuracy_level" and a.i == 4:
+                    a.i = 0
+
+
 def exact_products(model: onnx.ModelProto, path="model", feeds: dict | None = None) -> onnx.ModelProto:
     """A copy of `model` whose integer products (PRODUCTS, and QAttention's) are exact float32
     products of their integer operands, every other op as it was: what verify gives onnxruntime
@@ -142,11 +152,7 @@ def exact_products(model: onnx.ModelProto, path="model", feeds: dict | None = No
                 for dim, n in zip(dims, shapes[vi.name]):
                     dim.Clear()
                     dim.dim_value = int(n)
-    for n in m.graph.node:  # MatMulNBits' float products, not its int8 approximation (quantized_blocks.py)
-        if n.op_type == "MatMulNBits" and n.domain == "com.microsoft":
-            for a in n.attribute:
-                if a.name == "accuracy_level" and a.i == 4:
-                    a.i = 0
+    float_nbits(m)
 
     def infer(x: onnx.ModelProto) -> onnx.ModelProto:
         # Ranks are what the rewrite reads (an LSTM's input shape comes from onnxruntime's run,

@@ -220,7 +220,7 @@ def has_tree_ensembles(model_path) -> bool:
     return any(n.domain == "ai.onnx.ml" and n.op_type.startswith("TreeEnsemble") for n in _graph(model_path).node)
 
 
-def _session(model_path, widen: bool, feeds: dict | None = None, draws: dict | None = None):
+def _session(model_path, widen: bool, feeds: dict | None = None, draws: dict | None = None, exact: bool = True):
     """onnxruntime on the model; with `widen` (a float16 or bfloat16 model), on the model widened
     to float32 (the reference is the float32 model: onnxruntime's CPU kernels would round every
     intermediate to the 16-bit type, or have none at all for bfloat16).
@@ -233,7 +233,8 @@ def _session(model_path, widen: bool, feeds: dict | None = None, draws: dict | N
     (quantized.PRODUCTS), so their own answer is not the model's there. The rewrite is made for
     the shapes of `feeds` (an LSTM is unrolled over its steps).
 
-    `draws` (with_draws): dlcc's random draws, which replace the model's random nodes."""
+    `draws` (with_draws): dlcc's random draws, which replace the model's random nodes. `exact`
+    False runs onnxruntime's own quantized kernels instead (rewrite_check.py)."""
     import onnxruntime as ort
 
     source = with_draws(onnx.load(str(model_path)), draws, feeds) if draws else None
@@ -250,7 +251,12 @@ def _session(model_path, widen: bool, feeds: dict | None = None, draws: dict | N
         from .quantized import exact_products
 
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        m = exact_products(source or onnx.load(str(model_path)), model_path, feeds)
+        if exact:
+            m = exact_products(source or onnx.load(str(model_path)), model_path, feeds)
+        else:
+            from .rewrite_check import own_kernels
+
+            m = own_kernels(source or onnx.load(str(model_path)), so, feeds)
         if widen:
             widen_graph(m.graph)
         return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
@@ -361,15 +367,15 @@ def _intermediate(model: onnx.ModelProto, name: str, feeds: dict) -> np.ndarray:
 
 
 def _reference(model_path, feeds: dict, names: list[str] | None = None,
-               draws: dict | None = None) -> tuple[list[str], list[np.ndarray], str | None]:
+               draws: dict | None = None, exact: bool = True) -> tuple[list[str], list[np.ndarray], str | None]:
     """(output names, onnxruntime's outputs, a note on how the reference ran or None), each output
     in the model's declared output dtype: a widened model's outputs are rounded back to their
-    16-bit type, as an exact 16-bit result would be."""
+    16-bit type, as an exact 16-bit result would be. `exact`: as _session's."""
     widen, half = _half_outputs(model_path)
     try:
         note = None
         try:
-            sess = _session(model_path, widen, feeds, draws)
+            sess = _session(model_path, widen, feeds, draws, exact)
         except Exception as e:
             sess = _legacy_session(model_path, e)
             note = f"the reference ran on the model converted to opset {ORT_MIN_OPSET}, the oldest onnxruntime runs"
@@ -437,11 +443,18 @@ def verify_outputs(model_path, got: dict[str, np.ndarray], feeds: dict, rtol: fl
                          "max_rel_err": float("inf"), "passed": False, "note": "not an output of the model"})
     if how and rows:
         rows[0]["note"] = how if "note" not in rows[0] else f"{rows[0]['note']}; {how}"
+    unchecked = ""
+    if is_quantized(model_path) and not draws:
+        from .rewrite_check import check_rewrite
+
+        unchecked = check_rewrite(model_path, feeds, dict(zip(names, refs)), rows)
     arbitrate(model_path, rows, got, feeds, dict(zip(names, refs)))
     if compiled is not None and hasattr(compiled, "plan") and is_quantized(model_path):
         from .quant_judge import judge_quantized
 
         judge_quantized(model_path, rows, got, feeds, compiled)
+    if unchecked and rows:
+        rows[0]["note"] = f"{rows[0]['note']}; {unchecked}" if "note" in rows[0] else unchecked
     return rows
 
 

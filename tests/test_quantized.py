@@ -563,6 +563,37 @@ def test_judge_passes_a_plan_that_rounds_a_tie_the_other_way(tmp_path):
     assert not rows[0]["passed"] and "computes other outputs" in rows[0]["note"]
 
 
+@needs_opencl
+def test_verify_refuses_a_rewrite_that_computes_something_else(tmp_path, monkeypatch):
+    """verify's reference for a quantized model runs dlcc's own exact rewrite of the fused
+    quantized ops (a DynamicQuantizeLSTM unrolled into per-step DynamicQuantizeLinear nodes), the
+    code that dlcc compiles, so a wrong rewrite is in both and would pass. verify checks the
+    rewrite against onnxruntime's own kernels (dlcc/rewrite_check.py). Here the rewrite's rescale
+    is 1% off: verify must fail the output and say that the reference is wrong."""
+    from dlcc import quantized, quantized_lstm  # (quantized_lstm builds on quantized: that one first)
+    from dlcc.rewrite_check import onnxruntime_saturates
+    from dlcc.verify import verify_outputs
+
+    if onnxruntime_saturates():
+        pytest.skip("onnxruntime's own uint8 x int8 products saturate on this CPU: the reference is not checked")
+    seq, width, hidden = 5, 8, 4
+    r = np.random.default_rng(4)
+    inits = {"W": r.integers(-64, 65, (1, width, 4 * hidden)).astype(I8), "R": r.integers(-64, 65, (1, hidden, 4 * hidden)).astype(I8),
+             "ws": np.float32([0.01]), "wz": np.zeros(1, I8), "rs": np.float32([0.02]), "rz": np.zeros(1, I8)}
+    feeds = {"x": r.standard_normal((seq, 2, width)).astype(np.float32)}
+    node = _ms("DynamicQuantizeLSTM", ["x", "W", "R", "", "", "", "", "", "ws", "wz", "rs", "rz"], ["y"], hidden_size=hidden)
+    path = _save(tmp_path / "lstm.onnx", [node], feeds, inits, ["y"], microsoft=True)
+    cm = dlcc.compile(path, target="opencl", pipeline="astitch")
+    rows = verify_outputs(path, cm(feeds), feeds, compiled=cm)
+    assert rows[0]["passed"] and "note" not in rows[0], rows  # (the real rewrite is onnxruntime's op, checked)
+    scaled = quantized_lstm._scaled_product
+    monkeypatch.setattr(quantized_lstm, "_scaled_product",
+                        lambda b, *a: b.op("Mul", [scaled(b, *a), b.constant(np.float32(1.01))]))
+    cm = dlcc.compile(path, target="opencl", pipeline="astitch")
+    rows = verify_outputs(path, cm(feeds), feeds, compiled=cm)
+    assert not rows[0]["passed"] and "the reference is wrong" in rows[0]["note"], rows
+
+
 def test_judge_holds_a_qlinear_softmax_to_onnxruntimes_value_before_rounding(tmp_path):
     """QLinearSoftmax's sum is dlcc's reduction, not onnxruntime's loop (dlcc/quantized_qlinear.py):
     the judge computes onnxruntime's value before rounding from the quantized input and accepts a

@@ -29,9 +29,8 @@ A model onnxruntime refuses is refused with its reason (a leaf without a weight,
 another tree, a feature past the input's columns); one it would loop forever on (a cycle) too.
 String class labels (a string output), a float64 input (compared in double), a node no walk
 from its tree's first listed node reaches (onnxruntime gives its weights to another leaf), the
-two-class cases where onnxruntime writes one score of the two, and the opset-5 TreeEnsemble's
-BRANCH_MEMBER sets stay unsupported, and `--fallback onnxruntime` runs them there. docs/classic-ml.md has the
-whole story.
+two-class cases where onnxruntime writes one score of the two stay unsupported, and
+`--fallback onnxruntime` runs them there. docs/classic-ml.md has the whole story.
 """
 from __future__ import annotations
 
@@ -49,6 +48,12 @@ _F, _I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
 #: is Not(Equal), true for a NaN as C's != is.
 MODES = {"BRANCH_LEQ": "LessOrEqual", "BRANCH_LT": "Less", "BRANCH_GTE": "GreaterOrEqual",
          "BRANCH_GT": "Greater", "BRANCH_EQ": "Equal", "BRANCH_NEQ": "Not"}
+#: The opset-5 TreeEnsemble's categorical sets (BRANCH_MEMBER), as _tree_ensemble converts them:
+#: a set of integers in 0..30, fewer than 31, holds a value equal to a member; a larger one (or
+#: one reaching outside 0..30) holds a finite value whose truncation toward zero is a member, as
+#: onnxruntime's BRANCH_MEMBER_BIGSET does (3.5 is in {1, 3, 40}). Only that conversion writes
+#: them: a TreeEnsembleRegressor's own nodes_modes cannot name them.
+MEMBER_MODES = ("BRANCH_MEMBER", "BRANCH_MEMBER_BIGSET")
 TRANSFORMS = ("NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO", "PROBIT")
 AGGREGATES = ("SUM", "AVERAGE", "MIN", "MAX")
 
@@ -66,7 +71,7 @@ class Forest:
 
     feature: np.ndarray     # int64: the column a branch reads (0 at leaves)
     threshold: np.ndarray   # float32
-    mode: np.ndarray        # int64: index into MODES' keys, -1 at leaves
+    mode: np.ndarray        # int64: index into MODES' keys then MEMBER_MODES, -1 at leaves
     on_true: np.ndarray     # int64: the next node where the comparison holds (a leaf: itself)
     on_false: np.ndarray    # int64
     nan_true: np.ndarray    # bool: a NaN value takes the true branch
@@ -75,6 +80,7 @@ class Forest:
     weights: list           # per node: [(class or target, weight)] in the attribute order
     classes_named: frozenset  # the class (or target) ids the weights name, leaves or not
     all_positive: bool      # no weight is negative (onnxruntime's weights_are_all_positive_)
+    sets: tuple = ()        # a member node's set (its threshold indexes these): int64 arrays
 
     @property
     def size(self) -> int:
@@ -121,9 +127,10 @@ def _strings(b: _Builder, name: str) -> list[str]:
     return [s.decode(errors="replace") if isinstance(s, bytes) else str(s) for s in v]
 
 
-def read_forest(b: _Builder, prefix: str, outputs: int, columns: int) -> Forest:
+def read_forest(b: _Builder, prefix: str, outputs: int, columns: int, sets: tuple = ()) -> Forest:
     """The trees of the node's attributes (`prefix`: "class" or "target", naming the weights),
-    checked as onnxruntime checks them at load, and for cycles."""
+    checked as onnxruntime checks them at load, and for cycles. `sets`: the membership sets that
+    _tree_ensemble's member nodes index (MEMBER_MODES)."""
     tree = _values(b, "nodes_treeids", np.int64)
     n = tree.size
     node_id = _values(b, "nodes_nodeids", np.int64)
@@ -135,7 +142,8 @@ def read_forest(b: _Builder, prefix: str, outputs: int, columns: int) -> Forest:
                       ("nodes_truenodeids", t_id), ("nodes_falsenodeids", f_id), ("nodes_modes", modes)):
         if len(arr) != n:
             raise b.fail(f"{name} holds {len(arr)} values, not one per node ({n}, as nodes_treeids)")
-    unknown = sorted({m for m in modes if m != "LEAF" and m not in MODES})
+    known = (*MODES, *MEMBER_MODES) if sets else tuple(MODES)
+    unknown = sorted({m for m in modes if m != "LEAF" and m not in known})
     if unknown:
         raise b.fail(f"node mode {unknown[0]!r} is not LEAF or one of {', '.join(MODES)}")
     missing = _values(b, "nodes_missing_value_tracks_true", np.int64, required=False)[:n]
@@ -149,7 +157,7 @@ def read_forest(b: _Builder, prefix: str, outputs: int, columns: int) -> Forest:
         where[key] = i
     leaf = np.array([m == "LEAF" for m in modes], bool)
     branch = ~leaf
-    mode = np.array([list(MODES).index(m) if m in MODES else -1 for m in modes], np.int64)
+    mode = np.array([known.index(m) if m in known else -1 for m in modes], np.int64)
     on_true, on_false = np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)
     for i in np.flatnonzero(branch):
         for side, ids, table in (("true", t_id, on_true), ("false", f_id, on_false)):
@@ -200,7 +208,7 @@ def read_forest(b: _Builder, prefix: str, outputs: int, columns: int) -> Forest:
     if bare:
         raise b.fail(f"leaf {node_id[bare[0]]} of tree {tree[bare[0]]} has no weight")
     return Forest(feature, threshold, mode, on_true, on_false, nan_true, starts.astype(np.int64), depth, weights,
-                  frozenset(ids.tolist()), not bool((w < 0).any()))
+                  frozenset(ids.tolist()), not bool((w < 0).any()), tuple(sets))
 
 
 def _depth(b: _Builder, roots: np.ndarray, on_true: np.ndarray, on_false: np.ndarray,
@@ -225,11 +233,41 @@ def _depth(b: _Builder, roots: np.ndarray, on_true: np.ndarray, on_false: np.nda
 
 
 # -- the walk -------------------------------------------------------------------------------------
-def _compare(b: _Builder, mode: int, value: str, limit: str) -> str:
+def _compare(b: _Builder, mode: int, value: str, limit: str, f: Forest, tables) -> str:
+    if mode >= len(MODES):
+        return _member(b, MEMBER_MODES[mode - len(MODES)] == "BRANCH_MEMBER", value, limit, f, tables)
     op = list(MODES.values())[mode]
     if op == "Not":
         return b.op("Not", [b.op("Equal", [value, limit])])
     return b.op(op, [value, limit])
+
+
+def _member(b: _Builder, exact: bool, value: str, limit: str, f: Forest, table) -> str:
+    """Whether `value` is in the set `limit` indexes (MEMBER_MODES): one bool table of every
+    set over the span of all their members, read at set · span + (trunc(value) − lowest). `exact`:
+    the value must be that integer itself; else its truncation toward zero (a finite value
+    within the span) will do."""
+    lo = min(int(s.min()) for s in f.sets)
+    span = max(int(s.max()) for s in f.sets) - lo + 1
+    if len(f.sets) * span > MAX_TABLE:
+        raise b.unsupported(f"{len(f.sets)} categorical sets whose members span {span} integers (more than "
+                            f"{MAX_TABLE} table entries)")
+    member = np.zeros((len(f.sets), span), np.bool_)
+    for k, s in enumerate(f.sets):
+        member[k, s - lo] = True
+    if exact:
+        inside = b.op("And", [b.op("GreaterOrEqual", [value, b.constant(np.float32(lo))]),
+                              b.op("LessOrEqual", [value, b.constant(np.float32(lo + span - 1))])])
+    else:  # (trunc(v) in [lo, hi] for v in (lo − 1, hi + 1); NaN and ±inf are outside)
+        inside = b.op("And", [b.op("Greater", [value, b.constant(np.float32(lo - 1))]),
+                              b.op("Less", [value, b.constant(np.float32(lo + span))])])
+    whole = b.op("Cast", [b.op("Where", [inside, value, b.constant(np.float32(lo))])], to=onnx.TensorProto.INT32)
+    at = b.op("Add", [b.op("Mul", [b.op("Cast", [limit], to=onnx.TensorProto.INT32), b.constant(np.int32(span), np.int32)]),
+                      b.op("Sub", [whole, b.constant(np.int32(lo), np.int32)])])
+    hit = b.op("And", [inside, b.op("Gather", [table("member", member.reshape(-1), np.bool_), at], axis=0)])
+    if exact:
+        hit = b.op("And", [hit, b.op("Equal", [b.op("Cast", [whole], to=_F), value])])
+    return hit
 
 
 def _leaves(b: _Builder, x: str, rows: int, f: Forest) -> str:
@@ -251,13 +289,13 @@ def _leaves(b: _Builder, x: str, rows: int, f: Forest) -> str:
         value = b.op("GatherElements", [x, column], axis=1)
         limit = b.op("Gather", [table("threshold", f.threshold, np.float32), cur], axis=0)
         if len(used) == 1:
-            cond = _compare(b, used[0], value, limit)
+            cond = _compare(b, used[0], value, limit, f, table)
         else:
             mode = b.op("Gather", [table("mode", f.mode, np.int32), cur], axis=0)
             cond = None
             for m in used:
                 hit = b.op("And", [b.op("Equal", [mode, b.constant(np.int32(m), np.int32)]),
-                                   _compare(b, m, value, limit)])
+                                   _compare(b, m, value, limit, f, table)])
                 cond = hit if cond is None else b.op("Or", [cond, hit])
         if nan_true:
             track = b.op("Gather", [table("nan_true", f.nan_true, np.bool_), cur], axis=0)
@@ -411,9 +449,9 @@ def _choice(b: _Builder, name: str, default: str, allowed: tuple) -> str:
     return v
 
 
-def _tree_regressor(b: _Builder, out_elem: int = _F) -> None:
+def _tree_regressor(b: _Builder, out_elem: int = _F, sets: tuple = ()) -> None:
     """Y [rows, n_targets]: the trees' values aggregated (SUM by default, AVERAGE, MIN or MAX),
-    plus the base values, through the score transform; of type `out_elem`."""
+    plus the base values, through the score transform; of type `out_elem`. `sets`: read_forest's."""
     x, rows, cols = _input(b)
     targets = int(b.attr("n_targets", 0))
     if targets < 1:
@@ -423,7 +461,7 @@ def _tree_regressor(b: _Builder, out_elem: int = _F) -> None:
     base = _values(b, "base_values", np.float32, required=False)
     if base.size not in (0, targets):
         raise b.fail(f"base_values holds {base.size} values, not 0 or one per target ({targets})")
-    forest = read_forest(b, "target", targets, cols)
+    forest = read_forest(b, "target", targets, cols, sets)
     sc = _aggregate(b, x, rows, forest, targets, agg, single=targets == 1)
     if targets == 1:  # (onnxruntime's single-output path: one base value, and PROBIT alone)
         y = b.op("Add", [sc.value, b.constant(base[0] if base.size == 1 else np.float32(0))])
@@ -553,8 +591,8 @@ def _binary(b: _Builder, sc: Scores, base: np.ndarray, labels: np.ndarray, post:
     return label, z
 
 
-#: TreeEnsemble's nodes_modes (ai.onnx.ml 5), by value; 6 is BRANCH_MEMBER.
-V5_MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ")
+#: TreeEnsemble's nodes_modes (ai.onnx.ml 5), by value.
+V5_MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ", "BRANCH_MEMBER")
 V5_AGGREGATES = {0: "AVERAGE", 1: "SUM", 2: "MIN", 3: "MAX"}
 #: post_transform by value as onnxruntime reads it (its POST_EVAL_TRANSFORM enum). The ONNX spec
 #: lists SOFTMAX as 1 and LOGISTIC as 2; onnxruntime, the reference verify checks against, swaps
@@ -569,7 +607,14 @@ def _tree_ensemble(b: _Builder) -> None:
     side first: a branch is numbered before its true subtree, which is before its false one, and
     a leaf becomes a node with its one weight (a leaf two branches reach, twice). Why the same
     conversion: the trees' order and each leaf's place in it are the order the sum runs in.
-    BRANCH_MEMBER (categorical sets) stays unsupported."""
+
+    A BRANCH_MEMBER node's set is its run of membership_values up to the next NaN. onnxruntime
+    unrolls a set of fewer than 31 values in 0..30 into a chain of BRANCH_EQ nodes (one per value,
+    each true to the same subtree), and turns a larger one into BRANCH_MEMBER_BIGSET, which holds
+    a value whose truncation toward zero is a member. Here an unrolled set of integers is one
+    node of MEMBER_MODES' first kind (the chain's equality, one walk level); a set with a
+    fraction (0.5) is unrolled as onnxruntime unrolls it; a larger one is a node of the second
+    kind, and must hold integers, as onnxruntime requires."""
     x = b.node.input[0]
     if b.elem(x) not in (_F, onnx.TensorProto.DOUBLE):
         raise b.fail(f"input type {elem_name(b.elem(x))} is not float or double")
@@ -600,8 +645,6 @@ def _tree_ensemble(b: _Builder) -> None:
             raise b.fail(f"{name} holds {len(v)} values, not one per node ({n}, as nodes_featureids)")
     if len(weights) != len(targets):
         raise b.fail(f"leaf_weights holds {len(weights)} values and leaf_targetids {len(targets)}, not one each per leaf")
-    if (modes == 6).any() or b.attrs.get("membership_values") is not None:
-        raise b.unsupported("BRANCH_MEMBER nodes (categorical sets)")
     bad = [int(m) for m in modes if not 0 <= m < len(V5_MODES)]
     if bad:
         raise b.fail(f"node mode {bad[0]} is not one of 0 to 6")
@@ -610,12 +653,15 @@ def _tree_ensemble(b: _Builder) -> None:
         raise b.fail(f"aggregate_function {agg} or post_transform {post} is not a known value")
     if not roots:
         raise b.fail("tree_roots is empty: the ensemble has no trees")
+    members_v = tensor("membership_values")
+    members = _membership_sets(b, modes, members_v)
+    sets: list[np.ndarray] = []
 
     v3: dict[str, list] = {k: [] for k in ("nodes_treeids", "nodes_nodeids", "nodes_featureids", "nodes_values",
                                            "nodes_modes", "nodes_truenodeids", "nodes_falsenodeids",
                                            "nodes_missing_value_tracks_true", "target_ids", "target_nodeids",
                                            "target_treeids", "target_weights")}
-    limit = 4 * (n + len(weights)) + 16  # (a walk longer than every node twice over has met a cycle)
+    limit = 4 * (n + len(weights) + len(members_v)) + 16  # (a walk longer than every node twice over has met a cycle)
     for tree, root in enumerate(roots):
         if not 0 <= root < n:
             raise b.fail(f"tree root {root} is not a node (there are {n})")
@@ -631,9 +677,9 @@ def _tree_ensemble(b: _Builder) -> None:
                 v3["nodes_falsenodeids"][placeholder] = nid
             if not 0 <= k < (len(weights) if leaf else n):
                 raise b.fail(f"a branch leads to {'leaf' if leaf else 'node'} {k}, which is not there")
-            v3["nodes_nodeids"].append(nid)
-            v3["nodes_treeids"].append(tree)
             if leaf:
+                v3["nodes_nodeids"].append(nid)
+                v3["nodes_treeids"].append(tree)
                 v3["nodes_modes"].append("LEAF")
                 v3["nodes_featureids"].append(0)
                 v3["nodes_values"].append(0.0)
@@ -645,9 +691,16 @@ def _tree_ensemble(b: _Builder) -> None:
                 v3["target_treeids"].append(tree)
                 v3["target_weights"].append(float(weights[k]))
                 continue
-            v3["nodes_modes"].append(V5_MODES[modes[k]])
+            mode, split, chain = V5_MODES[modes[k]], float(splits[k]), len(v3["nodes_truenodeids"])
+            if modes[k] == 6:
+                mode, split, nid = _member_node(b, members[k], sets, v3, tree, nid, feature[k],
+                                                missing[k] if k < len(missing) else 0)
+            v3["nodes_nodeids"].append(nid)
+            v3["nodes_treeids"].append(tree)
+            v3["nodes_modes"].append(mode)
             v3["nodes_featureids"].append(feature[k])
-            v3["nodes_values"].append(float(splits[k]))
+            v3["nodes_values"].append(split)
+            v3["nodes_truenodeids"][chain:] = [nid + 1] * (len(v3["nodes_truenodeids"]) - chain)  # (a chain's too)
             v3["nodes_truenodeids"].append(nid + 1)
             v3["nodes_falsenodeids"].append(-1)
             v3["nodes_missing_value_tracks_true"].append(missing[k] if k < len(missing) else 0)
@@ -657,7 +710,46 @@ def _tree_ensemble(b: _Builder) -> None:
                "post_transform": V5_TRANSFORMS[post]}
     # (Y has X's type: a float64 X, compared in float32 where a precision was asked for, as
     # _input says, gives a float64 Y)
-    _tree_regressor(b, out_elem=b.elem(x))
+    _tree_regressor(b, out_elem=b.elem(x), sets=tuple(sets))
+
+
+def _membership_sets(b: _Builder, modes: np.ndarray, values: np.ndarray) -> dict[int, np.ndarray]:
+    """{node: its set} for the BRANCH_MEMBER nodes, in order: membership_values holds one run per
+    such node, each ended by a NaN (the last one may end with the list)."""
+    at = np.flatnonzero(modes == 6)
+    runs = np.split(values, np.flatnonzero(np.isnan(values)))
+    runs = [r[1:] if k else r for k, r in enumerate(runs)]  # (each after the first starts at its NaN)
+    if runs and not runs[-1].size and np.isnan(values[-1:]).all():
+        runs.pop()
+    if len(runs) < at.size:
+        raise b.fail(f"membership_values holds {len(runs)} set(s), not one per BRANCH_MEMBER node ({at.size})")
+    empty = [int(k) for k, r in zip(at, runs) if not r.size]
+    if empty:
+        raise b.fail(f"BRANCH_MEMBER node {empty[0]} has an empty set")
+    return {int(k): r for k, r in zip(at, runs)}
+
+
+def _member_node(b: _Builder, members: np.ndarray, sets: list, v3: dict, tree: int, nid: int, feature: int,
+                 missing: int) -> tuple[str, float, int]:
+    """A BRANCH_MEMBER node as _tree_ensemble says: the chain's BRANCH_EQ nodes but the last go
+    into `v3` here (their true ids are set by the caller), and a new set into `sets`. Returns the
+    last node's (mode, value, id)."""
+    if members.size < 31 and members.max() <= 30 and members.min() >= 0:
+        if np.all(members == np.floor(members)):
+            sets.append(members.astype(np.int64))
+            return "BRANCH_MEMBER", float(len(sets) - 1), nid
+        for m in members[:-1]:  # (onnxruntime's unrolled chain: each false to the next)
+            for key, v in (("nodes_nodeids", nid), ("nodes_treeids", tree), ("nodes_featureids", feature),
+                           ("nodes_modes", "BRANCH_EQ"), ("nodes_values", float(m)), ("nodes_falsenodeids", nid + 1),
+                           ("nodes_truenodeids", -1), ("nodes_missing_value_tracks_true", missing)):
+                v3[key].append(v)
+            nid += 1
+        return "BRANCH_EQ", float(members[-1]), nid
+    if not (np.all(members == np.floor(members)) and members.min() >= -2 ** 31 and members.max() < 2 ** 31):
+        raise b.fail("a BRANCH_MEMBER set of 31 or more values, or reaching outside 0..30, must hold integers "
+                     "(onnxruntime compares them as int32)")
+    sets.append(members.astype(np.int64))
+    return "BRANCH_MEMBER_BIGSET", float(len(sets) - 1), nid
 
 
 TREE_REWRITES = {"TreeEnsembleRegressor": _tree_regressor, "TreeEnsembleClassifier": _tree_classifier,

@@ -347,3 +347,62 @@ def test_the_opset_5_tree_ensemble(tmp_path, outputs, modes, extra):
     onnx.checker.check_model(m)
     onnx.save(m, tmp_path / "v5.onnx")
     _check(tmp_path / "v5.onnx", {"x": inputs(rng, rows, c, nans=True)})
+
+
+#: Categorical sets, one per BRANCH_MEMBER node in turn: integers in 0..30 (onnxruntime's chain of
+#: equalities), one with fractions (the chain itself), and sets of 31 or more or reaching outside
+#: 0..30 (its BRANCH_MEMBER_BIGSET, which truncates the value toward zero).
+SETS = [[0, 2, 3], [0.5, 1, 2.5], [1, 3, 40], list(range(0, 62, 2)), [-3, 7], [30]]
+#: The inputs the sets are read with: members, truncations of members, and past the ends.
+CATEGORIES = np.float32([0, 1, 2, 2.5, 3, 3.5, -0.5, -0.9, -3, -3.5, 7.9, 40, 40.5, 30, 31, 60.5, np.nan,
+                         np.inf, -np.inf, 1e10])
+
+
+@needs_opencl
+@pytest.mark.parametrize("nan_tracks", [False, True])
+def test_the_opset_5_tree_ensemble_categorical_sets(tmp_path, nan_tracks):
+    """BRANCH_MEMBER nodes (categorical splits): the value must be in the node's set. Small sets
+    of integers and fractions compare for equality; large ones, or ones reaching outside 0..30,
+    hold a value whose truncation toward zero is a member (3.5 is in {1, 3, 40}), as onnxruntime's
+    BRANCH_MEMBER_BIGSET does; NaN goes where the node tracks it. Against onnxruntime."""
+    rng = np.random.default_rng(7)
+    c, rows = 4, 200
+    a = forest(rng, 8, c, 1, 4, "target", modes=("BRANCH_LEQ", "BRANCH_EQ"), nan_tracks=nan_tracks, weights="one")
+    node = _as_v5(a, 1)
+    attrs = {x.name: x for x in node.attribute}
+    modes = onnx.numpy_helper.to_array(attrs["nodes_modes"].t).copy()
+    members = []
+    for n, k in enumerate(range(0, modes.size, 2)):  # (every other branch, each set in turn)
+        modes[k] = 6
+        members += SETS[n % len(SETS)] + [np.nan]
+    assert n >= len(SETS)
+    attrs["nodes_modes"].t.CopyFrom(onnx.numpy_helper.from_array(modes))
+    node.attribute.append(h.make_attribute("membership_values", onnx.numpy_helper.from_array(np.float32(members))))
+    g = h.make_graph([node], "v5", [h.make_tensor_value_info("x", F, [rows, c])],
+                     [h.make_tensor_value_info("y", F, [rows, 1])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 21), h.make_opsetid(ML, 5)])
+    onnx.checker.check_model(m)
+    onnx.save(m, tmp_path / "sets.onnx")
+    x = rng.choice(CATEGORIES, size=(rows, c)).astype(np.float32)
+    _check(tmp_path / "sets.onnx", {"x": x})
+
+
+def test_categorical_sets_onnxruntime_refuses_are_clear_errors(tmp_path):
+    """A BRANCH_MEMBER node without a set, an empty set, and a large set with a fraction (which
+    onnxruntime cannot compare as int32) are one clear error each."""
+    from dlcc.errors import DlccError
+
+    rng = np.random.default_rng(8)
+    a = forest(rng, 1, 2, 1, 2, "target", weights="one")
+    for members, why in (([], "holds 0 set"), ([np.nan], "empty set"), ([0.5, 40, np.nan], "must hold integers")):
+        node = _as_v5(a, 1)
+        attrs = {x.name: x for x in node.attribute}
+        modes = onnx.numpy_helper.to_array(attrs["nodes_modes"].t).copy()
+        modes[0] = 6
+        attrs["nodes_modes"].t.CopyFrom(onnx.numpy_helper.from_array(modes))
+        if members:
+            node.attribute.append(h.make_attribute("membership_values", onnx.numpy_helper.from_array(np.float32(members))))
+        g = h.make_graph([node], "v5", [h.make_tensor_value_info("x", F, [3, 2])], [h.make_tensor_value_info("y", F, [3, 1])])
+        onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 21), h.make_opsetid(ML, 5)]), tmp_path / "bad.onnx")
+        with pytest.raises(DlccError, match=why):
+            dlcc.compile(tmp_path / "bad.onnx", target="opencl")

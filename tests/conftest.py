@@ -133,3 +133,25 @@ def parallel_gemms(path, n, M=128, K=768, N=768):
                           [helper.make_tensor_value_info(o, TensorProto.FLOAT, [M, N]) for o in outs], inits)
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path
+
+
+def run_main(*args, cwd=None) -> tuple[int, str, str]:
+    """The console entry point that the `dlcc` script runs (dlcc.cli.main: all of its error
+    handling), in this process: (exit code, stdout, stderr). A process per call took a second and
+    more just to start; tests/test_cli.py runs the script itself."""
+    import contextlib
+    import io
+
+    from dlcc.cli import main
+
+    out, err, here, code = io.StringIO(), io.StringIO(), os.getcwd(), 0
+    try:
+        if cwd:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main([str(a) for a in args])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else int(bool(e.code))
+    finally:
+        os.chdir(here)
+    return code, out.getvalue(), err.getvalue()

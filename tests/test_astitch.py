@@ -563,12 +563,12 @@ def test_minus_one_and_question_mark_dims_are_dynamic(tmp_path, style):
     np.testing.assert_array_equal(c(feeds)["y"], np.maximum(feeds["x"], 0))
 
 
-@pytest.mark.parametrize("pipeline", ["baseline", "astitch"])
-def test_ops_of_hundreds_of_inputs_build(tmp_path, pipeline):
+def test_ops_of_hundreds_of_inputs_build(tmp_path):
     """A Concat of 300 pieces (a SplitToSequence into single elements, concatenated again, as the
     fuzzer wrote it), a Sum of 300 and an int32 Max of 24. Each input nested its expression one
     level deeper, and clang refuses more than 256 levels; the integer Max also named the running
-    value twice, so its text doubled with every input. All three match onnxruntime."""
+    value twice, so its text doubled with every input. All three match onnxruntime, through
+    astitch (the ops' expressions are the same in baseline's kernels)."""
     n = 300
     nodes = [h.make_node("Split", ["x", "sizes"], [f"p{k}" for k in range(n)], axis=0)]
     nodes += [h.make_node("Neg", [f"p{k}"], [f"q{k}"]) for k in range(n)]
@@ -578,4 +578,4 @@ def test_ops_of_hundreds_of_inputs_build(tmp_path, pipeline):
     nodes += [h.make_node("Max", [f"i{k}" for k in range(24)], ["imax"]), h.make_node("Cast", ["imax"], ["max"], to=T.FLOAT)]
     p, feeds = _model(tmp_path, nodes, [("x", [n])], ["cat", "sum", "max"], {"sizes": np.ones(n, np.int64)})
     feeds["x"] *= 100
-    _compile_check(p, feeds, pipeline)
+    _compile_check(p, feeds, "astitch")

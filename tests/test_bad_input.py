@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,16 +10,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import dlcc
+from conftest import run_main
 from dlcc.errors import ConfigError, ModelError, ShapeError, UnsupportedOpsError
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "resnet-tiny.onnx"
-
-
-def cli(*args, cwd=None):
-    """Run the real console entry point in a subprocess, as a user would."""
-    p = subprocess.run([sys.executable, "-m", "dlcc.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd)
-    return p.returncode, p.stdout, p.stderr
+cli = run_main
 
 
 def assert_clean_error(rc, out, err, *needles):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 
 import dlcc
-from conftest import opencl_device_available, parallel_gemms, run_ort
+from conftest import opencl_device_available, parallel_gemms, run_main, run_ort
 from dlcc.errors import ConfigError
 from dlcc.verify import DEFAULT_TOLERANCE
 
@@ -24,9 +23,7 @@ EXAMPLE = ROOT / "examples" / "resnet-tiny.onnx"
 needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
 
 
-def cli(*args):
-    p = subprocess.run([sys.executable, "-m", "dlcc.cli", *map(str, args)], capture_output=True, text=True)
-    return p.returncode, p.stdout, p.stderr
+cli = run_main
 
 
 def _gemm_kernels(plan):

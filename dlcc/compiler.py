@@ -18,6 +18,7 @@ from .frontend import ShapeBindings, check_static, dtype_problems, import_model
 from .ir import Graph
 from .ops.registry import lookup
 from .passes import PASSES, CompileState, check_order
+from .kernels.program import MAX_KERNEL_ARGS, address_wide_launches
 from .plan import build_plan, kernel_sources
 from .progress import Steps
 from .random_draws import STATE
@@ -290,6 +291,12 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
         _check_reads(state, p.name)
     if state.ctx is None or state.memory is None:
         raise ConfigError(f"pipeline {pipe.name!r} must include the 'lower' and 'memplan' passes")
+    wide, unread = address_wide_launches(state.ctx.program)
+    if wide:
+        state.log.append(f"plan: {wide} launch(es) of more than {MAX_KERNEL_ARGS} tensors address them by storage")
+    if unread:
+        state.log.append(f"plan: kernel(s) {', '.join(unread)} keep more than {MAX_KERNEL_ARGS} tensor parameters: "
+                         "their signature was not understood (a dlcc bug; a device with room for them runs them)")
     digest = digest_thread.result()
     meta = {
         "dlcc_version": __version__,

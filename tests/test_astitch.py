@@ -3,6 +3,7 @@ scheme per edge, where each intermediate lives), numerics against onnxruntime on
 barrier's residency rules and state, nvcc, and packaging."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import zipfile
@@ -568,7 +569,12 @@ def test_ops_of_hundreds_of_inputs_build(tmp_path):
     fuzzer wrote it), a Sum of 300 and an int32 Max of 24. Each input nested its expression one
     level deeper, and clang refuses more than 256 levels; the integer Max also named the running
     value twice, so its text doubled with every input. All three match onnxruntime, through
-    astitch (the ops' expressions are the same in baseline's kernels)."""
+    astitch and baseline (one kernel of 301 parameters each for the Concat and the Sum).
+
+    Every kernel also fits OpenCL's smallest parameter space (1,024 bytes): a launch of more
+    than MAX_KERNEL_ARGS tensors addresses them by storage (kernels/program.py
+    address_wide_launches); the stitched kernel took 604 pointers, 4.8 KB, past CUDA's 4 KB
+    before 12.1 as well."""
     n = 300
     nodes = [h.make_node("Split", ["x", "sizes"], [f"p{k}" for k in range(n)], axis=0)]
     nodes += [h.make_node("Neg", [f"p{k}"], [f"q{k}"]) for k in range(n)]
@@ -578,4 +584,16 @@ def test_ops_of_hundreds_of_inputs_build(tmp_path):
     nodes += [h.make_node("Max", [f"i{k}" for k in range(24)], ["imax"]), h.make_node("Cast", ["imax"], ["max"], to=T.FLOAT)]
     p, feeds = _model(tmp_path, nodes, [("x", [n])], ["cat", "sum", "max"], {"sizes": np.ones(n, np.int64)})
     feeds["x"] *= 100
-    _compile_check(p, feeds, "astitch")
+    for pipeline in ("astitch", "baseline"):
+        m = _compile_check(p, feeds, pipeline)
+        assert "address them by storage" in m.plan["meta"]["pass_log"][-1]
+        assert max(_parameter_bytes(m.source("opencl")).values()) <= 1024
+
+
+def _parameter_bytes(source: str) -> dict[str, int]:
+    """Each kernel's parameter bytes: 8 a pointer, 4 anything else."""
+    sizes = {}
+    for m in re.finditer(r"KERNEL\s+void\s+(?:LAUNCH_BOUNDS\(\d+\)\s*)?(\w+)\s*\(([^)]*)\)", source):
+        sizes[m.group(1)] = sum(8 if "*" in p else 4 for p in m.group(2).split(","))
+    assert sizes
+    return sizes

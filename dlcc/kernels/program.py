@@ -277,3 +277,69 @@ def fill_operand_table(table: np.ndarray, spec: dict, storages: list[str], view,
                                 "past what its int32 schedule table can address; compile without the rammer pass")
             table[at + 2 * j] = storages.index(v["storage"])
             table[at + 2 * j + 1] = off
+
+
+#: The most tensor arguments a kernel takes as a parameter each. OpenCL promises only 1,024 bytes
+#: of parameters (CL_DEVICE_MAX_PARAMETER_SIZE), 128 pointers, and CUDA 4 KB before 12.1; a
+#: Concat or Sum of hundreds of inputs, and the stitch around it, can take more. A launch past it
+#: is addressed by storage instead (address_wide_launches), as a persistent kernel always is.
+MAX_KERNEL_ARGS = 64
+
+_SIGNATURE = r"KERNEL\s+void\s+(?:LAUNCH_BOUNDS\(\s*\d+\s*\)\s*)?{name}\s*\("
+
+
+def address_by_storage(code: str, name: str, kinds: list[str]) -> str | None:
+    """`code` (kernel `name`'s text) with its tensor parameters taken as storage base + offset:
+    the signature takes STORAGE_PARAMS and then its int parameters, and the body opens by declaring
+    each tensor parameter, by its old name, as `(type)(@OPERANDj@)`, so the rest of the text is
+    unchanged. `kinds`: the launch's argument kinds ("t" or "i") in order. None where the
+    signature does not read as those arguments (the kernel is then left as it is)."""
+    m = re.search(_SIGNATURE.format(name=re.escape(name)), code)
+    if not m:
+        return None
+    close = code.find(")", m.end())
+    brace = code.find("{", close)
+    if close < 0 or brace < 0 or code[close + 1:brace].strip():
+        return None
+    params = [p.strip() for p in code[m.end():close].split(",")]
+    if len(params) != len(kinds):
+        return None
+    ints, decls = [], []
+    for p, kind in zip(params, kinds):
+        pointer = re.fullmatch(r"(GPTR\s+(?:const\s+)?\w+\s*\*)\s*(\w+)", p)
+        if (kind == "t") != bool(pointer):
+            return None
+        if pointer:
+            decls.append(f"    {p} = ({pointer.group(1)})(@OPERAND{len(decls)}@);\n")
+        else:
+            ints.append(p)
+    head = code[:m.end()] + ", ".join([STORAGE_PARAMS] + ints) + ") {\n"
+    return head + "".join(decls) + code[brace + 1:]
+
+
+def address_wide_launches(prog: KernelProgram, max_args: int = MAX_KERNEL_ARGS) -> tuple[int, list[str]]:
+    """Give each launch of more than `max_args` tensor arguments its own copy of its kernel,
+    addressed by storage (address_by_storage; plan.py binds the offsets once the memory plan is
+    known). Each launch gets a copy because the offsets are written into the text. Returns how
+    many launches were changed, and the kernels whose signature could not be read that way (a
+    dlcc bug: they keep their parameters, which a device with room for them still runs)."""
+    changed, kept = 0, []
+    for i, L in enumerate(prog.launches):
+        kinds = [kind for kind, _ in L.args]
+        if L.storage_operands or kinds.count("t") <= max_args:
+            continue
+        k = prog.kernels[L.kernel]
+        text = address_by_storage(k.code, k.name, kinds)
+        if text is None:
+            kept.append(k.name)
+            continue
+        text = f"/* launch {i}: its {kinds.count('t')} tensors addressed by storage */\n" + text
+        hint = k.name.rsplit("_", 1)[0]
+        L.kernel = prog.add_kernel(hint, lambda nm, t=text, old=k.name: t.replace(old, nm), k.block,
+                                   smem_bytes=k.smem_bytes, kind=k.kind, tiling=k.tiling, pass_name=k.pass_name,
+                                   normalisable=k.normalisable, math=k.math, dynamic_smem=k.dynamic_smem)
+        L.storage_operands = True
+        changed += 1
+    if changed:
+        prog.prune_unlaunched()
+    return changed, list(dict.fromkeys(kept))

@@ -19,16 +19,18 @@ import numpy as np
 import onnx
 
 from .fused_ops import _Builder
+from .large_attributes import with_forest
 from .rewrite import rewrite_rounds
 
 _F = onnx.TensorProto.FLOAT
 
 
 def lower_composite(model: onnx.ModelProto, infer, weights, path, supported: set[str],
-                    float64: bool = False) -> tuple[onnx.ModelProto, list[str]]:
+                    float64: bool = False, forests: dict | None = None) -> tuple[onnx.ModelProto, list[str]]:
     """Rewrite (in place) every node of `model`'s main graph whose op is in REWRITES and has no
     lowering in `supported`. Returns the model and a note for the pass log. `float64`: a precision
-    was asked for, so float64 may be computed in float32 (a tree ensemble's float64 input too)."""
+    was asked for, so float64 may be computed in float32 (a tree ensemble's float64 input too).
+    `forests`: the large forests the import kept aside (large_attributes.stash_forests)."""
     from .ml_ops import ML, ML_REWRITES
     from .ml_trees import TREE_OPS
 
@@ -58,6 +60,7 @@ def lower_composite(model: onnx.ModelProto, infer, weights, path, supported: set
     def builder(*args, **kw) -> _Builder:
         b = _Builder(*args, **kw)
         b.narrow_float64 = float64  # (read by ml_trees._input)
+        b.attrs = with_forest(b.node, b.attrs, forests or {}, path)
         return b
 
     _, counts = rewrite_rounds(model, infer, weights, path, chosen, rewrite, builder)

@@ -1088,6 +1088,10 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
     declared = {o.name: tuple(d.dim_value if d.HasField("dim_value") else None for d in o.type.tensor_type.shape.dim)
                 for o in model.graph.output if o.type.tensor_type.HasField("shape")}
     weights = split_weights(model, path)
+    # A large forest waits outside the model until its rewrite (large_attributes.py says why).
+    from .large_attributes import stash_forests
+
+    forests = stash_forests(model, path)
 
     def lenient(m: onnx.ModelProto) -> onnx.ModelProto:
         # A branch not taken may not type-check at these shapes until it is dropped.
@@ -1203,7 +1207,7 @@ def import_model(path: str | os.PathLike, shapes: ShapeBindings | None = None, f
 
     lowered = set(supported_ops())
     # Ops dlcc writes as other standard ops (composite.py), now that the shapes are static.
-    model, more = lower_composite(model, lenient, weights, path, lowered, float64=float64)
+    model, more = lower_composite(model, lenient, weights, path, lowered, float64=float64, forests=forests)
     if more:
         notes += more
         model = infer_shapes(model, path)

@@ -66,6 +66,17 @@ MAX_TABLE = 1 << 27
 
 
 @dataclass
+class Weights:
+    """The leaves' weights as arrays, in onnxruntime's order (by tree id, node id, then the
+    attribute order): whose leaf each is (a node position), for which class or target, and its
+    value."""
+
+    node: np.ndarray   # int64
+    output: np.ndarray  # int64
+    value: np.ndarray  # float32
+
+
+@dataclass
 class Forest:
     """The node tables of every tree, indexed by a node's position in the attribute lists."""
 
@@ -77,7 +88,7 @@ class Forest:
     nan_true: np.ndarray    # bool: a NaN value takes the true branch
     roots: np.ndarray       # int64, one per tree, in onnxruntime's order
     depth: int              # the most branches on any walk
-    weights: list           # per node: [(class or target, weight)] in the attribute order
+    weights: "Weights"      # the leaves' weights, in onnxruntime's order
     classes_named: frozenset  # the class (or target) ids the weights name, leaves or not
     all_positive: bool      # no weight is negative (onnxruntime's weights_are_all_positive_)
     sets: tuple = ()        # a member node's set (its threshold indexes these): int64 arrays
@@ -87,7 +98,7 @@ class Forest:
         return len(self.feature)
 
     def modes_used(self) -> list[int]:
-        return sorted(set(int(m) for m in self.mode if m >= 0))
+        return np.unique(self.mode[self.mode >= 0]).tolist()
 
 
 def elem_name(elem: int | None) -> str:
@@ -117,9 +128,10 @@ def _values(b: _Builder, name: str, dtype, required: bool = True) -> np.ndarray:
         if required:
             raise b.fail(f"attribute {name!r} is required and must not be empty")
         return np.zeros(0, dtype)
-    if any(isinstance(v, (bytes, str)) for v in plain):
+    arr = np.asarray(plain)  # (one conversion: a LightGBM forest's lists hold millions of values)
+    if arr.dtype.kind not in "biuf":
         raise b.fail(f"attribute {name!r} must hold numbers")
-    return np.asarray(plain, dtype)
+    return arr.astype(dtype, copy=False)
 
 
 def _strings(b: _Builder, name: str) -> list[str]:
@@ -127,56 +139,108 @@ def _strings(b: _Builder, name: str) -> list[str]:
     return [s.decode(errors="replace") if isinstance(s, bytes) else str(s) for s in v]
 
 
+def _coded_strings(b: _Builder, name: str) -> tuple[list[str], np.ndarray]:
+    """A long string attribute (a forest's nodes_modes: one per node, millions in a LightGBM
+    model) as its distinct values and an int64 code per element: decoding each element alone
+    took seconds."""
+    v = b.attrs.get(name)
+    if v is None or not len(v):
+        return [], np.zeros(0, np.int64)
+    raw = np.asarray(v)
+    if raw.dtype.kind not in "SU":
+        raise b.fail(f"attribute {name!r} must hold strings")
+    distinct, code = np.unique(raw, return_inverse=True)
+    return [s.decode(errors="replace") if isinstance(s, bytes) else str(s) for s in distinct.tolist()], code
+
+
+class _NodeKeys:
+    """Finds a node's position by its (tree id, node id) pair, for arrays of pairs at once.
+
+    Why: a LightGBM forest has millions of nodes, and a dict of Python tuples took most of a
+    minute to build and query. The ids are ranked among their distinct values, so a pair is one
+    int64 (below nodes², whatever ids the file holds), and the pairs are searched sorted."""
+
+    def __init__(self, tree: np.ndarray, node_id: np.ndarray):
+        self.trees, tree_rank = np.unique(tree, return_inverse=True)
+        self.nodes, node_rank = np.unique(node_id, return_inverse=True)
+        key = tree_rank.astype(np.int64) * self.nodes.size + node_rank
+        self.order = np.argsort(key, kind="stable")
+        self.sorted = key[self.order]
+
+    def twice(self) -> int | None:
+        """The first position (in file order) of a pair given before it, or None."""
+        again = np.flatnonzero(self.sorted[1:] == self.sorted[:-1]) + 1
+        return int(self.order[again].min()) if again.size else None
+
+    def find(self, tree: np.ndarray, node_id: np.ndarray) -> np.ndarray:
+        """The position of each (tree, node_id) pair; -1 where there is none."""
+        out = np.full(tree.size, -1, np.int64)
+        if not self.sorted.size or not tree.size:
+            return out
+        t = np.minimum(np.searchsorted(self.trees, tree), self.trees.size - 1)
+        k = np.minimum(np.searchsorted(self.nodes, node_id), self.nodes.size - 1)
+        ok = (self.trees[t] == tree) & (self.nodes[k] == node_id)
+        key = t.astype(np.int64) * self.nodes.size + k
+        at = np.minimum(np.searchsorted(self.sorted, key), self.sorted.size - 1)
+        ok &= self.sorted[at] == key
+        out[ok] = self.order[at[ok]]
+        return out
+
+
 def read_forest(b: _Builder, prefix: str, outputs: int, columns: int, sets: tuple = ()) -> Forest:
     """The trees of the node's attributes (`prefix`: "class" or "target", naming the weights),
     checked as onnxruntime checks them at load, and for cycles. `sets`: the membership sets that
-    _tree_ensemble's member nodes index (MEMBER_MODES)."""
+    _tree_ensemble's member nodes index (MEMBER_MODES). Every step is on whole arrays: a
+    LightGBM model holds millions of nodes."""
     tree = _values(b, "nodes_treeids", np.int64)
     n = tree.size
     node_id = _values(b, "nodes_nodeids", np.int64)
     feature = _values(b, "nodes_featureids", np.int64)
     threshold = _values(b, "nodes_values", np.float32)
     t_id, f_id = _values(b, "nodes_truenodeids", np.int64), _values(b, "nodes_falsenodeids", np.int64)
-    modes = _strings(b, "nodes_modes")
+    mode_names, mode_code = _coded_strings(b, "nodes_modes")
     for name, arr in (("nodes_nodeids", node_id), ("nodes_featureids", feature), ("nodes_values", threshold),
-                      ("nodes_truenodeids", t_id), ("nodes_falsenodeids", f_id), ("nodes_modes", modes)):
+                      ("nodes_truenodeids", t_id), ("nodes_falsenodeids", f_id), ("nodes_modes", mode_code)):
         if len(arr) != n:
             raise b.fail(f"{name} holds {len(arr)} values, not one per node ({n}, as nodes_treeids)")
     known = (*MODES, *MEMBER_MODES) if sets else tuple(MODES)
-    unknown = sorted({m for m in modes if m != "LEAF" and m not in known})
+    unknown = sorted(m for m in mode_names if m != "LEAF" and m not in known)
     if unknown:
         raise b.fail(f"node mode {unknown[0]!r} is not LEAF or one of {', '.join(MODES)}")
     missing = _values(b, "nodes_missing_value_tracks_true", np.int64, required=False)[:n]
     nan_true = np.zeros(n, bool)
     nan_true[:missing.size] = missing == 1
 
-    where: dict[tuple[int, int], int] = {}
-    for i, key in enumerate(zip(tree.tolist(), node_id.tolist())):
-        if key in where:
-            raise b.fail(f"node {key[1]} of tree {key[0]} is given twice")
-        where[key] = i
-    leaf = np.array([m == "LEAF" for m in modes], bool)
+    keys = _NodeKeys(tree, node_id)
+    i = keys.twice()
+    if i is not None:
+        raise b.fail(f"node {node_id[i]} of tree {tree[i]} is given twice")
+    mode = np.array([known.index(m) if m in known else -1 for m in mode_names], np.int64)[mode_code]
+    leaf = mode < 0
     branch = ~leaf
-    mode = np.array([known.index(m) if m in known else -1 for m in modes], np.int64)
     on_true, on_false = np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)
-    for i in np.flatnonzero(branch):
-        for side, ids, table in (("true", t_id, on_true), ("false", f_id, on_false)):
-            j = where.get((int(tree[i]), int(ids[i])))
-            if j is None:
-                raise b.fail(f"the {side} branch of node {node_id[i]} in tree {tree[i]} is node {ids[i]}, "
-                             "which that tree does not have")
-            if j == i:
-                raise b.fail(f"node {node_id[i]} in tree {tree[i]} is its own {side} branch")
-            table[i] = j
+    at = np.flatnonzero(branch)
+    problems = []  # (node position, the order onnxruntime's walk checks them in, message)
+    for rank, (side, ids, table) in enumerate((("true", t_id, on_true), ("false", f_id, on_false))):
+        j = keys.find(tree[at], ids[at])
+        table[at] = j
+        for i in at[j < 0][:1]:
+            problems.append((i, 2 * rank, f"the {side} branch of node {node_id[i]} in tree {tree[i]} is node "
+                                          f"{ids[i]}, which that tree does not have"))
+        for i in at[j == at][:1]:
+            problems.append((i, 2 * rank + 1, f"node {node_id[i]} in tree {tree[i]} is its own {side} branch"))
+    if problems:
+        raise b.fail(min(problems)[2])
     if n and feature.max() >= columns:  # (onnxruntime's check reads every node's, leaves included)
         raise b.fail(f"a node reads feature {int(feature.max())}, but the input has {columns} column(s)")
     if branch.any() and feature[branch].min() < 0:
         raise b.fail(f"a branch reads feature {int(feature[branch].min())}")
     feature = np.where(branch, feature, 0)
 
-    outside = [int(v) for v in np.r_[t_id[branch], f_id[branch]] if not 0 <= v < n]
-    if outside:  # (onnxruntime's check, though a node id is only a name)
-        raise b.fail(f"a branch leads to node id {outside[0]}, outside [0, {n - 1}] (onnxruntime requires "
+    targets = np.r_[t_id[branch], f_id[branch]]
+    outside = targets[(targets < 0) | (targets >= n)]
+    if outside.size:  # (onnxruntime's check, though a node id is only a name)
+        raise b.fail(f"a branch leads to node id {int(outside[0])}, outside [0, {n - 1}] (onnxruntime requires "
                      "node ids below the number of nodes)")
     starts = np.flatnonzero(np.r_[True, tree[1:] != tree[:-1]]) if n else np.zeros(0, np.int64)
     if not starts.size:
@@ -197,18 +261,18 @@ def read_forest(b: _Builder, prefix: str, outputs: int, columns: int, sets: tupl
     bad = ids[(ids < 0) | (ids >= outputs)]
     if bad.size:
         raise b.fail(f"a weight is for {prefix} {int(bad[0])}, outside [0, {outputs - 1}]")
-    weights: list = [[] for _ in range(n)]
-    for k in sorted(range(ids.size), key=lambda k: (int(trees[k]), int(nodes[k]), k)):  # onnxruntime's order
-        j = where.get((int(trees[k]), int(nodes[k])))
-        if j is None:
-            raise b.fail(f"a weight is for node {nodes[k]} of tree {trees[k]}, which is not there")
-        if leaf[j]:  # (onnxruntime ignores weights on branches, which old onnxmltools wrote)
-            weights[j].append((int(ids[k]), float(w[k])))
-    bare = [i for i in np.flatnonzero(leaf) if not weights[i]]
-    if bare:
+    order = np.lexsort((np.arange(ids.size), nodes, trees))  # onnxruntime's order
+    j = keys.find(trees[order], nodes[order])
+    if (j < 0).any():
+        k = order[np.flatnonzero(j < 0)[0]]
+        raise b.fail(f"a weight is for node {nodes[k]} of tree {trees[k]}, which is not there")
+    kept = leaf[j]  # (onnxruntime ignores weights on branches, which old onnxmltools wrote)
+    weights = Weights(j[kept], ids[order][kept], w[order][kept])
+    bare = np.flatnonzero(leaf & (np.bincount(weights.node, minlength=n) == 0))
+    if bare.size:
         raise b.fail(f"leaf {node_id[bare[0]]} of tree {tree[bare[0]]} has no weight")
     return Forest(feature, threshold, mode, on_true, on_false, nan_true, starts.astype(np.int64), depth, weights,
-                  frozenset(ids.tolist()), not bool((w < 0).any()), tuple(sets))
+                  frozenset(np.unique(ids).tolist()), not bool((w < 0).any()), tuple(sets))
 
 
 def _depth(b: _Builder, roots: np.ndarray, on_true: np.ndarray, on_false: np.ndarray,
@@ -309,25 +373,36 @@ def _per_leaf(b: _Builder, f: Forest, outputs: int, how: str) -> tuple[np.ndarra
     """[nodes, slots, outputs] tables of each leaf's values per output, and [nodes, outputs] of
     whether it gives that output a weight. `how`: "sum": a leaf's weights for an output one per
     slot, in their order (onnxruntime adds them to the running sum one at a time; 0 in the slots
-    left over); "min" or "max" of them (one slot; ±inf where it gives none); "first": its first
-    weight (a single output, which onnxruntime reads so)."""
-    per = [[k for k, _ in ws] for ws in f.weights]
-    slots = max((max(p.count(k) for k in set(p)) for p in per if p), default=1) if how == "sum" else 1
+    left over); "min" or "max" of them (one slot; ±inf where it gives none; onnxruntime keeps a
+    leaf's first weight and then a smaller (larger) one, so a first NaN stays and a later one
+    does not count); "first": its first weight (a single output, which onnxruntime reads so)."""
+    wt = f.weights
+    node, out, val = wt.node, wt.output, wt.value
+    if how == "first":  # (each leaf's weights are contiguous, in order)
+        first = np.flatnonzero(np.r_[True, node[1:] != node[:-1]]) if node.size else np.zeros(0, np.int64)
+        node, out, val = node[first], np.zeros(first.size, np.int64), val[first]
+    # A weight's rank among its leaf's weights for its output (a stable sort keeps their order).
+    pair = node * outputs + out
+    order = np.argsort(pair, kind="stable")
+    sp = pair[order]
+    starts = np.r_[True, sp[1:] != sp[:-1]] if sp.size else np.zeros(0, bool)
+    group_start = np.maximum.accumulate(np.where(starts, np.arange(sp.size), 0)) if sp.size else sp
+    rank = np.empty(sp.size, np.int64)
+    rank[order] = np.arange(sp.size) - group_start
+    slots = int(rank.max()) + 1 if how == "sum" and rank.size else 1
     if f.size * slots * outputs > MAX_TABLE:
         raise b.unsupported(f"a leaf table of {f.size} nodes x {slots} weight(s) x {outputs} outputs "
                             f"(more than {MAX_TABLE} values)")
     value = np.full((f.size, slots, outputs), {"min": np.inf, "max": -np.inf}.get(how, 0.0), np.float32)
     has = np.zeros((f.size, outputs), bool)
-    for i, ws in enumerate(f.weights):
-        used = np.zeros(outputs, int)
-        for k, w in ws[:1] if how == "first" else ws:
-            w, k = np.float32(w), 0 if how == "first" else k
-            if how == "sum":
-                value[i, used[k], k] = w
-                used[k] += 1
-            elif how == "first" or not has[i, k] or (w < value[i, 0, k] if how == "min" else w > value[i, 0, k]):
-                value[i, 0, k] = w
-            has[i, k] = True
+    has[node, out] = True
+    if how in ("sum", "first"):
+        value[node, rank, out] = val
+    else:
+        (np.fmin if how == "min" else np.fmax).at(value[:, 0, :], (node, out), val)
+        lead = rank == 0
+        nan_first = lead & np.isnan(val)
+        value[node[nan_first], 0, out[nan_first]] = np.nan
     return value, has
 
 

@@ -406,3 +406,42 @@ def test_categorical_sets_onnxruntime_refuses_are_clear_errors(tmp_path):
         onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 21), h.make_opsetid(ML, 5)]), tmp_path / "bad.onnx")
         with pytest.raises(DlccError, match=why):
             dlcc.compile(tmp_path / "bad.onnx", target="opencl")
+
+
+@needs_opencl
+@pytest.mark.parametrize("model", ["regressors", "classifiers"])
+def test_large_forests_wait_outside_the_model(tmp_path, monkeypatch, model):
+    """A large forest's attributes wait outside the model until its rewrite, with a one-leaf
+    stand-in through onnx's checker, shape inference, the version converter and onnxruntime's
+    folding (large_attributes.py): every forest of the two models above is moved here (LARGE
+    0), and every output still equals onnxruntime's."""
+    from dlcc import large_attributes
+
+    moved = []
+    stash = large_attributes.stash_forests
+    monkeypatch.setattr(large_attributes, "LARGE", 0)
+    monkeypatch.setattr(large_attributes, "stash_forests", lambda m, p: moved.append(stash(m, p)) or moved[-1])
+    {"regressors": test_regressors, "classifiers": test_classifiers}[model](tmp_path)
+    assert moved and len(moved[0]) == {"regressors": 8, "classifiers": 9}[model]
+
+
+def test_a_moved_forest_keeps_the_checkers_attribute_types(tmp_path, monkeypatch):
+    """The checker does not see a moved forest, so its attribute types are checked as it would:
+    nodes_modes given as INTS is refused, naming the node and the attribute; and a stand-in
+    whose forest went missing is an error, never a rewrite of one leaf."""
+    from dlcc import large_attributes
+
+    monkeypatch.setattr(large_attributes, "LARGE", 0)
+    good = h.make_node("TreeEnsembleClassifier", ["x"], ["y", "z"], domain=ML, **_tree())
+    path = _save(tmp_path, [good], {"x": (F, [2, 3])}, {"y": (I64, [2]), "z": (F, [2, 2])}, "good")
+    model = onnx.load(path)
+    model.graph.node[0].attribute.remove(next(a for a in model.graph.node[0].attribute if a.name == "nodes_modes"))
+    model.graph.node[0].attribute.append(h.make_attribute("nodes_modes", [1, 0, 0]))
+    onnx.save(model, tmp_path / "bad.onnx")
+    with pytest.raises(DlccError, match="attribute 'nodes_modes' must be STRINGS, not INTS"):
+        dlcc.compile(tmp_path / "bad.onnx", target="opencl")
+    model = onnx.load(path)
+    assert large_attributes.stash_forests(model, "m")
+    stand_in = {a.name: h.get_attribute_value(a) for a in model.graph.node[0].attribute}
+    with pytest.raises(DlccError, match="lost its trees during the import"):
+        large_attributes.with_forest(model.graph.node[0], stand_in, {}, "m")

@@ -34,7 +34,7 @@ two-class cases where onnxruntime writes one score of the two stay unsupported, 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -92,6 +92,7 @@ class Forest:
     classes_named: frozenset  # the class (or target) ids the weights name, leaves or not
     all_positive: bool      # no weight is negative (onnxruntime's weights_are_all_positive_)
     sets: tuple = ()        # a member node's set (its threshold indexes these): int64 arrays
+    branch_levels: list = field(default_factory=list)  # the branches a walk reaches at each level, roots' first
 
     @property
     def size(self) -> int:
@@ -245,7 +246,7 @@ def read_forest(b: _Builder, prefix: str, outputs: int, columns: int, sets: tupl
     starts = np.flatnonzero(np.r_[True, tree[1:] != tree[:-1]]) if n else np.zeros(0, np.int64)
     if not starts.size:
         raise b.fail("the ensemble has no trees")
-    depth, reached = _depth(b, starts, on_true, on_false, branch)
+    depth, reached, levels = _depth(b, starts, on_true, on_false, branch)
     if not reached.all():
         i = int(np.flatnonzero(~reached)[0])
         raise b.unsupported(f"node {node_id[i]} of tree {tree[i]}, which no walk from the tree's first listed node "
@@ -272,28 +273,37 @@ def read_forest(b: _Builder, prefix: str, outputs: int, columns: int, sets: tupl
     if bare.size:
         raise b.fail(f"leaf {node_id[bare[0]]} of tree {tree[bare[0]]} has no weight")
     return Forest(feature, threshold, mode, on_true, on_false, nan_true, starts.astype(np.int64), depth, weights,
-                  frozenset(np.unique(ids).tolist()), not bool((w < 0).any()), tuple(sets))
+                  frozenset(np.unique(ids).tolist()), not bool((w < 0).any()), tuple(sets), levels)
 
 
 def _depth(b: _Builder, roots: np.ndarray, on_true: np.ndarray, on_false: np.ndarray,
-           branch: np.ndarray) -> tuple[int, np.ndarray]:
-    """The most branches on a walk from any root, and which nodes a walk reaches: level by level
-    over the set of nodes reached (a tree's levels hold each node once, so this is linear in
-    the nodes). A walk still on a branch after as many levels as there are nodes has met a
-    cycle."""
+           branch: np.ndarray) -> tuple[int, np.ndarray, list[np.ndarray]]:
+    """The most branches on a walk from any root, which nodes a walk reaches, and the branches
+    reached at each level, from the roots': level by level over the set of nodes reached (a
+    tree's levels hold each node once, so this is linear in the nodes). A walk still on a branch
+    after as many levels as there are nodes has met a cycle."""
     level, depth = np.unique(roots), 0
     reached = np.zeros(branch.size, bool)
+    seen = np.zeros(branch.size, bool)
+    levels = []
     while True:
         reached[level] = True
         level = level[branch[level]]
         if not level.size:
-            return depth, reached
+            return depth, reached, levels
+        levels.append(level)
         depth += 1
         if depth > MAX_DEPTH:
             if depth > branch.size:
                 raise b.fail("a tree's branches form a cycle (onnxruntime would walk it forever)")
             raise b.unsupported(f"a tree deeper than {MAX_DEPTH} levels")
-        level = np.unique(np.concatenate([on_true[level], on_false[level]]))
+        nxt = np.concatenate([on_true[level], on_false[level]])
+        if nxt.size * 64 < branch.size:  # (a small level: sorting it is cheaper than a pass over every node)
+            level = np.unique(nxt)
+        else:
+            seen[nxt] = True
+            level = np.flatnonzero(seen)
+            seen[level] = False
 
 
 # -- the walk -------------------------------------------------------------------------------------
@@ -439,9 +449,8 @@ def _aggregate(b: _Builder, x: str, rows: int, f: Forest, outputs: int, agg: str
     # weighs, on none. (Every node is reached: read_forest checks. A branch's "every leaf"
     # is both children's, settled bottom up in as many rounds as the deepest tree.)
     every = has.copy()
-    branch = f.mode >= 0
-    for _ in range(f.depth):
-        every[branch] = every[f.on_true[branch]] & every[f.on_false[branch]]
+    for br in reversed(f.branch_levels):  # (the deepest first: a branch's children are settled)
+        every[br] = every[f.on_true[br]] & every[f.on_false[br]]
     always, never = every[f.roots].any(axis=0), ~has.any(axis=0)
     if (always | never).all():
         return Scores(total, always)

@@ -19,7 +19,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 import dlcc
-from conftest import opencl_device_available
+from conftest import opencl_device_available, run_main
 from dlcc.errors import DlccError
 
 needs_opencl = pytest.mark.skipif(not opencl_device_available(), reason="no OpenCL device here")
@@ -381,10 +381,10 @@ def test_genai_gemma2_window_cache_verifies(tmp_path):
     fills, where onnxruntime leaves the window cache's rows past the tokens unwritten: verify
     says it does not compare those, and compares everything else."""
     path = _genai_llama(tmp_path, "fp32", family="gemma2")
-    base = [sys.executable, "-m", "dlcc", "verify", path, "-t", "opencl", "-p", "astitch", "-s", "batch_size=2",
-            "-s", "kv_cache_dim=16", "-s", "past_sliding_length=8"]
+    base = ["verify", path, "-t", "opencl", "-p", "astitch", "-s", "batch_size=2", "-s", "kv_cache_dim=16",
+            "-s", "past_sliding_length=8"]
     for dims in (["sequence_length=5", "past_sequence_length=0", "total_sequence_length=5"],
                  ["sequence_length=1", "past_sequence_length=5", "total_sequence_length=6"]):
-        run = subprocess.run(base + [x for d in dims for x in ("-s", d)], capture_output=True, text=True, timeout=600)
-        assert run.returncode == 0 and "all outputs match" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
-        assert "values onnxruntime leaves unspecified" in run.stdout, run.stdout[-3000:]
+        code, out, err = run_main(*base, *[x for d in dims for x in ("-s", d)])
+        assert code == 0 and "all outputs match" in out, out[-3000:] + err[-2000:]
+        assert "values onnxruntime leaves unspecified" in out, out[-3000:]

@@ -453,6 +453,10 @@ def verify_outputs(model_path, got: dict[str, np.ndarray], feeds: dict, rtol: fl
         from .quant_judge import judge_quantized
 
         judge_quantized(model_path, rows, got, feeds, compiled)
+    if compiled is not None and hasattr(compiled, "plan") and not draws and not _half_outputs(model_path)[0]:
+        from .selection_judge import judge_selection
+
+        judge_selection(model_path, rows, got, feeds, compiled)
     if unchecked and rows:
         rows[0]["note"] = f"{rows[0]['note']}; {unchecked}" if "note" in rows[0] else unchecked
     return rows

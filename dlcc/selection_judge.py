@@ -6,8 +6,8 @@ gathers boxes by the ranks. dlcc and onnxruntime compute the scores in different
 different exp and sigmoid, so two scores closer than that rounding can rank the other way, and
 the gathered outputs then differ by far more than verify's tolerance. On random inputs a small
 detector's scores are all near 1e-5 and thousands lie within a rounding of each other.
-(onnxruntime's sigmoid is the farther off there: 1.3e-7 from the float64 answer against dlcc's
-5e-9, on isbnx's YOLOv10 head.)
+(onnxruntime's scores are the farther off there: 1.3e-7 from the float64 answer against dlcc's
+5e-9, on the YOLOv10 head isbnx ships.)
 
 The judge checks what makes such a run correct, with onnxruntime as the reference (optimizations
 off), as quant_judge.py does for quantized values:

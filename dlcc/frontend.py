@@ -170,6 +170,10 @@ def check_model(model: onnx.ModelProto, path) -> None:
         # IR 3 wanted every initializer listed as a graph input; old exporters (onnxruntime's own
         # datasets/mul_1.onnx) did not, and onnxruntime runs them as IR 4 reads them: constants.
         model.ir_version = 4
+    if not model.graph.name:
+        # The checker wants a name; onnxruntime runs a main graph without one (crack-tcaptcha's
+        # word_click_matcher.onnx). An unnamed If branch both refuse.
+        model.graph.name = "main_graph"
     checked = model
     if any(o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape") for o in model.graph.output):
         # The checker wants every graph output to carry a shape field; tf2onnx at opset 13 leaves

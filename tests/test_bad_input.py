@@ -332,6 +332,26 @@ def test_nodes_out_of_order_are_sorted(tmp_path):
         np.testing.assert_allclose(dlcc.compile(path, target="opencl")(feeds)["y"], ref, rtol=1e-6, atol=1e-6)
 
 
+def test_an_unnamed_main_graph_runs_as_onnxruntime_runs_it(tmp_path):
+    """The checker wants every graph named; onnxruntime runs a model whose main graph has no name
+    (crack-tcaptcha ships one), and so does dlcc: same outputs. (Both refuse an unnamed branch.)"""
+    f = TensorProto.FLOAT
+    then = helper.make_graph([helper.make_node("Neg", ["x"], ["a"])], "then", [], [helper.make_tensor_value_info("a", f, [2])])
+    other = helper.make_graph([helper.make_node("Abs", ["x"], ["b"])], "else", [], [helper.make_tensor_value_info("b", f, [2])])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["r"], keepdims=0), helper.make_node("Greater", ["r", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)]
+    g = helper.make_graph(nodes, "", [helper.make_tensor_value_info("x", f, [2])], [helper.make_tensor_value_info("y", f, [2])],
+                          [numpy_helper.from_array(np.float32(0), "zero")])
+    path = tmp_path / "unnamed.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    import onnxruntime as ort
+
+    for x in ([1.0, 2.0], [-1.0, -2.0]):
+        feeds = {"x": np.array(x, np.float32)}
+        ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        np.testing.assert_array_equal(dlcc.compile(path, target="opencl")(feeds)["y"], ref)
+
+
 def test_shapes_that_do_not_fit_once_folded_are_named(tmp_path):
     """A MatMul whose operand is reshaped to a shape only dlcc's folding finds (the target goes
     through a Cast, which onnx's shape inference does not propagate), to batch dims that do not

@@ -68,44 +68,66 @@ def judge_quantized(model_path, rows: list[dict], got: dict, feeds: dict, compil
     failing = [r for r in rows if not r["passed"] and "note" not in r and r["name"] in got]
     if not failing or compiled is None:
         return
-    try:
+    run = {}
+
+    def prepare():
         from .quantized import exact_products
 
         original = onnx.load(str(model_path))
         model = exact_products(original, model_path, feeds)
         points = _points(original, model)
         if not points:
-            return
+            return None
         nodes = model.graph.node
         quantized = [nodes[k].output[i] for k in points for i in _outputs_of(nodes[k])
                      if i < len(nodes[k].output) and nodes[k].output[i]]
         mine = _instrumented_run(model, points, quantized, feeds, compiled, recompile)
-        forced = _forced_run(model, points, quantized, feeds, mine)
-    except Exception as e:  # the judge could not run: onnxruntime's verdict stands
-        for r in failing:
-            r["note"] = f"not judged for quantization: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-        return
-    if any(not np.array_equal(np.asarray(mine[r["name"]]), np.asarray(got[r["name"]]), equal_nan=True) for r in failing):
-        for r in failing:
-            r["note"] = "not judged for quantization: the plan with its quantized values as outputs computes other outputs"
-        return
-    flips, total, bad, worst = _check_points(model, points, mine, forced, failing[0]["rtol"], failing[0]["atol"])
+        run.update(model=model, points=points)
+        return mine, _forced_run(model, points, quantized, feeds, mine)
+
+    def check(mine, forced):
+        flips, total, bad, worst = _check_points(run["model"], run["points"], mine, forced, failing[0]["rtol"],
+                                                 failing[0]["atol"])
+        return bad, (f"judged with dlcc's quantized values: {flips} of {total} quantized values are rounded "
+                     f"apart (each within half a step and the tolerance of onnxruntime's value "
+                     f"before quantization; the farthest {worst:.2g} of a step from its tie)")
+
+    judge_rows(failing, got, "quantization", "quantized values", prepare, check)
+
+
+def judge_rows(failing: list[dict], got: dict, judge: str, what: str, prepare, check) -> None:
+    """What verify's judges (this one, selection_judge.py) share, on the rows that failed against
+    onnxruntime: `prepare()` gives (dlcc's instrumented run, onnxruntime's forced run), or None
+    where there is nothing to judge; the instrumented run must give the plan's outputs bit for
+    bit; `check(mine, forced)` gives (the first violation or "", what the judge saw). A row then
+    passes where there is no violation and onnxruntime, given dlcc's `what`, computes its output
+    within the row's tolerance; the row's note says which."""
     from .verify import compare
 
+    try:
+        runs = prepare()
+    except Exception as e:  # the judge could not run: onnxruntime's verdict stands
+        for r in failing:
+            r["note"] = f"not judged for {judge}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        return
+    if runs is None:
+        return
+    mine, forced = runs
+    if any(not np.array_equal(np.asarray(mine[r["name"]]), np.asarray(got[r["name"]]), equal_nan=True) for r in failing):
+        for r in failing:
+            r["note"] = f"not judged for {judge}: the plan with its {what} as outputs computes other outputs"
+        return
+    bad, saw = check(mine, forced)
     for r in failing:
         if bad:
-            r["note"] = f"quantization judge: {bad}"
+            r["note"] = f"{judge} judge: {bad}"
             continue
         given = compare(r["name"], np.asarray(got[r["name"]]), np.asarray(forced[r["name"]]), r["rtol"], r["atol"])
         if not given["passed"]:
-            r["note"] = (f"quantization judge: given dlcc's quantized values, onnxruntime is still "
-                         f"{given['max_abs_err']:.3g} away")
+            r["note"] = f"{judge} judge: given dlcc's {what}, onnxruntime is still {given['max_abs_err']:.3g} away"
             continue
-        r.update(passed=True, judge="quantization",
-                 note=f"judged with dlcc's quantized values: {flips} of {total} quantized values are rounded "
-                      f"apart (each within half a step and the tolerance of onnxruntime's value "
-                      f"before quantization; the farthest {worst:.2g} of a step from its tie); from them "
-                      f"onnxruntime computes this output within {given['max_abs_err']:.3g} of dlcc's")
+        r.update(passed=True, judge=judge,
+                 note=f"{saw}; from them onnxruntime computes this output within {given['max_abs_err']:.3g} of dlcc's")
 
 
 def _instrumented_run(model: onnx.ModelProto, points: list[int], quantized: list[str], feeds: dict, compiled,
@@ -138,8 +160,6 @@ def _forced_run(model: onnx.ModelProto, points, quantized: list[str], feeds: dic
     """onnxruntime (optimizations off) on `model` (its integer products already exact) with every
     quantized tensor fed from dlcc's values; the reference's own quantized values come out as
     `NAME#ref`, each quantizer's float input as `NAME#x`, and the model's outputs as themselves."""
-    import onnxruntime as ort
-
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
@@ -159,17 +179,25 @@ def _forced_run(model: onnx.ModelProto, points, quantized: list[str], feeds: dic
         v = np.asarray(mine[q])
         g.input.append(helper.make_tensor_value_info(q, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape)))
     g.output.extend(helper.make_tensor_value_info(e, *t) for e, t in extra)
-    del g.value_info[:]
+    return run_forced(m, quantized, feeds, mine)
+
+
+def run_forced(m: onnx.ModelProto, fed: list[str], feeds: dict, mine: dict) -> dict:
+    """onnxruntime (optimizations off) on `m` (changed in place), whose inputs `fed` take dlcc's
+    values from `mine` and the others `feeds`: every output by name."""
+    import onnxruntime as ort
+
+    del m.graph.value_info[:]
     from .held_types import float_boundary, held_io
 
-    held_in, held_out = held_io(g)  # (float8 and int4 through onnxruntime's binding as float32)
+    held_in, held_out = held_io(m.graph)  # (float8 and int4 through onnxruntime's binding as float32)
     m = float_boundary(m, held_in, held_out) if held_in or held_out else m
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    given = {i.name: (np.asarray(mine[i.name]) if i.name in quantized else feeds[i.name]) for i in sess.get_inputs()}
+    given = {i.name: (np.asarray(mine[i.name]) if i.name in fed else feeds[i.name]) for i in sess.get_inputs()}
     given = {k: (v.astype(np.float32) if k in held_in else v) for k, v in given.items()}
     return {n: (v.astype(helper.tensor_dtype_to_np_dtype(held_out[n])) if n in held_out else v)
             for n, v in zip(names, sess.run(names, given))}

@@ -83,14 +83,15 @@ def judge_selection(model_path, rows: list[dict], got: dict, feeds: dict, compil
     failing = [r for r in rows if not r["passed"] and "note" not in r and r["name"] in got]
     if not failing or compiled is None:
         return
-    from .quant_judge import _instrumented_run
-    from .verify import compare
+    from .quant_judge import _instrumented_run, judge_rows
 
-    try:
+    nodes = []
+
+    def prepare():
         model = onnx.load(str(model_path))
-        nodes = selectors(model.graph)
+        nodes.extend(selectors(model.graph))
         if not nodes:
-            return
+            return None
         for i in model.graph.input:  # (the feeds' dims: the instrumented plan is compiled at these shapes)
             if i.name in feeds and i.type.tensor_type.HasField("shape"):
                 for d, v in zip(i.type.tensor_type.shape.dim, np.shape(feeds[i.name])):
@@ -99,58 +100,47 @@ def judge_selection(model_path, rows: list[dict], got: dict, feeds: dict, compil
         ranked = list(dict.fromkeys(n.input[0] for n in nodes))
         chosen = [o for n in nodes for o in n.output[:SELECTORS[n.op_type]]]
         mine = _instrumented_run(model, [], ranked + chosen, feeds, compiled, recompile)
-        forced = _forced_run(model, nodes, chosen, feeds, mine)
-    except Exception as e:  # the judge could not run: onnxruntime's verdict stands
-        for r in failing:
-            r["note"] = f"not judged for selection: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-        return
-    if any(not np.array_equal(np.asarray(mine[r["name"]]), np.asarray(got[r["name"]]), equal_nan=True) for r in failing):
-        for r in failing:
-            r["note"] = "not judged for selection: the plan with its ranked values as outputs computes other outputs"
-        return
-    rtol, atol = failing[0]["rtol"], failing[0]["atol"]
-    apart, total, bad = 0, 0, ""
-    for n in nodes:
-        x_mine, x_ref = np.asarray(mine[n.input[0]]), np.asarray(forced[n.input[0] + "#x"])
-        at = n.output[1] if n.op_type == "TopK" else n.output[0]  # (the indices)
-        picks, theirs = np.asarray(mine[at]), np.asarray(forced[at + "#ref"])
-        where = f"{n.op_type} {n.name or n.output[0]!r}"
-        if x_mine.dtype.kind != "f" or not (np.isfinite(x_mine).all() and np.isfinite(x_ref).all()):
-            bad = f"{where}: its input is not finite floats"
-            break
-        ranked_ok = compare(n.input[0], x_mine, x_ref, rtol, atol)
-        if not ranked_ok["passed"]:
-            bad = f"{where}: dlcc's ranked values are {ranked_ok['max_abs_err']:.3g} from onnxruntime's"
-            break
-        k = picks.shape[_attr(n, "axis", -1) % picks.ndim] if n.op_type == "TopK" else None
-        if not np.array_equal(_expected(n, x_mine, k), picks):
-            bad = f"{where}: dlcc's selection does not follow from its own values"
-            break
-        if n.op_type == "TopK" and not np.array_equal(np.take_along_axis(x_mine, picks, _attr(n, "axis", -1)),
-                                                      np.asarray(mine[n.output[0]])):
-            bad = f"{where}: dlcc's values are not its input's at its indices"
-            break
-        as_good = compare(n.output[0], _rank_values(n, x_ref, picks), _rank_values(n, x_ref, theirs), rtol, atol)
-        if not as_good["passed"]:
-            bad = (f"{where}: in onnxruntime's values, dlcc's picks are {as_good['max_abs_err']:.3g} from "
-                   "onnxruntime's")
-            break
-        apart += int((picks != theirs).sum())
-        total += picks.size
-    for r in failing:
-        if bad:
-            r["note"] = f"selection judge: {bad}"
-            continue
-        given = compare(r["name"], np.asarray(got[r["name"]]), np.asarray(forced[r["name"]]), r["rtol"], r["atol"])
-        if not given["passed"]:
-            r["note"] = (f"selection judge: given dlcc's selections, onnxruntime is still "
-                         f"{given['max_abs_err']:.3g} away")
-            continue
-        r.update(passed=True, judge="selection",
-                 note=f"judged with dlcc's selections: {apart} of {total} picks differ from onnxruntime's, at "
-                      f"ties within the tolerance of onnxruntime's ranked values (dlcc's follow exactly from its "
-                      f"own values); from them onnxruntime computes this output within "
-                      f"{given['max_abs_err']:.3g} of dlcc's")
+        return mine, _forced_run(model, nodes, chosen, feeds, mine)
+
+    def check(mine, forced):
+        rtol, atol = failing[0]["rtol"], failing[0]["atol"]
+        apart = total = 0
+        for n in nodes:
+            bad = _check_selector(n, mine, forced, rtol, atol)
+            if bad:
+                return bad, ""
+            at = n.output[1] if n.op_type == "TopK" else n.output[0]
+            apart += int((np.asarray(mine[at]) != np.asarray(forced[at + "#ref"])).sum())
+            total += np.asarray(mine[at]).size
+        return "", (f"judged with dlcc's selections: {apart} of {total} picks differ from onnxruntime's, at ties "
+                    f"within the tolerance of onnxruntime's ranked values (dlcc's follow exactly from its own values)")
+
+    judge_rows(failing, got, "selection", "selections", prepare, check)
+
+
+def _check_selector(n: onnx.NodeProto, mine: dict, forced: dict, rtol: float, atol: float) -> str:
+    """The first thing wrong with dlcc's selection at node `n` (module docstring, 2 and 3), or ""."""
+    from .verify import compare
+
+    x_mine, x_ref = np.asarray(mine[n.input[0]]), np.asarray(forced[n.input[0] + "#x"])
+    at = n.output[1] if n.op_type == "TopK" else n.output[0]  # (the indices)
+    picks, theirs = np.asarray(mine[at]), np.asarray(forced[at + "#ref"])
+    where = f"{n.op_type} {n.name or n.output[0]!r}"
+    if x_mine.dtype.kind != "f" or not (np.isfinite(x_mine).all() and np.isfinite(x_ref).all()):
+        return f"{where}: its input is not finite floats"
+    ranked = compare(n.input[0], x_mine, x_ref, rtol, atol)
+    if not ranked["passed"]:
+        return f"{where}: dlcc's ranked values are {ranked['max_abs_err']:.3g} from onnxruntime's"
+    k = picks.shape[_attr(n, "axis", -1) % picks.ndim] if n.op_type == "TopK" else None
+    if not np.array_equal(_expected(n, x_mine, k), picks):
+        return f"{where}: dlcc's selection does not follow from its own values"
+    if n.op_type == "TopK" and not np.array_equal(np.take_along_axis(x_mine, picks, _attr(n, "axis", -1)),
+                                                  np.asarray(mine[n.output[0]])):
+        return f"{where}: dlcc's values are not its input's at its indices"
+    as_good = compare(n.output[0], _rank_values(n, x_ref, picks), _rank_values(n, x_ref, theirs), rtol, atol)
+    if not as_good["passed"]:
+        return f"{where}: in onnxruntime's values, dlcc's picks are {as_good['max_abs_err']:.3g} from onnxruntime's"
+    return ""
 
 
 def _forced_run(model: onnx.ModelProto, nodes: list[onnx.NodeProto], chosen: list[str], feeds: dict,
@@ -158,8 +148,6 @@ def _forced_run(model: onnx.ModelProto, nodes: list[onnx.NodeProto], chosen: lis
     """onnxruntime (optimizations off) on `model` with every selection fed from dlcc's values;
     onnxruntime's own selections come out as `NAME#ref`, each ranked input as `NAME#x`, and the
     model's outputs as themselves."""
-    import onnxruntime as ort
-
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
@@ -178,11 +166,6 @@ def _forced_run(model: onnx.ModelProto, nodes: list[onnx.NodeProto], chosen: lis
         v = np.asarray(mine[c])
         g.input.append(helper.make_tensor_value_info(c, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape)))
     g.output.extend(helper.make_tensor_value_info(e, t, None) for e, t in extra)
-    del g.value_info[:]
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    given = {i.name: (np.asarray(mine[i.name]) if i.name in chosen else feeds[i.name]) for i in sess.get_inputs()}
-    return dict(zip(names, sess.run(names, given)))
+    from .quant_judge import run_forced
+
+    return run_forced(m, chosen, feeds, mine)

@@ -298,6 +298,8 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
         state.log.append(f"plan: kernel(s) {', '.join(unread)} keep more than {MAX_KERNEL_ARGS} tensor parameters: "
                          "their signature was not understood (a dlcc bug; a device with room for them runs them)")
     digest = digest_thread.result()
+    # float64 inputs the plan computes in float32 (the run warns of values beyond its range)
+    narrowed = [n for n in graph.inputs if graph.tensors[n].dtype == "float64"] if precision_asked(pipe, precision) else []
     meta = {
         "dlcc_version": __version__,
         "model": os.path.basename(str(model)),
@@ -318,6 +320,7 @@ def compile_model(model: str | os.PathLike, shapes: ShapeBindings | None = None,
         **({"split_k": split} if (split := _split_gemms(state)) else {}),
         **({"float32_activation_ops": state.ctx.float32_activation_ops}
            if state.ctx is not None and state.ctx.float32_activation_ops else {}),
+        **({"float32_inputs": narrowed} if narrowed else {}),
         **({"float32_range_activations": len(state.ctx.float32_range)}
            if state.ctx is not None and state.ctx.float32_range else {}),
         **({"index_checks": _input_index_checks(state.ctx.index_checks, graph)} if state.ctx.index_checks else {}),

@@ -128,6 +128,17 @@ def as_input(a: np.ndarray, name: str, dtype) -> np.ndarray:
     return a.view(want) if _void_of(a.dtype, want) else a.astype(want)
 
 
+def _warn_beyond_float32(name: str, a: np.ndarray) -> None:
+    """One warning where a float64 input that the plan computes in float32 holds finite values
+    beyond float32's range: they become ±inf inside, and the outputs then say inf with nothing to
+    tell why (onnx's own test inputs hold values such as 9e223)."""
+    big = np.isfinite(a) & (np.abs(a) > np.finfo(np.float32).max)
+    if big.any():
+        warnings.warn(f"dlcc: input {name!r} holds {int(big.sum())} value(s) beyond float32's range (largest "
+                      f"{float(np.abs(a[big]).max()):.3g}); this plan computes its float64 in float32 "
+                      "(--precision), so they become ±inf", stacklevel=4)
+
+
 def pick_target(target: str = "auto") -> str:
     """auto → CUDA when PyCUDA sees a GPU, else OpenCL (PoCL on the CPU here)."""
     if target not in ("auto", "cuda", "opencl"):
@@ -193,6 +204,8 @@ class Executor:
         #: per output: (position, name, shape, dtype, bytes), read on every call
         self._outs = [(k, t["name"], tuple(t["shape"]), t["dtype"], _nbytes(t)) for k, t in enumerate(plan["outputs"])]
         self._held_outs = [(k, t) for k, t in enumerate(plan["outputs"]) if t.get("model_dtype")]
+        #: float64 inputs the plan computes in float32 (a precision asked for: frontend.promote_half)
+        self._narrowed = set(plan["meta"].get("float32_inputs", ()))
         self.calls = []
         for L in plan["launches"]:
             args = [a["int"] if "int" in a else rt.view(self.storages[a["storage"]], a["offset"], a["nbytes"])
@@ -284,6 +297,8 @@ class Executor:
             if t.get("model_dtype"):  # (onto the model's type's values first, then its holder: held_types.py)
                 a = as_input(a, t["name"], t["model_dtype"]).astype(t["dtype"])
             arrays.append(np.ascontiguousarray(as_input(a, t["name"], t["dtype"])))
+            if t["name"] in self._narrowed:
+                _warn_beyond_float32(t["name"], arrays[-1])
 
     def _check_device_input(self, t: dict, ref, role: str = "input") -> None:
         """A device array for input `t` (or for output `t`'s `out=` destination, role "out"): on

@@ -9,6 +9,8 @@ their type (frontend.promote_half), as OpenVINO runs float64 models.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import onnx
 import pytest
@@ -89,6 +91,22 @@ def test_with_a_precision_asked_for_a_float64_model_computes_in_float32(tmp_path
     want = _ort(path, {"x": x})["p"]
     assert 0 < np.abs(got["p"] - want).max() < 1e-6  # float32 inside: close, and not double's answer
     assert any("float64 computes in float32" in line for line in cm.plan["meta"]["pass_log"]), cm.plan["meta"]
+
+
+def test_an_input_beyond_float32s_range_is_warned_of(tmp_path):
+    """A float64 input computed in float32 becomes ±inf inside where it holds a value past
+    float32's range (onnx's own test inputs hold 9e223): the run warns, naming the input and the
+    value; in range, it says nothing."""
+    path = _double_mlp(tmp_path)
+    cm = dlcc.compile(path, target="opencl", precision="fp32")
+    assert cm.plan["meta"]["float32_inputs"] == ["x"]
+    x = np.random.default_rng(1).standard_normal((5, 6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cm({"x": x})
+    x[2, 3] = 9e223
+    with pytest.warns(UserWarning, match=r"input 'x' holds 1 value\(s\) beyond float32's range \(largest 9e\+223\)"):
+        cm({"x": x})
 
 
 def test_a_float32_model_with_a_float64_region_computes_it_in_float32_when_asked(tmp_path):

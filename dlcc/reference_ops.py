@@ -25,6 +25,10 @@ each replaced by the spec's meaning:
   attributes the older versions have mean the same there, and the newer ones default to them.
 - **DeformConv**: right, but its Python loops took minutes on a small map (verify's judge of a
   DeformConv model looked hung). Replaced by the same arithmetic over whole numpy arrays.
+- **GatherElements** over an axis of more than 64 elements: numpy's `choose`, which it is
+  written with, takes at most 64 choices, so it fails (a YOLOv10 head's GatherElements over 2,100
+  anchors left verify's float64 judge without an answer). Replaced by `take_along_axis`, the
+  indices' extent in the other axes taken as the spec allows.
 - **OneHot** with its depth as a one-element 1-D tensor (the spec's "scalar or rank 1 tensor
   containing exactly one element", as paddle2onnx writes it in SLANet's decoder): numpy refused
   to make a range of it. The depth is read as one value, cast to int64 as the spec says.
@@ -159,7 +163,18 @@ class OneHot(OpRun):
         return (y * (on_value - off_value) + off_value,)
 
 
-FIXED_OPS = [BatchNormalization, DeformConv, DequantizeLinear, GlobalMaxPool, LRN, Mean, OneHot, STFT]
+class GatherElements(OpRun):
+    op_domain = ""
+
+    def _run(self, data, indices, axis=None):
+        ax = (0 if axis is None else int(axis)) % data.ndim
+        idx = np.where(indices < 0, indices + data.shape[ax], indices).astype(np.int64)
+        within = tuple(slice(None) if d == ax else slice(0, indices.shape[d]) for d in range(data.ndim))
+        return (np.take_along_axis(data[within], idx, axis=ax),)
+
+
+FIXED_OPS = [BatchNormalization, DeformConv, DequantizeLinear, GatherElements, GlobalMaxPool, LRN, Mean, OneHot,
+             STFT]
 
 
 def evaluator(model):

@@ -161,3 +161,21 @@ def test_one_hot_with_a_one_element_depth(tmp_path, depth):
     got = evaluator(m).run(None, {"i": i})[0]
     onnx.save(m, tmp_path / "m.onnx")
     np.testing.assert_array_equal(got, run_ort(str(tmp_path / "m.onnx"), {"i": i})[0])
+
+
+@pytest.mark.parametrize("shape, ind, axis", [((3, 100), (3, 7), 1), ((100, 4), (5, 4), 0), ((2, 80, 3), (2, 9, 2), 1),
+                                              ((4, 6), (2, 6), 0)])
+def test_gather_elements_over_a_long_axis(tmp_path, shape, ind, axis):
+    """onnx.reference's GatherElements is numpy's choose, which takes at most 64 choices: over a
+    longer axis it failed. Negative indices, and indices smaller than the data in another axis,
+    as onnxruntime reads them."""
+    g = h.make_graph([h.make_node("GatherElements", ["x", "i"], ["y"], axis=axis)], "m",
+                     [h.make_tensor_value_info("x", TP.FLOAT, list(shape)), h.make_tensor_value_info("i", TP.INT64, list(ind))],
+                     [h.make_tensor_value_info("y", TP.FLOAT, list(ind))])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 7
+    x = rng.standard_normal(shape).astype(np.float32)
+    i = rng.integers(-shape[axis], shape[axis], ind).astype(np.int64)
+    onnx.save(m, tmp_path / "m.onnx")
+    np.testing.assert_array_equal(evaluator(m).run(None, {"x": x, "i": i})[0],
+                                  run_ort(str(tmp_path / "m.onnx"), {"x": x, "i": i})[0])

@@ -149,11 +149,13 @@ def judge(result: dict, path: Path, shapes: dict, pipeline: str, precision: str,
           timeout: float, fallback: bool = False) -> tuple[str, str]:
     """PASS; ROUNDING, where an output misses the tolerance by no more than rounding at this
     precision explains (a long chain of bf16 activations can move a sigmoid by tenths, see
-    docs/precision.md); FAIL; or ERROR. The second item is a note for all but PASS."""
+    docs/precision.md); FAIL; or ERROR. The second item is a note: for a PASS, which outputs one of
+    verify's second judges passed (float64, selection, quantization), where any did."""
     if "error" in result:
         return "ERROR", result["error"]
     if result.get("passed"):
-        return "PASS", ""
+        return "PASS", "; ".join(f"{o['name']} PASS ({o['judge']}): {o.get('note', '')}"
+                                 for o in result.get("outputs", []) if o.get("judge"))
     failed = ", ".join(o["name"] for o in result.get("outputs", []) if not o.get("passed"))
     why = in_fresh_process([__file__, "--explain", str(path),
                             *verify_options(shapes, pipeline, precision, target, fallback)], timeout)

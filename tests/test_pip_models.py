@@ -97,6 +97,8 @@ def test_a_run_is_judged_pass_rounding_fail_or_error(pm, monkeypatch):
     monkeypatch.setattr(pm, "in_fresh_process", arbiter(True))
     assert pm.judge(_result(True), *args) == ("PASS", "")
     assert not asked  # a pass asks no second judge
+    judged = {"passed": True, "outputs": [{"name": "y", "passed": True, "judge": "float64", "note": "dlcc is 0 from it"}]}
+    assert pm.judge(judged, *args) == ("PASS", "y PASS (float64): dlcc is 0 from it")  # (and says which judge passed it)
     verdict, note = pm.judge(_result(False), *args)
     assert verdict == "ROUNDING" and "y over tolerance, explained by rounding" in note and "0.7" in note
     assert asked[0][1:3] == ["--explain", "m.onnx"] and ["-s", "x=1x3"] == asked[0][-2:]

@@ -87,12 +87,16 @@ class Forest:
     on_false: np.ndarray    # int64
     nan_true: np.ndarray    # bool: a NaN value takes the true branch
     roots: np.ndarray       # int64, one per tree, in onnxruntime's order
-    depth: int              # the most branches on any walk
     weights: "Weights"      # the leaves' weights, in onnxruntime's order
     classes_named: frozenset  # the class (or target) ids the weights name, leaves or not
     all_positive: bool      # no weight is negative (onnxruntime's weights_are_all_positive_)
     sets: tuple = ()        # a member node's set (its threshold indexes these): int64 arrays
     branch_levels: list = field(default_factory=list)  # the branches a walk reaches at each level, roots' first
+
+    @property
+    def depth(self) -> int:
+        """The most branches on any walk."""
+        return len(self.branch_levels)
 
     @property
     def size(self) -> int:
@@ -133,11 +137,6 @@ def _values(b: _Builder, name: str, dtype, required: bool = True) -> np.ndarray:
     if arr.dtype.kind not in "biuf":
         raise b.fail(f"attribute {name!r} must hold numbers")
     return arr.astype(dtype, copy=False)
-
-
-def _strings(b: _Builder, name: str) -> list[str]:
-    v = b.attrs.get(name) or []
-    return [s.decode(errors="replace") if isinstance(s, bytes) else str(s) for s in v]
 
 
 def _coded_strings(b: _Builder, name: str) -> tuple[list[str], np.ndarray]:
@@ -246,7 +245,7 @@ def read_forest(b: _Builder, prefix: str, outputs: int, columns: int, sets: tupl
     starts = np.flatnonzero(np.r_[True, tree[1:] != tree[:-1]]) if n else np.zeros(0, np.int64)
     if not starts.size:
         raise b.fail("the ensemble has no trees")
-    depth, reached, levels = _depth(b, starts, on_true, on_false, branch)
+    reached, levels = _levels(b, starts, on_true, on_false, branch)
     if not reached.all():
         i = int(np.flatnonzero(~reached)[0])
         raise b.unsupported(f"node {node_id[i]} of tree {tree[i]}, which no walk from the tree's first listed node "
@@ -272,16 +271,16 @@ def read_forest(b: _Builder, prefix: str, outputs: int, columns: int, sets: tupl
     bare = np.flatnonzero(leaf & (np.bincount(weights.node, minlength=n) == 0))
     if bare.size:
         raise b.fail(f"leaf {node_id[bare[0]]} of tree {tree[bare[0]]} has no weight")
-    return Forest(feature, threshold, mode, on_true, on_false, nan_true, starts.astype(np.int64), depth, weights,
+    return Forest(feature, threshold, mode, on_true, on_false, nan_true, starts.astype(np.int64), weights,
                   frozenset(np.unique(ids).tolist()), not bool((w < 0).any()), tuple(sets), levels)
 
 
-def _depth(b: _Builder, roots: np.ndarray, on_true: np.ndarray, on_false: np.ndarray,
-           branch: np.ndarray) -> tuple[int, np.ndarray, list[np.ndarray]]:
-    """The most branches on a walk from any root, which nodes a walk reaches, and the branches
-    reached at each level, from the roots': level by level over the set of nodes reached (a
-    tree's levels hold each node once, so this is linear in the nodes). A walk still on a branch
-    after as many levels as there are nodes has met a cycle."""
+def _levels(b: _Builder, roots: np.ndarray, on_true: np.ndarray, on_false: np.ndarray,
+            branch: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Which nodes a walk from the roots reaches, and the branches reached at each level, from
+    the roots' (as many levels as the most branches on a walk): level by level over the set of
+    nodes reached (a tree's levels hold each node once, so this is linear in the nodes). A walk
+    still on a branch after as many levels as there are nodes has met a cycle."""
     level, depth = np.unique(roots), 0
     reached = np.zeros(branch.size, bool)
     seen = np.zeros(branch.size, bool)
@@ -290,7 +289,7 @@ def _depth(b: _Builder, roots: np.ndarray, on_true: np.ndarray, on_false: np.nda
         reached[level] = True
         level = level[branch[level]]
         if not level.size:
-            return depth, reached, levels
+            return reached, levels
         levels.append(level)
         depth += 1
         if depth > MAX_DEPTH:
@@ -447,7 +446,7 @@ def _aggregate(b: _Builder, x: str, rows: int, f: Forest, outputs: int, agg: str
         total = b.op("Div", [total, b.constant(np.float32(f.roots.size))])
     # An output some tree weighs at every leaf it can reach is scored on every row; one no leaf
     # weighs, on none. (Every node is reached: read_forest checks. A branch's "every leaf"
-    # is both children's, settled bottom up in as many rounds as the deepest tree.)
+    # is both children's, settled bottom up, level by level from the deepest.)
     every = has.copy()
     for br in reversed(f.branch_levels):  # (the deepest first: a branch's children are settled)
         every[br] = every[f.on_true[br]] & every[f.on_false[br]]

@@ -81,7 +81,7 @@ def judge_quantized(model_path, rows: list[dict], got: dict, feeds: dict, compil
         nodes = model.graph.node
         quantized = [nodes[k].output[i] for k in points for i in _outputs_of(nodes[k])
                      if i < len(nodes[k].output) and nodes[k].output[i]]
-        mine = _instrumented_run(model, points, quantized, feeds, compiled, recompile)
+        mine = _instrumented_run(model, quantized, feeds, compiled, recompile)
         run.update(model=model, points=points)
         return mine, _forced_run(model, points, quantized, feeds, mine)
 
@@ -130,9 +130,10 @@ def judge_rows(failing: list[dict], got: dict, judge: str, what: str, prepare, c
                  note=f"{saw}; from them onnxruntime computes this output within {given['max_abs_err']:.3g} of dlcc's")
 
 
-def _instrumented_run(model: onnx.ModelProto, points: list[int], quantized: list[str], feeds: dict, compiled,
+def _instrumented_run(model: onnx.ModelProto, quantized: list[str], feeds: dict, compiled,
                       recompile=None) -> dict:
-    """dlcc's plan, compiled again with the quantized tensors as extra outputs, run on `feeds`."""
+    """dlcc's plan, compiled again with the tensors `quantized` (what a judge reads) as extra outputs,
+    run on `feeds`."""
     import dlcc
 
     m = onnx.ModelProto()

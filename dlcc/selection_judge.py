@@ -99,7 +99,7 @@ def judge_selection(model_path, rows: list[dict], got: dict, feeds: dict, compil
                     d.dim_value = int(v)
         ranked = list(dict.fromkeys(n.input[0] for n in nodes))
         chosen = [o for n in nodes for o in n.output[:SELECTORS[n.op_type]]]
-        mine = _instrumented_run(model, [], ranked + chosen, feeds, compiled, recompile)
+        mine = _instrumented_run(model, ranked + chosen, feeds, compiled, recompile)
         return mine, _forced_run(model, nodes, chosen, feeds, mine)
 
     def check(mine, forced):

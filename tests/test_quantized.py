@@ -408,7 +408,7 @@ def test_16_bit_quantize_dequantize_pairs(tmp_path, qtype):
     from dlcc.quant_judge import _instrumented_run
 
     cm = dlcc.compile(path, target="opencl", pipeline="astitch")
-    mine = _instrumented_run(onnx.load(path), [0], ["q"], {"x": x}, cm)
+    mine = _instrumented_run(onnx.load(path), ["q"], {"x": x}, cm)
     only_q = _save(tmp_path / "q.onnx", nodes[:1], {"x": x}, {"s": scale, "z": zp}, ["q"], opset=21)
     want = _ort(only_q, {"x": x})[0]
     assert mine["q"].dtype == want.dtype == qtype

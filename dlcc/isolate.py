@@ -58,8 +58,12 @@ class _Worker:
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.abspath(dlcc.__file__)))
         env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        # cwd: `python -m` puts its working directory first on sys.path. The caller's could hold a
+        # dlcc/ folder other than the one running (a source checkout beside a `pip install .`,
+        # whose dlcc/ lacks the backends the wheel maps into it): the worker would import that,
+        # fail, and every compile would lose onnxruntime's folding. Its steps take absolute paths.
         return subprocess.Popen([sys.executable, "-m", "dlcc.isolate"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1)
+                                stderr=subprocess.DEVNULL, env=env, cwd=root, text=True, bufsize=1)
 
     def call(self, step: str, args: list, timeout: float) -> str:
         with self.lock:

@@ -59,3 +59,30 @@ def test_a_forked_child_gets_a_worker_of_its_own():
     assert status == "failed" and int(child_worker) != parent_worker
     assert isolate.run("ort_optimize", ["/nonexistent/a", "/nonexistent/b", False], 60) == "failed"
     assert isolate._WORKER.proc.pid == parent_worker
+
+
+def test_a_dlcc_folder_in_the_callers_directory_does_not_shadow_the_worker(monkeypatch, tmp_path):
+    """`python -m` puts its working directory first on sys.path: run from a source checkout beside
+    a `pip install .` (whose dlcc/ lacks the backends the wheel maps into it), the worker imported
+    the checkout's dlcc, exited with status 1, and every compile lost onnxruntime's folding (seen
+    on the GPU machine). The worker starts in the running dlcc's own root instead."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    shadow = tmp_path / "checkout" / "dlcc"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('a dlcc that is not the one running')\n")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["c", "c"], ["k"]), helper.make_node("Mul", ["x", "k"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [helper.make_tensor("c", TensorProto.FLOAT, [2], [1.0, 2.0])])
+    src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
+    isolate._WORKER.close()  # the next step starts a worker from the directory below
+    monkeypatch.chdir(shadow.parent)
+    try:
+        assert isolate.run("ort_optimize", [str(src), str(dst), False], 60) == "ok"
+    finally:
+        isolate._WORKER.close()
+    assert [n.op_type for n in onnx.load(dst).graph.node] == ["Mul"]  # the Add was folded

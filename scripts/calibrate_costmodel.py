@@ -72,7 +72,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # (after site-packages: an installed dlcc, not the checkout's folder)
 
 from dlcc.config import DeviceSpec, load_device  # noqa: E402
 from dlcc.estimate.costmodel import kernel_time, roofline_us  # noqa: E402

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # (after site-packages: an installed dlcc, not the checkout's folder)
 
 
 def main(argv=None) -> int:

@@ -25,6 +25,7 @@
 #   . .gpu/setup.sh && scripts/gpu_session.sh 18    # torch.compile(backend="dlcc") on CUDA tensors beside inductor, and dynamic=True (~4 min)
 #   . .gpu/setup.sh && scripts/gpu_session.sh 19    # --tune on the conv-heavy models: pipelines and Rammer's join decisions timed (~8 min)
 #   . .gpu/setup.sh && scripts/gpu_session.sh 20    # Rammer's dependency counters against grid barriers, joined plans (~6 min)
+#   . .gpu/setup.sh && scripts/gpu_session.sh 21    # the first look after 2026-11-27: wgmma, the backend, bf16 models, sync (~9 min)
 #
 # What each number is for: issue 21 (stage 1: both import orders, device arrays, graphs, threads),
 # issue 18 (stages 2 and 3: GEMM and model floors against cuBLAS and torch.compile), issue 20
@@ -334,8 +335,35 @@ case "${1:-}" in
     step sync-full 300 "$PY" scripts/bench_sync.py --models lstm-tc,bert,gpt2,yolo --size full --device h100 \
       --target cuda --repeat 30 --out-dir "$MODELS" --json-out "$OUT/sync-full.json"
     ;;
+  21)
+    # The first look at everything built without a GPU since 2026-11-27, in one ~9-minute call
+    # (a lease is 15 minutes with its start), in order of what matters:
+    # 1. the wgmma tilings' correctness on the hardware (stage 17's first step);
+    # 2. the small models at fp32 and bf16 through astitch and full, and torch.compile(backend=
+    #    "dlcc") on CUDA tensors (stage 18's first step), all against onnxruntime;
+    # 3. BERT-base and GPT-2 at bf16 through full as shipped (transposed weights, folded
+    #    LayerNorms, DEEP rTasks) beside inductor's reduce-overhead and the dlcc backend;
+    # 4. the same with gemm_wgmma on (stage 17's last step, its first row is 3's);
+    # 5. ViT-B/16 and ResNet-50 at bf16 through full and astitch beside reduce-overhead;
+    # 6. grid barriers against dependency counters on BERT-base and YOLO (stage 20, shortened).
+    SMALL="${SMALL_MODELS_DIR:-$MODELS}"
+    step wgmma-check 40 "$PY" scripts/gemm_tilings.py --precision bf16 --tilings wgmma --repeat 2 --shapes 70x136x520
+    step small 110 "$PY" scripts/vs_torch.py --size small --models bert,gpt2,vit,cnn --precisions fp32,bf16 \
+      --pipelines astitch,full --torch-modes eager,dlcc-backend --repeat 10 --models-dir "$SMALL" \
+      --json-out "$OUT/small.json"
+    step full-bf16 150 "$PY" scripts/vs_torch.py --size full --models bert,gpt2 --precisions bf16 --pipelines full \
+      --torch-modes reduce-overhead,dlcc-backend --device h100 --models-dir "$MODELS" --json-out "$OUT/full-bf16.json"
+    spec_with gemm_wgmma wgmma
+    step full-bf16-wgmma 75 "$PY" scripts/vs_torch.py --size full --models bert,gpt2 --precisions bf16 --pipelines full \
+      --torch-modes reduce-overhead --device "$OUT/h100-wgmma.yaml" --models-dir "$MODELS" \
+      --json-out "$OUT/full-bf16-wgmma.json"
+    step vit-cnn-bf16 100 "$PY" scripts/vs_torch.py --size full --models vit,cnn --precisions bf16 --pipelines full,astitch \
+      --torch-modes reduce-overhead --device h100 --models-dir "$MODELS" --json-out "$OUT/vit-cnn-bf16.json"
+    step sync 60 "$PY" scripts/bench_sync.py --models bert,yolo --size full --device h100 --target cuda --repeat 20 \
+      --out-dir "$MODELS" --json-out "$OUT/sync.json"
+    ;;
   *)
-    echo "usage: scripts/gpu_session.sh 0|1|...|20   (the stages are described at the top of this file)" >&2
+    echo "usage: scripts/gpu_session.sh 0|1|...|21   (the stages are described at the top of this file)" >&2
     exit 2
     ;;
 esac

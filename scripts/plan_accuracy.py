@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # (after site-packages: an installed dlcc, not the checkout's folder)
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402

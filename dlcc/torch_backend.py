@@ -20,6 +20,12 @@ as torch's own "onnxrt" backend does with onnxruntime.
   `options={"fallback": "onnxruntime"}`.
 - **Devices.** On CUDA, device tensors go in and come out through DLPack without host copies
   (dlcc/interop.py); elsewhere CPU tensors go through numpy.
+- **The export runs on the CPU, in float32** (`_export_copy`). ONNX has no device, so the graph
+  is traced on a copy whose device arguments, constants and inputs are the CPU's: on CUDA,
+  torch.onnx's tracer had met a CUDA tensor beside a CPU one inside GPT-2's graph and refused
+  it. A bfloat16 graph is traced with every bfloat16 in it read as float32: dynamo records the
+  dtypes a module casts to (`softmax(..., dtype=float32).to(bfloat16)`, `zeros(..., dtype=
+  bfloat16)`), and with the inputs and weights widened, those casts would meet float32 tensors.
 
 Options (`torch.compile(m, backend="dlcc", options={...})`): pipeline, precision, target,
 device, fallback, cache, and eager_fallback (True: a graph dlcc cannot compile runs eagerly with
@@ -145,9 +151,12 @@ class _Compiled:
         def wide(t):
             return t.float() if t.dtype == torch.bfloat16 else t
 
-        consts = {k: wide(inputs[k].detach()) for k in self.state} | self.sizes  # (sizes: this plan's values)
+        def host(t):  # (the export's copy: module docstring)
+            return wide(t.detach()).cpu()
+
+        consts = {k: host(inputs[k]) for k in self.state} | self.sizes  # (sizes: this plan's values)
         self.versions = {k: inputs[k]._version for k in self.state}
-        gm, n = self.gm, len(inputs)
+        gm, n = _export_copy(self.gm, self.widen), len(inputs)
 
         class Bound(torch.nn.Module):
             """The graph with its state bound as constants: the module torch.onnx traces."""
@@ -159,8 +168,8 @@ class _Compiled:
                 return tuple(torch.utils._pytree.tree_flatten(out)[0])
 
         with torch.no_grad():
-            example = [wide(inputs[k].detach()) for k in self.args]
-            out = gm(*[inputs[k].detach() if isinstance(inputs[k], torch.Tensor) else inputs[k] for k in range(n)])
+            example = [host(inputs[k]) for k in self.args]
+            out = self.gm(*[inputs[k].detach() if isinstance(inputs[k], torch.Tensor) else inputs[k] for k in range(n)])
         flat, self.spec = torch.utils._pytree.tree_flatten(out)
         if not all(isinstance(t, torch.Tensor) for t in flat):
             raise DlccError("the graph returns values that are not tensors; dlcc compiles tensor programs")
@@ -182,7 +191,7 @@ class _Compiled:
         kw = {k: self.opts[k] for k in ("pipeline", "precision", "device", "cache") if k in self.opts}
         if self.widen:
             kw.setdefault("precision", "bf16")
-        target = self.opts.get("target") or _target_for(example)
+        target = self.opts.get("target") or _target_for([inputs[k] for k in self.args])
         if self.opts.get("fallback"):
             self.model = dlcc.compile(path, target=target, fallback=self.opts["fallback"], **kw)
         else:
@@ -211,6 +220,61 @@ class _Compiled:
         flat = [_to_tensor(res[o], dev) for o, dev in zip(outputs, self.out_devices)]
         flat = [t if t.dtype == d else t.to(d) for t, d in zip(flat, self.out_dtypes)]  # (a widened graph's)
         return torch.utils._pytree.tree_unflatten(flat, self.spec)
+
+
+def _export_copy(gm, widen: bool):
+    """A copy of the graph module to trace for the export (module docstring): every device its
+    nodes name is the CPU, every tensor it holds is on the CPU, and where `widen` every bfloat16
+    it names or holds is float32. `gm` itself, which dynamo runs when a call falls back to eager,
+    is left as it is."""
+    import copy
+
+    import torch
+    from torch.fx.node import map_aggregate
+
+    cpu = torch.device("cpu")
+
+    def plain(a):
+        if isinstance(a, torch.device):
+            return cpu
+        if widen and a is torch.bfloat16:
+            return torch.float32
+        return a
+
+    def held(t):
+        if isinstance(t, torch.Tensor):
+            t = t.detach().cpu()
+            return t.float() if widen and t.dtype == torch.bfloat16 else t
+        if isinstance(t, torch.nn.Module):  # (a call_module target: its own copy, moved)
+            t = copy.deepcopy(t).to(cpu)
+            return t.float() if widen else t
+        return t
+
+    def named(a):  # a device given by name ("cuda:0"), where only a device can stand
+        return "cpu" if isinstance(a, str) and a.split(":")[0] in ("cuda", "cpu", "mps", "xpu") else a
+
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    for node in graph.nodes:
+        if node.op == "call_method" and node.target == "cuda":  # x.cuda(): x.cpu()
+            node.target, node.args, node.kwargs = "cpu", node.args[:1], {}
+        node.args = map_aggregate(node.args, plain)
+        if node.op == "call_method" and node.target == "to":
+            node.args = tuple(named(a) for a in node.args)
+        node.kwargs = {k: named(v) if k == "device" else v for k, v in map_aggregate(node.kwargs, plain).items()}
+    out = torch.fx.GraphModule(gm, graph)
+    for node in graph.nodes:
+        if node.op in ("get_attr", "call_module"):  # (GraphModule made new parents: setting here leaves gm's)
+            *path, name = node.target.split(".")
+            parent = out.get_submodule(".".join(path)) if path else out
+            value = held(getattr(parent, name))
+            if name in parent._parameters:
+                parent._parameters[name] = torch.nn.Parameter(value, requires_grad=False)
+            elif name in parent._buffers:
+                parent._buffers[name] = value
+            else:
+                setattr(parent, name, value)
+    return out
 
 
 def _target_for(example) -> str:

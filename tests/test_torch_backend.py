@@ -175,3 +175,78 @@ def test_a_bfloat16_module():
     for k in want:
         assert got[k].dtype == torch.bfloat16
         np.testing.assert_allclose(got[k].float().numpy(), want[k].float().numpy(), rtol=5e-2, atol=5e-2, err_msg=k)
+
+
+class _CastsInside(torch.nn.Module):
+    """What transformers' attention does at bfloat16: softmax in float32, then a cast back to the
+    module's dtype, and a constant made in it (GPT-2's masked fill). Dynamo records those dtypes
+    in the graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = torch.nn.Linear(16, 16)
+        self.register_buffer("scale", torch.tensor(0.25))
+
+    def forward(self, x):
+        s = (self.q(x) @ x.transpose(-1, -2)) * self.scale
+        s = torch.where(s > 3, torch.zeros((), dtype=x.dtype, device=x.device), s)
+        p = torch.softmax(s, dim=-1, dtype=torch.float32).to(x.dtype)
+        return (p @ x).type(x.dtype)
+
+
+def test_a_bfloat16_module_that_casts_inside():
+    """The export widens a bfloat16 graph to float32, the casts the graph records included (GPT-2
+    and ViT at bf16 failed with 'expected scalar type Float but found BFloat16')."""
+    torch.manual_seed(0)
+    m = _CastsInside().eval().to(torch.bfloat16)
+    backend, made = _recording()
+    f = torch.compile(m, backend=backend, dynamic=False)
+    x = torch.randn(2, 6, 16).to(torch.bfloat16)
+    with torch.no_grad():
+        got, want = f(x), m(x)
+    assert made[0].widen and got.dtype == torch.bfloat16
+    np.testing.assert_allclose(got.float().numpy(), want.float().numpy(), rtol=5e-2, atol=5e-2)
+    assert m.scale.dtype == torch.bfloat16 and m.q.weight.dtype == torch.bfloat16  # the module is untouched
+
+
+def test_a_hugging_face_gpt2_at_bfloat16():
+    """GPT-2 from transformers cast to bfloat16, as an H100 user runs it (its graph casts and makes
+    constants at bfloat16), against eager bfloat16 PyTorch within bf16's tolerance."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_layer=1, n_head=2, use_cache=False,
+                                  attn_implementation="eager")  # (as scripts/models.py exports it)
+    m = transformers.GPT2LMHeadModel(cfg).eval().to(torch.bfloat16)
+    backend, made = _recording()
+    f = torch.compile(m, backend=backend, dynamic=False)
+    ids = torch.randint(0, 128, (1, 8))
+    with torch.no_grad():
+        got, want = f(input_ids=ids).logits, m(input_ids=ids).logits
+    assert made and got.dtype == torch.bfloat16
+    np.testing.assert_allclose(got.float().numpy(), want.float().numpy(), rtol=5e-2, atol=5e-2)
+
+
+def test_the_export_copy_names_the_cpu_and_leaves_the_graph_as_it_was():
+    """ONNX has no device: the graph is traced on a CPU copy (on CUDA, torch.onnx's tracer met a
+    CUDA tensor beside a CPU one in GPT-2's graph). The copy's device arguments are the CPU's and
+    its bfloat16s float32; the graph dynamo runs eagerly keeps its own."""
+    from dlcc.torch_backend import _export_copy
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("b", torch.ones(4, dtype=torch.bfloat16))
+
+        def forward(self, x):
+            r = torch.arange(x.shape[0], device=torch.device("cuda", 0))
+            return (x.to(torch.device("cuda", 0), dtype=torch.bfloat16) + r.to("cuda:0") + self.b).cuda()
+
+    gm = torch.fx.symbolic_trace(M())
+    copy = _export_copy(gm, widen=True)
+    named = [a for n in copy.graph.nodes for a in list(n.args) + list(n.kwargs.values())]
+    assert torch.device("cpu") in named and torch.float32 in named
+    assert not any(isinstance(a, torch.device) and a.type == "cuda" for a in named)
+    assert torch.bfloat16 not in named and copy.b.dtype == torch.float32
+    kept = [a for n in gm.graph.nodes for a in list(n.args) + list(n.kwargs.values())]
+    assert torch.device("cuda", 0) in kept and torch.bfloat16 in kept and gm.b.dtype == torch.bfloat16
+    assert copy(torch.zeros(4)).dtype == torch.float32  # (it runs, on the CPU)

@@ -211,11 +211,11 @@ class _Compiled:
                 log.info("dlcc: a parameter or buffer changed since the compile; compiling again")
                 self._build(inputs)
             model, outputs = self.model, self.outputs
-        if self.widen:
-            inputs = [x.float() if isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 else x for x in inputs]
-        feeds = {name: _to_array(inputs[k]) for name, k in zip(self.names, self.args)}
-        cuda = not self.opts.get("fallback") and model.target == "cuda" and all(
-            isinstance(inputs[k], torch.Tensor) and inputs[k].is_cuda for k in self.args)
+        args = [inputs[k] for k in self.args]  # (the state is baked in: only these go to dlcc)
+        if self.widen:  # (never the weights: widening them every call cost BERT-base 3 ms on an H200)
+            args = [x.float() if x.dtype == torch.bfloat16 else x for x in args]
+        feeds = {name: _to_array(x) for name, x in zip(self.names, args)}
+        cuda = not self.opts.get("fallback") and model.target == "cuda" and all(x.is_cuda for x in args)
         res = model.run(feeds, outputs="device") if cuda else model(feeds)
         flat = [_to_tensor(res[o], dev) for o, dev in zip(outputs, self.out_devices)]
         flat = [t if t.dtype == d else t.to(d) for t, d in zip(flat, self.out_dtypes)]  # (a widened graph's)

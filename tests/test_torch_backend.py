@@ -250,3 +250,24 @@ def test_the_export_copy_names_the_cpu_and_leaves_the_graph_as_it_was():
     kept = [a for n in gm.graph.nodes for a in list(n.args) + list(n.kwargs.values())]
     assert torch.device("cuda", 0) in kept and torch.bfloat16 in kept and gm.b.dtype == torch.bfloat16
     assert copy(torch.zeros(4)).dtype == torch.float32  # (it runs, on the CPU)
+
+
+def test_a_bfloat16_call_widens_its_inputs_and_never_its_weights(monkeypatch):
+    """Each call of a widened graph casts its bfloat16 inputs to float32, and only those: the
+    weights are baked into the plan. Casting every lifted weight on every call had made BERT-base
+    through the backend 4.1 ms an inference on an H200, against 0.7 ms for the same plan alone."""
+    m = _net().to(torch.bfloat16)
+    backend, made = _recording()
+    f = torch.compile(m, backend=backend, dynamic=False)
+    x = torch.randn(2, 3, 8, 8).to(torch.bfloat16)
+    with torch.no_grad():
+        f(x)
+        cast = []
+        real = torch.Tensor.float
+        monkeypatch.setattr(torch.Tensor, "float", lambda t, *a, **k: cast.append(tuple(t.shape)) or real(t, *a, **k))
+        got = f(x)
+    assert made[0].widen and len(made[0].state) == 8
+    assert cast == [(2, 3, 8, 8)]  # the input alone
+    with torch.no_grad():
+        want = m(x)["logits"]
+    np.testing.assert_allclose(got["logits"].float().numpy(), want.float().numpy(), rtol=5e-2, atol=5e-2)

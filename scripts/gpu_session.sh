@@ -26,6 +26,7 @@
 #   . .gpu/setup.sh && scripts/gpu_session.sh 19    # --tune on the conv-heavy models: pipelines and Rammer's join decisions timed (~8 min)
 #   . .gpu/setup.sh && scripts/gpu_session.sh 20    # Rammer's dependency counters against grid barriers, joined plans (~6 min)
 #   . .gpu/setup.sh && scripts/gpu_session.sh 21    # the first look after 2026-11-27: wgmma, the backend, bf16 models, sync (~9 min)
+#   . .gpu/setup.sh && scripts/gpu_session.sh 22    # what 21 left open: wgmma A/B in one process, the backend's fixes and host time (~9 min)
 #
 # What each number is for: issue 21 (stage 1: both import orders, device arrays, graphs, threads),
 # issue 18 (stages 2 and 3: GEMM and model floors against cuBLAS and torch.compile), issue 20
@@ -362,8 +363,31 @@ case "${1:-}" in
     step sync 60 "$PY" scripts/bench_sync.py --models bert,yolo --size full --device h100 --target cuda --repeat 20 \
       --out-dir "$MODELS" --json-out "$OUT/sync.json"
     ;;
+  22)
+    # What stage 21 (an H200, 2026-12-04) left open, in one ~9-minute call, in order:
+    # 1. gemm_wgmma off and on in one process, interleaved (scripts/ab_spec.py): torch's own time
+    #    moved 15-30% between stage 21's processes, so its rows could not say whether to turn it on;
+    # 2. the torch backend after its three fixes (bf16 graphs that cast inside, GPT-2's export on
+    #    the CPU, no weight casts per call): the small models, then BERT-base and GPT-2 at bf16 and
+    #    fp32 beside inductor's reduce-overhead;
+    # 3. where a backend call's host time goes (BERT small at fp32: 637 µs against 50 for its plan);
+    # 4. grid barriers against dependency counters on BERT-base (stage 20, shortened).
+    SMALL="${SMALL_MODELS_DIR:-$MODELS}"
+    step ab-wgmma 160 "$PY" scripts/ab_spec.py --models cnn,bert,gpt2 --size full --precision bf16 \
+      --switch gemm_wgmma --device h100 --repeat 30 --models-dir "$MODELS" --json-out "$OUT/ab-wgmma.json"
+    step small-backend 80 "$PY" scripts/vs_torch.py --size small --models bert,gpt2,vit,cnn --precisions fp32,bf16 \
+      --pipelines full --torch-modes eager,dlcc-backend --repeat 10 --models-dir "$SMALL" \
+      --json-out "$OUT/small-backend.json"
+    step full-backend 150 "$PY" scripts/vs_torch.py --size full --models bert,gpt2 --precisions bf16,fp32 \
+      --pipelines full --torch-modes reduce-overhead,dlcc-backend --device h100 --models-dir "$MODELS" \
+      --json-out "$OUT/full-backend.json"
+    step backend-profile 40 "$PY" scripts/backend_profile.py --model bert --size small --precision fp32 \
+      --models-dir "$SMALL"
+    step sync 90 "$PY" scripts/bench_sync.py --models bert --size full --device h100 --target cuda --repeat 20 \
+      --out-dir "$MODELS" --json-out "$OUT/sync.json"
+    ;;
   *)
-    echo "usage: scripts/gpu_session.sh 0|1|...|21   (the stages are described at the top of this file)" >&2
+    echo "usage: scripts/gpu_session.sh 0|1|...|22   (the stages are described at the top of this file)" >&2
     exit 2
     ;;
 esac

@@ -170,7 +170,7 @@ class CudaRuntime:
             self.module = self.drv.module_from_buffer(cubin)
             return
         from ..kernels.gemm_wgmma import uses_wgmma
-        from .nvcc import arch_for
+        from .nvcc import arch_for, runtime_flags
 
         if uses_wgmma(source) and (major, minor) != (9, 0):
             raise CompileError(f"this plan's GEMMs use Hopper's warpgroup MMA (wgmma: sm_90 only), planned for an "
@@ -178,7 +178,7 @@ class CudaRuntime:
                                "(leave --device out to plan for the GPU present)")
         try:
             self.module = SourceModule(source, no_extern_c=True, arch=arch_for(source, f"sm_{major}{minor}"),
-                                       options=["-O3"])
+                                       options=runtime_flags())
         except Exception as e:
             raise CompileError(f"nvcc rejected the generated kernels (a dlcc bug):\n{e}") from None
 

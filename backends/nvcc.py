@@ -52,6 +52,23 @@ def nvcc_version(nvcc: str | None = None) -> str | None:
     return lines[-1].strip() if lines else None
 
 
+#: nvcc's warnings 177, "declared but never referenced", and 550, "set but never used": every
+#: module carries the prelude's static helpers (dlcc_nmax, dlcc_grid_sync, ...) whether its
+#: kernels call them or not, the shared tile templates name indices (a batch index where the
+#: batch is 1) that a given tiling leaves unused, and the tensor-core templates set the scratch
+#: pointer only OpenCL's emulation reads. On a GPU, PyCUDA turned each into a UserWarning at every
+#: compile: 279 lines of them in one `dlcc compile --tune` of ResNet-50. The rest still show.
+QUIET = ("--diag-suppress=177,550",)
+
+
+def runtime_flags() -> list[str]:
+    """nvcc options for the CUDA runtime's own compile (backends/cuda.py, through PyCUDA): the
+    artifact build's (build_cubin) less what only that one reads (the cubin's name, the resource
+    report)."""
+    nvcc = find_nvcc()
+    return ["-O3", *(_parallel_flags(nvcc) if nvcc else ()), *QUIET]
+
+
 def _parallel_flags(nvcc: str) -> tuple[str, ...]:
     """`--split-compile=0` where nvcc has it (CUDA 12.1 on): nvcc optimises the translation unit's
     functions on every core. The machine code is the same (every .text section of ResNet-50's 27
@@ -87,7 +104,7 @@ def build_cubin(source: str, arch: str = "sm_80", nvcc: str | None = None,
         src = os.path.join(tmp, "kernels.cu")
         with open(src, "w") as f:
             f.write(source)
-        cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", *_parallel_flags(nvcc), "--resource-usage",
+        cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", *_parallel_flags(nvcc), *QUIET, "--resource-usage",
                "-o", os.path.join(tmp, "k.cubin"), src]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         cubin_path = os.path.join(tmp, "k.cubin")

@@ -280,6 +280,7 @@ def install_fake_pycuda(monkeypatch) -> FakeDriver:
     """The fake `pycuda` (and libcuda) in place of the real ones, through `monkeypatch` (a pytest
     MonkeyPatch; scripts/host_time.py uses it outside pytest too)."""
     drv = FakeDriver()
+    drv.compiled = []  # (source, nvcc options) of each SourceModule
     pkg = types.ModuleType("pycuda")
     compiler = types.ModuleType("pycuda.compiler")
 
@@ -287,6 +288,7 @@ def install_fake_pycuda(monkeypatch) -> FakeDriver:
         def __init__(self, source, no_extern_c, arch, options):
             assert no_extern_c and arch == "sm_90" and "#define KERNEL extern \"C\" __global__" in source
             self.source = source
+            drv.compiled.append((source, list(options)))
 
         def get_function(self, name):
             assert f"KERNEL void {name}(" in self.source
@@ -378,6 +380,28 @@ def test_cuda_runtime_binds_the_plan(fake_pycuda):
                 assert isinstance(a, np.uintp) and int(a) == ptr_of[spec["storage"]] + spec["offset"]
     # Weights uploaded once, inputs per run.
     assert (ptr_of["weights"], plan["storages"]["weights"]) in drv.h2d
+
+
+@pytest.mark.skipif(__import__("dlcc.backends.nvcc", fromlist=["find_nvcc"]).find_nvcc() is None,
+                    reason="nvcc is not installed on this machine")
+def test_the_runtimes_own_compile_prints_no_warnings(fake_pycuda, tmp_path):
+    """What the runtime hands PyCUDA, built with the real nvcc and those options, prints no
+    warning: on an H200 PyCUDA turned each "declared but never referenced" (the prelude's unused
+    helpers, a tiling's unused index) into a UserWarning at every compile, 279 lines in one
+    `dlcc compile --tune`."""
+    import subprocess
+
+    from dlcc.backends.nvcc import find_nvcc
+
+    m = dlcc.compile(EXAMPLE, target="cuda", device="a100", precision="bf16")  # sm_80's plan: built at the start
+    m(m.sample_inputs())
+    (source, options), = fake_pycuda.compiled
+    assert "--diag-suppress=177,550" in options
+    src = tmp_path / "kernel.cu"
+    src.write_text(source)
+    p = subprocess.run([find_nvcc(), "--cubin", "-arch", "sm_90", *options, str(src), "-o", str(tmp_path / "k.cubin")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and "warning" not in (p.stdout + p.stderr).lower(), p.stdout + p.stderr
 
 
 @pytest.mark.skipif(__import__("dlcc.backends.nvcc", fromlist=["find_nvcc"]).find_nvcc() is None,

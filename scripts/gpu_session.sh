@@ -371,9 +371,11 @@ case "${1:-}" in
     #    the CPU, no weight casts per call): the small models, then BERT-base and GPT-2 at bf16 and
     #    fp32 beside inductor's reduce-overhead;
     # 3. where a backend call's host time goes (BERT small at fp32: 637 µs against 50 for its plan);
-    # 4. grid barriers against dependency counters on BERT-base (stage 20, shortened).
+    # 4. the interop scenarios, whose host-time one has not run since bound calls (issue 21's
+    #    floor: 30 µs a call);
+    # 5. grid barriers against dependency counters on BERT-base (stage 20, shortened).
     SMALL="${SMALL_MODELS_DIR:-$MODELS}"
-    step ab-wgmma 160 "$PY" scripts/ab_spec.py --models cnn,bert,gpt2 --size full --precision bf16 \
+    step ab-wgmma 120 "$PY" scripts/ab_spec.py --models cnn,bert --size full --precision bf16 \
       --switch gemm_wgmma --device h100 --repeat 30 --models-dir "$MODELS" --json-out "$OUT/ab-wgmma.json"
     step small-backend 80 "$PY" scripts/vs_torch.py --size small --models bert,gpt2,vit,cnn --precisions fp32,bf16 \
       --pipelines full --torch-modes eager,dlcc-backend --repeat 10 --models-dir "$SMALL" \
@@ -383,7 +385,8 @@ case "${1:-}" in
       --json-out "$OUT/full-backend.json"
     step backend-profile 40 "$PY" scripts/backend_profile.py --model bert --size small --precision fp32 \
       --models-dir "$SMALL"
-    step sync 90 "$PY" scripts/bench_sync.py --models bert --size full --device h100 --target cuda --repeat 20 \
+    step interop 60 "$PY" scripts/interop_check.py
+    step sync 80 "$PY" scripts/bench_sync.py --models bert --size full --device h100 --target cuda --repeat 20 \
       --out-dir "$MODELS" --json-out "$OUT/sync.json"
     ;;
   *)

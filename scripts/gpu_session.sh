@@ -26,7 +26,7 @@
 #   . .gpu/setup.sh && scripts/gpu_session.sh 19    # --tune on the conv-heavy models: pipelines and Rammer's join decisions timed (~8 min)
 #   . .gpu/setup.sh && scripts/gpu_session.sh 20    # Rammer's dependency counters against grid barriers, joined plans (~6 min)
 #   . .gpu/setup.sh && scripts/gpu_session.sh 21    # the first look after 2026-11-27: wgmma, the backend, bf16 models, sync (~9 min)
-#   . .gpu/setup.sh && scripts/gpu_session.sh 22    # what 21 left open: wgmma A/B in one process, the backend, interop, ResNet-50 bf16 profiled (~9 min)
+#   . .gpu/setup.sh && scripts/gpu_session.sh 22    # what 21 left open: wgmma A/B in one process, the backend, interop, plan mode fitted on ResNet-50 and ViT (~9 min)
 #
 # What each number is for: issue 21 (stage 1: both import orders, device arrays, graphs, threads),
 # issue 18 (stages 2 and 3: GEMM and model floors against cuBLAS and torch.compile), issue 20
@@ -368,31 +368,29 @@ case "${1:-}" in
     # 1. gemm_wgmma off and on in one process, interleaved (scripts/ab_spec.py): torch's own time
     #    moved 15-30% between stage 21's processes, so its rows could not say whether to turn it on;
     # 2. the torch backend after its three fixes (bf16 graphs that cast inside, GPT-2's export on
-    #    the CPU, no weight casts per call): the small models, then BERT-base and GPT-2 at bf16 and
-    #    fp32 beside inductor's reduce-overhead;
+    #    the CPU, no weight casts per call): the small models, then BERT-base and GPT-2 at bf16
+    #    beside inductor's reduce-overhead;
     # 3. where a backend call's host time goes (BERT small at fp32: 637 µs against 50 for its plan);
     # 4. the interop scenarios, whose host-time one has not run since bound calls (issue 21's
     #    floor: 30 µs a call);
-    # 5. ResNet-50's launches at bf16 timed one by one. (Stage 20, barriers against counters,
-    #    is still to run: it did not fit in stage 21's call.)
+    # 5. plan mode against ResNet-50 and ViT-B/16 at bf16, every launch timed alone, and the cost
+    #    model fitted on them (stage 13's method): predicted 223 and 506 µs through astitch, they ran
+    #    1087 and 1397, and ViT's order of astitch and full came out wrong.
+    # (Stage 20, barriers against counters, is still to run: it did not fit in stage 21's call.)
     SMALL="${SMALL_MODELS_DIR:-$MODELS}"
     step ab-wgmma 120 "$PY" scripts/ab_spec.py --models cnn,bert --size full --precision bf16 \
       --switch gemm_wgmma --device h100 --repeat 30 --models-dir "$MODELS" --json-out "$OUT/ab-wgmma.json"
     step small-backend 80 "$PY" scripts/vs_torch.py --size small --models bert,gpt2,vit,cnn --precisions fp32,bf16 \
       --pipelines full --torch-modes eager,dlcc-backend --repeat 10 --models-dir "$SMALL" \
       --json-out "$OUT/small-backend.json"
-    step full-backend 150 "$PY" scripts/vs_torch.py --size full --models bert,gpt2 --precisions bf16,fp32 \
+    step full-backend 100 "$PY" scripts/vs_torch.py --size full --models bert,gpt2 --precisions bf16 \
       --pipelines full --torch-modes reduce-overhead,dlcc-backend --device h100 --models-dir "$MODELS" \
       --json-out "$OUT/full-backend.json"
     step backend-profile 40 "$PY" scripts/backend_profile.py --model bert --size small --precision fp32 \
       --models-dir "$SMALL"
-    step interop 60 "$PY" scripts/interop_check.py
-    # ResNet-50 at bf16, 1.70x torch.compile on 2026-12-04: its launches timed one by one (a
-    # profile database, back as JSON), to find which convolutions (im2col windows loaded element
-    # by element; 1x1 stride-1 ones are copied raw) hold the time
-    "$PY" -c "import sys; sys.path.insert(0, 'scripts'); import models; models.export('cnn', __import__('pathlib').Path('$MODELS'), 'full')" >/dev/null 2>&1
-    (cd /tmp && step prof-cnn 70 "$PY" -m dlcc profile "$MODELS/cnn-full.onnx" --db "$OUT/prof-cnn.json" \
-      --target cuda --device h100 --pipeline astitch --precision bf16 --repeat 5)
+    step interop 50 "$PY" scripts/interop_check.py
+    step plan-acc-bf16 150 "$PY" scripts/plan_accuracy.py --target cuda --device h100 --size full --models cnn,vit \
+      --precision bf16 --pipelines astitch,full --fit --repeat 10 --cache "$MODELS" --samples "$OUT/plan-acc-samples.json"
     ;;
   *)
     echo "usage: scripts/gpu_session.sh 0|1|...|22   (the stages are described at the top of this file)" >&2

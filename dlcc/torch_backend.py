@@ -195,8 +195,10 @@ class _Compiled:
         if self.opts.get("fallback"):
             self.model = dlcc.compile(path, target=target, fallback=self.opts["fallback"], **kw)
         else:
-            self.model = dlcc.compile(path, target=target, dynamic=True, **kw)
-            self.model.specialize({name: tuple(x.shape) for name, x in zip(self.names, example)})
+            # (dynamic=True binds whatever dims the exporter left symbolic to this call's shapes; the
+            # plan is then called directly, without the dynamic model's per-call shape resolution)
+            self.model = dlcc.compile(path, target=target, dynamic=True, **kw).specialize(
+                {name: tuple(x.shape) for name, x in zip(self.names, example)})
         self.outputs = [f"output_{k}" for k in range(len(flat))]
         log.info("dlcc: compiled a graph of %d nodes for %s", len(self.gm.graph.nodes), target)
 

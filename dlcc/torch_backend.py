@@ -265,17 +265,20 @@ def _export_copy(gm, widen: bool):
             node.args = tuple(named(a) for a in node.args)
         node.kwargs = {k: named(v) if k == "device" else v for k, v in map_aggregate(node.kwargs, plain).items()}
     out = torch.fx.GraphModule(gm, graph)
-    for node in graph.nodes:
-        if node.op in ("get_attr", "call_module"):  # (GraphModule made new parents: setting here leaves gm's)
-            *path, name = node.target.split(".")
-            parent = out.get_submodule(".".join(path)) if path else out
-            value = held(getattr(parent, name))
-            if name in parent._parameters:
-                parent._parameters[name] = torch.nn.Parameter(value, requires_grad=False)
-            elif name in parent._buffers:
-                parent._buffers[name] = value
-            else:
-                setattr(parent, name, value)
+    # GraphModule shares the submodules that call_module nodes name, and makes new parents for the
+    # rest: the shared ones are replaced by copies first, so that setting a tensor below (a get_attr
+    # into such a submodule) never reaches gm's.
+    targets = [n.target for n in graph.nodes if n.op == "call_module"]
+    for target in dict.fromkeys(targets + [n.target for n in graph.nodes if n.op == "get_attr"]):
+        *path, name = target.split(".")
+        parent = out.get_submodule(".".join(path)) if path else out
+        value = held(getattr(parent, name))
+        if name in parent._parameters:
+            parent._parameters[name] = torch.nn.Parameter(value, requires_grad=False)
+        elif name in parent._buffers:
+            parent._buffers[name] = value
+        else:
+            setattr(parent, name, value)
     return out
 
 

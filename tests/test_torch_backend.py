@@ -271,3 +271,27 @@ def test_a_bfloat16_call_widens_its_inputs_and_never_its_weights(monkeypatch):
     with torch.no_grad():
         want = m(x)["logits"]
     np.testing.assert_allclose(got["logits"].float().numpy(), want.float().numpy(), rtol=5e-2, atol=5e-2)
+
+
+def test_the_export_copy_never_touches_a_shared_submodule():
+    """A graph that calls a submodule and also reads one of its weights (get_attr): GraphModule
+    shares that submodule with the original, so the copy takes its own before widening the
+    weight; the module dynamo runs eagerly keeps bfloat16."""
+    from dlcc.torch_backend import _export_copy
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4).to(torch.bfloat16)
+
+        def forward(self, x):
+            return self.lin.weight.sum() + self.lin(x)  # (the get_attr first)
+
+    gm = torch.fx.symbolic_trace(M())
+    assert {n.op for n in gm.graph.nodes} >= {"call_module", "get_attr"}
+    copy = _export_copy(gm, widen=True)
+    assert gm.lin.weight.dtype == torch.bfloat16 and copy.lin.weight.dtype == torch.float32
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        got, want = copy(x), gm(x.to(torch.bfloat16))
+    np.testing.assert_allclose(got.numpy(), want.float().numpy(), rtol=5e-2, atol=5e-2)

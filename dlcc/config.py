@@ -219,7 +219,9 @@ def check_precision(precision: str, device: DeviceSpec, target: str) -> str | No
                           f"device {device.name} is {device.arch}")
     if target != "cuda":
         rounding = "TF32 rounding of the split operands" if precision == "tf32x3" else f"{precision.upper()} rounding"
-        return (f"precision {precision} on {target}: no tensor cores there; the mma instructions are emulated "
+        # (a GPU spec's plan built for OpenCL: `dlcc inspect --device h100`, the suite's H100 plans on PoCL)
+        where = f"planned for {device.name}; on {target}" if device.kind == "gpu" else f"on {target}"
+        return (f"precision {precision} {where}: no tensor cores there; the mma instructions are emulated "
                 f"(the same fragment layout and {rounding}: for testing, not for speed)")
     return None
 

@@ -431,3 +431,15 @@ def test_fp32_ops_keep_op_types_on_the_float32_template(model_path, tmp_path):
     bad.write_text("name: bad\nprecision: bf16\nfp32_ops: [Gemm, MatMull]\npasses:\n  - name: lower\n  - name: memplan\n")
     rc, out, err = cli("compile", path, "-o", tmp_path / "o", "-p", bad)
     assert rc == 2 and "bad.yaml: fp32_ops.1: 'MatMull'" in err and "Traceback" not in out + err
+
+
+def test_the_emulation_note_names_the_gpu_a_plan_is_for():
+    """A GPU spec's plan built for OpenCL (`dlcc inspect --device h100` on a machine without a GPU)
+    says which GPU it is planned for, beside the note that OpenCL emulates its mma instructions;
+    PoCL's own plan says only the latter."""
+    from dlcc.config import check_precision, load_device
+
+    assert check_precision("bf16", load_device("h100"), "opencl").startswith(
+        "precision bf16 planned for NVIDIA H100 SXM; on opencl: no tensor cores there")
+    assert check_precision("bf16", load_device("pocl-cpu"), "opencl").startswith("precision bf16 on opencl: no tensor")
+    assert check_precision("bf16", load_device("h100"), "cuda") is None

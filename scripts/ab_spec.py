@@ -16,7 +16,8 @@ time around the launches and a finish.
 Prints a table (µs off, µs on, on / off, launches, and whether both plans are within the
 precision's tolerance of onnxruntime); --json-out keeps the rows. Exit status 1 when a compile
 failed or an output was out of tolerance. --plan-only compiles and compares the plans (kernels
-and launches) without running them: the check on a machine without the device.
+and launches) without running them, built for OpenCL as `dlcc inspect` builds a GPU spec's plan:
+the check on a machine without the device.
 """
 from __future__ import annotations
 
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
 
     from dlcc.executor import pick_target
 
-    target = "cuda" if a.plan_only else pick_target(a.target)
+    target = "opencl" if a.plan_only else pick_target(a.target)  # (plan-only: the spec's plans, built as inspect builds them)
     switches = [s.strip() for s in a.switch.split(",") if s.strip()]
     folder = Path(tempfile.mkdtemp(prefix="dlcc-ab-"))
     on = f"{a.device} + {', '.join(switches)}"

@@ -148,13 +148,7 @@ class _Compiled:
         # again inside dlcc), its inputs widened and its outputs narrowed at each call.
         self.widen = any(isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 for x in inputs)
 
-        def wide(t):
-            return t.float() if t.dtype == torch.bfloat16 else t
-
-        def host(t):  # (the export's copy: module docstring)
-            return wide(t.detach()).cpu()
-
-        consts = {k: host(inputs[k]) for k in self.state} | self.sizes  # (sizes: this plan's values)
+        consts = {k: _host(inputs[k], self.widen) for k in self.state} | self.sizes  # (sizes: this plan's values)
         self.versions = {k: inputs[k]._version for k in self.state}
         gm, n = _export_copy(self.gm, self.widen), len(inputs)
 
@@ -168,7 +162,7 @@ class _Compiled:
                 return tuple(torch.utils._pytree.tree_flatten(out)[0])
 
         with torch.no_grad():
-            example = [host(inputs[k]) for k in self.args]
+            example = [_host(inputs[k], self.widen) for k in self.args]
             out = self.gm(*[inputs[k].detach() if isinstance(inputs[k], torch.Tensor) else inputs[k] for k in range(n)])
         flat, self.spec = torch.utils._pytree.tree_flatten(out)
         if not all(isinstance(t, torch.Tensor) for t in flat):
@@ -245,8 +239,7 @@ def _export_copy(gm, widen: bool):
 
     def held(t):
         if isinstance(t, torch.Tensor):
-            t = t.detach().cpu()
-            return t.float() if widen and t.dtype == torch.bfloat16 else t
+            return _host(t, widen)
         if isinstance(t, torch.nn.Module):  # (a call_module target: its own copy, moved)
             t = copy.deepcopy(t).to(cpu)
             return t.float() if widen else t
@@ -280,6 +273,15 @@ def _export_copy(gm, widen: bool):
         else:
             setattr(parent, name, value)
     return out
+
+
+def _host(t, widen: bool):
+    """A tensor as the export's copy holds it (module docstring): detached, on the CPU (moved
+    before widening, so a GPU copies half the bytes), float32 where `widen` and bfloat16."""
+    import torch
+
+    t = t.detach().cpu()
+    return t.float() if widen and t.dtype == torch.bfloat16 else t
 
 
 def _target_for(example) -> str:

@@ -58,10 +58,9 @@ def compare(path: Path, specs: dict, precision: str, pipeline: str, target: str,
     from dlcc.verify import verify_outputs
 
     row: dict = {}
-    cms, exs = {}, {}
+    exs = {}
     for label, spec in specs.items():
         cm = dlcc.compile(path, target=target, pipeline=pipeline, precision=precision, device=str(spec))
-        cms[label] = cm
         kernels = {k["name"]: k for k in cm.plan.get("kernels", [])}
         row[label] = {"launches": len(cm.plan.get("launches", [])),
                       "tilings": sorted({kernels[L["kernel"]].get("tiling") for L in cm.plan.get("launches", [])

@@ -53,7 +53,6 @@ def main(argv=None) -> int:
     import torch
     from vs_torch import median_us, torch_precision
 
-    import dlcc
     from dlcc.torch_backend import _Compiled
 
     cuda = torch.cuda.is_available()
@@ -92,7 +91,7 @@ def main(argv=None) -> int:
         if len(made) == 1:
             c = made[0]
             cm = c.model.last_used() if hasattr(c.model, "last_used") else c.model
-            xs = {n: args_k for n, args_k in zip(c.names, [args[i] for i in range(len(c.args))])}
+            xs = dict(zip(c.names, args))  # (the module's inputs, in the graph's order where they match)
             try:
                 lines.append(f"dlcc run(outputs='device'), host:  "
                              f"{host_us(lambda: cm.run(xs, outputs='device' if cuda else 'host'), a.repeat):.0f} µs")
@@ -117,7 +116,6 @@ def main(argv=None) -> int:
         pstats.Stats(prof, stream=out).sort_stats(key).print_stats(30)
         print(f"\n--- {a.calls} calls, by {key} ---")
         print(out.getvalue())
-    del dlcc  # (imported so that the backend's entry point is registered first)
     return 0
 
 
